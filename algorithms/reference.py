@@ -1,0 +1,37 @@
+"""Golden float64 NumPy attention: the reference every algorithm and kernel is checked against.
+
+O = softmax(scale * Q K^T + mask) V, with the row logsumexp L = logsumexp(scale * Q K^T + mask) (natural log).
+The causal mask lets row r see columns c <= r. Inputs are promoted to float64 whatever their dtype.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def default_scale(d: int) -> float:
+    """FlashAttention's softmax scale tau = 1 / sqrt(d)."""
+    return 1.0 / np.sqrt(d)
+
+
+def _scores(Q, K, scale, causal):  # noqa: N803
+    Q = np.asarray(Q, dtype=np.float64)
+    K = np.asarray(K, dtype=np.float64)
+    S = scale * (Q @ K.T)
+    if causal:
+        n, nk = S.shape
+        S = np.where(np.tril(np.ones((n, nk), dtype=bool)), S, -np.inf)
+    return S
+
+
+def attention_forward(Q, K, V, scale: float | None = None, causal: bool = False):  # noqa: N803
+    """Return (O, L): the attention output (N x d) and the row logsumexp (N,), in float64."""
+    d = np.shape(Q)[1]
+    scale = default_scale(d) if scale is None else scale
+    S = _scores(Q, K, scale, causal)
+    m = S.max(axis=1, keepdims=True)
+    P = np.exp(S - m)
+    l_row = P.sum(axis=1, keepdims=True)
+    O = (P / l_row) @ np.asarray(V, dtype=np.float64)  # noqa: E741
+    L = (m + np.log(l_row))[:, 0]
+    return O, L

@@ -1,0 +1,155 @@
+"""The papers' I/O bounds, each with its citation and regime.
+
+Lower bounds with explicit constants are used to judge measured counts (measured / bound); upper bounds are the
+papers' Theta(.) expressions evaluated with constant 1, shown for orientation only. Constants not stated by the
+authors are marked provisional, as in ../shared/spec/papers.md section 6.
+
+Regimes: M >= d^2 is the large-cache regime (FlashAttention is optimal, Saha & Ye Theorem 3.1); M < d^2 is the
+small-cache regime (square tiling wins, Theta(N^2 d / sqrt(M))).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Bound:
+    name: str
+    kind: str  # "lower" or "upper (asymptotic, constant 1)"
+    value: float
+    formula: str
+    citation: str
+    regime: str
+    applies: bool  # whether (N, d, M) lie in the regime where the bound is stated
+
+    @property
+    def is_lower(self) -> bool:
+        return self.kind == "lower"
+
+
+def regime(d: int, M: int) -> str:
+    return "large cache (M >= d^2)" if M >= d * d else "small cache (M < d^2)"
+
+
+def is_large_cache(d: int, M: int) -> bool:
+    return M >= d * d
+
+
+def forward_bounds(N: int, d: int, M: int) -> list[Bound]:
+    large = is_large_cache(d, M)
+    return [
+        Bound(
+            "trivial",
+            "lower",
+            4 * N * d,
+            "4Nd",
+            "read Q, K, V and write O once",
+            "any M",
+            True,
+        ),
+        Bound(
+            "Saha-Ye large-cache",
+            "lower",
+            max(0.0, N * N * d * d / (4 * (M + d * d)) - M),
+            "N^2 d^2 / (4(M + d^2)) - M",
+            "Saha & Ye, ICML 2024, Lemma 3.3-3.4 + Hong-Kung (constant derived in papers.md, provisional)",
+            "M >= d^2, standard matmul",
+            large,
+        ),
+        Bound(
+            "Saha-Ye small-cache",
+            "lower",
+            max(0.0, 2 * N * N * d / math.sqrt(M) - 2 * M),
+            "2 N^2 d / sqrt(M) - 2M",
+            "Saha & Ye, ICML 2024, Theorem 3.7 via the tight matmul bound (Smith, van de Geijn et al.)",
+            "M < d^2, standard matmul",
+            not large,
+        ),
+        Bound(
+            "Saha-Ye any-matmul",
+            "lower",
+            max(0.0, min(N * N * d * d / (8 * M), N * N / 8) - M),
+            "min(N^2 d^2 / (8M), N^2 / 8) - M",
+            "Saha & Ye, ICML 2024, Theorem 4.8 (fields with q > N; constant derived in papers.md, provisional)",
+            "any M, any matmul algorithm",
+            True,
+        ),
+        Bound(
+            "FlashAttention Thm 2",
+            "upper (asymptotic, constant 1)",
+            N * N * d * d / M,
+            "N^2 d^2 / M",
+            "Dao et al., NeurIPS 2022, Theorem 2 (FlashAttention)",
+            "d <= M <= Nd",
+            d <= M <= N * d,
+        ),
+        Bound(
+            "standard Thm 2",
+            "upper (asymptotic, constant 1)",
+            N * d + N * N,
+            "Nd + N^2",
+            "Dao et al., NeurIPS 2022, Theorem 2 (standard attention; needs M >~ d^2, papers.md caveat b)",
+            "M >= d^2",
+            large,
+        ),
+        Bound(
+            "Saha-Ye square tiling",
+            "upper (asymptotic, constant 1)",
+            N * N * d / math.sqrt(M),
+            "N^2 d / sqrt(M)",
+            "Saha & Ye, ICML 2024, Theorem 3.5 (Algorithm 1)",
+            "M < d^2",
+            not large,
+        ),
+    ]
+
+
+def backward_bounds(N: int, d: int, M: int) -> list[Bound]:
+    large = is_large_cache(d, M)
+    return [
+        Bound(
+            "trivial",
+            "lower",
+            7 * N * d,
+            "7Nd",
+            "read Q, K, V, dO and write dQ, dK, dV once (papers.md L0)",
+            "any M",
+            True,
+        ),
+        Bound(
+            "fine-grained large-cache",
+            "lower",
+            max(0.0, N * N * d * d / (4 * (M + d * d)) - M),
+            "N^2 d^2 / (4(M + d^2)) - M",
+            "Li, Liang, Shi, Song, Zhou, arXiv 2410.09397, Thm 4.2 (reduces to Saha-Ye Lemma 3.4; constant provisional)",
+            "M >= d^2, standard matmul",
+            large,
+        ),
+        Bound(
+            "fine-grained small-cache",
+            "lower",
+            max(0.0, 2 * N * N * d / math.sqrt(M) - 2 * M),
+            "2 N^2 d / sqrt(M) - 2M",
+            "Li et al., arXiv 2410.09397, Thm 4.4 (Hong-Kung matmul bound on the QK^T product)",
+            "M < d^2, standard matmul",
+            not large,
+        ),
+        Bound(
+            "fine-grained Thm 1.1",
+            "upper (asymptotic, constant 1)",
+            min((N * N * d * d + N * d**3) / M, (N * N * d + N * d * d) / math.sqrt(M)),
+            "min{(N^2 d^2 + N d^3)/M, (N^2 d + N d^2)/sqrt(M)}",
+            "Li et al., arXiv 2410.09397, Theorem 1.1 (tight; Theta)",
+            "any M",
+            True,
+        ),
+    ]
+
+
+def lower_bound(N: int, d: int, M: int, backward: bool = False) -> tuple[float, str]:
+    """The largest lower bound that applies at (N, d, M): its value and name."""
+    bounds = backward_bounds(N, d, M) if backward else forward_bounds(N, d, M)
+    best = max((b for b in bounds if b.is_lower and b.applies), key=lambda b: b.value)
+    return best.value, best.name

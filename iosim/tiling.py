@@ -1,0 +1,98 @@
+"""Block sizes from the fast-memory capacity M.
+
+Two rules:
+
+* ``fit`` (default): the largest blocks whose working set (exactly as the memory model counts it, see
+  :mod:`iosim.io_model`) fits in M, keeping the paper's block shape. FlashAttention 1: maximise Bc with
+  Br = min(Bc, d) (its I/O falls with Tc = ceil(N/Bc)); FlashAttention-2: maximise Br with Bc = min(Br, d) (its I/O
+  falls with Tr). Standard attention: the largest square tile B whose products fit.
+* ``paper``: the published formula. FlashAttention: Bc = ceil(M/(4d)), Br = min(Bc, d); FlashAttention-2 has
+  no formula in its paper, so the mirror image Br = ceil(M/(4d)), Bc = min(Br, d) (papers.md, F2). Under this
+  model's accounting that working set exceeds M whenever M is below about 4d^2 (e.g. N=1024, d=64, M=4096 needs
+  4384 words), so with ``strict=True`` such a run raises CapacityError: a finding about the published constant 4,
+  not a bug. Standard attention has no published tiling; ``paper`` uses the same square tile as ``fit``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from iosim import io_model
+from iosim.errors import InputError
+
+RULES = ("fit", "paper")
+
+
+@dataclass(frozen=True)
+class Tiling:
+    rule: str
+    Br: int | None = None
+    Bc: int | None = None
+    B: int | None = None
+
+    def as_dict(self) -> dict:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+    def __str__(self) -> str:
+        return ", ".join(f"{k}={v}" for k, v in self.as_dict().items())
+
+
+def _largest(lo: int, hi: int, fits) -> int | None:
+    """Largest x in [lo, hi] with fits(x), for a predicate that is monotone (true then false)."""
+    if not fits(lo):
+        return None
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def _check_rule(rule: str) -> None:
+    if rule not in RULES:
+        raise InputError("tiling", f"must be one of {', '.join(RULES)}", rule)
+
+
+def _too_small(algorithm: str, M: int, minimum: int, what: str) -> InputError:
+    return InputError(
+        "M", f"must be at least {minimum} words for any tiling of {algorithm} ({what})", M, exit_code=2
+    )
+
+
+def flash_min_M(d: int) -> int:
+    return io_model.flash_working_set(d, 1, 1)
+
+
+def flash_tiling(algorithm: str, N: int, d: int, M: int, rule: str) -> Tiling:
+    """Tiling of flash1 (K/V outer: Bc is the large block) or flash2 (Q outer: Br is the large block)."""
+    _check_rule(rule)
+    outer_is_kv = algorithm.startswith("flash1")
+    if rule == "paper":
+        big = io_model.cdiv(M, 4 * d)
+        small = min(big, d)
+    else:
+        if M < flash_min_M(d):
+            raise _too_small(algorithm, M, flash_min_M(d), "Br = Bc = 1 needs 4d + 3")
+
+        def fits(b: int) -> bool:
+            s = min(b, d, N)
+            br, bc = (s, b) if outer_is_kv else (b, s)
+            return io_model.flash_working_set(d, br, bc) <= M
+
+        big = _largest(1, N, fits)
+        small = min(big, d, N)
+    return Tiling(rule, Br=small, Bc=big) if outer_is_kv else Tiling(rule, Br=big, Bc=small)
+
+
+def square_tiling(algorithm: str, N: int, d: int, M: int, rule: str) -> Tiling:
+    """Square tile B for standard attention: both products and the softmax fit in M."""
+    _check_rule(rule)
+    if M < 3:
+        raise _too_small(algorithm, M, 3, "1x1 tiles of a product need 3 words")
+
+    def fits(b: int) -> bool:
+        return max(io_model.matmul_peak(N, d, N, b), io_model.matmul_peak(N, N, d, b)) <= M
+
+    return Tiling(rule, B=_largest(1, max(N, d), fits))

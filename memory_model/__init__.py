@@ -1,0 +1,32 @@
+"""Two-level memory model: fast memory of M words in front of an unbounded slow memory.
+
+See :mod:`memory_model.core` for the conventions every count in iosim follows.
+"""
+
+from memory_model.core import (
+    ArrayCounts,
+    Stats,
+    CapacityError,
+    TwoLevelMemory,
+    alloc,
+    free,
+    init_slow,
+    load,
+    load_vec,
+    store,
+    store_vec,
+)
+
+__all__ = [
+    "ArrayCounts",
+    "Stats",
+    "CapacityError",
+    "TwoLevelMemory",
+    "alloc",
+    "free",
+    "init_slow",
+    "load",
+    "load_vec",
+    "store",
+    "store_vec",
+]
