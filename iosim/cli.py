@@ -1,0 +1,203 @@
+"""The ``iosim`` command line: run one algorithm, compare them all, or print the bounds.
+
+A user mistake (bad size, unknown algorithm, a tiling that does not fit) prints one line on stderr and exits
+with code 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from tabulate import tabulate
+
+from iosim import api, bounds, registry
+from iosim.errors import InputError
+from memory_model import CapacityError
+
+FORMATS = ("simple", "github", "latex", "plain")
+COMPARE_DEFAULTS = {"N": 1024, "d": 64, "M": 16384}
+
+
+def _fmt_int(x) -> str:
+    return f"{int(x):,}"
+
+
+def _fmt_err(x) -> str:
+    return "-" if x is None else f"{x:.2e}"
+
+
+def _positive(name: str):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be a positive integer, got {text!r}") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"{name} must be a positive integer, got {value}")
+        return value
+
+    return parse
+
+
+def _add_sizes(p: argparse.ArgumentParser, defaults: dict | None = None) -> None:
+    defaults = defaults or {}
+    p.add_argument("--N", type=_positive("--N"), default=defaults.get("N"), required="N" not in defaults,
+                   help="sequence length" + (f" (default {defaults['N']})" if "N" in defaults else ""))
+    p.add_argument("--d", type=_positive("--d"), default=defaults.get("d"), required="d" not in defaults,
+                   help="head dimension" + (f" (default {defaults['d']})" if "d" in defaults else ""))
+    p.add_argument("--M", type=_positive("--M"), default=defaults.get("M"), required="M" not in defaults,
+                   help="fast-memory capacity in words" + (f" (default {defaults['M']})" if "M" in defaults else ""))
+
+
+def _add_run_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--causal", action="store_true", help="causal masking")
+    p.add_argument("--count-only", action="store_true", help="count I/O without arithmetic (scales to N = 2^20)")
+    p.add_argument("--tiling", choices=("fit", "paper"), default="fit", help="block-size rule (default fit)")
+    p.add_argument("--dtype", choices=api.DTYPES, default="float64", help="compute precision (default float64)")
+    p.add_argument("--seed", type=int, default=0, help="random seed of the inputs (default 0)")
+    p.add_argument("--format", choices=FORMATS, default="simple", help="table format (latex for papers)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="iosim",
+        description="Exact I/O counts of attention algorithms in a two-level memory with fast-memory size M words.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("run", help="run one algorithm and print its counts")
+    p.add_argument("algorithm", help=f"one of: {', '.join(registry.algorithms())}")
+    _add_sizes(p)
+    _add_run_options(p)
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+
+    p = sub.add_parser("compare", help="every algorithm side by side against the bounds (the main job)")
+    _add_sizes(p, COMPARE_DEFAULTS)
+    _add_run_options(p)
+
+    p = sub.add_parser("bounds", help="the papers' bounds at these sizes and the regime (M vs d^2)")
+    _add_sizes(p)
+    p.add_argument("--format", choices=FORMATS, default="simple")
+
+    sub.add_parser("list", help="list the algorithms")
+    return parser
+
+
+def _run_kwargs(args) -> dict:
+    return dict(
+        M=args.M,
+        N=args.N,
+        d=args.d,
+        causal=args.causal,
+        count_only=args.count_only,
+        tiling=args.tiling,
+        dtype=args.dtype,
+        seed=args.seed,
+    )
+
+
+def _cmd_run(args) -> None:
+    r = api.run(args.algorithm, **_run_kwargs(args))
+    if args.json:
+        print(json.dumps(r.as_dict(), indent=2))
+        return
+    s, p = r.stats, r.predicted
+    rows = [
+        ["algorithm", r.algorithm],
+        ["pass", r.main.name],
+        ["N, d, M", f"{r.N}, {r.d}, {r.M}"],
+        ["regime", r.regime],
+        ["tiling", str(r.tiling)],
+        ["reads", _fmt_int(s.reads)],
+        ["writes", _fmt_int(s.writes)],
+        ["  of which initialisation", _fmt_int(s.init_writes)],
+        ["total", _fmt_int(s.total)],
+        ["predicted total (io_model)", _fmt_int(p.total)],
+        ["exact (per array and peak)", "yes" if r.main.exact else "NO"],
+        ["peak / M", f"{s.peak} / {r.M}"],
+        [f"lower bound ({r.main.lower_bound_name})", _fmt_int(r.lower_bound)],
+        ["total / lower bound", f"{s.total / r.lower_bound:.2f}" if r.lower_bound else "-"],
+        ["max abs error vs float64", _fmt_err(r.max_abs_error)],
+    ]
+    print(tabulate(rows, tablefmt=args.format))
+    per = [[n, _fmt_int(c.reads), _fmt_int(c.writes), _fmt_int(c.init_writes)] for n, c in s.per_array.items()]
+    print()
+    print(tabulate(per, headers=["array", "reads", "writes", "init writes"], tablefmt=args.format,
+                   colalign=("left", "right", "right", "right")))
+
+
+def _cmd_compare(args) -> None:
+    rows = []
+    failures = []
+    lb, lb_name = bounds.lower_bound(args.N, args.d, args.M)
+    for name in registry.algorithms():
+        try:
+            r = api.run(name, **_run_kwargs(args))
+        except CapacityError as e:
+            failures.append(f"{name}: {e}")
+            continue
+        except InputError as e:
+            failures.append(f"{name}: {e}")
+            continue
+        s = r.stats
+        rows.append([
+            name,
+            str(r.tiling).replace("rule=", ""),
+            s.reads,
+            s.writes,
+            s.total,
+            f"{s.peak / r.M:.3f}",
+            r.predicted.total,
+            "yes" if r.main.exact else "NO",
+            f"{s.total / lb:.2f}" if lb else "-",
+            _fmt_err(r.max_abs_error),
+        ])
+    rows.sort(key=lambda row: row[4])
+    ranked = [[i + 1, *row[:2], *(_fmt_int(x) for x in row[2:5]), row[5], _fmt_int(row[6]), *row[7:]]
+              for i, row in enumerate(rows)]
+    print(f"N={args.N}, d={args.d}, M={args.M} words ({bounds.regime(args.d, args.M)}; d^2 = {args.d ** 2}), "
+          f"{'causal' if args.causal else 'non-causal'}, forward, tiling={args.tiling}")
+    print(f"lower bound: {_fmt_int(lb)} words ({lb_name})")
+    headers = ["rank", "algorithm", "tiling", "reads", "writes", "total", "peak/M", "predicted", "exact",
+               "total/LB", "max err"]
+    print(tabulate(ranked, headers=headers, tablefmt=args.format, disable_numparse=True,
+                   colalign=("right", "left", "left", "right", "right", "right", "right", "right", "left", "right",
+                             "right")))
+    for f in failures:
+        print(f"not run: {f}")
+
+
+def _cmd_bounds(args) -> None:
+    N, d, M = args.N, args.d, args.M
+    print(f"N={N}, d={d}, M={M}: {bounds.regime(d, M)}; d^2 = {d * d}, M/d^2 = {M / (d * d):.3g}")
+    for title, bs in (("forward", bounds.forward_bounds(N, d, M)), ("backward", bounds.backward_bounds(N, d, M))):
+        rows = [[b.name, b.kind, _fmt_int(b.value), b.formula, b.regime, "yes" if b.applies else "no", b.citation]
+                for b in bs]
+        print()
+        print(title)
+        print(tabulate(rows, headers=["bound", "kind", "value", "formula", "regime", "applies", "source"],
+                       tablefmt=args.format, disable_numparse=True))
+
+
+def _cmd_list(args) -> None:
+    print(tabulate([[a.name, a.title, a.citation] for a in registry.REGISTRY.values()],
+                   headers=["name", "what", "source"]))
+
+
+COMMANDS = {"run": _cmd_run, "compare": _cmd_compare, "bounds": _cmd_bounds, "list": _cmd_list}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        COMMANDS[args.command](args)
+    except (InputError, CapacityError) as e:
+        print(f"iosim: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
