@@ -5,8 +5,8 @@ See :mod:`memory_model.core` for the conventions every count in iosim follows.
 
 from memory_model.core import (
     ArrayCounts,
-    Stats,
     CapacityError,
+    Stats,
     TwoLevelMemory,
     alloc,
     free,
