@@ -6,6 +6,11 @@
   Exact count: :func:`iosim.io_model.flash1_forward`.
 * :func:`flash2_forward`: Dao, "FlashAttention-2" (2023), forward. Q-outer loop; O_i, l_i, m_i stay on chip,
   O and the logsumexp L are written once. Exact count: :func:`iosim.io_model.flash2_forward`.
+* :func:`flash1_backward`: FlashAttention Algorithm 4 (appendix B.4), K/V outer, S and P recomputed from l and m,
+  D_i recomputed on every inner step, dQ_i read-modify-written every inner step. Theorem 5: Theta(N^2 d^2 / M).
+  Exact count: :func:`iosim.io_model.flash1_backward`.
+* :func:`flash2_backward`: FlashAttention-2 backward (Algorithm 2), D = rowsum(dO o O) precomputed once, P from
+  the logsumexp L. Exact count: :func:`iosim.io_model.flash2_backward`.
 
 Both drivers take explicit (N, d) so that count-only mode (every data array None) runs the same loop nest
 with no data at all. Working set of one inner step, in words (what ``fit`` tiling sizes against M):
@@ -208,3 +213,227 @@ def flash2_forward(mem, Q, K, V, *, N, d, Br, Bc, scale, causal=False, dtype=np.
     ids = mem.ids(*FLASH_ARRAYS_FWD2)
     mem.call(_flash2_forward, ids, Q, K, V, O, L, N, d, Br, Bc, float(scale), bool(causal))
     return O, L
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Backward passes
+# ---------------------------------------------------------------------------------------------------------------
+# Both backward passes keep the K/V-outer loop (FlashAttention Algorithm 4; FlashAttention-2 Algorithm 2):
+# K_j, V_j and the on-chip accumulators dK~_j, dV~_j stay resident while the row blocks stream past; dQ_i makes a
+# read-modify-write round trip through slow memory on every inner step. Working set of one inner step, in words
+# (what the backward ``fit`` tiling sizes against M, :func:`iosim.io_model.flash1_backward_working_set` and
+# :func:`iosim.io_model.flash2_backward_working_set`):
+#   flash1: K_j, V_j, dK~_j, dV~_j (4 Bc d) + Q_i, O_i, dO_i, dQ_i (4 Br d) + l_i, m_i, D_i (3 Br)
+#           + S_ij/P_ij and dP_ij/dS_ij (2 Br Bc);
+#   flash2: K_j, V_j, dK~_j, dV~_j (4 Bc d) + Q_i, dO_i, dQ_i (3 Br d) + L_i, D_i (2 Br) + S_ij/P_ij, dP_ij/dS_ij
+#           (2 Br Bc).
+# P_ij overwrites S_ij in place and dS_ij overwrites dP_ij in place; the vector D_i counts (a row statistic of
+# the block, computed at step 20 and used at step 21). The BLAS products allocate temporaries outside the model
+# (an implementation detail: the model accumulates in place).
+
+FLASH_ARRAYS_BWD1 = ("Q", "K", "V", "O", "dO", "l", "m", "dQ", "dK", "dV", "S", "dP", "D")
+FLASH_ARRAYS_BWD2 = ("Q", "K", "V", "O", "dO", "L", "D", "dQ", "dK", "dV", "S", "dP")
+
+
+@njit(cache=True)
+def _probabilities_from_stats(S, m_i, l_i):
+    """P_ij = diag(l_i)^-1 exp(S_ij - m_i) in place (FlashAttention-2: m_i = L_i, l_i = None); masked -inf -> 0."""
+    br, bc = S.shape
+    if l_i is None:
+        for r in range(br):
+            for c in range(bc):
+                S[r, c] = math.exp(S[r, c] - m_i[r])
+    else:
+        for r in range(br):
+            inv = 1.0 / l_i[r]
+            for c in range(bc):
+                S[r, c] = math.exp(S[r, c] - m_i[r]) * inv
+
+
+@njit(cache=True)
+def _backward_tile(Pij, dPij, Qi, Kj, Vj, dOi, dQi, dKj, dVj, D_i, scale):
+    """Steps 17-23 of Algorithm 4 on chip (D_i given): dV~_j, dP_ij, dS_ij (in place of dP_ij), dQ_i, dK~_j."""
+    dVj += np.dot(Pij.T, dOi)  # step 17: dV~_j += P_ij^T dO_i
+    np.dot(dOi, Vj.T, dPij)  # step 18: dP_ij = dO_i V_j^T
+    br, bc = Pij.shape
+    for r in range(br):  # step 21: dS_ij = P_ij o (dP_ij - D_i), scaled by tau here once for steps 22-23
+        for c in range(bc):
+            dPij[r, c] = scale * Pij[r, c] * (dPij[r, c] - D_i[r])
+    dQi += np.dot(dPij, Kj)  # step 22: dQ_i += tau dS_ij K_j
+    dKj += np.dot(dPij.T, Qi)  # step 23: dK~_j += tau dS_ij^T Q_i
+
+
+@njit(cache=True)
+def _rowsum_product(A, B, out):
+    """out[r] = rowsum(A o B)[r]: D_i = rowsum(dO_i o O_i)."""
+    for r in range(A.shape[0]):
+        s = 0.0
+        for k in range(A.shape[1]):
+            s += A[r, k] * B[r, k]
+        out[r] = s
+
+
+@njit(cache=True)
+def _flash1_backward(W, ids, Q, K, V, O, dO, l, m, dQ, dK, dV, N, d, Br, Bc, scale, causal):  # noqa: E741
+    iQ, iK, iV, iO, idO, il, im, idQ, idK, idV, iS, idP, iD = ids
+    Tr = cdiv(N, Br)
+    Tc = cdiv(N, Bc)
+    # Step 6: initialise dQ, dK, dV = (0)_{N x d} in HBM.
+    init_slow(W, idQ, N * d)
+    init_slow(W, idK, N * d)
+    init_slow(W, idV, N * d)
+    if Q is not None:
+        dQ[:, :] = 0.0
+        dK[:, :] = 0.0
+        dV[:, :] = 0.0
+    Kb, Vb, dKb, dVb = buffer(Bc * d, Q), buffer(Bc * d, Q), buffer(Bc * d, Q), buffer(Bc * d, Q)
+    Qb, Ob, dOb, dQb = buffer(Br * d, Q), buffer(Br * d, Q), buffer(Br * d, Q), buffer(Br * d, Q)
+    lb, mb, Db = buffer(Br, Q), buffer(Br, Q), buffer(Br, Q)
+    Sb, dPb = buffer(Br * Bc, Q), buffer(Br * Bc, Q)
+    for j in range(Tc):  # step 7
+        c0 = j * Bc
+        bc = min(Bc, N - c0)
+        Kj, Vj, dKj, dVj = tile(Kb, bc, d), tile(Vb, bc, d), tile(dKb, bc, d), tile(dVb, bc, d)
+        load(W, iK, K, c0, bc, 0, d, Kj)  # step 8
+        load(W, iV, V, c0, bc, 0, d, Vj)
+        alloc(W, idK, bc * d)  # step 9: dK~_j = 0, dV~_j = 0 on chip
+        alloc(W, idV, bc * d)
+        if Q is not None:
+            dKj[:, :] = 0.0
+            dVj[:, :] = 0.0
+        for i in range(Tr):  # step 10
+            r0 = i * Br
+            br = min(Br, N - r0)
+            if causal and c0 > r0 + br - 1:  # block entirely above the diagonal
+                continue
+            Qi, Oi, dOi, dQi = tile(Qb, br, d), tile(Ob, br, d), tile(dOb, br, d), tile(dQb, br, d)
+            Sij, dPij = tile(Sb, br, bc), tile(dPb, br, bc)
+            load(W, iQ, Q, r0, br, 0, d, Qi)  # step 11
+            load(W, iO, O, r0, br, 0, d, Oi)
+            load(W, idO, dO, r0, br, 0, d, dOi)
+            load(W, idQ, dQ, r0, br, 0, d, dQi)
+            load_vec(W, il, l, r0, br, lb)
+            load_vec(W, im, m, r0, br, mb)
+            alloc(W, iS, br * bc)  # S_ij, then P_ij in place
+            alloc(W, idP, br * bc)  # dP_ij, then dS_ij in place
+            alloc(W, iD, br)  # D_i
+            if Q is not None:
+                score_tile(Qi, Kj, Sij, scale, causal, r0, c0)  # steps 12-13: S_ij = tau Q_i K_j^T, masked
+                _probabilities_from_stats(Sij, mb[:br], lb[:br])  # step 14
+                _rowsum_product(dOi, Oi, Db[:br])  # step 20: D_i = rowsum(dO_i o O_i), recomputed every step
+                _backward_tile(Sij, dPij, Qi, Kj, Vj, dOi, dQi, dKj, dVj, Db[:br], scale)  # steps 17-23
+            store(W, idQ, dQi, dQ, r0, br, 0, d)  # step 22: write dQ_i <- dQ_i + tau dS_ij K_j to HBM
+            free(W, 4 * br * d + 3 * br + 2 * br * bc)
+        store(W, idK, dKj, dK, c0, bc, 0, d)  # step 25: write dK_j <- dK~_j, dV_j <- dV~_j
+        store(W, idV, dVj, dV, c0, bc, 0, d)
+        free(W, 4 * bc * d)
+
+
+@njit(cache=True)
+def _flash2_backward(W, ids, Q, K, V, O, dO, L, D, dQ, dK, dV, N, d, Br, Bc, scale, causal):  # noqa: N803
+    iQ, iK, iV, iO, idO, iL, iD, idQ, idK, idV, iS, idP = ids
+    Tr = cdiv(N, Br)
+    Tc = cdiv(N, Bc)
+    # Step 3: initialise dQ = (0)_{N x d} in HBM (dK and dV are written once, step 18, and need no initialisation).
+    init_slow(W, idQ, N * d)
+    if Q is not None:
+        dQ[:, :] = 0.0
+    Qb, Ob, dOb, dQb = buffer(Br * d, Q), buffer(Br * d, Q), buffer(Br * d, Q), buffer(Br * d, Q)
+    Lb, Db = buffer(Br, Q), buffer(Br, Q)
+    # Step 4: D = rowsum(dO o O), one pass over row blocks, written to HBM. This is the only read of O.
+    for i in range(Tr):
+        r0 = i * Br
+        br = min(Br, N - r0)
+        dOi, Oi = tile(dOb, br, d), tile(Ob, br, d)
+        load(W, idO, dO, r0, br, 0, d, dOi)
+        load(W, iO, O, r0, br, 0, d, Oi)
+        alloc(W, iD, br)
+        if Q is not None:
+            _rowsum_product(dOi, Oi, Db[:br])
+        store_vec(W, iD, Db, D, r0, br)
+        free(W, 2 * br * d + br)
+    Kb, Vb, dKb, dVb = buffer(Bc * d, Q), buffer(Bc * d, Q), buffer(Bc * d, Q), buffer(Bc * d, Q)
+    Sb, dPb = buffer(Br * Bc, Q), buffer(Br * Bc, Q)
+    for j in range(Tc):  # step 5
+        c0 = j * Bc
+        bc = min(Bc, N - c0)
+        Kj, Vj, dKj, dVj = tile(Kb, bc, d), tile(Vb, bc, d), tile(dKb, bc, d), tile(dVb, bc, d)
+        load(W, iK, K, c0, bc, 0, d, Kj)  # step 6
+        load(W, iV, V, c0, bc, 0, d, Vj)
+        alloc(W, idK, bc * d)  # step 7: dK_j = 0, dV_j = 0 on chip
+        alloc(W, idV, bc * d)
+        if Q is not None:
+            dKj[:, :] = 0.0
+            dVj[:, :] = 0.0
+        for i in range(Tr):  # step 8
+            r0 = i * Br
+            br = min(Br, N - r0)
+            if causal and c0 > r0 + br - 1:  # block entirely above the diagonal
+                continue
+            Qi, dOi, dQi = tile(Qb, br, d), tile(dOb, br, d), tile(dQb, br, d)
+            Sij, dPij = tile(Sb, br, bc), tile(dPb, br, bc)
+            # Step 9 loads Q_i, O_i, dO_i, dQ_i, L_i, D_i; O_i is dropped here: with D precomputed (step 4) no
+            # step of the inner loop uses it, so loading it would only cost Br d reads per step.
+            load(W, iQ, Q, r0, br, 0, d, Qi)
+            load(W, idO, dO, r0, br, 0, d, dOi)
+            load(W, idQ, dQ, r0, br, 0, d, dQi)  # step 15's read of dQ_i, hoisted into the step-9 loads
+            load_vec(W, iL, L, r0, br, Lb)
+            load_vec(W, iD, D, r0, br, Db)
+            alloc(W, iS, br * bc)  # S_ij, then P_ij in place
+            alloc(W, idP, br * bc)  # dP_ij, then dS_ij in place
+            if Q is not None:
+                score_tile(Qi, Kj, Sij, scale, causal, r0, c0)  # step 10: S_ij = tau Q_i K_j^T, masked
+                _probabilities_from_stats(Sij, Lb[:br], None)  # step 11: P_ij = exp(S_ij - L_i)
+                _backward_tile(Sij, dPij, Qi, Kj, Vj, dOi, dQi, dKj, dVj, Db[:br], scale)  # steps 12-16
+            store(W, idQ, dQi, dQ, r0, br, 0, d)  # step 15: write dQ_i back to HBM
+            free(W, 3 * br * d + 2 * br + 2 * br * bc)
+        store(W, idK, dKj, dK, c0, bc, 0, d)  # step 18: write dK_j, dV_j to HBM
+        store(W, idV, dVj, dV, c0, bc, 0, d)
+        free(W, 4 * bc * d)
+
+
+def _grads(numeric, dtype, N, d):
+    """dQ, dK, dV poisoned with NaN so an unwritten element shows (None each in count-only mode)."""
+    return _outputs(numeric, dtype, (N, d), (N, d), (N, d))
+
+
+def _vec(x, dtype):
+    return None if x is None else np.ascontiguousarray(x, dtype=dtype)
+
+
+def flash1_backward(mem, Q, K, V, O, dO, l, m, *, N, d, Br, Bc, scale, causal=False, dtype=np.float64):  # noqa: E741, N803
+    """FlashAttention Algorithm 4 (backward; dropout omitted) on memory ``mem``.
+
+    Inputs are the forward's outputs as the paper has them: O and the row statistics l, m of Algorithm 1. K/V-outer
+    loop; S_ij and P_ij are recomputed from l and m; D_i = rowsum(dO_i o O_i) is recomputed on every inner step;
+    dQ_i is read, updated and written on every inner step; dK_j and dV_j are written once. dQ, dK, dV are
+    zero-initialised in HBM (step 6), counted as initialisation writes.
+    Count-only mode: pass every data array as None. Returns (dQ, dK, dV) (None each in count-only mode).
+    Reads 2Nd + Tc(4Nd + 2N), writes 2Nd + Tc Nd plus 3Nd initialisation, total 4Nd + Tc(5Nd + 2N) + 3Nd
+    (papers.md B1): see :func:`iosim.io_model.flash1_backward`.
+    """
+    Q, K, V = _inputs(Q, K, V, dtype)
+    O, dO, l, m = (_vec(x, dtype) for x in (O, dO, l, m))  # noqa: E741
+    dQ, dK, dV = _grads(Q is not None, dtype, N, d)
+    ids = mem.ids(*FLASH_ARRAYS_BWD1)
+    mem.call(_flash1_backward, ids, Q, K, V, O, dO, l, m, dQ, dK, dV, N, d, Br, Bc, float(scale), bool(causal))
+    return dQ, dK, dV
+
+
+def flash2_backward(mem, Q, K, V, O, dO, L, *, N, d, Br, Bc, scale, causal=False, dtype=np.float64):  # noqa: N803
+    """FlashAttention-2 backward (Dao 2023, Algorithm 2) on memory ``mem``.
+
+    Inputs: O and the logsumexp L of the forward. D = rowsum(dO o O) is computed once in its own pass and written
+    to HBM (N words); the K/V-outer loop recomputes P_ij = exp(S_ij - L_i) and read-modify-writes dQ_i on every
+    inner step. The paper's inner loop also loads O_i; it is unused once D exists and is not loaded here
+    (papers.md B2, "dropping it"). Count-only mode: every data array None. Returns (dQ, dK, dV).
+    Reads 4Nd + Tc(3Nd + 2N), writes 2Nd + N + Tc Nd plus Nd initialisation of dQ, total 6Nd + N + Tc(4Nd + 2N)
+    + Nd: see :func:`iosim.io_model.flash2_backward`.
+    """
+    Q, K, V = _inputs(Q, K, V, dtype)
+    O, dO, L = (_vec(x, dtype) for x in (O, dO, L))
+    D = None if Q is None else np.full(N, np.nan, dtype)
+    dQ, dK, dV = _grads(Q is not None, dtype, N, d)
+    ids = mem.ids(*FLASH_ARRAYS_BWD2)
+    mem.call(_flash2_backward, ids, Q, K, V, O, dO, L, D, dQ, dK, dV, N, d, Br, Bc, float(scale), bool(causal))
+    return dQ, dK, dV

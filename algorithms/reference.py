@@ -2,6 +2,9 @@
 
 O = softmax(scale * Q K^T + mask) V, with the row logsumexp L = logsumexp(scale * Q K^T + mask) (natural log).
 The causal mask lets row r see columns c <= r. Inputs are promoted to float64 whatever their dtype.
+
+Backward (FlashAttention paper, appendix B.2), for an upstream gradient dO = dLoss/dO:
+dV = P^T dO, dP = dO V^T, D = rowsum(dO o O), dS = P o (dP - D), dQ = scale dS K, dK = scale dS^T Q.
 """
 
 from __future__ import annotations
@@ -35,3 +38,25 @@ def attention_forward(Q, K, V, scale: float | None = None, causal: bool = False)
     O = (P / l_row) @ np.asarray(V, dtype=np.float64)  # noqa: E741
     L = (m + np.log(l_row))[:, 0]
     return O, L
+
+
+def attention_backward(Q, K, V, dO, scale: float | None = None, causal: bool = False):  # noqa: N803
+    """Return (dQ, dK, dV), the gradients of sum(O o dO) with respect to Q, K and V, in float64.
+
+    Masked entries have P = 0, hence dS = 0: the mask needs no separate treatment here.
+    """
+    d = np.shape(Q)[1]
+    scale = default_scale(d) if scale is None else scale
+    Q, K, V, dO = (np.asarray(x, dtype=np.float64) for x in (Q, K, V, dO))
+    P = _scores(Q, K, scale, causal)
+    P -= P.max(axis=1, keepdims=True)
+    np.exp(P, out=P)
+    P /= P.sum(axis=1, keepdims=True)
+    O = P @ V  # noqa: E741
+    dV = P.T @ dO
+    dS = dO @ V.T  # dP, overwritten in place by dS
+    dS -= np.einsum("ij,ij->i", dO, O)[:, None]  # dP - D with D = rowsum(dO o O)
+    dS *= P
+    dQ = scale * (dS @ K)
+    dK = scale * (dS.T @ Q)
+    return dQ, dK, dV

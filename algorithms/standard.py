@@ -13,7 +13,8 @@ M < d^2. So that the algorithm runs, and fits, at every M down to 3 words, each 
    and store): 2 N^2 reads, N^2 writes. Either way the current row's max and sum take 2 words.
 3. O = P V: square tiles again; reads R(N, N, d) = N^2 ceil(d/B) + Nd ceil(N/B), writes Nd.
 
-Exact count: :func:`iosim.io_model.standard_forward`.
+Exact count: :func:`iosim.io_model.standard_forward`. The backward (Algorithm 3, :func:`standard_backward`) is at
+the end of this file; exact count: :func:`iosim.io_model.standard_backward`.
 """
 
 from __future__ import annotations
@@ -148,3 +149,142 @@ def standard_forward(mem, Q, K, V, *, N, d, B, scale, causal=False, dtype=np.flo
     ids = mem.ids(*STANDARD_ARRAYS_FWD)
     mem.call(_standard_forward, ids, Q, K, V, S, P, O, N, d, mem.M, B, float(scale), bool(causal))
     return O, S, P
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Backward pass: FlashAttention paper, Algorithm 3 (standard attention backward)
+# ---------------------------------------------------------------------------------------------------------------
+# Inputs in slow memory: Q, K, V, dO and the forward's P (N x N). dP and dS are materialised in slow memory.
+# Every product is square-tiled with the forward's tile B (the backward's products have the forward's shapes,
+# so the same B fits), and step 3 sweeps rows like the forward's softmax:
+# 1. dV = P^T dO: reads R(N, N, d) = N^2 ceil(d/B) + Nd ceil(N/B), writes Nd.
+# 2. dP = dO V^T: reads R(N, d, N) = 2 Nd ceil(N/B), writes N^2.
+# 3. dS_ij = P_ij (dP_ij - D_i) with D_i = sum_l P_il dP_il (Algorithm 3 reduces over the row of P o dP; it does
+#    not use D_i = dO_i . O_i). When a row of P and of dP fit together (2N + 1 <= M), blocks of
+#    R = floor((M - 1) / 2N) rows of each are loaded once: reads 2 N^2, writes N^2 (papers.md B0's 3N^2).
+#    Otherwise each row is swept twice in chunks of floor((M - 1) / 2) columns of P and dP (pass 1: D_i,
+#    pass 2: dS and store): reads 4 N^2, writes N^2. D_i takes one word. The causal mask is applied here
+#    (masked dS = 0; P is already 0 there), which changes no count.
+# 4. dQ = scale dS K: reads R(N, N, d), writes Nd.
+# 5. dK = scale dS^T Q: reads R(N, N, d), writes Nd.
+# Exact count: :func:`iosim.io_model.standard_backward`.
+
+STANDARD_ARRAYS_BWD = ("Q", "K", "V", "P", "dO", "dP", "dS", "dQ", "dK", "dV", "C", "D")
+
+
+@njit(cache=True)
+def tiled_matmul_tn(W, iA, A, iB, B, iC, C, iAcc, m, k, n, T, scale):
+    """C = scale * A^T B with square tiles of side T; A is k x m, B is k x n, C is m x n.
+
+    The transposed twin of :func:`tiled_matmul`: the same loop nest, reads m k ceil(n/T) + k n ceil(m/T), writes
+    m n, fast memory at most 3 T^2 words.
+    """
+    Ab, Bb, Cb = buffer(T * T, C), buffer(T * T, C), buffer(T * T, C)
+    for i in range(cdiv(m, T)):
+        r0 = i * T
+        ti = min(T, m - r0)
+        for j in range(cdiv(n, T)):
+            c0 = j * T
+            tj = min(T, n - c0)
+            Cij = tile(Cb, ti, tj)
+            alloc(W, iAcc, ti * tj)
+            if C is not None:
+                Cij[:, :] = 0.0
+            for kk in range(cdiv(k, T)):
+                k0 = kk * T
+                tk = min(T, k - k0)
+                Aki, Bkj = tile(Ab, tk, ti), tile(Bb, tk, tj)
+                load(W, iA, A, k0, tk, r0, ti, Aki)
+                load(W, iB, B, k0, tk, c0, tj, Bkj)
+                if C is not None:
+                    Cij += np.dot(Aki.T, Bkj)
+                free(W, ti * tk + tj * tk)
+            if C is not None and scale != 1.0:
+                Cij *= scale
+            store(W, iC, Cij, C, r0, ti, c0, tj)
+            free(W, ti * tj)
+
+
+@njit(cache=True)
+def _mask_grad_row(x, row, col0, causal):
+    if causal:
+        for c in range(max(row + 1 - col0, 0), x.size):
+            x[c] = 0.0
+
+
+@njit(cache=True)
+def _softmax_backward(W, iP, P, idP, dP, idS, dS, iD, N, M, causal):
+    """Step 3 of Algorithm 3: dS = P o (dP - D) row-wise, D_i = rowsum(P o dP)_i; one pass when a row of P and of
+    dP fit in fast memory, two passes otherwise."""
+    alloc(W, iD, 1)  # the current row's D_i
+    if 2 * N + 1 <= M:
+        R = min(N, (M - 1) // (2 * N))
+        Pb, dPb = buffer(R * N, dS), buffer(R * N, dS)
+        for i in range(cdiv(N, R)):
+            r0 = i * R
+            br = min(R, N - r0)
+            Prows, dProws = tile(Pb, br, N), tile(dPb, br, N)
+            load(W, iP, P, r0, br, 0, N, Prows)
+            load(W, idP, dP, r0, br, 0, N, dProws)
+            if dS is not None:
+                for r in range(br):
+                    pr, g = Prows[r], dProws[r]
+                    D_i = np.dot(pr, g)
+                    g -= D_i
+                    g *= pr  # dS overwrites dP in place
+                    _mask_grad_row(g, r0 + r, 0, causal)
+            store(W, idS, dProws, dS, r0, br, 0, N)
+            free(W, 2 * br * N)
+    else:
+        C = (M - 1) // 2
+        Pb, dPb = buffer(C, dS), buffer(C, dS)
+        for r in range(N):
+            D_i = 0.0
+            for sweep in range(2):  # sweep 0: D_i = sum_l P_rl dP_rl; sweep 1: dS and store
+                for j in range(cdiv(N, C)):
+                    c0 = j * C
+                    bc = min(C, N - c0)
+                    Pc, dPc = tile(Pb, 1, bc), tile(dPb, 1, bc)
+                    load(W, iP, P, r, 1, c0, bc, Pc)
+                    load(W, idP, dP, r, 1, c0, bc, dPc)
+                    if dS is not None:
+                        if sweep == 0:
+                            D_i += np.dot(Pc[0], dPc[0])
+                        else:
+                            g = dPc[0]
+                            g -= D_i
+                            g *= Pc[0]
+                            _mask_grad_row(g, r, c0, causal)
+                    if sweep == 1:
+                        store(W, idS, dPc, dS, r, 1, c0, bc)
+                    free(W, 2 * bc)
+    free(W, 1)
+
+
+@njit(cache=True)
+def _standard_backward(W, ids, Q, K, V, P, dO, dP, dS, dQ, dK, dV, N, d, M, B, scale, causal):  # noqa: N803
+    iQ, iK, iV, iP, idO, idP, idS, idQ, idK, idV, iC, iD = ids
+    tiled_matmul_tn(W, iP, P, idO, dO, idV, dV, iC, N, N, d, B, 1.0)  # step 1: dV = P^T dO
+    tiled_matmul(W, idO, dO, iV, V, idP, dP, iC, N, d, N, B, True, 1.0)  # step 2: dP = dO V^T
+    _softmax_backward(W, iP, P, idP, dP, idS, dS, iD, N, M, causal)  # step 3: dS = P o (dP - D)
+    tiled_matmul(W, idS, dS, iK, K, idQ, dQ, iC, N, N, d, B, False, scale)  # step 4: dQ = scale dS K
+    tiled_matmul_tn(W, idS, dS, iQ, Q, idK, dK, iC, N, N, d, B, scale)  # step 5: dK = scale dS^T Q
+
+
+def standard_backward(mem, Q, K, V, P, dO, *, N, d, B, scale, causal=False, dtype=np.float64):  # noqa: N803
+    """Standard attention backward (FlashAttention Algorithm 3) with tiled products on memory ``mem``.
+
+    Inputs: Q, K, V, dO and the forward's P in slow memory. Count-only mode: every data array None (no N x N
+    array is allocated). Returns (dQ, dK, dV) (None each in count-only mode).
+    Reads 3 R(N, N, d) + R(N, d, N) + 2N^2 (4N^2 when a row of P and dP does not fit), writes 2N^2 + 3Nd; with one
+    tile covering everything (B >= N, d) that is papers.md B0, 7N^2 + 8Nd. See :func:`iosim.io_model.standard_backward`.
+    """
+    if Q is None:
+        P = dP = dS = dQ = dK = dV = None
+    else:
+        Q, K, V, P, dO = (np.ascontiguousarray(x, dtype=dtype) for x in (Q, K, V, P, dO))
+        dP, dS = (np.full((N, N), np.nan, dtype) for _ in range(2))  # poisoned
+        dQ, dK, dV = (np.full((N, d), np.nan, dtype) for _ in range(3))
+    ids = mem.ids(*STANDARD_ARRAYS_BWD)
+    mem.call(_standard_backward, ids, Q, K, V, P, dO, dP, dS, dQ, dK, dV, N, d, mem.M, B, float(scale), bool(causal))
+    return dQ, dK, dV

@@ -7,8 +7,9 @@ True
 """
 
 from iosim.api import PassResult, Result, algorithms, run
+from iosim.check import CheckReport, check
 from iosim.errors import InputError
 from memory_model import CapacityError
 
-__all__ = ["CapacityError", "InputError", "PassResult", "Result", "algorithms", "run"]
+__all__ = ["CapacityError", "CheckReport", "InputError", "PassResult", "Result", "algorithms", "check", "run"]
 __version__ = "0.1.0"

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from algorithms.reference import attention_forward, default_scale
+from algorithms.reference import attention_backward, attention_forward, default_scale
 from iosim import bounds, registry
 from iosim.errors import InputError
 from iosim.io_model import Prediction
@@ -27,6 +27,7 @@ class PassResult:
     lower_bound: float
     lower_bound_name: str
     errors: dict[str, float] = field(default_factory=dict)
+    tiling: Tiling | None = None  # the blocks this pass ran with (the backward may choose its own)
 
     @property
     def exact(self) -> bool:
@@ -36,7 +37,8 @@ class PassResult:
 
 @dataclass
 class Result:
-    """What :func:`run` returns. ``stats``, ``predicted`` and ``lower_bound`` are those of the requested pass."""
+    """What :func:`run` returns. ``stats``, ``predicted``, ``lower_bound`` and ``tiling`` are those of the requested
+    pass: the backward when ``backward=True`` (its forward is in ``passes["forward"]``)."""
 
     algorithm: str
     N: int
@@ -110,11 +112,15 @@ class Result:
                     "reads": p.stats.reads,
                     "writes": p.stats.writes,
                     "total": p.stats.total,
+                    "init_writes": p.stats.init_writes,
                     "peak": p.stats.peak,
                     "predicted_total": p.predicted.total,
                     "exact": p.exact,
                     "lower_bound": p.lower_bound,
+                    "lower_bound_name": p.lower_bound_name,
+                    "tiling": None if p.tiling is None else p.tiling.as_dict(),
                     "errors": dict(p.errors),
+                    "per_array": {k: vars(v) for k, v in p.stats.per_array.items()},
                 }
                 for name, p in self.passes.items()
             }
@@ -158,6 +164,18 @@ def _check_arrays(Q, K, V, N, d) -> tuple[np.ndarray, np.ndarray, np.ndarray, in
     return arrays["Q"], arrays["K"], arrays["V"], shape[0], shape[1]
 
 
+def _check_dO(dO, N: int, d: int) -> np.ndarray:
+    """The upstream gradient dO: validated like Q, K, V (shape N x d, real, finite)."""
+    a = np.asarray(dO)
+    if a.ndim != 2 or a.shape != (N, d):
+        raise InputError("dO", f"must be a 2-D array of the shape of Q ({N}, {d})", f"shape {a.shape}")
+    if not np.issubdtype(a.dtype, np.number) or np.iscomplexobj(a):
+        raise InputError("dO", "must hold real numbers", f"dtype {a.dtype}")
+    if not np.all(np.isfinite(a)):
+        raise InputError("dO", "must hold only finite values (no NaN or inf)", "non-finite entries")
+    return a
+
+
 def run(
     algorithm: str,
     *,
@@ -183,6 +201,11 @@ def run(
     arrays of size N x d drawn from ``seed``. ``count_only`` runs the same schedule without arithmetic (and without
     allocating N x d data), so it scales to N = 2^20. ``strict=False`` records a capacity overflow instead of
     raising :class:`memory_model.CapacityError`.
+
+    ``backward=True`` runs the forward (on its own memory of M words), then the backward on a fresh memory of M
+    words, reading the forward's outputs (O and l, m or L, or P) as the paper's backward does. ``dO`` is the upstream
+    gradient (N x d; drawn from ``seed`` after Q, K, V when not given). ``passes`` holds both passes' counts;
+    ``errors`` are then those of dQ, dK, dV against :func:`algorithms.reference.attention_backward`.
     """
     algo = registry.get(algorithm)
     M = _positive_int("M", M)
@@ -191,9 +214,14 @@ def run(
     if dtype not in DTYPES:
         raise InputError("dtype", f"must be one of {', '.join(DTYPES)}", dtype)
     if backward:
-        raise InputError("backward", "is not available yet: only the forward pass is implemented", backward)
-    if dO is not None:
+        if not algo.has_backward:
+            have = [name for name, a in registry.REGISTRY.items() if a.has_backward]
+            raise InputError(
+                "backward", f"is not implemented for {algorithm}; algorithms with one: {', '.join(have)}", backward
+            )
+    elif dO is not None:
         raise InputError("dO", "is only used with backward=True", "an array")
+    rng = np.random.default_rng(seed)
     if Q is not None or K is not None or V is not None:
         Q, K, V, N, d = _check_arrays(Q, K, V, N, d)
     else:
@@ -201,14 +229,18 @@ def run(
             raise InputError("N and d", "must be given when Q, K, V are not")
         N, d = _positive_int("N", N), _positive_int("d", d)
         if not count_only:
-            rng = np.random.default_rng(seed)
             Q, K, V = (rng.standard_normal((N, d)) for _ in range(3))
+    if dO is not None:
+        dO = _check_dO(dO, N, d)
+    elif backward and not count_only:
+        dO = rng.standard_normal((N, d))
     if scale is None:
         scale = default_scale(d)
     elif not np.isfinite(scale):
         raise InputError("scale", "must be a finite number", scale)
 
     t = algo.choose_tiling(N, d, M, tiling)
+    t_bwd = algo.backward_tiling(N, d, M, tiling) if backward else None  # before any work: a too-small M fails fast
     np_dtype = np.dtype(dtype)
     mem = TwoLevelMemory(M, strict=strict)
     data = (None, None, None) if count_only else (Q, K, V)
@@ -227,5 +259,26 @@ def run(
         lb,
         lb_name,
         errors,
+        t,
     )
-    return Result(algorithm, N, d, M, bool(causal), bool(count_only), dtype, t, {"forward": fwd}, outputs)
+    passes = {"forward": fwd}
+    if backward:
+        mem_bwd = TwoLevelMemory(M, strict=strict)  # a fresh fast memory: the backward is a separate kernel
+        grads = algo.backward(mem_bwd, *data, None if count_only else dO, outputs, N, d, t_bwd, scale, causal, np_dtype)
+        errors_bwd: dict[str, float] = {}
+        if not count_only:
+            refs = attention_backward(Q, K, V, dO, scale=scale, causal=causal)
+            for name, ref in zip(("dQ", "dK", "dV"), refs, strict=True):
+                errors_bwd[name] = float(np.max(np.abs(grads[name] - ref)))
+        lb_bwd, lb_bwd_name = bounds.lower_bound(N, d, M, backward=True)
+        passes["backward"] = PassResult(
+            "backward",
+            mem_bwd.stats(),
+            algo.predict_backward(N, d, M, t_bwd, causal),
+            lb_bwd,
+            lb_bwd_name,
+            errors_bwd,
+            t_bwd,
+        )
+        outputs = {**outputs, **grads}
+    return Result(algorithm, N, d, M, bool(causal), bool(count_only), dtype, t_bwd or t, passes, outputs)

@@ -37,6 +37,19 @@ def is_large_cache(d: int, M: int) -> bool:
     return M >= d * d
 
 
+def theory_winner(d: int, M: int) -> tuple[str, str]:
+    """The algorithm the asymptotic theory says moves the fewest words at (d, M), and why: (name, reason).
+
+    Small cache (M < d^2): square tiling, Theta(N^2 d / sqrt(M)), beats FlashAttention's Theta(N^2 d^2 / M) by the
+    factor d / sqrt(M) > 1 (Saha & Ye Theorems 3.5, 3.7; backward: Li et al. Theorems 4.3, 4.4). Large cache
+    (M >= d^2): FlashAttention is optimal (Saha & Ye Theorem 3.1; flash2 has the smaller constant). Near M = d^2
+    the constants decide (papers.md: F1 and S1 cross at about 1.67 d^2); ``iosim compare`` shows the measured order.
+    """
+    if is_large_cache(d, M):
+        return "flash2", "FlashAttention's N^2 d^2 / M <= N^2 d / sqrt(M) when M >= d^2 (Saha & Ye Thm 3.1)"
+    return "square-tiling", "its N^2 d / sqrt(M) < FlashAttention's N^2 d^2 / M when M < d^2 (Saha & Ye Thm 3.5, 3.7)"
+
+
 def forward_bounds(N: int, d: int, M: int) -> list[Bound]:
     large = is_large_cache(d, M)
     return [
@@ -123,7 +136,7 @@ def backward_bounds(N: int, d: int, M: int) -> list[Bound]:
             "lower",
             max(0.0, N * N * d * d / (4 * (M + d * d)) - M),
             "N^2 d^2 / (4(M + d^2)) - M",
-            "Li, Liang, Shi, Song, Zhou, arXiv 2410.09397, Thm 4.2 (reduces to Saha-Ye Lemma 3.4; constant provisional)",
+            "Li, Liang, Shi, Song, Zhou, arXiv 2410.09397, Thm 4.2 (via Saha-Ye Lemma 3.4; constant provisional)",
             "M >= d^2, standard matmul",
             large,
         ),

@@ -53,6 +53,11 @@ def _add_sizes(p: argparse.ArgumentParser, defaults: dict | None = None) -> None
 
 def _add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--causal", action="store_true", help="causal masking")
+    p.add_argument(
+        "--backward",
+        action="store_true",
+        help="run the forward, then the backward pass (dQ, dK, dV); report the backward's counts",
+    )
     p.add_argument("--count-only", action="store_true", help="count I/O without arithmetic (scales to N = 2^20)")
     p.add_argument("--tiling", choices=("fit", "paper"), default="fit", help="block-size rule (default fit)")
     p.add_argument("--dtype", choices=api.DTYPES, default="float64", help="compute precision (default float64)")
@@ -91,6 +96,7 @@ def _run_kwargs(args) -> dict:
         N=args.N,
         d=args.d,
         causal=args.causal,
+        backward=args.backward,
         count_only=args.count_only,
         tiling=args.tiling,
         dtype=args.dtype,
@@ -121,6 +127,15 @@ def _cmd_run(args) -> None:
         ["total / lower bound", f"{s.total / r.lower_bound:.2f}" if r.lower_bound else "-"],
         ["max abs error vs float64", _fmt_err(r.max_abs_error)],
     ]
+    if "backward" in r.passes:
+        f = r.passes["forward"]
+        rows += [
+            *([name + " max abs error", _fmt_err(err)] for name, err in r.errors.items()),
+            ["forward tiling", str(f.tiling)],
+            ["forward total", _fmt_int(f.stats.total)],
+            ["forward exact", "yes" if f.exact else "NO"],
+            ["total, both passes", _fmt_int(f.stats.total + s.total)],
+        ]
     print(tabulate(rows, tablefmt=args.format))
     per = [[n, _fmt_int(c.reads), _fmt_int(c.writes), _fmt_int(c.init_writes)] for n, c in s.per_array.items()]
     print()
@@ -131,8 +146,11 @@ def _cmd_run(args) -> None:
 def _cmd_compare(args) -> None:
     rows = []
     failures = []
-    lb, lb_name = bounds.lower_bound(args.N, args.d, args.M)
+    lb, lb_name = bounds.lower_bound(args.N, args.d, args.M, backward=args.backward)
     for name in registry.algorithms():
+        if args.backward and not registry.get(name).has_backward:
+            failures.append(f"{name}: no backward pass")
+            continue
         try:
             r = api.run(name, **_run_kwargs(args))
         except CapacityError as e:
@@ -158,8 +176,16 @@ def _cmd_compare(args) -> None:
     ranked = [[i + 1, *row[:2], *(_fmt_int(x) for x in row[2:5]), row[5], _fmt_int(row[6]), *row[7:]]
               for i, row in enumerate(rows)]
     print(f"N={args.N}, d={args.d}, M={args.M} words ({bounds.regime(args.d, args.M)}; d^2 = {args.d ** 2}), "
-          f"{'causal' if args.causal else 'non-causal'}, forward, tiling={args.tiling}")
+          f"{'causal' if args.causal else 'non-causal'}, {'backward' if args.backward else 'forward'}, "
+          f"tiling={args.tiling}")
     print(f"lower bound: {_fmt_int(lb)} words ({lb_name})")
+    if args.backward:
+        thm = next(b for b in bounds.backward_bounds(args.N, args.d, args.M) if b.name == "fine-grained Thm 1.1")
+        print(
+            f"fine-grained backward bound (Li et al., Thm 1.1, Theta with constant 1): {_fmt_int(thm.value)} words"
+            f" = {thm.formula}"
+        )
+    print(_theory_line(args.d, args.M))
     headers = ["rank", "algorithm", "tiling", "reads", "writes", "total", "peak/M", "predicted", "exact",
                "total/LB", "max err"]
     print(tabulate(ranked, headers=headers, tablefmt=args.format, disable_numparse=True,
@@ -169,9 +195,15 @@ def _cmd_compare(args) -> None:
         print(f"not run: {f}")
 
 
+def _theory_line(d: int, M: int) -> str:
+    winner, reason = bounds.theory_winner(d, M)
+    return f"theory says {winner} should move the fewest words: {reason}"
+
+
 def _cmd_bounds(args) -> None:
     N, d, M = args.N, args.d, args.M
     print(f"N={N}, d={d}, M={M}: {bounds.regime(d, M)}; d^2 = {d * d}, M/d^2 = {M / (d * d):.3g}")
+    print(_theory_line(d, M))
     for title, bs in (("forward", bounds.forward_bounds(N, d, M)), ("backward", bounds.backward_bounds(N, d, M))):
         rows = [[b.name, b.kind, _fmt_int(b.value), b.formula, b.regime, "yes" if b.applies else "no", b.citation]
                 for b in bs]

@@ -138,3 +138,197 @@ def standard_forward(N: int, d: int, M: int, B: int, causal: bool = False) -> Pr
         P=(p_reads, N * N),
         O=(0, N * d),
     )
+
+
+def square_tiling_peak(N: int, d: int, B: int) -> int:
+    """Fast-memory words of square tiling (forward and backward alike): a B x B accumulator, one B x B tile of each
+    operand (the head-dimension slice is min(B, d) wide) and two length-B row statistics (m_i, l_i forward; L_i, D_i
+    backward), at the first, full tile."""
+    b, w = min(B, N), min(B, d)
+    return b * b + 2 * b * w + 2 * b
+
+
+def _square_tile_sums(N: int, B: int, causal: bool) -> tuple[int, int, int, int]:
+    """Sums over the unskipped tiles (i, j) of the N x N matrix (causal: j <= i), with b_i the height of row tile i.
+
+    Returns (rows, cols, rows_of_cols, words): rows = sum_i b_i (number of unskipped j), cols = sum_i (columns of
+    row tile i's unskipped tiles), rows_of_cols = sum_j (rows of column tile j's unskipped tiles), words = sum of
+    b_i b_j over the unskipped tiles. O(N / B) terms, never O(N^2).
+    """
+    Tn = cdiv(N, B)
+    i = np.arange(Tn, dtype=np.int64)
+    b = np.minimum(B, N - i * B)
+    if not causal:
+        return N * Tn, N * Tn, N * Tn, N * N
+    cols = np.minimum(N, (i + 1) * B)  # row tile i sees column tiles 0..i
+    rows = N - i * B  # column tile j is seen by row tiles j..Tn-1
+    return int((b * (i + 1)).sum()), int(cols.sum()), int(rows.sum()), int((b * cols).sum())
+
+
+def square_tiling_forward(N: int, d: int, B: int, causal: bool = False) -> Prediction:
+    """Saha & Ye Algorithm 1, stable form (algorithms/square_tiling.py); Tn = ceil(N/B), Td = ceil(d/B).
+
+    Non-causal: Q, K, V read Nd Tn each; S written N^2 and read N^2 Td; L written N and read N; O written Nd:
+    3 Nd Tn + N^2 (1 + Td) + Nd + 2N, papers.md S1 to the word. Causal: Q is read d b_i per unskipped tile (i, j),
+    K and V d (columns of row tile i's unskipped tiles) per row tile, S written / read on the unskipped tiles only.
+    """
+    Td = cdiv(d, B)
+    rows, cols, _, words = _square_tile_sums(N, B, causal)
+    return _pred(
+        square_tiling_peak(N, d, B),
+        Q=(rows * d, 0),
+        K=(cols * d, 0),
+        V=(cols * d, 0),
+        S=(words * Td, words),
+        L=(N, N),
+        O=(0, N * d),
+    )
+
+
+def square_tiling_backward(N: int, d: int, B: int, causal: bool = False) -> Prediction:
+    """The small-cache backward of algorithms/square_tiling.py (reads the forward's S); Tn = ceil(N/B), Td = ceil(d/B).
+
+    Non-causal: 5 Nd Tn + 3 N^2 Td + 2 N^2 + N Tn Td + 5 Nd + N. Per array: O Nd and dO Nd (D); dO Nd Tn and V
+    Nd Tn (dP_ij); S N^2 (rows of S_ij for dS) + N^2 Td (dV = exp(S - L)^T dO); L N + N Tn Td (per A tile of dV);
+    dS written N^2, read 2 N^2 Td (dQ, dK); dO Nd Tn (dV), K Nd Tn (dQ), Q Nd Tn (dK); dQ, dK, dV written Nd each.
+    Compare papers.md B3, 7 Nd Tn + 3 N^2 Td + 3 N^2 + 2 N Tn + 5 Nd + N, which recomputes P from Q and K.
+    Causal: the same sums over the unskipped tiles (row tiles i >= column tiles j).
+    """
+    Td = cdiv(d, B)
+    rows, cols, rows_of_cols, words = _square_tile_sums(N, B, causal)
+    return _pred(
+        square_tiling_peak(N, d, B),
+        Q=(rows_of_cols * d, 0),
+        K=(cols * d, 0),
+        V=(cols * d, 0),
+        O=(N * d, 0),
+        L=(N + rows_of_cols * Td, 0),
+        S=(words + words * Td, 0),
+        dO=(N * d + rows * d + rows_of_cols * d, 0),
+        dS=(2 * words * Td, words),
+        dQ=(0, N * d),
+        dK=(0, N * d),
+        dV=(0, N * d),
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Backward passes of standard attention and FlashAttention 1/2 (algorithms/standard.py, algorithms/flash.py).
+# Papers' forms for comparison (papers.md section 6): B0 = 7N^2 + 8Nd, B1 = 4Nd + Tc(5Nd + 2N) (+ 3Nd init),
+# B2 = 6Nd + N + Tc(5Nd + 2N) (+ Nd init), or 6Nd + N + Tc(4Nd + 2N) with the redundant inner load of O_i
+# dropped, which is what flash2's backward does.
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def flash1_backward_working_set(d: int, Br: int, Bc: int) -> int:
+    """Words resident in one inner step of FlashAttention's Algorithm 4.
+
+    K_j, V_j, dK~_j, dV~_j (4 Bc d) + Q_i, O_i, dO_i, dQ_i (4 Br d) + l_i, m_i, D_i (3 Br) + S_ij/P_ij and
+    dP_ij/dS_ij (2 Br Bc).
+    """
+    return 4 * d * (Bc + Br) + 3 * Br + 2 * Br * Bc
+
+
+def flash2_backward_working_set(d: int, Br: int, Bc: int) -> int:
+    """Words resident in one inner step of FlashAttention-2's backward (O_i not loaded).
+
+    K_j, V_j, dK_j, dV_j (4 Bc d) + Q_i, dO_i, dQ_i (3 Br d) + L_i, D_i (2 Br) + S_ij/P_ij, dP_ij/dS_ij (2 Br Bc).
+    The D pass before the loop holds dO_i, O_i, D_i (2 Br d + Br), always less.
+    """
+    return 4 * d * Bc + 3 * d * Br + 2 * Br + 2 * Br * Bc
+
+
+def _backward_rows(N: int, Br: int, Bc: int, causal: bool) -> int:
+    """Rows streamed through the inner loop in total: Tc N, or under the causal mask sum_j (N - floor(j Bc/Br) Br)."""
+    return int(_causal_rows_per_column_block(N, Br, Bc).sum()) if causal else cdiv(N, Bc) * N
+
+
+def flash1_backward(N: int, d: int, Br: int, Bc: int, causal: bool = False) -> Prediction:
+    """FlashAttention Algorithm 4. Non-causal, with R = Tc N rows streamed through the inner loop:
+
+    reads  K, V: Nd each; Q, O, dO, dQ: R d each; l, m: R each          = 2Nd + Tc(4Nd + 2N)
+    writes dQ: R d; dK, dV: Nd each; initialisation of dQ, dK, dV: 3Nd  = 2Nd + Tc Nd + 3Nd
+    total 4Nd + Tc(5Nd + 2N) + 3Nd, i.e. papers.md B1 with its initialisation term.
+    Causal: R = sum over column blocks j of the rows N - floor(j Bc / Br) Br of its unskipped row blocks.
+    """
+    R = _backward_rows(N, Br, Bc, causal)
+    peak = flash1_backward_working_set(d, min(Br, N), min(Bc, N))
+    Nd = N * d
+    return _pred(
+        peak,
+        Q=(R * d, 0),
+        K=(Nd, 0),
+        V=(Nd, 0),
+        O=(R * d, 0),
+        dO=(R * d, 0),
+        l=(R, 0),
+        m=(R, 0),
+        dQ=(R * d, R * d + Nd, Nd),
+        dK=(0, 2 * Nd, Nd),
+        dV=(0, 2 * Nd, Nd),
+    )
+
+
+def flash2_backward(N: int, d: int, Br: int, Bc: int, causal: bool = False) -> Prediction:
+    """FlashAttention-2 backward with D precomputed and the inner load of O_i dropped. Non-causal, R = Tc N:
+
+    reads  O: Nd (D pass); dO: Nd + R d; K, V: Nd each; Q, dQ: R d each; L, D: R each  = 4Nd + Tc(3Nd + 2N)
+    writes D: N; dQ: R d + Nd initialisation; dK, dV: Nd each                         = 2Nd + N + Tc Nd + Nd
+    total 6Nd + N + Tc(4Nd + 2N) + Nd (papers.md B2 without O_i in the inner loop, plus dQ's initialisation).
+    Causal: R as in :func:`flash1_backward`; the D pass reads all of O and dO.
+    """
+    R = _backward_rows(N, Br, Bc, causal)
+    peak = flash2_backward_working_set(d, min(Br, N), min(Bc, N))
+    Nd = N * d
+    return _pred(
+        peak,
+        Q=(R * d, 0),
+        K=(Nd, 0),
+        V=(Nd, 0),
+        O=(Nd, 0),
+        dO=(Nd + R * d, 0),
+        L=(R, 0),
+        D=(R, N),
+        dQ=(R * d, R * d + Nd, Nd),
+        dK=(0, Nd),
+        dV=(0, Nd),
+    )
+
+
+def softmax_backward_rows(N: int, M: int) -> int:
+    """Rows per block of the one-pass dS sweep (rows of P and dP together), 0 when the two-pass sweep is used."""
+    return min(N, (M - 1) // (2 * N)) if 2 * N + 1 <= M else 0
+
+
+def softmax_backward_peak(N: int, M: int) -> int:
+    """D_i (1 word) + R rows of P and of dP, or one chunk of floor((M - 1)/2) columns of each."""
+    R = softmax_backward_rows(N, M)
+    return 1 + 2 * (R * N if R else min((M - 1) // 2, N))
+
+
+def standard_backward(N: int, d: int, M: int, B: int, causal: bool = False) -> Prediction:
+    """Standard attention backward (FlashAttention Algorithm 3) with square-tiled products; causal changes nothing.
+
+    With R(m,k,n) = mk ceil(n/B) + kn ceil(m/B): reads R(N,N,d) [dV = P^T dO] + R(N,d,N) [dP = dO V^T]
+    + 2N^2 (4N^2 when 2N + 1 > M) [dS] + 2 R(N,N,d) [dQ = dS K, dK = dS^T Q]; writes N^2 (dP) + N^2 (dS) + 3Nd.
+    Total 3N^2 ceil(d/B) + 5Nd ceil(N/B) + 4N^2 (6N^2) + 3Nd; B >= max(N, d) gives papers.md B0 = 7N^2 + 8Nd.
+    """
+    p1, do1 = matmul_reads(N, N, d, B)  # dV = P^T dO
+    do2, v2 = matmul_reads(N, d, N, B)  # dP = dO V^T
+    ds4, k4 = matmul_reads(N, N, d, B)  # dQ = dS K (dK = dS^T Q reads the same)
+    sweep = N * N * (1 if softmax_backward_rows(N, M) else 2)  # reads of P and of dP in step 3
+    peak = max(matmul_peak(N, N, d, B), matmul_peak(N, d, N, B), softmax_backward_peak(N, M))
+    Nd = N * d
+    return _pred(
+        peak,
+        Q=(k4, 0),
+        K=(k4, 0),
+        V=(v2, 0),
+        P=(p1 + sweep, 0),
+        dO=(do1 + do2, 0),
+        dP=(sweep, N * N),
+        dS=(2 * ds4, N * N),
+        dQ=(0, Nd),
+        dK=(0, Nd),
+        dV=(0, Nd),
+    )

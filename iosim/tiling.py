@@ -15,6 +15,7 @@ Two rules:
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
 from iosim import io_model
@@ -96,3 +97,56 @@ def square_tiling(algorithm: str, N: int, d: int, M: int, rule: str) -> Tiling:
         return max(io_model.matmul_peak(N, d, N, b), io_model.matmul_peak(N, N, d, b)) <= M
 
     return Tiling(rule, B=_largest(1, max(N, d), fits))
+
+
+def saha_ye_tiling(N: int, d: int, M: int, rule: str) -> Tiling:
+    """Square tile B of Saha & Ye's square tiling (forward and the small-cache backward share it).
+
+    ``fit``: the largest B whose exact working set B^2 + 2B min(B, d) + 2B (:func:`io_model.square_tiling_peak`)
+    fits in M (about sqrt(M/3) when B <= d). ``paper``: B = floor(sqrt(M/4)) (Saha & Ye, Algorithm 1), which fits
+    for every B >= 2 (3B^2 + 2B <= 4B^2).
+    """
+    _check_rule(rule)
+    minimum = io_model.square_tiling_peak(N, d, 1)
+    if rule == "paper":
+        B = math.isqrt(M // 4)
+        if B < 1:
+            raise _too_small("square-tiling", M, 4, "the paper's B = floor(sqrt(M/4)) must be at least 1")
+        return Tiling(rule, B=B)
+    if M < minimum:
+        raise _too_small("square-tiling", M, minimum, "a 1x1 accumulator, two 1x1 operand tiles and two row statistics")
+    return Tiling(rule, B=_largest(1, max(N, d), lambda b: io_model.square_tiling_peak(N, d, b) <= M))
+
+
+def flash_backward_working_set(algorithm: str, d: int, Br: int, Bc: int) -> int:
+    """Words resident in one inner step of the flash1 or flash2 backward (see :mod:`iosim.io_model`)."""
+    if algorithm.startswith("flash1"):
+        return io_model.flash1_backward_working_set(d, Br, Bc)
+    return io_model.flash2_backward_working_set(d, Br, Bc)
+
+
+def flash_backward_min_M(algorithm: str, d: int) -> int:
+    return flash_backward_working_set(algorithm, d, 1, 1)
+
+
+def flash_backward_tiling(algorithm: str, N: int, d: int, M: int, rule: str) -> Tiling:
+    """Tiling of the flash1 / flash2 backward. Both keep K/V outer (Algorithm 4; FlashAttention-2 Algorithm 2), so
+    their I/O falls with Tc = ceil(N/Bc) alone: ``fit`` maximises Bc with the paper's shape Br = min(Bc, d) under
+    the backward's own working set (about twice the forward's, so the blocks are smaller than the forward's).
+    ``paper``: Algorithm 4 reuses the forward's Bc = ceil(M/(4d)), Br = min(Bc, d) (FlashAttention-2 states no
+    formula; the same is used), whose backward working set is about 3M: under strict capacity it raises.
+    """
+    _check_rule(rule)
+    if rule == "paper":
+        Bc = io_model.cdiv(M, 4 * d)
+        return Tiling(rule, Br=min(Bc, d), Bc=Bc)
+    minimum = flash_backward_min_M(algorithm, d)
+    if M < minimum:
+        formula = "8d + 5" if algorithm.startswith("flash1") else "7d + 4"
+        raise _too_small(f"{algorithm} backward", M, minimum, f"Br = Bc = 1 needs {formula}")
+
+    def fits(b: int) -> bool:
+        return flash_backward_working_set(algorithm, d, min(b, d, N), b) <= M
+
+    Bc = _largest(1, N, fits)
+    return Tiling(rule, Br=min(Bc, d, N), Bc=Bc)

@@ -5,6 +5,9 @@ several runs after a warm-up run that also compiles (Numba) the code under test.
 
 * flash2 forward, numeric, float64, N=4096, d=64, M=32768, under the memory model, ÷ the plain NumPy float64
   reference (algorithms.reference.attention_forward) on the same inputs. Target <= 1.5.
+* flash2 backward, numeric, float64, N=4096, d=64, M=32768 (backward tiling ``fit``), under the memory model,
+  ÷ the NumPy float64 reference backward (algorithms.reference.attention_backward) on the same inputs. The
+  forward that produces O and L runs once, outside the timed region.
 * flash1 forward, count-only, N=2^20, d=128, M=65536: wall time (target <= 2 s) and simulated words per second,
   against the numeric flash1 run at N=4096 as the in-process baseline.
 """
@@ -18,7 +21,7 @@ import numpy as np
 from tabulate import tabulate
 
 import iosim
-from algorithms.reference import attention_forward, default_scale
+from algorithms.reference import attention_backward, attention_forward, default_scale
 from iosim import registry
 from memory_model import TwoLevelMemory
 
@@ -59,6 +62,30 @@ def bench_flash2_forward(repeat: int) -> list:
     ]
 
 
+def bench_flash2_backward(repeat: int) -> list:
+    N, d, M = 4096, 64, 32768
+    Q, K, V = inputs(N, d)
+    dO = np.random.default_rng(1).standard_normal((N, d))
+    t_ref = best_of(lambda: attention_backward(Q, K, V, dO), repeat)
+    algo = registry.get("flash2")
+    scale = default_scale(d)
+    fwd = algo.forward(TwoLevelMemory(M), Q, K, V, N, d, algo.choose_tiling(N, d, M, "fit"), scale, False, np.float64)
+    t = algo.backward_tiling(N, d, M, "fit")
+
+    def simulate():  # the backward driver under the memory model, without run()'s own reference check
+        algo.backward(TwoLevelMemory(M), Q, K, V, dO, fwd, N, d, t, scale, False, np.float64)
+
+    t_sim = best_of(simulate, repeat)
+    return [
+        "flash2 backward numeric ÷ NumPy float64 reference",
+        f"N={N}, d={d}, M={M} ({t})",
+        f"{t_sim * 1e3:.1f} ms",
+        f"{t_ref * 1e3:.1f} ms",
+        f"{t_sim / t_ref:.2f}",
+        "-",
+    ]
+
+
 def bench_count_only(repeat: int) -> list:
     N, d, M = 2**20, 128, 65536
     r = iosim.run("flash1", N=N, d=d, M=M, count_only=True)
@@ -75,7 +102,7 @@ def bench_count_only(repeat: int) -> list:
     ]
 
 
-BENCHES = [bench_flash2_forward, bench_count_only]
+BENCHES = [bench_flash2_forward, bench_flash2_backward, bench_count_only]
 
 
 def main(argv: list[str] | None = None) -> None:

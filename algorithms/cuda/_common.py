@@ -1,0 +1,136 @@
+"""Device helpers shared by the numba.cuda kernels: counted tile transfers between global and shared memory.
+
+Fast memory is the block's dynamic shared memory, one float32 array ``sm`` of exactly the words the schedule's
+working set needs (at most M; the host launcher refuses a layout larger than M). Every transfer between global and
+shared memory goes through a helper here. In counting mode (``cnt`` has rows) each thread adds the number of
+elements *it* copied to ``cnt[aid, READS]`` or ``cnt[aid, WRITES]`` with one int64 atomic per tile, so the
+counters are a tally of the copies the kernel actually performed, not of what the schedule claims to do. With an
+empty ``cnt`` (shape (0, 3)) nothing is counted. Columns: 0 reads (global -> shared), 1 writes (shared -> global),
+2 initialisation writes (a global memset, also counted in column 1, as the simulator counts them).
+
+Thread mapping: a block's ``blockDim.x`` threads stride over a tile's elements in row-major order, so consecutive
+threads touch consecutive global addresses (coalesced). Helpers are ``@cuda.jit(device=True)``; global arrays are
+3-D (batch * heads, rows, cols) or 2-D (batch * heads, rows).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import cuda
+
+READS, WRITES, INIT = 0, 1, 2
+NEG_INF = np.float32(-np.inf)
+
+
+@cuda.jit(device=True)
+def _tally(cnt, aid, col, moved):
+    if cnt.shape[0] > 0 and moved > 0:
+        cuda.atomic.add(cnt, (aid, col), moved)
+
+
+@cuda.jit(device=True)
+def load_tile(src, bh, r0, nr, c0, nc, sm, off, cnt, aid):
+    """sm[off + r * nc + c] = src[bh, r0 + r, c0 + c] for r < nr, c < nc (row-major, leading dimension nc)."""
+    moved = 0
+    for e in range(cuda.threadIdx.x, nr * nc, cuda.blockDim.x):
+        r = e // nc
+        sm[off + e] = src[bh, r0 + r, c0 + e - r * nc]
+        moved += 1
+    _tally(cnt, aid, READS, moved)
+
+
+@cuda.jit(device=True)
+def store_tile(sm, off, dst, bh, r0, nr, c0, nc, cnt, aid):
+    """dst[bh, r0 + r, c0 + c] = sm[off + r * nc + c] for r < nr, c < nc."""
+    moved = 0
+    for e in range(cuda.threadIdx.x, nr * nc, cuda.blockDim.x):
+        r = e // nc
+        dst[bh, r0 + r, c0 + e - r * nc] = sm[off + e]
+        moved += 1
+    _tally(cnt, aid, WRITES, moved)
+
+
+@cuda.jit(device=True)
+def add_tile(sm, off, dst, bh, r0, nr, nc, cnt, aid):
+    """dst[bh, r0 + r, c] += sm[off + r * nc + c] with atomics: a read-modify-write of every word in global memory.
+
+    Counted as one read and one write per word, exactly what a load of the tile, an on-chip add and a store of
+    it cost in the two-level model (the simulator's ``load`` + ``store`` of the same tile).
+    """
+    moved = 0
+    for e in range(cuda.threadIdx.x, nr * nc, cuda.blockDim.x):
+        r = e // nc
+        cuda.atomic.add(dst, (bh, r0 + r, e - r * nc), sm[off + e])
+        moved += 1
+    _tally(cnt, aid, READS, moved)
+    _tally(cnt, aid, WRITES, moved)
+
+
+@cuda.jit(device=True)
+def load_vec(src, bh, r0, n, sm, off, cnt, aid):
+    """sm[off + r] = src[bh, r0 + r] for r < n."""
+    moved = 0
+    for r in range(cuda.threadIdx.x, n, cuda.blockDim.x):
+        sm[off + r] = src[bh, r0 + r]
+        moved += 1
+    _tally(cnt, aid, READS, moved)
+
+
+@cuda.jit(device=True)
+def store_vec(sm, off, dst, bh, r0, n, cnt, aid):
+    """dst[bh, r0 + r] = sm[off + r] for r < n."""
+    moved = 0
+    for r in range(cuda.threadIdx.x, n, cuda.blockDim.x):
+        dst[bh, r0 + r] = sm[off + r]
+        moved += 1
+    _tally(cnt, aid, WRITES, moved)
+
+
+@cuda.jit(device=True)
+def init_tile(dst, bh, r0, nr, nc, value, cnt, aid):
+    """Initialise dst[bh, r0:r0+nr, :nc] = value in global memory (a memset): writes and initialisation writes."""
+    moved = 0
+    for e in range(cuda.threadIdx.x, nr * nc, cuda.blockDim.x):
+        r = e // nc
+        dst[bh, r0 + r, e - r * nc] = value
+        moved += 1
+    _tally(cnt, aid, WRITES, moved)
+    _tally(cnt, aid, INIT, moved)
+
+
+@cuda.jit(device=True)
+def init_vec(dst, bh, r0, n, value, cnt, aid):
+    """Initialise dst[bh, r0:r0+n] = value in global memory: writes and initialisation writes."""
+    moved = 0
+    for r in range(cuda.threadIdx.x, n, cuda.blockDim.x):
+        dst[bh, r0 + r] = value
+        moved += 1
+    _tally(cnt, aid, WRITES, moved)
+    _tally(cnt, aid, INIT, moved)
+
+
+@cuda.jit(device=True)
+def fill_shared(sm, off, n, value):
+    """sm[off:off+n] = value (on-chip initialisation: no I/O)."""
+    for e in range(cuda.threadIdx.x, n, cuda.blockDim.x):
+        sm[off + e] = value
+
+
+@cuda.jit(device=True)
+def dot_rows(sm, a_off, ra, b_off, rb, d):
+    """sum_k sm[a_off + ra*d + k] * sm[b_off + rb*d + k] over k < d, the k loop rotated by rb.
+
+    Threads of a warp that hold one row ra and consecutive rows rb of B read d-strided addresses of B; starting
+    each thread's k loop at rb (mod d) spreads those reads over the shared-memory banks instead of making every
+    thread hit the same bank (d = 64, 128). The sum is the same up to float32 rounding order.
+    """
+    acc = np.float32(0.0)
+    k = rb % d
+    pa = a_off + ra * d
+    pb = b_off + rb * d
+    for _ in range(d):
+        acc += sm[pa + k] * sm[pb + k]
+        k += 1
+        if k == d:
+            k = 0
+    return acc

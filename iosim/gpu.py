@@ -1,0 +1,183 @@
+"""The GPU path: run the numba.cuda kernels of :mod:`algorithms.cuda` with tiles chosen from M as the simulator does.
+
+``import iosim`` does not import this module (nor ``numba.cuda``): the choice between a real GPU and the CUDA
+simulator (``NUMBA_ENABLE_CUDASIM=1``) is made when ``numba.cuda`` is first imported, so it stays with the caller.
+
+>>> from iosim import gpu                                                      # doctest: +SKIP
+>>> r = gpu.forward("flash2", Q, K, V, M=16384, count=True)                    # doctest: +SKIP
+>>> r.counts == gpu.simulated_counts("flash2", N, d, M, batch=B * H)           # doctest: +SKIP
+True
+
+Each kernel moves, per (batch, head), exactly the words the simulator counts for the same (N, d, M, tiling,
+causal): :func:`simulated_counts` is that count (the simulator's ``count_only`` run, times B * H), and
+:func:`forward` / :func:`backward` with ``count=True`` return the kernels' own tally of the copies they made.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from iosim import registry
+from iosim.errors import InputError
+from iosim.tiling import RULES, Tiling
+from memory_model import ArrayCounts
+
+KERNELS = ("flash2", "flash1", "standard", "square-tiling")
+BACKWARD_KERNELS = ("flash2",)
+
+
+def _kernels():
+    from algorithms.cuda import flash, square_tiling, standard
+
+    return flash, standard, square_tiling
+
+
+def _check(name: str, rule: str, backward: bool = False) -> None:
+    names = BACKWARD_KERNELS if backward else KERNELS
+    if name not in names:
+        what = "a GPU backward kernel" if backward else "a GPU kernel"
+        raise InputError("kernel", f"must name {what}: one of {', '.join(names)}", name)
+    if rule not in RULES:
+        raise InputError("tiling", f"must be one of {', '.join(RULES)}", rule)
+
+
+def _shape(Q) -> tuple[int, int, int]:
+    """(B * H, N, d) of an input shaped (B, H, N, d) or (N, d)."""
+    shape = tuple(Q.shape)
+    if len(shape) not in (2, 4):
+        raise InputError("Q", "must have shape (B, H, N, d) or (N, d)", f"shape {shape}")
+    bh = shape[0] * shape[1] if len(shape) == 4 else 1
+    return bh, shape[-2], shape[-1]
+
+
+def tiling_for(name: str, N: int, d: int, M: int, rule: str = "fit", backward: bool = False) -> Tiling:
+    """The blocks the simulator runs ``name`` with at (N, d, M): the registry's choice, forward or backward."""
+    algo = registry.get(name)
+    return algo.backward_tiling(N, d, M, rule) if backward else algo.choose_tiling(N, d, M, rule)
+
+
+@dataclass
+class GpuRun:
+    """One kernel run: outputs by name, the kernels' counters (per array, all heads; None unless counting)."""
+
+    kernel: str
+    passname: str
+    N: int
+    d: int
+    M: int
+    BH: int
+    tiling: Tiling
+    shared_words: int
+    outputs: dict
+    counts: dict[str, ArrayCounts] | None
+
+
+def forward(name: str, Q, K, V, *, M: int, causal: bool = False, tiling: str = "fit", scale: float | None = None,
+            count: bool = False, threads: int | None = None, poison: bool = True) -> GpuRun:
+    """Run GPU kernel ``name`` forward on (B, H, N, d) or (N, d) float32 inputs with fast memory M words per block.
+
+    Outputs: "O" for every kernel; "L" (logsumexp) for flash1, flash2 and square-tiling; flash1 adds "l", "m";
+    standard "S", "P"; square-tiling "S" (the exponent). NumPy inputs give NumPy outputs; device inputs give device outputs.
+    """
+    _check(name, tiling)
+    BH, N, d = _shape(Q)
+    t = tiling_for(name, N, d, M, tiling)
+    flash, standard, square = _kernels()
+    kw = dict(scale=scale, causal=causal, count=count, threads=threads, poison=poison)
+    if name == "flash2":
+        r = flash.flash2_forward(Q, K, V, Br=t.Br, Bc=t.Bc, M=M, **kw)
+    elif name == "flash1":
+        r = flash.flash1_forward(Q, K, V, Br=t.Br, Bc=t.Bc, M=M, **kw)
+    elif name == "standard":
+        r = standard.standard_forward(Q, K, V, B=t.B, M=M, **kw)
+    else:
+        r = square.square_tiling_forward(Q, K, V, B=t.B, M=M, **kw)
+    return GpuRun(name, "forward", N, d, M, BH, t, r.shared_words, r.outputs, r.counts)
+
+
+def backward(name: str, Q, K, V, O, dO, L, *, M: int, causal: bool = False, tiling: str = "fit",
+             scale: float | None = None, count: bool = False, threads: int | None = None, dq_atomic: bool = True,
+             poison: bool = True) -> GpuRun:
+    """Run GPU backward kernel ``name`` (flash2) from the forward's O and L; outputs "dQ", "dK", "dV" (and "D")."""
+    _check(name, tiling, backward=True)
+    BH, N, d = _shape(Q)
+    t = tiling_for(name, N, d, M, tiling, backward=True)
+    flash, _, _ = _kernels()
+    r = flash.flash2_backward(Q, K, V, O, dO, L, Br=t.Br, Bc=t.Bc, M=M, scale=scale, causal=causal, count=count,
+                              threads=threads, dq_atomic=dq_atomic, poison=poison)
+    return GpuRun(name, "backward", N, d, M, BH, t, r.shared_words, r.outputs, r.counts)
+
+
+def simulated_counts(name: str, N: int, d: int, M: int, *, causal: bool = False, tiling: str = "fit",
+                     backward: bool = False, batch: int = 1) -> dict[str, ArrayCounts]:
+    """The simulator's per-array counts (count-only run) of ``name`` at (N, d, M), times ``batch`` = B * H."""
+    from iosim import api
+
+    r = api.run(name, N=N, d=d, M=M, causal=causal, tiling=tiling, count_only=True, backward=backward)
+    stats = r.passes["backward" if backward else "forward"].stats
+    return {
+        k: ArrayCounts(v.reads * batch, v.writes * batch, v.init_writes * batch)
+        for k, v in stats.per_array.items()
+    }
+
+
+def default_M(name: str, N: int, d: int, backward: bool = False, parts: int = 3) -> int:
+    """A fast memory that splits N into about ``parts`` blocks (the smallest M whose tiling reaches that block).
+
+    For checks on tiny shapes: several blocks per dimension, ragged last blocks, and a small simulator run.
+    """
+    algo = registry.get(name)
+    target = max(1, -(-N // parts))
+
+    def big(M: int) -> int:
+        try:
+            t = algo.choose_tiling(N, d, M, "fit")
+            if backward:
+                algo.backward_tiling(N, d, M, "fit")
+        except InputError:
+            return 0
+        return max(x for x in (t.Br, t.Bc, t.B) if x is not None)
+
+    lo, hi = 1, 64
+    while big(hi) < target:
+        lo, hi = hi + 1, hi * 2
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if big(mid) >= target:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+def attention(name: str, M: int | Callable[[int, int], int] | None = None, *, tiling: str = "fit",
+              threads: int | None = None):
+    """Kernel ``name`` as a callable for :func:`iosim.check`: ``fn(Q, K, V, *, causal, scale) -> (O, L)``.
+
+    ``M`` is the fast memory per block in words, a function (N, d) -> M, or None for :func:`default_M` at each
+    shape. The flash2 callable also has ``fn.backward(Q, K, V, O, dO, L, *, causal, scale) -> (dQ, dK, dV)``.
+    """
+    _check(name, tiling)
+    has_bwd = name in BACKWARD_KERNELS
+
+    def fast_memory(N: int, d: int) -> int:
+        if M is None:
+            return default_M(name, N, d, backward=has_bwd)
+        return M(N, d) if callable(M) else M
+
+    def fn(Q, K, V, *, causal: bool = False, scale: float | None = None):
+        _, N, d = _shape(Q)
+        r = forward(name, Q, K, V, M=fast_memory(N, d), causal=causal, tiling=tiling, scale=scale, threads=threads)
+        return r.outputs["O"], r.outputs.get("L")
+
+    def bwd(Q, K, V, O, dO, L, *, causal: bool = False, scale: float | None = None):
+        _, N, d = _shape(Q)
+        r = backward(name, Q, K, V, O, dO, L, M=fast_memory(N, d), causal=causal, tiling=tiling, scale=scale,
+                     threads=threads)
+        return r.outputs["dQ"], r.outputs["dK"], r.outputs["dV"]
+
+    fn.__name__ = fn.__qualname__ = f"gpu_{name.replace('-', '_')}"
+    if has_bwd:
+        fn.backward = bwd
+    return fn
