@@ -31,11 +31,12 @@ STANDARD_ARRAYS_FWD = ("Q", "K", "V", "S", "P", "O", "C", "m", "l")
 
 
 @njit(cache=True)
-def tiled_matmul(W, iA, A, iB, B, iC, C, iAcc, m, k, n, T, b_transposed, scale):
-    """C = scale * A op(B) with square tiles of side T; op(B) = B^T if b_transposed (B is n x k) else B (k x n).
+def tiled_matmul(W, iA, A, iB, B, iC, C, iAcc, m, k, n, T, a_transposed, b_transposed, scale):
+    """C = scale * op(A) op(B) with square tiles of side T; C is m x n and the inner dimension is k.
 
-    Reads m k ceil(n/T) + k n ceil(m/T), writes m n. Fast memory: accumulator ti x tj plus one tile of each
-    operand, at most 3 T^2 words.
+    op(A) = A^T if a_transposed (A stored k x m) else A (m x k); op(B) = B^T if b_transposed (B stored n x k) else
+    B (k x n). Reads m k ceil(n/T) + k n ceil(m/T), writes m n. Fast memory: the accumulator ti x tj plus one
+    tile of each operand, at most 3 T^2 words.
     """
     Ab, Bb, Cb = buffer(T * T, C), buffer(T * T, C), buffer(T * T, C)
     for i in range(cdiv(m, T)):
@@ -51,18 +52,26 @@ def tiled_matmul(W, iA, A, iB, B, iC, C, iAcc, m, k, n, T, b_transposed, scale):
             for kk in range(cdiv(k, T)):
                 k0 = kk * T
                 tk = min(T, k - k0)
-                Aik = tile(Ab, ti, tk)
-                load(W, iA, A, r0, ti, k0, tk, Aik)
-                if b_transposed:
-                    Bjk = tile(Bb, tj, tk)
-                    load(W, iB, B, c0, tj, k0, tk, Bjk)
-                    if C is not None:
-                        Cij += np.dot(Aik, Bjk.T)
+                # A's tile is stored tk x ti when transposed, ti x tk otherwise; likewise B's
+                Ablk = tile(Ab, tk, ti) if a_transposed else tile(Ab, ti, tk)
+                Bblk = tile(Bb, tj, tk) if b_transposed else tile(Bb, tk, tj)
+                if a_transposed:
+                    load(W, iA, A, k0, tk, r0, ti, Ablk)
                 else:
-                    Bkj = tile(Bb, tk, tj)
-                    load(W, iB, B, k0, tk, c0, tj, Bkj)
-                    if C is not None:
-                        Cij += np.dot(Aik, Bkj)
+                    load(W, iA, A, r0, ti, k0, tk, Ablk)
+                if b_transposed:
+                    load(W, iB, B, c0, tj, k0, tk, Bblk)
+                else:
+                    load(W, iB, B, k0, tk, c0, tj, Bblk)
+                if C is not None:  # one branch per layout keeps every np.dot on contiguous views
+                    if a_transposed and b_transposed:
+                        Cij += np.dot(Ablk.T, Bblk.T)
+                    elif a_transposed:
+                        Cij += np.dot(Ablk.T, Bblk)
+                    elif b_transposed:
+                        Cij += np.dot(Ablk, Bblk.T)
+                    else:
+                        Cij += np.dot(Ablk, Bblk)
                 free(W, ti * tk + tj * tk)
             if C is not None and scale != 1.0:
                 Cij *= scale
@@ -130,9 +139,9 @@ def _softmax(W, iS, S, iP, P, im, N, M, causal):
 @njit(cache=True)
 def _standard_forward(W, ids, Q, K, V, S, P, O, N, d, M, B, scale, causal):  # noqa: N803
     iQ, iK, iV, iS, iP, iO, iC, im, il = ids
-    tiled_matmul(W, iQ, Q, iK, K, iS, S, iC, N, d, N, B, True, scale)  # step 1: S = Q K^T
+    tiled_matmul(W, iQ, Q, iK, K, iS, S, iC, N, d, N, B, False, True, scale)  # step 1: S = Q K^T
     _softmax(W, iS, S, iP, P, im, N, M, causal)  # step 2: P = softmax(S)
-    tiled_matmul(W, iP, P, iV, V, iO, O, iC, N, N, d, B, False, 1.0)  # step 3: O = P V
+    tiled_matmul(W, iP, P, iV, V, iO, O, iC, N, N, d, B, False, False, 1.0)  # step 3: O = P V
 
 
 def standard_forward(mem, Q, K, V, *, N, d, B, scale, causal=False, dtype=np.float64):  # noqa: N803
@@ -170,39 +179,6 @@ def standard_forward(mem, Q, K, V, *, N, d, B, scale, causal=False, dtype=np.flo
 # Exact count: :func:`iosim.io_model.standard_backward`.
 
 STANDARD_ARRAYS_BWD = ("Q", "K", "V", "P", "dO", "dP", "dS", "dQ", "dK", "dV", "C", "D")
-
-
-@njit(cache=True)
-def tiled_matmul_tn(W, iA, A, iB, B, iC, C, iAcc, m, k, n, T, scale):
-    """C = scale * A^T B with square tiles of side T; A is k x m, B is k x n, C is m x n.
-
-    The transposed twin of :func:`tiled_matmul`: the same loop nest, reads m k ceil(n/T) + k n ceil(m/T), writes
-    m n, fast memory at most 3 T^2 words.
-    """
-    Ab, Bb, Cb = buffer(T * T, C), buffer(T * T, C), buffer(T * T, C)
-    for i in range(cdiv(m, T)):
-        r0 = i * T
-        ti = min(T, m - r0)
-        for j in range(cdiv(n, T)):
-            c0 = j * T
-            tj = min(T, n - c0)
-            Cij = tile(Cb, ti, tj)
-            alloc(W, iAcc, ti * tj)
-            if C is not None:
-                Cij[:, :] = 0.0
-            for kk in range(cdiv(k, T)):
-                k0 = kk * T
-                tk = min(T, k - k0)
-                Aki, Bkj = tile(Ab, tk, ti), tile(Bb, tk, tj)
-                load(W, iA, A, k0, tk, r0, ti, Aki)
-                load(W, iB, B, k0, tk, c0, tj, Bkj)
-                if C is not None:
-                    Cij += np.dot(Aki.T, Bkj)
-                free(W, ti * tk + tj * tk)
-            if C is not None and scale != 1.0:
-                Cij *= scale
-            store(W, iC, Cij, C, r0, ti, c0, tj)
-            free(W, ti * tj)
 
 
 @njit(cache=True)
@@ -264,11 +240,11 @@ def _softmax_backward(W, iP, P, idP, dP, idS, dS, iD, N, M, causal):
 @njit(cache=True)
 def _standard_backward(W, ids, Q, K, V, P, dO, dP, dS, dQ, dK, dV, N, d, M, B, scale, causal):  # noqa: N803
     iQ, iK, iV, iP, idO, idP, idS, idQ, idK, idV, iC, iD = ids
-    tiled_matmul_tn(W, iP, P, idO, dO, idV, dV, iC, N, N, d, B, 1.0)  # step 1: dV = P^T dO
-    tiled_matmul(W, idO, dO, iV, V, idP, dP, iC, N, d, N, B, True, 1.0)  # step 2: dP = dO V^T
+    tiled_matmul(W, iP, P, idO, dO, idV, dV, iC, N, N, d, B, True, False, 1.0)  # step 1: dV = P^T dO
+    tiled_matmul(W, idO, dO, iV, V, idP, dP, iC, N, d, N, B, False, True, 1.0)  # step 2: dP = dO V^T
     _softmax_backward(W, iP, P, idP, dP, idS, dS, iD, N, M, causal)  # step 3: dS = P o (dP - D)
-    tiled_matmul(W, idS, dS, iK, K, idQ, dQ, iC, N, N, d, B, False, scale)  # step 4: dQ = scale dS K
-    tiled_matmul_tn(W, idS, dS, iQ, Q, idK, dK, iC, N, N, d, B, scale)  # step 5: dK = scale dS^T Q
+    tiled_matmul(W, idS, dS, iK, K, idQ, dQ, iC, N, N, d, B, False, False, scale)  # step 4: dQ = scale dS K
+    tiled_matmul(W, idS, dS, iQ, Q, idK, dK, iC, N, N, d, B, True, False, scale)  # step 5: dK = scale dS^T Q
 
 
 def standard_backward(mem, Q, K, V, P, dO, *, N, d, B, scale, causal=False, dtype=np.float64):  # noqa: N803
