@@ -21,10 +21,18 @@ Outputs in results/ (created if missing):
   log-interpolated between the two grid points that bracket it) and the tightness table (total / matching lower
   bound, min and max over the sweep, per algorithm, pass and regime); both are printed as well.
 
-What the plot shows (measured with the command above; the README section "The small-cache regime and the
-crossover at M ~ d^2" has the tables): square-tiling is below flash1 and flash2 at every M well below d^2 and
-above them well above d^2, in both passes and for every d. The measured crossovers lie at M / d^2 between about
-0.7 and 3.5 (the theory's M = d^2 up to the algorithms' constants); see the README for the per-d figures.
+What the plot shows (measured with the command above, N = 2048): square-tiling is below flash1 and flash2 at every
+M well below d^2 and above them well above d^2, in both passes and for every d. Measured crossovers M / d^2
+(square-tiling vs flash2 / vs flash1): forward 1.05-1.11 / 2.10-2.16, backward 2.31 / 5.78-5.89, the same for
+d = 64, 128, 256 (the theory's M = d^2, shifted by the algorithms' constants; papers.md estimates 1.67 for F1 vs
+S1 with the paper tilings). Tightness for M < d^2: square-tiling moves 3.74-4.46 times the Saha-Ye small-cache
+lower bound 2 N^2 d / sqrt(M) - 2M forward and 7.55-9.45 times it backward, a flat constant across 24 points,
+whereas flash2 ranges 5.2-32 (forward) and 17.8-76 (backward), growing as M shrinks. For M >= d^2 the provisional
+large-cache bound N^2 d^2 / (4(M + d^2)) - M never exceeds the trivial 4Nd at N = 2048, so there the ÷Θ column
+is the informative one: flash2 forward is 8.0-12.0 N^2 d^2 / M. Standard attention with square-tiled products is
+also Theta(N^2 d / sqrt(M)) below d^2 (attention reduces to matrix multiplication there, Saha & Ye Thm 4.17), a
+few N^2 words above square-tiling. The README section "The small-cache regime and the crossover at M ~ d^2" has
+the tables.
 """
 
 from __future__ import annotations

@@ -46,8 +46,14 @@ def theory_winner(d: int, M: int) -> tuple[str, str]:
     the constants decide (papers.md: F1 and S1 cross at about 1.67 d^2); ``iosim compare`` shows the measured order.
     """
     if is_large_cache(d, M):
-        return "flash2", "FlashAttention's N^2 d^2 / M <= N^2 d / sqrt(M) when M >= d^2 (Saha & Ye Thm 3.1)"
-    return "square-tiling", "its N^2 d / sqrt(M) < FlashAttention's N^2 d^2 / M when M < d^2 (Saha & Ye Thm 3.5, 3.7)"
+        return "flash2", (
+            "FlashAttention's N^2 d^2 / M <= N^2 d / sqrt(M) when M >= d^2 (Saha & Ye Thm 3.1; backward: Li et al. "
+            "Thm 4.1, 4.2)"
+        )
+    return "square-tiling", (
+        "its N^2 d / sqrt(M) < FlashAttention's N^2 d^2 / M when M < d^2 (Saha & Ye Thm 3.5, 3.7; backward: Li et al. "
+        "Thm 4.3, 4.4)"
+    )
 
 
 def forward_bounds(N: int, d: int, M: int) -> list[Bound]:

@@ -96,8 +96,17 @@ class CheckReport:
         from tabulate import tabulate
 
         rows = [
-            [r.passname, r.N, r.d, "yes" if r.causal else "no", r.output, f"{r.error:.2e}", f"{r.baseline:.2e}",
-             f"{r.bound:.2e}", "ok" if r.passed else "FAIL"]
+            [
+                r.passname,
+                r.N,
+                r.d,
+                "yes" if r.causal else "no",
+                r.output,
+                f"{r.error:.2e}",
+                f"{r.baseline:.2e}",
+                f"{r.bound:.2e}",
+                "ok" if r.passed else "FAIL",
+            ]
             for r in self.rows
         ]
         headers = ["pass", "N", "d", "causal", "output", "max err", "naive err", "bound", ""]
@@ -108,8 +117,10 @@ class CheckReport:
         verdict = "PASSED" if self.passed else f"FAILED ({n_fail} of {len(self.rows)} outputs)"
         if not self.rows:
             verdict = "NOTHING CHECKED"
-        return (f"{self.name}: {verdict} -- {self.dtype}, B={self.batch}, H={self.heads}; bound = factor x naive "
-                f"{self.dtype} error + rounding floor (forward {FORWARD_FACTOR:g}x, gradients {BACKWARD_FACTOR:g}x)")
+        return (
+            f"{self.name}: {verdict} -- {self.dtype}, B={self.batch}, H={self.heads}; bound = factor x naive "
+            f"{self.dtype} error + rounding floor (forward {FORWARD_FACTOR:g}x, gradients {BACKWARD_FACTOR:g}x)"
+        )
 
     def __str__(self) -> str:
         return self.table() + "\n" + self.summary()
@@ -276,20 +287,39 @@ def check(
                 for key, naive in (("O", O_n), ("L", L_n)):
                     if key == "L" and out["L"] is None:
                         continue
-                    report.rows.append(OutputCheck("forward", n, dd, c, key, _max_err(out[key], ref[key]),
-                                                   float(np.max(np.abs(naive - ref[key]))),
-                                                   FORWARD_FACTOR * float(np.max(np.abs(naive - ref[key])))
-                                                   + _floor(ref[key], np_dtype)))
+                    report.rows.append(
+                        OutputCheck(
+                            "forward",
+                            n,
+                            dd,
+                            c,
+                            key,
+                            _max_err(out[key], ref[key]),
+                            float(np.max(np.abs(naive - ref[key]))),
+                            FORWARD_FACTOR * float(np.max(np.abs(naive - ref[key]))) + _floor(ref[key], np_dtype),
+                        )
+                    )
                 if bwd is None:
                     continue
-                grads = _unpack(bwd(*dev, out["O"], convert(np.ascontiguousarray(dO)), out["L"], causal=c,
-                                    scale=sc), ("dQ", "dK", "dV"))
-                naive_g = dict(zip(("dQ", "dK", "dV"), _naive_backward(Q, K, V, dO, P_n, sc, np_dtype),
-                                   strict=True))
+                grads = _unpack(
+                    bwd(*dev, out["O"], convert(np.ascontiguousarray(dO)), out["L"], causal=c, scale=sc),
+                    ("dQ", "dK", "dV"),
+                )
+                naive_g = dict(zip(("dQ", "dK", "dV"), _naive_backward(Q, K, V, dO, P_n, sc, np_dtype), strict=True))
                 for key in ("dQ", "dK", "dV"):
                     if grads[key] is None:
                         raise ValueError(f"{report.name}'s backward returned no {key}")
                     base = float(np.max(np.abs(naive_g[key] - ref[key])))
-                    report.rows.append(OutputCheck("backward", n, dd, c, key, _max_err(grads[key], ref[key]), base,
-                                                   BACKWARD_FACTOR * base + _floor(ref[key], np_dtype)))
+                    report.rows.append(
+                        OutputCheck(
+                            "backward",
+                            n,
+                            dd,
+                            c,
+                            key,
+                            _max_err(grads[key], ref[key]),
+                            base,
+                            BACKWARD_FACTOR * base + _floor(ref[key], np_dtype),
+                        )
+                    )
     return report

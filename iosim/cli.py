@@ -43,12 +43,27 @@ def _positive(name: str):
 
 def _add_sizes(p: argparse.ArgumentParser, defaults: dict | None = None) -> None:
     defaults = defaults or {}
-    p.add_argument("--N", type=_positive("--N"), default=defaults.get("N"), required="N" not in defaults,
-                   help="sequence length" + (f" (default {defaults['N']})" if "N" in defaults else ""))
-    p.add_argument("--d", type=_positive("--d"), default=defaults.get("d"), required="d" not in defaults,
-                   help="head dimension" + (f" (default {defaults['d']})" if "d" in defaults else ""))
-    p.add_argument("--M", type=_positive("--M"), default=defaults.get("M"), required="M" not in defaults,
-                   help="fast-memory capacity in words" + (f" (default {defaults['M']})" if "M" in defaults else ""))
+    p.add_argument(
+        "--N",
+        type=_positive("--N"),
+        default=defaults.get("N"),
+        required="N" not in defaults,
+        help="sequence length" + (f" (default {defaults['N']})" if "N" in defaults else ""),
+    )
+    p.add_argument(
+        "--d",
+        type=_positive("--d"),
+        default=defaults.get("d"),
+        required="d" not in defaults,
+        help="head dimension" + (f" (default {defaults['d']})" if "d" in defaults else ""),
+    )
+    p.add_argument(
+        "--M",
+        type=_positive("--M"),
+        default=defaults.get("M"),
+        required="M" not in defaults,
+        help="fast-memory capacity in words" + (f" (default {defaults['M']})" if "M" in defaults else ""),
+    )
 
 
 def _add_run_options(p: argparse.ArgumentParser) -> None:
@@ -87,6 +102,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=FORMATS, default="simple")
 
     sub.add_parser("list", help="list the algorithms")
+
+    p = sub.add_parser("check", help="check a GPU kernel against the float64 reference (CUDA simulator if no GPU)")
+    p.add_argument("--kernel", required=True, help="one of: flash2, flash1, standard, square-tiling")
+    p.add_argument("--quick", action="store_true", help="a few tiny shapes (under a minute on the CUDA simulator)")
+    p.add_argument("--N", type=_positive("--N"), nargs="+", help="sequence lengths (default 1 17 113 203 1023)")
+    p.add_argument("--d", type=_positive("--d"), nargs="+", help="head dimensions (default 16 59 64 128)")
+    p.add_argument("--M", type=_positive("--M"), help="shared memory per block in words (default: ~N/3 blocks)")
+    p.add_argument("--tiling", choices=("fit", "paper"), default="fit", help="block-size rule (default fit)")
+    p.add_argument("--heads", type=_positive("--heads"), default=2, help="heads per batch (default 2)")
+    p.add_argument("--seed", type=int, default=0, help="random seed of the inputs (default 0)")
+    p.add_argument("--format", choices=FORMATS, default="simple", help="table format")
     return parser
 
 
@@ -139,8 +165,14 @@ def _cmd_run(args) -> None:
     print(tabulate(rows, tablefmt=args.format))
     per = [[n, _fmt_int(c.reads), _fmt_int(c.writes), _fmt_int(c.init_writes)] for n, c in s.per_array.items()]
     print()
-    print(tabulate(per, headers=["array", "reads", "writes", "init writes"], tablefmt=args.format,
-                   colalign=("left", "right", "right", "right")))
+    print(
+        tabulate(
+            per,
+            headers=["array", "reads", "writes", "init writes"],
+            tablefmt=args.format,
+            colalign=("left", "right", "right", "right"),
+        )
+    )
 
 
 def _cmd_compare(args) -> None:
@@ -160,24 +192,30 @@ def _cmd_compare(args) -> None:
             failures.append(f"{name}: {e}")
             continue
         s = r.stats
-        rows.append([
-            name,
-            str(r.tiling).replace("rule=", ""),
-            s.reads,
-            s.writes,
-            s.total,
-            f"{s.peak / r.M:.3f}",
-            r.predicted.total,
-            "yes" if r.main.exact else "NO",
-            f"{s.total / lb:.2f}" if lb else "-",
-            _fmt_err(r.max_abs_error),
-        ])
+        rows.append(
+            [
+                name,
+                str(r.tiling).replace("rule=", ""),
+                s.reads,
+                s.writes,
+                s.total,
+                f"{s.peak / r.M:.3f}",
+                r.predicted.total,
+                "yes" if r.main.exact else "NO",
+                f"{s.total / lb:.2f}" if lb else "-",
+                _fmt_err(r.max_abs_error),
+            ]
+        )
     rows.sort(key=lambda row: row[4])
-    ranked = [[i + 1, *row[:2], *(_fmt_int(x) for x in row[2:5]), row[5], _fmt_int(row[6]), *row[7:]]
-              for i, row in enumerate(rows)]
-    print(f"N={args.N}, d={args.d}, M={args.M} words ({bounds.regime(args.d, args.M)}; d^2 = {args.d ** 2}), "
-          f"{'causal' if args.causal else 'non-causal'}, {'backward' if args.backward else 'forward'}, "
-          f"tiling={args.tiling}")
+    ranked = [
+        [i + 1, *row[:2], *(_fmt_int(x) for x in row[2:5]), row[5], _fmt_int(row[6]), *row[7:]]
+        for i, row in enumerate(rows)
+    ]
+    print(
+        f"N={args.N}, d={args.d}, M={args.M} words ({bounds.regime(args.d, args.M)}; d^2 = {args.d**2}), "
+        f"{'causal' if args.causal else 'non-causal'}, {'backward' if args.backward else 'forward'}, "
+        f"tiling={args.tiling}"
+    )
     print(f"lower bound: {_fmt_int(lb)} words ({lb_name})")
     if args.backward:
         thm = next(b for b in bounds.backward_bounds(args.N, args.d, args.M) if b.name == "fine-grained Thm 1.1")
@@ -186,11 +224,28 @@ def _cmd_compare(args) -> None:
             f" = {thm.formula}"
         )
     print(_theory_line(args.d, args.M))
-    headers = ["rank", "algorithm", "tiling", "reads", "writes", "total", "peak/M", "predicted", "exact",
-               "total/LB", "max err"]
-    print(tabulate(ranked, headers=headers, tablefmt=args.format, disable_numparse=True,
-                   colalign=("right", "left", "left", "right", "right", "right", "right", "right", "left", "right",
-                             "right")))
+    headers = [
+        "rank",
+        "algorithm",
+        "tiling",
+        "reads",
+        "writes",
+        "total",
+        "peak/M",
+        "predicted",
+        "exact",
+        "total/LB",
+        "max err",
+    ]
+    print(
+        tabulate(
+            ranked,
+            headers=headers,
+            tablefmt=args.format,
+            disable_numparse=True,
+            colalign=("right", "left", "left", "right", "right", "right", "right", "right", "left", "right", "right"),
+        )
+    )
     for f in failures:
         print(f"not run: {f}")
 
@@ -205,30 +260,69 @@ def _cmd_bounds(args) -> None:
     print(f"N={N}, d={d}, M={M}: {bounds.regime(d, M)}; d^2 = {d * d}, M/d^2 = {M / (d * d):.3g}")
     print(_theory_line(d, M))
     for title, bs in (("forward", bounds.forward_bounds(N, d, M)), ("backward", bounds.backward_bounds(N, d, M))):
-        rows = [[b.name, b.kind, _fmt_int(b.value), b.formula, b.regime, "yes" if b.applies else "no", b.citation]
-                for b in bs]
+        rows = [
+            [b.name, b.kind, _fmt_int(b.value), b.formula, b.regime, "yes" if b.applies else "no", b.citation]
+            for b in bs
+        ]
         print()
         print(title)
-        print(tabulate(rows, headers=["bound", "kind", "value", "formula", "regime", "applies", "source"],
-                       tablefmt=args.format, disable_numparse=True))
+        print(
+            tabulate(
+                rows,
+                headers=["bound", "kind", "value", "formula", "regime", "applies", "source"],
+                tablefmt=args.format,
+                disable_numparse=True,
+            )
+        )
 
 
 def _cmd_list(args) -> None:
-    print(tabulate([[a.name, a.title, a.citation] for a in registry.REGISTRY.values()],
-                   headers=["name", "what", "source"]))
+    print(
+        tabulate(
+            [[a.name, a.title, a.citation] for a in registry.REGISTRY.values()], headers=["name", "what", "source"]
+        )
+    )
 
 
-COMMANDS = {"run": _cmd_run, "compare": _cmd_compare, "bounds": _cmd_bounds, "list": _cmd_list}
+def _cmd_check(args) -> int:
+    """Numerical check of a built-in GPU kernel; on a machine without a GPU it runs on the CUDA simulator, selected
+    in this process before numba.cuda is imported (iosim.gpu.select_target). Exit code 1 when a check fails."""
+    from iosim import check as run_check
+    from iosim import gpu
+
+    if args.kernel not in gpu.KERNELS:
+        raise InputError("--kernel", f"must be one of {', '.join(gpu.KERNELS)}", args.kernel)
+    target = gpu.select_target()
+    if target == "gpu" and not gpu.gpu_available():
+        raise InputError("NUMBA_ENABLE_CUDASIM", "must be unset or 1 on a machine without a CUDA GPU", "0")
+    if target == "simulator" and not args.quick and args.N is None:
+        raise InputError(
+            "--quick",
+            "(or small --N and --d) is needed on the CUDA simulator: the full grid of shapes "
+            "up to N=1023, d=128 takes hours without a GPU",
+            "no --quick",
+        )
+    where = "the CUDA simulator (no GPU found)" if target == "simulator" else "the GPU"
+    memory = f"M = {args.M} words" if args.M else "M chosen for about 3 blocks along N"
+    print(f"iosim check: kernel {args.kernel} on {where}; shared memory per block: {memory}")
+    fn = gpu.attention(args.kernel, args.M, tiling=args.tiling)
+    report = run_check(fn, N=args.N, d=args.d, quick=args.quick, heads=args.heads, seed=args.seed, name=args.kernel)
+    print(report.table(args.format))
+    print(report.summary())
+    return 0 if report.passed else 1
+
+
+COMMANDS = {"run": _cmd_run, "compare": _cmd_compare, "bounds": _cmd_bounds, "list": _cmd_list, "check": _cmd_check}
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        COMMANDS[args.command](args)
+        rc = COMMANDS[args.command](args)
     except (InputError, CapacityError) as e:
         print(f"iosim: error: {e}", file=sys.stderr)
         return 2
-    return 0
+    return rc or 0
 
 
 if __name__ == "__main__":

@@ -73,18 +73,32 @@ class GpuRun:
     counts: dict[str, ArrayCounts] | None
 
 
-def forward(name: str, Q, K, V, *, M: int, causal: bool = False, tiling: str = "fit", scale: float | None = None,
-            count: bool = False, threads: int | None = None, poison: bool = True) -> GpuRun:
+def forward(
+    name: str,
+    Q,
+    K,
+    V,
+    *,
+    M: int,
+    causal: bool = False,
+    tiling: str = "fit",
+    scale: float | None = None,
+    count: bool = False,
+    threads: int | None = None,
+    poison: bool = True,
+    out: dict | None = None,
+) -> GpuRun:
     """Run GPU kernel ``name`` forward on (B, H, N, d) or (N, d) float32 inputs with fast memory M words per block.
 
     Outputs: "O" for every kernel; "L" (logsumexp) for flash1, flash2 and square-tiling; flash1 adds "l", "m";
-    standard "S", "P"; square-tiling "S" (the exponent). NumPy inputs give NumPy outputs; device inputs give device outputs.
+    standard "S", "P"; square-tiling "S" (the exponent). NumPy inputs give NumPy outputs; device inputs give
+    device outputs.
     """
     _check(name, tiling)
     BH, N, d = _shape(Q)
     t = tiling_for(name, N, d, M, tiling)
     flash, standard, square = _kernels()
-    kw = dict(scale=scale, causal=causal, count=count, threads=threads, poison=poison)
+    kw = dict(scale=scale, causal=causal, count=count, threads=threads, poison=poison, out=out)
     if name == "flash2":
         r = flash.flash2_forward(Q, K, V, Br=t.Br, Bc=t.Bc, M=M, **kw)
     elif name == "flash1":
@@ -96,29 +110,69 @@ def forward(name: str, Q, K, V, *, M: int, causal: bool = False, tiling: str = "
     return GpuRun(name, "forward", N, d, M, BH, t, r.shared_words, r.outputs, r.counts)
 
 
-def backward(name: str, Q, K, V, O, dO, L, *, M: int, causal: bool = False, tiling: str = "fit",
-             scale: float | None = None, count: bool = False, threads: int | None = None, dq_atomic: bool = True,
-             poison: bool = True) -> GpuRun:
+def backward(
+    name: str,
+    Q,
+    K,
+    V,
+    O,
+    dO,
+    L,
+    *,
+    M: int,
+    causal: bool = False,
+    tiling: str = "fit",
+    scale: float | None = None,
+    count: bool = False,
+    threads: int | None = None,
+    dq_atomic: bool = True,
+    poison: bool = True,
+    out: dict | None = None,
+) -> GpuRun:
     """Run GPU backward kernel ``name`` (flash2) from the forward's O and L; outputs "dQ", "dK", "dV" (and "D")."""
     _check(name, tiling, backward=True)
     BH, N, d = _shape(Q)
     t = tiling_for(name, N, d, M, tiling, backward=True)
     flash, _, _ = _kernels()
-    r = flash.flash2_backward(Q, K, V, O, dO, L, Br=t.Br, Bc=t.Bc, M=M, scale=scale, causal=causal, count=count,
-                              threads=threads, dq_atomic=dq_atomic, poison=poison)
+    r = flash.flash2_backward(
+        Q,
+        K,
+        V,
+        O,
+        dO,
+        L,
+        Br=t.Br,
+        Bc=t.Bc,
+        M=M,
+        scale=scale,
+        causal=causal,
+        count=count,
+        threads=threads,
+        dq_atomic=dq_atomic,
+        poison=poison,
+        out=out,
+    )
     return GpuRun(name, "backward", N, d, M, BH, t, r.shared_words, r.outputs, r.counts)
 
 
-def simulated_counts(name: str, N: int, d: int, M: int, *, causal: bool = False, tiling: str = "fit",
-                     backward: bool = False, batch: int = 1) -> dict[str, ArrayCounts]:
+def simulated_counts(
+    name: str,
+    N: int,
+    d: int,
+    M: int,
+    *,
+    causal: bool = False,
+    tiling: str = "fit",
+    backward: bool = False,
+    batch: int = 1,
+) -> dict[str, ArrayCounts]:
     """The simulator's per-array counts (count-only run) of ``name`` at (N, d, M), times ``batch`` = B * H."""
     from iosim import api
 
     r = api.run(name, N=N, d=d, M=M, causal=causal, tiling=tiling, count_only=True, backward=backward)
     stats = r.passes["backward" if backward else "forward"].stats
     return {
-        k: ArrayCounts(v.reads * batch, v.writes * batch, v.init_writes * batch)
-        for k, v in stats.per_array.items()
+        k: ArrayCounts(v.reads * batch, v.writes * batch, v.init_writes * batch) for k, v in stats.per_array.items()
     }
 
 
@@ -151,19 +205,25 @@ def default_M(name: str, N: int, d: int, backward: bool = False, parts: int = 3)
     return lo
 
 
-def attention(name: str, M: int | Callable[[int, int], int] | None = None, *, tiling: str = "fit",
-              threads: int | None = None):
+def attention(
+    name: str, M: int | Callable[[int, int], int] | None = None, *, tiling: str = "fit", threads: int | None = None
+):
     """Kernel ``name`` as a callable for :func:`iosim.check`: ``fn(Q, K, V, *, causal, scale) -> (O, L)``.
 
     ``M`` is the fast memory per block in words, a function (N, d) -> M, or None for :func:`default_M` at each
-    shape. The flash2 callable also has ``fn.backward(Q, K, V, O, dO, L, *, causal, scale) -> (dQ, dK, dV)``.
+    shape (capped at the shared memory one block may use on this GPU). The flash2 callable also has
+    ``fn.backward(Q, K, V, O, dO, L, *, causal, scale) -> (dQ, dK, dV)``.
     """
     _check(name, tiling)
     has_bwd = name in BACKWARD_KERNELS
 
     def fast_memory(N: int, d: int) -> int:
-        if M is None:
-            return default_M(name, N, d, backward=has_bwd)
+        if M is None:  # about 3 blocks along N, but never more than a block may have on this GPU
+            from algorithms.cuda._host import max_shared_words
+
+            top = max_shared_words()
+            m = default_M(name, N, d, backward=has_bwd)
+            return m if top is None else min(m, top)
         return M(N, d) if callable(M) else M
 
     def fn(Q, K, V, *, causal: bool = False, scale: float | None = None):
@@ -173,11 +233,58 @@ def attention(name: str, M: int | Callable[[int, int], int] | None = None, *, ti
 
     def bwd(Q, K, V, O, dO, L, *, causal: bool = False, scale: float | None = None):
         _, N, d = _shape(Q)
-        r = backward(name, Q, K, V, O, dO, L, M=fast_memory(N, d), causal=causal, tiling=tiling, scale=scale,
-                     threads=threads)
+        r = backward(
+            name, Q, K, V, O, dO, L, M=fast_memory(N, d), causal=causal, tiling=tiling, scale=scale, threads=threads
+        )
         return r.outputs["dQ"], r.outputs["dK"], r.outputs["dV"]
 
     fn.__name__ = fn.__qualname__ = f"gpu_{name.replace('-', '_')}"
     if has_bwd:
         fn.backward = bwd
     return fn
+
+
+def _driver_sees_a_gpu() -> bool:
+    """Whether the CUDA driver reports a device, asked through libcuda directly (numba.cuda stays unimported)."""
+    import ctypes
+
+    for lib in ("libcuda.so.1", "libcuda.so", "nvcuda.dll"):
+        try:
+            cu = ctypes.CDLL(lib)
+        except OSError:
+            continue
+        count = ctypes.c_int(0)
+        try:
+            return cu.cuInit(0) == 0 and cu.cuDeviceGetCount(ctypes.byref(count)) == 0 and count.value > 0
+        except AttributeError:
+            return False
+    return False
+
+
+def select_target() -> str:
+    """Pick the real GPU or the CUDA simulator before ``numba.cuda`` is imported; returns "gpu" or "simulator".
+
+    Numba reads ``NUMBA_ENABLE_CUDASIM`` into ``numba.core.config`` when numba is imported (``import iosim``
+    already did), and ``numba.cuda`` picks its mode from that config when *it* is first imported. So: if
+    ``numba.cuda`` is already imported, its mode stands. Otherwise an explicit ``NUMBA_ENABLE_CUDASIM`` in the
+    environment is honoured; if it is unset and the driver reports no GPU, it is set to 1 and numba's config is
+    re-read (``numba.core.config.reload_config``), so the kernels run on the simulator in this same process.
+    """
+    import os
+    import sys
+
+    from numba.core import config
+
+    if "numba.cuda" not in sys.modules:
+        if "NUMBA_ENABLE_CUDASIM" not in os.environ and not _driver_sees_a_gpu():
+            os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
+        config.reload_config()
+    return "simulator" if config.ENABLE_CUDASIM else "gpu"
+
+
+def gpu_available() -> bool:
+    """Whether numba.cuda (imported now, in the mode :func:`select_target` chose) can run on a real GPU."""
+    from numba import cuda
+    from numba.core import config
+
+    return not config.ENABLE_CUDASIM and cuda.is_available()

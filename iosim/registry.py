@@ -74,21 +74,18 @@ class Algorithm:
 
 
 def _standard_forward(mem, Q, K, V, N, d, t, scale, causal, dtype):
-    O, S, P = standard.standard_forward(mem, Q, K, V, N=N, d=d, B=t.B, scale=scale, causal=causal,
-                                        dtype=dtype)
+    O, S, P = standard.standard_forward(mem, Q, K, V, N=N, d=d, B=t.B, scale=scale, causal=causal, dtype=dtype)
     return {"O": O, "S": S, "P": P}
 
 
 def _flash1_forward(mem, Q, K, V, N, d, t, scale, causal, dtype):
-    O, l_, m = flash.flash1_forward(mem, Q, K, V, N=N, d=d, Br=t.Br, Bc=t.Bc, scale=scale, causal=causal,
-                                    dtype=dtype)
+    O, l_, m = flash.flash1_forward(mem, Q, K, V, N=N, d=d, Br=t.Br, Bc=t.Bc, scale=scale, causal=causal, dtype=dtype)
     L = None if m is None else m + np.log(l_)  # computed outside the model, for checking only
     return {"O": O, "l": l_, "m": m, "L": L}
 
 
 def _flash2_forward(mem, Q, K, V, N, d, t, scale, causal, dtype):
-    O, L = flash.flash2_forward(mem, Q, K, V, N=N, d=d, Br=t.Br, Bc=t.Bc, scale=scale, causal=causal,
-                                dtype=dtype)
+    O, L = flash.flash2_forward(mem, Q, K, V, N=N, d=d, Br=t.Br, Bc=t.Bc, scale=scale, causal=causal, dtype=dtype)
     return {"O": O, "L": L}
 
 

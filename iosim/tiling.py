@@ -11,6 +11,9 @@ Two rules:
   model's accounting that working set exceeds M whenever M is below about 4d^2 (e.g. N=1024, d=64, M=4096 needs
   4384 words), so with ``strict=True`` such a run raises CapacityError: a finding about the published constant 4,
   not a bug. Standard attention has no published tiling; ``paper`` uses the same square tile as ``fit``.
+
+Square tiling (Saha & Ye, :func:`saha_ye_tiling`): ``fit`` takes the largest B whose working set
+B^2 + 2B min(B, d) + 2B fits; ``paper`` takes their B = floor(sqrt(M/4)), which fits for B >= 2.
 """
 
 from __future__ import annotations
@@ -57,9 +60,7 @@ def _check_rule(rule: str) -> None:
 
 
 def _too_small(algorithm: str, M: int, minimum: int, what: str) -> InputError:
-    return InputError(
-        "M", f"must be at least {minimum} words for any tiling of {algorithm} ({what})", M, exit_code=2
-    )
+    return InputError("M", f"must be at least {minimum} words for any tiling of {algorithm} ({what})", M, exit_code=2)
 
 
 def flash_min_M(d: int) -> int:

@@ -1,7 +1,16 @@
 """Shared test settings. Markers (slow, gpu) are declared in pyproject.toml and enforced by --strict-markers."""
 
-import numpy as np
-import pytest
+import os
+
+# The CUDA-simulator switch: numba.cuda reads NUMBA_ENABLE_CUDASIM once, when it is first imported, so it is set
+# here, before any test module imports numba. Without IOSIM_GPU=1 every numba.cuda kernel runs on the simulator
+# (CPU, no GPU needed; CPU @njit code is unaffected) and tests marked `gpu` skip. On a GPU machine run
+# `IOSIM_GPU=1 pytest` to run the kernels and the `gpu` tests on the device.
+if os.environ.get("IOSIM_GPU") != "1":
+    os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
 
 # Odd shapes, not just powers of two (design.md): N not a multiple of any block, d odd.
 ODD_N = (1, 17, 113, 203)

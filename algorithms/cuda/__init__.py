@@ -1,0 +1,22 @@
+"""numba.cuda kernels running the simulator's schedules, with GPU shared memory as the fast memory of M words.
+
+Modules (import them directly; importing this package does not import ``numba.cuda``):
+
+* :mod:`algorithms.cuda.flash`: flash2 forward, flash1 forward (the paper's K/V-outer order, one block per (b, h)),
+  flash2 backward (D precomputed, K/V outer, dQ by atomics or in order);
+* :mod:`algorithms.cuda.standard`: standard attention, tiled products and a softmax kernel, S and P in global memory;
+* :mod:`algorithms.cuda.square_tiling`: Saha & Ye's square tiling forward (two kernels);
+* :mod:`algorithms.cuda._common`: the counted global <-> shared transfers every kernel uses;
+* :mod:`algorithms.cuda._host`: array conversion, output allocation, counters, launches with M words of dynamic
+  shared memory (opting in above 48 KiB);
+* :mod:`algorithms.cuda.ptx`: compile every kernel for sm_90 without a GPU (``python -m algorithms.cuda.ptx``).
+
+Launchers take explicit tile sizes, like the CPU drivers; :mod:`iosim.gpu` chooses them from M exactly as the
+simulator does (``iosim.registry.get(name).choose_tiling``) and compares the kernels' counters with the simulator.
+
+Conventions: float32 compute and storage; inputs (B, H, N, d) or (N, d), viewed as (B * H, N, d); grid axis y is
+the (batch, head) pair; one word = one float32 (4 bytes). In counting mode (``count=True``) every thread adds the
+number of elements it copied between global and shared memory to an int64 counter per named array (reads,
+writes, initialisation writes), so the counters tally what the kernel did; they equal the simulator's
+``count_only`` counts for the same (N, d, M, tiling, causal), times B * H (tests/test_cuda.py).
+"""

@@ -26,8 +26,15 @@ WORD_BYTES = 4  # float32
 
 
 def default_threads() -> int:
-    """Threads per block: 128 on a GPU; 32 under the CUDA simulator, where every thread is a Python thread."""
-    return 32 if SIMULATOR else 128
+    """Threads per block: 128 on a GPU; 8 under the CUDA simulator, where every thread is a Python thread."""
+    return 8 if SIMULATOR else 128
+
+
+def max_shared_words() -> int | None:
+    """The most float32 words of dynamic shared memory one block may use on this GPU (None on the simulator)."""
+    if SIMULATOR:
+        return None
+    return cuda.get_current_device().MAX_SHARED_MEMORY_PER_BLOCK_OPTIN // WORD_BYTES
 
 
 def cdiv(a: int, b: int) -> int:
@@ -57,8 +64,10 @@ def _as_array(x, name: str):
         return x, False
     if hasattr(x, "detach") and callable(x.detach):  # PyTorch: drop the autograd wrapper (no copy)
         x = x.detach()
-    if hasattr(x, "__cuda_array_interface__") or cuda.is_cuda_array(x):
+    if hasattr(x, "__cuda_array_interface__"):
         return cuda.as_cuda_array(x), True
+    if SIMULATOR and hasattr(x, "copy_to_host") and hasattr(x, "is_c_contiguous"):  # the simulator's device array
+        return x, True
     if hasattr(x, "__dlpack__"):
         return np.from_dlpack(x), False
     return np.asarray(x), False
@@ -96,8 +105,16 @@ def prepare(**named) -> Batch:
     return Batch(dev, B, H, N, d, lead, host=not all(on_device))
 
 
-def device_array(shape, poison: bool = True):
-    """A float32 device array; poisoned with NaN so an element the kernel never writes shows."""
+def device_array(shape, poison: bool = True, out: dict | None = None, name: str = ""):
+    """A float32 device array; poisoned with NaN so an element the kernel never writes shows.
+
+    ``out[name]``, when given, is used instead (a device array of that (B * H, ...) shape, e.g. preallocated once by
+    a benchmark; it is not poisoned)."""
+    if out is not None and name in out:
+        a = out[name]
+        if tuple(a.shape) != tuple(shape) or a.dtype != np.float32:
+            raise ValueError(f"out[{name!r}] must be a float32 device array of shape {shape}, got {a.shape} {a.dtype}")
+        return a
     if poison:
         return cuda.to_device(np.full(shape, np.nan, dtype=np.float32))
     return cuda.device_array(shape, dtype=np.float32)
@@ -138,8 +155,9 @@ def _opt_in(kernel, args, nbytes: int) -> None:
     cufunc = compiled._codelibrary.get_cufunc()
     limit = cuda.get_current_device().MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
     if nbytes > limit:
-        raise CapacityError("shared memory of one thread block", nbytes // WORD_BYTES, limit // WORD_BYTES,
-                            limit // WORD_BYTES)
+        raise CapacityError(
+            "shared memory of one thread block", nbytes // WORD_BYTES, limit // WORD_BYTES, limit // WORD_BYTES
+        )
     attr = binding.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
     driver.cuKernelSetAttribute(attr, nbytes, cufunc.handle, cufunc.device.id)
     _opted_in[key] = nbytes

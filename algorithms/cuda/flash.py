@@ -38,6 +38,18 @@ import math
 import numpy as np
 from numba import cuda, float32
 
+from algorithms.cuda._common import (
+    NEG_INF,
+    add_tile,
+    dot_rows,
+    fill_shared,
+    init_tile,
+    init_vec,
+    load_tile,
+    load_vec,
+    store_tile,
+    store_vec,
+)
 from algorithms.cuda._host import (
     KernelRun,
     _as_array,
@@ -51,18 +63,6 @@ from algorithms.cuda._host import (
     prepare,
     read_counters,
     result,
-)
-from algorithms.cuda._common import (
-    NEG_INF,
-    add_tile,
-    dot_rows,
-    fill_shared,
-    init_tile,
-    init_vec,
-    load_tile,
-    load_vec,
-    store_tile,
-    store_vec,
 )
 
 # Array ids of the counters (names as the simulator's per-array tally has them).
@@ -404,44 +404,94 @@ def flash2_backward_kernel(Q, K, V, dO, L, D, dQ, dK, dV, Br, Bc, scale, causal,
 # Host launchers: explicit tiles (iosim.gpu chooses them from M exactly as the simulator does).
 
 
-def flash2_forward(Q, K, V, *, Br, Bc, scale=None, causal=False, M=None, count=False, threads=None, poison=True):
+def flash2_forward(
+    Q, K, V, *, Br, Bc, scale=None, causal=False, M=None, count=False, threads=None, poison=True, out=None
+):
     """FlashAttention-2 forward on the GPU. Returns a KernelRun with outputs O (.., N, d) and L (.., N)."""
     b = prepare(Q=Q, K=K, V=V)
     N, d, BH = b.N, b.d, b.BH
     words = forward_shared_words(d, min(Br, N), min(Bc, N))
     check_capacity(words, M, "flash2 forward working set (Q_i, O_i, K_j, V_j, l_i, m_i, S_ij)")
-    O = device_array((BH, N, d), poison)
-    L = device_array((BH, N), poison)
+    O = device_array((BH, N, d), poison, out, "O")
+    L = device_array((BH, N), poison, out, "L")
     cnt = counters(FWD2_ARRAYS, count)
     a = b.arrays
-    launch(flash2_forward_kernel, (cdiv(N, Br), BH), threads or default_threads(), words,
-           a["Q"], a["K"], a["V"], O, L, Br, Bc, f32_scale(scale, d), bool(causal), cnt)
+    launch(
+        flash2_forward_kernel,
+        (cdiv(N, Br), BH),
+        threads or default_threads(),
+        words,
+        a["Q"],
+        a["K"],
+        a["V"],
+        O,
+        L,
+        Br,
+        Bc,
+        f32_scale(scale, d),
+        bool(causal),
+        cnt,
+    )
     outputs = {"O": result(b, O, (N, d)), "L": result(b, L, (N,))}
     return KernelRun(outputs, read_counters(cnt, FWD2_ARRAYS), words, {"Br": Br, "Bc": Bc})
 
 
-def flash1_forward(Q, K, V, *, Br, Bc, scale=None, causal=False, M=None, count=False, threads=None, poison=True):
+def flash1_forward(
+    Q, K, V, *, Br, Bc, scale=None, causal=False, M=None, count=False, threads=None, poison=True, out=None
+):
     """FlashAttention (Algorithm 1) forward on the GPU. Returns a KernelRun with outputs O, l, m and L = m + log l."""
     b = prepare(Q=Q, K=K, V=V)
     N, d, BH = b.N, b.d, b.BH
     words = forward_shared_words(d, min(Br, N), min(Bc, N))
     check_capacity(words, M, "flash1 forward working set (K_j, V_j, Q_i, O_i, l_i, m_i, S_ij)")
-    O = device_array((BH, N, d), poison)
-    l_ = device_array((BH, N), poison)
-    m = device_array((BH, N), poison)
+    O = device_array((BH, N, d), poison, out, "O")
+    l_ = device_array((BH, N), poison, out, "l")
+    m = device_array((BH, N), poison, out, "m")
     cnt = counters(FWD1_ARRAYS, count)
     a = b.arrays
     threads = threads or default_threads()
-    launch(flash1_forward_kernel, (1, BH), threads, words,
-           a["Q"], a["K"], a["V"], O, l_, m, Br, Bc, f32_scale(scale, d), bool(causal), cnt)
-    L = device_array((BH, N), poison)
+    launch(
+        flash1_forward_kernel,
+        (1, BH),
+        threads,
+        words,
+        a["Q"],
+        a["K"],
+        a["V"],
+        O,
+        l_,
+        m,
+        Br,
+        Bc,
+        f32_scale(scale, d),
+        bool(causal),
+        cnt,
+    )
+    L = device_array((BH, N), poison, out, "L")
     launch(logsumexp_kernel, (cdiv(N, threads), BH), threads, 0, m, l_, L)  # for checking only: not counted
     outputs = {"O": result(b, O, (N, d)), "l": result(b, l_, (N,)), "m": result(b, m, (N,)), "L": result(b, L, (N,))}
     return KernelRun(outputs, read_counters(cnt, FWD1_ARRAYS), words, {"Br": Br, "Bc": Bc})
 
 
-def flash2_backward(Q, K, V, O, dO, L, *, Br, Bc, scale=None, causal=False, M=None, count=False, threads=None,
-                    dq_atomic=True, poison=True):
+def flash2_backward(
+    Q,
+    K,
+    V,
+    O,
+    dO,
+    L,
+    *,
+    Br,
+    Bc,
+    scale=None,
+    causal=False,
+    M=None,
+    count=False,
+    threads=None,
+    dq_atomic=True,
+    poison=True,
+    out=None,
+):
     """FlashAttention-2 backward on the GPU from the forward's O and logsumexp L. Outputs dQ, dK, dV.
 
     ``dq_atomic=True`` (default): one block per column block, dQ_i updated with float32 atomics (parallel, the
@@ -452,23 +502,46 @@ def flash2_backward(Q, K, V, O, dO, L, *, Br, Bc, scale=None, causal=False, M=No
     N, d, BH = b.N, b.d, b.BH
     Lb = prepare(Q=_lse_as_matrix(L, b))
     words = backward_shared_words(d, min(Br, N), min(Bc, N))
-    check_capacity(words, M, "flash2 backward working set (K_j, V_j, dK_j, dV_j, Q_i, dO_i, dQ_i, L_i, D_i, "
-                             "S_ij, dP_ij)")
-    D = device_array((BH, N), poison)
-    dQ = device_array((BH, N, d), poison)
-    dK = device_array((BH, N, d), poison)
-    dV = device_array((BH, N, d), poison)
+    check_capacity(
+        words, M, "flash2 backward working set (K_j, V_j, dK_j, dV_j, Q_i, dO_i, dQ_i, L_i, D_i, S_ij, dP_ij)"
+    )
+    D = device_array((BH, N), poison, out, "D")
+    dQ = device_array((BH, N, d), poison, out, "dQ")
+    dK = device_array((BH, N, d), poison, out, "dK")
+    dV = device_array((BH, N, d), poison, out, "dV")
     cnt = counters(BWD2_ARRAYS, count)
     a = b.arrays
     threads = threads or default_threads()
     prep_words = 2 * min(Br, N) * d + min(Br, N)
     launch(flash2_backward_prep_kernel, (cdiv(N, Br), BH), threads, prep_words, a["O"], a["dO"], D, dQ, Br, cnt)
     grid = (cdiv(N, Bc), BH) if dq_atomic else (1, BH)
-    launch(flash2_backward_kernel, grid, threads, words, a["Q"], a["K"], a["V"], a["dO"],
-           Lb.arrays["Q"].reshape(BH, N), D, dQ, dK, dV, Br, Bc, f32_scale(scale, d), bool(causal),
-           bool(dq_atomic), cnt)
-    outputs = {"dQ": result(b, dQ, (N, d)), "dK": result(b, dK, (N, d)), "dV": result(b, dV, (N, d)),
-               "D": result(b, D, (N,))}
+    launch(
+        flash2_backward_kernel,
+        grid,
+        threads,
+        words,
+        a["Q"],
+        a["K"],
+        a["V"],
+        a["dO"],
+        Lb.arrays["Q"].reshape(BH, N),
+        D,
+        dQ,
+        dK,
+        dV,
+        Br,
+        Bc,
+        f32_scale(scale, d),
+        bool(causal),
+        bool(dq_atomic),
+        cnt,
+    )
+    outputs = {
+        "dQ": result(b, dQ, (N, d)),
+        "dK": result(b, dK, (N, d)),
+        "dV": result(b, dV, (N, d)),
+        "D": result(b, D, (N,)),
+    }
     return KernelRun(outputs, read_counters(cnt, BWD2_ARRAYS), max(words, prep_words), {"Br": Br, "Bc": Bc})
 
 

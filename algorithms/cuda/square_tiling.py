@@ -168,21 +168,22 @@ def square_phase2_kernel(S, V, L, O, B, causal, cnt):
         store_tile(sm, o_off, O, bh, r0, bi, c0, bc, cnt, _O)  # write the O tile
 
 
-def square_tiling_forward(Q, K, V, *, B, scale=None, causal=False, M=None, count=False, threads=None, poison=True):
+def square_tiling_forward(
+    Q, K, V, *, B, scale=None, causal=False, M=None, count=False, threads=None, poison=True, out=None
+):
     """Square tiling forward on the GPU, tile side B. Returns a KernelRun with outputs O, L and the exponent S."""
     b = prepare(Q=Q, K=K, V=V)
     N, d, BH = b.N, b.d, b.BH
     words = square_shared_words(N, d, B)
     check_capacity(words, M, "square-tiling working set (B x B accumulator, two operand tiles, m_i, l_i)")
-    S = device_array((BH, N, N), poison)
-    L = device_array((BH, N), poison)
-    O = device_array((BH, N, d), poison)
+    S = device_array((BH, N, N), poison, out, "S")
+    L = device_array((BH, N), poison, out, "L")
+    O = device_array((BH, N, d), poison, out, "O")
     cnt = counters(SQUARE_ARRAYS, count)
     a = b.arrays
     threads = threads or default_threads()
     grid = (cdiv(N, B), BH)
-    launch(square_phase1_kernel, grid, threads, words, a["Q"], a["K"], S, L, B, f32_scale(scale, d), bool(causal),
-           cnt)
+    launch(square_phase1_kernel, grid, threads, words, a["Q"], a["K"], S, L, B, f32_scale(scale, d), bool(causal), cnt)
     launch(square_phase2_kernel, grid, threads, words, S, a["V"], L, O, B, bool(causal), cnt)
     outputs = {"O": result(b, O, (N, d)), "L": result(b, L, (N,)), "S": result(b, S, (N, N))}
     return KernelRun(outputs, read_counters(cnt, SQUARE_ARRAYS), words, {"B": B})

@@ -209,7 +209,7 @@ def softmax_chunks_kernel(S, P, C, causal, cnt):
                 store_tile(sm, 0, P, bh, row, 1, c0, bc, cnt, _P)
 
 
-def standard_forward(Q, K, V, *, B, M, scale=None, causal=False, count=False, threads=None, poison=True):
+def standard_forward(Q, K, V, *, B, M, scale=None, causal=False, count=False, threads=None, poison=True, out=None):
     """Standard attention on the GPU with square tile side B and fast memory M (which sets the softmax's plan).
 
     Returns a KernelRun with outputs O (.., N, d), S and P (.., N, N).
@@ -220,20 +220,18 @@ def standard_forward(Q, K, V, *, B, M, scale=None, causal=False, count=False, th
     mm1, mm2 = matmul_words(N, d, N, B), matmul_words(N, N, d, B)
     words = max(mm1, sm_words, mm2)
     check_capacity(words, M, "standard attention working set (tiles of a product, or softmax rows)")
-    S = device_array((BH, N, N), poison)
-    P = device_array((BH, N, N), poison)
-    O = device_array((BH, N, d), poison)
+    S = device_array((BH, N, N), poison, out, "S")
+    P = device_array((BH, N, N), poison, out, "P")
+    O = device_array((BH, N, d), poison, out, "O")
     cnt = counters(STANDARD_ARRAYS, count)
     a = b.arrays
     threads = threads or default_threads()
     nb = cdiv(N, B)
-    launch(matmul_kernel, (nb * nb, BH), threads, mm1, a["Q"], a["K"], S, B, True, f32_scale(scale, d), cnt,
-           _Q, _K, _S)
+    launch(matmul_kernel, (nb * nb, BH), threads, mm1, a["Q"], a["K"], S, B, True, f32_scale(scale, d), cnt, _Q, _K, _S)
     if R:
         launch(softmax_rows_kernel, (cdiv(N, R), BH), threads, sm_words, S, P, R, bool(causal), cnt)
     else:
         launch(softmax_chunks_kernel, (N, BH), threads, sm_words, S, P, C, bool(causal), cnt)
-    launch(matmul_kernel, (nb * cdiv(d, B), BH), threads, mm2, P, a["V"], O, B, False, np.float32(1.0), cnt,
-           _P, _V, _O)
+    launch(matmul_kernel, (nb * cdiv(d, B), BH), threads, mm2, P, a["V"], O, B, False, np.float32(1.0), cnt, _P, _V, _O)
     outputs = {"O": result(b, O, (N, d)), "S": result(b, S, (N, N)), "P": result(b, P, (N, N))}
     return KernelRun(outputs, read_counters(cnt, STANDARD_ARRAYS), words, {"B": B})
