@@ -60,3 +60,31 @@ def attention_backward(Q, K, V, dO, scale: float | None = None, causal: bool = F
     dQ = scale * (dS @ K)
     dK = scale * (dS.T @ Q)
     return dQ, dK, dV
+
+
+def naive_forward(Q, K, V, scale, causal, dtype):  # noqa: N803
+    """Plain attention computed in ``dtype`` (the FlashAttention rule's same-precision baseline): O, L and P.
+
+    Works on (..., N, d) arrays.
+    """
+    dtype = np.dtype(dtype)
+    Q, K, V = (np.asarray(x, dtype=dtype) for x in (Q, K, V))
+    S = (Q @ np.swapaxes(K, -1, -2)) * dtype.type(scale)
+    if causal:
+        S = np.where(np.tril(np.ones(S.shape[-2:], dtype=bool)), S, dtype.type(-np.inf))
+    m = S.max(axis=-1, keepdims=True)
+    P = np.exp(S - m)
+    s = P.sum(axis=-1, keepdims=True)
+    return (P / s) @ V, (m + np.log(s))[..., 0], P / s
+
+
+def naive_backward(Q, K, V, dO, P, scale, dtype):  # noqa: N803
+    """Plain attention backward in ``dtype`` from the naive forward's P: (dQ, dK, dV) on (..., N, d) arrays."""
+    dtype = np.dtype(dtype)
+    Q, K, V, dO = (np.asarray(x, dtype=dtype) for x in (Q, K, V, dO))
+    O = P @ V
+    dV = np.swapaxes(P, -1, -2) @ dO
+    dP = dO @ np.swapaxes(V, -1, -2)
+    D = np.sum(dO * O, axis=-1, keepdims=True)
+    dS = P * (dP - D) * dtype.type(scale)
+    return dS @ K, np.swapaxes(dS, -1, -2) @ Q, dV

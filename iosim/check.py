@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from algorithms.reference import attention_backward, attention_forward, default_scale
+from algorithms.reference import attention_backward, attention_forward, default_scale, naive_backward, naive_forward
 from iosim.errors import InputError
 
 DEFAULT_N = (1, 17, 113, 203, 1023)
@@ -175,28 +175,6 @@ def _unpack(out, names: tuple[str, ...]) -> dict:
     return {names[0]: out, **{n: None for n in names[1:]}}
 
 
-def _naive_forward(Q, K, V, scale, causal, dtype):
-    """Plain attention in ``dtype`` (the same-precision baseline): O and the logsumexp L."""
-    Q, K, V = (np.asarray(x, dtype=dtype) for x in (Q, K, V))
-    S = (Q @ np.swapaxes(K, -1, -2)) * dtype.type(scale)
-    if causal:
-        S = np.where(np.tril(np.ones(S.shape[-2:], dtype=bool)), S, dtype.type(-np.inf))
-    m = S.max(axis=-1, keepdims=True)
-    P = np.exp(S - m)
-    s = P.sum(axis=-1, keepdims=True)
-    return (P / s) @ V, (m + np.log(s))[..., 0], P / s
-
-
-def _naive_backward(Q, K, V, dO, P, scale, dtype):
-    Q, K, V, dO = (np.asarray(x, dtype=dtype) for x in (Q, K, V, dO))
-    O = P @ V
-    dV = np.swapaxes(P, -1, -2) @ dO
-    dP = dO @ np.swapaxes(V, -1, -2)
-    D = np.sum(dO * O, axis=-1, keepdims=True)
-    dS = P * (dP - D) * dtype.type(scale)
-    return dS @ K, np.swapaxes(dS, -1, -2) @ Q, dV
-
-
 def _reference(Q, K, V, dO, scale, causal, with_backward):
     """float64 reference per (b, h): O, L and, if asked, dQ, dK, dV."""
     B, H, N, d = Q.shape
@@ -279,7 +257,7 @@ def check(
                 if progress:
                     progress(f"N={n} d={dd} causal={c}")
                 ref = _reference(Q, K, V, dO, sc, c, bwd is not None)
-                O_n, L_n, P_n = _naive_forward(Q, K, V, sc, c, np_dtype)
+                O_n, L_n, P_n = naive_forward(Q, K, V, sc, c, np_dtype)
                 dev = [convert(np.ascontiguousarray(x)) for x in (Q, K, V)]
                 out = _unpack(fn(*dev, causal=c, scale=sc), ("O", "L"))
                 if out["O"] is None:
@@ -305,7 +283,7 @@ def check(
                     bwd(*dev, out["O"], convert(np.ascontiguousarray(dO)), out["L"], causal=c, scale=sc),
                     ("dQ", "dK", "dV"),
                 )
-                naive_g = dict(zip(("dQ", "dK", "dV"), _naive_backward(Q, K, V, dO, P_n, sc, np_dtype), strict=True))
+                naive_g = dict(zip(("dQ", "dK", "dV"), naive_backward(Q, K, V, dO, P_n, sc, np_dtype), strict=True))
                 for key in ("dQ", "dK", "dV"):
                     if grads[key] is None:
                         raise ValueError(f"{report.name}'s backward returned no {key}")

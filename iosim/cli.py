@@ -41,29 +41,20 @@ def _positive(name: str):
     return parse
 
 
+SIZES = (("N", "sequence length"), ("d", "head dimension"), ("M", "fast-memory capacity in words"))
+
+
 def _add_sizes(p: argparse.ArgumentParser, defaults: dict | None = None) -> None:
     defaults = defaults or {}
-    p.add_argument(
-        "--N",
-        type=_positive("--N"),
-        default=defaults.get("N"),
-        required="N" not in defaults,
-        help="sequence length" + (f" (default {defaults['N']})" if "N" in defaults else ""),
-    )
-    p.add_argument(
-        "--d",
-        type=_positive("--d"),
-        default=defaults.get("d"),
-        required="d" not in defaults,
-        help="head dimension" + (f" (default {defaults['d']})" if "d" in defaults else ""),
-    )
-    p.add_argument(
-        "--M",
-        type=_positive("--M"),
-        default=defaults.get("M"),
-        required="M" not in defaults,
-        help="fast-memory capacity in words" + (f" (default {defaults['M']})" if "M" in defaults else ""),
-    )
+    for name, what in SIZES:
+        default = defaults.get(name)
+        p.add_argument(
+            f"--{name}",
+            type=_positive(f"--{name}"),
+            default=default,
+            required=default is None,
+            help=what + ("" if default is None else f" (default {default})"),
+        )
 
 
 def _add_run_options(p: argparse.ArgumentParser) -> None:

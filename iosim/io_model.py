@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from memory_model.core import ArrayCounts
+from memory_model.core import ArrayCounts, Tally
 
 
 def cdiv(a: int, b: int) -> int:
@@ -25,27 +25,11 @@ def cdiv(a: int, b: int) -> int:
 
 
 @dataclass(frozen=True)
-class Prediction:
-    """Predicted counts: per-array reads / writes / init writes and the peak fast-memory words."""
+class Prediction(Tally):
+    """Predicted counts: per-array reads / writes / init writes (totals derive from them) and the peak."""
 
     per_array: dict[str, ArrayCounts] = field(default_factory=dict)
     peak: int = 0
-
-    @property
-    def reads(self) -> int:
-        return sum(c.reads for c in self.per_array.values())
-
-    @property
-    def writes(self) -> int:
-        return sum(c.writes for c in self.per_array.values())
-
-    @property
-    def total(self) -> int:
-        return self.reads + self.writes
-
-    @property
-    def init_writes(self) -> int:
-        return sum(c.init_writes for c in self.per_array.values())
 
 
 def _pred(peak: int, **arrays: tuple[int, ...]) -> Prediction:

@@ -7,6 +7,7 @@ from memory_model.core import (
     ArrayCounts,
     CapacityError,
     Stats,
+    Tally,
     TwoLevelMemory,
     alloc,
     free,
@@ -20,6 +21,7 @@ from memory_model.core import (
 __all__ = [
     "ArrayCounts",
     "Stats",
+    "Tally",
     "CapacityError",
     "TwoLevelMemory",
     "alloc",

@@ -135,16 +135,18 @@ class ArrayCounts:
     init_writes: int = 0
 
 
-@dataclass(frozen=True)
-class Stats:
-    """The counters of one run: totals, peak fast-memory use and the per-array tally."""
+class Tally:
+    """Totals derived from a per-array tally; shared by measured :class:`Stats` and predicted counts."""
 
-    M: int
-    reads: int
-    writes: int
-    peak: int
-    overflowed: bool
-    per_array: dict[str, ArrayCounts] = field(default_factory=dict)
+    per_array: dict[str, ArrayCounts]
+
+    @property
+    def reads(self) -> int:
+        return sum(c.reads for c in self.per_array.values())
+
+    @property
+    def writes(self) -> int:
+        return sum(c.writes for c in self.per_array.values())
 
     @property
     def total(self) -> int:
@@ -153,6 +155,16 @@ class Stats:
     @property
     def init_writes(self) -> int:
         return sum(c.init_writes for c in self.per_array.values())
+
+
+@dataclass(frozen=True)
+class Stats(Tally):
+    """The counters of one run: the per-array tally (reads, writes, total derive from it) and peak fast memory."""
+
+    M: int
+    peak: int
+    overflowed: bool
+    per_array: dict[str, ArrayCounts] = field(default_factory=dict)
 
     def __add__(self, other: Stats) -> Stats:
         names = list(dict.fromkeys([*self.per_array, *other.per_array]))
@@ -167,8 +179,6 @@ class Stats:
         }
         return Stats(
             M=self.M,
-            reads=self.reads + other.reads,
-            writes=self.writes + other.writes,
             peak=max(self.peak, other.peak),
             overflowed=self.overflowed or other.overflowed,
             per_array=per,
@@ -242,8 +252,6 @@ class TwoLevelMemory:
         }
         return Stats(
             M=self.M,
-            reads=sum(c.reads for c in per.values()),
-            writes=sum(c.writes for c in per.values()),
             peak=self.peak,
             overflowed=self.overflowed,
             per_array=per,

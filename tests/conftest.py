@@ -16,6 +16,23 @@ import pytest  # noqa: E402
 ODD_N = (1, 17, 113, 203)
 ODD_D = (1, 16, 59)
 
+# What the issue asks every JSON result (Result.as_dict, `iosim run --json`) to hold at least.
+RESULT_KEYS = (
+    "algorithm",
+    "pass",
+    "N",
+    "d",
+    "M",
+    "reads",
+    "writes",
+    "total",
+    "peak",
+    "predicted_total",
+    "lower_bound",
+    "tiling",
+    "max_abs_error",
+)
+
 
 @pytest.fixture
 def rng():

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import iosim
-from algorithms.reference import attention_backward, attention_forward, default_scale
+from algorithms.reference import attention_backward, attention_forward, default_scale, naive_backward, naive_forward
 from iosim import InputError, cli, io_model, registry
 from memory_model import CapacityError
 
@@ -27,21 +27,6 @@ def _M_for(name, N, d):
 def _inputs(N, d, seed):
     rng = np.random.default_rng(seed)
     return tuple(rng.standard_normal((N, d)) for _ in range(4))
-
-
-def naive_backward(Q, K, V, dO, scale, causal, dtype):
-    """Naive attention backward computed entirely in ``dtype``: the same-precision baseline of the FlashAttention
-    rule."""
-    Q, K, V, dO = (np.asarray(x, dtype=dtype) for x in (Q, K, V, dO))
-    S = (Q @ K.T) * dtype(scale)
-    if causal:
-        S = np.where(np.tril(np.ones(S.shape, dtype=bool)), S, dtype(-np.inf))
-    P = np.exp(S - S.max(axis=1, keepdims=True))
-    P /= P.sum(axis=1, keepdims=True)
-    O = P @ V
-    dV = P.T @ dO
-    dS = P * (dO @ V.T - (dO * O).sum(axis=1, keepdims=True))
-    return dtype(scale) * (dS @ K), dtype(scale) * (dS.T @ Q), dV
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -98,7 +83,8 @@ def test_float32_gradients_follow_flashattention_rule(name, causal):
     Q, K, V, dO = _inputs(N, d, seed=7)
     r = iosim.run(name, Q=Q, K=K, V=V, dO=dO, M=_M_for(name, N, d), causal=causal, backward=True, dtype="float32")
     refs = attention_backward(Q, K, V, dO, causal=causal)
-    naive = naive_backward(Q, K, V, dO, default_scale(d), causal, np.float32)
+    _, _, P32 = naive_forward(Q, K, V, default_scale(d), causal, np.float32)
+    naive = naive_backward(Q, K, V, dO, P32, default_scale(d), np.float32)
     for g, ref, nv in zip(("dQ", "dK", "dV"), refs, naive, strict=True):
         assert r.outputs[g].dtype == np.float32
         naive_err = np.abs(nv - ref).max()
