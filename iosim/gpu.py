@@ -94,20 +94,19 @@ def forward(
     standard "S", "P"; square-tiling "S" (the exponent). NumPy inputs give NumPy outputs; device inputs give
     device outputs.
     """
-    _check(name, tiling)
-    BH, N, d = _shape(Q)
-    t = tiling_for(name, N, d, M, tiling)
-    flash, standard, square = _kernels()
-    kw = dict(scale=scale, causal=causal, count=count, threads=threads, poison=poison, out=out)
-    if name == "flash2":
-        r = flash.flash2_forward(Q, K, V, Br=t.Br, Bc=t.Bc, M=M, **kw)
-    elif name == "flash1":
-        r = flash.flash1_forward(Q, K, V, Br=t.Br, Bc=t.Bc, M=M, **kw)
-    elif name == "standard":
-        r = standard.standard_forward(Q, K, V, B=t.B, M=M, **kw)
-    else:
-        r = square.square_tiling_forward(Q, K, V, B=t.B, M=M, **kw)
-    return GpuRun(name, "forward", N, d, M, BH, t, r.shared_words, r.outputs, r.counts)
+    kw = dict(M=M, scale=scale, causal=causal, count=count, threads=threads, poison=poison, out=out)
+
+    def launch(t: Tiling):
+        flash, standard, square = _kernels()
+        if name == "flash2":
+            return flash.flash2_forward(Q, K, V, Br=t.Br, Bc=t.Bc, **kw)
+        if name == "flash1":
+            return flash.flash1_forward(Q, K, V, Br=t.Br, Bc=t.Bc, **kw)
+        if name == "standard":
+            return standard.standard_forward(Q, K, V, B=t.B, **kw)
+        return square.square_tiling_forward(Q, K, V, B=t.B, **kw)
+
+    return _run(name, Q, M, tiling, False, launch)
 
 
 def backward(
@@ -130,29 +129,21 @@ def backward(
     out: dict | None = None,
 ) -> GpuRun:
     """Run GPU backward kernel ``name`` (flash2) from the forward's O and L; outputs "dQ", "dK", "dV" (and "D")."""
-    _check(name, tiling, backward=True)
+    kw = dict(M=M, scale=scale, causal=causal, count=count, threads=threads, poison=poison, out=out)
+
+    def launch(t: Tiling):
+        return _kernels()[0].flash2_backward(Q, K, V, O, dO, L, Br=t.Br, Bc=t.Bc, dq_atomic=dq_atomic, **kw)
+
+    return _run(name, Q, M, tiling, True, launch)
+
+
+def _run(name: str, Q, M: int, rule: str, backward: bool, launch: Callable) -> GpuRun:
+    """Check the names, choose the simulator's tiling for Q's (N, d) and M, run ``launch(tiling)``: a GpuRun."""
+    _check(name, rule, backward)
     BH, N, d = _shape(Q)
-    t = tiling_for(name, N, d, M, tiling, backward=True)
-    flash, _, _ = _kernels()
-    r = flash.flash2_backward(
-        Q,
-        K,
-        V,
-        O,
-        dO,
-        L,
-        Br=t.Br,
-        Bc=t.Bc,
-        M=M,
-        scale=scale,
-        causal=causal,
-        count=count,
-        threads=threads,
-        dq_atomic=dq_atomic,
-        poison=poison,
-        out=out,
-    )
-    return GpuRun(name, "backward", N, d, M, BH, t, r.shared_words, r.outputs, r.counts)
+    t = tiling_for(name, N, d, M, rule, backward)
+    r = launch(t)
+    return GpuRun(name, "backward" if backward else "forward", N, d, M, BH, t, r.shared_words, r.outputs, r.counts)
 
 
 def simulated_counts(

@@ -15,6 +15,8 @@ threads touch consecutive global addresses (coalesced). Helpers are ``@cuda.jit(
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from numba import cuda
 
@@ -117,6 +119,19 @@ def fill_shared(sm, off, n, value):
 
 
 @cuda.jit(device=True)
+def dot(sm, pa, sa, pb, sb, n, k0):
+    """sum_k sm[pa + k * sa] * sm[pb + k * sb] over k < n, the k loop starting at k0 and wrapping around."""
+    acc = np.float32(0.0)
+    k = k0
+    for _ in range(n):
+        acc += sm[pa + k * sa] * sm[pb + k * sb]
+        k += 1
+        if k == n:
+            k = 0
+    return acc
+
+
+@cuda.jit(device=True)
 def dot_rows(sm, a_off, ra, b_off, rb, d):
     """sum_k sm[a_off + ra*d + k] * sm[b_off + rb*d + k] over k < d, the k loop rotated by rb.
 
@@ -124,13 +139,48 @@ def dot_rows(sm, a_off, ra, b_off, rb, d):
     each thread's k loop at rb (mod d) spreads those reads over the shared-memory banks instead of making every
     thread hit the same bank (d = 64, 128). The sum is the same up to float32 rounding order.
     """
-    acc = np.float32(0.0)
-    k = rb % d
-    pa = a_off + ra * d
-    pb = b_off + rb * d
-    for _ in range(d):
-        acc += sm[pa + k] * sm[pb + k]
-        k += 1
-        if k == d:
-            k = 0
-    return acc
+    return dot(sm, a_off + ra * d, 1, b_off + rb * d, 1, d, rb % d)
+
+
+@cuda.jit(device=True)
+def tile_product_acc(sm, dst, m, n, kk, a, a_rs, a_cs, b, b_rs, b_cs, rotate):
+    """sm[dst + r * n + c] += sum_x A[r, x] B[x, c] for r < m, c < n, x < kk, one thread per output element.
+
+    Operands are shared-memory tiles addressed by strides: A[r, x] = sm[a + r * a_rs + x * a_cs] and
+    B[x, c] = sm[b + x * b_rs + c * b_cs], so one helper serves A B (B row-major: b_rs = ld, b_cs = 1), A^T B
+    (A stored row-major as kk x m: a_rs = 1, a_cs = m) and A B^T (B stored n x kk: b_rs = 1, b_cs = kk). With
+    ``rotate`` each element's x loop starts at c (mod kk), as :func:`dot_rows` does for A B^T.
+    """
+    for e in range(cuda.threadIdx.x, m * n, cuda.blockDim.x):
+        r = e // n
+        c = e - r * n
+        k0 = c % kk if rotate else 0
+        sm[dst + e] += dot(sm, a + r * a_rs, a_cs, b + c * b_cs, b_rs, kk, k0)
+
+
+@cuda.jit(device=True)
+def span(i, B, N):
+    """(start, size) of block i of side B along an axis of N: (i B, min(B, N - i B))."""
+    start = i * B
+    return start, min(B, N - start)
+
+
+def device_and_host(fn):
+    """``fn`` as a device helper, with the plain Python function kept as ``.host`` (shared-memory layouts: one
+    function gives the kernel its offsets and the host launcher its word count)."""
+    dev = cuda.jit(device=True)(fn)
+    dev.host = fn
+    return dev
+
+
+@cuda.jit(device=True)
+def logsumexp_rows(sm, m_off, l_off, n):
+    """sm[l_off + r] = sm[m_off + r] + log(sm[l_off + r]) for r < n: L = m + log l in place of l."""
+    for r in range(cuda.threadIdx.x, n, cuda.blockDim.x):
+        sm[l_off + r] = sm[m_off + r] + math.log(sm[l_off + r])
+
+
+@cuda.jit(device=True)
+def block_ids():
+    """(thread, threads per block, block x, block y): the kernels' tid, nt, the tile index and (b, h) = bh."""
+    return cuda.threadIdx.x, cuda.blockDim.x, cuda.blockIdx.x, cuda.blockIdx.y

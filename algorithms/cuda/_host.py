@@ -203,3 +203,37 @@ class KernelRun:
     counts: dict[str, ArrayCounts] | None
     shared_words: int
     tiles: dict = field(default_factory=dict)
+
+
+class Launcher:
+    """One launcher call: its inputs on the device, outputs, counters and launches, then the KernelRun.
+
+    ``Launcher(names, count, threads, poison, out, Q=Q, ...)`` prepares the inputs (:func:`prepare`) and makes
+    the counters for the array ``names``; :meth:`output` allocates an output (B * H, *tail) (returned in the
+    order allocated); :meth:`launch` runs a kernel with that many shared words; :meth:`run` hands back the
+    outputs in the caller's shape, the counters and the most shared words any launch used.
+    """
+
+    def __init__(self, names, count: bool, threads: int | None, poison: bool, out: dict | None, **inputs):
+        self.batch = prepare(**inputs)
+        self.arrays = self.batch.arrays
+        self.names = names
+        self.threads = threads or default_threads()
+        self.poison = poison
+        self.out = out
+        self.words = 0
+        self._outputs: dict = {}
+        self.cnt = counters(names, count)
+
+    def output(self, name: str, tail: tuple):
+        arr = device_array((self.batch.BH, *tail), self.poison, self.out, name)
+        self._outputs[name] = (arr, tail)
+        return arr
+
+    def launch(self, kernel, grid, words: int, *args) -> None:
+        self.words = max(self.words, words)
+        launch(kernel, grid, self.threads, words, *args)
+
+    def run(self, tiles: dict) -> KernelRun:
+        outputs = {name: result(self.batch, arr, tail) for name, (arr, tail) in self._outputs.items()}
+        return KernelRun(outputs, read_counters(self.cnt, self.names), self.words, tiles)

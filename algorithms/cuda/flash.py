@@ -41,29 +41,22 @@ from numba import cuda, float32
 from algorithms.cuda._common import (
     NEG_INF,
     add_tile,
+    block_ids,
+    device_and_host,
+    dot,
     dot_rows,
     fill_shared,
     init_tile,
     init_vec,
     load_tile,
     load_vec,
+    logsumexp_rows,
+    span,
     store_tile,
     store_vec,
+    tile_product_acc,
 )
-from algorithms.cuda._host import (
-    KernelRun,
-    _as_array,
-    cdiv,
-    check_capacity,
-    counters,
-    default_threads,
-    device_array,
-    f32_scale,
-    launch,
-    prepare,
-    read_counters,
-    result,
-)
+from algorithms.cuda._host import Launcher, _as_array, cdiv, check_capacity, f32_scale, prepare
 
 # Array ids of the counters (names as the simulator's per-array tally has them).
 FWD1_ARRAYS = ("Q", "K", "V", "O", "l", "m")
@@ -75,14 +68,42 @@ _L2 = 4  # flash2 forward
 _bQ, _bK, _bV, _bO, _bdO, _bL, _bD, _bdQ, _bdK, _bdV = range(10)
 
 
-def forward_shared_words(d: int, Br: int, Bc: int) -> int:
-    """Shared words of the flash1 / flash2 forward layout (= io_model.flash_working_set)."""
-    return 2 * d * (Br + Bc) + 2 * Br + Br * Bc
+@device_and_host
+def forward_layout(N, d, Br, Bc, kv_first):
+    """Offsets of Q_i, O_i, l_i, m_i, K_j, V_j, S_ij and the total words (= io_model.flash_working_set).
+
+    flash2 puts Q_i first; flash1 (``kv_first``) puts K_j, V_j first. Blocks are min(block, N).
+    """
+    BR = min(Br, N)
+    BC = min(Bc, N)
+    k = 0 if kv_first else 2 * BR * d + 2 * BR
+    q = 2 * BC * d if kv_first else 0
+    o = q + BR * d
+    l = o + BR * d  # noqa: E741
+    m = l + BR
+    v = k + BC * d
+    s = m + BR if kv_first else v + BC * d
+    return q, o, l, m, k, v, s, s + BR * BC
 
 
-def backward_shared_words(d: int, Br: int, Bc: int) -> int:
-    """Shared words of the flash2 backward layout (the simulator's backward working set)."""
-    return 4 * Bc * d + 3 * Br * d + 2 * Br + 2 * Br * Bc
+@device_and_host
+def backward_layout(N, d, Br, Bc):
+    """Offsets of K_j, V_j, dK_j, dV_j, Q_i, dO_i, dQ_i, L_i, D_i, S_ij, dP_ij and the total words."""
+    BR = min(Br, N)
+    BC = min(Bc, N)
+    q = 4 * BC * d
+    do = q + BR * d
+    dq = do + BR * d
+    L = dq + BR * d
+    s = L + 2 * BR
+    return 0, BC * d, 2 * BC * d, 3 * BC * d, q, do, dq, L, L + BR, s, s + BR * BC, s + 2 * BR * BC
+
+
+@device_and_host
+def backward_prep_layout(N, d, Br):
+    """Offsets of dO_i, O_i, D_i and the total words of the backward's first kernel."""
+    BR = min(Br, N)
+    return 0, BR * d, 2 * BR * d, 2 * BR * d + BR
 
 
 @cuda.jit(device=True)
@@ -97,49 +118,21 @@ def _scores(sm, q_off, k_off, s_off, br, bc, d, scale, causal, r0, c0):
         sm[s_off + e] = s
 
 
-@cuda.jit(device=True)
-def _accumulate_pv(sm, s_off, v_off, o_off, br, bc, d):
-    """O_i += P_ij V_j, one thread per element of O_i."""
-    for e in range(cuda.threadIdx.x, br * d, cuda.blockDim.x):
-        r = e // d
-        k = e - r * d
-        acc = np.float32(0.0)
-        ps = s_off + r * bc
-        pv = v_off + k
-        for c in range(bc):
-            acc += sm[ps + c] * sm[pv + c * d]
-        sm[o_off + e] += acc
-
-
 @cuda.jit
 def flash2_forward_kernel(Q, K, V, O, L, Br, Bc, scale, causal, cnt):
     """FlashAttention-2 forward for row block i = blockIdx.x of (b, h) = blockIdx.y."""
     sm = cuda.shared.array(0, dtype=float32)
-    tid = cuda.threadIdx.x
-    nt = cuda.blockDim.x
-    i = cuda.blockIdx.x
-    bh = cuda.blockIdx.y
-    N = Q.shape[1]
-    d = Q.shape[2]
-    BR = min(Br, N)
-    BC = min(Bc, N)
-    q_off = 0
-    o_off = BR * d
-    l_off = 2 * BR * d
-    m_off = l_off + BR
-    k_off = m_off + BR
-    v_off = k_off + BC * d
-    s_off = v_off + BC * d
+    tid, nt, i, bh = block_ids()
+    N, d = Q.shape[1], Q.shape[2]
+    q_off, o_off, l_off, m_off, k_off, v_off, s_off, _ = forward_layout(N, d, Br, Bc, False)
     Tc = (N + Bc - 1) // Bc
-    r0 = i * Br
-    br = min(Br, N - r0)
+    r0, br = span(i, Br, N)
     load_tile(Q, bh, r0, br, 0, d, sm, q_off, cnt, _Q)
     fill_shared(sm, o_off, br * d, np.float32(0.0))  # O_i = 0, l_i = 0, m_i = -inf on chip
     fill_shared(sm, l_off, br, np.float32(0.0))
     fill_shared(sm, m_off, br, NEG_INF)
     for j in range(Tc):
-        c0 = j * Bc
-        bc = min(Bc, N - c0)
+        c0, bc = span(j, Bc, N)
         if causal and c0 > r0 + br - 1:  # block entirely above the diagonal: never loaded
             continue
         cuda.syncthreads()  # previous step done with K_j, V_j, S_ij
@@ -170,13 +163,12 @@ def flash2_forward_kernel(Q, K, V, O, L, Br, Bc, scale, causal, cnt):
             for k in range(d):
                 sm[o_off + r * d + k] *= alpha
         cuda.syncthreads()
-        _accumulate_pv(sm, s_off, v_off, o_off, br, bc, d)
+        tile_product_acc(sm, o_off, br, d, bc, s_off, bc, 1, v_off, d, 1, False)  # O_i += P_ij V_j
     cuda.syncthreads()
     for e in range(tid, br * d, nt):  # O_i = diag(l_i)^-1 O_i
         sm[o_off + e] /= sm[l_off + e // d]
     cuda.syncthreads()
-    for r in range(tid, br, nt):  # L_i = m_i + log(l_i), in place of l_i
-        sm[l_off + r] = sm[m_off + r] + math.log(sm[l_off + r])
+    logsumexp_rows(sm, m_off, l_off, br)  # L_i = m_i + log(l_i), in place of l_i
     cuda.syncthreads()
     store_tile(sm, o_off, O, bh, r0, br, 0, d, cnt, _O)
     store_vec(sm, l_off, L, bh, r0, br, cnt, _L2)
@@ -186,20 +178,9 @@ def flash2_forward_kernel(Q, K, V, O, L, Br, Bc, scale, causal, cnt):
 def flash1_forward_kernel(Q, K, V, O, l, m, Br, Bc, scale, causal, cnt):  # noqa: E741
     """FlashAttention Algorithm 1 for (b, h) = blockIdx.y, the whole K/V-outer loop nest in one block."""
     sm = cuda.shared.array(0, dtype=float32)
-    tid = cuda.threadIdx.x
-    nt = cuda.blockDim.x
-    bh = cuda.blockIdx.y
-    N = Q.shape[1]
-    d = Q.shape[2]
-    BR = min(Br, N)
-    BC = min(Bc, N)
-    k_off = 0
-    v_off = BC * d
-    q_off = 2 * BC * d
-    o_off = q_off + BR * d
-    l_off = o_off + BR * d
-    m_off = l_off + BR
-    s_off = m_off + BR
+    tid, nt, _, bh = block_ids()
+    N, d = Q.shape[1], Q.shape[2]
+    q_off, o_off, l_off, m_off, k_off, v_off, s_off, _ = forward_layout(N, d, Br, Bc, True)
     Tr = (N + Br - 1) // Br
     Tc = (N + Bc - 1) // Bc
     # Step 2: O = 0, l = 0, m = -inf in HBM (initialisation writes).
@@ -207,14 +188,12 @@ def flash1_forward_kernel(Q, K, V, O, l, m, Br, Bc, scale, causal, cnt):  # noqa
     init_vec(l, bh, 0, N, np.float32(0.0), cnt, _l1)
     init_vec(m, bh, 0, N, NEG_INF, cnt, _m1)
     for j in range(Tc):  # step 5
-        c0 = j * Bc
-        bc = min(Bc, N - c0)
+        c0, bc = span(j, Bc, N)
         cuda.syncthreads()
         load_tile(K, bh, c0, bc, 0, d, sm, k_off, cnt, _K)  # step 6
         load_tile(V, bh, c0, bc, 0, d, sm, v_off, cnt, _V)
         for i in range(Tr):  # step 7
-            r0 = i * Br
-            br = min(Br, N - r0)
+            r0, br = span(i, Br, N)
             if causal and c0 > r0 + br - 1:  # block entirely above the diagonal
                 continue
             cuda.syncthreads()  # the global O, l, m written by the last step are visible; shared tiles free
@@ -258,7 +237,7 @@ def flash1_forward_kernel(Q, K, V, O, l, m, Br, Bc, scale, causal, cnt):  # noqa
                 sm[l_off + r] = l_new
                 sm[m_off + r] = m_new
             cuda.syncthreads()
-            _accumulate_pv(sm, s_off, v_off, o_off, br, bc, d)
+            tile_product_acc(sm, o_off, br, d, bc, s_off, bc, 1, v_off, d, 1, False)  # O_i += P_ij V_j
             cuda.syncthreads()
             store_tile(sm, o_off, O, bh, r0, br, 0, d, cnt, _O)  # step 12
             store_vec(sm, l_off, l, bh, r0, br, cnt, _l1)  # step 13
@@ -278,25 +257,16 @@ def logsumexp_kernel(m, l, L):  # noqa: E741
 def flash2_backward_prep_kernel(O, dO, D, dQ, Br, cnt):
     """FlashAttention-2 backward, steps 3-4 for row block i = blockIdx.x: D_i = rowsum(dO_i o O_i); dQ_i = 0."""
     sm = cuda.shared.array(0, dtype=float32)
-    i = cuda.blockIdx.x
     bh = cuda.blockIdx.y
-    N = O.shape[1]
-    d = O.shape[2]
-    BR = min(Br, N)
-    r0 = i * Br
-    br = min(Br, N - r0)
+    N, d = O.shape[1], O.shape[2]
+    r0, br = span(cuda.blockIdx.x, Br, N)
     init_tile(dQ, bh, r0, br, d, np.float32(0.0), cnt, _bdQ)  # step 3, this block's rows of dQ
-    do_off = 0
-    o_off = BR * d
-    d_off = 2 * BR * d
+    do_off, o_off, d_off, _ = backward_prep_layout(N, d, Br)
     load_tile(dO, bh, r0, br, 0, d, sm, do_off, cnt, _bdO)
     load_tile(O, bh, r0, br, 0, d, sm, o_off, cnt, _bO)
     cuda.syncthreads()
     for r in range(cuda.threadIdx.x, br, cuda.blockDim.x):
-        s = np.float32(0.0)
-        for k in range(d):
-            s += sm[do_off + r * d + k] * sm[o_off + r * d + k]
-        sm[d_off + r] = s
+        sm[d_off + r] = dot(sm, do_off + r * d, 1, o_off + r * d, 1, d, 0)
     cuda.syncthreads()
     store_vec(sm, d_off, D, bh, r0, br, cnt, _bD)
 
@@ -305,39 +275,22 @@ def flash2_backward_prep_kernel(O, dO, D, dQ, Br, cnt):
 def flash2_backward_kernel(Q, K, V, dO, L, D, dQ, dK, dV, Br, Bc, scale, causal, dq_atomic, cnt):
     """FlashAttention-2 backward main loop: column blocks j = blockIdx.x (or all j in order), (b, h) = blockIdx.y."""
     sm = cuda.shared.array(0, dtype=float32)
-    tid = cuda.threadIdx.x
-    nt = cuda.blockDim.x
-    bh = cuda.blockIdx.y
-    N = Q.shape[1]
-    d = Q.shape[2]
-    BR = min(Br, N)
-    BC = min(Bc, N)
-    k_off = 0
-    v_off = BC * d
-    dk_off = 2 * BC * d
-    dv_off = 3 * BC * d
-    q_off = 4 * BC * d
-    do_off = q_off + BR * d
-    dq_off = do_off + BR * d
-    L_off = dq_off + BR * d
-    D_off = L_off + BR
-    s_off = D_off + BR
-    dp_off = s_off + BR * BC
+    tid, nt, _, bh = block_ids()
+    N, d = Q.shape[1], Q.shape[2]
+    k_off, v_off, dk_off, dv_off, q_off, do_off, dq_off, L_off, D_off, s_off, dp_off, _ = backward_layout(N, d, Br, Bc)
     Tr = (N + Br - 1) // Br
     Tc = (N + Bc - 1) // Bc
     j_first = cuda.blockIdx.x if dq_atomic else 0
     j_step = Tc if dq_atomic else 1
     for j in range(j_first, Tc, j_step):  # step 5
-        c0 = j * Bc
-        bc = min(Bc, N - c0)
+        c0, bc = span(j, Bc, N)
         cuda.syncthreads()
         load_tile(K, bh, c0, bc, 0, d, sm, k_off, cnt, _bK)  # step 6
         load_tile(V, bh, c0, bc, 0, d, sm, v_off, cnt, _bV)
         fill_shared(sm, dk_off, bc * d, np.float32(0.0))  # step 7: dK_j = 0, dV_j = 0 on chip
         fill_shared(sm, dv_off, bc * d, np.float32(0.0))
         for i in range(Tr):  # step 8
-            r0 = i * Br
-            br = min(Br, N - r0)
+            r0, br = span(i, Br, N)
             if causal and c0 > r0 + br - 1:  # block entirely above the diagonal
                 continue
             cuda.syncthreads()
@@ -360,13 +313,7 @@ def flash2_backward_kernel(Q, K, V, dO, L, D, dQ, dK, dV, Br, Bc, scale, causal,
                 sm[s_off + e] = p
             cuda.syncthreads()
             # Step 12: dV_j += P_ij^T dO_i.
-            for e in range(tid, bc * d, nt):
-                c = e // d
-                k = e - c * d
-                acc = np.float32(0.0)
-                for r in range(br):
-                    acc += sm[s_off + r * bc + c] * sm[do_off + r * d + k]
-                sm[dv_off + e] += acc
+            tile_product_acc(sm, dv_off, bc, d, br, s_off, 1, bc, do_off, d, 1, False)
             # Steps 13-14: dP_ij = dO_i V_j^T; dS_ij = P_ij o (dP_ij - D_i), scaled by tau once (in place of dP).
             for e in range(tid, br * bc, nt):
                 r = e // bc
@@ -375,21 +322,9 @@ def flash2_backward_kernel(Q, K, V, dO, L, D, dQ, dK, dV, Br, Bc, scale, causal,
                 sm[dp_off + e] = scale * sm[s_off + e] * (dp - sm[D_off + r])
             cuda.syncthreads()
             # Step 15: dQ_i += tau dS_ij K_j.
-            for e in range(tid, br * d, nt):
-                r = e // d
-                k = e - r * d
-                acc = np.float32(0.0)
-                for c in range(bc):
-                    acc += sm[dp_off + r * bc + c] * sm[k_off + c * d + k]
-                sm[dq_off + e] += acc
+            tile_product_acc(sm, dq_off, br, d, bc, dp_off, bc, 1, k_off, d, 1, False)
             # Step 16: dK_j += tau dS_ij^T Q_i.
-            for e in range(tid, bc * d, nt):
-                c = e // d
-                k = e - c * d
-                acc = np.float32(0.0)
-                for r in range(br):
-                    acc += sm[dp_off + r * bc + c] * sm[q_off + r * d + k]
-                sm[dk_off + e] += acc
+            tile_product_acc(sm, dk_off, bc, d, br, dp_off, 1, bc, q_off, d, 1, False)
             cuda.syncthreads()
             if dq_atomic:  # step 15's write: dQ_i <- dQ_i + tau dS_ij K_j, read-modify-write in global memory
                 add_tile(sm, dq_off, dQ, bh, r0, br, d, cnt, _bdQ)
@@ -408,69 +343,30 @@ def flash2_forward(
     Q, K, V, *, Br, Bc, scale=None, causal=False, M=None, count=False, threads=None, poison=True, out=None
 ):
     """FlashAttention-2 forward on the GPU. Returns a KernelRun with outputs O (.., N, d) and L (.., N)."""
-    b = prepare(Q=Q, K=K, V=V)
-    N, d, BH = b.N, b.d, b.BH
-    words = forward_shared_words(d, min(Br, N), min(Bc, N))
+    job = Launcher(FWD2_ARRAYS, count, threads, poison, out, Q=Q, K=K, V=V)
+    N, d, BH, a = job.batch.N, job.batch.d, job.batch.BH, job.arrays
+    words = forward_layout.host(N, d, Br, Bc, False)[-1]
     check_capacity(words, M, "flash2 forward working set (Q_i, O_i, K_j, V_j, l_i, m_i, S_ij)")
-    O = device_array((BH, N, d), poison, out, "O")
-    L = device_array((BH, N), poison, out, "L")
-    cnt = counters(FWD2_ARRAYS, count)
-    a = b.arrays
-    launch(
-        flash2_forward_kernel,
-        (cdiv(N, Br), BH),
-        threads or default_threads(),
-        words,
-        a["Q"],
-        a["K"],
-        a["V"],
-        O,
-        L,
-        Br,
-        Bc,
-        f32_scale(scale, d),
-        bool(causal),
-        cnt,
-    )
-    outputs = {"O": result(b, O, (N, d)), "L": result(b, L, (N,))}
-    return KernelRun(outputs, read_counters(cnt, FWD2_ARRAYS), words, {"Br": Br, "Bc": Bc})
+    O, L = job.output("O", (N, d)), job.output("L", (N,))
+    args = (a["Q"], a["K"], a["V"], O, L, Br, Bc, f32_scale(scale, d), bool(causal), job.cnt)
+    job.launch(flash2_forward_kernel, (cdiv(N, Br), BH), words, *args)
+    return job.run({"Br": Br, "Bc": Bc})
 
 
 def flash1_forward(
     Q, K, V, *, Br, Bc, scale=None, causal=False, M=None, count=False, threads=None, poison=True, out=None
 ):
     """FlashAttention (Algorithm 1) forward on the GPU. Returns a KernelRun with outputs O, l, m and L = m + log l."""
-    b = prepare(Q=Q, K=K, V=V)
-    N, d, BH = b.N, b.d, b.BH
-    words = forward_shared_words(d, min(Br, N), min(Bc, N))
+    job = Launcher(FWD1_ARRAYS, count, threads, poison, out, Q=Q, K=K, V=V)
+    N, d, BH, a = job.batch.N, job.batch.d, job.batch.BH, job.arrays
+    words = forward_layout.host(N, d, Br, Bc, True)[-1]
     check_capacity(words, M, "flash1 forward working set (K_j, V_j, Q_i, O_i, l_i, m_i, S_ij)")
-    O = device_array((BH, N, d), poison, out, "O")
-    l_ = device_array((BH, N), poison, out, "l")
-    m = device_array((BH, N), poison, out, "m")
-    cnt = counters(FWD1_ARRAYS, count)
-    a = b.arrays
-    threads = threads or default_threads()
-    launch(
-        flash1_forward_kernel,
-        (1, BH),
-        threads,
-        words,
-        a["Q"],
-        a["K"],
-        a["V"],
-        O,
-        l_,
-        m,
-        Br,
-        Bc,
-        f32_scale(scale, d),
-        bool(causal),
-        cnt,
-    )
-    L = device_array((BH, N), poison, out, "L")
-    launch(logsumexp_kernel, (cdiv(N, threads), BH), threads, 0, m, l_, L)  # for checking only: not counted
-    outputs = {"O": result(b, O, (N, d)), "l": result(b, l_, (N,)), "m": result(b, m, (N,)), "L": result(b, L, (N,))}
-    return KernelRun(outputs, read_counters(cnt, FWD1_ARRAYS), words, {"Br": Br, "Bc": Bc})
+    O, l_, m = job.output("O", (N, d)), job.output("l", (N,)), job.output("m", (N,))
+    args = (a["Q"], a["K"], a["V"], O, l_, m, Br, Bc, f32_scale(scale, d), bool(causal), job.cnt)
+    job.launch(flash1_forward_kernel, (1, BH), words, *args)
+    L = job.output("L", (N,))
+    job.launch(logsumexp_kernel, (cdiv(N, job.threads), BH), 0, m, l_, L)  # for checking only: not counted
+    return job.run({"Br": Br, "Bc": Bc})
 
 
 def flash2_backward(
@@ -498,51 +394,22 @@ def flash2_backward(
     summation order of dQ varies from run to run); False: one block per (b, h) running every column block in
     order with a literal load and store of dQ_i. Both move the same words.
     """
-    b = prepare(Q=Q, K=K, V=V, O=O, dO=dO)
-    N, d, BH = b.N, b.d, b.BH
-    Lb = prepare(Q=_lse_as_matrix(L, b))
-    words = backward_shared_words(d, min(Br, N), min(Bc, N))
+    job = Launcher(BWD2_ARRAYS, count, threads, poison, out, Q=Q, K=K, V=V, O=O, dO=dO)
+    N, d, BH, a = job.batch.N, job.batch.d, job.batch.BH, job.arrays
+    Lb = prepare(Q=_lse_as_matrix(L, job.batch))
+    words = backward_layout.host(N, d, Br, Bc)[-1]
     check_capacity(
         words, M, "flash2 backward working set (K_j, V_j, dK_j, dV_j, Q_i, dO_i, dQ_i, L_i, D_i, S_ij, dP_ij)"
     )
-    D = device_array((BH, N), poison, out, "D")
-    dQ = device_array((BH, N, d), poison, out, "dQ")
-    dK = device_array((BH, N, d), poison, out, "dK")
-    dV = device_array((BH, N, d), poison, out, "dV")
-    cnt = counters(BWD2_ARRAYS, count)
-    a = b.arrays
-    threads = threads or default_threads()
-    prep_words = 2 * min(Br, N) * d + min(Br, N)
-    launch(flash2_backward_prep_kernel, (cdiv(N, Br), BH), threads, prep_words, a["O"], a["dO"], D, dQ, Br, cnt)
+    dQ, dK, dV = job.output("dQ", (N, d)), job.output("dK", (N, d)), job.output("dV", (N, d))
+    D = job.output("D", (N,))
+    prep_words = backward_prep_layout.host(N, d, Br)[-1]
+    job.launch(flash2_backward_prep_kernel, (cdiv(N, Br), BH), prep_words, a["O"], a["dO"], D, dQ, Br, job.cnt)
     grid = (cdiv(N, Bc), BH) if dq_atomic else (1, BH)
-    launch(
-        flash2_backward_kernel,
-        grid,
-        threads,
-        words,
-        a["Q"],
-        a["K"],
-        a["V"],
-        a["dO"],
-        Lb.arrays["Q"].reshape(BH, N),
-        D,
-        dQ,
-        dK,
-        dV,
-        Br,
-        Bc,
-        f32_scale(scale, d),
-        bool(causal),
-        bool(dq_atomic),
-        cnt,
-    )
-    outputs = {
-        "dQ": result(b, dQ, (N, d)),
-        "dK": result(b, dK, (N, d)),
-        "dV": result(b, dV, (N, d)),
-        "D": result(b, D, (N,)),
-    }
-    return KernelRun(outputs, read_counters(cnt, BWD2_ARRAYS), max(words, prep_words), {"Br": Br, "Bc": Bc})
+    L2 = Lb.arrays["Q"].reshape(BH, N)
+    args = (a["Q"], a["K"], a["V"], a["dO"], L2, D, dQ, dK, dV, Br, Bc, f32_scale(scale, d), bool(causal))
+    job.launch(flash2_backward_kernel, grid, words, *args, bool(dq_atomic), job.cnt)
+    return job.run({"Br": Br, "Bc": Bc})
 
 
 def _lse_as_matrix(L, b):

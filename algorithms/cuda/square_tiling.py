@@ -22,72 +22,65 @@ import math
 import numpy as np
 from numba import cuda, float32, types
 
-from algorithms.cuda._common import NEG_INF, dot_rows, fill_shared, load_tile, load_vec, store_tile, store_vec
-from algorithms.cuda._host import (
-    KernelRun,
-    cdiv,
-    check_capacity,
-    counters,
-    default_threads,
-    device_array,
-    f32_scale,
-    launch,
-    prepare,
-    read_counters,
-    result,
+from algorithms.cuda._common import (
+    NEG_INF,
+    block_ids,
+    device_and_host,
+    fill_shared,
+    load_tile,
+    load_vec,
+    logsumexp_rows,
+    span,
+    store_tile,
+    store_vec,
+    tile_product_acc,
 )
+from algorithms.cuda._host import Launcher, cdiv, check_capacity, f32_scale
 
 SQUARE_ARRAYS = ("Q", "K", "V", "S", "O", "L")
 _Q, _K, _V, _S, _O, _L = range(6)
 
 
+@device_and_host
+def square_layout(N, d, B):
+    """Offsets of both phases' regions and the total words (= io_model.square_tiling_peak): a B x B tile (S_ij /
+    A_ik), two B x min(B, d) tiles (Q, K / V, O), then m_i, l_i (phase 1) or L_i (phase 2); B = min(B, N)."""
+    b = min(B, N)
+    w = min(B, d)
+    m = b * b + 2 * b * w
+    return 0, b * b, b * b + b * w, m, m + b, m + 2 * b
+
+
 def square_shared_words(N: int, d: int, B: int) -> int:
     """Shared words of both phases' layouts (= io_model.square_tiling_peak)."""
-    b, w = min(B, N), min(B, d)
-    return b * b + 2 * b * w + 2 * b
+    return square_layout.host(N, d, B)[-1]
 
 
 @cuda.jit
 def square_phase1_kernel(Q, K, S, L, B, scale, causal, cnt):
     """Phase 1 for row tile i = blockIdx.x of (b, h) = blockIdx.y: S_ij for every j, then L_i."""
     sm = cuda.shared.array(0, dtype=float32)
-    tid = cuda.threadIdx.x
-    nt = cuda.blockDim.x
-    bh = cuda.blockIdx.y
-    i = cuda.blockIdx.x
-    N = Q.shape[1]
-    d = Q.shape[2]
-    BI = min(B, N)
-    BK = min(B, d)
-    s_off = 0
-    q_off = BI * BI
-    k_off = q_off + BI * BK
-    m_off = k_off + BI * BK
-    l_off = m_off + BI
+    tid, nt, i, bh = block_ids()
+    N, d = Q.shape[1], Q.shape[2]
+    s_off, q_off, k_off, m_off, l_off, _ = square_layout(N, d, B)
     Tn = (N + B - 1) // B
     Td = (d + B - 1) // B
-    r0 = i * B
-    bi = min(B, N - r0)
+    r0, bi = span(i, B, N)
     fill_shared(sm, m_off, bi, NEG_INF)  # m_i = -inf, l_i = 0 on chip
     fill_shared(sm, l_off, bi, np.float32(0.0))
     for j in range(Tn):
         if causal and j > i:  # tile entirely above the diagonal
             continue
-        c0 = j * B
-        bj = min(B, N - c0)
+        c0, bj = span(j, B, N)
         cuda.syncthreads()
         fill_shared(sm, s_off, bi * bj, np.float32(0.0))  # A_B[i, j] = 0
         for ll in range(Td):  # slices of d
-            k0 = ll * B
-            bk = min(B, d - k0)
+            k0, bk = span(ll, B, d)
             cuda.syncthreads()
             load_tile(Q, bh, r0, bi, k0, bk, sm, q_off, cnt, _Q)  # Q tile (i, l)
             load_tile(K, bh, c0, bj, k0, bk, sm, k_off, cnt, _K)  # K^T tile (l, j)
             cuda.syncthreads()
-            for e in range(tid, bi * bj, nt):
-                r = e // bj
-                c = e - r * bj
-                sm[s_off + e] += dot_rows(sm, q_off, r, k_off, c, bk)
+            tile_product_acc(sm, s_off, bi, bj, bk, q_off, bk, 1, k_off, 1, bk, True)  # S_ij += Q_il K_jl^T
         cuda.syncthreads()
         for r in range(tid, bi, nt):  # epilogue: scale, mask, online row max and sum (one thread per row)
             ps = s_off + r * bj
@@ -110,8 +103,7 @@ def square_phase1_kernel(Q, K, S, L, B, scale, causal, cnt):
         cuda.syncthreads()
         store_tile(sm, s_off, S, bh, r0, bi, c0, bj, cnt, _S)  # write the N x N tile (exponent form)
     cuda.syncthreads()
-    for r in range(tid, bi, nt):
-        sm[l_off + r] = sm[m_off + r] + math.log(sm[l_off + r])  # L_i = m_i + log l_i, in place of l_i
+    logsumexp_rows(sm, m_off, l_off, bi)  # L_i = m_i + log l_i, in place of l_i
     cuda.syncthreads()
     store_vec(sm, l_off, L, bh, r0, bi, cnt, _L)
 
@@ -120,33 +112,21 @@ def square_phase1_kernel(Q, K, S, L, B, scale, causal, cnt):
 def square_phase2_kernel(S, V, L, O, B, causal, cnt):
     """Phase 2 for row tile i = blockIdx.x of (b, h) = blockIdx.y: O_ic = sum_k exp(S_ik - L_i) V_kc for every c."""
     sm = cuda.shared.array(0, dtype=float32)
-    tid = cuda.threadIdx.x
-    nt = cuda.blockDim.x
-    bh = cuda.blockIdx.y
-    i = cuda.blockIdx.x
-    N = V.shape[1]
-    d = V.shape[2]
-    BI = min(B, N)
-    BK = min(B, d)
-    a_off = 0
-    v_off = BI * BI
-    o_off = v_off + BI * BK
-    L_off = o_off + BI * BK
+    tid, nt, i, bh = block_ids()
+    N, d = V.shape[1], V.shape[2]
+    a_off, v_off, o_off, L_off, _, _ = square_layout(N, d, B)
     Tn = (N + B - 1) // B
     Td = (d + B - 1) // B
-    r0 = i * B
-    bi = min(B, N - r0)
+    r0, bi = span(i, B, N)
     load_vec(L, bh, r0, bi, sm, L_off, cnt, _L)  # read d_B[i] (here L_i)
     for cc in range(Td):  # output column tile of d
-        c0 = cc * B
-        bc = min(B, d - c0)
+        c0, bc = span(cc, B, d)
         cuda.syncthreads()
         fill_shared(sm, o_off, bi * bc, np.float32(0.0))
         for k in range(Tn):
             if causal and k > i:  # A_ik is all zero above the diagonal
                 continue
-            k0 = k * B
-            bk = min(B, N - k0)
+            k0, bk = span(k, B, N)
             cuda.syncthreads()
             load_tile(S, bh, r0, bi, k0, bk, sm, a_off, cnt, _S)  # A tile (i, k)
             load_tile(V, bh, k0, bk, c0, bc, sm, v_off, cnt, _V)  # V tile (k, c)
@@ -155,15 +135,7 @@ def square_phase2_kernel(S, V, L, O, B, causal, cnt):
                 r = e // bk
                 sm[a_off + e] = math.exp(sm[a_off + e] - sm[L_off + r])
             cuda.syncthreads()
-            for e in range(tid, bi * bc, nt):
-                r = e // bc
-                c = e - r * bc
-                acc = np.float32(0.0)
-                pa = a_off + r * bk
-                pv = v_off + c
-                for x in range(bk):
-                    acc += sm[pa + x] * sm[pv + x * bc]
-                sm[o_off + e] += acc
+            tile_product_acc(sm, o_off, bi, bc, bk, a_off, bk, 1, v_off, bc, 1, False)  # O_ic += A_ik V_kc
         cuda.syncthreads()
         store_tile(sm, o_off, O, bh, r0, bi, c0, bc, cnt, _O)  # write the O tile
 
@@ -172,21 +144,15 @@ def square_tiling_forward(
     Q, K, V, *, B, scale=None, causal=False, M=None, count=False, threads=None, poison=True, out=None
 ):
     """Square tiling forward on the GPU, tile side B. Returns a KernelRun with outputs O, L and the exponent S."""
-    b = prepare(Q=Q, K=K, V=V)
-    N, d, BH = b.N, b.d, b.BH
+    job = Launcher(SQUARE_ARRAYS, count, threads, poison, out, Q=Q, K=K, V=V)
+    N, d, BH, a = job.batch.N, job.batch.d, job.batch.BH, job.arrays
     words = square_shared_words(N, d, B)
     check_capacity(words, M, "square-tiling working set (B x B accumulator, two operand tiles, m_i, l_i)")
-    S = device_array((BH, N, N), poison, out, "S")
-    L = device_array((BH, N), poison, out, "L")
-    O = device_array((BH, N, d), poison, out, "O")
-    cnt = counters(SQUARE_ARRAYS, count)
-    a = b.arrays
-    threads = threads or default_threads()
+    O, L, S = job.output("O", (N, d)), job.output("L", (N,)), job.output("S", (N, N))
     grid = (cdiv(N, B), BH)
-    launch(square_phase1_kernel, grid, threads, words, a["Q"], a["K"], S, L, B, f32_scale(scale, d), bool(causal), cnt)
-    launch(square_phase2_kernel, grid, threads, words, S, a["V"], L, O, B, bool(causal), cnt)
-    outputs = {"O": result(b, O, (N, d)), "L": result(b, L, (N,)), "S": result(b, S, (N, N))}
-    return KernelRun(outputs, read_counters(cnt, SQUARE_ARRAYS), words, {"B": B})
+    job.launch(square_phase1_kernel, grid, words, a["Q"], a["K"], S, L, B, f32_scale(scale, d), bool(causal), job.cnt)
+    job.launch(square_phase2_kernel, grid, words, S, a["V"], L, O, B, bool(causal), job.cnt)
+    return job.run({"B": B})
 
 
 def ptx_signatures() -> dict:

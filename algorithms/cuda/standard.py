@@ -24,29 +24,34 @@ import math
 import numpy as np
 from numba import cuda, float32
 
-from algorithms.cuda._common import NEG_INF, dot_rows, fill_shared, load_tile, store_tile
-from algorithms.cuda._host import (
-    KernelRun,
-    cdiv,
-    check_capacity,
-    counters,
-    default_threads,
-    device_array,
-    f32_scale,
-    launch,
-    prepare,
-    read_counters,
-    result,
+from algorithms.cuda._common import (
+    NEG_INF,
+    block_ids,
+    device_and_host,
+    fill_shared,
+    load_tile,
+    span,
+    store_tile,
+    tile_product_acc,
 )
+from algorithms.cuda._host import Launcher, cdiv, check_capacity, f32_scale
 
 STANDARD_ARRAYS = ("Q", "K", "V", "S", "P", "O")
 _Q, _K, _V, _S, _P, _O = range(6)
 
 
+@device_and_host
+def matmul_layout(m, k, n, T):
+    """Offsets of the accumulator C_ij, the A tile and the B tile, and the total words (= io_model.matmul_peak)."""
+    TI = min(T, m)
+    TJ = min(T, n)
+    TK = min(T, k)
+    return 0, TI * TJ, TI * TJ + TI * TK, TI * TJ + TI * TK + TK * TJ
+
+
 def matmul_words(m: int, k: int, n: int, T: int) -> int:
     """Shared words of one product's layout: accumulator + A tile + B tile (= io_model.matmul_peak)."""
-    ti, tj, tk = min(T, m), min(T, n), min(T, k)
-    return ti * tj + ti * tk + tk * tj
+    return matmul_layout.host(m, k, n, T)[-1]
 
 
 def softmax_plan(N: int, M: int) -> tuple[int, int, int]:
@@ -62,29 +67,18 @@ def softmax_plan(N: int, M: int) -> tuple[int, int, int]:
 def matmul_kernel(A, Bm, C, T, b_transposed, scale, cnt, iA, iB, iC):
     """C = scale * A op(B) for output tile blockIdx.x of (b, h) = blockIdx.y; op(B) = B^T if b_transposed."""
     sm = cuda.shared.array(0, dtype=float32)
-    tid = cuda.threadIdx.x
-    nt = cuda.blockDim.x
-    bh = cuda.blockIdx.y
+    tid, nt, blk, bh = block_ids()
     m = A.shape[1]
     k = A.shape[2]
     n = C.shape[2]
     ntj = (n + T - 1) // T
-    i = cuda.blockIdx.x // ntj
-    j = cuda.blockIdx.x - i * ntj
-    TI = min(T, m)
-    TJ = min(T, n)
-    TK = min(T, k)
-    c_off = 0
-    a_off = TI * TJ
-    b_off = a_off + TI * TK
-    r0 = i * T
-    ti = min(T, m - r0)
-    c0 = j * T
-    tj = min(T, n - c0)
+    i = blk // ntj
+    c_off, a_off, b_off, _ = matmul_layout(m, k, n, T)
+    r0, ti = span(i, T, m)
+    c0, tj = span(blk - i * ntj, T, n)
     fill_shared(sm, c_off, ti * tj, np.float32(0.0))  # C_ij = 0 on chip
     for kk in range((k + T - 1) // T):
-        k0 = kk * T
-        tk = min(T, k - k0)
+        k0, tk = span(kk, T, k)
         cuda.syncthreads()
         load_tile(A, bh, r0, ti, k0, tk, sm, a_off, cnt, iA)
         if b_transposed:
@@ -92,18 +86,9 @@ def matmul_kernel(A, Bm, C, T, b_transposed, scale, cnt, iA, iB, iC):
         else:
             load_tile(Bm, bh, k0, tk, c0, tj, sm, b_off, cnt, iB)  # B_kj, tk x tj
         cuda.syncthreads()
-        for e in range(tid, ti * tj, nt):
-            r = e // tj
-            c = e - r * tj
-            if b_transposed:
-                acc = dot_rows(sm, a_off, r, b_off, c, tk)
-            else:
-                acc = np.float32(0.0)
-                pa = a_off + r * tk
-                pb = b_off + c
-                for x in range(tk):
-                    acc += sm[pa + x] * sm[pb + x * tj]
-            sm[c_off + e] += acc
+        # op(B)[x, c] is B_jk[c, x] (rows of tk, each element's loop rotated by c as in dot_rows) or B_kj[x, c].
+        b_rs, b_cs = (1, tk) if b_transposed else (tj, 1)
+        tile_product_acc(sm, c_off, ti, tj, tk, a_off, tk, 1, b_off, b_rs, b_cs, b_transposed)
     cuda.syncthreads()
     if scale != np.float32(1.0):
         for e in range(tid, ti * tj, nt):
@@ -112,33 +97,43 @@ def matmul_kernel(A, Bm, C, T, b_transposed, scale, cnt, iA, iB, iC):
     store_tile(sm, c_off, C, bh, r0, ti, c0, tj, cnt, iC)
 
 
+@cuda.jit(device=True)
+def _reset_stats(sm, st):
+    """The current row's max m_r = -inf and sum l_r = 0 (shared words st, st + 1)."""
+    if cuda.threadIdx.x == 0:
+        sm[st] = NEG_INF
+        sm[st + 1] = np.float32(0.0)
+
+
+@cuda.jit(device=True)
+def _mask_and_max(sm, base, n, c0, row, causal, st):
+    """Mask sm[base + c] (column c0 + c of row ``row``) to -inf above the diagonal; fold the max into sm[st]."""
+    mx = NEG_INF
+    for c in range(cuda.threadIdx.x, n, cuda.blockDim.x):
+        if causal and c0 + c > row:
+            sm[base + c] = NEG_INF
+        else:
+            mx = max(mx, sm[base + c])
+    if mx != NEG_INF:
+        cuda.atomic.max(sm, st, mx)
+
+
 @cuda.jit
 def softmax_rows_kernel(S, P, R, causal, cnt):
     """One-pass softmax of rows [blockIdx.x R, +R) of (b, h) = blockIdx.y; the whole row block fits."""
     sm = cuda.shared.array(0, dtype=float32)
-    tid = cuda.threadIdx.x
-    nt = cuda.blockDim.x
-    bh = cuda.blockIdx.y
+    tid, nt, i, bh = block_ids()
     N = S.shape[1]
-    r0 = cuda.blockIdx.x * R
+    r0 = i * R
     br = min(R, N - r0)
     st = min(R, N) * N  # the current row's max and sum
     load_tile(S, bh, r0, br, 0, N, sm, 0, cnt, _S)
     for r in range(br):
         row = r0 + r
         base = r * N
-        if tid == 0:
-            sm[st] = NEG_INF
-            sm[st + 1] = np.float32(0.0)
+        _reset_stats(sm, st)
         cuda.syncthreads()
-        mx = NEG_INF
-        for c in range(tid, N, nt):
-            if causal and c > row:
-                sm[base + c] = NEG_INF
-            else:
-                mx = max(mx, sm[base + c])
-        if mx != NEG_INF:
-            cuda.atomic.max(sm, st, mx)
+        _mask_and_max(sm, base, N, 0, row, causal, st)
         cuda.syncthreads()
         m_r = sm[st]
         s = np.float32(0.0)
@@ -159,19 +154,13 @@ def softmax_rows_kernel(S, P, R, causal, cnt):
 def softmax_chunks_kernel(S, P, C, causal, cnt):
     """Two-pass softmax of row blockIdx.x of (b, h) = blockIdx.y in chunks of C columns (a row does not fit)."""
     sm = cuda.shared.array(0, dtype=float32)
-    tid = cuda.threadIdx.x
-    nt = cuda.blockDim.x
-    bh = cuda.blockIdx.y
+    tid, nt, row, bh = block_ids()
     N = S.shape[1]
-    row = cuda.blockIdx.x
     st = min(C, N)  # running max m_r and sum l_r
-    if tid == 0:
-        sm[st] = NEG_INF
-        sm[st + 1] = np.float32(0.0)
+    _reset_stats(sm, st)
     for p in range(2):  # pass 0: running max and sum; pass 1: normalise and store
         for j in range((N + C - 1) // C):
-            c0 = j * C
-            bc = min(C, N - c0)
+            c0, bc = span(j, C, N)
             cuda.syncthreads()
             load_tile(S, bh, row, 1, c0, bc, sm, 0, cnt, _S)
             cuda.syncthreads()
@@ -179,14 +168,7 @@ def softmax_chunks_kernel(S, P, C, causal, cnt):
             l_old = sm[st + 1]
             cuda.syncthreads()  # every thread has read m_r, l_r before they change
             if p == 0:
-                mx = NEG_INF
-                for c in range(tid, bc, nt):
-                    if causal and c0 + c > row:
-                        sm[c] = NEG_INF
-                    else:
-                        mx = max(mx, sm[c])
-                if mx != NEG_INF:
-                    cuda.atomic.max(sm, st, mx)
+                _mask_and_max(sm, 0, bc, c0, row, causal, st)
                 cuda.syncthreads()
                 m_new = sm[st]
                 s = np.float32(0.0)
@@ -214,24 +196,17 @@ def standard_forward(Q, K, V, *, B, M, scale=None, causal=False, count=False, th
 
     Returns a KernelRun with outputs O (.., N, d), S and P (.., N, N).
     """
-    b = prepare(Q=Q, K=K, V=V)
-    N, d, BH = b.N, b.d, b.BH
+    job = Launcher(STANDARD_ARRAYS, count, threads, poison, out, Q=Q, K=K, V=V)
+    N, d, BH, a, cnt = job.batch.N, job.batch.d, job.batch.BH, job.arrays, job.cnt
     R, C, sm_words = softmax_plan(N, M)
     mm1, mm2 = matmul_words(N, d, N, B), matmul_words(N, N, d, B)
-    words = max(mm1, sm_words, mm2)
-    check_capacity(words, M, "standard attention working set (tiles of a product, or softmax rows)")
-    S = device_array((BH, N, N), poison, out, "S")
-    P = device_array((BH, N, N), poison, out, "P")
-    O = device_array((BH, N, d), poison, out, "O")
-    cnt = counters(STANDARD_ARRAYS, count)
-    a = b.arrays
-    threads = threads or default_threads()
+    check_capacity(max(mm1, sm_words, mm2), M, "standard attention working set (tiles of a product, or softmax rows)")
+    O, S, P = job.output("O", (N, d)), job.output("S", (N, N)), job.output("P", (N, N))
     nb = cdiv(N, B)
-    launch(matmul_kernel, (nb * nb, BH), threads, mm1, a["Q"], a["K"], S, B, True, f32_scale(scale, d), cnt, _Q, _K, _S)
+    job.launch(matmul_kernel, (nb * nb, BH), mm1, a["Q"], a["K"], S, B, True, f32_scale(scale, d), cnt, _Q, _K, _S)
     if R:
-        launch(softmax_rows_kernel, (cdiv(N, R), BH), threads, sm_words, S, P, R, bool(causal), cnt)
+        job.launch(softmax_rows_kernel, (cdiv(N, R), BH), sm_words, S, P, R, bool(causal), cnt)
     else:
-        launch(softmax_chunks_kernel, (N, BH), threads, sm_words, S, P, C, bool(causal), cnt)
-    launch(matmul_kernel, (nb * cdiv(d, B), BH), threads, mm2, P, a["V"], O, B, False, np.float32(1.0), cnt, _P, _V, _O)
-    outputs = {"O": result(b, O, (N, d)), "S": result(b, S, (N, N)), "P": result(b, P, (N, N))}
-    return KernelRun(outputs, read_counters(cnt, STANDARD_ARRAYS), words, {"B": B})
+        job.launch(softmax_chunks_kernel, (N, BH), sm_words, S, P, C, bool(causal), cnt)
+    job.launch(matmul_kernel, (nb * cdiv(d, B), BH), mm2, P, a["V"], O, B, False, np.float32(1.0), cnt, _P, _V, _O)
+    return job.run({"B": B})
