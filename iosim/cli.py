@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from tabulate import tabulate
@@ -313,6 +314,9 @@ def main(argv: list[str] | None = None) -> int:
     except (InputError, CapacityError) as e:
         print(f"iosim: error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # output piped into `head` and closed early: not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     return rc or 0
 
 
