@@ -25,10 +25,9 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from iosim.algorithms._tiles import buffer, cdiv, score_tile, tile
+from iosim.memory_model import alloc, free, init_slow, load, load_vec, store, store_vec
 from numba import njit
-
-from algorithms._tiles import buffer, cdiv, score_tile, tile
-from memory_model import alloc, free, init_slow, load, load_vec, store, store_vec
 
 FLASH_ARRAYS_FWD1 = ("Q", "K", "V", "O", "l", "m", "S")
 FLASH_ARRAYS_FWD2 = ("Q", "K", "V", "O", "L", "m", "l", "S")

@@ -67,10 +67,9 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from iosim.algorithms._tiles import buffer, cdiv, tile
+from iosim.memory_model import alloc, free, load, load_vec, store, store_vec
 from numba import njit
-
-from algorithms._tiles import buffer, cdiv, tile
-from memory_model import alloc, free, load, load_vec, store, store_vec
 
 SQUARE_ARRAYS_FWD = ("Q", "K", "V", "S", "O", "L", "m", "l")
 SQUARE_ARRAYS_BWD = ("Q", "K", "V", "O", "L", "S", "dO", "dS", "dQ", "dK", "dV", "D", "dP")

@@ -22,10 +22,9 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from iosim.algorithms._tiles import buffer, cdiv, tile
+from iosim.memory_model import alloc, free, load, store
 from numba import njit
-
-from algorithms._tiles import buffer, cdiv, tile
-from memory_model import alloc, free, load, store
 
 STANDARD_ARRAYS_FWD = ("Q", "K", "V", "S", "P", "O", "C", "m", "l")
 

@@ -43,12 +43,12 @@ import math
 import sys
 from pathlib import Path
 
+from iosim.memory_model import CapacityError
 from tabulate import tabulate
 
 import iosim
 from iosim import bounds
 from iosim.errors import InputError
-from memory_model import CapacityError
 
 ALGORITHMS = ("standard", "flash1", "flash2", "square-tiling")
 PASSES = ("forward", "backward")

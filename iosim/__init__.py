@@ -6,10 +6,10 @@
 True
 """
 
-from iosim.api import PassResult, Result, algorithms, run
+from iosim.api import PassResult, Result, algorithm_names, run
 from iosim.check import CheckReport, check
 from iosim.errors import InputError
-from memory_model import CapacityError
+from iosim.memory_model import CapacityError
 
-__all__ = ["CapacityError", "CheckReport", "InputError", "PassResult", "Result", "algorithms", "check", "run"]
+__all__ = ["CapacityError", "CheckReport", "InputError", "PassResult", "Result", "algorithm_names", "check", "run"]
 __version__ = "0.1.0"

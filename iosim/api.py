@@ -7,12 +7,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from algorithms.reference import attention_backward, attention_forward, default_scale
 from iosim import bounds, registry
+from iosim.algorithms.reference import attention_backward, attention_forward, default_scale
 from iosim.errors import InputError
 from iosim.io_model import Prediction
+from iosim.memory_model import Stats, TwoLevelMemory
 from iosim.tiling import RULES, Tiling
-from memory_model import Stats, TwoLevelMemory
 
 DTYPES = ("float64", "float32")
 
@@ -129,7 +129,7 @@ class Result:
         return out
 
 
-def algorithms() -> list[str]:
+def algorithm_names() -> list[str]:
     """The names of the registered algorithms."""
     return registry.algorithms()
 
@@ -200,12 +200,12 @@ def run(
     Inputs are either the caller's Q, K, V (N x d each; then N and d come from them) or random standard-normal
     arrays of size N x d drawn from ``seed``. ``count_only`` runs the same schedule without arithmetic (and without
     allocating N x d data), so it scales to N = 2^20. ``strict=False`` records a capacity overflow instead of
-    raising :class:`memory_model.CapacityError`.
+    raising :class:`iosim.memory_model.CapacityError`.
 
     ``backward=True`` runs the forward (on its own memory of M words), then the backward on a fresh memory of M
     words, reading the forward's outputs (O and l, m or L, or P) as the paper's backward does. ``dO`` is the upstream
     gradient (N x d; drawn from ``seed`` after Q, K, V when not given). ``passes`` holds both passes' counts;
-    ``errors`` are then those of dQ, dK, dV against :func:`algorithms.reference.attention_backward`.
+    ``errors`` are then those of dQ, dK, dV against :func:`iosim.algorithms.reference.attention_backward`.
     """
     algo = registry.get(algorithm)
     M = _positive_int("M", M)

@@ -2,7 +2,7 @@
 
 :func:`check` runs a callable on random standard-normal inputs over a grid of odd shapes (not only powers of two),
 forward and, where the callable offers one, backward, and compares every output with the float64 reference of
-:mod:`algorithms.reference` under the FlashAttention test rule (the rule of the flash-attn test suite):
+:mod:`iosim.algorithms.reference` under the FlashAttention test rule (the rule of the flash-attn test suite):
 
     max|out - ref| <= factor * max|naive - ref| + floor
 
@@ -42,7 +42,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from algorithms.reference import attention_backward, attention_forward, default_scale, naive_backward, naive_forward
+from iosim.algorithms.reference import (
+    attention_backward,
+    attention_forward,
+    default_scale,
+    naive_backward,
+    naive_forward,
+)
 from iosim.errors import InputError
 
 DEFAULT_N = (1, 17, 113, 203, 1023)

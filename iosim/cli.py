@@ -15,7 +15,7 @@ from tabulate import tabulate
 
 from iosim import api, bounds, registry
 from iosim.errors import InputError
-from memory_model import CapacityError
+from iosim.memory_model import CapacityError
 
 FORMATS = ("simple", "github", "latex", "plain")
 COMPARE_DEFAULTS = {"N": 1024, "d": 64, "M": 16384}

@@ -1,4 +1,5 @@
-"""The GPU path: run the numba.cuda kernels of :mod:`algorithms.cuda` with tiles chosen from M as the simulator does.
+"""The GPU path: run the numba.cuda kernels of :mod:`iosim.algorithms.cuda` with tiles chosen from M as the
+simulator does.
 
 ``import iosim`` does not import this module (nor ``numba.cuda``): the choice between a real GPU and the CUDA
 simulator (``NUMBA_ENABLE_CUDASIM=1``) is made when ``numba.cuda`` is first imported, so it stays with the caller.
@@ -20,15 +21,15 @@ from dataclasses import dataclass
 
 from iosim import registry
 from iosim.errors import InputError
+from iosim.memory_model import ArrayCounts
 from iosim.tiling import RULES, Tiling
-from memory_model import ArrayCounts
 
 KERNELS = ("flash2", "flash1", "standard", "square-tiling")
 BACKWARD_KERNELS = ("flash2",)
 
 
 def _kernels():
-    from algorithms.cuda import flash, square_tiling, standard
+    from iosim.algorithms.cuda import flash, square_tiling, standard
 
     return flash, standard, square_tiling
 
@@ -210,7 +211,7 @@ def attention(
 
     def fast_memory(N: int, d: int) -> int:
         if M is None:  # about 3 blocks along N, but never more than a block may have on this GPU
-            from algorithms.cuda._host import max_shared_words
+            from iosim.algorithms.cuda._host import max_shared_words
 
             top = max_shared_words()
             m = default_M(name, N, d, backward=has_bwd)

@@ -1,7 +1,7 @@
 """Exact closed-form I/O counts of every algorithm's schedule, per array, to the word.
 
 Each function here is derived by hand from the loop nest of the matching driver in ``algorithms/`` under the
-conventions of :mod:`memory_model.core` (one word per entry, initialisation writes counted, partial final tiles
+conventions of :mod:`iosim.memory_model.core` (one word per entry, initialisation writes counted, partial final tiles
 at their true size). The tests require simulated counts == these formulas on grids with ragged N, so a change to
 a schedule without a change here fails loudly. Causal variants are exact finite sums over the Tc (or Tr) blocks
 of the skipped dimension: O(N / B) terms, never O(N^2).
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from memory_model.core import ArrayCounts, Tally
+from iosim.memory_model.core import ArrayCounts, Tally
 
 
 def cdiv(a: int, b: int) -> int:

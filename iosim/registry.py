@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from algorithms import flash, square_tiling, standard
 from iosim import io_model, tiling
+from iosim.algorithms import flash, square_tiling, standard
 from iosim.errors import InputError
 from iosim.io_model import Prediction
 from iosim.tiling import Tiling

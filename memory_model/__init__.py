@@ -1,9 +1,9 @@
 """Two-level memory model: fast memory of M words in front of an unbounded slow memory.
 
-See :mod:`memory_model.core` for the conventions every count in iosim follows.
+See :mod:`iosim.memory_model.core` for the conventions every count in iosim follows.
 """
 
-from memory_model.core import (
+from iosim.memory_model.core import (
     ArrayCounts,
     CapacityError,
     Stats,

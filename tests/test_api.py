@@ -9,7 +9,7 @@ from iosim import InputError
 
 
 def test_algorithms_lists_the_core_three():
-    assert {"standard", "flash1", "flash2"} <= set(iosim.algorithms())
+    assert {"standard", "flash1", "flash2"} <= set(iosim.algorithm_names())
 
 
 def test_result_fields(rng):

@@ -9,14 +9,20 @@ import pytest
 from conftest import ODD_D, ODD_N
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from iosim.algorithms.reference import (
+    attention_backward,
+    attention_forward,
+    default_scale,
+    naive_backward,
+    naive_forward,
+)
+from iosim.memory_model import CapacityError
 
 import iosim
-from algorithms.reference import attention_backward, attention_forward, default_scale, naive_backward, naive_forward
 from iosim import InputError, cli, io_model, registry
-from memory_model import CapacityError
 
 CORE = ("standard", "flash1", "flash2")  # the backward passes of this file's issue
-BACKWARD = [name for name in iosim.algorithms() if registry.get(name).has_backward]
+BACKWARD = [name for name in iosim.algorithm_names() if registry.get(name).has_backward]
 
 
 def _M_for(name, N, d):

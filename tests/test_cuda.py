@@ -17,13 +17,13 @@ import pytest
 
 pytest.importorskip("numba_cuda", reason="numba-cuda is not installed (pip install -e '.[cuda]')")
 
+from iosim.algorithms.reference import attention_backward, attention_forward, default_scale  # noqa: E402
+from iosim.memory_model import CapacityError  # noqa: E402
 from numba import cuda  # noqa: E402
 from numba.core import config  # noqa: E402
 
 import iosim  # noqa: E402
-from algorithms.reference import attention_backward, attention_forward, default_scale  # noqa: E402
 from iosim import gpu  # noqa: E402
-from memory_model import CapacityError  # noqa: E402
 
 SIMULATED = bool(config.ENABLE_CUDASIM)
 ON_GPU = not SIMULATED and cuda.is_available()
@@ -208,7 +208,7 @@ def test_kernels_compile_for_sm90():
         if not nvvm.is_available():
             print("SKIP: libNVVM not found: install numba-cuda[cu13] (the nvidia-nvvm wheel)")
             raise SystemExit(0)
-        from algorithms.cuda import ptx
+        from iosim.algorithms.cuda import ptx
         for name, text in ptx.compile_all((9, 0)).items():
             assert ".target sm_90" in text, name
             assert "mul.f64" not in text and "fma.rn.f64" not in text, name + ": float64 arithmetic"
@@ -221,7 +221,7 @@ def test_kernels_compile_for_sm90():
         pytest.skip(p.stdout.strip())
     assert p.returncode == 0, p.stderr[-4000:]
     compiled = [line.split()[1] for line in p.stdout.splitlines() if line.startswith("OK ")]
-    from algorithms.cuda import ptx
+    from iosim.algorithms.cuda import ptx
 
     assert sorted(compiled) == sorted(ptx.signatures())
 

@@ -3,13 +3,13 @@
 import numpy as np
 import pytest
 from conftest import ODD_D, ODD_N
+from iosim.algorithms.reference import attention_forward, default_scale, naive_forward
+from iosim.memory_model import CapacityError
 
 import iosim
-from algorithms.reference import attention_forward, default_scale, naive_forward
 from iosim import io_model
-from memory_model import CapacityError
 
-ALGOS = iosim.algorithms()
+ALGOS = iosim.algorithm_names()
 
 
 def _M_for(name, N, d):

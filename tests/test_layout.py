@@ -1,28 +1,62 @@
-"""Imports flow one way: memory_model -> algorithms -> iosim -> experiments (design.md)."""
+"""Imports flow one way: memory_model -> algorithms -> iosim -> experiments (design.md), and iosim installs one
+top-level package."""
 
 import ast
 import pathlib
+import re
 
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+# The folder on disk -> the import names its files may not use (every folder installs under ``iosim``).
 FORBIDDEN = {
-    "memory_model": {"algorithms", "iosim", "experiments"},
-    "algorithms": {"iosim", "experiments"},
+    "memory_model": {"iosim.algorithms", "iosim.api", "iosim.cli", "experiments"},
+    "algorithms": {"iosim.api", "iosim.cli", "iosim.registry", "iosim.io_model", "experiments"},
     "iosim": {"experiments"},
 }
+FRONT = {"iosim"}  # the bare package name: importing it runs iosim/__init__.py, i.e. everything
 
 
 def _imports(path):
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
-            yield from (a.name.split(".")[0] for a in node.names)
+            yield from (a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            yield node.module.split(".")[0]
+            yield node.module
+            yield from (f"{node.module}.{a.name}" for a in node.names)
 
 
-@pytest.mark.parametrize("package", sorted(FORBIDDEN))
-def test_imports_flow_one_way(package):
-    for path in (ROOT / package).rglob("*.py"):
-        bad = set(_imports(path)) & FORBIDDEN[package]
-        assert not bad, f"{path.relative_to(ROOT)} imports {bad}"
+def _inside(name: str, package: str) -> bool:
+    return name == package or name.startswith(package + ".")
+
+
+@pytest.mark.parametrize("folder", sorted(FORBIDDEN))
+def test_imports_flow_one_way(folder):
+    own = "iosim" if folder == "iosim" else f"iosim.{folder}"
+    for path in (ROOT / folder).rglob("*.py"):
+        names = set(_imports(path))
+        bad = {n for n in names for f in FORBIDDEN[folder] if _inside(n, f)}
+        if folder != "iosim":
+            bad |= names & FRONT  # `from iosim import x` would pull in the front door
+            # only iosim.<own folder> and the lower layers may be imported from iosim.*
+            lower = {"memory_model": (), "algorithms": ("iosim.memory_model",)}[folder]
+            bad |= {
+                n
+                for n in names
+                if _inside(n, "iosim") and not _inside(n, own) and not any(_inside(n, p) for p in lower)
+            }
+        assert not bad, f"{path.relative_to(ROOT)} imports {sorted(bad)}"
+
+
+def test_no_generic_top_level_imports():
+    """No file imports the folders by their bare names: they install only under iosim."""
+    for path in [*ROOT.glob("*/**/*.py")]:
+        if ".venv" in path.parts or ".ci-venv" in path.parts:
+            continue
+        tops = {n.split(".")[0] for n in _imports(path)}
+        assert not tops & {"algorithms", "memory_model"}, f"{path.relative_to(ROOT)} imports a bare folder name"
+
+
+def test_one_top_level_package():
+    listed = re.search(r"^packages = \[(.*?)\]", (ROOT / "pyproject.toml").read_text(), flags=re.M).group(1)
+    assert {p.strip(' "').split(".")[0] for p in listed.split(",")} == {"iosim"}

@@ -1,7 +1,6 @@
 import numpy as np
 import pytest
-
-from memory_model import CapacityError, TwoLevelMemory, alloc, free, init_slow, load, load_vec, store, store_vec
+from iosim.memory_model import CapacityError, TwoLevelMemory, alloc, free, init_slow, load, load_vec, store, store_vec
 
 
 def test_load_store_count_words_per_array_and_copy_data():

@@ -11,11 +11,11 @@ import pytest
 from conftest import ODD_D, ODD_N
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from iosim.algorithms.reference import attention_backward, attention_forward, default_scale
+from iosim.memory_model import CapacityError
 
 import iosim
-from algorithms.reference import attention_backward, attention_forward, default_scale
 from iosim import bounds, cli, io_model, registry, tiling
-from memory_model import CapacityError
 
 NAME = "square-tiling"
 ROOT = Path(__file__).resolve().parent.parent

@@ -2,14 +2,14 @@
 
 Modules (import them directly; importing this package does not import ``numba.cuda``):
 
-* :mod:`algorithms.cuda.flash`: flash2 forward, flash1 forward (the paper's K/V-outer order, one block per (b, h)),
+* :mod:`.flash`: flash2 forward, flash1 forward (the paper's K/V-outer order, one block per (b, h)),
   flash2 backward (D precomputed, K/V outer, dQ by atomics or in order);
-* :mod:`algorithms.cuda.standard`: standard attention, tiled products and a softmax kernel, S and P in global memory;
-* :mod:`algorithms.cuda.square_tiling`: Saha & Ye's square tiling forward (two kernels);
-* :mod:`algorithms.cuda._common`: the counted global <-> shared transfers every kernel uses;
-* :mod:`algorithms.cuda._host`: array conversion, output allocation, counters, launches with M words of dynamic
+* :mod:`.standard`: standard attention, tiled products and a softmax kernel, S and P in global memory;
+* :mod:`.square_tiling`: Saha & Ye's square tiling forward (two kernels);
+* :mod:`._common`: the counted global <-> shared transfers every kernel uses;
+* :mod:`._host`: array conversion, output allocation, counters, launches with M words of dynamic
   shared memory (opting in above 48 KiB);
-* :mod:`algorithms.cuda.ptx`: compile every kernel for sm_90 without a GPU (``python -m algorithms.cuda.ptx``).
+* :mod:`.ptx`: compile every kernel for sm_90 without a GPU (``python -m iosim.algorithms.cuda.ptx``).
 
 Launchers take explicit tile sizes, like the CPU drivers; :mod:`iosim.gpu` chooses them from M exactly as the
 simulator does (``iosim.registry.get(name).choose_tiling``) and compares the kernels' counters with the simulator.

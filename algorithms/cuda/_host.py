@@ -15,10 +15,9 @@ import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
+from iosim.memory_model import ArrayCounts, CapacityError
 from numba import cuda
 from numba.core import config
-
-from memory_model import ArrayCounts, CapacityError
 
 SIMULATOR = bool(config.ENABLE_CUDASIM)
 MAX_DEFAULT_SHARED_BYTES = 48 * 1024

@@ -1,8 +1,8 @@
 """FlashAttention kernels in numba.cuda: the simulator's schedules with shared memory as the fast memory.
 
-Each kernel runs the loop nest of its simulator driver in :mod:`algorithms.flash` for one (batch, head) pair
+Each kernel runs the loop nest of its simulator driver in :mod:`iosim.algorithms.flash` for one (batch, head) pair
 ``bh`` (inputs are (B * H, N, d) float32 views), with the same tiles, the same causal block skips and the same
-loads and stores, so its global <-> shared traffic, counted by the helpers of :mod:`algorithms.cuda._common`,
+loads and stores, so its global <-> shared traffic, counted by the helpers of :mod:`iosim.algorithms.cuda._common`,
 equals the simulator's reads and writes array by array (times B * H).
 
 * :func:`flash2_forward_kernel` (Dao, FlashAttention-2, forward): grid (Tr, B * H), one thread block per row
@@ -36,9 +36,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import cuda, float32
-
-from algorithms.cuda._common import (
+from iosim.algorithms.cuda._common import (
     NEG_INF,
     add_tile,
     block_ids,
@@ -56,7 +54,8 @@ from algorithms.cuda._common import (
     store_vec,
     tile_product_acc,
 )
-from algorithms.cuda._host import Launcher, _as_array, cdiv, check_capacity, f32_scale, prepare
+from iosim.algorithms.cuda._host import Launcher, _as_array, cdiv, check_capacity, f32_scale, prepare
+from numba import cuda, float32
 
 # Array ids of the counters (names as the simulator's per-array tally has them).
 FWD1_ARRAYS = ("Q", "K", "V", "O", "l", "m")

@@ -1,4 +1,4 @@
-"""Compile every kernel for a real GPU target without a GPU: ``python -m algorithms.cuda.ptx [--cc 9.0]``.
+"""Compile every kernel for a real GPU target without a GPU: ``python -m iosim.algorithms.cuda.ptx [--cc 9.0]``.
 
 ``numba.cuda.compile_ptx`` (numba-cuda with the ``cu13`` toolchain: NVVM from the ``nvidia-nvvm`` wheel) compiles
 a kernel to PTX for a given compute capability with no device present, and so catches what the CUDA simulator
@@ -27,8 +27,8 @@ I, F, B = types.int64, types.float32, types.boolean
 
 
 def signatures() -> dict:
-    """Every kernel of algorithms.cuda with the argument types its host launcher passes."""
-    from algorithms.cuda import flash, square_tiling, standard
+    """Every kernel of iosim.algorithms.cuda with the argument types its host launcher passes."""
+    from iosim.algorithms.cuda import flash, square_tiling, standard
 
     sigs = {
         "flash2_forward_kernel": (flash.flash2_forward_kernel, (F3, F3, F3, F3, F2, I, I, F, B, I2)),

@@ -1,6 +1,6 @@
 """Saha & Ye's square tiling forward (ICML 2024, Algorithm 1, stable form) in numba.cuda.
 
-The schedule of :func:`algorithms.square_tiling.square_tiling_forward`, B x B tiles everywhere, two kernels:
+The schedule of :func:`iosim.algorithms.square_tiling.square_tiling_forward`, B x B tiles everywhere, two kernels:
 
 * :func:`square_phase1_kernel`, grid (ceil(N/B), B * H): one thread block per row tile i. The row statistics
   m_i, l_i stay in shared memory across the column tiles j; for each j the accumulator S_ij is built over the
@@ -20,9 +20,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import cuda, float32, types
-
-from algorithms.cuda._common import (
+from iosim.algorithms.cuda._common import (
     NEG_INF,
     block_ids,
     device_and_host,
@@ -35,7 +33,8 @@ from algorithms.cuda._common import (
     store_vec,
     tile_product_acc,
 )
-from algorithms.cuda._host import Launcher, cdiv, check_capacity, f32_scale
+from iosim.algorithms.cuda._host import Launcher, cdiv, check_capacity, f32_scale
+from numba import cuda, float32, types
 
 SQUARE_ARRAYS = ("Q", "K", "V", "S", "O", "L")
 _Q, _K, _V, _S, _O, _L = range(6)

@@ -22,9 +22,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import cuda, float32
-
-from algorithms.cuda._common import (
+from iosim.algorithms.cuda._common import (
     NEG_INF,
     block_ids,
     device_and_host,
@@ -34,7 +32,8 @@ from algorithms.cuda._common import (
     store_tile,
     tile_product_acc,
 )
-from algorithms.cuda._host import Launcher, cdiv, check_capacity, f32_scale
+from iosim.algorithms.cuda._host import Launcher, cdiv, check_capacity, f32_scale
+from numba import cuda, float32
 
 STANDARD_ARRAYS = ("Q", "K", "V", "S", "P", "O")
 _Q, _K, _V, _S, _P, _O = range(6)

@@ -4,9 +4,9 @@ Run: ``python experiments/bench/cpu.py`` (about half a minute on a 2-core machin
 several runs after a warm-up run that also compiles (Numba) the code under test. Tests never assert timings.
 
 * flash2 forward, numeric, float64, N=4096, d=64, M=32768, under the memory model, ÷ the plain NumPy float64
-  reference (algorithms.reference.attention_forward) on the same inputs. Target <= 1.5.
+  reference (iosim.algorithms.reference.attention_forward) on the same inputs. Target <= 1.5.
 * flash2 backward, numeric, float64, N=4096, d=64, M=32768 (backward tiling ``fit``), under the memory model,
-  ÷ the NumPy float64 reference backward (algorithms.reference.attention_backward) on the same inputs. The
+  ÷ the NumPy float64 reference backward (iosim.algorithms.reference.attention_backward) on the same inputs. The
   forward that produces O and L runs once, outside the timed region.
 * flash1 forward, count-only, N=2^20, d=128, M=65536: wall time (target <= 2 s) and simulated words per second,
   against the numeric flash1 run at N=4096 as the in-process baseline.
@@ -18,12 +18,12 @@ import argparse
 import time
 
 import numpy as np
+from iosim.algorithms.reference import attention_backward, attention_forward, default_scale
+from iosim.memory_model import TwoLevelMemory
 from tabulate import tabulate
 
 import iosim
-from algorithms.reference import attention_backward, attention_forward, default_scale
 from iosim import registry
-from memory_model import TwoLevelMemory
 
 
 def best_of(fn, repeat: int) -> float:
