@@ -43,7 +43,7 @@ def _tile(buf, r, c):
 @njit(cache=True)
 def score_tile(Qi, Kj, S, scale, causal, row0, col0):
     """S = scale * Qi Kj^T; with causal masking, entries whose column exceeds their row become -inf."""
-    S[:, :] = np.dot(Qi, Kj.T)
+    np.dot(Qi, Kj.T, S)
     S *= scale
     if causal:
         br, bc = S.shape

@@ -26,11 +26,8 @@ import math
 
 import numpy as np
 from iosim.algorithms._tiles import buffer, cdiv, score_tile, tile
-from iosim.memory_model import alloc, free, init_slow, load, load_vec, store, store_vec
+from iosim.memory_model import alloc, alloc_vec, free, init_slow, load, load_vec, store, store_vec
 from numba import njit
-
-FLASH_ARRAYS_FWD1 = ("Q", "K", "V", "O", "l", "m", "S")
-FLASH_ARRAYS_FWD2 = ("Q", "K", "V", "O", "L", "m", "l", "S")
 
 
 @njit(cache=True)
@@ -86,27 +83,29 @@ def _flash1_forward(W, ids, Q, K, V, O, l, m, N, d, Br, Bc, scale, causal):  # n
         c0 = j * Bc
         bc = min(Bc, N - c0)
         Kj, Vj = tile(Kb, bc, d), tile(Vb, bc, d)
-        load(W, iK, K, c0, bc, 0, d, Kj)  # step 6
-        load(W, iV, V, c0, bc, 0, d, Vj)
+        hK = load(W, iK, K, c0, bc, 0, d, Kj)  # step 6
+        hV = load(W, iV, V, c0, bc, 0, d, Vj)
         for i in range(Tr):  # step 7
             r0 = i * Br
             br = min(Br, N - r0)
             if causal and c0 > r0 + br - 1:  # block entirely above the diagonal
                 continue
             Qi, Oi, Sij = tile(Qb, br, d), tile(Ob, br, d), tile(Sb, br, bc)
-            load(W, iQ, Q, r0, br, 0, d, Qi)  # step 8
-            load(W, iO, O, r0, br, 0, d, Oi)
-            load_vec(W, il, l, r0, br, lb)
-            load_vec(W, im, m, r0, br, mb)
-            alloc(W, iS, br * bc)
+            hQ = load(W, iQ, Q, r0, br, 0, d, Qi)  # step 8
+            hO = load(W, iO, O, r0, br, 0, d, Oi)
+            hl = load_vec(W, il, l, r0, br, lb)
+            hm = load_vec(W, im, m, r0, br, mb)
+            hS = alloc(W, iS, r0, br, c0, bc)
             if Q is not None:
                 score_tile(Qi, Kj, Sij, scale, causal, r0, c0)  # step 9
                 _flash1_row_update(Sij, Vj, Oi, lb[:br], mb[:br])  # steps 10-11
-            store(W, iO, Oi, O, r0, br, 0, d)  # step 12
-            store_vec(W, il, lb, l, r0, br)  # step 13
-            store_vec(W, im, mb, m, r0, br)
-            free(W, br * bc + 2 * br * d + 2 * br)
-        free(W, 2 * bc * d)
+            store(W, hO, Oi, O)  # step 12
+            store_vec(W, hl, lb, l)  # step 13
+            store_vec(W, hm, mb, m)
+            for h in (hS, hQ, hO, hl, hm):
+                free(W, h)
+        free(W, hK)
+        free(W, hV)
 
 
 @njit(cache=True)
@@ -130,13 +129,14 @@ def _flash2_row_update(S, Vj, Oi, l_i, m_i):
             s += p
         l_i[r] = alpha * l_i[r] + s
         m_i[r] = m_new
-        Oi[r, :] *= alpha
+        Oi_r = Oi[r]  # a view: scaling it in place writes O_i's row (no temporary)
+        Oi_r *= alpha
     Oi += np.dot(S, Vj)  # BLAS temporary: an implementation detail; the model accumulates in place
 
 
 @njit(cache=True)
 def _flash2_forward(W, ids, Q, K, V, O, L, N, d, Br, Bc, scale, causal):  # noqa: N803
-    iQ, iK, iV, iO, iL, im, il, iS = ids
+    iQ, iK, iV, iO, iL, im, iS = ids
     Tr = cdiv(N, Br)
     Tc = cdiv(N, Bc)
     Qb, Ob = buffer(Br * d, Q), buffer(Br * d, Q)
@@ -147,10 +147,10 @@ def _flash2_forward(W, ids, Q, K, V, O, L, N, d, Br, Bc, scale, causal):  # noqa
         r0 = i * Br
         br = min(Br, N - r0)
         Qi, Oi = tile(Qb, br, d), tile(Ob, br, d)
-        load(W, iQ, Q, r0, br, 0, d, Qi)
-        alloc(W, iO, br * d)  # on-chip O_i = 0
-        alloc(W, il, br)  # l_i = 0
-        alloc(W, im, br)  # m_i = -inf
+        hQ = load(W, iQ, Q, r0, br, 0, d, Qi)
+        hO = alloc(W, iO, r0, br, 0, d)  # on-chip O_i = 0
+        hl = alloc_vec(W, iL, r0, br)  # l_i = 0; becomes L_i = m_i + log(l_i) in place
+        hm = alloc_vec(W, im, r0, br)  # m_i = -inf
         if Q is not None:
             Oi[:, :] = 0.0
             lb[:br] = 0.0
@@ -161,20 +161,24 @@ def _flash2_forward(W, ids, Q, K, V, O, L, N, d, Br, Bc, scale, causal):  # noqa
             if causal and c0 > r0 + br - 1:  # block entirely above the diagonal
                 continue
             Kj, Vj, Sij = tile(Kb, bc, d), tile(Vb, bc, d), tile(Sb, br, bc)
-            load(W, iK, K, c0, bc, 0, d, Kj)
-            load(W, iV, V, c0, bc, 0, d, Vj)
-            alloc(W, iS, br * bc)
+            hK = load(W, iK, K, c0, bc, 0, d, Kj)
+            hV = load(W, iV, V, c0, bc, 0, d, Vj)
+            hS = alloc(W, iS, r0, br, c0, bc)
             if Q is not None:
                 score_tile(Qi, Kj, Sij, scale, causal, r0, c0)
                 _flash2_row_update(Sij, Vj, Oi, lb[:br], mb[:br])
-            free(W, br * bc + 2 * bc * d)
+            free(W, hS)
+            free(W, hK)
+            free(W, hV)
         if Q is not None:
             for r in range(br):
-                Oi[r, :] /= lb[r]
+                Oi_r = Oi[r]
+                Oi_r /= lb[r]
                 lb[r] = mb[r] + math.log(lb[r])  # L_i = m_i + log(l_i), computed in place of l_i
-        store(W, iO, Oi, O, r0, br, 0, d)
-        store_vec(W, iL, lb, L, r0, br)
-        free(W, 2 * br * d + 2 * br)
+        store(W, hO, Oi, O)
+        store_vec(W, hl, lb, L)
+        for h in (hQ, hO, hl, hm):
+            free(W, h)
 
 
 def _inputs(Q, K, V, dtype):  # noqa: N803
@@ -197,7 +201,7 @@ def flash1_forward(mem, Q, K, V, *, N, d, Br, Bc, scale, causal=False, dtype=np.
     """
     Q, K, V = _inputs(Q, K, V, dtype)
     O, l, m = _outputs(Q is not None, dtype, (N, d), (N,), (N,))  # noqa: E741
-    ids = mem.ids(*FLASH_ARRAYS_FWD1)
+    ids = mem.ids(Q=(N, d), K=(N, d), V=(N, d), O=(N, d), l=(N,), m=(N,), S=(N, N))
     mem.call(_flash1_forward, ids, Q, K, V, O, l, m, N, d, Br, Bc, float(scale), bool(causal))
     return O, l, m
 
@@ -209,7 +213,7 @@ def flash2_forward(mem, Q, K, V, *, N, d, Br, Bc, scale, causal=False, dtype=np.
     """
     Q, K, V = _inputs(Q, K, V, dtype)
     O, L = _outputs(Q is not None, dtype, (N, d), (N,))
-    ids = mem.ids(*FLASH_ARRAYS_FWD2)
+    ids = mem.ids(Q=(N, d), K=(N, d), V=(N, d), O=(N, d), L=(N,), m=(N,), S=(N, N))
     mem.call(_flash2_forward, ids, Q, K, V, O, L, N, d, Br, Bc, float(scale), bool(causal))
     return O, L
 
@@ -229,9 +233,6 @@ def flash2_forward(mem, Q, K, V, *, N, d, Br, Bc, scale, causal=False, dtype=np.
 # P_ij overwrites S_ij in place and dS_ij overwrites dP_ij in place; the vector D_i counts (a row statistic of
 # the block, computed at step 20 and used at step 21). The BLAS products allocate temporaries outside the model
 # (an implementation detail: the model accumulates in place).
-
-FLASH_ARRAYS_BWD1 = ("Q", "K", "V", "O", "dO", "l", "m", "dQ", "dK", "dV", "S", "dP", "D")
-FLASH_ARRAYS_BWD2 = ("Q", "K", "V", "O", "dO", "L", "D", "dQ", "dK", "dV", "S", "dP")
 
 
 @njit(cache=True)
@@ -293,10 +294,10 @@ def _flash1_backward(W, ids, Q, K, V, O, dO, l, m, dQ, dK, dV, N, d, Br, Bc, sca
         c0 = j * Bc
         bc = min(Bc, N - c0)
         Kj, Vj, dKj, dVj = tile(Kb, bc, d), tile(Vb, bc, d), tile(dKb, bc, d), tile(dVb, bc, d)
-        load(W, iK, K, c0, bc, 0, d, Kj)  # step 8
-        load(W, iV, V, c0, bc, 0, d, Vj)
-        alloc(W, idK, bc * d)  # step 9: dK~_j = 0, dV~_j = 0 on chip
-        alloc(W, idV, bc * d)
+        hK = load(W, iK, K, c0, bc, 0, d, Kj)  # step 8
+        hV = load(W, iV, V, c0, bc, 0, d, Vj)
+        hdK = alloc(W, idK, c0, bc, 0, d)  # step 9: dK~_j = 0, dV~_j = 0 on chip
+        hdV = alloc(W, idV, c0, bc, 0, d)
         if Q is not None:
             dKj[:, :] = 0.0
             dVj[:, :] = 0.0
@@ -307,25 +308,27 @@ def _flash1_backward(W, ids, Q, K, V, O, dO, l, m, dQ, dK, dV, N, d, Br, Bc, sca
                 continue
             Qi, Oi, dOi, dQi = tile(Qb, br, d), tile(Ob, br, d), tile(dOb, br, d), tile(dQb, br, d)
             Sij, dPij = tile(Sb, br, bc), tile(dPb, br, bc)
-            load(W, iQ, Q, r0, br, 0, d, Qi)  # step 11
-            load(W, iO, O, r0, br, 0, d, Oi)
-            load(W, idO, dO, r0, br, 0, d, dOi)
-            load(W, idQ, dQ, r0, br, 0, d, dQi)
-            load_vec(W, il, l, r0, br, lb)
-            load_vec(W, im, m, r0, br, mb)
-            alloc(W, iS, br * bc)  # S_ij, then P_ij in place
-            alloc(W, idP, br * bc)  # dP_ij, then dS_ij in place
-            alloc(W, iD, br)  # D_i
+            hQ = load(W, iQ, Q, r0, br, 0, d, Qi)  # step 11
+            hO = load(W, iO, O, r0, br, 0, d, Oi)
+            hdO = load(W, idO, dO, r0, br, 0, d, dOi)
+            hdQ = load(W, idQ, dQ, r0, br, 0, d, dQi)
+            hl = load_vec(W, il, l, r0, br, lb)
+            hm = load_vec(W, im, m, r0, br, mb)
+            hS = alloc(W, iS, r0, br, c0, bc)  # S_ij, then P_ij in place
+            hdP = alloc(W, idP, r0, br, c0, bc)  # dP_ij, then dS_ij in place
+            hD = alloc_vec(W, iD, r0, br)  # D_i
             if Q is not None:
                 score_tile(Qi, Kj, Sij, scale, causal, r0, c0)  # steps 12-13: S_ij = tau Q_i K_j^T, masked
                 _probabilities_from_stats(Sij, mb[:br], lb[:br])  # step 14
                 _rowsum_product(dOi, Oi, Db[:br])  # step 20: D_i = rowsum(dO_i o O_i), recomputed every step
                 _backward_tile(Sij, dPij, Qi, Kj, Vj, dOi, dQi, dKj, dVj, Db[:br], scale)  # steps 17-23
-            store(W, idQ, dQi, dQ, r0, br, 0, d)  # step 22: write dQ_i <- dQ_i + tau dS_ij K_j to HBM
-            free(W, 4 * br * d + 3 * br + 2 * br * bc)
-        store(W, idK, dKj, dK, c0, bc, 0, d)  # step 25: write dK_j <- dK~_j, dV_j <- dV~_j
-        store(W, idV, dVj, dV, c0, bc, 0, d)
-        free(W, 4 * bc * d)
+            store(W, hdQ, dQi, dQ)  # step 22: write dQ_i <- dQ_i + tau dS_ij K_j to HBM
+            for h in (hS, hdP, hD, hQ, hO, hdO, hdQ, hl, hm):
+                free(W, h)
+        store(W, hdK, dKj, dK)  # step 25: write dK_j <- dK~_j, dV_j <- dV~_j
+        store(W, hdV, dVj, dV)
+        for h in (hK, hV, hdK, hdV):
+            free(W, h)
 
 
 @njit(cache=True)
@@ -344,23 +347,24 @@ def _flash2_backward(W, ids, Q, K, V, O, dO, L, D, dQ, dK, dV, N, d, Br, Bc, sca
         r0 = i * Br
         br = min(Br, N - r0)
         dOi, Oi = tile(dOb, br, d), tile(Ob, br, d)
-        load(W, idO, dO, r0, br, 0, d, dOi)
-        load(W, iO, O, r0, br, 0, d, Oi)
-        alloc(W, iD, br)
+        hdO = load(W, idO, dO, r0, br, 0, d, dOi)
+        hO = load(W, iO, O, r0, br, 0, d, Oi)
+        hD = alloc_vec(W, iD, r0, br)
         if Q is not None:
             _rowsum_product(dOi, Oi, Db[:br])
-        store_vec(W, iD, Db, D, r0, br)
-        free(W, 2 * br * d + br)
+        store_vec(W, hD, Db, D)
+        for h in (hdO, hO, hD):
+            free(W, h)
     Kb, Vb, dKb, dVb = buffer(Bc * d, Q), buffer(Bc * d, Q), buffer(Bc * d, Q), buffer(Bc * d, Q)
     Sb, dPb = buffer(Br * Bc, Q), buffer(Br * Bc, Q)
     for j in range(Tc):  # step 5
         c0 = j * Bc
         bc = min(Bc, N - c0)
         Kj, Vj, dKj, dVj = tile(Kb, bc, d), tile(Vb, bc, d), tile(dKb, bc, d), tile(dVb, bc, d)
-        load(W, iK, K, c0, bc, 0, d, Kj)  # step 6
-        load(W, iV, V, c0, bc, 0, d, Vj)
-        alloc(W, idK, bc * d)  # step 7: dK_j = 0, dV_j = 0 on chip
-        alloc(W, idV, bc * d)
+        hK = load(W, iK, K, c0, bc, 0, d, Kj)  # step 6
+        hV = load(W, iV, V, c0, bc, 0, d, Vj)
+        hdK = alloc(W, idK, c0, bc, 0, d)  # step 7: dK_j = 0, dV_j = 0 on chip
+        hdV = alloc(W, idV, c0, bc, 0, d)
         if Q is not None:
             dKj[:, :] = 0.0
             dVj[:, :] = 0.0
@@ -373,22 +377,24 @@ def _flash2_backward(W, ids, Q, K, V, O, dO, L, D, dQ, dK, dV, N, d, Br, Bc, sca
             Sij, dPij = tile(Sb, br, bc), tile(dPb, br, bc)
             # Step 9 loads Q_i, O_i, dO_i, dQ_i, L_i, D_i; O_i is dropped here: with D precomputed (step 4) no
             # step of the inner loop uses it, so loading it would only cost Br d reads per step.
-            load(W, iQ, Q, r0, br, 0, d, Qi)
-            load(W, idO, dO, r0, br, 0, d, dOi)
-            load(W, idQ, dQ, r0, br, 0, d, dQi)  # step 15's read of dQ_i, hoisted into the step-9 loads
-            load_vec(W, iL, L, r0, br, Lb)
-            load_vec(W, iD, D, r0, br, Db)
-            alloc(W, iS, br * bc)  # S_ij, then P_ij in place
-            alloc(W, idP, br * bc)  # dP_ij, then dS_ij in place
+            hQ = load(W, iQ, Q, r0, br, 0, d, Qi)
+            hdO = load(W, idO, dO, r0, br, 0, d, dOi)
+            hdQ = load(W, idQ, dQ, r0, br, 0, d, dQi)  # step 15's read of dQ_i, hoisted into the step-9 loads
+            hL = load_vec(W, iL, L, r0, br, Lb)
+            hD = load_vec(W, iD, D, r0, br, Db)
+            hS = alloc(W, iS, r0, br, c0, bc)  # S_ij, then P_ij in place
+            hdP = alloc(W, idP, r0, br, c0, bc)  # dP_ij, then dS_ij in place
             if Q is not None:
                 score_tile(Qi, Kj, Sij, scale, causal, r0, c0)  # step 10: S_ij = tau Q_i K_j^T, masked
                 _probabilities_from_stats(Sij, Lb[:br], None)  # step 11: P_ij = exp(S_ij - L_i)
                 _backward_tile(Sij, dPij, Qi, Kj, Vj, dOi, dQi, dKj, dVj, Db[:br], scale)  # steps 12-16
-            store(W, idQ, dQi, dQ, r0, br, 0, d)  # step 15: write dQ_i back to HBM
-            free(W, 3 * br * d + 2 * br + 2 * br * bc)
-        store(W, idK, dKj, dK, c0, bc, 0, d)  # step 18: write dK_j, dV_j to HBM
-        store(W, idV, dVj, dV, c0, bc, 0, d)
-        free(W, 4 * bc * d)
+            store(W, hdQ, dQi, dQ)  # step 15: write dQ_i back to HBM
+            for h in (hS, hdP, hQ, hdO, hdQ, hL, hD):
+                free(W, h)
+        store(W, hdK, dKj, dK)  # step 18: write dK_j, dV_j to HBM
+        store(W, hdV, dVj, dV)
+        for h in (hK, hV, hdK, hdV):
+            free(W, h)
 
 
 def _grads(numeric, dtype, N, d):
@@ -414,7 +420,8 @@ def flash1_backward(mem, Q, K, V, O, dO, l, m, *, N, d, Br, Bc, scale, causal=Fa
     Q, K, V = _inputs(Q, K, V, dtype)
     O, dO, l, m = (_vec(x, dtype) for x in (O, dO, l, m))  # noqa: E741
     dQ, dK, dV = _grads(Q is not None, dtype, N, d)
-    ids = mem.ids(*FLASH_ARRAYS_BWD1)
+    nd, n = (N, d), (N,)
+    ids = mem.ids(Q=nd, K=nd, V=nd, O=nd, dO=nd, l=n, m=n, dQ=nd, dK=nd, dV=nd, S=(N, N), dP=(N, N), D=n)
     mem.call(_flash1_backward, ids, Q, K, V, O, dO, l, m, dQ, dK, dV, N, d, Br, Bc, float(scale), bool(causal))
     return dQ, dK, dV
 
@@ -433,6 +440,7 @@ def flash2_backward(mem, Q, K, V, O, dO, L, *, N, d, Br, Bc, scale, causal=False
     O, dO, L = (_vec(x, dtype) for x in (O, dO, L))
     D = None if Q is None else np.full(N, np.nan, dtype)
     dQ, dK, dV = _grads(Q is not None, dtype, N, d)
-    ids = mem.ids(*FLASH_ARRAYS_BWD2)
+    nd, n = (N, d), (N,)
+    ids = mem.ids(Q=nd, K=nd, V=nd, O=nd, dO=nd, L=n, D=n, dQ=nd, dK=nd, dV=nd, S=(N, N), dP=(N, N))
     mem.call(_flash2_backward, ids, Q, K, V, O, dO, L, D, dQ, dK, dV, N, d, Br, Bc, float(scale), bool(causal))
     return dQ, dK, dV

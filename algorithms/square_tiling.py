@@ -68,11 +68,8 @@ import math
 
 import numpy as np
 from iosim.algorithms._tiles import buffer, cdiv, tile
-from iosim.memory_model import alloc, free, load, load_vec, store, store_vec
+from iosim.memory_model import alloc, alloc_vec, free, load, load_vec, store, store_to, store_vec
 from numba import njit
-
-SQUARE_ARRAYS_FWD = ("Q", "K", "V", "S", "O", "L", "m", "l")
-SQUARE_ARRAYS_BWD = ("Q", "K", "V", "O", "L", "S", "dO", "dS", "dQ", "dK", "dV", "D", "dP")
 
 
 @njit(cache=True)
@@ -108,7 +105,7 @@ def _normalised_probabilities(Sik, L_i):
 
 @njit(cache=True)
 def _square_forward(W, ids, Q, K, V, S, O, L, N, d, B, scale, causal):  # noqa: N803
-    iQ, iK, iV, iS, iO, iL, im, il = ids
+    iQ, iK, iV, iS, iO, iL, im = ids
     Tn = cdiv(N, B)  # tiles along N (rows of Q, rows of K)
     Td = cdiv(d, B)  # tiles along the head dimension d
     Qb, Kb, Sb = buffer(B * B, Q), buffer(B * B, Q), buffer(B * B, Q)
@@ -117,8 +114,8 @@ def _square_forward(W, ids, Q, K, V, S, O, L, N, d, B, scale, causal):  # noqa: 
     for i in range(Tn):
         r0 = i * B
         bi = min(B, N - r0)
-        alloc(W, im, bi)  # m_i = -inf (running row max)
-        alloc(W, il, bi)  # l_i = 0 (running row sum; the paper's d_B[i])
+        hm = alloc_vec(W, im, r0, bi)  # m_i = -inf (running row max)
+        hl = alloc_vec(W, iL, r0, bi)  # l_i = 0 (running row sum; the paper's d_B[i]); becomes L_i in place
         if Q is not None:
             mb[:bi] = -np.inf
             lb[:bi] = 0.0
@@ -128,38 +125,40 @@ def _square_forward(W, ids, Q, K, V, S, O, L, N, d, B, scale, causal):  # noqa: 
             c0 = j * B
             bj = min(B, N - c0)
             Sij = tile(Sb, bi, bj)
-            alloc(W, iS, bi * bj)  # A_B[i, j] = 0
+            hS = alloc(W, iS, r0, bi, c0, bj)  # A_B[i, j] = 0
             if Q is not None:
                 Sij[:, :] = 0.0
             for ll in range(Td):  # slices of d
                 k0 = ll * B
                 bk = min(B, d - k0)
                 Qil, Kjl = tile(Qb, bi, bk), tile(Kb, bj, bk)
-                load(W, iQ, Q, r0, bi, k0, bk, Qil)  # Q tile (i, l)
-                load(W, iK, K, c0, bj, k0, bk, Kjl)  # K^T tile (l, j)
+                hQ = load(W, iQ, Q, r0, bi, k0, bk, Qil)  # Q tile (i, l)
+                hK = load(W, iK, K, c0, bj, k0, bk, Kjl)  # K^T tile (l, j)
                 if Q is not None:
                     Sij += np.dot(Qil, Kjl.T)
-                free(W, bi * bk + bj * bk)
+                free(W, hQ)
+                free(W, hK)
             if Q is not None:
                 _scale_mask_update(Sij, scale, causal, r0, c0, mb[:bi], lb[:bi])
-            store(W, iS, Sij, S, r0, bi, c0, bj)  # write the N x N tile (exponent form, see the docstring)
-            free(W, bi * bj)
+            store(W, hS, Sij, S)  # write the N x N tile (exponent form, see the docstring)
+            free(W, hS)
         if Q is not None:
             for r in range(bi):
                 lb[r] = mb[r] + math.log(lb[r])  # L_i = m_i + log l_i, in place of l_i
-        store_vec(W, iL, lb, L, r0, bi)  # write d_B[i] (here: the logsumexp L_i)
-        free(W, 2 * bi)
+        store_vec(W, hl, lb, L)  # write d_B[i] (here: the logsumexp L_i)
+        free(W, hm)
+        free(W, hl)
     # Phase 2: O = diag(D)^-1 exp(S) V = exp(S - L) V, square tiles again.
     Pb, Vb, Ob, Lb = buffer(B * B, Q), buffer(B * B, Q), buffer(B * B, Q), buffer(B, Q)
     for i in range(Tn):
         r0 = i * B
         bi = min(B, N - r0)
-        load_vec(W, iL, L, r0, bi, Lb)  # read d_B[i]
+        hL = load_vec(W, iL, L, r0, bi, Lb)  # read d_B[i]
         for c in range(Td):  # output column tile of d
             c0 = c * B
             bc = min(B, d - c0)
             Oic = tile(Ob, bi, bc)
-            alloc(W, iO, bi * bc)  # O tile = 0
+            hO = alloc(W, iO, r0, bi, c0, bc)  # O tile = 0
             if Q is not None:
                 Oic[:, :] = 0.0
             for k in range(Tn):
@@ -168,15 +167,16 @@ def _square_forward(W, ids, Q, K, V, S, O, L, N, d, B, scale, causal):  # noqa: 
                 k0 = k * B
                 bk = min(B, N - k0)
                 Aik, Vkc = tile(Pb, bi, bk), tile(Vb, bk, bc)
-                load(W, iS, S, r0, bi, k0, bk, Aik)  # A tile (i, k)
-                load(W, iV, V, k0, bk, c0, bc, Vkc)  # V tile (k, c)
+                hA = load(W, iS, S, r0, bi, k0, bk, Aik)  # A tile (i, k)
+                hV = load(W, iV, V, k0, bk, c0, bc, Vkc)  # V tile (k, c)
                 if Q is not None:
                     _normalised_probabilities(Aik, Lb[:bi])
                     Oic += np.dot(Aik, Vkc)
-                free(W, bi * bk + bk * bc)
-            store(W, iO, Oic, O, r0, bi, c0, bc)  # write the O tile
-            free(W, bi * bc)
-        free(W, bi)
+                free(W, hA)
+                free(W, hV)
+            store(W, hO, Oic, O)  # write the O tile
+            free(W, hO)
+        free(W, hL)
 
 
 @njit(cache=True)
@@ -222,9 +222,10 @@ def _nn_product(W, iA, A, a_transposed, iX, X, iC, C, N, d, B, causal, iL, L, fr
             c0 = c * B
             bc = min(B, d - c0)
             Crc = tile(Cb, br, bc)
-            alloc(W, iC, br * bc)
+            hC = alloc(W, iC, r0, br, c0, bc)
             if C is not None:
                 Crc[:, :] = 0.0
+            hL = -1  # the handle of L's rows when the prologue forms P from the exponent
             for k in range(Tn):
                 if causal and ((k < r) if a_transposed else (k > r)):  # an all-zero tile of A
                     continue
@@ -234,9 +235,9 @@ def _nn_product(W, iA, A, a_transposed, iX, X, iC, C, N, d, B, causal, iL, L, fr
                 if a_transposed:
                     Akr = tile(Ab, bk, br)
                     if from_exponent:
-                        load_vec(W, iL, L, k0, bk, Lb)  # L of the tile's rows k
-                    load(W, iA, A, k0, bk, r0, br, Akr)
-                    load(W, iX, X, k0, bk, c0, bc, Xkc)
+                        hL = load_vec(W, iL, L, k0, bk, Lb)  # L of the tile's rows k
+                    hA = load(W, iA, A, k0, bk, r0, br, Akr)
+                    hX = load(W, iX, X, k0, bk, c0, bc, Xkc)
                     if C is not None:
                         if from_exponent:
                             _softmax_rows(Akr, Lb[:bk], causal, k0, r0)
@@ -244,18 +245,19 @@ def _nn_product(W, iA, A, a_transposed, iX, X, iC, C, N, d, B, causal, iL, L, fr
                 else:
                     Ark = tile(Ab, br, bk)
                     if from_exponent:
-                        load_vec(W, iL, L, r0, br, Lb)
-                    load(W, iA, A, r0, br, k0, bk, Ark)
-                    load(W, iX, X, k0, bk, c0, bc, Xkc)
+                        hL = load_vec(W, iL, L, r0, br, Lb)
+                    hA = load(W, iA, A, r0, br, k0, bk, Ark)
+                    hX = load(W, iX, X, k0, bk, c0, bc, Xkc)
                     if C is not None:
                         if from_exponent:
                             _softmax_rows(Ark, Lb[:br], causal, r0, k0)
                         Crc += np.dot(Ark, Xkc)
-                free(W, br * bk + bk * bc)
+                free(W, hA)
+                free(W, hX)
                 if from_exponent:
-                    free(W, bk if a_transposed else br)
-            store(W, iC, Crc, C, r0, br, c0, bc)
-            free(W, br * bc)
+                    free(W, hL)
+            store(W, hC, Crc, C)
+            free(W, hC)
 
 
 @njit(cache=True)
@@ -269,21 +271,22 @@ def _square_backward(W, ids, Q, K, V, O, L, S, dO, dS, dQ, dK, dV, N, d, B, scal
     for i in range(Tn):
         r0 = i * B
         bi = min(B, N - r0)
-        load_vec(W, iL, L, r0, bi, Lb)  # L_i, resident for the whole row tile
-        alloc(W, iD, bi)  # D_i = rowsum(dO_i o O_i), resident for the whole row tile
+        hL = load_vec(W, iL, L, r0, bi, Lb)  # L_i, resident for the whole row tile
+        hD = alloc_vec(W, iD, r0, bi)  # D_i = rowsum(dO_i o O_i), resident for the whole row tile
         if Q is not None:
             Db[:bi] = 0.0
         for ll in range(Td):  # step 1: D_i from ceil(d/B) tiles of dO_i and O_i
             k0 = ll * B
             bk = min(B, d - k0)
             dOil, Oil = tile(Xb, bi, bk), tile(Yb, bi, bk)
-            load(W, idO, dO, r0, bi, k0, bk, dOil)
-            load(W, iO, O, r0, bi, k0, bk, Oil)
+            hdO = load(W, idO, dO, r0, bi, k0, bk, dOil)
+            hO = load(W, iO, O, r0, bi, k0, bk, Oil)
             if Q is not None:
                 for r in range(bi):
                     for c in range(bk):
                         Db[r] += dOil[r, c] * Oil[r, c]
-            free(W, 2 * bi * bk)
+            free(W, hdO)
+            free(W, hO)
         for j in range(Tn):
             if causal and j > i:  # tile entirely above the diagonal: P_ij = dS_ij = 0
                 continue
@@ -291,28 +294,30 @@ def _square_backward(W, ids, Q, K, V, O, L, S, dO, dS, dQ, dK, dV, N, d, B, scal
             bj = min(B, N - c0)
             # Step 2: dP_ij = dO_i V_j^T over the d slices.
             dPij = tile(Tb, bi, bj)
-            alloc(W, idP, bi * bj)
+            hdP = alloc(W, idP, r0, bi, c0, bj)
             if Q is not None:
                 dPij[:, :] = 0.0
             for ll in range(Td):
                 k0 = ll * B
                 bk = min(B, d - k0)
                 dOil, Vjl = tile(Xb, bi, bk), tile(Yb, bj, bk)
-                load(W, idO, dO, r0, bi, k0, bk, dOil)
-                load(W, iV, V, c0, bj, k0, bk, Vjl)
+                hdO = load(W, idO, dO, r0, bi, k0, bk, dOil)
+                hV = load(W, iV, V, c0, bj, k0, bk, Vjl)
                 if Q is not None:
                     dPij += np.dot(dOil, Vjl.T)
-                free(W, bi * bk + bj * bk)
+                free(W, hdO)
+                free(W, hV)
             # Step 3: the forward's S_ij one row at a time, P = exp(S - L_i), dS_ij = scale P o (dP_ij - D_i).
             for r in range(bi):
                 S_row = tile(Rb, 1, bj)
-                load(W, iS, S, r0 + r, 1, c0, bj, S_row)
+                hSr = load(W, iS, S, r0 + r, 1, c0, bj, S_row)
                 if Q is not None:
                     _ds_row(dPij[r], S_row[0], Lb[r], Db[r], scale, causal, r0 + r, c0)
-                free(W, bj)
-            store(W, idS, dPij, dS, r0, bi, c0, bj)  # write dS_ij
-            free(W, bi * bj)
-        free(W, 2 * bi)
+                free(W, hSr)
+            store_to(W, hdP, dPij, idS, dS, r0, c0)  # write dS_ij (it overwrote dP_ij on chip)
+            free(W, hdP)
+        free(W, hL)
+        free(W, hD)
     # Phase 2: steps 4-6, three square-tiled products.
     _nn_product(W, iS, S, True, idO, dO, idV, dV, N, d, B, causal, iL, L, True)  # step 4: dV = P^T dO
     _nn_product(W, idS, dS, False, iK, K, idQ, dQ, N, d, B, causal, iL, L, False)  # step 5: dQ = dS K
@@ -339,7 +344,7 @@ def square_tiling_forward(mem, Q, K, V, *, N, d, B, scale, causal=False, dtype=n
     """
     Q, K, V = _as_inputs(dtype, Q, K, V)
     S, O, L = _poisoned(Q is not None, dtype, (N, N), (N, d), (N,))
-    ids = mem.ids(*SQUARE_ARRAYS_FWD)
+    ids = mem.ids(Q=(N, d), K=(N, d), V=(N, d), S=(N, N), O=(N, d), L=(N,), m=(N,))
     mem.call(_square_forward, ids, Q, K, V, S, O, L, N, d, B, float(scale), bool(causal))
     return O, L, S
 
@@ -353,6 +358,7 @@ def square_tiling_backward(mem, Q, K, V, O, L, S, dO, *, N, d, B, scale, causal=
     """
     Q, K, V, O, L, S, dO = _as_inputs(dtype, Q, K, V, O, L, S, dO)
     dS, dQ, dK, dV = _poisoned(Q is not None, dtype, (N, N), (N, d), (N, d), (N, d))
-    ids = mem.ids(*SQUARE_ARRAYS_BWD)
+    nd, n, nn = (N, d), (N,), (N, N)
+    ids = mem.ids(Q=nd, K=nd, V=nd, O=nd, L=n, S=nn, dO=nd, dS=nn, dQ=nd, dK=nd, dV=nd, D=n, dP=nn)
     mem.call(_square_backward, ids, Q, K, V, O, L, S, dO, dS, dQ, dK, dV, N, d, B, float(scale), bool(causal))
     return dQ, dK, dV, dS

@@ -23,14 +23,12 @@ import math
 
 import numpy as np
 from iosim.algorithms._tiles import buffer, cdiv, tile
-from iosim.memory_model import alloc, free, load, store
+from iosim.memory_model import alloc, free, load, store, store_to
 from numba import njit
-
-STANDARD_ARRAYS_FWD = ("Q", "K", "V", "S", "P", "O", "C", "m", "l")
 
 
 @njit(cache=True)
-def tiled_matmul(W, iA, A, iB, B, iC, C, iAcc, m, k, n, T, a_transposed, b_transposed, scale):
+def tiled_matmul(W, iA, A, iB, B, iC, C, m, k, n, T, a_transposed, b_transposed, scale):
     """C = scale * op(A) op(B) with square tiles of side T; C is m x n and the inner dimension is k.
 
     op(A) = A^T if a_transposed (A stored k x m) else A (m x k); op(B) = B^T if b_transposed (B stored n x k) else
@@ -45,7 +43,7 @@ def tiled_matmul(W, iA, A, iB, B, iC, C, iAcc, m, k, n, T, a_transposed, b_trans
             c0 = j * T
             tj = min(T, n - c0)
             Cij = tile(Cb, ti, tj)
-            alloc(W, iAcc, ti * tj)
+            hC = alloc(W, iC, r0, ti, c0, tj)  # the accumulator: C's tile (i, j)
             if C is not None:
                 Cij[:, :] = 0.0
             for kk in range(cdiv(k, T)):
@@ -55,13 +53,13 @@ def tiled_matmul(W, iA, A, iB, B, iC, C, iAcc, m, k, n, T, a_transposed, b_trans
                 Ablk = tile(Ab, tk, ti) if a_transposed else tile(Ab, ti, tk)
                 Bblk = tile(Bb, tj, tk) if b_transposed else tile(Bb, tk, tj)
                 if a_transposed:
-                    load(W, iA, A, k0, tk, r0, ti, Ablk)
+                    hA = load(W, iA, A, k0, tk, r0, ti, Ablk)
                 else:
-                    load(W, iA, A, r0, ti, k0, tk, Ablk)
+                    hA = load(W, iA, A, r0, ti, k0, tk, Ablk)
                 if b_transposed:
-                    load(W, iB, B, c0, tj, k0, tk, Bblk)
+                    hB = load(W, iB, B, c0, tj, k0, tk, Bblk)
                 else:
-                    load(W, iB, B, k0, tk, c0, tj, Bblk)
+                    hB = load(W, iB, B, k0, tk, c0, tj, Bblk)
                 if C is not None:  # one branch per layout keeps every np.dot on contiguous views
                     if a_transposed and b_transposed:
                         Cij += np.dot(Ablk.T, Bblk.T)
@@ -71,11 +69,12 @@ def tiled_matmul(W, iA, A, iB, B, iC, C, iAcc, m, k, n, T, a_transposed, b_trans
                         Cij += np.dot(Ablk, Bblk.T)
                     else:
                         Cij += np.dot(Ablk, Bblk)
-                free(W, ti * tk + tj * tk)
+                free(W, hA)
+                free(W, hB)
             if C is not None and scale != 1.0:
                 Cij *= scale
-            store(W, iC, Cij, C, r0, ti, c0, tj)
-            free(W, ti * tj)
+            store(W, hC, Cij, C)
+            free(W, hC)
 
 
 @njit(cache=True)
@@ -88,7 +87,7 @@ def _mask_row(x, row, col0, causal):
 @njit(cache=True)
 def _softmax(W, iS, S, iP, P, im, N, M, causal):
     """P = softmax(S) row-wise, one pass when a row fits in fast memory, two passes otherwise."""
-    alloc(W, im, 2)  # the current row's max and sum
+    hm = alloc(W, im, 0, 1, 0, 2)  # the current row's max and sum
     if N + 2 <= M:
         R = min(N, (M - 2) // N)
         Sb = buffer(R * N, S)
@@ -96,7 +95,7 @@ def _softmax(W, iS, S, iP, P, im, N, M, causal):
             r0 = i * R
             br = min(R, N - r0)
             rows = tile(Sb, br, N)
-            load(W, iS, S, r0, br, 0, N, rows)
+            h = load(W, iS, S, r0, br, 0, N, rows)
             if S is not None:
                 for r in range(br):
                     x = rows[r]
@@ -104,8 +103,8 @@ def _softmax(W, iS, S, iP, P, im, N, M, causal):
                     x -= x.max()
                     np.exp(x, x)
                     x /= x.sum()
-            store(W, iP, rows, P, r0, br, 0, N)
-            free(W, br * N)
+            store_to(W, h, rows, iP, P, r0, 0)  # P overwrites S on chip, written to P
+            free(W, h)
     else:
         C = M - 2
         Sb = buffer(C, S)
@@ -116,7 +115,7 @@ def _softmax(W, iS, S, iP, P, im, N, M, causal):
                     c0 = j * C
                     bc = min(C, N - c0)
                     chunk = tile(Sb, 1, bc)
-                    load(W, iS, S, r, 1, c0, bc, chunk)
+                    h = load(W, iS, S, r, 1, c0, bc, chunk)
                     if S is not None:
                         x = chunk[0]
                         _mask_row(x, r, c0, causal)
@@ -130,17 +129,17 @@ def _softmax(W, iS, S, iP, P, im, N, M, causal):
                             np.exp(x, x)
                             x /= l_r
                     if p == 1:
-                        store(W, iP, chunk, P, r, 1, c0, bc)
-                    free(W, bc)
-    free(W, 2)
+                        store_to(W, h, chunk, iP, P, r, c0)
+                    free(W, h)
+    free(W, hm)
 
 
 @njit(cache=True)
 def _standard_forward(W, ids, Q, K, V, S, P, O, N, d, M, B, scale, causal):  # noqa: N803
-    iQ, iK, iV, iS, iP, iO, iC, im, il = ids
-    tiled_matmul(W, iQ, Q, iK, K, iS, S, iC, N, d, N, B, False, True, scale)  # step 1: S = Q K^T
+    iQ, iK, iV, iS, iP, iO, im = ids
+    tiled_matmul(W, iQ, Q, iK, K, iS, S, N, d, N, B, False, True, scale)  # step 1: S = Q K^T
     _softmax(W, iS, S, iP, P, im, N, M, causal)  # step 2: P = softmax(S)
-    tiled_matmul(W, iP, P, iV, V, iO, O, iC, N, N, d, B, False, False, 1.0)  # step 3: O = P V
+    tiled_matmul(W, iP, P, iV, V, iO, O, N, N, d, B, False, False, 1.0)  # step 3: O = P V
 
 
 def standard_forward(mem, Q, K, V, *, N, d, B, scale, causal=False, dtype=np.float64):  # noqa: N803
@@ -154,7 +153,7 @@ def standard_forward(mem, Q, K, V, *, N, d, B, scale, causal=False, dtype=np.flo
     else:
         Q, K, V = (np.ascontiguousarray(x, dtype=dtype) for x in (Q, K, V))
         S, P, O = (np.full(shape, np.nan, dtype) for shape in ((N, N), (N, N), (N, d)))  # poisoned
-    ids = mem.ids(*STANDARD_ARRAYS_FWD)
+    ids = mem.ids(Q=(N, d), K=(N, d), V=(N, d), S=(N, N), P=(N, N), O=(N, d), m=(1, 2))
     mem.call(_standard_forward, ids, Q, K, V, S, P, O, N, d, mem.M, B, float(scale), bool(causal))
     return O, S, P
 
@@ -177,8 +176,6 @@ def standard_forward(mem, Q, K, V, *, N, d, B, scale, causal=False, dtype=np.flo
 # 5. dK = scale dS^T Q: reads R(N, N, d), writes Nd.
 # Exact count: :func:`iosim.io_model.standard_backward`.
 
-STANDARD_ARRAYS_BWD = ("Q", "K", "V", "P", "dO", "dP", "dS", "dQ", "dK", "dV", "C", "D")
-
 
 @njit(cache=True)
 def _mask_grad_row(x, row, col0, causal):
@@ -191,7 +188,7 @@ def _mask_grad_row(x, row, col0, causal):
 def _softmax_backward(W, iP, P, idP, dP, idS, dS, iD, N, M, causal):
     """Step 3 of Algorithm 3: dS = P o (dP - D) row-wise, D_i = rowsum(P o dP)_i; one pass when a row of P and of
     dP fit in fast memory, two passes otherwise."""
-    alloc(W, iD, 1)  # the current row's D_i
+    hD = alloc(W, iD, 0, 1, 0, 1)  # the current row's D_i
     if 2 * N + 1 <= M:
         R = min(N, (M - 1) // (2 * N))
         Pb, dPb = buffer(R * N, dS), buffer(R * N, dS)
@@ -199,8 +196,8 @@ def _softmax_backward(W, iP, P, idP, dP, idS, dS, iD, N, M, causal):
             r0 = i * R
             br = min(R, N - r0)
             Prows, dProws = tile(Pb, br, N), tile(dPb, br, N)
-            load(W, iP, P, r0, br, 0, N, Prows)
-            load(W, idP, dP, r0, br, 0, N, dProws)
+            hP = load(W, iP, P, r0, br, 0, N, Prows)
+            hdP = load(W, idP, dP, r0, br, 0, N, dProws)
             if dS is not None:
                 for r in range(br):
                     pr, g = Prows[r], dProws[r]
@@ -208,8 +205,9 @@ def _softmax_backward(W, iP, P, idP, dP, idS, dS, iD, N, M, causal):
                     g -= D_i
                     g *= pr  # dS overwrites dP in place
                     _mask_grad_row(g, r0 + r, 0, causal)
-            store(W, idS, dProws, dS, r0, br, 0, N)
-            free(W, 2 * br * N)
+            store_to(W, hdP, dProws, idS, dS, r0, 0)  # dS overwrites dP on chip, written to dS
+            free(W, hP)
+            free(W, hdP)
     else:
         C = (M - 1) // 2
         Pb, dPb = buffer(C, dS), buffer(C, dS)
@@ -220,8 +218,8 @@ def _softmax_backward(W, iP, P, idP, dP, idS, dS, iD, N, M, causal):
                     c0 = j * C
                     bc = min(C, N - c0)
                     Pc, dPc = tile(Pb, 1, bc), tile(dPb, 1, bc)
-                    load(W, iP, P, r, 1, c0, bc, Pc)
-                    load(W, idP, dP, r, 1, c0, bc, dPc)
+                    hP = load(W, iP, P, r, 1, c0, bc, Pc)
+                    hdP = load(W, idP, dP, r, 1, c0, bc, dPc)
                     if dS is not None:
                         if sweep == 0:
                             D_i += np.dot(Pc[0], dPc[0])
@@ -231,19 +229,20 @@ def _softmax_backward(W, iP, P, idP, dP, idS, dS, iD, N, M, causal):
                             g *= Pc[0]
                             _mask_grad_row(g, r, c0, causal)
                     if sweep == 1:
-                        store(W, idS, dPc, dS, r, 1, c0, bc)
-                    free(W, 2 * bc)
-    free(W, 1)
+                        store_to(W, hdP, dPc, idS, dS, r, c0)
+                    free(W, hP)
+                    free(W, hdP)
+    free(W, hD)
 
 
 @njit(cache=True)
 def _standard_backward(W, ids, Q, K, V, P, dO, dP, dS, dQ, dK, dV, N, d, M, B, scale, causal):  # noqa: N803
-    iQ, iK, iV, iP, idO, idP, idS, idQ, idK, idV, iC, iD = ids
-    tiled_matmul(W, iP, P, idO, dO, idV, dV, iC, N, N, d, B, True, False, 1.0)  # step 1: dV = P^T dO
-    tiled_matmul(W, idO, dO, iV, V, idP, dP, iC, N, d, N, B, False, True, 1.0)  # step 2: dP = dO V^T
+    iQ, iK, iV, iP, idO, idP, idS, idQ, idK, idV, iD = ids
+    tiled_matmul(W, iP, P, idO, dO, idV, dV, N, N, d, B, True, False, 1.0)  # step 1: dV = P^T dO
+    tiled_matmul(W, idO, dO, iV, V, idP, dP, N, d, N, B, False, True, 1.0)  # step 2: dP = dO V^T
     _softmax_backward(W, iP, P, idP, dP, idS, dS, iD, N, M, causal)  # step 3: dS = P o (dP - D)
-    tiled_matmul(W, idS, dS, iK, K, idQ, dQ, iC, N, N, d, B, False, False, scale)  # step 4: dQ = scale dS K
-    tiled_matmul(W, idS, dS, iQ, Q, idK, dK, iC, N, N, d, B, True, False, scale)  # step 5: dK = scale dS^T Q
+    tiled_matmul(W, idS, dS, iK, K, idQ, dQ, N, N, d, B, False, False, scale)  # step 4: dQ = scale dS K
+    tiled_matmul(W, idS, dS, iQ, Q, idK, dK, N, N, d, B, True, False, scale)  # step 5: dK = scale dS^T Q
 
 
 def standard_backward(mem, Q, K, V, P, dO, *, N, d, B, scale, causal=False, dtype=np.float64):  # noqa: N803
@@ -260,6 +259,7 @@ def standard_backward(mem, Q, K, V, P, dO, *, N, d, B, scale, causal=False, dtyp
         Q, K, V, P, dO = (np.ascontiguousarray(x, dtype=dtype) for x in (Q, K, V, P, dO))
         dP, dS = (np.full((N, N), np.nan, dtype) for _ in range(2))  # poisoned
         dQ, dK, dV = (np.full((N, d), np.nan, dtype) for _ in range(3))
-    ids = mem.ids(*STANDARD_ARRAYS_BWD)
+    nd, nn = (N, d), (N, N)
+    ids = mem.ids(Q=nd, K=nd, V=nd, P=nn, dO=nd, dP=nn, dS=nn, dQ=nd, dK=nd, dV=nd, D=(1, 1))
     mem.call(_standard_backward, ids, Q, K, V, P, dO, dP, dS, dQ, dK, dV, N, d, mem.M, B, float(scale), bool(causal))
     return dQ, dK, dV

@@ -1,16 +1,18 @@
-"""The two-level memory: state, counters, capacity.
+"""The two-level memory: state, counters, capacity, resident tiles, and the event trace.
 
 Conventions (every exact count in iosim follows them; iosim.io_model derives its closed forms from them)
 ------------------------------------------------------------------------------------------------------
 * **Word.** One word is one matrix entry, whatever its dtype. *Reads* are words moved slow -> fast, *writes* are
   words moved fast -> slow. There is no line or block size: every word is one I/O.
-* **Fast memory holds at most M words.** Everything resident counts toward M: input tiles (Q_i, K_j, V_j, ...),
-  output accumulators (O_i, dK_j, ...), the score tile S_ij / P_ij and loaded row statistics (m_i, l_i, L_i, D_i).
-  Loop indices and per-row scalars that live only inside one row's arithmetic do not count.
-* A **load** copies a tile slow -> fast: it counts its words as reads of that array and makes them resident.
-  A **store** copies resident words fast -> slow: it counts writes and leaves residency unchanged.
-  **alloc** / **free** reserve and release scratch in fast memory (a free also evicts loaded tiles).
-  Counting happens once per tile transfer, never per element.
+* **Slow arrays** are registered with a name and a shape (vectors are n x 1). Every tile names a rectangular
+  region ``[r0, r0 + nr) x [c0, c0 + nc)`` of one of them.
+* **Fast memory holds at most M words**, and what it holds is a set of *tiles*: every word resident in fast
+  memory belongs to exactly one live tile. A **load** copies a region slow -> fast, counts its words as reads and
+  returns a *handle*; an **alloc** reserves a region-shaped tile of scratch (an accumulator O_i, a score tile
+  S_ij, row statistics m_i, l_i) and returns a handle; a **store** copies a live tile fast -> slow (to its own
+  region, or with ``store_to`` to another region of the same shape: P overwriting S in place on chip) and counts
+  writes; a **free** releases exactly that tile. Capacity is checked on what is actually resident: the words of
+  the live tiles. Counting happens once per tile transfer, never per element.
 * **Placing the inputs in slow memory is free.** Initialising a slow-memory array (FlashAttention 1 zeroes O, l and
   m in HBM) counts as writes, as a GPU memset writes HBM; those writes are also tallied per array in the
   ``init_writes`` column so a reader can subtract them.
@@ -19,17 +21,33 @@ Conventions (every exact count in iosim follows them; iosim.io_model derives its
   :class:`CapacityError` naming the array, the words needed, the words free and M. With ``strict=False`` the
   overflow is recorded (``peak > M``, ``overflowed``) and the schedule runs on, to show a schedule that does not fit.
 
+**What M bounds, and what it leaves out.** M bounds the words of the live tiles. It does not count (1) loop
+indices and the scalars of one row's arithmetic (m~, l~, m_new, the running scalars of a softmax sweep), which a
+GPU keeps in registers; (2) temporaries that NumPy or BLAS create for a product (``Oi += np.dot(S, Vj)`` makes a
+Br x d temporary) that an in-place machine, accumulating into the resident tile, would not need; (3) the
+Python/Numba bookkeeping itself. Everything else that an algorithm computes on must be inside a live tile: the test
+suite's honesty witness (tests/witness.py) checks that independently of these counters.
+
+**Schedule errors** (a bug in a schedule, not a capacity question) raise :class:`ScheduleError` naming the array
+and region: freeing or storing a stale or foreign handle (freed twice, stored after its free), a region outside
+its array or of negative size, a fast buffer smaller than its tile, more than ``MAX_TILES`` tiles resident at
+once, or tiles left resident when the schedule ends.
+
 Implementation
 --------------
-All state lives in one small int64 array ``W`` owned by :class:`TwoLevelMemory` (row 0: resident, peak, M, strict;
-row 1: overflowed, array, needed, free at the first overflow; rows 2.. : per-array reads, writes, init writes).
-The module-level ``@njit(cache=True)`` helpers take that array, so algorithm drivers written in Numba count every
-transfer at tile granularity, and Numba's on-disk cache works (no jitclass, no closures).
+All state lives in one int64 array ``W`` owned by :class:`TwoLevelMemory`: a header, one row per registered array
+(reads, writes, init writes, resident words, resident words at the peak, shape), a stack of free tile slots, the
+tile table (one row per slot: sequence number, array, region, words) and, when tracing, the event rows. The
+module-level ``@njit(cache=True)`` helpers take that array, so drivers written in Numba run against it with
+Numba's on-disk cache (no jitclass, no closures), and plain Python calls the same helpers (:mod:`.schedule`).
+A handle is ``seq * MAX_TILES + slot``; a handle whose slot holds another sequence number is stale.
 Count-only mode passes ``None`` for every data array: the helpers count exactly as before and copy nothing
-(``if dst is not None`` is pruned at compile time, so a count-only specialisation touches no array and costs about
-half a nanosecond per transfer), and the same loop nest yields the same counts without data.
-The helpers never raise (an exception path inside them slows every call): the first overflow is recorded in ``W``
-and :meth:`TwoLevelMemory.call` raises :class:`CapacityError` for it when the driver returns, in strict mode.
+(``if dst is not None`` is pruned at compile time), so the same loop nest yields the same counts without data.
+The helpers never raise (an exception path inside them slows every call and costs compile time): the first
+overflow and the first schedule error are recorded in ``W`` and :meth:`TwoLevelMemory.call` raises them when the
+driver returns. A helper that records an error does nothing else (no copy, no count) and returns handle -1.
+Copies are explicit loops, not slice assignments (Numba compiles a string-formatting error path for every slice
+assignment, seconds of first-run compile time).
 """
 
 from __future__ import annotations
@@ -37,12 +55,41 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-from numba import njit
+from numba import njit, types
+from numba.extending import overload
 
 MAX_ARRAYS = 64
-_RES, _PEAK, _M, _STRICT = 0, 1, 2, 3  # row 0
-_OVER, _ERR_AID, _ERR_NEED, _ERR_FREE = 0, 1, 2, 3  # row 1
-_READS, _WRITES, _INIT = 0, 1, 2  # rows 2..
+MAX_TILES = 64  # a power of two: handle & (MAX_TILES - 1) is the slot
+_SHIFT = 6  # log2(MAX_TILES)
+# W is one flat int64 array. The header:
+_RES, _PEAK, _M, _STRICT, _SEQ, _TOP, _TCAP, _NEV = 0, 1, 2, 3, 4, 5, 6, 7
+_FAST = 20  # 1: counters only (see "Two speeds" in the docstring)
+_FASTBIT = 1 << 62  # a fast handle: _FASTBIT | aid << 40 | words
+_OVER, _OV_AID, _OV_NEED, _OV_FREE = 8, 9, 10, 11  # the first overflow
+_ECODE, _EAID, _ER0, _ENR, _EC0, _ENC, _EHANDLE, _EWORDS = 12, 13, 14, 15, 16, 17, 18, 19  # the first error
+_STRIDE = 8
+# Per-array rows (A0 + aid * _STRIDE + column), tile rows (T0 + slot * _STRIDE + column), event rows.
+_READS, _WRITES, _INIT, _ARES, _APEAK, _ROWS, _COLS = 0, 1, 2, 3, 4, 5, 6
+_TSEQ, _TAID, _TR0, _TNR, _TC0, _TNC, _TWORDS = 0, 1, 2, 3, 4, 5, 6
+EVENT_WIDTH = 9  # op, array, r0, nr, c0, nc, words, resident after, handle
+_EV_RES, _EV_HANDLE = 7, 8
+
+S0 = 24  # the free-slot stack
+A0 = S0 + MAX_TILES
+T0 = A0 + MAX_ARRAYS * _STRIDE
+E0 = T0 + MAX_TILES * _STRIDE
+
+# Event ops, in trace order (and the schedule-error codes).
+LOAD, STORE, ALLOC, FREE, INIT = 1, 2, 3, 4, 5
+OPS = {LOAD: "load", STORE: "store", ALLOC: "alloc", FREE: "free", INIT: "init"}
+E_STALE, E_REGION, E_FULL, E_BUFFER, E_SHAPE = 1, 2, 3, 4, 5
+_ERROR_TEXT = {
+    E_STALE: "a stale or foreign tile handle (freed twice, stored after its free, or never issued)",
+    E_REGION: "a region outside the array or of negative size",
+    E_FULL: f"more than {MAX_TILES} tiles resident at once",
+    E_BUFFER: "a fast-memory buffer smaller than its tile",
+    E_SHAPE: "a store to a region of another shape or outside the target array",
+}
 
 
 class CapacityError(RuntimeError):
@@ -59,71 +106,362 @@ class CapacityError(RuntimeError):
         return (CapacityError, (self.array, self.needed, self.free, self.M))
 
 
-@njit(cache=True)
+class ScheduleError(RuntimeError):
+    """A schedule broke the memory model's rules (a stale handle, a region outside its array, a leaked tile)."""
+
+    def __init__(self, reason: str, array: str | None = None, region: tuple | None = None) -> None:
+        self.reason, self.array, self.region = reason, array, region
+        where = ""
+        if array is not None:
+            where = f" on array {array}"
+            if region is not None:
+                r0, nr, c0, nc = region
+                where += f" region rows [{r0}, {r0 + nr}) x cols [{c0}, {c0 + nc})"
+        super().__init__(f"schedule error{where}: {reason}")
+
+    def __reduce__(self):
+        return (ScheduleError, (self.reason, self.array, self.region))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The @njit helpers: every load, store, alloc and free of every driver goes through these.
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@njit(cache=True, inline="always", _nrt=False)
+def _error(W, code, aid, r0, nr, c0, nc, handle, words):
+    if W[_ECODE] == 0:
+        W[_ECODE] = code
+        W[_EAID] = aid
+        W[_ER0] = r0
+        W[_ENR] = nr
+        W[_EC0] = c0
+        W[_ENC] = nc
+        W[_EHANDLE] = handle
+        W[_EWORDS] = words
+
+
+@njit(cache=True, inline="always", _nrt=False)
+def _event(W, op, aid, r0, nr, c0, nc, words, handle):
+    k = W[_NEV]
+    W[_NEV] = k + 1
+    if k < W[_TCAP]:
+        e = E0 + k * EVENT_WIDTH
+        W[e] = op
+        W[e + 1] = aid
+        W[e + 2] = r0
+        W[e + 3] = nr
+        W[e + 4] = c0
+        W[e + 5] = nc
+        W[e + 6] = words
+        W[e + _EV_RES] = W[_RES]
+        W[e + _EV_HANDLE] = handle
+
+
+@njit(cache=True, inline="always", _nrt=False)
+def _bad_region(W, aid, r0, nr, c0, nc):
+    a = A0 + aid * _STRIDE
+    return r0 < 0 or nr < 0 or c0 < 0 or nc < 0 or r0 + nr > W[a + _ROWS] or c0 + nc > W[a + _COLS]
+
+
+@njit(cache=True, _nrt=False)
+def _new_peak(W, res):
+    W[_PEAK] = res
+    for a in range(MAX_ARRAYS):  # the composition of fast memory at the peak
+        W[A0 + a * _STRIDE + _APEAK] = W[A0 + a * _STRIDE + _ARES]
+
+
+@njit(cache=True, inline="always", _nrt=False)
 def _acquire(W, aid, words):
-    res = W[0, _RES] + words
-    if res > W[0, _M] and W[1, _OVER] == 0:  # record the first overflow; TwoLevelMemory.call raises it
-        W[1, _OVER] = 1
-        W[1, _ERR_AID] = aid
-        W[1, _ERR_NEED] = words
-        W[1, _ERR_FREE] = W[0, _M] - W[0, _RES]
-    W[0, _RES] = res
-    if res > W[0, _PEAK]:
-        W[0, _PEAK] = res
+    """Make ``words`` resident for array ``aid``; record the first overflow; track the peak."""
+    res = W[_RES] + words
+    if res > W[_M] and W[_OVER] == 0:  # record the first overflow; TwoLevelMemory.call raises it
+        W[_OVER] = 1
+        W[_OV_AID] = aid
+        W[_OV_NEED] = words
+        W[_OV_FREE] = W[_M] - W[_RES]
+    W[_RES] = res
+    W[A0 + aid * _STRIDE + _ARES] += words
+    if res > W[_PEAK]:
+        _new_peak(W, res)
 
 
-@njit(cache=True)
-def load(W, aid, src, r0, nr, c0, nc, dst):
-    """Load the nr x nc tile of slow array ``src`` at (r0, c0) into ``dst[:nr, :nc]``; count nr*nc reads."""
+@njit(cache=True, inline="always", _nrt=False)
+def _open_fast(W, aid, words):
+    _acquire(W, aid, words)
+    return _FASTBIT | (aid << 40) | words
+
+
+@njit(cache=True, inline="always", _nrt=False)
+def _open(W, aid, r0, nr, c0, nc):
+    """Take a free slot for the region, make its words resident, check capacity; return the handle (-1: error)."""
+    if W[_FAST] != 0:
+        return _open_fast(W, aid, nr * nc)
+    if _bad_region(W, aid, r0, nr, c0, nc):
+        _error(W, E_REGION, aid, r0, nr, c0, nc, -1, nr * nc)
+        return -1
+    top = W[_TOP] - 1
+    if top < 0:
+        _error(W, E_FULL, aid, r0, nr, c0, nc, -1, nr * nc)
+        return -1
+    W[_TOP] = top
+    slot = W[S0 + top]
+    seq = W[_SEQ] + 1
+    W[_SEQ] = seq
     words = nr * nc
+    t = T0 + slot * _STRIDE
+    W[t + _TSEQ] = seq
+    W[t + _TAID] = aid
+    W[t + _TR0] = r0
+    W[t + _TNR] = nr
+    W[t + _TC0] = c0
+    W[t + _TNC] = nc
+    W[t + _TWORDS] = words
     _acquire(W, aid, words)
-    W[2 + aid, _READS] += words
-    if dst is not None:
-        dst[:nr, :nc] = src[r0 : r0 + nr, c0 : c0 + nc]
+    return (seq << _SHIFT) | slot
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always", _nrt=False)
+def _slot(W, h):
+    """The tile row of a live handle, or -1 (stale, foreign or freed)."""
+    if h < 0:
+        return -1
+    t = T0 + (h & (MAX_TILES - 1)) * _STRIDE
+    if W[t + _TSEQ] != h >> _SHIFT:
+        return -1
+    return t
+
+
+# Data movement, resolved by type at compile time: with ``dst`` None (count-only) each is a no-op, so the count-only
+# specialisation touches no array, also where an op is inlined into its caller.
+def _fits(dst, nr, nc):
+    """Whether fast buffer ``dst`` holds an nr x nc tile (always True in count-only mode)."""
+    return dst is None or (dst.shape[0] >= nr and (dst.ndim == 1 or dst.shape[1] >= nc))
+
+
+def _copy_in(src, r0, nr, c0, nc, dst):
+    """dst[:nr, :nc] = src[r0:r0+nr, c0:c0+nc] (a vector: dst[:nr] = src[r0:r0+nr])."""
+
+
+def _copy_out(src, nr, nc, dst, r0, c0):
+    """dst[r0:r0+nr, c0:c0+nc] = src[:nr, :nc] (a vector: dst[r0:r0+nr] = src[:nr])."""
+
+
+@overload(_fits, jit_options={"cache": True, "_nrt": False}, inline="always")
+def _ol_fits(dst, nr, nc):
+    if isinstance(dst, types.NoneType):
+        return lambda dst, nr, nc: True
+    if dst.ndim == 1:
+        return lambda dst, nr, nc: dst.shape[0] >= nr
+    return lambda dst, nr, nc: dst.shape[0] >= nr and dst.shape[1] >= nc
+
+
+@overload(_copy_in, jit_options={"cache": True, "_nrt": False}, inline="always")
+def _ol_copy_in(src, r0, nr, c0, nc, dst):
+    if isinstance(dst, types.NoneType):
+        return lambda src, r0, nr, c0, nc, dst: None
+    if dst.ndim == 1:
+
+        def copy_vec(src, r0, nr, c0, nc, dst):
+            for r in range(nr):
+                dst[r] = src[r0 + r]
+
+        return copy_vec
+
+    def copy(src, r0, nr, c0, nc, dst):  # loops, not slices: a slice assignment compiles an error path (seconds)
+        for r in range(nr):
+            for c in range(nc):
+                dst[r, c] = src[r0 + r, c0 + c]
+
+    return copy
+
+
+@overload(_copy_out, jit_options={"cache": True, "_nrt": False}, inline="always")
+def _ol_copy_out(src, nr, nc, dst, r0, c0):
+    if isinstance(dst, types.NoneType):
+        return lambda src, nr, nc, dst, r0, c0: None
+    if dst.ndim == 1:
+
+        def copy_vec(src, nr, nc, dst, r0, c0):
+            for r in range(nr):
+                dst[r0 + r] = src[r]
+
+        return copy_vec
+
+    def copy(src, nr, nc, dst, r0, c0):
+        for r in range(nr):
+            for c in range(nc):
+                dst[r0 + r, c0 + c] = src[r, c]
+
+    return copy
+
+
+@njit(cache=True, _nrt=False)
+def load(W, aid, src, r0, nr, c0, nc, dst):
+    """Load the nr x nc region of slow array ``aid`` (data ``src``) at (r0, c0) into ``dst[:nr, :nc]``.
+
+    Counts nr * nc reads and returns the tile's handle."""
+    if not _fits(dst, nr, nc):
+        _error(W, E_BUFFER, aid, r0, nr, c0, nc, -1, nr * nc)
+        return -1
+    h = _open(W, aid, r0, nr, c0, nc)
+    if h < 0:
+        return h
+    W[A0 + aid * _STRIDE + _READS] += nr * nc
+    if W[_TCAP] > 0:
+        _event(W, LOAD, aid, r0, nr, c0, nc, nr * nc, h)
+    _copy_in(src, r0, nr, c0, nc, dst)
+    return h
+
+
+@njit(cache=True, _nrt=False)
 def load_vec(W, aid, src, r0, n, dst):
-    """Load ``src[r0:r0+n]`` into ``dst[:n]``; count n reads."""
-    _acquire(W, aid, n)
-    W[2 + aid, _READS] += n
-    if dst is not None:
-        dst[:n] = src[r0 : r0 + n]
+    """Load ``src[r0:r0+n]`` of vector ``aid`` into ``dst[:n]``; count n reads; return the handle."""
+    if not _fits(dst, n, 1):
+        _error(W, E_BUFFER, aid, r0, n, 0, 1, -1, n)
+        return -1
+    h = _open(W, aid, r0, n, 0, 1)
+    if h < 0:
+        return h
+    W[A0 + aid * _STRIDE + _READS] += n
+    if W[_TCAP] > 0:
+        _event(W, LOAD, aid, r0, n, 0, 1, n, h)
+    _copy_in(src, r0, n, 0, 1, dst)
+    return h
 
 
-@njit(cache=True)
-def store(W, aid, src, dst, r0, nr, c0, nc):
-    """Store resident ``src[:nr, :nc]`` to slow array ``dst`` at (r0, c0); count nr*nc writes."""
-    W[2 + aid, _WRITES] += nr * nc
-    if dst is not None:
-        dst[r0 : r0 + nr, c0 : c0 + nc] = src[:nr, :nc]
+@njit(cache=True, _nrt=False)
+def alloc(W, aid, r0, nr, c0, nc):
+    """Reserve a tile of scratch for the nr x nc region of array ``aid`` at (r0, c0) (no I/O); return its handle."""
+    h = _open(W, aid, r0, nr, c0, nc)
+    if h >= 0 and W[_TCAP] > 0:
+        _event(W, ALLOC, aid, r0, nr, c0, nc, nr * nc, h)
+    return h
 
 
-@njit(cache=True)
-def store_vec(W, aid, src, dst, r0, n):
-    """Store resident ``src[:n]`` to ``dst[r0:r0+n]``; count n writes."""
-    W[2 + aid, _WRITES] += n
-    if dst is not None:
-        dst[r0 : r0 + n] = src[:n]
+@njit(cache=True, _nrt=False)
+def alloc_vec(W, aid, r0, n):
+    """Reserve scratch for ``n`` entries of vector ``aid`` from ``r0`` (row statistics m_i, l_i, D_i)."""
+    h = _open(W, aid, r0, n, 0, 1)
+    if h >= 0 and W[_TCAP] > 0:
+        _event(W, ALLOC, aid, r0, n, 0, 1, n, h)
+    return h
 
 
-@njit(cache=True)
-def alloc(W, aid, words):
-    """Reserve ``words`` of scratch in fast memory for array ``aid`` (no I/O)."""
-    _acquire(W, aid, words)
+@njit(cache=True, inline="always", _nrt=False)
+def _store(W, t, h, aid, r0, c0, src, dst):
+    nr, nc = W[t + _TNR], W[t + _TNC]
+    if _bad_region(W, aid, r0, nr, c0, nc):
+        _error(W, E_SHAPE, aid, r0, nr, c0, nc, h, nr * nc)
+        return
+    W[A0 + aid * _STRIDE + _WRITES] += nr * nc
+    if W[_TCAP] > 0:
+        _event(W, STORE, aid, r0, nr, c0, nc, nr * nc, h)
+    _copy_out(src, nr, nc, dst, r0, c0)
 
 
-@njit(cache=True)
-def free(W, words):
-    """Release ``words`` of fast memory (scratch or loaded tiles)."""
-    W[0, _RES] -= words
+@njit(cache=True, _nrt=False)
+def store(W, h, src, dst):
+    """Store live tile ``h`` (data ``src[:nr, :nc]``) to its own region of its array (data ``dst``)."""
+    if h & _FASTBIT:
+        W[A0 + ((h >> 40) & 0x3FFFFF) * _STRIDE + _WRITES] += h & 0xFFFFFFFFFF
+        return
+    t = _slot(W, h)
+    if t < 0:
+        _error(W, E_STALE, -1, 0, 0, 0, 0, h, 0)
+        return
+    _store(W, t, h, W[t + _TAID], W[t + _TR0], W[t + _TC0], src, dst)
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
+def store_to(W, h, src, aid, dst, r0, c0):
+    """Store live tile ``h`` to the region of the same shape at (r0, c0) of array ``aid`` (P overwriting S on chip,
+    written to P)."""
+    if h & _FASTBIT:
+        W[A0 + aid * _STRIDE + _WRITES] += h & 0xFFFFFFFFFF
+        return
+    t = _slot(W, h)
+    if t < 0:
+        _error(W, E_STALE, -1, 0, 0, 0, 0, h, 0)
+        return
+    _store(W, t, h, aid, r0, c0, src, dst)
+
+
+@njit(cache=True, _nrt=False)
+def store_vec(W, h, src, dst):
+    """Store live vector tile ``h`` (data ``src[:n]``) to its own entries of its vector (data ``dst``)."""
+    if h & _FASTBIT:
+        W[A0 + ((h >> 40) & 0x3FFFFF) * _STRIDE + _WRITES] += h & 0xFFFFFFFFFF
+        return
+    t = _slot(W, h)
+    if t < 0:
+        _error(W, E_STALE, -1, 0, 0, 0, 0, h, 0)
+        return
+    aid, r0, n = W[t + _TAID], W[t + _TR0], W[t + _TNR]
+    W[A0 + aid * _STRIDE + _WRITES] += n
+    if W[_TCAP] > 0:
+        _event(W, STORE, aid, r0, n, 0, 1, n, h)
+    _copy_out(src, n, 1, dst, r0, 0)
+
+
+@njit(cache=True, _nrt=False)
+def free(W, h):
+    """Release exactly tile ``h`` (scratch or loaded)."""
+    if h & _FASTBIT:
+        words = h & 0xFFFFFFFFFF
+        W[_RES] -= words
+        W[A0 + ((h >> 40) & 0x3FFFFF) * _STRIDE + _ARES] -= words
+        return
+    t = _slot(W, h)
+    if t < 0:
+        _error(W, E_STALE, -1, 0, 0, 0, 0, h, 0)
+        return
+    words, aid = W[t + _TWORDS], W[t + _TAID]
+    W[t + _TSEQ] = 0
+    W[_RES] -= words
+    W[A0 + aid * _STRIDE + _ARES] -= words
+    top = W[_TOP]
+    W[S0 + top] = h & (MAX_TILES - 1)
+    W[_TOP] = top + 1
+    if W[_TCAP] > 0:
+        _event(W, FREE, aid, W[t + _TR0], W[t + _TNR], W[t + _TC0], W[t + _TNC], words, h)
+
+
+@njit(cache=True, _nrt=False)
 def init_slow(W, aid, words):
     """Initialise ``words`` of a slow-memory array (e.g. zero O in HBM): counted as writes and as init writes."""
-    W[2 + aid, _WRITES] += words
-    W[2 + aid, _INIT] += words
+    a = A0 + aid * _STRIDE
+    W[a + _WRITES] += words
+    W[a + _INIT] += words
+    if W[_TCAP] > 0:
+        _event(W, INIT, aid, 0, W[a + _ROWS], 0, W[a + _COLS], words, -1)
+
+
+@njit(cache=True, _nrt=False)
+def _replay(W, events):
+    """Apply a trace's events to a fresh memory (count-only): the handles it issues are the trace's own."""
+    for k in range(events.shape[0]):
+        op, aid = events[k, 0], events[k, 1]
+        r0, nr, c0, nc, h = events[k, 2], events[k, 3], events[k, 4], events[k, 5], events[k, _EV_HANDLE]
+        h2 = h
+        if op == LOAD:
+            h2 = load(W, aid, None, r0, nr, c0, nc, None)
+        elif op == ALLOC:
+            h2 = alloc(W, aid, r0, nr, c0, nc)
+        elif op == STORE:
+            store_to(W, h, None, aid, None, r0, c0)
+        elif op == FREE:
+            free(W, h)
+        else:
+            init_slow(W, aid, events[k, 6])
+        if h2 != h:
+            return k
+    return -1
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The Python side: the memory object, its statistics and its trace.
+# ---------------------------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -159,12 +497,14 @@ class Tally:
 
 @dataclass(frozen=True)
 class Stats(Tally):
-    """The counters of one run: the per-array tally (reads, writes, total derive from it) and peak fast memory."""
+    """The counters of one run: the per-array tally (reads, writes, total derive from it), peak fast memory and
+    what fast memory held at the peak (words per array)."""
 
     M: int
     peak: int
     overflowed: bool
     per_array: dict[str, ArrayCounts] = field(default_factory=dict)
+    at_peak: dict[str, int] = field(default_factory=dict, compare=False)
 
     def __add__(self, other: Stats) -> Stats:
         names = list(dict.fromkeys([*self.per_array, *other.per_array]))
@@ -182,77 +522,326 @@ class Stats(Tally):
             peak=max(self.peak, other.peak),
             overflowed=self.overflowed or other.overflowed,
             per_array=per,
+            at_peak=self.at_peak if self.peak >= other.peak else other.at_peak,
         )
 
 
-class TwoLevelMemory:
-    """Fast memory of ``M`` words in front of an unbounded slow memory; counts every transfer.
+@dataclass(frozen=True)
+class Tile:
+    """A resident tile as the model records it: the array and the region ``[r0, r0+nr) x [c0, c0+nc)``."""
 
-    >>> mem = TwoLevelMemory(100)
-    >>> q = mem.array_id("Q")
+    handle: int
+    array: str
+    r0: int
+    nr: int
+    c0: int
+    nc: int
+
+    @property
+    def words(self) -> int:
+        return self.nr * self.nc
+
+
+TRACE_COLUMNS = ("op", "array", "r0", "nr", "c0", "nc", "words", "resident", "handle")
+
+
+class Trace:
+    """The events of one run, in order: op (load, store, alloc, free, init), array, region, words, the resident
+    words after the event, and the tile handle. ``events`` is an int64 array with one row per event."""
+
+    def __init__(self, events: np.ndarray, names: list[str], shapes: dict[str, tuple[int, int]], M: int) -> None:
+        self.events, self.names, self.shapes, self.M = events, list(names), dict(shapes), int(M)
+
+    def __len__(self) -> int:
+        return int(self.events.shape[0])
+
+    def records(self):
+        """The events as dicts (op and array by name)."""
+        for row in self.events:
+            yield {
+                "op": OPS[int(row[0])],
+                "array": self.names[int(row[1])],
+                **{k: int(v) for k, v in zip(TRACE_COLUMNS[2:], row[2:9], strict=True)},
+            }
+
+    def replay(self, M: int | None = None, strict: bool = False) -> Stats:
+        """Run the events through a fresh memory of M words (the trace's own M by default): its Stats."""
+        mem = TwoLevelMemory(self.M if M is None else M, strict=strict)
+        for name in self.names:
+            mem.array_id(name, self.shapes[name])
+        k = _replay(mem.W, np.ascontiguousarray(self.events))
+        if k >= 0:
+            raise ScheduleError(f"replay diverged at event {k}: the trace is not from a run of this model")
+        mem.check()
+        return mem.stats()
+
+
+class TwoLevelMemory:
+    """Fast memory of ``M`` words in front of an unbounded slow memory; counts every transfer and knows which
+    tiles are resident.
+
     >>> import numpy as np
+    >>> mem = TwoLevelMemory(100)
+    >>> q = mem.array_id("Q", (4, 4))
     >>> src, dst = np.ones((4, 4)), np.zeros((2, 4))
-    >>> load(mem.W, q, src, 0, 2, 0, 4, dst); free(mem.W, 8)
+    >>> h = load(mem.W, q, src, 0, 2, 0, 4, dst)
+    >>> [t.array for t in mem.resident_tiles()], mem.resident
+    (['Q'], 8)
+    >>> free(mem.W, h)
     >>> mem.stats().reads, mem.stats().peak
     (8, 8)
     """
 
-    def __init__(self, M: int, strict: bool = True) -> None:  # noqa: N803
+    def __init__(  # noqa: N803
+        self, M: int, strict: bool = True, trace: bool = False, fast: bool = False, trace_capacity: int = 1 << 16
+    ) -> None:
         if isinstance(M, bool) or not isinstance(M, (int, np.integer)) or M <= 0:
             raise ValueError(f"M (fast-memory capacity in words) must be a positive integer, got {M!r}")
         self.M = int(M)
         self.strict = bool(strict)
-        self.W = np.zeros((2 + MAX_ARRAYS, 4), dtype=np.int64)
-        self.W[0, _M] = self.M
-        self.W[0, _STRICT] = int(self.strict)
+        self.tracing = bool(trace)
+        self.fast = bool(fast) and not self.tracing  # a trace needs the tile table
         self.names: list[str] = []
+        self.shapes: dict[str, tuple[int, int]] = {}
+        self._reset(trace_capacity if trace else 0)
 
-    def array_id(self, name: str) -> int:
-        """The integer id of a named array (registered on first use), for the @njit helpers."""
+    def _reset(self, trace_capacity: int) -> None:
+        self.W = W = np.zeros(E0 + trace_capacity * EVENT_WIDTH, dtype=np.int64)
+        self._arrays = W[A0:T0].reshape(MAX_ARRAYS, _STRIDE)  # views of the flat state, for reading it here
+        self._tiles = W[T0:E0].reshape(MAX_TILES, _STRIDE)
+        W[_M] = self.M
+        W[_STRICT] = int(self.strict)
+        W[_TCAP] = trace_capacity
+        W[_TOP] = MAX_TILES
+        W[_FAST] = int(self.fast)
+        W[S0 : S0 + MAX_TILES] = np.arange(MAX_TILES)[::-1]  # slot 0 on top of the stack
+        for i, name in enumerate(self.names):
+            self._arrays[i, _ROWS], self._arrays[i, _COLS] = self.shapes[name]
+
+    def array_id(self, name: str, shape: tuple[int, ...]) -> int:
+        """Register slow array ``name`` of ``shape`` ((rows, cols), or (n,) for a vector); its integer id."""
+        if len(shape) == 1:
+            shape = (shape[0], 1)
+        if len(shape) != 2 or any(int(s) < 0 for s in shape):
+            raise ValueError(f"array {name}: shape must be (rows, cols) or (n,), got {shape!r}")
+        shape = (int(shape[0]), int(shape[1]))
+        if name in self.shapes and self.shapes[name] != shape:
+            raise ValueError(f"array {name} is registered with shape {self.shapes[name]}, not {shape}")
         if name not in self.names:
             if len(self.names) >= MAX_ARRAYS:
                 raise ValueError(f"at most {MAX_ARRAYS} named arrays per memory")
             self.names.append(name)
-        return self.names.index(name)
+            self.shapes[name] = shape
+        i = self.names.index(name)
+        self._arrays[i, _ROWS], self._arrays[i, _COLS] = shape
+        return i
 
-    def ids(self, *names: str) -> tuple[int, ...]:
-        return tuple(self.array_id(n) for n in names)
+    def ids(self, **shapes: tuple[int, ...]) -> tuple[int, ...]:
+        """Register several arrays by keyword (``Q=(N, d), l=(N,)``); their ids in that order."""
+        return tuple(self.array_id(n, s) for n, s in shapes.items())
 
     def call(self, driver, *args):
-        """Run an @njit driver on this memory; in strict mode, raise CapacityError for its first overflow."""
+        """Run an @njit driver on this memory, then raise the first schedule error or leaked tile, and in strict
+        mode the first overflow (:class:`CapacityError`). With tracing, a trace that outgrew its buffer is rerun
+        once with a buffer of the exact size (the driver is deterministic).
+
+        A count-only call (no NumPy array among ``args``) runs the driver's count-only variant
+        (:func:`count_only_variant`): the same loop nest with the ops inlined, checked or, on a fast memory,
+        counters only."""
+        if not any(isinstance(a, np.ndarray) for a in args):
+            driver = count_only_variant(driver, self.fast)
         out = driver(self.W, *args)
+        if self.tracing and self.W[_NEV] > self.W[_TCAP]:
+            self._reset(int(self.W[_NEV]))
+            out = driver(self.W, *args)
+        self.check()
+        return out
+
+    def check(self) -> None:
+        """Raise what the schedule did wrong: a schedule error, tiles left resident, or (strict) an overflow."""
+        err = self.schedule_error()
+        if err is not None:
+            raise err
+        if self.fast and self.W[_RES] != 0:
+            raise ScheduleError(f"{self.W[_RES]} words left resident when the schedule ended; free every tile")
+        if self.W[_TOP] != MAX_TILES:
+            live = self.resident_tiles()
+            shown = ", ".join(f"{t.array}[{t.r0}:{t.r0 + t.nr}, {t.c0}:{t.c0 + t.nc}]" for t in live[:4])
+            raise ScheduleError(
+                f"{len(live)} tile(s) left resident when the schedule ended ({shown}{', ...' if len(live) > 4 else ''})"
+                "; free every tile",
+                live[0].array,
+                (live[0].r0, live[0].nr, live[0].c0, live[0].nc),
+            )
         if self.strict and self.overflowed:
             raise self.overflow_error()
-        return out
+
+    def schedule_error(self) -> ScheduleError | None:
+        """The first schedule error recorded by the helpers (None if there was none)."""
+        code = int(self.W[_ECODE])
+        if code == 0:
+            return None
+        aid, r0, nr, c0, nc, h = (int(x) for x in self.W[_EAID : _EHANDLE + 1])
+        reason = _ERROR_TEXT[code]
+        if aid < 0:
+            return ScheduleError(f"{reason}: handle {h}")
+        name = self.names[aid]
+        if code == E_REGION or code == E_SHAPE:
+            reason += f" (array {name} has shape {self.shapes[name][0]} x {self.shapes[name][1]})"
+        return ScheduleError(reason, name, (r0, nr, c0, nc))
 
     def overflow_error(self) -> CapacityError | None:
         """The CapacityError describing the first overflow (None if the schedule always fitted)."""
         if not self.overflowed:
             return None
-        aid, need, free_ = (int(x) for x in self.W[1, 1:4])
+        aid, need, free_ = (int(x) for x in self.W[_OV_AID : _OV_FREE + 1])
         return CapacityError(self.names[aid], need, free_, self.M)
 
     @property
     def resident(self) -> int:
-        return int(self.W[0, _RES])
+        return int(self.W[_RES])
 
     @property
     def peak(self) -> int:
-        return int(self.W[0, _PEAK])
+        return int(self.W[_PEAK])
 
     @property
     def overflowed(self) -> bool:
-        return bool(self.W[1, _OVER])
+        return bool(self.W[_OVER])
+
+    def resident_tiles(self) -> list[Tile]:
+        """The tiles in fast memory now, oldest first."""
+        T = self._tiles
+        slots = sorted((s for s in range(MAX_TILES) if T[s, _TSEQ] != 0), key=lambda s: T[s, _TSEQ])
+        return [
+            Tile(
+                (int(T[s, _TSEQ]) << _SHIFT) | s,
+                self.names[int(T[s, _TAID])],
+                *(int(x) for x in T[s, _TR0 : _TNC + 1]),
+            )
+            for s in slots
+        ]
+
+    def resident_by_array(self) -> dict[str, int]:
+        """Resident words per array now."""
+        return {n: int(self._arrays[i, _ARES]) for i, n in enumerate(self.names) if self._arrays[i, _ARES]}
+
+    def trace(self) -> Trace | None:
+        """The events recorded so far (None unless the memory was made with ``trace=True``)."""
+        if not self.tracing:
+            return None
+        n = min(int(self.W[_NEV]), int(self.W[_TCAP]))
+        events = self.W[E0 : E0 + n * EVENT_WIDTH].reshape(n, EVENT_WIDTH).copy()
+        return Trace(events, self.names, self.shapes, self.M)
 
     def stats(self) -> Stats:
         per = {
-            n: ArrayCounts(*(int(x) for x in self.W[2 + i, :3]))
+            n: ArrayCounts(*(int(x) for x in self._arrays[i, :3]))
             for i, n in enumerate(self.names)
-            if self.W[2 + i, :3].any()
+            if self._arrays[i, :3].any()
         }
-        return Stats(
-            M=self.M,
-            peak=self.peak,
-            overflowed=self.overflowed,
-            per_array=per,
-        )
+        at_peak = {n: int(self._arrays[i, _APEAK]) for i, n in enumerate(self.names) if self._arrays[i, _APEAK]}
+        return Stats(M=self.M, peak=self.peak, overflowed=self.overflowed, per_array=per, at_peak=at_peak)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Count-only variants: the same driver source, compiled without Numba's runtime and with the ops inlined.
+# ---------------------------------------------------------------------------------------------------------------
+# A count-only run moves no data, so its specialisation allocates nothing and needs no reference counting; compiled
+# with ``_nrt=False`` and with the model's ops inlined (``inline="always"``: the same Python functions), LLVM keeps
+# the counters in registers and a transfer costs a few nanoseconds instead of a call with NRT reference counting.
+# The variant is built from the driver's own code object with its globals pointing at the inlined ops (and at
+# variants of any helper driver it calls), so it is the same schedule, not a second copy of it.
+
+_OPS = ("load", "load_vec", "alloc", "alloc_vec", "store", "store_to", "store_vec", "free", "init_slow")
+_INLINE_OPS = {name: njit(cache=True, inline="always", _nrt=False)(globals()[name].py_func) for name in _OPS}
+
+
+# The counters-only ops of a fast memory (TwoLevelMemory(fast=True)): what a checked op counts, without the tile
+# table. A fast handle packs the array and the words, so a free releases exactly the words of its tile.
+def _fast_load(W, aid, src, r0, nr, c0, nc, dst):
+    W[A0 + aid * _STRIDE + _READS] += nr * nc
+    return _open_fast(W, aid, nr * nc)
+
+
+def _fast_load_vec(W, aid, src, r0, n, dst):
+    W[A0 + aid * _STRIDE + _READS] += n
+    return _open_fast(W, aid, n)
+
+
+def _fast_alloc(W, aid, r0, nr, c0, nc):
+    return _open_fast(W, aid, nr * nc)
+
+
+def _fast_alloc_vec(W, aid, r0, n):
+    return _open_fast(W, aid, n)
+
+
+def _fast_store(W, h, src, dst):
+    W[A0 + ((h >> 40) & 0x3FFFFF) * _STRIDE + _WRITES] += h & 0xFFFFFFFFFF
+
+
+def _fast_store_to(W, h, src, aid, dst, r0, c0):
+    W[A0 + aid * _STRIDE + _WRITES] += h & 0xFFFFFFFFFF
+
+
+def _fast_free(W, h):
+    words = h & 0xFFFFFFFFFF
+    W[_RES] -= words
+    W[A0 + ((h >> 40) & 0x3FFFFF) * _STRIDE + _ARES] -= words
+
+
+_FAST_OPS = {
+    "load": _fast_load,
+    "load_vec": _fast_load_vec,
+    "alloc": _fast_alloc,
+    "alloc_vec": _fast_alloc_vec,
+    "store": _fast_store,
+    "store_to": _fast_store_to,
+    "store_vec": _fast_store,
+    "free": _fast_free,
+    "init_slow": init_slow.py_func,
+}
+_FAST_OPS = {k: njit(cache=True, inline="always", _nrt=False)(f) for k, f in _FAST_OPS.items()}
+_VARIANTS: dict = {}
+
+
+def count_only_variant(driver, fast: bool = False):
+    """The count-only variant of an @njit driver (see above), with the checked ops or, ``fast``, the counters-only
+    ops of a fast memory; cached per driver."""
+    import types as pytypes
+
+    from numba.core.registry import CPUDispatcher
+
+    key = (driver, fast)
+    if key in _VARIANTS:
+        return _VARIANTS[key]
+    ops = _FAST_OPS if fast else _INLINE_OPS
+    py = driver.py_func
+    g = dict(py.__globals__)
+    for name in py.__code__.co_names:
+        value = g.get(name)
+        op = next((op for op in _OPS if value is globals()[op]), None)
+        if op is not None:
+            g[name] = ops[op]
+        elif isinstance(value, CPUDispatcher) and _calls_ops(value):
+            g[name] = count_only_variant(value, fast)
+    fn = pytypes.FunctionType(py.__code__, g, py.__name__, py.__defaults__, py.__closure__)
+    fn.__qualname__ = py.__qualname__ + ("__fast" if fast else "__count_only")
+    fn.__module__ = py.__module__
+    variant = njit(cache=True, _nrt=False)(fn)
+    _VARIANTS[key] = variant
+    return variant
+
+
+def _calls_ops(dispatcher) -> bool:
+    from numba.core.registry import CPUDispatcher
+
+    g = dispatcher.py_func.__globals__
+    for name in dispatcher.py_func.__code__.co_names:
+        value = g.get(name)
+        if any(value is globals()[op] for op in _OPS):
+            return True
+        if isinstance(value, CPUDispatcher) and value is not dispatcher and _calls_ops(value):
+            return True
+    return False
