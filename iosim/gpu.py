@@ -26,9 +26,29 @@ from iosim.tiling import RULES, Tiling
 
 KERNELS = ("flash2", "flash1", "standard", "square-tiling")
 BACKWARD_KERNELS = ("flash2",)
+CUDA_HINT = 'pip install "iosim[cuda]"'
+
+
+def cuda_missing() -> str | None:
+    """None when numba-cuda (NVIDIA's numba.cuda, the ``cuda`` extra) can be imported; else why, in one line."""
+    import importlib.util
+
+    try:
+        found = importlib.util.find_spec("numba_cuda") is not None
+    except (ImportError, ValueError):
+        found = False
+    return None if found else f"numba-cuda is not installed: {CUDA_HINT}"
+
+
+def require_cuda() -> None:
+    """Raise InputError (exit 2 on the command line) saying which extra to install when numba-cuda is missing."""
+    why = cuda_missing()
+    if why:
+        raise InputError("the cuda extra", f"is needed for the GPU kernels: {why}")
 
 
 def _kernels():
+    require_cuda()
     from iosim.algorithms.cuda import flash, square_tiling, standard
 
     return flash, standard, square_tiling
@@ -267,6 +287,7 @@ def select_target() -> str:
 
     from numba.core import config
 
+    require_cuda()
     if "numba.cuda" not in sys.modules:
         if "NUMBA_ENABLE_CUDASIM" not in os.environ and not _driver_sees_a_gpu():
             os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
@@ -276,6 +297,7 @@ def select_target() -> str:
 
 def gpu_available() -> bool:
     """Whether numba.cuda (imported now, in the mode :func:`select_target` chose) can run on a real GPU."""
+    require_cuda()
     from numba import cuda
     from numba.core import config
 
