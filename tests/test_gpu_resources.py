@@ -122,6 +122,9 @@ WITHOUT_CUDA = {
     "python -m ...resources": (
         "sys.argv = ['resources']; runpy.run_module('iosim.algorithms.cuda.resources', run_name='__main__')"
     ),
+    "experiments/bench/gpu.py": (
+        "sys.argv = ['gpu.py', '--quick']; runpy.run_path('experiments/bench/gpu.py', run_name='__main__')"
+    ),
     "iosim.gpu.forward": (
         "import numpy as np\n"
         "from iosim import gpu\n"
