@@ -107,7 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=FORMATS, default="simple", help="table format")
 
     p = sub.add_parser("gpu-resources", help="registers, spills, shared memory, occupancy of each GPU kernel (no GPU)")
-    from iosim.algorithms.cuda import resources
+    from iosim import gpu_resources as resources
 
     resources.add_arguments(p)
     return parser
@@ -311,7 +311,7 @@ def _cmd_check(args) -> int:
 
 def _cmd_gpu_resources(args) -> int:
     """Registers, spills and shared memory from ptxas, and the occupancy they imply on sm_80 / sm_90 (no GPU)."""
-    from iosim.algorithms.cuda import resources
+    from iosim import gpu_resources as resources
 
     return resources.run(args)
 

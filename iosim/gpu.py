@@ -20,24 +20,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from iosim import registry
+from iosim.algorithms.cuda import CUDA_HINT, cuda_missing  # noqa: F401 - CUDA_HINT re-exported
 from iosim.errors import InputError
 from iosim.memory_model import ArrayCounts
 from iosim.tiling import RULES, Tiling
 
 KERNELS = ("flash2", "flash1", "standard", "square-tiling")
 BACKWARD_KERNELS = ("flash2",)
-CUDA_HINT = 'pip install "iosim[cuda]"'
-
-
-def cuda_missing() -> str | None:
-    """None when numba-cuda (NVIDIA's numba.cuda, the ``cuda`` extra) can be imported; else why, in one line."""
-    import importlib.util
-
-    try:
-        found = importlib.util.find_spec("numba_cuda") is not None
-    except (ImportError, ValueError):
-        found = False
-    return None if found else f"numba-cuda is not installed: {CUDA_HINT}"
 
 
 def require_cuda() -> None:

@@ -8,7 +8,8 @@ import sys
 import textwrap
 
 import pytest
-from iosim.algorithms.cuda import resources
+
+from iosim import gpu_resources as resources
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -72,7 +73,7 @@ def test_resource_report_has_real_numbers_for_every_kernel():
     from iosim.algorithms.cuda import ptx
 
     Ms = (4096, 49152)
-    module = "iosim.algorithms.cuda.resources"
+    module = "iosim.gpu_resources"
     cmd = [sys.executable, "-m", module, "--json", "--cc", "8.0", "9.0", "--M", *map(str, Ms)]
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
@@ -120,7 +121,7 @@ WITHOUT_CUDA = {
     "iosim gpu-resources": "from iosim.cli import main; sys.exit(main(['gpu-resources']))",
     "python -m ...ptx": "sys.argv = ['ptx']; runpy.run_module('iosim.algorithms.cuda.ptx', run_name='__main__')",
     "python -m ...resources": (
-        "sys.argv = ['resources']; runpy.run_module('iosim.algorithms.cuda.resources', run_name='__main__')"
+        "sys.argv = ['resources']; runpy.run_module('iosim.gpu_resources', run_name='__main__')"
     ),
     "experiments/bench/gpu.py": (
         "sys.argv = ['gpu.py', '--quick']; runpy.run_path('experiments/bench/gpu.py', run_name='__main__')"

@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--cc", default="9.0", help="compute capability MAJOR.MINOR (default 9.0)")
     args = p.parse_args(argv)
-    from iosim.gpu import cuda_missing
+    from iosim.algorithms.cuda import cuda_missing
 
     missing = cuda_missing()
     if missing:

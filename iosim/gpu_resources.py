@@ -1,4 +1,4 @@
-"""Per-kernel GPU resources without a GPU: ``python -m iosim.algorithms.cuda.resources [--cc 8.0 9.0] [--M ...]``.
+"""Per-kernel GPU resources without a GPU: ``iosim gpu-resources`` or ``python -m iosim.gpu_resources``.
 
 Every kernel of :func:`iosim.algorithms.cuda.ptx.signatures` is compiled to PTX (``numba.cuda.compile_ptx``) and
 assembled to a cubin with nvJitLink (``cuda.bindings.nvjitlink`` over the ``nvidia-nvjitlink`` wheel that the
@@ -8,10 +8,11 @@ system-reserved shared memory the toolchain places in each sm_90 kernel (``.nv.r
 the linker's "smem" figure includes and which is not the kernel's own static shared memory.
 
 Dynamic shared memory is what the host launchers ask for at (N, d, M): the words of the layout of the tiles the
-simulator chooses from M (``iosim.gpu.tiling_for``), 4 bytes each, as :mod:`._host` launches it. From those figures
-and the threads per block, the blocks resident per SM follow the CUDA occupancy calculator (``cuda_occupancy.h``
-from the CUDA toolkit, shipped in the ``nvidia-cuda-runtime`` wheel): each of the limits by threads, registers,
-shared memory and the hardware's blocks per SM, at the largest shared-memory carveout (the default preference).
+simulator chooses from M (``iosim.gpu.tiling_for``), 4 bytes each, as ``iosim.algorithms.cuda._host`` launches
+it. From those figures and the threads per block, the blocks resident per SM follow the CUDA occupancy
+calculator (``cuda_occupancy.h`` from the CUDA toolkit, shipped in the ``nvidia-cuda-runtime`` wheel): each of
+the limits by threads, registers, shared memory and the hardware's blocks per SM, at the largest shared-memory
+carveout (the default preference).
 
 Nothing here needs a GPU; the kernels are compiled for the real target, so run it with the CUDA simulator off
 (it switches the simulator off itself when ``numba.cuda`` is not yet imported).
@@ -71,7 +72,6 @@ DEFAULT_CC = ("8.0", "9.0")
 DEFAULT_N = 4096
 DEFAULT_D = (64,)
 DEFAULT_M = (4096, 16384, 49152)
-CUDA_HINT = 'pip install "iosim[cuda]"'
 
 
 @dataclass
@@ -101,7 +101,7 @@ def _cc(text: str) -> tuple[int, int]:
 
 def toolchain_missing() -> str | None:
     """None when numba-cuda and nvJitLink are usable here; otherwise one line saying what to install."""
-    from iosim.gpu import cuda_missing
+    from iosim.gpu import CUDA_HINT, cuda_missing
 
     why = cuda_missing()
     if why:
@@ -184,6 +184,7 @@ def parse_info_log(log: str) -> dict:
 def compile_kernels(cc: tuple[int, int]) -> list[Compiled]:
     """Compile and assemble every kernel for ``cc``; the figures ptxas reports for each."""
     from cuda.bindings import nvjitlink
+
     from iosim.algorithms.cuda import ptx
 
     major, minor = nvjitlink.version()
@@ -213,7 +214,6 @@ def launch_words(kernel: str, N: int, d: int, M: int) -> tuple[int | None, str]:
     """(float32 words of dynamic shared memory the launcher gives ``kernel`` at (N, d, M), tiles); None: not
     launched at this (N, M). Raises InputError / CapacityError when no tiling fits M."""
     from iosim.algorithms.cuda import flash, square_tiling, standard
-
     from iosim.gpu import tiling_for
 
     if kernel in ("flash2_forward_kernel", "flash1_forward_kernel"):
@@ -273,9 +273,8 @@ def occupancy(arch: Arch, registers: int, static_smem: int, dynamic_smem: int, t
 
 def rows(ccs, Ns, ds, Ms, threads: int) -> list[dict]:
     """One row per (cc, kernel, N, d, M): ptxas's figures, the launch's shared memory, occupancy and warnings."""
-    from iosim.memory_model import CapacityError
-
     from iosim.errors import InputError
+    from iosim.memory_model import CapacityError
 
     out = []
     for cc in ccs:
@@ -405,7 +404,7 @@ def run(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     from iosim.errors import InputError
 
-    p = argparse.ArgumentParser(prog="python -m iosim.algorithms.cuda.resources", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m iosim.gpu_resources", description=__doc__.splitlines()[0])
     add_arguments(p)
     args = p.parse_args(argv)
     try:
