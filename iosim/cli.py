@@ -105,6 +105,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--heads", type=_positive("--heads"), default=2, help="heads per batch (default 2)")
     p.add_argument("--seed", type=int, default=0, help="random seed of the inputs (default 0)")
     p.add_argument("--format", choices=FORMATS, default="simple", help="table format")
+
+    p = sub.add_parser("gpu-resources", help="registers, spills, shared memory, occupancy of each GPU kernel (no GPU)")
+    from iosim import gpu_resources as resources
+
+    resources.add_arguments(p)
     return parser
 
 
@@ -304,7 +309,15 @@ def _cmd_check(args) -> int:
     return 0 if report.passed else 1
 
 
+def _cmd_gpu_resources(args) -> int:
+    """Registers, spills and shared memory from ptxas, and the occupancy they imply on sm_80 / sm_90 (no GPU)."""
+    from iosim import gpu_resources as resources
+
+    return resources.run(args)
+
+
 COMMANDS = {"run": _cmd_run, "compare": _cmd_compare, "bounds": _cmd_bounds, "list": _cmd_list, "check": _cmd_check}
+COMMANDS["gpu-resources"] = _cmd_gpu_resources
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from iosim import registry
+from iosim.algorithms.cuda import CUDA_HINT, cuda_missing  # noqa: F401 - CUDA_HINT re-exported
 from iosim.errors import InputError
 from iosim.memory_model import ArrayCounts
 from iosim.tiling import RULES, Tiling
@@ -28,7 +29,15 @@ KERNELS = ("flash2", "flash1", "standard", "square-tiling")
 BACKWARD_KERNELS = ("flash2",)
 
 
+def require_cuda() -> None:
+    """Raise InputError (exit 2 on the command line) saying which extra to install when numba-cuda is missing."""
+    why = cuda_missing()
+    if why:
+        raise InputError("the cuda extra", f"is needed for the GPU kernels: {why}")
+
+
 def _kernels():
+    require_cuda()
     from iosim.algorithms.cuda import flash, square_tiling, standard
 
     return flash, standard, square_tiling
@@ -267,6 +276,7 @@ def select_target() -> str:
 
     from numba.core import config
 
+    require_cuda()
     if "numba.cuda" not in sys.modules:
         if "NUMBA_ENABLE_CUDASIM" not in os.environ and not _driver_sees_a_gpu():
             os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
@@ -276,6 +286,7 @@ def select_target() -> str:
 
 def gpu_available() -> bool:
     """Whether numba.cuda (imported now, in the mode :func:`select_target` chose) can run on a real GPU."""
+    require_cuda()
     from numba import cuda
     from numba.core import config
 

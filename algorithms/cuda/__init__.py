@@ -9,7 +9,8 @@ Modules (import them directly; importing this package does not import ``numba.cu
 * :mod:`._common`: the counted global <-> shared transfers every kernel uses;
 * :mod:`._host`: array conversion, output allocation, counters, launches with M words of dynamic
   shared memory (opting in above 48 KiB);
-* :mod:`.ptx`: compile every kernel for sm_90 without a GPU (``python -m iosim.algorithms.cuda.ptx``).
+* :mod:`.ptx`: compile every kernel for sm_90 without a GPU (``python -m iosim.algorithms.cuda.ptx``);
+  :mod:`iosim.gpu_resources` assembles them and reports registers, spills, shared memory and occupancy.
 
 Launchers take explicit tile sizes, like the CPU drivers; :mod:`iosim.gpu` chooses them from M exactly as the
 simulator does (``iosim.registry.get(name).choose_tiling``) and compares the kernels' counters with the simulator.
@@ -20,3 +21,19 @@ number of elements it copied between global and shared memory to an int64 counte
 writes, initialisation writes), so the counters tally what the kernel did; they equal the simulator's
 ``count_only`` counts for the same (N, d, M, tiling, causal), times B * H (tests/test_cuda.py).
 """
+
+CUDA_HINT = 'pip install "iosim[cuda]"'
+
+
+def cuda_missing() -> str | None:
+    """None when numba-cuda (NVIDIA's numba.cuda, the ``cuda`` extra) can be imported; else why, in one line.
+
+    numba's own deprecated ``numba.cuda`` may import without it, so the package itself is looked for.
+    """
+    import importlib.util
+
+    try:
+        found = importlib.util.find_spec("numba_cuda") is not None
+    except (ImportError, ValueError):
+        found = False
+    return None if found else f"numba-cuda is not installed: {CUDA_HINT}"

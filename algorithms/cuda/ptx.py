@@ -18,7 +18,7 @@ import contextlib
 import sys
 import types as pytypes
 
-from numba import cuda, types
+from numba import types  # numba's own type system: importable without numba-cuda (numba.cuda is imported lazily)
 
 F3 = types.Array(types.float32, 3, "C")
 F2 = types.Array(types.float32, 2, "C")
@@ -50,6 +50,7 @@ def signatures() -> dict:
 @contextlib.contextmanager
 def _target_cc_for_device_functions(cc):
     import numba.cuda.dispatcher as dispatcher
+    from numba import cuda
 
     if cuda.is_available():
         yield
@@ -62,8 +63,22 @@ def _target_cc_for_device_functions(cc):
         dispatcher.get_current_device = original
 
 
+def real_target() -> None:
+    """Switch the CUDA simulator off before numba.cuda is first imported (compile_ptx needs the real target)."""
+    import os
+
+    from numba.core import config
+
+    if "numba.cuda" not in sys.modules:
+        os.environ["NUMBA_ENABLE_CUDASIM"] = "0"
+        config.reload_config()
+    if config.ENABLE_CUDASIM:
+        raise RuntimeError("numba.cuda was imported with the CUDA simulator on: compile in a process of its own")
+
+
 def compile_all(cc=(9, 0)) -> dict[str, str]:
     """PTX of every kernel for compute capability ``cc``; raises on the first kernel that does not compile."""
+    from numba import cuda
     from numba.core import config
 
     if config.ENABLE_CUDASIM:
@@ -80,7 +95,23 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--cc", default="9.0", help="compute capability MAJOR.MINOR (default 9.0)")
     args = p.parse_args(argv)
-    cc = tuple(int(x) for x in args.cc.split("."))
+    from iosim.algorithms.cuda import cuda_missing
+
+    missing = cuda_missing()
+    if missing:
+        print(f"ptx: error: the cuda extra is needed to compile the kernels: {missing}", file=sys.stderr)
+        return 2
+    try:
+        cc = tuple(int(x) for x in args.cc.split("."))
+    except ValueError:
+        p.error(f"--cc must be MAJOR.MINOR, got {args.cc!r}")
+    if len(cc) != 2:
+        p.error(f"--cc must be MAJOR.MINOR, got {args.cc!r}")
+    try:
+        real_target()
+    except RuntimeError as e:
+        print(f"ptx: error: {e}", file=sys.stderr)
+        return 2
     for name, ptx in compile_all(cc).items():
         f64 = sum(ptx.count(op) for op in ("add.f64", "mul.f64", "fma.rn.f64", "div.rn.f64"))
         print(f"{name:32s} sm_{cc[0]}{cc[1]}  {len(ptx):8d} chars of PTX  float64 arithmetic: {f64}")

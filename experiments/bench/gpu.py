@@ -89,14 +89,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 def require_gpu():
     """numba.cuda on a real GPU, or exit with a message saying why not."""
+    from iosim.gpu import cuda_missing
+
+    missing = cuda_missing()  # numba's deprecated built-in numba.cuda imports without numba-cuda: ask for the package
+    if missing:
+        print(f"bench/gpu.py: error: {missing}", file=sys.stderr)
+        sys.exit(2)
     if os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0"):
         sys.exit(
             "bench/gpu.py: NUMBA_ENABLE_CUDASIM is set: the CUDA simulator times nothing; unset it on a GPU machine"
         )
-    try:
-        from numba import cuda
-    except ImportError as e:
-        sys.exit(f"bench/gpu.py: numba-cuda is not installed ({e}); pip install -e '.[cuda]'")
+    from numba import cuda
+
     if not cuda.is_available():
         sys.exit(
             "bench/gpu.py: no CUDA GPU found (numba.cuda.is_available() is False). This benchmark needs one; "
