@@ -185,9 +185,7 @@ def _plot(rows, NM, d0, Nd_, Md):
             c, m = style[alg]
             ax.plot([r[axis] for r in sel], [r["total"] for r in sel], marker=m, ms=4, color=c, label=alg)
         sel = _sel(rows, axis, "flash2")
-        ax.plot(
-            [r[axis] for r in sel], [r["theta_flash"] for r in sel], "k--", lw=1, label="N²d²/M (Thm 2, const 1)"
-        )
+        ax.plot([r[axis] for r in sel], [r["theta_flash"] for r in sel], "k--", lw=1, label="N²d²/M (Thm 2, const 1)")
         if axis == "M":
             ax.axvline(d0 * d0, color="purple", lw=1, alpha=0.6)
             ax.axvline(NM * d0, color="orange", lw=1, alpha=0.6)

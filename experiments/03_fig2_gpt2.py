@@ -173,9 +173,7 @@ def _plot(rows, std, fl1):
     import matplotlib.pyplot as plt
 
     labels = ["paper", "model\n(causal)", "model\n(non-causal)"]
-    nc_std = next(
-        r for r in rows if r["budget"] == std["budget"] and not r["causal"] and r["algorithm"] == "standard"
-    )
+    nc_std = next(r for r in rows if r["budget"] == std["budget"] and not r["causal"] and r["algorithm"] == "standard")
     nc_fl = next(r for r in rows if r["budget"] == std["budget"] and not r["causal"] and r["algorithm"] == "flash1")
     s_vals = [PAPER["standard"], std["GB"], nc_std["GB"]]
     f_vals = [PAPER["flash"], fl1["GB"], nc_fl["GB"]]
