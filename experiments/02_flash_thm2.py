@@ -1,3 +1,4 @@
+# ruff: noqa: N999 - numbered experiment scripts, loaded by file or by importlib
 """Experiment 02: FlashAttention Theorem 2, I/O against M, N and d, with fitted exponents; the +Nd term at Tc = 1.
 
 Claim (Dao et al., NeurIPS 2022, Theorem 2): for d <= M <= Nd, FlashAttention makes Theta(N^2 d^2 / M) HBM
@@ -143,12 +144,9 @@ def run(out: Path, quick: bool = False) -> Verdict:
     v = Verdict(
         NAME,
         CLAIM,
-        measured=(
-            f"FlashAttention exponents: M {fits[('M', 'flash2')].slope:.3f} (flash2) / {fits[('M', 'flash1')].slope:.3f}"
-            f" (flash1), N {fits[('N', 'flash2')].slope:.3f} / {fits[('N', 'flash1')].slope:.3f}, d "
-            f"{fits[('d', 'flash2')].slope:.3f} / {fits[('d', 'flash1')].slope:.3f}; standard: M {std_flat.slope:.3f} "
-            f"above 4d^2, {std_small.slope:.3f} below d^2"
-        ),
+        measured="FlashAttention exponents (flash2 / flash1): "
+        + ", ".join(f"{ax} {fits[(ax, 'flash2')].slope:.3f} / {fits[(ax, 'flash1')].slope:.3f}" for ax in "MNd")
+        + f"; standard: M {std_flat.slope:.3f} above 4d^2, {std_small.slope:.3f} below d^2",
         figure=f"flash2 slope in M {fits[('M', 'flash2')]}; 95% CIs in the table",
         holds=holds,
     )

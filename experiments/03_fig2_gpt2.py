@@ -1,3 +1,4 @@
+# ruff: noqa: N999 - numbered experiment scripts, loaded by file or by importlib
 """Experiment 03: FlashAttention's Figure 2 (left), GPT-2 medium attention traffic, standard vs FlashAttention.
 
 Claim (Dao et al., NeurIPS 2022, Fig. 2 left): for GPT-2 medium attention (batch 64, 16 heads, N = 1024, d = 64,

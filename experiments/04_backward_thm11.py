@@ -1,3 +1,4 @@
+# ruff: noqa: N999 - numbered experiment scripts, loaded by file or by importlib
 """Experiment 04: the fine-grained backward bound (Li et al., arXiv 2410.09397, Theorem 1.1) around M = d^2.
 
 Claim: the backward pass of exact attention with standard matrix multiplication needs

@@ -1,3 +1,4 @@
+# ruff: noqa: N999 - numbered experiment scripts, loaded by file or by importlib
 """Experiment 05: tightness, measured I/O / the largest applicable lower bound, over a grid of (N, d, M).
 
 Claim (Saha & Ye, ICML 2024, Thm 3.1, 3.7; Li et al., arXiv 2410.09397, Thm 1.1): with standard matrix
@@ -118,8 +119,9 @@ def run(out: Path, quick: bool = False) -> Verdict:
         NAME,
         CLAIM,
         measured=(
-            f"square-tiling below d^2: {sq_f[0]:.2f}-{sq_f[1]:.2f} x the lower bound forward, {sq_b[0]:.2f}-{sq_b[1]:.2f}"
-            f" backward over {sq_f[3]} cells each; above d^2 the lower bound is at most a quarter of Theta in "
+            f"square-tiling below d^2: {sq_f[0]:.2f}-{sq_f[1]:.2f} x the lower bound forward, "
+            f"{sq_b[0]:.2f}-{sq_b[1]:.2f} backward over {sq_f[3]} cells each; "
+            "above d^2 the lower bound is at most a quarter of Theta in "
             f"{meaningless_large} of {len(large_cells)} cells (provisional constants), "
             f"so FlashAttention's tightness is decided only where N is small: flash2 forward "
             + (

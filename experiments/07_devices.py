@@ -1,3 +1,4 @@
+# ruff: noqa: N999 - numbered experiment scripts, loaded by file or by importlib
 """Experiment 07: the device regime table, which GPUs fall in which regime (M vs d^2), with measured I/O ratios.
 
 Question (ICLR 2025/2026 reviews of Li et al., arXiv 2410.09397): which hardware and which models fall in the

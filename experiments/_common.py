@@ -24,7 +24,7 @@ RESULTS = Path(__file__).resolve().parent.parent / "results"
 EXTRA_MODULES = {"plot": "matplotlib", "sweep": "pandas", "dask": "distributed"}
 
 
-class MissingExtra(Exception):
+class MissingExtra(Exception):  # noqa: N818 - it is not an error of the user's input
     """An optional dependency an experiment needs is not installed: exit 2 with one line naming the extra."""
 
     def __init__(self, extra: str) -> None:
