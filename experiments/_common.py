@@ -70,6 +70,8 @@ class Fit:
     n: int
 
     def __str__(self) -> str:
+        if math.isnan(self.slope):
+            return f"n/a ({self.n} points)"
         return f"{self.slope:.3f} [{self.lo:.3f}, {self.hi:.3f}]"
 
 
@@ -80,8 +82,8 @@ def fit_power(xs: Sequence[float], ys: Sequence[float]) -> Fit:
     lx = [math.log(x) for x in xs]
     ly = [math.log(y) for y in ys]
     n = len(lx)
-    if n < 3:
-        raise ValueError("a fit with a confidence interval needs at least 3 points")
+    if n < 3:  # no confidence interval without a degree of freedom: report n/a rather than a fake number
+        return Fit(math.nan, math.nan, math.nan, n)
     r = stats.linregress(lx, ly)
     t = stats.t.ppf(0.975, n - 2)
     return Fit(float(r.slope), float(r.slope - t * r.stderr), float(r.slope + t * r.stderr), n)

@@ -383,11 +383,11 @@ def _cmd_experiments(args) -> int:
 
 def _cmd_sweep(args) -> int:
     """``iosim sweep``: every point of the grid; invalid points are listed on stderr (exit 2), the rest still run."""
-    from iosim import sweep as sweeps
+    from iosim.sweep import PASSES, sweep  # the module (iosim.sweep, the attribute, is the function)
 
     for p_ in args.passes:
-        if p_ not in sweeps.PASSES:
-            raise InputError("--pass", f"must be one of {', '.join(sweeps.PASSES)}", p_)
+        if p_ not in PASSES:
+            raise InputError("--pass", f"must be one of {', '.join(PASSES)}", p_)
     grid = {
         "algorithm": args.algorithm or registry.algorithms(),
         "pass": args.passes,
@@ -399,7 +399,7 @@ def _cmd_sweep(args) -> int:
         "count_only": not args.numeric,
     }
     stats: dict = {}
-    recs = sweeps.sweep(
+    recs = sweep(
         grid,
         executor=args.executor,
         jobs=args.jobs,
