@@ -21,7 +21,8 @@
   any :class:`concurrent.futures.Executor`, or ``"dask:ADDRESS"`` for a Dask scheduler (``pip install
   "iosim[dask]"``; ``dask:local`` starts a local cluster of ``jobs`` worker processes). Points are sent in chunks
   and put back in grid order, so every executor returns the same records. An unreachable scheduler raises
-  InputError before anything is computed or written.
+  InputError before anything is computed or written. ``dask:local`` starts worker processes by spawning, so a
+  script that uses it needs the usual ``if __name__ == "__main__":`` guard (the ``iosim`` command has it).
 """
 
 from __future__ import annotations
