@@ -1,3 +1,4 @@
+# ruff: noqa: N999 - numbered experiment scripts, loaded by file or by importlib
 """Experiment 01: the crossover at M ~ d^2 between square tiling and FlashAttention, forward and backward.
 
 Claim (Saha & Ye, ICML 2024, Theorem 3.1; Li et al., arXiv 2410.09397, Theorem 1.1): with standard matrix
@@ -43,12 +44,24 @@ import math
 import sys
 from pathlib import Path
 
-from iosim.memory_model import CapacityError
-from tabulate import tabulate
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import iosim
-from iosim import bounds
-from iosim.errors import InputError
+from iosim.memory_model import CapacityError  # noqa: E402
+from tabulate import tabulate  # noqa: E402
+
+import iosim  # noqa: E402
+from experiments import _common  # noqa: E402
+from iosim import bounds  # noqa: E402
+from iosim.errors import InputError  # noqa: E402
+
+NAME = "crossover"
+TITLE = "The crossover at M ~ d^2 between square tiling and FlashAttention, forward and backward"
+CLAIM = (
+    "Saha & Ye Thm 3.1 / Li et al. Thm 1.1: I/O is Theta(min(N^2 d^2/M, N^2 d/sqrt(M))); square tiling wins below "
+    "M ~ d^2, FlashAttention above."
+)
+NEEDS = ("plot",)
 
 ALGORITHMS = ("standard", "flash1", "flash2", "square-tiling")
 PASSES = ("forward", "backward")
@@ -274,46 +287,98 @@ def plot(rows, path: Path) -> None:
     plt.close(fig)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="N=512, d in {32, 64}, 9 points: a smoke run")
-    ap.add_argument("--N", type=int, default=None, help="sequence length (default 2048; 512 with --quick)")
-    ap.add_argument("--out", type=Path, default=RESULTS, help="output folder (default results/)")
-    args = ap.parse_args(argv)
-    N = args.N or (512 if args.quick else 2048)
-    ds = (32, 64) if args.quick else (64, 128, 256)
-    half = 4 if args.quick else 8
+def _write(N: int, ds, half: int, out: Path) -> tuple[list[dict], list[str], list[list], list[list], str]:
     rows, skipped = sweep(N, ds, half_octaves=half)
-    args.out.mkdir(parents=True, exist_ok=True)
-    with open(args.out / "01_crossover.csv", "w", newline="") as f:
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "01_crossover.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
-    plot(rows, args.out / "01_crossover.png")
+    plot(rows, out / "01_crossover.png")
     inexact = [r for r in rows if not r["exact"]]
+    cross, tight = crossovers(rows), tightness(rows)
     text = [
         f"N = {N}, d in {list(ds)}, M = d^2 2^(k/2) for k = -{half}..{half}, fit tiling, count-only; "
         f"{len(rows)} runs, {len(inexact)} differing from their closed form",
         "",
         "Crossover M / d^2 (square-tiling's total crosses the other's; log-interpolated between grid points)",
-        tabulate(crossovers(rows), headers=["pass", "d", "vs flash2", "vs flash1"], tablefmt="github"),
+        tabulate(cross, headers=["pass", "d", "vs flash2", "vs flash1"], tablefmt="github"),
         "",
         "Tightness: measured total / largest applicable lower bound (min, max over the sweep, all d);",
         "÷Θ: total / the tight Theta-expression with constant 1",
         "(forward min(N^2 d^2/M, N^2 d/sqrt(M)), Saha & Ye Thm 3.1; backward Li et al. Thm 1.1)",
         tabulate(
-            tightness(rows),
+            tight,
             headers=["algorithm", "pass", "regime", "min", "max", "÷Θ min", "÷Θ max", "points", "lower bound"],
             tablefmt="github",
         ),
     ]
     if skipped:
         text += ["", f"Skipped ({len(skipped)}): no tiling fits (or the pass is not available)", *skipped]
-    out = "\n".join(text)
-    (args.out / "01_crossover.txt").write_text(out + "\n")
+    out_text = "\n".join(text)
+    (out / "01_crossover.txt").write_text(out_text + "\n")
+    return rows, skipped, cross, tight, out_text
+
+
+def run(out: Path, quick: bool = False) -> _common.Verdict:
+    """The registry entry (``iosim experiments run crossover``): the sweep plus .tex / .md with the verdict."""
+    N, ds, half = (512, (32, 64), 4) if quick else (2048, (64, 128, 256), 8)
+    rows, skipped, cross, tight, _ = _write(N, ds, half, out)
+    fwd = [c for c in cross if c[0] == "forward"]
+    bwd = [c for c in cross if c[0] == "backward"]
+
+    def span(lines, col):
+        vals = [float(x) for c in lines for x in str(c[col]).split(", ") if x.replace(".", "").isdigit()]
+        return f"{min(vals):.2f}-{max(vals):.2f}" if vals else "none"
+
+    sq = [t for t in tight if t[0] == "square-tiling" and t[2] == "M < d^2"]
+    holds = all(span(x, 2) != "none" for x in (fwd, bwd))
+    v = _common.Verdict(
+        NAME,
+        CLAIM,
+        measured=(
+            f"square-tiling crosses flash2 at M = {span(fwd, 2)} d^2 forward and {span(bwd, 2)} d^2 backward "
+            f"(flash1: {span(fwd, 3)} / {span(bwd, 3)}), for d in {list(ds)}, N = {N}"
+        ),
+        figure=f"square-tiling below d^2: {sq[0][3]}-{sq[0][4]} x the small-cache lower bound forward, "
+        f"{sq[1][3]}-{sq[1][4]} backward",
+        holds=holds,
+    )
+    v.notes.append(f"{len(rows)} runs, {sum(not r['exact'] for r in rows)} differing from their closed form.")
+    if skipped:
+        v.notes.append(f"{len(skipped)} points skipped (no tiling fits): e.g. {skipped[0]}")
+    table = [[*c] for c in cross]
+    v = _common.write_outputs(
+        out, "01_crossover_summary", rows, table, ["pass", "d", "vs flash2 (M/d^2)", "vs flash1 (M/d^2)"], v
+    )
+    # the registry's file names: 01_crossover.{csv,png} from the sweep, .tex/.md from the summary
+    for ext in ("tex", "md"):
+        (out / f"01_crossover_summary.{ext}").replace(out / f"01_crossover.{ext}")
+    (out / "01_crossover_summary.csv").unlink()
+    md = (out / "01_crossover.md").read_text().replace("01_crossover_summary", "01_crossover")
+    (out / "01_crossover.md").write_text(md + "\n![crossover](01_crossover.png)\n")
+    v.files = ["01_crossover.csv", "01_crossover.png", "01_crossover.tex", "01_crossover.md", "01_crossover.txt"]
+    return v
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="N=512, d in {32, 64}, 9 points: a smoke run")
+    ap.add_argument("--N", type=int, default=None, help="sequence length (default 2048; 512 with --quick)")
+    ap.add_argument("--out", type=Path, default=RESULTS, help="output folder (default results/)")
+    args = ap.parse_args(argv)
+    try:
+        _common.require(NEEDS)
+    except _common.MissingExtra as e:
+        print(e, file=sys.stderr)
+        return 2
+    N = args.N or (512 if args.quick else 2048)
+    ds = (32, 64) if args.quick else (64, 128, 256)
+    half = 4 if args.quick else 8
+    rows, _, _, _, out = _write(N, ds, half, args.out)
     print(out)
     print(f"\nwrote {args.out / '01_crossover.csv'}, {args.out / '01_crossover.png'}, {args.out / '01_crossover.txt'}")
-    return 1 if inexact else 0
+    return 1 if any(not r["exact"] for r in rows) else 0
 
 
 if __name__ == "__main__":

@@ -10,6 +10,17 @@ from iosim.api import PassResult, Result, algorithm_names, run
 from iosim.check import CheckReport, check
 from iosim.errors import InputError
 from iosim.memory_model import CapacityError
+from iosim.sweep import sweep
 
-__all__ = ["CapacityError", "CheckReport", "InputError", "PassResult", "Result", "algorithm_names", "check", "run"]
+__all__ = [
+    "CapacityError",
+    "CheckReport",
+    "InputError",
+    "PassResult",
+    "Result",
+    "algorithm_names",
+    "check",
+    "run",
+    "sweep",
+]
 __version__ = "0.1.0"

@@ -110,6 +110,29 @@ def build_parser() -> argparse.ArgumentParser:
     from iosim import gpu_resources as resources
 
     resources.add_arguments(p)
+    p = sub.add_parser("experiments", help="list or run the papers' experiments (CSV, plot, LaTeX table, verdict)")
+    p.add_argument("action", choices=("list", "run"), help="list them, or run one (NAME) or all")
+    p.add_argument("name", nargs="?", help="with run: an experiment name or number, or all")
+    p.add_argument("--quick", action="store_true", help="smaller smoke-run grids")
+    p.add_argument("--out", default="results", help="output folder (default results/)")
+
+    p = sub.add_parser("sweep", help="count a grid of (algorithm, pass, N, d, M, causal, tiling) points")
+    p.add_argument("--algorithm", nargs="+", help="algorithms (default: all)")
+    p.add_argument("--pass", dest="passes", nargs="+", default=["forward"], help="forward and/or backward")
+    for name, what in SIZES:
+        p.add_argument(f"--{name}", type=int, nargs="+", required=True, help=what + " (one or more)")
+    p.add_argument("--causal", choices=("no", "yes", "both"), default="no", help="causal masking (default no)")
+    p.add_argument("--tiling", nargs="+", default=["fit"], help="block-size rules: fit and/or paper (default fit)")
+    p.add_argument("--numeric", action="store_true", help="run the arithmetic too (default: count-only)")
+    p.add_argument("--jobs", type=_positive("--jobs"), help="worker processes (default: all cores)")
+    p.add_argument("--executor", default="processes", help="processes (default), serial, dask:ADDRESS or dask:local")
+    p.add_argument("--out", help="write the records to a .csv, .jsonl or .parquet file")
+    p.add_argument(
+        "--cache", default="results/.sweep_cache.jsonl", help="cache file (default results/.sweep_cache.jsonl)"
+    )
+    p.add_argument("--no-cache", action="store_true", help="recompute every point")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None, help="progress bar")
+    p.add_argument("--format", choices=FORMATS, default="simple", help="table format")
     return parser
 
 
@@ -316,8 +339,113 @@ def _cmd_gpu_resources(args) -> int:
     return resources.run(args)
 
 
-COMMANDS = {"run": _cmd_run, "compare": _cmd_compare, "bounds": _cmd_bounds, "list": _cmd_list, "check": _cmd_check}
-COMMANDS["gpu-resources"] = _cmd_gpu_resources
+def _experiments_package():
+    """The experiments/ package of the source checkout, loaded as ``experiments`` (it is not installed: experiments
+    sit on top of iosim). IOSIM_EXPERIMENTS=PATH points elsewhere."""
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(os.environ.get("IOSIM_EXPERIMENTS") or Path(__file__).resolve().parents[1] / "experiments")
+    if "experiments" in sys.modules and Path(sys.modules["experiments"].__file__).parent == root:
+        return sys.modules["experiments"]
+    init = root / "__init__.py"
+    if not init.exists():
+        raise InputError(
+            "experiments", "need a source checkout (experiments/ beside iosim/) or IOSIM_EXPERIMENTS=PATH", str(root)
+        )
+    spec = importlib.util.spec_from_file_location("experiments", init, submodule_search_locations=[str(root)])
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["experiments"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _cmd_experiments(args) -> int:
+    """``iosim experiments list | run NAME | run all``: results/<stem>.{csv,png,tex,md}; ``all`` adds index.md."""
+    import time
+    from pathlib import Path
+
+    ex = _experiments_package()
+    if args.action == "list":
+        rows = [
+            [e.name, e.stem, e.item, e.title if not e.pending else f"{e.title} ({e.pending})"] for e in ex.EXPERIMENTS
+        ]
+        print(tabulate(rows, headers=["name", "file", "claim", "what"]))
+        return 0
+    if not args.name:
+        raise InputError("experiments run", f"needs a NAME: one of {', '.join(ex.names())} or all")
+    out = Path(args.out)
+    try:
+        if args.name == "all":
+            t0 = time.perf_counter()
+            ex.run_all(out, quick=args.quick)
+            print(f"all experiments in {time.perf_counter() - t0:.0f} s; wrote {out / 'index.md'}")
+            return 0
+        v = ex.run(ex.get(args.name), out, quick=args.quick)
+    except ex.MissingExtra as e:
+        print(e, file=sys.stderr)
+        return 2
+    print(f"{v.name}: {v.line()}")
+    for n in v.notes:
+        print(f"  - {n}")
+    print(f"wrote {', '.join(str(out / f) for f in v.files)} in {v.seconds:.1f} s")
+    return 0
+
+
+def _cmd_sweep(args) -> int:
+    """``iosim sweep``: every point of the grid; invalid points are listed on stderr (exit 2), the rest still run."""
+    from iosim.sweep import PASSES, sweep  # the module (iosim.sweep, the attribute, is the function)
+
+    for p_ in args.passes:
+        if p_ not in PASSES:
+            raise InputError("--pass", f"must be one of {', '.join(PASSES)}", p_)
+    grid = {
+        "algorithm": args.algorithm or registry.algorithms(),
+        "pass": args.passes,
+        "N": args.N,
+        "d": args.d,
+        "M": args.M,
+        "causal": {"no": [False], "yes": [True], "both": [False, True]}[args.causal],
+        "tiling": args.tiling,
+        "count_only": not args.numeric,
+    }
+    stats: dict = {}
+    recs = sweep(
+        grid,
+        executor=args.executor,
+        jobs=args.jobs,
+        cache=None if args.no_cache else args.cache,
+        out=args.out,
+        as_frame=False,
+        progress=args.progress,
+        stats=stats,
+    )
+    ok = [r for r in recs if r["status"] == "ok"]
+    if ok:
+        cols = ["algorithm", "pass", "N", "d", "M", "causal", "tiling", "total", "exact", "total_over_lb"]
+        rows = [[r[c] if c != "total_over_lb" else f"{r[c]:.2f}" for c in cols] for r in ok]
+        print(tabulate(rows, headers=cols, tablefmt=args.format, intfmt=","))
+    bad = [r for r in recs if r["status"] != "ok"]
+    print(
+        f"{stats['points']} points: {stats['computed']} computed, {stats['cached']} from the cache, "
+        f"{len(bad)} not run" + (f"; wrote {args.out}" if args.out else "")
+    )
+    for r in bad:
+        where = ", ".join(f"{k}={r[k]}" for k in ("algorithm", "pass", "N", "d", "M", "causal", "tiling"))
+        print(f"iosim: {r['status']} point ({where}): {r['error']}", file=sys.stderr)
+    return 2 if bad else 0
+
+
+COMMANDS = {
+    "run": _cmd_run,
+    "compare": _cmd_compare,
+    "bounds": _cmd_bounds,
+    "list": _cmd_list,
+    "check": _cmd_check,
+    "gpu-resources": _cmd_gpu_resources,
+    "experiments": _cmd_experiments,
+    "sweep": _cmd_sweep,
+}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,441 @@
+"""Sweeps: run any grid of (algorithm, pass, N, d, M, causal, tiling) and get one record per point.
+
+>>> from iosim.sweep import sweep
+>>> recs = sweep({"algorithm": ["flash2"], "N": [64], "d": [8], "M": [512, 1024]}, executor="serial", as_frame=False)
+>>> [r["status"] for r in recs], recs[0]["exact"]
+(['ok', 'ok'], True)
+
+* **Grid.** A mapping from the keys of :data:`GRID_KEYS` to a value or a list of values (the Cartesian product is
+  taken; missing keys take :data:`DEFAULTS`), or a list of such mappings (their expansions are concatenated).
+  An unknown key is an :class:`~iosim.errors.InputError` for the whole grid; a bad *value* (N = 0, an unknown
+  algorithm, an M too small for any tiling, a pass the algorithm lacks) makes that one point ``status="invalid"``
+  with the reason in ``error``, and the rest still run.
+* **Records.** One dict per point in grid order (a pandas DataFrame when pandas is installed and ``as_frame`` is
+  not False), with the counts of the requested pass (reads, writes, total, init_writes, peak), the io_model
+  prediction and whether it equals the simulation (``exact``), the largest applicable lower bound and its name.
+  ``out=`` writes them as CSV (no extra needed), JSON lines, or Parquet (``pip install "iosim[sweep]"``).
+* **Cache.** ``cache=PATH`` (a JSON-lines file) stores every finished point under a key made of its configuration
+  and a fingerprint of iosim's source files, so a rerun computes only what is new and a code change recomputes
+  everything. Lines are appended as chunks finish; a torn last line (a killed run) is ignored on reading.
+* **Executors.** ``executor="processes"`` (default; ``jobs`` workers, os.cpu_count() by default), ``"serial"``,
+  any :class:`concurrent.futures.Executor`, or ``"dask:ADDRESS"`` for a Dask scheduler (``pip install
+  "iosim[dask]"``; ``dask:local`` starts a local cluster of ``jobs`` worker processes). Points are sent in chunks
+  and put back in grid order, so every executor returns the same records. An unreachable scheduler raises
+  InputError before anything is computed or written. ``dask:local`` starts worker processes by spawning, so a
+  script that uses it needs the usual ``if __name__ == "__main__":`` guard (the ``iosim`` command has it).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import csv
+import hashlib
+import itertools
+import json
+import math
+import os
+import sys
+import tempfile
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+
+from iosim import api, registry
+from iosim.errors import InputError
+from iosim.memory_model import CapacityError
+
+GRID_KEYS = ("algorithm", "pass", "N", "d", "M", "causal", "tiling", "count_only", "dtype", "seed")
+DEFAULTS = {"pass": "forward", "causal": False, "tiling": "fit", "count_only": True, "dtype": "float64", "seed": 0}
+PASSES = ("forward", "backward")
+RESULT_FIELDS = (
+    "status",
+    "error",
+    "regime",
+    "blocks",
+    "reads",
+    "writes",
+    "total",
+    "init_writes",
+    "peak",
+    "predicted_total",
+    "exact",
+    "lower_bound",
+    "lower_bound_name",
+    "total_over_lb",
+    "max_abs_error",
+)
+FIELDS = GRID_KEYS + RESULT_FIELDS
+OUT_FORMATS = (".csv", ".jsonl", ".parquet")
+
+
+# --------------------------------------------------------------------------------------------------- the grid
+def expand(grid: Mapping | Sequence[Mapping]) -> list[dict]:
+    """The points of ``grid`` in order: the Cartesian product of each mapping's values (in GRID_KEYS order)."""
+    if isinstance(grid, Mapping):
+        grid = [grid]
+    elif not isinstance(grid, Sequence) or isinstance(grid, str | bytes):
+        raise InputError("grid", "must be a mapping of parameter -> values, or a list of such mappings", type(grid))
+    points: list[dict] = []
+    for g in grid:
+        if not isinstance(g, Mapping):
+            raise InputError("grid", "entries must be mappings of parameter -> values", type(g))
+        unknown = sorted(set(g) - set(GRID_KEYS))
+        if unknown:
+            raise InputError("grid", f"keys must be among {', '.join(GRID_KEYS)}", ", ".join(map(str, unknown)))
+        if "algorithm" not in g:
+            g = {**g, "algorithm": registry.algorithms()}
+        missing = [k for k in ("N", "d", "M") if k not in g]
+        if missing:
+            raise InputError("grid", "must give N, d and M (a value or a list each)", f"missing {', '.join(missing)}")
+        axes = []
+        for key in GRID_KEYS:
+            v = g.get(key, DEFAULTS.get(key))
+            vals = list(v) if isinstance(v, Iterable) and not isinstance(v, str | bytes | Mapping) else [v]
+            if not vals:
+                raise InputError("grid", f"{key} must have at least one value", "[]")
+            axes.append(vals)
+        points += [dict(zip(GRID_KEYS, combo, strict=True)) for combo in itertools.product(*axes)]
+    return points
+
+
+def _check_point(p: dict) -> None:
+    """Per-point checks iosim.run does not make itself (it validates N, d, M, algorithm, tiling and dtype)."""
+    if p["pass"] not in PASSES:
+        raise InputError("pass", f"must be one of {', '.join(PASSES)}", p["pass"])
+    for key in ("causal", "count_only"):
+        if not isinstance(p[key], bool):
+            raise InputError(key, "must be True or False", p[key])
+    if isinstance(p["seed"], bool) or not isinstance(p["seed"], int):
+        raise InputError("seed", "must be an integer", p["seed"])
+
+
+def run_point(p: dict) -> dict:
+    """Run one point; never raises for bad input: the record says ``status`` ok / invalid / capacity / error."""
+    rec = {k: p[k] for k in GRID_KEYS} | {k: None for k in RESULT_FIELDS}
+    try:
+        _check_point(p)
+        r = api.run(
+            p["algorithm"],
+            M=p["M"],
+            N=p["N"],
+            d=p["d"],
+            backward=p["pass"] == "backward",
+            causal=p["causal"],
+            count_only=p["count_only"],
+            tiling=p["tiling"],
+            dtype=p["dtype"],
+            seed=p["seed"],
+        )
+    except InputError as e:
+        rec.update(status="invalid", error=str(e))
+        return rec
+    except CapacityError as e:
+        rec.update(status="capacity", error=str(e))
+        return rec
+    except Exception as e:  # a bug, not a user mistake: keep the sweep going, say what happened at this point
+        rec.update(status="error", error=f"{type(e).__name__}: {e}")
+        return rec
+    m, s = r.main, r.main.stats
+    rec.update(
+        status="ok",
+        error="",
+        regime="large" if r.M >= r.d * r.d else "small",
+        blocks=str(m.tiling or r.tiling),
+        reads=s.reads,
+        writes=s.writes,
+        total=s.total,
+        init_writes=s.init_writes,
+        peak=s.peak,
+        predicted_total=m.predicted.total,
+        exact=m.exact,
+        lower_bound=float(m.lower_bound),
+        lower_bound_name=m.lower_bound_name,
+        total_over_lb=s.total / m.lower_bound if m.lower_bound > 0 else math.nan,
+        max_abs_error=r.max_abs_error,
+    )
+    return rec
+
+
+def _run_chunk(points: list[dict]) -> list[dict]:
+    return [run_point(p) for p in points]
+
+
+# ---------------------------------------------------------------------------------------------------- the cache
+_FINGERPRINT: str | None = None
+
+
+def code_fingerprint() -> str:
+    """A hash of the source files of iosim, iosim.algorithms and iosim.memory_model: part of every cache key."""
+    global _FINGERPRINT
+    if _FINGERPRINT is None:
+        import iosim.algorithms
+        import iosim.memory_model
+
+        h = hashlib.sha256()
+        for pkg in (api, iosim.algorithms, iosim.memory_model):
+            root = Path(pkg.__file__).resolve().parent
+            for f in sorted(root.rglob("*.py")):
+                h.update(str(f.relative_to(root)).encode())
+                h.update(f.read_bytes())
+        _FINGERPRINT = h.hexdigest()[:16]
+    return _FINGERPRINT
+
+
+def point_key(p: dict) -> str:
+    """The cache key of a point: its configuration and the code fingerprint."""
+    return json.dumps({**{k: p[k] for k in GRID_KEYS}, "code": code_fingerprint()}, sort_keys=True, default=str)
+
+
+def _load_cache(path: Path) -> dict[str, dict]:
+    found: dict[str, dict] = {}
+    if not path.exists():
+        return found
+    with open(path) as f:
+        for line in f:
+            try:
+                entry = json.loads(line)
+                found[entry["key"]] = entry["record"]
+            except (json.JSONDecodeError, KeyError, TypeError):  # a torn line from a killed run
+                continue
+    return found
+
+
+def _append_cache(path: Path, keyed: list[tuple[str, dict]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        for key, rec in keyed:
+            f.write(json.dumps({"key": key, "record": rec}, default=_json_default) + "\n")
+
+
+def _json_default(x):
+    if hasattr(x, "item"):  # NumPy scalars
+        return x.item()
+    return str(x)
+
+
+# ------------------------------------------------------------------------------------------------ the executors
+def _missing_extra(extra: str, module: str) -> InputError:
+    return InputError(module, f'is needed here: pip install "iosim[{extra}]"', "not installed")
+
+
+class _DaskExecutor:
+    """A Dask client (and, for ``dask:local``, its local cluster) seen as a concurrent.futures executor."""
+
+    def __init__(self, address: str, jobs: int | None, timeout: float) -> None:
+        try:
+            import distributed
+        except ImportError:
+            raise _missing_extra("dask", "distributed") from None
+        self.cluster = None
+        try:
+            if address == "local":
+                self.cluster = distributed.LocalCluster(
+                    n_workers=jobs or os.cpu_count() or 1, threads_per_worker=1, processes=True, dashboard_address=None
+                )
+                self.client = distributed.Client(self.cluster, timeout=timeout)
+            else:
+                self.client = distributed.Client(address, timeout=timeout)
+        except (OSError, TimeoutError, ValueError) as e:
+            raise InputError(
+                "--executor", f"dask:ADDRESS must name a reachable Dask scheduler ({type(e).__name__}: {e})", address
+            ) from None
+        self.executor = self.client.get_executor(pure=False)
+
+    def close(self) -> None:
+        self.client.close()
+        if self.cluster is not None:
+            self.cluster.close()
+
+
+def _open_executor(executor, jobs: int | None, n_points: int, timeout: float):
+    """(executor or None for serial, closer). A None executor means: run in this process."""
+    if isinstance(executor, cf.Executor):
+        return executor, lambda: None
+    if executor is None:
+        executor = "processes"
+    if not isinstance(executor, str):
+        raise InputError("executor", "must be 'processes', 'serial', 'dask:ADDRESS' or a concurrent.futures.Executor")
+    if executor == "serial":
+        return None, lambda: None
+    if executor == "processes":
+        workers = min(jobs or os.cpu_count() or 1, n_points)
+        if workers <= 1:
+            return None, lambda: None
+        pool = cf.ProcessPoolExecutor(max_workers=workers)
+        return pool, pool.shutdown
+    if executor.startswith("dask:") and len(executor) > 5:
+        d = _DaskExecutor(executor[5:], jobs, timeout)
+        return d.executor, d.close
+    raise InputError(
+        "executor",
+        "must be 'processes', 'serial', 'dask:ADDRESS' (or dask:local) or a concurrent.futures.Executor",
+        executor,
+    )
+
+
+def _workers_of(ex) -> int:
+    for attr in ("_max_workers",):
+        if hasattr(ex, attr):
+            return int(getattr(ex, attr))
+    client = getattr(ex, "_client", None)
+    if client is not None:
+        try:
+            return max(1, sum(client.nthreads().values()))
+        except Exception:
+            return 1
+    return os.cpu_count() or 1
+
+
+# -------------------------------------------------------------------------------------------------- the outputs
+def _check_out(out: Path) -> str:
+    suffix = out.suffix.lower()
+    if suffix not in OUT_FORMATS:
+        raise InputError("out", f"must end in one of {', '.join(OUT_FORMATS)}", str(out))
+    if suffix == ".parquet":
+        for module in ("pandas", "pyarrow"):
+            try:
+                __import__(module)
+            except ImportError:
+                raise _missing_extra("sweep", module) from None
+    return suffix
+
+
+def write_records(records: list[dict], out: Path) -> None:
+    """Write records as CSV, JSON lines or Parquet (by suffix), atomically: a temporary file renamed into place."""
+    out = Path(out)
+    suffix = _check_out(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        if suffix == ".csv":
+            with open(tmp, "w", newline="") as f:
+                w = csv.DictWriter(f, fieldnames=list(FIELDS))
+                w.writeheader()
+                w.writerows(records)
+        elif suffix == ".jsonl":
+            with open(tmp, "w") as f:
+                for r in records:
+                    f.write(json.dumps(r, default=_json_default) + "\n")
+        else:
+            import pandas as pd
+
+            pd.DataFrame.from_records(records, columns=list(FIELDS)).to_parquet(tmp, index=False)
+        os.replace(tmp, out)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _as_frame(records: list[dict], as_frame: bool | None):
+    if as_frame is False:
+        return records
+    try:
+        import pandas as pd
+    except ImportError:
+        if as_frame:
+            raise _missing_extra("sweep", "pandas") from None
+        return records
+    return pd.DataFrame.from_records(records, columns=list(FIELDS))
+
+
+class _Progress:
+    def __init__(self, total: int, enabled: bool | None) -> None:
+        if enabled is None:
+            enabled = total >= 50 and sys.stderr.isatty()
+        self.bar = None
+        self.enabled, self.total, self.done, self.shown = enabled, total, 0, 0
+        if enabled:
+            try:
+                from tqdm import tqdm
+
+                self.bar = tqdm(total=total, unit="point", desc="iosim sweep", file=sys.stderr)
+            except ImportError:
+                pass
+
+    def update(self, n: int) -> None:
+        self.done += n
+        if self.bar is not None:
+            self.bar.update(n)
+        elif self.enabled and (self.done == self.total or self.done - self.shown >= max(1, self.total // 10)):
+            self.shown = self.done
+            print(f"iosim sweep: {self.done}/{self.total} points", file=sys.stderr)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+# ------------------------------------------------------------------------------------------------------ sweep()
+def sweep(
+    grid: Mapping | Sequence[Mapping],
+    *,
+    executor=None,
+    jobs: int | None = None,
+    cache: str | Path | None = None,
+    out: str | Path | None = None,
+    as_frame: bool | None = None,
+    progress: bool | None = None,
+    chunk_size: int | None = None,
+    dask_timeout: float = 10.0,
+    stats: dict | None = None,
+):
+    """Run every point of ``grid`` and return one record per point, in grid order (see the module docstring).
+
+    ``stats``, when a dict is given, receives ``points``, ``computed``, ``cached`` and ``invalid`` counts.
+    """
+    if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1):
+        raise InputError("jobs", "must be a positive integer", jobs)
+    points = expand(grid)
+    if out is not None:
+        _check_out(Path(out))  # before any work: a missing extra or a bad suffix fails fast, nothing written
+    if as_frame:
+        try:
+            import pandas  # noqa: F401
+        except ImportError:
+            raise _missing_extra("sweep", "pandas") from None
+    cache_path = Path(cache) if cache is not None else None
+    cached = _load_cache(cache_path) if cache_path else {}
+    keys = [point_key(p) for p in points] if cache_path else [None] * len(points)
+    records: list[dict | None] = [cached.get(k) if k is not None else None for k in keys]
+    todo = [i for i, r in enumerate(records) if r is None]
+
+    if todo:
+        ex, close = _open_executor(executor, jobs, len(todo), dask_timeout)  # may raise: nothing written yet
+        bar = _Progress(len(todo), progress)
+        try:
+            if ex is None:
+                size = chunk_size or max(1, min(64, len(todo) // 20 or 1))
+                chunks = [todo[k : k + size] for k in range(0, len(todo), size)]
+                for idx in chunks:
+                    _store(records, idx, _run_chunk([points[i] for i in idx]), keys, cache_path)
+                    bar.update(len(idx))
+            else:
+                size = chunk_size or max(1, math.ceil(len(todo) / (4 * _workers_of(ex))))
+                chunks = [todo[k : k + size] for k in range(0, len(todo), size)]
+                futures = {ex.submit(_run_chunk, [points[i] for i in idx]): idx for idx in chunks}
+                for fut in cf.as_completed(futures):
+                    idx = futures[fut]
+                    _store(records, idx, fut.result(), keys, cache_path)
+                    bar.update(len(idx))
+        finally:
+            bar.close()
+            close()
+
+    final = [r for r in records if r is not None]
+    if stats is not None:
+        stats.update(
+            points=len(final),
+            computed=len(todo),
+            cached=len(final) - len(todo),
+            invalid=sum(r["status"] != "ok" for r in final),
+        )
+    if out is not None:
+        write_records(final, Path(out))
+    return _as_frame(final, as_frame)
+
+
+def _store(records: list, idx: list[int], recs: list[dict], keys: list, cache_path: Path | None) -> None:
+    for i, r in zip(idx, recs, strict=True):
+        records[i] = r
+    if cache_path is not None:
+        _append_cache(cache_path, [(keys[i], r) for i, r in zip(idx, recs, strict=True) if r["status"] != "error"])

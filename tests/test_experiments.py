@@ -1,0 +1,100 @@
+"""The experiments: registry, `iosim experiments` command, every experiment's outputs (quick grids), the gallery,
+the device data file, and the missing-extra exit."""
+
+import csv
+import importlib.util
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from iosim.cli import _experiments_package, main
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+EX = _experiments_package()
+RUNNABLE = [e for e in EX.EXPERIMENTS if not e.pending]
+REQUIRED_DEVICES = {"V100", "A100", "H100", "H200", "B200", "L4", "T4", "RTX 3090", "RTX 4090", "GTX 1060"}
+
+
+@pytest.fixture(scope="module")
+def all_quick(tmp_path_factory):
+    pytest.importorskip("matplotlib")
+    out = tmp_path_factory.mktemp("results")
+    done = EX.run_all(out, quick=True, echo=lambda line: None)
+    return out, dict((e.name, v) for e, v in done)
+
+
+def test_registry_names_and_lookup():
+    assert EX.names()[:2] == ["crossover", "flash-thm2"]
+    assert EX.get("02").name == "flash-thm2" and EX.get("07_devices").name == "devices"
+    assert EX.get("sparse").pending == "needs issue 10 (sparse)"
+
+
+@pytest.mark.parametrize("entry", RUNNABLE, ids=lambda e: e.name)
+def test_every_experiment_writes_csv_plot_table_and_verdict(all_quick, entry):
+    out, verdicts = all_quick
+    v = verdicts[entry.name]
+    for ext in ("csv", "png", "tex", "md"):
+        assert (out / f"{entry.stem}.{ext}").stat().st_size > 0, ext
+    assert v.claim and v.measured and v.figure and v.holds in (True, False, None)
+    md = (out / f"{entry.stem}.md").read_text()
+    assert f"iosim experiments run {entry.name}" in md and "Verdict" in md
+    assert "\\begin{tabular}" in (out / f"{entry.stem}.tex").read_text()
+
+
+def test_index_lists_every_experiment_and_the_pending_one(all_quick):
+    out, verdicts = all_quick
+    index = (out / "index.md").read_text()
+    for e in EX.EXPERIMENTS:
+        assert e.name in index
+    assert "pending: needs issue 10 (sparse)" in index and verdicts["sparse"] is None
+
+
+def test_quick_verdicts_hold_where_the_theory_is_decided(all_quick):
+    _, v = all_quick
+    assert v["crossover"].holds and v["flash-thm2"].holds and v["backward-thm11"].holds and v["tightness"].holds
+
+
+def test_cli_list_and_bad_names(capsys):
+    assert main(["experiments", "list"]) == 0
+    out = capsys.readouterr().out
+    assert "flash-thm2" in out and "needs issue 10 (sparse)" in out
+    for argv, message in (
+        (["experiments", "run", "nope"], "experiment must be one of"),
+        (["experiments", "run", "sparse"], "needs issue 10 (sparse)"),
+        (["experiments", "run"], "needs a NAME"),
+    ):
+        p = subprocess.run([sys.executable, "-m", "iosim.cli", *argv], capture_output=True, text=True, cwd=ROOT)
+        assert p.returncode == 2 and message in p.stderr and "Traceback" not in p.stderr
+
+
+def test_cli_run_one(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    assert main(["experiments", "run", "fig2-gpt2", "--out", str(tmp_path)]) == 0
+    assert "fig2-gpt2: reproduced" in capsys.readouterr().out
+    assert {p.suffix for p in tmp_path.iterdir()} == {".csv", ".png", ".tex", ".md"}
+
+
+def test_missing_matplotlib_exits_2_before_writing(tmp_path, monkeypatch, capsys):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real(name, *a))
+    assert main(["experiments", "run", "devices", "--out", str(tmp_path / "r")]) == 2
+    assert capsys.readouterr().err == 'pip install "iosim[plot]"\n'
+    assert main(["experiments", "run", "all", "--out", str(tmp_path / "r")]) == 2
+    assert not (tmp_path / "r").exists()
+    assert EX.load(EX.get("tightness")).main(["--out", str(tmp_path / "r")]) == 2
+    assert not (tmp_path / "r").exists()
+
+
+def test_device_data_file_has_a_source_for_every_figure():
+    with open(ROOT / "experiments" / "data" / "devices.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    names = {r["device"] for r in rows}
+    assert REQUIRED_DEVICES <= names
+    assert any(n.startswith("MI2") for n in names) and any(n.startswith("MI3") for n in names)
+    assert any(n.startswith("Apple M") for n in names)
+    for r in rows:
+        assert int(r["smem_per_block_KiB"]) > 0 and "http" in r["source"], r["device"]
+        if r["smem_per_sm_KiB"]:
+            assert int(r["smem_per_sm_KiB"]) >= int(r["smem_per_block_KiB"])

@@ -1,0 +1,156 @@
+"""iosim.sweep: grids, per-point reports of invalid points, the cache, outputs, and identical records from every
+executor (serial, processes, a local Dask cluster where distributed is installed)."""
+
+import json
+import math
+import sys
+
+import pytest
+
+import iosim
+from iosim.cli import main
+from iosim.sweep import FIELDS, expand, sweep
+
+GRID = {"algorithm": ["flash2", "square-tiling"], "pass": ["forward", "backward"], "N": [64, 0], "d": 8, "M": [256, 4]}
+
+
+def _norm(recs):
+    """Records comparable with ==: NaN replaced by None."""
+    return [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()} for r in recs]
+
+
+def test_expand_is_the_product_in_order():
+    pts = expand(GRID)
+    assert len(pts) == 2 * 2 * 2 * 2
+    assert pts[0] == {
+        "algorithm": "flash2",
+        "pass": "forward",
+        "N": 64,
+        "d": 8,
+        "M": 256,
+        "causal": False,
+        "tiling": "fit",
+        "count_only": True,
+        "dtype": "float64",
+        "seed": 0,
+    }
+    assert len(expand([GRID, {"N": 32, "d": 4, "M": 100}])) == 16 + len(iosim.algorithm_names())
+
+
+@pytest.mark.parametrize(
+    ("grid", "message"),
+    [
+        ({"N": 64, "d": 8, "M": 256, "mask": "causal"}, "keys must be among"),
+        ({"N": 64, "d": 8}, "must give N, d and M"),
+        ({"N": [], "d": 8, "M": 256}, "at least one value"),
+        ("N=64", "must be a mapping"),
+    ],
+)
+def test_bad_grids_raise_input_error(grid, message):
+    with pytest.raises(iosim.InputError, match=message):
+        sweep(grid, executor="serial")
+
+
+def test_invalid_points_are_reported_per_point_and_the_rest_run():
+    recs = sweep(GRID, executor="serial", as_frame=False)
+    assert [r["status"] for r in recs].count("ok") == 4  # N=64, M=256: 2 algorithms x 2 passes
+    for r in recs:
+        if r["status"] == "ok":
+            assert r["exact"] and r["total"] == r["reads"] + r["writes"] and r["total"] == r["predicted_total"]
+        else:
+            assert r["status"] == "invalid" and ("N must be" in r["error"] or "M must be at least" in r["error"])
+            assert r["total"] is None
+    bad = sweep({"algorithm": ["nope", "flash1"], "pass": ["sideways"], "N": 8, "d": 2, "M": 64}, executor="serial")
+    assert all(r["status"] == "invalid" for r in _as_list(bad))
+
+
+def _as_list(recs):
+    return recs.to_dict("records") if hasattr(recs, "to_dict") else recs
+
+
+def test_processes_give_the_serial_records():
+    serial = sweep(GRID, executor="serial", as_frame=False)
+    procs = sweep(GRID, executor="processes", jobs=2, as_frame=False, chunk_size=3)
+    assert _norm(procs) == _norm(serial)
+
+
+def test_cache_computes_only_what_is_new(tmp_path):
+    cache = tmp_path / "c.jsonl"
+    st: dict = {}
+    first = sweep(GRID, executor="serial", cache=cache, as_frame=False, stats=st)
+    assert st == {"points": 16, "computed": 16, "cached": 0, "invalid": 12}
+    with open(cache, "a") as f:
+        f.write('{"key": "torn')  # a killed run's last line is ignored
+    grown = {**GRID, "M": [256, 4, 512]}
+    again = sweep(grown, executor="serial", cache=cache, as_frame=False, stats=st)
+    assert st["computed"] == 8 and st["cached"] == 16
+    assert _norm([r for r in again if r["M"] != 512]) == _norm(first)
+
+
+def test_outputs_csv_and_jsonl(tmp_path):
+    recs = sweep(GRID, executor="serial", out=tmp_path / "s.csv", as_frame=False)
+    lines = (tmp_path / "s.csv").read_text().splitlines()
+    assert lines[0].split(",") == list(FIELDS) and len(lines) == 1 + len(recs)
+    sweep(GRID, executor="serial", out=tmp_path / "s.jsonl", as_frame=False)
+    got = [json.loads(line) for line in (tmp_path / "s.jsonl").read_text().splitlines()]
+    assert [g["total"] for g in got] == [r["total"] for r in recs]
+    with pytest.raises(iosim.InputError, match="must end in one of"):
+        sweep(GRID, executor="serial", out=tmp_path / "s.txt")
+    assert not (tmp_path / "s.txt").exists()
+
+
+def test_dataframe_and_parquet(tmp_path):
+    pd = pytest.importorskip("pandas")
+    df = sweep(GRID, executor="serial")
+    assert isinstance(df, pd.DataFrame) and list(df.columns) == list(FIELDS) and len(df) == 16
+    pytest.importorskip("pyarrow")
+    sweep(GRID, executor="serial", out=tmp_path / "s.parquet")
+    back = pd.read_parquet(tmp_path / "s.parquet")
+    assert back["total"].dropna().astype(int).tolist() == df["total"].dropna().astype(int).tolist()
+
+
+def test_missing_extras_name_the_extra(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "pandas", None)  # import pandas now raises ImportError
+    assert isinstance(sweep(GRID, executor="serial"), list)  # records as dicts without pandas
+    with pytest.raises(iosim.InputError, match=r'pip install "iosim\[sweep\]"'):
+        sweep(GRID, executor="serial", as_frame=True)
+    with pytest.raises(iosim.InputError, match=r'pip install "iosim\[sweep\]"'):
+        sweep(GRID, executor="serial", out=tmp_path / "s.parquet")
+    monkeypatch.setitem(sys.modules, "distributed", None)
+    with pytest.raises(iosim.InputError, match=r'pip install "iosim\[dask\]"'):
+        sweep(GRID, executor="dask:tcp://127.0.0.1:8786")
+
+
+def test_bad_executor_and_jobs():
+    with pytest.raises(iosim.InputError, match="executor"):
+        sweep(GRID, executor="gpu-farm")
+    with pytest.raises(iosim.InputError, match="jobs"):
+        sweep(GRID, jobs=0)
+
+
+def test_unreachable_dask_scheduler_is_a_clear_error_and_writes_nothing(tmp_path):
+    pytest.importorskip("distributed")
+    out, cache = tmp_path / "s.csv", tmp_path / "c.jsonl"
+    with pytest.raises(iosim.InputError, match="reachable Dask scheduler"):
+        sweep(GRID, executor="dask:tcp://127.0.0.1:9", dask_timeout=1, out=out, cache=cache)
+    assert not out.exists() and not cache.exists()
+
+
+def test_local_dask_cluster_gives_the_serial_records():
+    distributed = pytest.importorskip("distributed")
+    serial = sweep(GRID, executor="serial", as_frame=False)
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as c:
+        dask = sweep(GRID, executor=f"dask:{c.scheduler_address}", as_frame=False, chunk_size=2)
+    assert _norm(dask) == _norm(serial)
+
+
+def test_cli_sweep(tmp_path, capsys):
+    out = tmp_path / "s.csv"
+    argv = ["sweep", "--algorithm", "flash2", "--N", "64", "--d", "8", "--M", "256", "512", "--no-cache"]
+    assert main([*argv, "--out", str(out), "--executor", "serial"]) == 0
+    assert "2 points: 2 computed" in capsys.readouterr().out and out.exists()
+    assert main(["sweep", "--N", "64", "0", "--d", "8", "--M", "256", "--no-cache", "--jobs", "2"]) == 2
+    captured = capsys.readouterr()
+    assert "invalid point" in captured.err and "N must be a positive integer" in captured.err
+    assert "Traceback" not in captured.err
+    assert main(["sweep", "--N", "64", "--d", "8", "--M", "256", "--pass", "sideways", "--no-cache"]) == 2
