@@ -69,6 +69,7 @@ import math
 import numpy as np
 from iosim.algorithms._tiles import buffer, cdiv, tile
 from iosim.memory_model import alloc, alloc_vec, free, load, load_vec, store, store_to, store_vec
+from iosim.memory_model.core import jitable
 from numba import njit
 
 
@@ -179,7 +180,7 @@ def _square_forward(W, ids, Q, K, V, S, O, L, N, d, B, scale, causal):  # noqa: 
         free(W, hL)
 
 
-@njit(cache=True)
+@jitable(nrt=True)
 def _ds_row(dS_row, S_row, L_r, D_r, scale, causal, row, col0):
     """dS = scale * P o (dP - D) for one row, in place of dP, with P = exp(S - L_r) from the forward's S row.
 
@@ -191,7 +192,7 @@ def _ds_row(dS_row, S_row, L_r, D_r, scale, causal, row, col0):
             dS_row[c] = scale * math.exp(S_row[c] - L_r) * (dS_row[c] - D_r)
 
 
-@njit(cache=True)
+@jitable(nrt=True)
 def _softmax_rows(A, L_k, causal, row0, col0):
     """A = exp(A - L_k) in place (P from the forward's exponent S), causal entries 0."""
     br, bc = A.shape
@@ -203,7 +204,7 @@ def _softmax_rows(A, L_k, causal, row0, col0):
                 A[r, c] = math.exp(A[r, c] - L_k[r])
 
 
-@njit(cache=True)
+@jitable(nrt=True)
 def _nn_product(W, iA, A, a_transposed, iX, X, iC, C, N, d, B, causal, iL, L, from_exponent):  # noqa: N803
     """C = op(A) X for an N x N matrix A in slow memory (op(A) = A^T if a_transposed) and an N x d matrix X.
 

@@ -24,10 +24,11 @@ import math
 import numpy as np
 from iosim.algorithms._tiles import buffer, cdiv, tile
 from iosim.memory_model import alloc, free, load, store, store_to
+from iosim.memory_model.core import jitable
 from numba import njit
 
 
-@njit(cache=True)
+@jitable(nrt=True)
 def tiled_matmul(W, iA, A, iB, B, iC, C, m, k, n, T, a_transposed, b_transposed, scale):
     """C = scale * op(A) op(B) with square tiles of side T; C is m x n and the inner dimension is k.
 
@@ -77,14 +78,14 @@ def tiled_matmul(W, iA, A, iB, B, iC, C, m, k, n, T, a_transposed, b_transposed,
             free(W, hC)
 
 
-@njit(cache=True)
+@jitable(nrt=True)
 def _mask_row(x, row, col0, causal):
     if causal:
         for c in range(max(row + 1 - col0, 0), x.size):
             x[c] = -np.inf
 
 
-@njit(cache=True)
+@jitable(nrt=True)
 def _softmax(W, iS, S, iP, P, im, N, M, causal):
     """P = softmax(S) row-wise, one pass when a row fits in fast memory, two passes otherwise."""
     hm = alloc(W, im, 0, 1, 0, 2)  # the current row's max and sum
@@ -177,14 +178,14 @@ def standard_forward(mem, Q, K, V, *, N, d, B, scale, causal=False, dtype=np.flo
 # Exact count: :func:`iosim.io_model.standard_backward`.
 
 
-@njit(cache=True)
+@jitable(nrt=True)
 def _mask_grad_row(x, row, col0, causal):
     if causal:
         for c in range(max(row + 1 - col0, 0), x.size):
             x[c] = 0.0
 
 
-@njit(cache=True)
+@jitable(nrt=True)
 def _softmax_backward(W, iP, P, idP, dP, idS, dS, iD, N, M, causal):
     """Step 3 of Algorithm 3: dS = P o (dP - D) row-wise, D_i = rowsum(P o dP)_i; one pass when a row of P and of
     dP fit in fast memory, two passes otherwise."""

@@ -9,18 +9,23 @@ True
 from iosim.api import PassResult, Result, algorithm_names, run
 from iosim.check import CheckReport, check
 from iosim.errors import InputError
-from iosim.memory_model import CapacityError
+from iosim.memory_model import CapacityError, ScheduleError, Trace
+from iosim.registry import register, unregister
 from iosim.sweep import sweep
 
 __all__ = [
     "CapacityError",
     "CheckReport",
     "InputError",
+    "ScheduleError",
+    "Trace",
     "PassResult",
     "Result",
     "algorithm_names",
     "check",
+    "register",
     "run",
     "sweep",
+    "unregister",
 ]
 __version__ = "0.1.0"

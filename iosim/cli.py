@@ -7,15 +7,19 @@ with code 2, never a traceback.
 from __future__ import annotations
 
 import argparse
+import csv
 import json
+import math
 import os
 import sys
+import warnings
+from pathlib import Path
 
 from tabulate import tabulate
 
-from iosim import api, bounds, registry
+from iosim import api, bounds, registry, warmup
 from iosim.errors import InputError
-from iosim.memory_model import CapacityError
+from iosim.memory_model import CapacityError, ScheduleError
 
 FORMATS = ("simple", "github", "latex", "plain")
 COMPARE_DEFAULTS = {"N": 1024, "d": 64, "M": 16384}
@@ -29,20 +33,44 @@ def _fmt_err(x) -> str:
     return "-" if x is None else f"{x:.2e}"
 
 
-def _positive(name: str):
+def _positive(name: str, limit: int | None = None):
+    """An argparse type: an integer from 1 (to ``limit``); a bad value is one line and exit code 2."""
+    accepted = "a positive integer" if limit is None else f"an integer from 1 to {limit:,}"
+
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be a positive integer, got {text!r}") from None
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"{name} must be a positive integer, got {value}")
+            raise argparse.ArgumentTypeError(f"{name} must be {accepted}, got {text!r}") from None
+        if value <= 0 or (limit is not None and value > limit):
+            raise argparse.ArgumentTypeError(f"{name} must be {accepted}, got {value}")
         return value
 
     return parse
 
 
+def _seed(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--seed must be an integer from 0 to 2^64 - 1, got {text!r}") from None
+    if not 0 <= value < api.MAX_SEED:
+        raise argparse.ArgumentTypeError(f"--seed must be an integer from 0 to 2^64 - 1, got {value}")
+    return value
+
+
+def _scale(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--scale must be a finite number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"--scale must be a finite number, got {text!r}")
+    return value
+
+
 SIZES = (("N", "sequence length"), ("d", "head dimension"), ("M", "fast-memory capacity in words"))
+LIMITS = {"N": api.MAX_N, "d": api.MAX_D, "M": api.MAX_M}
 
 
 def _add_sizes(p: argparse.ArgumentParser, defaults: dict | None = None) -> None:
@@ -51,7 +79,7 @@ def _add_sizes(p: argparse.ArgumentParser, defaults: dict | None = None) -> None
         default = defaults.get(name)
         p.add_argument(
             f"--{name}",
-            type=_positive(f"--{name}"),
+            type=_positive(f"--{name}", LIMITS[name]),
             default=default,
             required=default is None,
             help=what + ("" if default is None else f" (default {default})"),
@@ -68,7 +96,10 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--count-only", action="store_true", help="count I/O without arithmetic (scales to N = 2^20)")
     p.add_argument("--tiling", choices=("fit", "paper"), default="fit", help="block-size rule (default fit)")
     p.add_argument("--dtype", choices=api.DTYPES, default="float64", help="compute precision (default float64)")
-    p.add_argument("--seed", type=int, default=0, help="random seed of the inputs (default 0)")
+    p.add_argument("--seed", type=_seed, default=0, help="random seed of the inputs (default 0)")
+    p.add_argument("--scale", type=_scale, default=None, help="softmax scale (default 1/sqrt(d))")
+    p.add_argument("--no-reference", action="store_true", help="skip the float64 reference check (counts only)")
+    p.add_argument("--yes", action="store_true", help="allow a count-only run estimated at over a minute")
     p.add_argument("--format", choices=FORMATS, default="simple", help="table format (latex for papers)")
 
 
@@ -88,10 +119,20 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("compare", help="every algorithm side by side against the bounds (the main job)")
     _add_sizes(p, COMPARE_DEFAULTS)
     _add_run_options(p)
+    out = p.add_mutually_exclusive_group()
+    out.add_argument("--json", action="store_true", help="print the results (with provenance) as JSON")
+    out.add_argument("--csv", action="store_true", help="print the results as CSV, one row per algorithm")
 
     p = sub.add_parser("bounds", help="the papers' bounds at these sizes and the regime (M vs d^2)")
     _add_sizes(p)
     p.add_argument("--format", choices=FORMATS, default="simple")
+    p.add_argument("--json", action="store_true", help="print the bounds as JSON")
+
+    p = sub.add_parser("trace", help="record every load, store, alloc and free of a run and write it to a file")
+    p.add_argument("algorithm", help=f"one of: {', '.join(registry.algorithms())}")
+    _add_sizes(p)
+    _add_run_options(p)
+    p.add_argument("-o", "--output", required=True, help="the trace file: .csv, .npy or .parquet (iosim[parquet])")
 
     sub.add_parser("list", help="list the algorithms")
 
@@ -147,14 +188,21 @@ def _run_kwargs(args) -> dict:
         tiling=args.tiling,
         dtype=args.dtype,
         seed=args.seed,
+        scale=args.scale,
+        reference=not args.no_reference,
+        allow_long=args.yes,
     )
 
 
-def _cmd_run(args) -> None:
+def _exact(x) -> str:
+    return "-" if x is None else "yes" if x else "NO"
+
+
+def _cmd_run(args) -> int:
     r = api.run(args.algorithm, **_run_kwargs(args))
     if args.json:
         print(json.dumps(r.as_dict(), indent=2))
-        return
+        return 0 if r.finite else 1
     s, p = r.stats, r.predicted
     rows = [
         ["algorithm", r.algorithm],
@@ -166,12 +214,14 @@ def _cmd_run(args) -> None:
         ["writes", _fmt_int(s.writes)],
         ["  of which initialisation", _fmt_int(s.init_writes)],
         ["total", _fmt_int(s.total)],
-        ["predicted total (io_model)", _fmt_int(p.total)],
-        ["exact (per array and peak)", "yes" if r.main.exact else "NO"],
+        ["predicted total (io_model)", "-" if p is None else _fmt_int(p.total)],
+        ["exact (per array and peak)", _exact(r.main.exact)],
         ["peak / M", f"{s.peak} / {r.M}"],
+        ["fast memory at the peak", ", ".join(f"{n} {w}" for n, w in s.at_peak.items()) or "-"],
         [f"lower bound ({r.main.lower_bound_name})", _fmt_int(r.lower_bound)],
         ["total / lower bound", f"{s.total / r.lower_bound:.2f}" if r.lower_bound else "-"],
         ["max abs error vs float64", _fmt_err(r.max_abs_error)],
+        ["outputs finite", "yes" if r.finite else "NO (overflow: see the warning)"],
     ]
     if "backward" in r.passes:
         f = r.passes["forward"]
@@ -179,7 +229,7 @@ def _cmd_run(args) -> None:
             *([name + " max abs error", _fmt_err(err)] for name, err in r.errors.items()),
             ["forward tiling", str(f.tiling)],
             ["forward total", _fmt_int(f.stats.total)],
-            ["forward exact", "yes" if f.exact else "NO"],
+            ["forward exact", _exact(f.exact)],
             ["total, both passes", _fmt_int(f.stats.total + s.total)],
         ]
     print(tabulate(rows, tablefmt=args.format))
@@ -193,43 +243,76 @@ def _cmd_run(args) -> None:
             colalign=("left", "right", "right", "right"),
         )
     )
+    return 0 if r.finite else 1
 
 
-def _cmd_compare(args) -> None:
-    rows = []
+CSV_COLUMNS = (
+    "rank", "algorithm", "pass", "N", "d", "M", "causal", "dtype", "seed", "scale", "tiling", "reads", "writes",
+    "total", "init_writes", "peak", "predicted_total", "exact", "lower_bound", "lower_bound_name", "max_abs_error",
+    "finite", "iosim_version",
+)  # fmt: skip
+
+
+def _cmd_compare(args) -> int:
+    results = []
     failures = []
     lb, lb_name = bounds.lower_bound(args.N, args.d, args.M, backward=args.backward)
-    for name in registry.algorithms():
-        if args.backward and not registry.get(name).has_backward:
-            failures.append(f"{name}: no backward pass")
-            continue
+    kwargs = _run_kwargs(args)
+    names = [n for n in registry.algorithms() if not args.backward or registry.get(n).has_backward]
+    failures += [f"{n}: no backward pass" for n in registry.algorithms() if n not in names]
+    # On a cold Numba cache, a second process compiles standard attention (about half the first run's compile
+    # time) while this one runs the others: iosim.warmup.
+    key = f"compare-{args.dtype}-{'b' if args.backward else 'f'}-{'c' if args.count_only else 'n'}"
+    later = [n for n in names if n == "standard"]
+    worker = warmup.start(later, kwargs, key) if len(names) > 1 else None
+    order = [n for n in names if n not in later] + later if worker else names
+    for name in order:
+        if name in later and worker is not None:
+            worker.join()
         try:
-            r = api.run(name, **_run_kwargs(args))
-        except CapacityError as e:
+            results.append(api.run(name, **kwargs))
+        except (CapacityError, InputError) as e:
+            if isinstance(e, InputError) and e.parameter not in ("M", "tiling"):
+                raise  # a bad argument, not an algorithm that does not fit
             failures.append(f"{name}: {e}")
-            continue
-        except InputError as e:
-            failures.append(f"{name}: {e}")
-            continue
-        s = r.stats
-        rows.append(
-            [
-                name,
-                str(r.tiling).replace("rule=", ""),
-                s.reads,
-                s.writes,
-                s.total,
-                f"{s.peak / r.M:.3f}",
-                r.predicted.total,
-                "yes" if r.main.exact else "NO",
-                f"{s.total / lb:.2f}" if lb else "-",
-                _fmt_err(r.max_abs_error),
-            ]
-        )
-    rows.sort(key=lambda row: row[4])
+    warmup.finish(worker, key)
+    if not results:
+        need = [
+            a.min_M(args.N, args.d, args.backward)
+            for a in registry.REGISTRY.values()
+            if a.has_backward or not args.backward
+        ]
+        need = [m for m in need if m is not None]
+        smallest = f"; the smallest M that serves one is {min(need):,} words" if need else ""
+        raise InputError("M", f"is too small for every algorithm at N={args.N}, d={args.d}{smallest}", args.M)
+    results.sort(key=lambda r: r.stats.total)
+    if args.json or args.csv:
+        records = [{"rank": i + 1, **r.as_dict()} for i, r in enumerate(results)]
+        if args.json:
+            print(
+                json.dumps(
+                    {"compare": records, "not_run": failures, "lower_bound": lb, "lower_bound_name": lb_name}, indent=2
+                )
+            )
+        else:
+            writer = csv.DictWriter(sys.stdout, fieldnames=CSV_COLUMNS, extrasaction="ignore", lineterminator="\n")
+            writer.writeheader()
+            for rec in records:
+                writer.writerow({**rec, "tiling": ";".join(f"{k}={v}" for k, v in rec["tiling"].items())})
+        return 0 if all(r.finite for r in results) else 1
     ranked = [
-        [i + 1, *row[:2], *(_fmt_int(x) for x in row[2:5]), row[5], _fmt_int(row[6]), *row[7:]]
-        for i, row in enumerate(rows)
+        [
+            i + 1,
+            r.algorithm,
+            str(r.tiling).replace("rule=", ""),
+            *(_fmt_int(x) for x in (r.stats.reads, r.stats.writes, r.stats.total)),
+            f"{r.stats.peak / r.M:.3f}",
+            "-" if r.predicted is None else _fmt_int(r.predicted.total),
+            _exact(r.main.exact),
+            f"{r.stats.total / lb:.2f}" if lb else "-",
+            _fmt_err(r.max_abs_error) if r.finite else "NOT FINITE",
+        ]
+        for i, r in enumerate(results)
     ]
     print(
         f"N={args.N}, d={args.d}, M={args.M} words ({bounds.regime(args.d, args.M)}; d^2 = {args.d**2}), "
@@ -268,6 +351,7 @@ def _cmd_compare(args) -> None:
     )
     for f in failures:
         print(f"not run: {f}")
+    return 0 if all(r.finite for r in results) else 1
 
 
 def _theory_line(d: int, M: int) -> str:
@@ -277,6 +361,19 @@ def _theory_line(d: int, M: int) -> str:
 
 def _cmd_bounds(args) -> None:
     N, d, M = args.N, args.d, args.M
+    if args.json:
+        from iosim import __version__
+
+        winner, reason = bounds.theory_winner(d, M)
+        doc = {"iosim_version": __version__, "N": N, "d": d, "M": M, "regime": bounds.regime(d, M)}
+        doc["theory_winner"], doc["reason"] = winner, reason
+        for title, bs in (("forward", bounds.forward_bounds(N, d, M)), ("backward", bounds.backward_bounds(N, d, M))):
+            doc[title] = [
+                {k: getattr(b, k) for k in ("name", "kind", "value", "formula", "regime", "applies", "citation")}
+                for b in bs
+            ]
+        print(json.dumps(doc, indent=2))
+        return
     print(f"N={N}, d={d}, M={M}: {bounds.regime(d, M)}; d^2 = {d * d}, M/d^2 = {M / (d * d):.3g}")
     print(_theory_line(d, M))
     for title, bs in (("forward", bounds.forward_bounds(N, d, M)), ("backward", bounds.backward_bounds(N, d, M))):
@@ -436,6 +533,56 @@ def _cmd_sweep(args) -> int:
     return 2 if bad else 0
 
 
+def _cmd_trace(args) -> int:
+    """Run one algorithm with the event trace on and write it (.csv, .npy or .parquet), then replay it."""
+    from iosim.trace_io import write_trace
+
+    out = Path(args.output)
+    kwargs = _run_kwargs(args)
+    r = api.run(args.algorithm, **{**kwargs, "trace": True})
+    write_trace(r.trace, out)  # checks the suffix and the parquet extra before anything is written
+    replayed = r.trace.replay(r.M, strict=False)
+    same = replayed == r.stats
+    print(
+        f"{r.algorithm} {r.main.name}: {len(r.trace):,} events written to {out} "
+        f"({out.stat().st_size:,} bytes); reads {_fmt_int(r.stats.reads)}, writes {_fmt_int(r.stats.writes)}, "
+        f"peak {r.stats.peak} of M={r.M}"
+    )
+    print(f"replay through a fresh model of M={r.M} words: {'equal counts and peak' if same else 'DIFFERENT'}")
+    return 0 if same else 1
+
+
+class _CompileNotice:
+    """Prints one line on stderr when Numba starts compiling (a first run, or after a code change)."""
+
+    def __init__(self) -> None:
+        self.shown = False
+
+    def __call__(self, *_) -> None:
+        if not self.shown:
+            self.shown = True
+            print(
+                "iosim: compiling Numba kernels for first use (cached for later runs; NUMBA_CACHE_DIR sets where) ...",
+                file=sys.stderr,
+                flush=True,
+            )
+
+
+def _watch_compiles():
+    from numba.core import event
+
+    notice = _CompileNotice()
+
+    class Listener(event.Listener):
+        def on_start(self, ev):
+            notice()
+
+        def on_end(self, ev):
+            pass
+
+    event.register("numba:compile", Listener())
+
+
 COMMANDS = {
     "run": _cmd_run,
     "compare": _cmd_compare,
@@ -445,14 +592,21 @@ COMMANDS = {
     "gpu-resources": _cmd_gpu_resources,
     "experiments": _cmd_experiments,
     "sweep": _cmd_sweep,
+    "trace": _cmd_trace,
 }
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    _watch_compiles()
     try:
-        rc = COMMANDS[args.command](args)
-    except (InputError, CapacityError) as e:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", RuntimeWarning)
+            rc = COMMANDS[args.command](args)
+        for w in caught:
+            if issubclass(w.category, RuntimeWarning) and str(w.message).startswith(tuple(registry.REGISTRY)):
+                print(f"iosim: warning: {w.message}", file=sys.stderr)
+    except (InputError, CapacityError, ScheduleError) as e:
         print(f"iosim: error: {e}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # output piped into `head` and closed early: not an error

@@ -39,6 +39,8 @@ class Algorithm:
     backward: Callable[..., dict] | None = None
     predict_backward: Callable[..., Prediction] | None = None
     choose_backward_tiling: Callable[[int, int, int, str], Tiling] | None = None
+    square_arrays: tuple[int, int] = (0, 0)  # N x N slow arrays a numeric forward / backward allocates
+    builtin: bool = False  # built-in: its count-only runs may use the counters-only memory (see iosim.api.run)
 
     @property
     def has_backward(self) -> bool:
@@ -49,7 +51,7 @@ class Algorithm:
         choose = self.choose_backward_tiling or self.choose_tiling
         return choose(N, d, M, rule)
 
-    def min_M(self, N: int, d: int, backward: bool = False) -> int:
+    def min_M(self, N: int, d: int, backward: bool = False) -> int | None:
         """The smallest M for which the ``fit`` rule finds a tiling (of the forward and, if asked, the backward)."""
 
         def fits(M: int) -> bool:
@@ -63,6 +65,8 @@ class Algorithm:
 
         lo, hi = 1, 1
         while not fits(hi):
+            if hi > 1 << 40:
+                return None
             lo, hi = hi + 1, hi * 2
         while lo < hi:
             mid = (lo + hi) // 2
@@ -137,6 +141,8 @@ REGISTRY: dict[str, Algorithm] = {
             lambda N, d, M, t, causal: io_model.standard_forward(N, d, M, t.B, causal),
             backward=_standard_backward,
             predict_backward=lambda N, d, M, t, causal: io_model.standard_backward(N, d, M, t.B, causal),
+            square_arrays=(2, 5),
+            builtin=True,
         ),
         Algorithm(
             "flash1",
@@ -148,6 +154,7 @@ REGISTRY: dict[str, Algorithm] = {
             backward=_flash1_backward,
             predict_backward=lambda N, d, M, t, causal: io_model.flash1_backward(N, d, t.Br, t.Bc, causal),
             choose_backward_tiling=lambda N, d, M, rule: tiling.flash_backward_tiling("flash1", N, d, M, rule),
+            builtin=True,
         ),
         Algorithm(
             "flash2",
@@ -159,6 +166,7 @@ REGISTRY: dict[str, Algorithm] = {
             backward=_flash2_backward,
             predict_backward=lambda N, d, M, t, causal: io_model.flash2_backward(N, d, t.Br, t.Bc, causal),
             choose_backward_tiling=lambda N, d, M, rule: tiling.flash_backward_tiling("flash2", N, d, M, rule),
+            builtin=True,
         ),
         Algorithm(
             "square-tiling",
@@ -169,17 +177,113 @@ REGISTRY: dict[str, Algorithm] = {
             lambda N, d, M, t, causal: io_model.square_tiling_forward(N, d, t.B, causal),
             backward=_square_tiling_backward,
             predict_backward=lambda N, d, M, t, causal: io_model.square_tiling_backward(N, d, t.B, causal),
+            square_arrays=(1, 3),
+            builtin=True,
         ),
     ]
 }
 
 
+ENTRY_POINT_GROUP = "iosim.algorithms"
+_plugins_loaded = False
+
+
+def _user_tiling(N: int, d: int, M: int, rule: str) -> Tiling:
+    """The tiling of a user algorithm registered without a tiling rule: the rule name only (it chooses its own)."""
+    if rule not in tiling.RULES:
+        raise InputError("tiling", f"must be one of {', '.join(tiling.RULES)}", rule)
+    return Tiling(rule)
+
+
+def register(
+    name: str,
+    forward: Callable[..., dict],
+    *,
+    title: str = "",
+    citation: str = "",
+    tiling: Callable[[int, int, int, str], Tiling] | None = None,
+    predict: Callable[..., Prediction | None] | None = None,
+    backward: Callable[..., dict] | None = None,
+    predict_backward: Callable[..., Prediction | None] | None = None,
+    backward_tiling: Callable[[int, int, int, str], Tiling] | None = None,
+    replace: bool = False,
+) -> Algorithm:
+    """Add an algorithm to iosim: it appears in ``iosim run``, ``compare``, ``trace`` and every later tool exactly
+    like a built-in one.
+
+    ``forward(mem, Q, K, V, N, d, tiling, scale, causal, dtype) -> dict`` runs the schedule on the
+    :class:`~iosim.memory_model.TwoLevelMemory` ``mem`` (in plain Python with :class:`iosim.memory_model.Memory`,
+    or a Numba driver through ``mem.call``) and returns its outputs, "O" at least ("L", the row logsumexp, if it
+    has one); Q, K and V are None in a count-only run. ``tiling(N, d, M, rule) -> Tiling`` chooses the blocks (rule
+    "fit" or "paper"; raise :class:`~iosim.errors.InputError` naming M when none fits); without one the algorithm
+    receives ``Tiling(rule)`` and picks its own. ``predict(N, d, M, tiling, causal)`` returns the exact closed form
+    (an :class:`iosim.io_model.Prediction`) or None; without one, ``exact`` is reported as unknown. ``backward(mem,
+    Q, K, V, dO, fwd, N, d, tiling, scale, causal, dtype) -> dict`` with "dQ", "dK", "dV" (``fwd`` is the dict the
+    forward returned). A user algorithm always runs on the checked memory (the tile table), count-only included.
+
+    Separate packages register algorithms through the entry-point group ``iosim.algorithms``: each entry point
+    names a callable that calls this function (or an :class:`Algorithm`), loaded the first time iosim lists or
+    looks up algorithms.
+    """
+    if not isinstance(name, str) or not name or any(c.isspace() for c in name):
+        raise InputError("name", "must be a non-empty algorithm name without spaces", name)
+    if name in REGISTRY and not replace:
+        raise InputError("name", f"is already registered ({name}); pass replace=True to replace it", name)
+    if not callable(forward):
+        raise InputError("forward", "must be callable: forward(mem, Q, K, V, N, d, tiling, scale, causal, dtype)")
+    for what, fn in (("tiling", tiling), ("predict", predict), ("backward", backward)):
+        if fn is not None and not callable(fn):
+            raise InputError(what, "must be callable or None", fn)
+    algo = Algorithm(
+        name,
+        title or f"user algorithm {name}",
+        citation or "registered with iosim.register",
+        tiling or _user_tiling,
+        forward,
+        predict or (lambda N, d, M, t, causal: None),
+        backward=backward,
+        predict_backward=(predict_backward or (lambda N, d, M, t, causal: None)) if backward else None,
+        choose_backward_tiling=backward_tiling,
+    )
+    REGISTRY[name] = algo
+    return algo
+
+
+def unregister(name: str) -> None:
+    """Remove a user-registered algorithm (built-in ones stay)."""
+    if name in REGISTRY and not REGISTRY[name].builtin:
+        del REGISTRY[name]
+
+
+def _load_plugins() -> None:
+    """Register the algorithms of installed packages (entry-point group ``iosim.algorithms``), once."""
+    global _plugins_loaded
+    if _plugins_loaded:
+        return
+    _plugins_loaded = True
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            obj = ep.load()
+            if isinstance(obj, Algorithm):
+                REGISTRY.setdefault(obj.name, obj)
+            elif callable(obj):
+                obj()
+        except Exception as e:  # a broken plugin must not break iosim: say which, and go on
+            import warnings
+
+            warnings.warn(f"iosim: the algorithm plugin {ep.name!r} ({ep.value}) failed to load: {e}", stacklevel=2)
+
+
 def get(name: str) -> Algorithm:
-    if name not in REGISTRY:
+    _load_plugins()
+    if not isinstance(name, str) or name not in REGISTRY:
         raise InputError("algorithm", f"must be one of {', '.join(REGISTRY)}", name)
     return REGISTRY[name]
 
 
 def algorithms() -> list[str]:
     """The names of all registered algorithms."""
+    _load_plugins()
     return list(REGISTRY)

@@ -56,7 +56,27 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from numba import njit, types
-from numba.extending import overload
+from numba.extending import overload, register_jitable
+
+# The model's ops and their helpers are "jitable" functions: plain Python when called from Python (the schedule
+# API, NUMBA_DISABLE_JIT), compiled when called from a Numba driver. Unlike an @njit dispatcher, a jitable function
+# is compiled once per argument *type*, not once per combination of literal values at its call sites (Numba
+# specialises an @njit callee on literal ints: load(..., 0, d, ...) and load(..., c0, d, ...) would be two
+# compilations), which keeps the first run's compile time down. No runtime (``_nrt=False``): the ops allocate
+# nothing, so they carry no reference counting.
+_JITABLE: dict = {}  # this module's jitable functions by name
+_JITABLE_FUNCS: set = set()  # every jitable function (drivers' helpers in iosim.algorithms too)
+
+
+def jitable(fn=None, *, nrt: bool = False):
+    """Make ``fn`` jitable (see above); ``nrt=True`` for a helper that allocates (a driver's tile products)."""
+    if fn is None:
+        return lambda f: jitable(f, nrt=nrt)
+    if fn.__module__ == __name__:
+        _JITABLE[fn.__name__] = fn
+    _JITABLE_FUNCS.add(fn)
+    return register_jitable(cache=True, _nrt=nrt)(fn) if not nrt else register_jitable(cache=True)(fn)
+
 
 MAX_ARRAYS = 64
 MAX_TILES = 64  # a power of two: handle & (MAX_TILES - 1) is the slot
@@ -128,7 +148,7 @@ class ScheduleError(RuntimeError):
 # ---------------------------------------------------------------------------------------------------------------
 
 
-@njit(cache=True, inline="always", _nrt=False)
+@jitable
 def _error(W, code, aid, r0, nr, c0, nc, handle, words):
     if W[_ECODE] == 0:
         W[_ECODE] = code
@@ -141,7 +161,7 @@ def _error(W, code, aid, r0, nr, c0, nc, handle, words):
         W[_EWORDS] = words
 
 
-@njit(cache=True, inline="always", _nrt=False)
+@jitable
 def _event(W, op, aid, r0, nr, c0, nc, words, handle):
     k = W[_NEV]
     W[_NEV] = k + 1
@@ -158,20 +178,20 @@ def _event(W, op, aid, r0, nr, c0, nc, words, handle):
         W[e + _EV_HANDLE] = handle
 
 
-@njit(cache=True, inline="always", _nrt=False)
+@jitable
 def _bad_region(W, aid, r0, nr, c0, nc):
     a = A0 + aid * _STRIDE
     return r0 < 0 or nr < 0 or c0 < 0 or nc < 0 or r0 + nr > W[a + _ROWS] or c0 + nc > W[a + _COLS]
 
 
-@njit(cache=True, _nrt=False)
+@jitable
 def _new_peak(W, res):
     W[_PEAK] = res
     for a in range(MAX_ARRAYS):  # the composition of fast memory at the peak
         W[A0 + a * _STRIDE + _APEAK] = W[A0 + a * _STRIDE + _ARES]
 
 
-@njit(cache=True, inline="always", _nrt=False)
+@jitable
 def _acquire(W, aid, words):
     """Make ``words`` resident for array ``aid``; record the first overflow; track the peak."""
     res = W[_RES] + words
@@ -186,13 +206,13 @@ def _acquire(W, aid, words):
         _new_peak(W, res)
 
 
-@njit(cache=True, inline="always", _nrt=False)
+@jitable
 def _open_fast(W, aid, words):
     _acquire(W, aid, words)
     return _FASTBIT | (aid << 40) | words
 
 
-@njit(cache=True, inline="always", _nrt=False)
+@jitable
 def _open(W, aid, r0, nr, c0, nc):
     """Take a free slot for the region, make its words resident, check capacity; return the handle (-1: error)."""
     if W[_FAST] != 0:
@@ -221,7 +241,7 @@ def _open(W, aid, r0, nr, c0, nc):
     return (seq << _SHIFT) | slot
 
 
-@njit(cache=True, inline="always", _nrt=False)
+@jitable
 def _slot(W, h):
     """The tile row of a live handle, or -1 (stale, foreign or freed)."""
     if h < 0:
@@ -241,13 +261,25 @@ def _fits(dst, nr, nc):
 
 def _copy_in(src, r0, nr, c0, nc, dst):
     """dst[:nr, :nc] = src[r0:r0+nr, c0:c0+nc] (a vector: dst[:nr] = src[r0:r0+nr])."""
+    if dst is None:
+        return
+    if dst.ndim == 1:
+        dst[:nr] = src[r0 : r0 + nr]
+    else:
+        dst[:nr, :nc] = src[r0 : r0 + nr, c0 : c0 + nc]
 
 
 def _copy_out(src, nr, nc, dst, r0, c0):
     """dst[r0:r0+nr, c0:c0+nc] = src[:nr, :nc] (a vector: dst[r0:r0+nr] = src[:nr])."""
+    if dst is None:
+        return
+    if dst.ndim == 1:
+        dst[r0 : r0 + nr] = src[:nr]
+    else:
+        dst[r0 : r0 + nr, c0 : c0 + nc] = src[:nr, :nc]
 
 
-@overload(_fits, jit_options={"cache": True, "_nrt": False}, inline="always")
+@overload(_fits, jit_options={"cache": True, "_nrt": False})
 def _ol_fits(dst, nr, nc):
     if isinstance(dst, types.NoneType):
         return lambda dst, nr, nc: True
@@ -256,7 +288,7 @@ def _ol_fits(dst, nr, nc):
     return lambda dst, nr, nc: dst.shape[0] >= nr and dst.shape[1] >= nc
 
 
-@overload(_copy_in, jit_options={"cache": True, "_nrt": False}, inline="always")
+@overload(_copy_in, jit_options={"cache": True, "_nrt": False})
 def _ol_copy_in(src, r0, nr, c0, nc, dst):
     if isinstance(dst, types.NoneType):
         return lambda src, r0, nr, c0, nc, dst: None
@@ -276,7 +308,7 @@ def _ol_copy_in(src, r0, nr, c0, nc, dst):
     return copy
 
 
-@overload(_copy_out, jit_options={"cache": True, "_nrt": False}, inline="always")
+@overload(_copy_out, jit_options={"cache": True, "_nrt": False})
 def _ol_copy_out(src, nr, nc, dst, r0, c0):
     if isinstance(dst, types.NoneType):
         return lambda src, nr, nc, dst, r0, c0: None
@@ -296,7 +328,7 @@ def _ol_copy_out(src, nr, nc, dst, r0, c0):
     return copy
 
 
-@njit(cache=True, _nrt=False)
+@jitable
 def load(W, aid, src, r0, nr, c0, nc, dst):
     """Load the nr x nc region of slow array ``aid`` (data ``src``) at (r0, c0) into ``dst[:nr, :nc]``.
 
@@ -314,7 +346,7 @@ def load(W, aid, src, r0, nr, c0, nc, dst):
     return h
 
 
-@njit(cache=True, _nrt=False)
+@jitable
 def load_vec(W, aid, src, r0, n, dst):
     """Load ``src[r0:r0+n]`` of vector ``aid`` into ``dst[:n]``; count n reads; return the handle."""
     if not _fits(dst, n, 1):
@@ -330,7 +362,7 @@ def load_vec(W, aid, src, r0, n, dst):
     return h
 
 
-@njit(cache=True, _nrt=False)
+@jitable
 def alloc(W, aid, r0, nr, c0, nc):
     """Reserve a tile of scratch for the nr x nc region of array ``aid`` at (r0, c0) (no I/O); return its handle."""
     h = _open(W, aid, r0, nr, c0, nc)
@@ -339,7 +371,7 @@ def alloc(W, aid, r0, nr, c0, nc):
     return h
 
 
-@njit(cache=True, _nrt=False)
+@jitable
 def alloc_vec(W, aid, r0, n):
     """Reserve scratch for ``n`` entries of vector ``aid`` from ``r0`` (row statistics m_i, l_i, D_i)."""
     h = _open(W, aid, r0, n, 0, 1)
@@ -348,7 +380,7 @@ def alloc_vec(W, aid, r0, n):
     return h
 
 
-@njit(cache=True, inline="always", _nrt=False)
+@jitable
 def _store(W, t, h, aid, r0, c0, src, dst):
     nr, nc = W[t + _TNR], W[t + _TNC]
     if _bad_region(W, aid, r0, nr, c0, nc):
@@ -360,10 +392,10 @@ def _store(W, t, h, aid, r0, c0, src, dst):
     _copy_out(src, nr, nc, dst, r0, c0)
 
 
-@njit(cache=True, _nrt=False)
+@jitable
 def store(W, h, src, dst):
     """Store live tile ``h`` (data ``src[:nr, :nc]``) to its own region of its array (data ``dst``)."""
-    if h & _FASTBIT:
+    if h >= _FASTBIT:  # a fast handle (h = -1, a failed op, is not one: it is stale)
         W[A0 + ((h >> 40) & 0x3FFFFF) * _STRIDE + _WRITES] += h & 0xFFFFFFFFFF
         return
     t = _slot(W, h)
@@ -373,11 +405,11 @@ def store(W, h, src, dst):
     _store(W, t, h, W[t + _TAID], W[t + _TR0], W[t + _TC0], src, dst)
 
 
-@njit(cache=True, _nrt=False)
+@jitable
 def store_to(W, h, src, aid, dst, r0, c0):
     """Store live tile ``h`` to the region of the same shape at (r0, c0) of array ``aid`` (P overwriting S on chip,
     written to P)."""
-    if h & _FASTBIT:
+    if h >= _FASTBIT:  # a fast handle (h = -1, a failed op, is not one: it is stale)
         W[A0 + aid * _STRIDE + _WRITES] += h & 0xFFFFFFFFFF
         return
     t = _slot(W, h)
@@ -387,10 +419,10 @@ def store_to(W, h, src, aid, dst, r0, c0):
     _store(W, t, h, aid, r0, c0, src, dst)
 
 
-@njit(cache=True, _nrt=False)
+@jitable
 def store_vec(W, h, src, dst):
     """Store live vector tile ``h`` (data ``src[:n]``) to its own entries of its vector (data ``dst``)."""
-    if h & _FASTBIT:
+    if h >= _FASTBIT:  # a fast handle (h = -1, a failed op, is not one: it is stale)
         W[A0 + ((h >> 40) & 0x3FFFFF) * _STRIDE + _WRITES] += h & 0xFFFFFFFFFF
         return
     t = _slot(W, h)
@@ -404,10 +436,10 @@ def store_vec(W, h, src, dst):
     _copy_out(src, n, 1, dst, r0, 0)
 
 
-@njit(cache=True, _nrt=False)
+@jitable
 def free(W, h):
     """Release exactly tile ``h`` (scratch or loaded)."""
-    if h & _FASTBIT:
+    if h >= _FASTBIT:  # a fast handle (h = -1, a failed op, is not one: it is stale)
         words = h & 0xFFFFFFFFFF
         W[_RES] -= words
         W[A0 + ((h >> 40) & 0x3FFFFF) * _STRIDE + _ARES] -= words
@@ -427,7 +459,7 @@ def free(W, h):
         _event(W, FREE, aid, W[t + _TR0], W[t + _TNR], W[t + _TC0], W[t + _TNC], words, h)
 
 
-@njit(cache=True, _nrt=False)
+@jitable
 def init_slow(W, aid, words):
     """Initialise ``words`` of a slow-memory array (e.g. zero O in HBM): counted as writes and as init writes."""
     a = A0 + aid * _STRIDE
@@ -437,7 +469,7 @@ def init_slow(W, aid, words):
         _event(W, INIT, aid, 0, W[a + _ROWS], 0, W[a + _COLS], words, -1)
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True)
 def _replay(W, events):
     """Apply a trace's events to a fresh memory (count-only): the handles it issues are the trace's own."""
     for k in range(events.shape[0]):
@@ -754,7 +786,25 @@ class TwoLevelMemory:
 # variants of any helper driver it calls), so it is the same schedule, not a second copy of it.
 
 _OPS = ("load", "load_vec", "alloc", "alloc_vec", "store", "store_to", "store_vec", "free", "init_slow")
-_INLINE_OPS = {name: njit(cache=True, inline="always", _nrt=False)(globals()[name].py_func) for name in _OPS}
+_INLINED: dict = {}
+
+
+def _inlined(fn):
+    """An ``inline="always"`` @njit copy of one of this module's jitable functions whose calls to the others go to
+    their inlined copies too (the same source: only the globals differ)."""
+    import types as pytypes
+
+    if fn in _INLINED:
+        return _INLINED[fn]
+    g = dict(fn.__globals__)
+    for name in fn.__code__.co_names:
+        if name in _JITABLE and _JITABLE[name] is not fn:
+            g[name] = _inlined(_JITABLE[name])
+    copy_fn = pytypes.FunctionType(fn.__code__, g, fn.__name__, fn.__defaults__, fn.__closure__)
+    copy_fn.__qualname__ = fn.__qualname__ + "__inlined"
+    copy_fn.__module__ = fn.__module__
+    _INLINED[fn] = copy = njit(cache=True, inline="always", _nrt=False)(copy_fn)
+    return copy
 
 
 # The counters-only ops of a fast memory (TwoLevelMemory(fast=True)): what a checked op counts, without the tile
@@ -800,31 +850,30 @@ _FAST_OPS = {
     "store_to": _fast_store_to,
     "store_vec": _fast_store,
     "free": _fast_free,
-    "init_slow": init_slow.py_func,
+    "init_slow": init_slow,
 }
-_FAST_OPS = {k: njit(cache=True, inline="always", _nrt=False)(f) for k, f in _FAST_OPS.items()}
+_FAST_OPS = {k: _inlined(jitable(f)) for k, f in _FAST_OPS.items()}
+_INLINE_OPS = {name: _inlined(_JITABLE[name]) for name in _OPS}
 _VARIANTS: dict = {}
 
 
 def count_only_variant(driver, fast: bool = False):
-    """The count-only variant of an @njit driver (see above), with the checked ops or, ``fast``, the counters-only
-    ops of a fast memory; cached per driver."""
+    """The count-only variant of an @njit driver or jitable helper (see above), with the checked ops or, ``fast``,
+    the counters-only ops of a fast memory; cached per driver."""
     import types as pytypes
-
-    from numba.core.registry import CPUDispatcher
 
     key = (driver, fast)
     if key in _VARIANTS:
         return _VARIANTS[key]
     ops = _FAST_OPS if fast else _INLINE_OPS
-    py = driver.py_func
+    py = getattr(driver, "py_func", driver)
     g = dict(py.__globals__)
     for name in py.__code__.co_names:
         value = g.get(name)
-        op = next((op for op in _OPS if value is globals()[op]), None)
+        op = next((op for op in _OPS if value is _JITABLE[op]), None)
         if op is not None:
             g[name] = ops[op]
-        elif isinstance(value, CPUDispatcher) and _calls_ops(value):
+        elif value is not driver and _is_driver(value) and _calls_ops(value):
             g[name] = count_only_variant(value, fast)
     fn = pytypes.FunctionType(py.__code__, g, py.__name__, py.__defaults__, py.__closure__)
     fn.__qualname__ = py.__qualname__ + ("__fast" if fast else "__count_only")
@@ -834,14 +883,23 @@ def count_only_variant(driver, fast: bool = False):
     return variant
 
 
-def _calls_ops(dispatcher) -> bool:
+def _is_driver(value) -> bool:
     from numba.core.registry import CPUDispatcher
 
-    g = dispatcher.py_func.__globals__
-    for name in dispatcher.py_func.__code__.co_names:
+    return isinstance(value, CPUDispatcher) or (value in _JITABLE_FUNCS and value.__module__ != __name__)
+
+
+def _calls_ops(fn, seen=None) -> bool:
+    seen = set() if seen is None else seen
+    py = getattr(fn, "py_func", fn)
+    if py in seen:
+        return False
+    seen.add(py)
+    g = py.__globals__
+    for name in py.__code__.co_names:
         value = g.get(name)
-        if any(value is globals()[op] for op in _OPS):
+        if any(value is _JITABLE[op] for op in _OPS):
             return True
-        if isinstance(value, CPUDispatcher) and value is not dispatcher and _calls_ops(value):
+        if _is_driver(value) and _calls_ops(value, seen):
             return True
     return False
