@@ -9,7 +9,7 @@ True
 from iosim.api import PassResult, Result, algorithm_names, run
 from iosim.check import CheckReport, check
 from iosim.errors import InputError
-from iosim.memory_model import CapacityError, ScheduleError, Trace
+from iosim.memory_model import CapacityError, Memory, ScheduleError, Trace
 from iosim.registry import register, unregister
 from iosim.sweep import sweep
 
@@ -17,6 +17,7 @@ __all__ = [
     "CapacityError",
     "CheckReport",
     "InputError",
+    "Memory",
     "ScheduleError",
     "Trace",
     "PassResult",

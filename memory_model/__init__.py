@@ -24,12 +24,16 @@ from iosim.memory_model.core import (
     store_to,
     store_vec,
 )
+from iosim.memory_model.schedule import FastTile, Memory, SlowArray
 
 __all__ = [
     "MAX_TILES",
     "ArrayCounts",
     "CapacityError",
+    "FastTile",
+    "Memory",
     "ScheduleError",
+    "SlowArray",
     "Stats",
     "Tally",
     "Tile",

@@ -84,6 +84,7 @@ _SHIFT = 6  # log2(MAX_TILES)
 # W is one flat int64 array. The header:
 _RES, _PEAK, _M, _STRICT, _SEQ, _TOP, _TCAP, _NEV = 0, 1, 2, 3, 4, 5, 6, 7
 _FAST = 20  # 1: counters only (see "Two speeds" in the docstring)
+_HEAD = 21  # the free slots are a ring (first freed, first reused): its head; _TOP counts the free slots
 _FASTBIT = 1 << 62  # a fast handle: _FASTBIT | aid << 40 | words
 _OVER, _OV_AID, _OV_NEED, _OV_FREE = 8, 9, 10, 11  # the first overflow
 _ECODE, _EAID, _ER0, _ENR, _EC0, _ENC, _EHANDLE, _EWORDS = 12, 13, 14, 15, 16, 17, 18, 19  # the first error
@@ -102,13 +103,14 @@ E0 = T0 + MAX_TILES * _STRIDE
 # Event ops, in trace order (and the schedule-error codes).
 LOAD, STORE, ALLOC, FREE, INIT = 1, 2, 3, 4, 5
 OPS = {LOAD: "load", STORE: "store", ALLOC: "alloc", FREE: "free", INIT: "init"}
-E_STALE, E_REGION, E_FULL, E_BUFFER, E_SHAPE = 1, 2, 3, 4, 5
+E_STALE, E_REGION, E_FULL, E_BUFFER, E_SHAPE, E_FREED = 1, 2, 3, 4, 5, 6
 _ERROR_TEXT = {
     E_STALE: "a stale or foreign tile handle (freed twice, stored after its free, or never issued)",
     E_REGION: "a region outside the array or of negative size",
     E_FULL: f"more than {MAX_TILES} tiles resident at once",
     E_BUFFER: "a fast-memory buffer smaller than its tile",
     E_SHAPE: "a store to a region of another shape or outside the target array",
+    E_FREED: "a stale handle: its tile was freed (freed twice, or used after its free)",
 }
 
 
@@ -220,12 +222,13 @@ def _open(W, aid, r0, nr, c0, nc):
     if _bad_region(W, aid, r0, nr, c0, nc):
         _error(W, E_REGION, aid, r0, nr, c0, nc, -1, nr * nc)
         return -1
-    top = W[_TOP] - 1
-    if top < 0:
+    if W[_TOP] == 0:
         _error(W, E_FULL, aid, r0, nr, c0, nc, -1, nr * nc)
         return -1
-    W[_TOP] = top
-    slot = W[S0 + top]
+    W[_TOP] -= 1
+    head = W[_HEAD]
+    slot = W[S0 + head]
+    W[_HEAD] = (head + 1) & (MAX_TILES - 1)
     seq = W[_SEQ] + 1
     W[_SEQ] = seq
     words = nr * nc
@@ -239,6 +242,18 @@ def _open(W, aid, r0, nr, c0, nc):
     W[t + _TWORDS] = words
     _acquire(W, aid, words)
     return (seq << _SHIFT) | slot
+
+
+@jitable
+def _stale(W, h):
+    """Record a stale-handle error, naming the freed tile while the table still remembers it (a freed tile keeps
+    its row, its sequence number negated, until its slot is reused: free slots are reused oldest first)."""
+    if 0 <= h < _FASTBIT:
+        t = T0 + (h & (MAX_TILES - 1)) * _STRIDE
+        if W[t + _TSEQ] == -(h >> _SHIFT):
+            _error(W, E_FREED, W[t + _TAID], W[t + _TR0], W[t + _TNR], W[t + _TC0], W[t + _TNC], h, W[t + _TWORDS])
+            return
+    _error(W, E_STALE, -1, 0, 0, 0, 0, h, 0)
 
 
 @jitable
@@ -400,7 +415,7 @@ def store(W, h, src, dst):
         return
     t = _slot(W, h)
     if t < 0:
-        _error(W, E_STALE, -1, 0, 0, 0, 0, h, 0)
+        _stale(W, h)
         return
     _store(W, t, h, W[t + _TAID], W[t + _TR0], W[t + _TC0], src, dst)
 
@@ -414,7 +429,7 @@ def store_to(W, h, src, aid, dst, r0, c0):
         return
     t = _slot(W, h)
     if t < 0:
-        _error(W, E_STALE, -1, 0, 0, 0, 0, h, 0)
+        _stale(W, h)
         return
     _store(W, t, h, aid, r0, c0, src, dst)
 
@@ -427,7 +442,7 @@ def store_vec(W, h, src, dst):
         return
     t = _slot(W, h)
     if t < 0:
-        _error(W, E_STALE, -1, 0, 0, 0, 0, h, 0)
+        _stale(W, h)
         return
     aid, r0, n = W[t + _TAID], W[t + _TR0], W[t + _TNR]
     W[A0 + aid * _STRIDE + _WRITES] += n
@@ -446,15 +461,14 @@ def free(W, h):
         return
     t = _slot(W, h)
     if t < 0:
-        _error(W, E_STALE, -1, 0, 0, 0, 0, h, 0)
+        _stale(W, h)
         return
     words, aid = W[t + _TWORDS], W[t + _TAID]
-    W[t + _TSEQ] = 0
+    W[t + _TSEQ] = -W[t + _TSEQ]  # freed: the row stays, to name the tile if its handle is used again
     W[_RES] -= words
     W[A0 + aid * _STRIDE + _ARES] -= words
-    top = W[_TOP]
-    W[S0 + top] = h & (MAX_TILES - 1)
-    W[_TOP] = top + 1
+    W[S0 + ((W[_HEAD] + W[_TOP]) & (MAX_TILES - 1))] = h & (MAX_TILES - 1)
+    W[_TOP] += 1
     if W[_TCAP] > 0:
         _event(W, FREE, aid, W[t + _TR0], W[t + _TNR], W[t + _TC0], W[t + _TNC], words, h)
 
@@ -486,7 +500,7 @@ def _replay(W, events):
             free(W, h)
         else:
             init_slow(W, aid, events[k, 6])
-        if h2 != h:
+        if h2 != h or W[_ECODE] != 0:
             return k
     return -1
 
@@ -646,7 +660,7 @@ class TwoLevelMemory:
         W[_TCAP] = trace_capacity
         W[_TOP] = MAX_TILES
         W[_FAST] = int(self.fast)
-        W[S0 : S0 + MAX_TILES] = np.arange(MAX_TILES)[::-1]  # slot 0 on top of the stack
+        W[S0 : S0 + MAX_TILES] = np.arange(MAX_TILES)  # the ring of free slots, slot 0 first
         for i, name in enumerate(self.names):
             self._arrays[i, _ROWS], self._arrays[i, _COLS] = self.shapes[name]
 
@@ -744,7 +758,7 @@ class TwoLevelMemory:
     def resident_tiles(self) -> list[Tile]:
         """The tiles in fast memory now, oldest first."""
         T = self._tiles
-        slots = sorted((s for s in range(MAX_TILES) if T[s, _TSEQ] != 0), key=lambda s: T[s, _TSEQ])
+        slots = sorted((s for s in range(MAX_TILES) if T[s, _TSEQ] > 0), key=lambda s: T[s, _TSEQ])
         return [
             Tile(
                 (int(T[s, _TSEQ]) << _SHIFT) | s,

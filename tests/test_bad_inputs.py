@@ -7,11 +7,11 @@ import sys
 
 import numpy as np
 import pytest
+from iosim.memory_model import CapacityError
 
 import iosim
 from iosim import InputError
 from iosim.cli import main
-from iosim.memory_model import CapacityError
 
 SIZES = ["--N", "64", "--d", "8", "--M", "1000"]
 BIG = str(2**41)
@@ -107,10 +107,18 @@ API_CASES = [
     *(({**OK, "scale": s}, "scale") for s in ("abc", math.inf, math.nan, True, [1.0])),
     *(({**OK, "dtype": t}, "dtype") for t in ("float16", "int", np.int32, None)),
     *(({**OK, "tiling": t}, "tiling") for t in ("x", None, 1)),
-    *(({**OK, flag: value}, flag) for flag, value in [
-        ("causal", "yes"), ("backward", 1), ("count_only", "no"), ("trace", "t"), ("strict", None),
-        ("reference", "x"), ("allow_long", 2),
-    ]),  # fmt: skip
+    *(
+        ({**OK, flag: value}, flag)
+        for flag, value in [
+            ("causal", "yes"),
+            ("backward", 1),
+            ("count_only", "no"),
+            ("trace", "t"),
+            ("strict", None),
+            ("reference", "x"),
+            ("allow_long", 2),
+        ]
+    ),  # fmt: skip
     ({"Q": Q[:, 0], "K": K, "V": V, "M": 500}, "Q"),
     ({"Q": np.where(Q > 1, np.nan, Q), "K": K, "V": V, "M": 500}, "Q"),
     ({"Q": Q, "K": K[:5], "V": V, "M": 500}, "K"),

@@ -48,8 +48,8 @@ def test_bounds(capsys):
     [
         (["run", "flash9", "--N", "8", "--d", "4", "--M", "100"], "algorithm must be one of"),
         (["run", "flash1", "--N", "8", "--d", "64", "--M", "100"], "M must be at least 259"),
-        (["run", "flash1", "--N", "0", "--d", "4", "--M", "100"], "--N must be a positive integer"),
-        (["run", "flash1", "--N", "8", "--d", "x", "--M", "100"], "--d must be a positive integer"),
+        (["run", "flash1", "--N", "0", "--d", "4", "--M", "100"], "--N must be an integer from 1 to"),
+        (["run", "flash1", "--N", "8", "--d", "x", "--M", "100"], "--d must be an integer from 1 to"),
         (["run", "flash1", "--N", "1024", "--d", "64", "--M", "4096", "--tiling", "paper"], "capacity exceeded"),
     ],
 )

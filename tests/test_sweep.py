@@ -151,6 +151,6 @@ def test_cli_sweep(tmp_path, capsys):
     assert "2 points: 2 computed" in capsys.readouterr().out and out.exists()
     assert main(["sweep", "--N", "64", "0", "--d", "8", "--M", "256", "--no-cache", "--jobs", "2"]) == 2
     captured = capsys.readouterr()
-    assert "invalid point" in captured.err and "N must be a positive integer" in captured.err
+    assert "invalid point" in captured.err and "N must be an integer from 1 to" in captured.err
     assert "Traceback" not in captured.err
     assert main(["sweep", "--N", "64", "--d", "8", "--M", "256", "--pass", "sideways", "--no-cache"]) == 2
