@@ -408,47 +408,39 @@ def _store(W, t, h, aid, r0, c0, src, dst):
 
 
 @jitable
-def store(W, h, src, dst):
-    """Store live tile ``h`` (data ``src[:nr, :nc]``) to its own region of its array (data ``dst``)."""
-    if h >= _FASTBIT:  # a fast handle (h = -1, a failed op, is not one: it is stale)
-        W[A0 + ((h >> 40) & 0x3FFFFF) * _STRIDE + _WRITES] += h & 0xFFFFFFFFFF
-        return
+def _live(W, h):
+    """The tile row of live handle ``h``, or -1 after recording a stale handle as the schedule's error."""
     t = _slot(W, h)
     if t < 0:
         _stale(W, h)
+    return t
+
+
+@jitable
+def store(W, h, src, dst):
+    """Store live tile ``h`` (data ``src[:nr, :nc]``, a vector's ``src[:n]``) to its own region of its array (data
+    ``dst``)."""
+    if h >= _FASTBIT:  # a fast handle (h = -1, a failed op, is not one: it is stale)
+        W[A0 + ((h >> 40) & 0x3FFFFF) * _STRIDE + _WRITES] += h & 0xFFFFFFFFFF
         return
-    _store(W, t, h, W[t + _TAID], W[t + _TR0], W[t + _TC0], src, dst)
+    t = _live(W, h)
+    if t >= 0:
+        _store(W, t, h, W[t + _TAID], W[t + _TR0], W[t + _TC0], src, dst)
+
+
+store_vec = store  # a vector tile is an n x 1 region: the same operation
 
 
 @jitable
 def store_to(W, h, src, aid, dst, r0, c0):
     """Store live tile ``h`` to the region of the same shape at (r0, c0) of array ``aid`` (P overwriting S on chip,
     written to P)."""
-    if h >= _FASTBIT:  # a fast handle (h = -1, a failed op, is not one: it is stale)
+    if h >= _FASTBIT:
         W[A0 + aid * _STRIDE + _WRITES] += h & 0xFFFFFFFFFF
         return
-    t = _slot(W, h)
-    if t < 0:
-        _stale(W, h)
-        return
-    _store(W, t, h, aid, r0, c0, src, dst)
-
-
-@jitable
-def store_vec(W, h, src, dst):
-    """Store live vector tile ``h`` (data ``src[:n]``) to its own entries of its vector (data ``dst``)."""
-    if h >= _FASTBIT:  # a fast handle (h = -1, a failed op, is not one: it is stale)
-        W[A0 + ((h >> 40) & 0x3FFFFF) * _STRIDE + _WRITES] += h & 0xFFFFFFFFFF
-        return
-    t = _slot(W, h)
-    if t < 0:
-        _stale(W, h)
-        return
-    aid, r0, n = W[t + _TAID], W[t + _TR0], W[t + _TNR]
-    W[A0 + aid * _STRIDE + _WRITES] += n
-    if W[_TCAP] > 0:
-        _event(W, STORE, aid, r0, n, 0, 1, n, h)
-    _copy_out(src, n, 1, dst, r0, 0)
+    t = _live(W, h)
+    if t >= 0:
+        _store(W, t, h, aid, r0, c0, src, dst)
 
 
 @jitable
@@ -459,9 +451,8 @@ def free(W, h):
         W[_RES] -= words
         W[A0 + ((h >> 40) & 0x3FFFFF) * _STRIDE + _ARES] -= words
         return
-    t = _slot(W, h)
+    t = _live(W, h)
     if t < 0:
-        _stale(W, h)
         return
     words, aid = W[t + _TWORDS], W[t + _TAID]
     W[t + _TSEQ] = -W[t + _TSEQ]  # freed: the row stays, to name the tile if its handle is used again
@@ -799,7 +790,7 @@ class TwoLevelMemory:
 # The variant is built from the driver's own code object with its globals pointing at the inlined ops (and at
 # variants of any helper driver it calls), so it is the same schedule, not a second copy of it.
 
-_OPS = ("load", "load_vec", "alloc", "alloc_vec", "store", "store_to", "store_vec", "free", "init_slow")
+_OPS = ("load", "load_vec", "alloc", "alloc_vec", "store", "store_to", "free", "init_slow")  # store_vec is store
 _INLINED: dict = {}
 
 
@@ -862,7 +853,6 @@ _FAST_OPS = {
     "alloc_vec": _fast_alloc_vec,
     "store": _fast_store,
     "store_to": _fast_store_to,
-    "store_vec": _fast_store,
     "free": _fast_free,
     "init_slow": init_slow,
 }
