@@ -41,13 +41,7 @@ def _tile(buf, r, c):
 
 
 @njit(cache=True)
-def score_tile(Qi, Kj, S, scale, causal, row0, col0):
-    """S = scale * Qi Kj^T; with causal masking, entries whose column exceeds their row become -inf."""
+def score_tile(Qi, Kj, S, scale):
+    """S = scale * Qi Kj^T (a partial tile's mask is applied after: :func:`iosim.algorithms.masks.apply_mask`)."""
     np.dot(Qi, Kj.T, S)
     S *= scale
-    if causal:
-        br, bc = S.shape
-        for r in range(br):
-            first_masked = row0 + r + 1 - col0  # columns c >= this are masked in row r
-            for c in range(max(first_masked, 0), bc):
-                S[r, c] = -np.inf

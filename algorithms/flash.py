@@ -16,8 +16,13 @@ Both drivers take explicit (N, d) so that count-only mode (every data array None
 with no data at all. Working set of one inner step, in words (what ``fit`` tiling sizes against M):
 Q_i, O_i (2 Br d) + K_j, V_j (2 Bc d) + l_i, m_i (2 Br) + S_ij (Br Bc; P~_ij overwrites it in place).
 The per-row quantities m~, l~, m_new, l_new are scalars of one row's arithmetic and take no fast memory.
-Causal masking skips a block (i, j) whose every entry lies above the diagonal with one ``continue``; such a
-block is never loaded.
+Masks (:mod:`iosim.algorithms.masks`; ``causal=True`` is the causal mask): a block (i, j) the mask empties is
+skipped with one ``continue`` and never loaded (FlashAttention Algorithm 5); inside a partial block the element
+mask sets the masked scores to -inf; a full block needs no test. Loops visit only the blocks ``mask_rows`` /
+``mask_cols`` leave possible, so structured masks cost time in proportion to their nonzero blocks. The mask's
+``policy`` decides the outer-loop operands of a block whose tiles are all empty: ``paper`` loads them (Algorithm 5
+loads K_j, V_j before testing the mask), ``skip`` does not (FlashAttention's CUDA block-sparse kernel). A row
+with no allowed entry ends with O = 0, L = -inf (l = 0, m = -inf) and zero gradients.
 """
 
 from __future__ import annotations
@@ -26,6 +31,16 @@ import math
 
 import numpy as np
 from iosim.algorithms._tiles import buffer, cdiv, score_tile, tile
+from iosim.algorithms.masks import (
+    apply_mask,
+    block_range,
+    column_nonempty,
+    mask_cols,
+    mask_nnz,
+    mask_rows,
+    resolve,
+    row_nonempty,
+)
 from iosim.memory_model import alloc, alloc_vec, free, init_slow, load, load_vec, store, store_vec
 from numba import njit
 
@@ -63,7 +78,7 @@ def _flash1_row_update(S, Vj, Oi, l_i, m_i):
 
 
 @njit(cache=True)
-def _flash1_forward(W, ids, Q, K, V, O, l, m, N, d, Br, Bc, scale, causal):  # noqa: E741, N803
+def _flash1_forward(W, ids, Q, K, V, O, l, m, N, d, Br, Bc, scale, mk, mp, mt, skip):  # noqa: E741, N803
     iQ, iK, iV, iO, il, im, iS = ids
     Tr = cdiv(N, Br)
     Tc = cdiv(N, Bc)
@@ -82,13 +97,18 @@ def _flash1_forward(W, ids, Q, K, V, O, l, m, N, d, Br, Bc, scale, causal):  # n
     for j in range(Tc):  # step 5
         c0 = j * Bc
         bc = min(Bc, N - c0)
+        if skip and not column_nonempty(mk, mp, mt, N, Br, c0, bc):  # policy skip: K_j, V_j never loaded
+            continue
         Kj, Vj = tile(Kb, bc, d), tile(Vb, bc, d)
         hK = load(W, iK, K, c0, bc, 0, d, Kj)  # step 6
         hV = load(W, iV, V, c0, bc, 0, d, Vj)
-        for i in range(Tr):  # step 7
+        lo, hi = mask_rows(mk, mp, mt, c0, bc, N)
+        i0, i1 = block_range(lo, hi, Br)
+        for i in range(i0, i1):  # step 7 (row blocks the mask leaves possible)
             r0 = i * Br
             br = min(Br, N - r0)
-            if causal and c0 > r0 + br - 1:  # block entirely above the diagonal
+            nnz = mask_nnz(mk, mp, mt, r0, br, c0, bc)
+            if nnz == 0:  # Algorithm 5, step 8: a zero block is skipped
                 continue
             Qi, Oi, Sij = tile(Qb, br, d), tile(Ob, br, d), tile(Sb, br, bc)
             hQ = load(W, iQ, Q, r0, br, 0, d, Qi)  # step 8
@@ -97,7 +117,9 @@ def _flash1_forward(W, ids, Q, K, V, O, l, m, N, d, Br, Bc, scale, causal):  # n
             hm = load_vec(W, im, m, r0, br, mb)
             hS = alloc(W, iS, r0, br, c0, bc)
             if Q is not None:
-                score_tile(Qi, Kj, Sij, scale, causal, r0, c0)  # step 9
+                score_tile(Qi, Kj, Sij, scale)  # step 9
+                if nnz < br * bc:  # a partial block: the element mask
+                    apply_mask(Sij, mk, mp, mt, r0, c0)
                 _flash1_row_update(Sij, Vj, Oi, lb[:br], mb[:br])  # steps 10-11
             store(W, hO, Oi, O)  # step 12
             store_vec(W, hl, lb, l)  # step 13
@@ -135,7 +157,7 @@ def _flash2_row_update(S, Vj, Oi, l_i, m_i):
 
 
 @njit(cache=True)
-def _flash2_forward(W, ids, Q, K, V, O, L, N, d, Br, Bc, scale, causal):  # noqa: N803
+def _flash2_forward(W, ids, Q, K, V, O, L, N, d, Br, Bc, scale, mk, mp, mt, skip):  # noqa: N803
     iQ, iK, iV, iO, iL, im, iS = ids
     Tr = cdiv(N, Br)
     Tc = cdiv(N, Bc)
@@ -147,6 +169,17 @@ def _flash2_forward(W, ids, Q, K, V, O, L, N, d, Br, Bc, scale, causal):  # noqa
         r0 = i * Br
         br = min(Br, N - r0)
         Qi, Oi = tile(Qb, br, d), tile(Ob, br, d)
+        if skip and not row_nonempty(mk, mp, mt, N, Bc, r0, br):  # policy skip: Q_i never loaded
+            hO = alloc(W, iO, r0, br, 0, d)  # O_i = 0, L_i = -inf: a row block with no allowed entry
+            hl = alloc_vec(W, iL, r0, br)
+            if Q is not None:
+                Oi[:, :] = 0.0
+                lb[:br] = -np.inf
+            store(W, hO, Oi, O)
+            store_vec(W, hl, lb, L)
+            free(W, hO)
+            free(W, hl)
+            continue
         hQ = load(W, iQ, Q, r0, br, 0, d, Qi)
         hO = alloc(W, iO, r0, br, 0, d)  # on-chip O_i = 0
         hl = alloc_vec(W, iL, r0, br)  # l_i = 0; becomes L_i = m_i + log(l_i) in place
@@ -155,23 +188,31 @@ def _flash2_forward(W, ids, Q, K, V, O, L, N, d, Br, Bc, scale, causal):  # noqa
             Oi[:, :] = 0.0
             lb[:br] = 0.0
             mb[:br] = -np.inf
-        for j in range(Tc):
+        lo, hi = mask_cols(mk, mp, mt, r0, br, N)
+        j0, j1 = block_range(lo, hi, Bc)
+        for j in range(j0, j1):  # column blocks the mask leaves possible
             c0 = j * Bc
             bc = min(Bc, N - c0)
-            if causal and c0 > r0 + br - 1:  # block entirely above the diagonal
+            nnz = mask_nnz(mk, mp, mt, r0, br, c0, bc)
+            if nnz == 0:  # a zero block is skipped
                 continue
             Kj, Vj, Sij = tile(Kb, bc, d), tile(Vb, bc, d), tile(Sb, br, bc)
             hK = load(W, iK, K, c0, bc, 0, d, Kj)
             hV = load(W, iV, V, c0, bc, 0, d, Vj)
             hS = alloc(W, iS, r0, br, c0, bc)
             if Q is not None:
-                score_tile(Qi, Kj, Sij, scale, causal, r0, c0)
+                score_tile(Qi, Kj, Sij, scale)
+                if nnz < br * bc:
+                    apply_mask(Sij, mk, mp, mt, r0, c0)
                 _flash2_row_update(Sij, Vj, Oi, lb[:br], mb[:br])
             free(W, hS)
             free(W, hK)
             free(W, hV)
         if Q is not None:
             for r in range(br):
+                if lb[r] == 0.0:  # no allowed entry in this row: O_r = 0 (never updated), L_r = -inf
+                    lb[r] = -np.inf
+                    continue
                 Oi_r = Oi[r]
                 Oi_r /= lb[r]
                 lb[r] = mb[r] + math.log(lb[r])  # L_i = m_i + log(l_i), computed in place of l_i
@@ -202,7 +243,7 @@ def flash1_forward(mem, Q, K, V, *, N, d, Br, Bc, scale, causal=False, dtype=np.
     Q, K, V = _inputs(Q, K, V, dtype)
     O, l, m = _outputs(Q is not None, dtype, (N, d), (N,), (N,))  # noqa: E741
     ids = mem.ids(Q=(N, d), K=(N, d), V=(N, d), O=(N, d), l=(N,), m=(N,), S=(N, N))
-    mem.call(_flash1_forward, ids, Q, K, V, O, l, m, N, d, Br, Bc, float(scale), bool(causal))
+    mem.call(_flash1_forward, ids, Q, K, V, O, l, m, N, d, Br, Bc, float(scale), *resolve(causal, N).args)
     return O, l, m
 
 
@@ -214,7 +255,7 @@ def flash2_forward(mem, Q, K, V, *, N, d, Br, Bc, scale, causal=False, dtype=np.
     Q, K, V = _inputs(Q, K, V, dtype)
     O, L = _outputs(Q is not None, dtype, (N, d), (N,))
     ids = mem.ids(Q=(N, d), K=(N, d), V=(N, d), O=(N, d), L=(N,), m=(N,), S=(N, N))
-    mem.call(_flash2_forward, ids, Q, K, V, O, L, N, d, Br, Bc, float(scale), bool(causal))
+    mem.call(_flash2_forward, ids, Q, K, V, O, L, N, d, Br, Bc, float(scale), *resolve(causal, N).args)
     return O, L
 
 
@@ -239,15 +280,13 @@ def flash2_forward(mem, Q, K, V, *, N, d, Br, Bc, scale, causal=False, dtype=np.
 def _probabilities_from_stats(S, m_i, l_i):
     """P_ij = diag(l_i)^-1 exp(S_ij - m_i) in place (FlashAttention-2: m_i = L_i, l_i = None); masked -inf -> 0."""
     br, bc = S.shape
-    if l_i is None:
-        for r in range(br):
-            for c in range(bc):
-                S[r, c] = math.exp(S[r, c] - m_i[r])
-    else:
-        for r in range(br):
-            inv = 1.0 / l_i[r]
-            for c in range(bc):
-                S[r, c] = math.exp(S[r, c] - m_i[r]) * inv
+    for r in range(br):
+        if m_i[r] == -np.inf:  # a row with no allowed entry: P = 0
+            S[r, :] = 0.0
+            continue
+        inv = 1.0 if l_i is None else 1.0 / l_i[r]
+        for c in range(bc):
+            S[r, c] = math.exp(S[r, c] - m_i[r]) * inv
 
 
 @njit(cache=True)
@@ -274,7 +313,7 @@ def _rowsum_product(A, B, out):
 
 
 @njit(cache=True)
-def _flash1_backward(W, ids, Q, K, V, O, dO, l, m, dQ, dK, dV, N, d, Br, Bc, scale, causal):  # noqa: E741
+def _flash1_backward(W, ids, Q, K, V, O, dO, l, m, dQ, dK, dV, N, d, Br, Bc, scale, mk, mp, mt, skip):  # noqa: E741
     iQ, iK, iV, iO, idO, il, im, idQ, idK, idV, iS, idP, iD = ids
     Tr = cdiv(N, Br)
     Tc = cdiv(N, Bc)
@@ -293,6 +332,8 @@ def _flash1_backward(W, ids, Q, K, V, O, dO, l, m, dQ, dK, dV, N, d, Br, Bc, sca
     for j in range(Tc):  # step 7
         c0 = j * Bc
         bc = min(Bc, N - c0)
+        if skip and not column_nonempty(mk, mp, mt, N, Br, c0, bc):  # policy skip: dK_j = dV_j = 0 from step 6
+            continue
         Kj, Vj, dKj, dVj = tile(Kb, bc, d), tile(Vb, bc, d), tile(dKb, bc, d), tile(dVb, bc, d)
         hK = load(W, iK, K, c0, bc, 0, d, Kj)  # step 8
         hV = load(W, iV, V, c0, bc, 0, d, Vj)
@@ -301,10 +342,13 @@ def _flash1_backward(W, ids, Q, K, V, O, dO, l, m, dQ, dK, dV, N, d, Br, Bc, sca
         if Q is not None:
             dKj[:, :] = 0.0
             dVj[:, :] = 0.0
-        for i in range(Tr):  # step 10
+        lo, hi = mask_rows(mk, mp, mt, c0, bc, N)
+        i0, i1 = block_range(lo, hi, Br)
+        for i in range(i0, i1):  # step 10
             r0 = i * Br
             br = min(Br, N - r0)
-            if causal and c0 > r0 + br - 1:  # block entirely above the diagonal
+            nnz = mask_nnz(mk, mp, mt, r0, br, c0, bc)
+            if nnz == 0:  # a zero block is skipped
                 continue
             Qi, Oi, dOi, dQi = tile(Qb, br, d), tile(Ob, br, d), tile(dOb, br, d), tile(dQb, br, d)
             Sij, dPij = tile(Sb, br, bc), tile(dPb, br, bc)
@@ -318,7 +362,9 @@ def _flash1_backward(W, ids, Q, K, V, O, dO, l, m, dQ, dK, dV, N, d, Br, Bc, sca
             hdP = alloc(W, idP, r0, br, c0, bc)  # dP_ij, then dS_ij in place
             hD = alloc_vec(W, iD, r0, br)  # D_i
             if Q is not None:
-                score_tile(Qi, Kj, Sij, scale, causal, r0, c0)  # steps 12-13: S_ij = tau Q_i K_j^T, masked
+                score_tile(Qi, Kj, Sij, scale)  # steps 12-13: S_ij = tau Q_i K_j^T, masked
+                if nnz < br * bc:
+                    apply_mask(Sij, mk, mp, mt, r0, c0)
                 _probabilities_from_stats(Sij, mb[:br], lb[:br])  # step 14
                 _rowsum_product(dOi, Oi, Db[:br])  # step 20: D_i = rowsum(dO_i o O_i), recomputed every step
                 _backward_tile(Sij, dPij, Qi, Kj, Vj, dOi, dQi, dKj, dVj, Db[:br], scale)  # steps 17-23
@@ -332,7 +378,7 @@ def _flash1_backward(W, ids, Q, K, V, O, dO, l, m, dQ, dK, dV, N, d, Br, Bc, sca
 
 
 @njit(cache=True)
-def _flash2_backward(W, ids, Q, K, V, O, dO, L, D, dQ, dK, dV, N, d, Br, Bc, scale, causal):  # noqa: N803
+def _flash2_backward(W, ids, Q, K, V, O, dO, L, D, dQ, dK, dV, N, d, Br, Bc, scale, mk, mp, mt, skip):  # noqa: N803
     iQ, iK, iV, iO, idO, iL, iD, idQ, idK, idV, iS, idP = ids
     Tr = cdiv(N, Br)
     Tc = cdiv(N, Bc)
@@ -361,6 +407,17 @@ def _flash2_backward(W, ids, Q, K, V, O, dO, L, D, dQ, dK, dV, N, d, Br, Bc, sca
         c0 = j * Bc
         bc = min(Bc, N - c0)
         Kj, Vj, dKj, dVj = tile(Kb, bc, d), tile(Vb, bc, d), tile(dKb, bc, d), tile(dVb, bc, d)
+        if skip and not column_nonempty(mk, mp, mt, N, Br, c0, bc):  # policy skip: write dK_j = dV_j = 0 only
+            hdK = alloc(W, idK, c0, bc, 0, d)
+            hdV = alloc(W, idV, c0, bc, 0, d)
+            if Q is not None:
+                dKj[:, :] = 0.0
+                dVj[:, :] = 0.0
+            store(W, hdK, dKj, dK)
+            store(W, hdV, dVj, dV)
+            free(W, hdK)
+            free(W, hdV)
+            continue
         hK = load(W, iK, K, c0, bc, 0, d, Kj)  # step 6
         hV = load(W, iV, V, c0, bc, 0, d, Vj)
         hdK = alloc(W, idK, c0, bc, 0, d)  # step 7: dK_j = 0, dV_j = 0 on chip
@@ -368,10 +425,13 @@ def _flash2_backward(W, ids, Q, K, V, O, dO, L, D, dQ, dK, dV, N, d, Br, Bc, sca
         if Q is not None:
             dKj[:, :] = 0.0
             dVj[:, :] = 0.0
-        for i in range(Tr):  # step 8
+        lo, hi = mask_rows(mk, mp, mt, c0, bc, N)
+        i0, i1 = block_range(lo, hi, Br)
+        for i in range(i0, i1):  # step 8
             r0 = i * Br
             br = min(Br, N - r0)
-            if causal and c0 > r0 + br - 1:  # block entirely above the diagonal
+            nnz = mask_nnz(mk, mp, mt, r0, br, c0, bc)
+            if nnz == 0:  # a zero block is skipped
                 continue
             Qi, dOi, dQi = tile(Qb, br, d), tile(dOb, br, d), tile(dQb, br, d)
             Sij, dPij = tile(Sb, br, bc), tile(dPb, br, bc)
@@ -385,7 +445,9 @@ def _flash2_backward(W, ids, Q, K, V, O, dO, L, D, dQ, dK, dV, N, d, Br, Bc, sca
             hS = alloc(W, iS, r0, br, c0, bc)  # S_ij, then P_ij in place
             hdP = alloc(W, idP, r0, br, c0, bc)  # dP_ij, then dS_ij in place
             if Q is not None:
-                score_tile(Qi, Kj, Sij, scale, causal, r0, c0)  # step 10: S_ij = tau Q_i K_j^T, masked
+                score_tile(Qi, Kj, Sij, scale)  # step 10: S_ij = tau Q_i K_j^T, masked
+                if nnz < br * bc:
+                    apply_mask(Sij, mk, mp, mt, r0, c0)
                 _probabilities_from_stats(Sij, Lb[:br], None)  # step 11: P_ij = exp(S_ij - L_i)
                 _backward_tile(Sij, dPij, Qi, Kj, Vj, dOi, dQi, dKj, dVj, Db[:br], scale)  # steps 12-16
             store(W, hdQ, dQi, dQ)  # step 15: write dQ_i back to HBM
@@ -422,7 +484,8 @@ def flash1_backward(mem, Q, K, V, O, dO, l, m, *, N, d, Br, Bc, scale, causal=Fa
     dQ, dK, dV = _grads(Q is not None, dtype, N, d)
     nd, n = (N, d), (N,)
     ids = mem.ids(Q=nd, K=nd, V=nd, O=nd, dO=nd, l=n, m=n, dQ=nd, dK=nd, dV=nd, S=(N, N), dP=(N, N), D=n)
-    mem.call(_flash1_backward, ids, Q, K, V, O, dO, l, m, dQ, dK, dV, N, d, Br, Bc, float(scale), bool(causal))
+    mk = resolve(causal, N).args
+    mem.call(_flash1_backward, ids, Q, K, V, O, dO, l, m, dQ, dK, dV, N, d, Br, Bc, float(scale), *mk)
     return dQ, dK, dV
 
 
@@ -442,5 +505,6 @@ def flash2_backward(mem, Q, K, V, O, dO, L, *, N, d, Br, Bc, scale, causal=False
     dQ, dK, dV = _grads(Q is not None, dtype, N, d)
     nd, n = (N, d), (N,)
     ids = mem.ids(Q=nd, K=nd, V=nd, O=nd, dO=nd, L=n, D=n, dQ=nd, dK=nd, dV=nd, S=(N, N), dP=(N, N))
-    mem.call(_flash2_backward, ids, Q, K, V, O, dO, L, D, dQ, dK, dV, N, d, Br, Bc, float(scale), bool(causal))
+    mk = resolve(causal, N).args
+    mem.call(_flash2_backward, ids, Q, K, V, O, dO, L, D, dQ, dK, dV, N, d, Br, Bc, float(scale), *mk)
     return dQ, dK, dV

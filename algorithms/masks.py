@@ -1,0 +1,301 @@
+"""Attention masks as the algorithms see them: a tile oracle that never materialises N x N.
+
+Semantics (written once; every algorithm, the reference and the closed forms follow them)
+-------------------------------------------------------------------------------------------
+A mask allows or forbids each score entry (r, c) of the N x N matrix. Forbidden scores are -inf before the
+softmax, so P_rc = 0 there. A row with no allowed entry has O_r = 0, logsumexp L_r = -inf and zero gradients
+(dQ_r = 0, and it contributes nothing to dK, dV), as FlashAttention's kernels leave it.
+
+A tile [r0, r0 + nr) x [c0, c0 + nc) is *empty* (nnz 0: an algorithm skips it, loading nothing for it), *full*
+(nnz = nr nc: no element test) or *partial* (the element test applies inside). ``mask_nnz`` answers in O(1) for
+the structured kinds (band: causal and sliding windows; prefix-LM), O(documents met) for block-diagonal,
+O(diagonals met / dilation) for dilated windows, O(blocks met) for a block mask and O(1) from a 2-D prefix-sum
+table for an element mask (a user's array, random elements). ``mask_cols`` / ``mask_rows`` bound the columns a row
+block (rows a column block) can touch, so a schedule visits O(nonzero tiles) tiles for structured masks.
+
+Representation (one compiled driver serves every kind): ``kind`` (an int code), ``params`` (int64 1-D) and
+``table`` (int64 2-D; 1 x 1 when unused). :class:`TileMask` bundles them with a label and the schedule policy
+for the outer-loop operands of a block whose tiles are all empty (see :data:`POLICIES`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numba import njit
+
+from iosim.algorithms._tiles import cdiv
+
+DENSE, BAND, DILATED, BLOCKDIAG, PREFIX, ELEMENTS, BLOCKS = 0, 1, 2, 3, 4, 5, 6
+FAR = 1 << 40  # a diagonal offset beyond any N: BAND(-FAR, 0) is the causal mask
+# What a K/V-outer schedule does with K_j, V_j of a column block whose tiles are all empty (and a Q-outer one with
+# Q_i of an all-empty row block): "paper" loads them before testing the mask (FlashAttention Algorithm 5, line 6
+# before line 8); "skip" never loads them (FlashAttention's CUDA block-sparse kernel returns first).
+POLICIES = ("paper", "skip")
+
+
+@dataclass(frozen=True, eq=False)
+class TileMask:
+    """A mask compiled for one N: the Numba triple (kind, params, table), a label and the empty-block policy."""
+
+    kind: int
+    params: np.ndarray
+    table: np.ndarray
+    N: int
+    label: str = "none"
+    policy: str = "paper"
+
+    @property
+    def args(self) -> tuple:
+        """What a driver takes: (kind, params, table, skip)."""
+        return self.kind, self.params, self.table, self.policy == "skip"
+
+    def with_policy(self, policy: str) -> TileMask:
+        return TileMask(self.kind, self.params, self.table, self.N, self.label, policy)
+
+    @property
+    def is_causal(self) -> bool:
+        return self.kind == BAND and int(self.params[0]) <= -self.N and int(self.params[1]) == 0
+
+    def dense(self) -> np.ndarray:
+        """The N x N boolean mask (for the reference and tests; O(N^2))."""
+        return _dense(self.kind, self.params, self.table, self.N)
+
+    def nnz(self) -> int:
+        return int(mask_nnz(self.kind, self.params, self.table, 0, self.N, 0, self.N))
+
+
+_NO_TABLE = np.zeros((1, 1), dtype=np.int64)
+
+
+def tile_mask(kind: int, params=(), table=None, *, N: int, label: str, policy: str = "paper") -> TileMask:
+    p = np.ascontiguousarray(np.asarray(params, dtype=np.int64).reshape(-1))
+    if p.size == 0:
+        p = np.zeros(1, dtype=np.int64)
+    t = _NO_TABLE if table is None else np.ascontiguousarray(table, dtype=np.int64)
+    return TileMask(int(kind), p, t, int(N), label, policy)
+
+
+def dense_mask(N: int, policy: str = "paper") -> TileMask:
+    return tile_mask(DENSE, N=N, label="none", policy=policy)
+
+
+def causal_mask(N: int, policy: str = "paper") -> TileMask:
+    return tile_mask(BAND, (-FAR, 0), N=N, label="causal", policy=policy)
+
+
+def resolve(causal, N: int) -> TileMask:
+    """The mask a driver runs with: a :class:`TileMask` as given, True the causal mask, False none."""
+    if isinstance(causal, TileMask):
+        return causal
+    return causal_mask(N) if causal else dense_mask(N)
+
+
+def prefix_table(allowed: np.ndarray) -> np.ndarray:
+    """The (n+1) x (m+1) 2-D prefix sums of a boolean n x m array: nnz of any rectangle in O(1)."""
+    P = np.zeros((allowed.shape[0] + 1, allowed.shape[1] + 1), dtype=np.int64)
+    np.cumsum(np.cumsum(allowed, axis=0, dtype=np.int64), axis=1, out=P[1:, 1:])
+    return P
+
+
+@njit(cache=True)
+def _clamp_sum(a, n, cap):
+    """sum of clamp(x, 0, cap) for x = a, a + 1, ..., a + n - 1."""
+    if n <= 0:
+        return 0
+    b = a + n - 1
+    lo, hi = max(a, 1), min(b, cap)
+    s = (lo + hi) * (hi - lo + 1) // 2 if lo <= hi else 0
+    over = b - max(a, cap + 1) + 1
+    return s + (cap * over if over > 0 else 0)
+
+
+@njit(cache=True)
+def _band_count(r0, nr, c0, nc, lo, hi):
+    """Entries (r, c) of the rectangle with lo <= c - r <= hi: F(hi) - F(lo - 1), F(t) = #{c - r <= t}."""
+    if nr <= 0 or nc <= 0 or lo > hi:
+        return 0
+    return _clamp_sum(r0 + hi - c0 + 1, nr, nc) - _clamp_sum(r0 + lo - c0, nr, nc)
+
+
+@njit(cache=True)
+def _rect(P, r0, r1, c0, c1):
+    return P[r1, c1] - P[r0, c1] - P[r1, c0] + P[r0, c0]
+
+
+@njit(cache=True)
+def mask_allows(kind, p, T, r, c):
+    """Whether score (r, c) is allowed."""
+    if kind == DENSE:
+        return True
+    if kind == BAND:
+        return p[0] <= c - r <= p[1]
+    if kind == DILATED:
+        return p[0] <= c - r <= p[1] and (c - r) % p[2] == 0
+    if kind == BLOCKDIAG:
+        k = np.searchsorted(p, r, side="right") - 1
+        return p[k] <= c < p[k + 1]
+    if kind == PREFIX:
+        return c < p[0] or c <= r
+    if kind == ELEMENTS:
+        return _rect(T, r, r + 1, c, c + 1) != 0
+    # BLOCKS: p = (h, w); T = prefix sums of the block mask
+    br, bc = r // p[0], c // p[1]
+    return _rect(T, br, br + 1, bc, bc + 1) != 0
+
+
+@njit(cache=True)
+def mask_nnz(kind, p, T, r0, nr, c0, nc):
+    """Allowed entries of the tile [r0, r0 + nr) x [c0, c0 + nc)."""
+    if nr <= 0 or nc <= 0:
+        return 0
+    r1, c1 = r0 + nr, c0 + nc
+    if kind == DENSE:
+        return nr * nc
+    if kind == BAND:
+        return _band_count(r0, nr, c0, nc, p[0], p[1])
+    if kind == DILATED:
+        k = p[2]
+        lo = max(p[0], c0 - (r1 - 1))
+        hi = min(p[1], c1 - 1 - r0)
+        first = -((-lo) // k) * k  # the smallest multiple of k >= lo
+        s = 0
+        for delta in range(first, hi + 1, k):  # rows r with r + delta in [c0, c1)
+            s += max(0, min(r1, c1 - delta) - max(r0, c0 - delta))
+        return s
+    if kind == BLOCKDIAG:
+        s = 0
+        k = np.searchsorted(p, max(r0, c0), side="right") - 1
+        while k < p.size - 1 and p[k] < min(r1, c1):
+            s += max(0, min(r1, p[k + 1]) - max(r0, p[k])) * max(0, min(c1, p[k + 1]) - max(c0, p[k]))
+            k += 1
+        return s
+    if kind == PREFIX:
+        split = min(max(p[0], c0), c1)  # columns [c0, split) are all allowed, [split, c1) causal
+        return nr * (split - c0) + _band_count(r0, nr, split, c1 - split, -FAR, 0)
+    if kind == ELEMENTS:
+        return _rect(T, r0, r1, c0, c1)
+    h, w = p[0], p[1]
+    s = 0
+    for bi in range(r0 // h, (r1 - 1) // h + 1):
+        rows = min(r1, (bi + 1) * h) - max(r0, bi * h)
+        for bj in range(c0 // w, (c1 - 1) // w + 1):
+            if _rect(T, bi, bi + 1, bj, bj + 1) != 0:
+                s += rows * (min(c1, (bj + 1) * w) - max(c0, bj * w))
+    return s
+
+
+@njit(cache=True)
+def mask_cols(kind, p, T, r0, nr, N):
+    """A column range [lo, hi) outside which rows [r0, r0 + nr) allow nothing."""
+    r1 = r0 + nr
+    if kind == BAND or kind == DILATED:
+        return max(0, min(N, r0 + p[0])), max(0, min(N, r1 + p[1]))
+    if kind == BLOCKDIAG:
+        a = np.searchsorted(p, r0, side="right") - 1
+        b = np.searchsorted(p, r1 - 1, side="right")
+        return p[a], p[b]
+    if kind == PREFIX:
+        return 0, min(N, max(p[0], r1))
+    return 0, N
+
+
+@njit(cache=True)
+def mask_rows(kind, p, T, c0, nc, N):
+    """A row range [lo, hi) outside which columns [c0, c0 + nc) are allowed in no row."""
+    c1 = c0 + nc
+    if kind == BAND or kind == DILATED:
+        return max(0, min(N, c0 - p[1])), max(0, min(N, c1 - p[0]))
+    if kind == BLOCKDIAG:
+        return mask_cols(kind, p, T, c0, nc, N)  # symmetric
+    if kind == PREFIX:
+        return (0, N) if c0 < p[0] else (c0, N)
+    return 0, N
+
+
+@njit(cache=True)
+def block_range(lo, hi, B):
+    """The blocks of side B that meet [lo, hi): (first, last + 1); empty when lo >= hi."""
+    if lo >= hi:
+        return 0, 0
+    return lo // B, cdiv(hi, B)
+
+
+@njit(cache=True)
+def apply_mask(S, kind, p, T, r0, c0):
+    """S[r, c] = -inf where (r0 + r, c0 + c) is not allowed (a partial tile)."""
+    br, bc = S.shape
+    for r in range(br):
+        for c in range(bc):
+            if not mask_allows(kind, p, T, r0 + r, c0 + c):
+                S[r, c] = -np.inf
+
+
+@njit(cache=True)
+def _dense(kind, p, T, N):
+    out = np.zeros((N, N), dtype=np.bool_)
+    for r in range(N):
+        lo, hi = mask_cols(kind, p, T, r, 1, N)
+        for c in range(lo, hi):
+            out[r, c] = mask_allows(kind, p, T, r, c)
+    return out
+
+
+@njit(cache=True)
+def tile_summary(kind, p, T, N, Br, Bc):
+    """The mask on the Br x Bc tiling, in O(rows blocks + nonzero tiles) for structured masks.
+
+    Returns (sums, row_nonempty, col_nonempty): sums = [tiles, R, C, words, nnz, shapes], with R = sum of the
+    heights and C = sum of the widths of the nonempty tiles, words = sum of their areas, nnz the allowed entries,
+    shapes a bit set of the nonempty tiles' shapes (bit 2 * ragged row + ragged column: 1 full x full, 2 full x
+    last, 4 last x full, 8 last x last, where "last" is the final block when it is shorter than the others).
+    """
+    Tr, Tc = cdiv(N, Br), cdiv(N, Bc)
+    row_ne = np.zeros(Tr, dtype=np.bool_)
+    col_ne = np.zeros(Tc, dtype=np.bool_)
+    sums = np.zeros(6, dtype=np.int64)
+    for i in range(Tr):
+        r0 = i * Br
+        br = min(Br, N - r0)
+        lo, hi = mask_cols(kind, p, T, r0, br, N)
+        j0, j1 = block_range(lo, hi, Bc)
+        for j in range(j0, j1):
+            c0 = j * Bc
+            bc = min(Bc, N - c0)
+            nz = mask_nnz(kind, p, T, r0, br, c0, bc)
+            if nz == 0:
+                continue
+            row_ne[i] = True
+            col_ne[j] = True
+            sums[0] += 1
+            sums[1] += br
+            sums[2] += bc
+            sums[3] += br * bc
+            sums[4] += nz
+            sums[5] |= 1 << (2 * int(br < Br) + int(bc < Bc))
+    return sums, row_ne, col_ne
+
+
+@njit(cache=True)
+def column_nonempty(kind, p, T, N, Br, c0, bc):
+    """Whether column block [c0, c0 + bc) has a nonempty tile on the Br row tiling (the K/V-outer skip test)."""
+    lo, hi = mask_rows(kind, p, T, c0, bc, N)
+    i0, i1 = block_range(lo, hi, Br)
+    for i in range(i0, i1):
+        r0 = i * Br
+        if mask_nnz(kind, p, T, r0, min(Br, N - r0), c0, bc) > 0:
+            return True
+    return False
+
+
+@njit(cache=True)
+def row_nonempty(kind, p, T, N, Bc, r0, br):
+    """Whether row block [r0, r0 + br) has a nonempty tile on the Bc column tiling (the Q-outer skip test)."""
+    lo, hi = mask_cols(kind, p, T, r0, br, N)
+    j0, j1 = block_range(lo, hi, Bc)
+    for j in range(j0, j1):
+        c0 = j * Bc
+        if mask_nnz(kind, p, T, r0, br, c0, min(Bc, N - c0)) > 0:
+            return True
+    return False

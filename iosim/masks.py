@@ -1,0 +1,419 @@
+"""Attention masks for users: pattern objects, ``--mask`` strings, and their compilation to a tile oracle.
+
+Semantics (:mod:`iosim.algorithms.masks`): a mask allows or forbids each score (r, c); forbidden scores are -inf
+before the softmax; a row with no allowed entry has O = 0, L = -inf and zero gradients. Every pattern below is
+independent of N until :meth:`Mask.compile` fixes N; the compiled :class:`~iosim.algorithms.masks.TileMask`
+answers "empty, full or partial, and how many nonzeros" for any tile without materialising N x N (except
+:class:`FromArray` and :class:`RandomElements`, whose tile answers come from a 2-D prefix-sum table of the array).
+
+``--mask`` strings (:func:`parse`): ``none``, ``causal``, ``window:W``, ``window:W:causal``, ``dilated:W:K``
+(``dilated:W:K:causal``), ``blockdiag:L1,L2,...``, ``prefix:P``, ``bigbird:B:G:W:R[:SEED]``,
+``random-blocks:S:HxW[:SEED]``, ``random:S[:SEED]``, ``file:mask.npy`` (N x N boolean) and
+``file:blocks.npy:HxW`` (a block mask of H x W blocks).
+"""
+
+from __future__ import annotations
+
+import numbers
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from iosim.algorithms import masks as _m
+from iosim.algorithms.masks import POLICIES, TileMask
+from iosim.errors import InputError
+
+__all__ = [
+    "POLICIES",
+    "BigBird",
+    "BlockDiagonal",
+    "Causal",
+    "Dense",
+    "Dilated",
+    "FromArray",
+    "FromBlocks",
+    "Mask",
+    "PrefixLM",
+    "RandomBlocks",
+    "RandomElements",
+    "SlidingWindow",
+    "TileMask",
+    "compile_mask",
+    "parse",
+]
+
+
+def _pos(name: str, value, limit: int = 1 << 40) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 0 < value <= limit:
+        raise InputError(name, f"must be a positive integer (1 to {limit:,})", value)
+    return int(value)
+
+
+def _density(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < value <= 1:
+        raise InputError(name, "must be a number in (0, 1]", value)
+    return float(value)
+
+
+def _seed(value) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 0 <= value < 1 << 64:
+        raise InputError("mask seed", "must be an integer from 0 to 2^64 - 1", value)
+    return int(value)
+
+
+def _block(name: str, value) -> tuple[int, int]:
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        value = (value, value)
+    if not isinstance(value, (tuple, list)) or len(value) != 2:
+        raise InputError(name, "must be a block shape (rows, columns) of positive integers", value)
+    return _pos(name, value[0]), _pos(name, value[1])
+
+
+class Mask:
+    """A mask pattern, independent of N; :meth:`compile` gives the tile oracle for one N."""
+
+    label = "mask"
+
+    def compile(self, N: int, policy: str = "paper") -> TileMask:
+        raise NotImplementedError
+
+    def __str__(self) -> str:
+        return self.label
+
+
+@dataclass(frozen=True)
+class Dense(Mask):
+    """No mask: every score allowed."""
+
+    @property
+    def label(self) -> str:
+        return "none"
+
+    def compile(self, N: int, policy: str = "paper") -> TileMask:
+        return _m.dense_mask(N, policy)
+
+
+@dataclass(frozen=True)
+class Causal(Mask):
+    """Row r sees columns c <= r (``causal=True``)."""
+
+    @property
+    def label(self) -> str:
+        return "causal"
+
+    def compile(self, N: int, policy: str = "paper") -> TileMask:
+        return _m.causal_mask(N, policy)
+
+
+@dataclass(frozen=True)
+class SlidingWindow(Mask):
+    """Local attention of width w: row r sees |r - c| < w (w - 1 neighbours each side); causal: r - w < c <= r."""
+
+    w: int
+    causal: bool = False
+
+    def __post_init__(self):
+        _pos("mask window", self.w)
+
+    @property
+    def label(self) -> str:
+        return f"window:{self.w}" + (":causal" if self.causal else "")
+
+    def compile(self, N: int, policy: str = "paper") -> TileMask:
+        lo, hi = -(self.w - 1), 0 if self.causal else self.w - 1
+        return _m.tile_mask(_m.BAND, (lo, hi), N=N, label=self.label, policy=policy)
+
+
+@dataclass(frozen=True)
+class Dilated(Mask):
+    """Dilated (strided) window: row r sees c with c - r a multiple of k and |c - r| < w k (w taps each side)."""
+
+    w: int
+    k: int
+    causal: bool = False
+
+    def __post_init__(self):
+        _pos("mask window", self.w)
+        _pos("mask dilation", self.k)
+
+    @property
+    def label(self) -> str:
+        return f"dilated:{self.w}:{self.k}" + (":causal" if self.causal else "")
+
+    def compile(self, N: int, policy: str = "paper") -> TileMask:
+        reach = (self.w - 1) * self.k
+        return _m.tile_mask(_m.DILATED, (-reach, 0 if self.causal else reach, self.k), N=N, label=self.label,
+                            policy=policy)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class BlockDiagonal(Mask):
+    """Documents of the given lengths (summing to N): a row sees the columns of its own document."""
+
+    lengths: tuple[int, ...]
+
+    def __post_init__(self):
+        if isinstance(self.lengths, (str, bytes)) or not hasattr(self.lengths, "__len__") or not len(self.lengths):
+            raise InputError("mask document lengths", "must be a non-empty list of positive integers", self.lengths)
+        object.__setattr__(self, "lengths", tuple(_pos("mask document lengths", x) for x in self.lengths))
+
+    @property
+    def label(self) -> str:
+        return "blockdiag:" + ",".join(map(str, self.lengths))
+
+    def compile(self, N: int, policy: str = "paper") -> TileMask:
+        if sum(self.lengths) != N:
+            raise InputError("mask document lengths", f"must sum to N = {N}", f"sum {sum(self.lengths)}")
+        bounds = np.concatenate([[0], np.cumsum(self.lengths)])
+        return _m.tile_mask(_m.BLOCKDIAG, bounds, N=N, label=self.label, policy=policy)
+
+
+@dataclass(frozen=True)
+class PrefixLM(Mask):
+    """Prefix-LM: the first p columns are seen by every row (bidirectional prefix), the rest causally."""
+
+    p: int
+
+    def __post_init__(self):
+        _pos("mask prefix", self.p)
+
+    @property
+    def label(self) -> str:
+        return f"prefix:{self.p}"
+
+    def compile(self, N: int, policy: str = "paper") -> TileMask:
+        if self.p > N:
+            raise InputError("mask prefix", f"must be at most N = {N}", self.p)
+        return _m.tile_mask(_m.PREFIX, (self.p,), N=N, label=self.label, policy=policy)
+
+
+def _blocks_mask(blocks: np.ndarray, h: int, w: int, N: int, label: str, policy: str) -> TileMask:
+    return _m.tile_mask(_m.BLOCKS, (h, w), _m.prefix_table(blocks), N=N, label=label, policy=policy)
+
+
+@dataclass(frozen=True)
+class FromBlocks(Mask):
+    """A block mask: ``blocks[I, J]`` allows the h x w block of scores (I h.., J w..) (ragged last blocks)."""
+
+    blocks: np.ndarray = field(repr=False)
+    block: tuple[int, int] = (16, 256)
+    label: str = "blocks"
+
+    def __post_init__(self):
+        object.__setattr__(self, "block", _block("mask block shape", self.block))
+        object.__setattr__(self, "blocks", _bool_array("mask blocks", self.blocks))
+
+    def compile(self, N: int, policy: str = "paper") -> TileMask:
+        h, w = self.block
+        want = (-(-N // h), -(-N // w))
+        if self.blocks.shape != want:
+            raise InputError("mask blocks", f"must have shape {want} (ceil(N/h), ceil(N/w)) for N = {N}",
+                             f"shape {self.blocks.shape}")  # fmt: skip
+        return _blocks_mask(self.blocks, h, w, N, self.label, policy)
+
+
+@dataclass(frozen=True)
+class RandomBlocks(Mask):
+    """Random block sparsity: round(s x blocks) of the h x w blocks (at least one) allowed, drawn from ``seed``.
+
+    FlashAttention's block-sparse tests draw (N/16) x (N/256) block masks: ``block=(16, 256)``."""
+
+    density: float
+    block: tuple[int, int] = (16, 256)
+    seed: int = 0
+
+    def __post_init__(self):
+        _density("mask density", self.density)
+        object.__setattr__(self, "block", _block("mask block shape", self.block))
+        _seed(self.seed)
+
+    @property
+    def label(self) -> str:
+        return f"random-blocks:{self.density:g}:{self.block[0]}x{self.block[1]}:{self.seed}"
+
+    def compile(self, N: int, policy: str = "paper") -> TileMask:
+        h, w = self.block
+        shape = (-(-N // h), -(-N // w))
+        n = shape[0] * shape[1]
+        keep = max(1, round(self.density * n))
+        flat = np.zeros(n, dtype=bool)
+        flat[np.random.default_rng(self.seed).choice(n, keep, replace=False)] = True
+        return _blocks_mask(flat.reshape(shape), h, w, N, self.label, policy)
+
+
+@dataclass(frozen=True)
+class BigBird(Mask):
+    """BigBird-like block pattern (Zaheer et al. 2020) on blocks of b x b: g global block rows and columns, a window
+    of wb blocks each side of the diagonal block, and r random blocks per block row (drawn from ``seed``)."""
+
+    b: int
+    g: int = 1
+    wb: int = 1
+    r: int = 1
+    seed: int = 0
+
+    def __post_init__(self):
+        _pos("mask block", self.b)
+        for name, v in (("mask global blocks", self.g), ("mask window blocks", self.wb), ("mask random", self.r)):
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 0:
+                raise InputError(name, "must be a non-negative integer", v)
+        _seed(self.seed)
+
+    @property
+    def label(self) -> str:
+        return f"bigbird:{self.b}:{self.g}:{self.wb}:{self.r}:{self.seed}"
+
+    def compile(self, N: int, policy: str = "paper") -> TileMask:
+        n = -(-N // self.b)
+        i = np.arange(n)
+        blocks = np.abs(i[:, None] - i[None, :]) <= self.wb
+        blocks[: self.g, :] = True
+        blocks[:, : self.g] = True
+        rng = np.random.default_rng(self.seed)
+        for row in range(n):
+            blocks[row, rng.choice(n, min(self.r, n), replace=False)] = True
+        return _blocks_mask(blocks, self.b, self.b, N, self.label, policy)
+
+
+def _bool_array(name: str, a) -> np.ndarray:
+    try:
+        arr = np.asarray(a)
+    except (TypeError, ValueError) as e:
+        raise InputError(name, "must be a 2-D boolean array", type(a).__name__) from e
+    if arr.dtype != np.bool_:
+        raise InputError(name, "must be a boolean array (dtype bool)", f"dtype {arr.dtype}")
+    if arr.ndim != 2 or 0 in arr.shape:
+        raise InputError(name, "must be a non-empty 2-D boolean array", f"shape {arr.shape}")
+    return arr
+
+
+@dataclass(frozen=True)
+class FromArray(Mask):
+    """A user's own N x N boolean array (True = allowed)."""
+
+    allowed: np.ndarray = field(repr=False)
+    label: str = "array"
+
+    def __post_init__(self):
+        a = _bool_array("mask", self.allowed)
+        if a.shape[0] != a.shape[1]:
+            raise InputError("mask", "must be a square N x N boolean array", f"shape {a.shape}")
+        object.__setattr__(self, "allowed", a)
+
+    def compile(self, N: int, policy: str = "paper") -> TileMask:
+        if self.allowed.shape != (N, N):
+            raise InputError("mask", f"must have shape ({N}, {N})", f"shape {self.allowed.shape}")
+        return _m.tile_mask(_m.ELEMENTS, (), _m.prefix_table(self.allowed), N=N, label=self.label, policy=policy)
+
+
+@dataclass(frozen=True)
+class RandomElements(Mask):
+    """Random element sparsity: each score allowed independently with probability ``density`` (from ``seed``)."""
+
+    density: float
+    seed: int = 0
+
+    def __post_init__(self):
+        _density("mask density", self.density)
+        _seed(self.seed)
+
+    @property
+    def label(self) -> str:
+        return f"random:{self.density:g}:{self.seed}"
+
+    def compile(self, N: int, policy: str = "paper") -> TileMask:
+        allowed = np.random.default_rng(self.seed).random((N, N)) < self.density
+        return _m.tile_mask(_m.ELEMENTS, (), _m.prefix_table(allowed), N=N, label=self.label, policy=policy)
+
+
+def _int(name: str, text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise InputError(name, "must be an integer", text) from None
+
+
+def _float(name: str, text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise InputError(name, "must be a number", text) from None
+
+
+def _shape(text: str) -> tuple[int, int]:
+    parts = text.lower().split("x")
+    if len(parts) != 2:
+        raise InputError("mask block shape", "must be HxW (for example 16x256)", text)
+    return _block("mask block shape", (_int("mask block shape", parts[0]), _int("mask block shape", parts[1])))
+
+
+FORMS = (
+    "none, causal, window:W[:causal], dilated:W:K[:causal], blockdiag:L1,L2,..., prefix:P, bigbird:B:G:W:R[:SEED], "
+    "random-blocks:S:HxW[:SEED], random:S[:SEED], file:MASK.npy[:HxW]"
+)
+
+
+def parse(text: str) -> Mask:
+    """A mask from its ``--mask`` string (see the module docstring); InputError naming the mask's parameter."""
+    if isinstance(text, Mask):
+        return text
+    if not isinstance(text, str) or not text:
+        raise InputError("mask", f"must be one of {FORMS}", text)
+    kind, _, rest = text.partition(":")
+    args = rest.split(":") if rest else []
+    n = len(args)
+    try:
+        if kind in ("none", "dense") and n == 0:
+            return Dense()
+        if kind == "causal" and n == 0:
+            return Causal()
+        if kind == "window" and n in (1, 2) and (n == 1 or args[1] == "causal"):
+            return SlidingWindow(_int("mask window", args[0]), causal=n == 2)
+        if kind == "dilated" and n in (2, 3) and (n == 2 or args[2] == "causal"):
+            return Dilated(_int("mask window", args[0]), _int("mask dilation", args[1]), causal=n == 3)
+        if kind == "blockdiag" and n == 1:
+            return BlockDiagonal(tuple(_int("mask document lengths", x) for x in args[0].split(",")))
+        if kind == "prefix" and n == 1:
+            return PrefixLM(_int("mask prefix", args[0]))
+        if kind == "bigbird" and n in (4, 5):
+            v = [_int("mask bigbird", x) for x in args]
+            return BigBird(*v)
+        if kind == "random-blocks" and n in (2, 3):
+            seed = _int("mask seed", args[2]) if n == 3 else 0
+            return RandomBlocks(_float("mask density", args[0]), _shape(args[1]), seed)
+        if kind == "random" and n in (1, 2):
+            return RandomElements(_float("mask density", args[0]), _int("mask seed", args[1]) if n == 2 else 0)
+        if kind == "file" and n in (1, 2):
+            return _from_file(args[0], _shape(args[1]) if n == 2 else None)
+    except InputError:
+        raise
+    raise InputError("mask", f"must be one of {FORMS}", text)
+
+
+def _from_file(path: str, block: tuple[int, int] | None) -> Mask:
+    try:
+        a = np.load(path, allow_pickle=False)
+    except (OSError, ValueError, EOFError) as e:
+        raise InputError("mask file", "must be a .npy file holding a boolean array that numpy.load can read",
+                         f"{path} ({type(e).__name__})") from None  # fmt: skip
+    if block is None:
+        return FromArray(a, label=f"file:{path}")
+    return FromBlocks(a, block, label=f"file:{path}:{block[0]}x{block[1]}")
+
+
+def compile_mask(mask, N: int, causal: bool = False, policy: str = "paper") -> TileMask:
+    """The tile oracle of ``mask`` (a :class:`Mask`, a ``--mask`` string, a TileMask or None) for N; ``causal``
+    True is the causal mask (it cannot be combined with another mask)."""
+    if not isinstance(policy, str) or policy not in POLICIES:
+        raise InputError("kv_policy", f"must be one of {', '.join(POLICIES)}", policy)
+    if mask is None or (isinstance(mask, str) and mask in ("none", "dense")):
+        return (_m.causal_mask if causal else _m.dense_mask)(N, policy)
+    if causal:
+        raise InputError("causal", "cannot be combined with a mask (use the causal mask, or a causal window)", True)
+    if isinstance(mask, TileMask):
+        if mask.N != N:
+            raise InputError("mask", f"was compiled for N = {mask.N}, not N = {N}", mask.label)
+        return mask.with_policy(policy)
+    if isinstance(mask, np.ndarray):
+        mask = FromArray(mask)
+    return parse(mask).compile(N, policy)

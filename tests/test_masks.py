@@ -1,0 +1,109 @@
+"""Masks: every kind's tile oracle (nnz, element test, row/column ranges, tile summary) against the dense array."""
+
+import numpy as np
+import pytest
+from iosim.algorithms import masks as am
+
+from iosim import InputError
+from iosim import masks as im
+
+N = 53  # ragged against every tiling below
+
+
+def kinds(n=N):
+    return {
+        "none": im.Dense(),
+        "causal": im.Causal(),
+        "window": im.SlidingWindow(7),
+        "window-causal": im.SlidingWindow(5, causal=True),
+        "dilated": im.Dilated(4, 3),
+        "dilated-causal": im.Dilated(3, 5, causal=True),
+        "blockdiag": im.BlockDiagonal((10, 1, 25, n - 36)),
+        "prefix": im.PrefixLM(9),
+        "bigbird": im.BigBird(6, 1, 1, 1, seed=3),
+        "random-blocks": im.RandomBlocks(0.3, (4, 11), seed=1),
+        "random": im.RandomElements(0.2, seed=2),
+        "array": im.FromArray(np.random.default_rng(5).random((n, n)) < 0.1),
+    }
+
+
+def brute(mask, n=N):
+    """The dense array from the element test alone (no ranges)."""
+    t = mask.compile(n)
+    return np.array([[am.mask_allows(t.kind, t.params, t.table, r, c) for c in range(n)] for r in range(n)])
+
+
+@pytest.mark.parametrize("name", list(kinds()))
+def test_tile_oracle_matches_dense(name):
+    mask = kinds()[name]
+    t = mask.compile(N)
+    A = brute(mask)
+    assert (t.dense() == A).all()  # the ranges drop nothing
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        r0, c0 = rng.integers(0, N, 2)
+        nr, nc = rng.integers(1, N - r0 + 1), rng.integers(1, N - c0 + 1)
+        assert am.mask_nnz(t.kind, t.params, t.table, r0, nr, c0, nc) == A[r0 : r0 + nr, c0 : c0 + nc].sum()
+        lo, hi = am.mask_cols(t.kind, t.params, t.table, r0, nr, N)
+        assert not A[r0 : r0 + nr, :lo].any() and not A[r0 : r0 + nr, hi:].any()
+        lo, hi = am.mask_rows(t.kind, t.params, t.table, c0, nc, N)
+        assert not A[:lo, c0 : c0 + nc].any() and not A[hi:, c0 : c0 + nc].any()
+    for Br, Bc in ((5, 7), (16, 3), (N, N), (1, 64)):
+        sums, row_ne, col_ne = am.tile_summary(t.kind, t.params, t.table, N, Br, Bc)
+        tiles = [
+            (i, j, A[i : i + Br, j : j + Bc]) for i in range(0, N, Br) for j in range(0, N, Bc) if A[i : i + Br, j : j + Bc].any()
+        ]
+        assert sums[0] == len(tiles)
+        assert sums[1] == sum(x.shape[0] for _, _, x in tiles)
+        assert sums[2] == sum(x.shape[1] for _, _, x in tiles)
+        assert sums[3] == sum(x.size for _, _, x in tiles)
+        assert sums[4] == A.sum()
+        assert list(row_ne) == [A[i : i + Br].any() for i in range(0, N, Br)]
+        assert list(col_ne) == [A[:, j : j + Bc].any() for j in range(0, N, Bc)]
+
+
+def test_causal_flag_is_the_causal_mask():
+    assert (am.causal_mask(N).dense() == np.tril(np.ones((N, N), bool))).all()
+    assert am.resolve(True, N).is_causal and not am.resolve(False, N).is_causal
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["causal", "window:12", "window:12:causal", "dilated:3:4", "blockdiag:20,33", "prefix:5", "bigbird:8:1:1:2",
+     "random-blocks:0.25:4x8", "random:0.1:7", "none"],
+)  # fmt: skip
+def test_parse_round_trip(text):
+    m = im.parse(text)
+    t = m.compile(N)
+    assert t.dense().shape == (N, N)
+    assert im.parse(m.label).compile(N).dense().tolist() == t.dense().tolist()
+
+
+@pytest.mark.parametrize(
+    "make, parameter",
+    [
+        (lambda: im.SlidingWindow(0), "mask window"),
+        (lambda: im.Dilated(3, 0), "mask dilation"),
+        (lambda: im.RandomBlocks(0.0), "mask density"),
+        (lambda: im.RandomElements(1.5), "mask density"),
+        (lambda: im.RandomBlocks(0.5, (0, 4)), "mask block shape"),
+        (lambda: im.BlockDiagonal((10, 10)).compile(N), "mask document lengths"),
+        (lambda: im.BlockDiagonal(()), "mask document lengths"),
+        (lambda: im.PrefixLM(N + 1).compile(N), "mask prefix"),
+        (lambda: im.FromArray(np.ones((N, N))), "mask"),
+        (lambda: im.FromArray(np.ones((N, N - 1), bool)), "mask"),
+        (lambda: im.FromArray(np.ones((4, 4), bool)).compile(N), "mask"),
+        (lambda: im.FromBlocks(np.ones((3, 3), bool), (4, 4)).compile(N), "mask blocks"),
+        (lambda: im.parse("window:x"), "mask window"),
+        (lambda: im.parse("window:-3"), "mask window"),
+        (lambda: im.parse("random-blocks:0.5:16"), "mask block shape"),
+        (lambda: im.parse("file:/nonexistent.npy"), "mask file"),
+        (lambda: im.parse("nonsense"), "mask"),
+        (lambda: im.compile_mask("causal", N, causal=True), "causal"),
+        (lambda: im.compile_mask("causal", N, policy="lazy"), "kv_policy"),
+    ],
+)
+def test_bad_masks_name_their_parameter(make, parameter):
+    with pytest.raises(InputError) as e:
+        make()
+    assert e.value.parameter == parameter
