@@ -96,6 +96,8 @@ class Result:
     seed: int | None = None  # None: the caller's arrays
     scale: float = 1.0
     trace: Trace | None = None  # the requested pass's event trace (``trace=True``)
+    mask: str = "none"  # the mask's label (``causal`` for the causal flag); see iosim.masks
+    kv_policy: str = "paper"  # the empty-block policy (iosim.algorithms.masks.POLICIES)
 
     @property
     def finite(self) -> bool:
@@ -145,6 +147,8 @@ class Result:
             "d": self.d,
             "M": self.M,
             "causal": self.causal,
+            "mask": self.mask,
+            "kv_policy": self.kv_policy,
             "count_only": self.count_only,
             "dtype": self.dtype,
             "seed": self.seed,
@@ -322,8 +326,20 @@ def _check_dO(dO, N: int, d: int) -> np.ndarray:
     return a
 
 
+def _logsumexp_error(L, L_ref) -> float:
+    """max |L - L_ref|, where a fully masked row's -inf must match exactly (then it counts as 0)."""
+    same_inf = np.isneginf(L) & np.isneginf(L_ref)
+    with np.errstate(invalid="ignore"):
+        return float(np.max(np.where(same_inf, 0.0, np.abs(L - L_ref)), initial=0.0))
+
+
 def _all_finite(outputs: dict, names) -> bool:
-    return all(outputs.get(n) is None or bool(np.all(np.isfinite(outputs[n]))) for n in names)
+    """Every output finite; L may be -inf (a fully masked row's logsumexp), never NaN or +inf."""
+
+    def ok(name, x):
+        return bool(np.all(np.isfinite(x) | (np.isneginf(x) if name == "L" else False)))
+
+    return all(outputs.get(n) is None or ok(n, outputs[n]) for n in names)
 
 
 def run(
@@ -347,6 +363,8 @@ def run(
     trace: bool = False,
     reference: bool = True,
     allow_long: bool = False,
+    mask=None,
+    kv_policy: str = "paper",
 ) -> Result:
     """Run ``algorithm`` under a fast memory of ``M`` words and return counts, prediction, bounds and errors.
 
@@ -365,6 +383,11 @@ def run(
     float64 reference (no ``errors``). A count-only run estimated at over a minute needs ``allow_long=True``; over
     an hour, or a numeric run whose arrays would not fit in memory, is refused up front (:class:`InputError`).
     Outputs that are not finite (finite inputs whose scores overflow) give a warning and ``result.finite`` False.
+
+    ``mask`` (an :mod:`iosim.masks` pattern, a ``--mask`` string such as ``"window:128"``, or an N x N boolean array)
+    masks the scores; ``causal=True`` is the causal mask. Built-in algorithms skip the tiles the mask empties;
+    ``kv_policy`` ("paper" or "skip") decides whether the outer-loop operands (K_j, V_j; Q_i for flash2's forward)
+    of a block whose tiles are all empty are loaded (FlashAttention Algorithm 5) or not (its CUDA kernel).
     """
     algo = registry.get(algorithm)
     M = _positive_int("M", M, MAX_M)
@@ -393,6 +416,15 @@ def run(
             raise InputError("N and d", "must be given when Q, K, V are not")
         N, d = _positive_int("N", N, MAX_N), _positive_int("d", d, MAX_D)
     scale = _scale(scale, d)
+    from iosim.masks import compile_mask
+
+    tmask = compile_mask(mask, N, causal, kv_policy)
+    causal = tmask.is_causal
+    masked = not causal and tmask.label != "none"
+    if masked and not algo.builtin:
+        raise InputError("mask", f"is only supported by the built-in algorithms, not by {algorithm}", tmask.label)
+    # what the algorithm receives in its ``causal`` argument: the compiled mask (built-in), the flag (user's)
+    causal_arg = tmask if algo.builtin else causal
 
     t = algo.choose_tiling(N, d, M, tiling)
     t_bwd = algo.backward_tiling(N, d, M, tiling) if backward else None  # before any work: a too-small M fails fast
@@ -416,19 +448,20 @@ def run(
     fast = count_only and algo.builtin and not trace
     mem = TwoLevelMemory(M, strict=strict, trace=trace and not backward, fast=fast)
     data = (None, None, None) if count_only else (Q, K, V)
-    outputs = algo.forward(mem, *data, N, d, t, scale, causal, np_dtype)
+    outputs = algo.forward(mem, *data, N, d, t, scale, causal_arg, np_dtype)
     errors: dict[str, float] = {}
+    allowed = tmask.dense() if masked and not count_only and reference else None
     if not count_only and reference:
         with np.errstate(all="ignore"):  # an overflow shows as result.finite, with one warning below
-            O_ref, L_ref = attention_forward(Q, K, V, scale=scale, causal=causal)
+            O_ref, L_ref = attention_forward(Q, K, V, scale=scale, causal=causal, mask=allowed)
         errors["O"] = float(np.max(np.abs(outputs["O"] - O_ref)))
         if outputs.get("L") is not None:
-            errors["L"] = float(np.max(np.abs(outputs["L"] - L_ref)))
+            errors["L"] = _logsumexp_error(outputs["L"], L_ref)
     lb, lb_name = bounds.lower_bound(N, d, M)
     fwd = PassResult(
         "forward",
         mem.stats(),
-        algo.predict_forward(N, d, M, t, causal),
+        algo.predict_forward(N, d, M, t, causal_arg),
         lb,
         lb_name,
         errors,
@@ -440,18 +473,20 @@ def run(
     if backward:
         # a fresh fast memory: the backward is a separate kernel
         mem_bwd = TwoLevelMemory(M, strict=strict, trace=trace, fast=fast)
-        grads = algo.backward(mem_bwd, *data, None if count_only else dO, outputs, N, d, t_bwd, scale, causal, np_dtype)
+        grads = algo.backward(
+            mem_bwd, *data, None if count_only else dO, outputs, N, d, t_bwd, scale, causal_arg, np_dtype
+        )
         errors_bwd: dict[str, float] = {}
         if not count_only and reference:
             with np.errstate(all="ignore"):
-                refs = attention_backward(Q, K, V, dO, scale=scale, causal=causal)
+                refs = attention_backward(Q, K, V, dO, scale=scale, causal=causal, mask=allowed)
             for name, ref in zip(("dQ", "dK", "dV"), refs, strict=True):
                 errors_bwd[name] = float(np.max(np.abs(grads[name] - ref)))
         lb_bwd, lb_bwd_name = bounds.lower_bound(N, d, M, backward=True)
         passes["backward"] = PassResult(
             "backward",
             mem_bwd.stats(),
-            algo.predict_backward(N, d, M, t_bwd, causal),
+            algo.predict_backward(N, d, M, t_bwd, causal_arg),
             lb_bwd,
             lb_bwd_name,
             errors_bwd,
@@ -474,6 +509,8 @@ def run(
         seed,
         scale,
         pass_trace,
+        tmask.label,
+        tmask.policy,
     )
     if not result.finite:
         bad = [name for name, p in passes.items() if not p.finite]

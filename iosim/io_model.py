@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from iosim.algorithms import masks as _masks
+from iosim.algorithms.masks import TileMask
 from iosim.memory_model.core import ArrayCounts, Tally
 
 
@@ -55,11 +57,106 @@ def _causal_cols_per_row_block(N: int, Br: int, Bc: int) -> np.ndarray:
     return np.minimum(N, (last_row // Bc + 1) * Bc)
 
 
-def flash1_forward(N: int, d: int, Br: int, Bc: int, causal: bool = False) -> Prediction:
+# ---------------------------------------------------------------------------------------------------------------
+# Masks (iosim.algorithms.masks). ``causal`` below is True / False or a TileMask. Dense and causal masks keep their
+# O(N / B) sums; any other mask is summarised on the algorithm's own tiling by
+# :func:`iosim.algorithms.masks.tile_summary` (a sum over the tiles the mask leaves nonempty, never over N^2
+# entries): R = sum of the heights of the nonempty tiles (rows streamed through a K/V-outer inner loop), C = sum
+# of their widths (columns streamed through a Q-outer inner loop), and which row and column blocks have any
+# nonempty tile. The policy (``paper`` / ``skip``) decides whether an all-empty block's outer operands are loaded.
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TileSums:
+    """A mask on a Br x Bc tiling: R, C, words (sum of nonempty tile areas), nnz, the nonempty tile shapes
+    (pairs (br, bc)), the heights of the all-empty row blocks and the widths of the all-empty column blocks."""
+
+    R: int
+    C: int
+    words: int
+    nnz: int
+    shapes: tuple[tuple[int, int], ...]
+    empty_rows: tuple[int, ...]
+    empty_cols: tuple[int, ...]
+
+
+def _sizes(N: int, B: int) -> np.ndarray:
+    T = cdiv(N, B)
+    return np.minimum(B, N - np.arange(T, dtype=np.int64) * B)
+
+
+def tile_sums(N: int, Br: int, Bc: int, causal) -> TileSums:
+    """The tile summary of ``causal`` (True / False or a TileMask) on the Br x Bc tiling of N x N."""
+    mask = _masks.resolve(causal, N)
+    if mask.kind == _masks.DENSE:
+        shapes = {(min(Br, N - i), min(Bc, N - j)) for i in (0, (cdiv(N, Br) - 1) * Br) for j in (0, (cdiv(N, Bc) - 1) * Bc)}
+        return TileSums(cdiv(N, Bc) * N, cdiv(N, Br) * N, N * N, N * N, tuple(sorted(shapes)), (), ())
+    sums, row_ne, col_ne = _masks.tile_summary(mask.kind, mask.params, mask.table, N, Br, Bc)
+    last_r, last_c = N - (cdiv(N, Br) - 1) * Br, N - (cdiv(N, Bc) - 1) * Bc
+    shapes = tuple(
+        (last_r if bit & 2 else Br, last_c if bit & 1 else Bc) for bit in range(4) if int(sums[5]) & (1 << bit)
+    )
+    rs, cs = _sizes(N, Br), _sizes(N, Bc)
+    return TileSums(
+        int(sums[1]), int(sums[2]), int(sums[3]), int(sums[4]), shapes,
+        tuple(int(x) for x in rs[~row_ne]), tuple(int(x) for x in cs[~col_ne]),
+    )  # fmt: skip
+
+
+def _is_structured_fast(causal) -> bool:
+    """Dense and causal masks (the flag) keep the O(N / B) closed forms of the causal sums."""
+    return not isinstance(causal, TileMask) or causal.kind == _masks.DENSE or causal.is_causal
+
+
+def _policy(causal) -> str:
+    return causal.policy if isinstance(causal, TileMask) else "paper"
+
+
+def _flash1_forward_masked(N: int, d: int, Br: int, Bc: int, mask: TileMask) -> Prediction:
+    """Algorithm 5 on the mask's tile summary: K_j, V_j per loaded column block, Q_i, O_i, l_i, m_i per nonempty
+    tile (R rows in all); ``skip`` leaves the all-empty column blocks unloaded."""
+    t = tile_sums(N, Br, Bc, mask)
+    kv = N - (sum(t.empty_cols) if mask.policy == "skip" else 0)  # rows of K (and V) loaded
+    peak = max([flash_working_set(d, br, bc) for br, bc in t.shapes] + [0])
+    if mask.policy == "paper" and t.empty_cols:
+        peak = max(peak, 2 * d * max(t.empty_cols))
+    R = t.R
+    return _pred(
+        peak,
+        Q=(R * d, 0),
+        K=(kv * d, 0),
+        V=(kv * d, 0),
+        O=(R * d, R * d + N * d, N * d),
+        l=(R, R + N, N),
+        m=(R, R + N, N),
+    )
+
+
+def _flash2_forward_masked(N: int, d: int, Br: int, Bc: int, mask: TileMask) -> Prediction:
+    """FlashAttention-2 forward on the tile summary: K_j, V_j per nonempty tile (C columns in all), Q_i per loaded
+    row block; O and L are written for every row (an all-empty row block under ``skip``: O_i = 0, L_i = -inf
+    written without loading Q_i)."""
+    t = tile_sums(N, Br, Bc, mask)
+    skip = mask.policy == "skip"
+    q_rows = N - (sum(t.empty_rows) if skip else 0)
+    peak = max([flash_working_set(d, br, bc) for br, bc in t.shapes] + [0])
+    if t.empty_rows:
+        br = max(t.empty_rows)
+        peak = max(peak, br * d + br if skip else 2 * br * d + 2 * br)
+    C = t.C
+    return _pred(peak, Q=(q_rows * d, 0), K=(C * d, 0), V=(C * d, 0), O=(0, N * d), L=(0, N))
+
+
+def flash1_forward(N: int, d: int, Br: int, Bc: int, causal: bool | TileMask = False) -> Prediction:
     """FlashAttention Algorithm 1. Non-causal: reads 2Nd + Tc(2Nd + 2N), writes Tc(Nd + 2N) + (Nd + 2N) init.
 
     Causal: every Tc term becomes a sum over column blocks j of the rows R_j its unskipped row blocks cover.
+    Any other mask: Algorithm 5 (block-sparse) on the mask's tile summary, :func:`tile_sums`.
     """
+    if not _is_structured_fast(causal):
+        return _flash1_forward_masked(N, d, Br, Bc, causal)
+    causal = _masks.resolve(causal, N).is_causal
     rows = int(_causal_rows_per_column_block(N, Br, Bc).sum()) if causal else cdiv(N, Bc) * N
     peak = flash_working_set(d, min(Br, N), min(Bc, N))
     return _pred(
@@ -73,11 +170,15 @@ def flash1_forward(N: int, d: int, Br: int, Bc: int, causal: bool = False) -> Pr
     )
 
 
-def flash2_forward(N: int, d: int, Br: int, Bc: int, causal: bool = False) -> Prediction:
+def flash2_forward(N: int, d: int, Br: int, Bc: int, causal: bool | TileMask = False) -> Prediction:
     """FlashAttention-2 forward. Non-causal: reads Nd + 2Nd Tr, writes Nd + N (O and L once).
 
     Causal: K and V are read once per row block for the columns C_i its unskipped column blocks cover.
+    Any other mask: the same on the mask's tile summary, :func:`tile_sums`.
     """
+    if not _is_structured_fast(causal):
+        return _flash2_forward_masked(N, d, Br, Bc, causal)
+    causal = _masks.resolve(causal, N).is_causal
     cols = int(_causal_cols_per_row_block(N, Br, Bc).sum()) if causal else cdiv(N, Br) * N
     peak = flash_working_set(d, min(Br, N), min(Bc, N))
     return _pred(peak, Q=(N * d, 0), K=(cols * d, 0), V=(cols * d, 0), O=(0, N * d), L=(0, N))
@@ -227,15 +328,63 @@ def _backward_rows(N: int, Br: int, Bc: int, causal: bool) -> int:
     return int(_causal_rows_per_column_block(N, Br, Bc).sum()) if causal else cdiv(N, Bc) * N
 
 
-def flash1_backward(N: int, d: int, Br: int, Bc: int, causal: bool = False) -> Prediction:
+def _kv_outer_backward_masked(N: int, d: int, Br: int, Bc: int, mask: TileMask, flash1: bool) -> Prediction:
+    """Both backward passes on the mask's tile summary (R rows streamed through the inner loop in all).
+
+    flash1: K_j, V_j loaded and dK_j, dV_j written for every loaded column block (``skip``: the all-empty ones are
+    left at their zero initialisation, nothing loaded or written). flash2: dK_j, dV_j are always written (they are
+    not initialised); ``skip`` writes an all-empty column block's zeros without loading K_j, V_j."""
+    t = tile_sums(N, Br, Bc, mask)
+    skip = mask.policy == "skip"
+    kv = N - (sum(t.empty_cols) if skip else 0)
+    R, Nd = t.R, N * d
+    ws = flash1_backward_working_set if flash1 else flash2_backward_working_set
+    peak = max([ws(d, br, bc) for br, bc in t.shapes] + [0])
+    if t.empty_cols:
+        bc = max(t.empty_cols)
+        peak = max(peak, 4 * bc * d if not skip else (0 if flash1 else 2 * bc * d))
+    if flash1:
+        return _pred(
+            peak,
+            Q=(R * d, 0),
+            K=(kv * d, 0),
+            V=(kv * d, 0),
+            O=(R * d, 0),
+            dO=(R * d, 0),
+            l=(R, 0),
+            m=(R, 0),
+            dQ=(R * d, R * d + Nd, Nd),
+            dK=(0, kv * d + Nd, Nd),
+            dV=(0, kv * d + Nd, Nd),
+        )
+    peak = max(peak, 2 * min(Br, N) * d + min(Br, N))  # the D pass: dO_i, O_i, D_i
+    return _pred(
+        peak,
+        Q=(R * d, 0),
+        K=(kv * d, 0),
+        V=(kv * d, 0),
+        O=(Nd, 0),
+        dO=(Nd + R * d, 0),
+        L=(R, 0),
+        D=(R, N),
+        dQ=(R * d, R * d + Nd, Nd),
+        dK=(0, Nd),
+        dV=(0, Nd),
+    )
+
+
+def flash1_backward(N: int, d: int, Br: int, Bc: int, causal: bool | TileMask = False) -> Prediction:
     """FlashAttention Algorithm 4. Non-causal, with R = Tc N rows streamed through the inner loop:
 
     reads  K, V: Nd each; Q, O, dO, dQ: R d each; l, m: R each          = 2Nd + Tc(4Nd + 2N)
     writes dQ: R d; dK, dV: Nd each; initialisation of dQ, dK, dV: 3Nd  = 2Nd + Tc Nd + 3Nd
     total 4Nd + Tc(5Nd + 2N) + 3Nd, i.e. papers.md B1 with its initialisation term.
     Causal: R = sum over column blocks j of the rows N - floor(j Bc / Br) Br of its unskipped row blocks.
+    Any other mask: :func:`_kv_outer_backward_masked`.
     """
-    R = _backward_rows(N, Br, Bc, causal)
+    if not _is_structured_fast(causal):
+        return _kv_outer_backward_masked(N, d, Br, Bc, causal, flash1=True)
+    R = _backward_rows(N, Br, Bc, _masks.resolve(causal, N).is_causal)
     peak = flash1_backward_working_set(d, min(Br, N), min(Bc, N))
     Nd = N * d
     return _pred(
@@ -253,15 +402,18 @@ def flash1_backward(N: int, d: int, Br: int, Bc: int, causal: bool = False) -> P
     )
 
 
-def flash2_backward(N: int, d: int, Br: int, Bc: int, causal: bool = False) -> Prediction:
+def flash2_backward(N: int, d: int, Br: int, Bc: int, causal: bool | TileMask = False) -> Prediction:
     """FlashAttention-2 backward with D precomputed and the inner load of O_i dropped. Non-causal, R = Tc N:
 
     reads  O: Nd (D pass); dO: Nd + R d; K, V: Nd each; Q, dQ: R d each; L, D: R each  = 4Nd + Tc(3Nd + 2N)
     writes D: N; dQ: R d + Nd initialisation; dK, dV: Nd each                         = 2Nd + N + Tc Nd + Nd
     total 6Nd + N + Tc(4Nd + 2N) + Nd (papers.md B2 without O_i in the inner loop, plus dQ's initialisation).
-    Causal: R as in :func:`flash1_backward`; the D pass reads all of O and dO.
+    Causal: R as in :func:`flash1_backward`; the D pass reads all of O and dO. Any other mask:
+    :func:`_kv_outer_backward_masked`.
     """
-    R = _backward_rows(N, Br, Bc, causal)
+    if not _is_structured_fast(causal):
+        return _kv_outer_backward_masked(N, d, Br, Bc, causal, flash1=False)
+    R = _backward_rows(N, Br, Bc, _masks.resolve(causal, N).is_causal)
     peak = flash2_backward_working_set(d, min(Br, N), min(Bc, N))
     Nd = N * d
     return _pred(

@@ -84,7 +84,8 @@ def _standard_forward(mem, Q, K, V, N, d, t, scale, causal, dtype):
 
 def _flash1_forward(mem, Q, K, V, N, d, t, scale, causal, dtype):
     O, l_, m = flash.flash1_forward(mem, Q, K, V, N=N, d=d, Br=t.Br, Bc=t.Bc, scale=scale, causal=causal, dtype=dtype)
-    L = None if m is None else m + np.log(l_)  # computed outside the model, for checking only
+    with np.errstate(divide="ignore"):  # a fully masked row: l = 0, L = -inf
+        L = None if m is None else m + np.log(l_)  # computed outside the model, for checking only
     return {"O": O, "l": l_, "m": m, "L": L}
 
 
