@@ -24,7 +24,10 @@ Exact count (:func:`iosim.io_model.square_tiling_forward`), non-causal, Tn = cei
 reads Q, K, V: Nd Tn each; S: written N^2, read N^2 Td; L: N written, N read; O: Nd written. Total
 3 Nd Tn + N^2 (1 + Td) + Nd + 2N = papers.md S1 to the word. Causal masking skips tile (i, j) with j > i (square
 tiles: exactly the tiles entirely above the diagonal) in both phases with one ``continue``; those S entries are
-never written or read.
+never written or read. Any mask (:mod:`iosim.algorithms.masks`) likewise: the tiles it empties are skipped in both
+phases (and in every product of the backward), the element mask applies inside partial tiles, and a row with no
+allowed entry gets L = -inf, O = 0 and zero gradients. This is a sparse small-cache algorithm: its I/O follows
+the nonzero tiles, O(nnz_tiles B^2 (d / B)) = O(s N^2 d / sqrt(M)) for a fraction s of nonzero tiles.
 
 Backward -- :func:`square_tiling_backward`
 ------------------------------------------
@@ -68,20 +71,20 @@ import math
 
 import numpy as np
 from iosim.algorithms._tiles import buffer, cdiv, tile
+from iosim.algorithms.masks import apply_mask, block_range, mask_cols, mask_nnz, mask_rows, resolve
 from iosim.memory_model import alloc, alloc_vec, free, load, load_vec, store, store_to, store_vec
 from iosim.memory_model.core import jitable
 from numba import njit
 
 
 @njit(cache=True)
-def _scale_mask_update(Sij, scale, causal, row0, col0, m_i, l_i):
-    """Phase-1 epilogue: S_ij *= scale, causal entries -> -inf, online row max m_i and row sum l_i."""
+def _scale_mask_update(Sij, scale, partial, mk, mp, mt, row0, col0, m_i, l_i):
+    """Phase-1 epilogue: S_ij *= scale, masked entries -> -inf (a partial tile), online row max m_i and sum l_i."""
     br, bc = Sij.shape
     Sij *= scale
+    if partial:
+        apply_mask(Sij, mk, mp, mt, row0, col0)
     for r in range(br):
-        if causal:
-            for c in range(max(row0 + r + 1 - col0, 0), bc):
-                Sij[r, c] = -np.inf
         m_tilde = -np.inf
         for c in range(bc):
             m_tilde = max(m_tilde, Sij[r, c])
@@ -101,11 +104,11 @@ def _normalised_probabilities(Sik, L_i):
     br, bc = Sik.shape
     for r in range(br):
         for c in range(bc):
-            Sik[r, c] = math.exp(Sik[r, c] - L_i[r])
+            Sik[r, c] = math.exp(Sik[r, c] - L_i[r]) if L_i[r] != -np.inf else 0.0  # -inf: no allowed entry
 
 
 @njit(cache=True)
-def _square_forward(W, ids, Q, K, V, S, O, L, N, d, B, scale, causal):  # noqa: N803
+def _square_forward(W, ids, Q, K, V, S, O, L, N, d, B, scale, mk, mp, mt):  # noqa: N803
     iQ, iK, iV, iS, iO, iL, im = ids
     Tn = cdiv(N, B)  # tiles along N (rows of Q, rows of K)
     Td = cdiv(d, B)  # tiles along the head dimension d
@@ -120,11 +123,14 @@ def _square_forward(W, ids, Q, K, V, S, O, L, N, d, B, scale, causal):  # noqa: 
         if Q is not None:
             mb[:bi] = -np.inf
             lb[:bi] = 0.0
-        for j in range(Tn):
-            if causal and j > i:  # tile entirely above the diagonal
-                continue
+        lo, hi = mask_cols(mk, mp, mt, r0, bi, N)
+        j0, j1 = block_range(lo, hi, B)
+        for j in range(j0, j1):
             c0 = j * B
             bj = min(B, N - c0)
+            nnz = mask_nnz(mk, mp, mt, r0, bi, c0, bj)
+            if nnz == 0:  # a tile the mask empties (causal: entirely above the diagonal)
+                continue
             Sij = tile(Sb, bi, bj)
             hS = alloc(W, iS, r0, bi, c0, bj)  # A_B[i, j] = 0
             if Q is not None:
@@ -140,12 +146,12 @@ def _square_forward(W, ids, Q, K, V, S, O, L, N, d, B, scale, causal):  # noqa: 
                 free(W, hQ)
                 free(W, hK)
             if Q is not None:
-                _scale_mask_update(Sij, scale, causal, r0, c0, mb[:bi], lb[:bi])
+                _scale_mask_update(Sij, scale, nnz < bi * bj, mk, mp, mt, r0, c0, mb[:bi], lb[:bi])
             store(W, hS, Sij, S)  # write the N x N tile (exponent form, see the docstring)
             free(W, hS)
         if Q is not None:
-            for r in range(bi):
-                lb[r] = mb[r] + math.log(lb[r])  # L_i = m_i + log l_i, in place of l_i
+            for r in range(bi):  # L_i = m_i + log l_i, in place of l_i (-inf for a row with no allowed entry)
+                lb[r] = mb[r] + math.log(lb[r]) if lb[r] > 0.0 else -np.inf
         store_vec(W, hl, lb, L)  # write d_B[i] (here: the logsumexp L_i)
         free(W, hm)
         free(W, hl)
@@ -162,11 +168,13 @@ def _square_forward(W, ids, Q, K, V, S, O, L, N, d, B, scale, causal):  # noqa: 
             hO = alloc(W, iO, r0, bi, c0, bc)  # O tile = 0
             if Q is not None:
                 Oic[:, :] = 0.0
-            for k in range(Tn):
-                if causal and k > i:  # A_ik is all zero above the diagonal
-                    continue
+            lo, hi = mask_cols(mk, mp, mt, r0, bi, N)
+            k0_, k1_ = block_range(lo, hi, B)
+            for k in range(k0_, k1_):
                 k0 = k * B
                 bk = min(B, N - k0)
+                if mask_nnz(mk, mp, mt, r0, bi, k0, bk) == 0:  # A_ik is all zero
+                    continue
                 Aik, Vkc = tile(Pb, bi, bk), tile(Vb, bk, bc)
                 hA = load(W, iS, S, r0, bi, k0, bk, Aik)  # A tile (i, k)
                 hV = load(W, iV, V, k0, bk, c0, bc, Vkc)  # V tile (k, c)
@@ -181,36 +189,34 @@ def _square_forward(W, ids, Q, K, V, S, O, L, N, d, B, scale, causal):  # noqa: 
 
 
 @jitable(nrt=True)
-def _ds_row(dS_row, S_row, L_r, D_r, scale, causal, row, col0):
+def _ds_row(dS_row, S_row, L_r, D_r, scale):
     """dS = scale * P o (dP - D) for one row, in place of dP, with P = exp(S - L_r) from the forward's S row.
 
-    Causal entries (S = -inf) give P = 0 and dS = 0; they are set directly so that no NaN can arise."""
+    Masked entries (S = -inf) give P = 0 and dS = 0; a row with no allowed entry (L_r = -inf) is 0 throughout."""
     for c in range(dS_row.size):
-        if causal and col0 + c > row:
+        if L_r == -np.inf or S_row[c] == -np.inf:
             dS_row[c] = 0.0
         else:
             dS_row[c] = scale * math.exp(S_row[c] - L_r) * (dS_row[c] - D_r)
 
 
 @jitable(nrt=True)
-def _softmax_rows(A, L_k, causal, row0, col0):
-    """A = exp(A - L_k) in place (P from the forward's exponent S), causal entries 0."""
+def _softmax_rows(A, L_k):
+    """A = exp(A - L_k) in place (P from the forward's exponent S): masked entries (-inf) and rows with no allowed
+    entry (L = -inf) 0."""
     br, bc = A.shape
     for r in range(br):
         for c in range(bc):
-            if causal and col0 + c > row0 + r:
-                A[r, c] = 0.0
-            else:
-                A[r, c] = math.exp(A[r, c] - L_k[r])
+            A[r, c] = 0.0 if L_k[r] == -np.inf else math.exp(A[r, c] - L_k[r])
 
 
 @jitable(nrt=True)
-def _nn_product(W, iA, A, a_transposed, iX, X, iC, C, N, d, B, causal, iL, L, from_exponent):  # noqa: N803
+def _nn_product(W, iA, A, a_transposed, iX, X, iC, C, N, d, B, mk, mp, mt, iL, L, from_exponent):  # noqa: N803
     """C = op(A) X for an N x N matrix A in slow memory (op(A) = A^T if a_transposed) and an N x d matrix X.
 
     Square tiles of side B: an accumulator C_rc (B x B), one tile of A and one of X resident per step. Reads
-    N^2 ceil(d/B) of A and Nd ceil(N/B) of X, writes Nd (non-causal). Causal A is lower triangular: the tiles
-    above the diagonal are zero and skipped (k > r for C = A X, k < r for C = A^T X). With ``from_exponent`` the
+    N^2 ceil(d/B) of A and Nd ceil(N/B) of X, writes Nd (no mask). A is zero on the tiles the mask empties (causal:
+    above the diagonal); they are skipped (tile (r, k) of A for C = A X, tile (k, r) for C = A^T X). With ``from_exponent`` the
     slow array holds the exponent S and the tile prologue forms P = exp(S - L) with the rows' L (read per tile of
     A: N ceil(N/B) ceil(d/B) words of L, non-causal).
     """
@@ -227,11 +233,20 @@ def _nn_product(W, iA, A, a_transposed, iX, X, iC, C, N, d, B, causal, iL, L, fr
             if C is not None:
                 Crc[:, :] = 0.0
             hL = -1  # the handle of L's rows when the prologue forms P from the exponent
-            for k in range(Tn):
-                if causal and ((k < r) if a_transposed else (k > r)):  # an all-zero tile of A
-                    continue
+            if a_transposed:
+                lo, hi = mask_rows(mk, mp, mt, r0, br, N)
+            else:
+                lo, hi = mask_cols(mk, mp, mt, r0, br, N)
+            k0_, k1_ = block_range(lo, hi, B)
+            for k in range(k0_, k1_):
                 k0 = k * B
                 bk = min(B, N - k0)
+                if a_transposed:
+                    empty = mask_nnz(mk, mp, mt, k0, bk, r0, br) == 0
+                else:
+                    empty = mask_nnz(mk, mp, mt, r0, br, k0, bk) == 0
+                if empty:  # an all-zero tile of A
+                    continue
                 Xkc = tile(Xb, bk, bc)
                 if a_transposed:
                     Akr = tile(Ab, bk, br)
@@ -241,7 +256,7 @@ def _nn_product(W, iA, A, a_transposed, iX, X, iC, C, N, d, B, causal, iL, L, fr
                     hX = load(W, iX, X, k0, bk, c0, bc, Xkc)
                     if C is not None:
                         if from_exponent:
-                            _softmax_rows(Akr, Lb[:bk], causal, k0, r0)
+                            _softmax_rows(Akr, Lb[:bk])
                         Crc += np.dot(Akr.T, Xkc)
                 else:
                     Ark = tile(Ab, br, bk)
@@ -251,7 +266,7 @@ def _nn_product(W, iA, A, a_transposed, iX, X, iC, C, N, d, B, causal, iL, L, fr
                     hX = load(W, iX, X, k0, bk, c0, bc, Xkc)
                     if C is not None:
                         if from_exponent:
-                            _softmax_rows(Ark, Lb[:br], causal, r0, k0)
+                            _softmax_rows(Ark, Lb[:br])
                         Crc += np.dot(Ark, Xkc)
                 free(W, hA)
                 free(W, hX)
@@ -262,7 +277,7 @@ def _nn_product(W, iA, A, a_transposed, iX, X, iC, C, N, d, B, causal, iL, L, fr
 
 
 @njit(cache=True)
-def _square_backward(W, ids, Q, K, V, O, L, S, dO, dS, dQ, dK, dV, N, d, B, scale, causal):  # noqa: N803
+def _square_backward(W, ids, Q, K, V, O, L, S, dO, dS, dQ, dK, dV, N, d, B, scale, mk, mp, mt):  # noqa: N803
     iQ, iK, iV, iO, iL, iS, idO, idS, idQ, idK, idV, iD, idP = ids
     Tn = cdiv(N, B)
     Td = cdiv(d, B)
@@ -288,11 +303,13 @@ def _square_backward(W, ids, Q, K, V, O, L, S, dO, dS, dQ, dK, dV, N, d, B, scal
                         Db[r] += dOil[r, c] * Oil[r, c]
             free(W, hdO)
             free(W, hO)
-        for j in range(Tn):
-            if causal and j > i:  # tile entirely above the diagonal: P_ij = dS_ij = 0
-                continue
+        lo, hi = mask_cols(mk, mp, mt, r0, bi, N)
+        j0, j1 = block_range(lo, hi, B)
+        for j in range(j0, j1):
             c0 = j * B
             bj = min(B, N - c0)
+            if mask_nnz(mk, mp, mt, r0, bi, c0, bj) == 0:  # a tile the mask empties: P_ij = dS_ij = 0
+                continue
             # Step 2: dP_ij = dO_i V_j^T over the d slices.
             dPij = tile(Tb, bi, bj)
             hdP = alloc(W, idP, r0, bi, c0, bj)
@@ -313,16 +330,16 @@ def _square_backward(W, ids, Q, K, V, O, L, S, dO, dS, dQ, dK, dV, N, d, B, scal
                 S_row = tile(Rb, 1, bj)
                 hSr = load(W, iS, S, r0 + r, 1, c0, bj, S_row)
                 if Q is not None:
-                    _ds_row(dPij[r], S_row[0], Lb[r], Db[r], scale, causal, r0 + r, c0)
+                    _ds_row(dPij[r], S_row[0], Lb[r], Db[r], scale)
                 free(W, hSr)
             store_to(W, hdP, dPij, idS, dS, r0, c0)  # write dS_ij (it overwrote dP_ij on chip)
             free(W, hdP)
         free(W, hL)
         free(W, hD)
     # Phase 2: steps 4-6, three square-tiled products.
-    _nn_product(W, iS, S, True, idO, dO, idV, dV, N, d, B, causal, iL, L, True)  # step 4: dV = P^T dO
-    _nn_product(W, idS, dS, False, iK, K, idQ, dQ, N, d, B, causal, iL, L, False)  # step 5: dQ = dS K
-    _nn_product(W, idS, dS, True, iQ, Q, idK, dK, N, d, B, causal, iL, L, False)  # step 6: dK = dS^T Q
+    _nn_product(W, iS, S, True, idO, dO, idV, dV, N, d, B, mk, mp, mt, iL, L, True)  # step 4: dV = P^T dO
+    _nn_product(W, idS, dS, False, iK, K, idQ, dQ, N, d, B, mk, mp, mt, iL, L, False)  # step 5: dQ = dS K
+    _nn_product(W, idS, dS, True, iQ, Q, idK, dK, N, d, B, mk, mp, mt, iL, L, False)  # step 6: dK = dS^T Q
 
 
 def _as_inputs(dtype, *arrays):
@@ -346,7 +363,7 @@ def square_tiling_forward(mem, Q, K, V, *, N, d, B, scale, causal=False, dtype=n
     Q, K, V = _as_inputs(dtype, Q, K, V)
     S, O, L = _poisoned(Q is not None, dtype, (N, N), (N, d), (N,))
     ids = mem.ids(Q=(N, d), K=(N, d), V=(N, d), S=(N, N), O=(N, d), L=(N,), m=(N,))
-    mem.call(_square_forward, ids, Q, K, V, S, O, L, N, d, B, float(scale), bool(causal))
+    mem.call(_square_forward, ids, Q, K, V, S, O, L, N, d, B, float(scale), *resolve(causal, N).args[:3])
     return O, L, S
 
 
@@ -361,5 +378,6 @@ def square_tiling_backward(mem, Q, K, V, O, L, S, dO, *, N, d, B, scale, causal=
     dS, dQ, dK, dV = _poisoned(Q is not None, dtype, (N, N), (N, d), (N, d), (N, d))
     nd, n, nn = (N, d), (N,), (N, N)
     ids = mem.ids(Q=nd, K=nd, V=nd, O=nd, L=n, S=nn, dO=nd, dS=nn, dQ=nd, dK=nd, dV=nd, D=n, dP=nn)
-    mem.call(_square_backward, ids, Q, K, V, O, L, S, dO, dS, dQ, dK, dV, N, d, B, float(scale), bool(causal))
+    mk = resolve(causal, N).args[:3]
+    mem.call(_square_backward, ids, Q, K, V, O, L, S, dO, dS, dQ, dK, dV, N, d, B, float(scale), *mk)
     return dQ, dK, dV, dS

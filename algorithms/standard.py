@@ -7,7 +7,8 @@ M < d^2. So that the algorithm runs, and fits, at every M down to 3 words, each 
 
 1. S = scale * Q K^T: square tiles of side B (an accumulator tile C, one tile of each operand per step of the
    inner dimension); reads R(N, d, N) = Nd ceil(N/B) + Nd ceil(N/B), writes N^2. Working set <= 3 B^2.
-2. P = softmax(S) row by row (causal entries masked here). When a whole row fits (N + 2 <= M) blocks of
+2. P = softmax(S) row by row (masked entries, causal or any mask, are set to -inf here; a row with none allowed
+   is 0: the dense baseline computes every tile whatever the mask). When a whole row fits (N + 2 <= M) blocks of
    R = floor((M - 2) / N) rows are loaded once, normalised in place and stored: N^2 reads, N^2 writes.
    Otherwise each row is swept twice in chunks of M - 2 columns (pass 1: running max and sum, pass 2: normalise
    and store): 2 N^2 reads, N^2 writes. Either way the current row's max and sum take 2 words.
@@ -23,6 +24,7 @@ import math
 
 import numpy as np
 from iosim.algorithms._tiles import buffer, cdiv, tile
+from iosim.algorithms.masks import DENSE, mask_allows, resolve
 from iosim.memory_model import alloc, free, load, store, store_to
 from iosim.memory_model.core import jitable
 from numba import njit
@@ -79,14 +81,16 @@ def tiled_matmul(W, iA, A, iB, B, iC, C, m, k, n, T, a_transposed, b_transposed,
 
 
 @jitable(nrt=True)
-def _mask_row(x, row, col0, causal):
-    if causal:
-        for c in range(max(row + 1 - col0, 0), x.size):
-            x[c] = -np.inf
+def _mask_row(x, row, col0, mk, mp, mt, fill):
+    """x[c] = fill where (row, col0 + c) is masked (-inf for scores, 0 for gradients)."""
+    if mk != DENSE:
+        for c in range(x.size):
+            if not mask_allows(mk, mp, mt, row, col0 + c):
+                x[c] = fill
 
 
 @jitable(nrt=True)
-def _softmax(W, iS, S, iP, P, im, N, M, causal):
+def _softmax(W, iS, S, iP, P, im, N, M, mk, mp, mt):
     """P = softmax(S) row-wise, one pass when a row fits in fast memory, two passes otherwise."""
     hm = alloc(W, im, 0, 1, 0, 2)  # the current row's max and sum
     if N + 2 <= M:
@@ -100,8 +104,12 @@ def _softmax(W, iS, S, iP, P, im, N, M, causal):
             if S is not None:
                 for r in range(br):
                     x = rows[r]
-                    _mask_row(x, r0 + r, 0, causal)
-                    x -= x.max()
+                    _mask_row(x, r0 + r, 0, mk, mp, mt, -np.inf)
+                    m_r = x.max()
+                    if m_r == -np.inf:  # no allowed entry: P's row is 0
+                        x[:] = 0.0
+                        continue
+                    x -= m_r
                     np.exp(x, x)
                     x /= x.sum()
             store_to(W, h, rows, iP, P, r0, 0)  # P overwrites S on chip, written to P
@@ -119,12 +127,14 @@ def _softmax(W, iS, S, iP, P, im, N, M, causal):
                     h = load(W, iS, S, r, 1, c0, bc, chunk)
                     if S is not None:
                         x = chunk[0]
-                        _mask_row(x, r, c0, causal)
+                        _mask_row(x, r, c0, mk, mp, mt, -np.inf)
                         if p == 0:
                             m_new = max(m_r, x.max())
                             if m_new > -np.inf:
                                 l_r = l_r * math.exp(m_r - m_new) + np.exp(x - m_new).sum()
                                 m_r = m_new
+                        elif l_r == 0.0:  # no allowed entry in this row: P's row is 0
+                            x[:] = 0.0
                         else:
                             x -= m_r
                             np.exp(x, x)
@@ -136,10 +146,10 @@ def _softmax(W, iS, S, iP, P, im, N, M, causal):
 
 
 @njit(cache=True)
-def _standard_forward(W, ids, Q, K, V, S, P, O, N, d, M, B, scale, causal):  # noqa: N803
+def _standard_forward(W, ids, Q, K, V, S, P, O, N, d, M, B, scale, mk, mp, mt):  # noqa: N803
     iQ, iK, iV, iS, iP, iO, im = ids
     tiled_matmul(W, iQ, Q, iK, K, iS, S, N, d, N, B, False, True, scale)  # step 1: S = Q K^T
-    _softmax(W, iS, S, iP, P, im, N, M, causal)  # step 2: P = softmax(S)
+    _softmax(W, iS, S, iP, P, im, N, M, mk, mp, mt)  # step 2: P = softmax(S), masked
     tiled_matmul(W, iP, P, iV, V, iO, O, N, N, d, B, False, False, 1.0)  # step 3: O = P V
 
 
@@ -155,7 +165,8 @@ def standard_forward(mem, Q, K, V, *, N, d, B, scale, causal=False, dtype=np.flo
         Q, K, V = (np.ascontiguousarray(x, dtype=dtype) for x in (Q, K, V))
         S, P, O = (np.full(shape, np.nan, dtype) for shape in ((N, N), (N, N), (N, d)))  # poisoned
     ids = mem.ids(Q=(N, d), K=(N, d), V=(N, d), S=(N, N), P=(N, N), O=(N, d), m=(1, 2))
-    mem.call(_standard_forward, ids, Q, K, V, S, P, O, N, d, mem.M, B, float(scale), bool(causal))
+    mk = resolve(causal, N).args[:3]
+    mem.call(_standard_forward, ids, Q, K, V, S, P, O, N, d, mem.M, B, float(scale), *mk)
     return O, S, P
 
 
@@ -172,21 +183,15 @@ def standard_forward(mem, Q, K, V, *, N, d, B, scale, causal=False, dtype=np.flo
 #    R = floor((M - 1) / 2N) rows of each are loaded once: reads 2 N^2, writes N^2 (papers.md B0's 3N^2).
 #    Otherwise each row is swept twice in chunks of floor((M - 1) / 2) columns of P and dP (pass 1: D_i,
 #    pass 2: dS and store): reads 4 N^2, writes N^2. D_i takes one word. The causal mask is applied here
-#    (masked dS = 0; P is already 0 there), which changes no count.
+#    (masked dS = 0; P is already 0 there), which changes no count: the dense baseline computes every tile whatever
+#    the mask (iosim.algorithms.masks), and saves nothing.
 # 4. dQ = scale dS K: reads R(N, N, d), writes Nd.
 # 5. dK = scale dS^T Q: reads R(N, N, d), writes Nd.
 # Exact count: :func:`iosim.io_model.standard_backward`.
 
 
 @jitable(nrt=True)
-def _mask_grad_row(x, row, col0, causal):
-    if causal:
-        for c in range(max(row + 1 - col0, 0), x.size):
-            x[c] = 0.0
-
-
-@jitable(nrt=True)
-def _softmax_backward(W, iP, P, idP, dP, idS, dS, iD, N, M, causal):
+def _softmax_backward(W, iP, P, idP, dP, idS, dS, iD, N, M, mk, mp, mt):
     """Step 3 of Algorithm 3: dS = P o (dP - D) row-wise, D_i = rowsum(P o dP)_i; one pass when a row of P and of
     dP fit in fast memory, two passes otherwise."""
     hD = alloc(W, iD, 0, 1, 0, 1)  # the current row's D_i
@@ -205,7 +210,7 @@ def _softmax_backward(W, iP, P, idP, dP, idS, dS, iD, N, M, causal):
                     D_i = np.dot(pr, g)
                     g -= D_i
                     g *= pr  # dS overwrites dP in place
-                    _mask_grad_row(g, r0 + r, 0, causal)
+                    _mask_row(g, r0 + r, 0, mk, mp, mt, 0.0)
             store_to(W, hdP, dProws, idS, dS, r0, 0)  # dS overwrites dP on chip, written to dS
             free(W, hP)
             free(W, hdP)
@@ -228,7 +233,7 @@ def _softmax_backward(W, iP, P, idP, dP, idS, dS, iD, N, M, causal):
                             g = dPc[0]
                             g -= D_i
                             g *= Pc[0]
-                            _mask_grad_row(g, r, c0, causal)
+                            _mask_row(g, r, c0, mk, mp, mt, 0.0)
                     if sweep == 1:
                         store_to(W, hdP, dPc, idS, dS, r, c0)
                     free(W, hP)
@@ -237,11 +242,11 @@ def _softmax_backward(W, iP, P, idP, dP, idS, dS, iD, N, M, causal):
 
 
 @njit(cache=True)
-def _standard_backward(W, ids, Q, K, V, P, dO, dP, dS, dQ, dK, dV, N, d, M, B, scale, causal):  # noqa: N803
+def _standard_backward(W, ids, Q, K, V, P, dO, dP, dS, dQ, dK, dV, N, d, M, B, scale, mk, mp, mt):  # noqa: N803
     iQ, iK, iV, iP, idO, idP, idS, idQ, idK, idV, iD = ids
     tiled_matmul(W, iP, P, idO, dO, idV, dV, N, N, d, B, True, False, 1.0)  # step 1: dV = P^T dO
     tiled_matmul(W, idO, dO, iV, V, idP, dP, N, d, N, B, False, True, 1.0)  # step 2: dP = dO V^T
-    _softmax_backward(W, iP, P, idP, dP, idS, dS, iD, N, M, causal)  # step 3: dS = P o (dP - D)
+    _softmax_backward(W, iP, P, idP, dP, idS, dS, iD, N, M, mk, mp, mt)  # step 3: dS = P o (dP - D)
     tiled_matmul(W, idS, dS, iK, K, idQ, dQ, N, N, d, B, False, False, scale)  # step 4: dQ = scale dS K
     tiled_matmul(W, idS, dS, iQ, Q, idK, dK, N, N, d, B, True, False, scale)  # step 5: dK = scale dS^T Q
 
@@ -262,5 +267,6 @@ def standard_backward(mem, Q, K, V, P, dO, *, N, d, B, scale, causal=False, dtyp
         dQ, dK, dV = (np.full((N, d), np.nan, dtype) for _ in range(3))
     nd, nn = (N, d), (N, N)
     ids = mem.ids(Q=nd, K=nd, V=nd, P=nn, dO=nd, dP=nn, dS=nn, dQ=nd, dK=nd, dV=nd, D=(1, 1))
-    mem.call(_standard_backward, ids, Q, K, V, P, dO, dP, dS, dQ, dK, dV, N, d, mem.M, B, float(scale), bool(causal))
+    mk = resolve(causal, N).args[:3]
+    mem.call(_standard_backward, ids, Q, K, V, P, dO, dP, dS, dQ, dK, dV, N, d, mem.M, B, float(scale), *mk)
     return dQ, dK, dV

@@ -233,13 +233,29 @@ def square_tiling_peak(N: int, d: int, B: int) -> int:
     return b * b + 2 * b * w + 2 * b
 
 
-def _square_tile_sums(N: int, B: int, causal: bool) -> tuple[int, int, int, int]:
+def _square_masked_peak(N: int, d: int, B: int, mask: TileMask, backward: bool) -> int:
+    """Square tiling's peak under a mask: the largest nonempty tile's phase-1 working set (m_i, l_i or L_i, D_i:
+    2 b_i; the accumulator b_i b_j; one slice of each operand, (b_i + b_j) min(B, d)), or the work every row tile
+    does whatever the mask: forward L_i and an O tile (b (1 + w)), backward L_i, D_i and the D pass's dO, O slices
+    (2 b (1 + w))."""
+    w, b0 = min(B, d), min(B, N)
+    t = tile_sums(N, B, B, mask)
+    base = 2 * b0 * (1 + w) if backward else b0 * (1 + w)
+    return max([2 * bi + bi * bj + (bi + bj) * w for bi, bj in t.shapes] + [base])
+
+
+def _square_tile_sums(N: int, B: int, causal) -> tuple[int, int, int, int]:
     """Sums over the unskipped tiles (i, j) of the N x N matrix (causal: j <= i), with b_i the height of row tile i.
 
     Returns (rows, cols, rows_of_cols, words): rows = sum_i b_i (number of unskipped j), cols = sum_i (columns of
     row tile i's unskipped tiles), rows_of_cols = sum_j (rows of column tile j's unskipped tiles), words = sum of
-    b_i b_j over the unskipped tiles. O(N / B) terms, never O(N^2).
+    b_i b_j over the unskipped tiles. O(N / B) terms, never O(N^2). Any other mask: its tile summary (square tiles:
+    rows = rows_of_cols = R, cols = C).
     """
+    if not _is_structured_fast(causal):
+        t = tile_sums(N, B, B, causal)
+        return t.R, t.C, t.R, t.words
+    causal = _masks.resolve(causal, N).is_causal
     Tn = cdiv(N, B)
     i = np.arange(Tn, dtype=np.int64)
     b = np.minimum(B, N - i * B)
@@ -250,7 +266,7 @@ def _square_tile_sums(N: int, B: int, causal: bool) -> tuple[int, int, int, int]
     return int((b * (i + 1)).sum()), int(cols.sum()), int(rows.sum()), int((b * cols).sum())
 
 
-def square_tiling_forward(N: int, d: int, B: int, causal: bool = False) -> Prediction:
+def square_tiling_forward(N: int, d: int, B: int, causal: bool | TileMask = False) -> Prediction:
     """Saha & Ye Algorithm 1, stable form (algorithms/square_tiling.py); Tn = ceil(N/B), Td = ceil(d/B).
 
     Non-causal: Q, K, V read Nd Tn each; S written N^2 and read N^2 Td; L written N and read N; O written Nd:
@@ -259,8 +275,9 @@ def square_tiling_forward(N: int, d: int, B: int, causal: bool = False) -> Predi
     """
     Td = cdiv(d, B)
     rows, cols, _, words = _square_tile_sums(N, B, causal)
+    fast = _is_structured_fast(causal)
     return _pred(
-        square_tiling_peak(N, d, B),
+        square_tiling_peak(N, d, B) if fast else _square_masked_peak(N, d, B, causal, backward=False),
         Q=(rows * d, 0),
         K=(cols * d, 0),
         V=(cols * d, 0),
@@ -270,7 +287,7 @@ def square_tiling_forward(N: int, d: int, B: int, causal: bool = False) -> Predi
     )
 
 
-def square_tiling_backward(N: int, d: int, B: int, causal: bool = False) -> Prediction:
+def square_tiling_backward(N: int, d: int, B: int, causal: bool | TileMask = False) -> Prediction:
     """The small-cache backward of algorithms/square_tiling.py (reads the forward's S); Tn = ceil(N/B), Td = ceil(d/B).
 
     Non-causal: 5 Nd Tn + 3 N^2 Td + 2 N^2 + N Tn Td + 5 Nd + N. Per array: O Nd and dO Nd (D); dO Nd Tn and V
@@ -281,8 +298,9 @@ def square_tiling_backward(N: int, d: int, B: int, causal: bool = False) -> Pred
     """
     Td = cdiv(d, B)
     rows, cols, rows_of_cols, words = _square_tile_sums(N, B, causal)
+    fast = _is_structured_fast(causal)
     return _pred(
-        square_tiling_peak(N, d, B),
+        square_tiling_peak(N, d, B) if fast else _square_masked_peak(N, d, B, causal, backward=True),
         Q=(rows_of_cols * d, 0),
         K=(cols * d, 0),
         V=(cols * d, 0),
