@@ -172,3 +172,76 @@ def lower_bound(N: int, d: int, M: int, backward: bool = False) -> tuple[float, 
     bounds = backward_bounds(N, d, M) if backward else forward_bounds(N, d, M)
     best = max((b for b in bounds if b.is_lower and b.applies), key=lambda b: b.value)
     return best.value, best.name
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Sparse attention (masks, iosim.masks)
+# ---------------------------------------------------------------------------------------------------------------
+SPARSE_NOTE = (
+    "provisional: the fine-grained paper's sparse theorem could not be read; this is the nnz form of papers.md L6 "
+    "(Pagh-Stoeckel's semiring sparse-matmul bound with block size 1 applied to Q K^T), constant 1"
+)
+
+
+def sparse_lower_bound(N: int, d: int, M: int, nnz: int) -> tuple[float, float]:
+    """papers.md L6, provisional: min{Z_in^2 / M, Z_in sqrt(Z_QK / M)} and its regime switch M* = Z_in^2 / Z_QK.
+
+    Derivation (papers.md section 4): Pagh & Stoeckel bound semiring sparse matrix products by
+    (N'/B) min(sqrt(Z'/M), N'/M) with N' the nonzeros of the operands and Z' those of the product; with B = 1,
+    operands Q, K (Z_in = Nd, as in the paper's dense check) and the product restricted to the mask's Z_QK allowed
+    scores this reads min{Z_in^2 / M, Z_in sqrt(Z_QK) / sqrt(M)}. Dense (Z_QK = N^2): min{N^2 d^2 / M, N^2 d /
+    sqrt(M)}, Saha & Ye's two regimes, and the switch Z_in^2 / Z_QK = d^2. The first term is the smaller one exactly
+    when M >= M* (the sparse "large cache"). Returns (value, M*).
+    """
+    Z_in, Z_QK = N * d, max(int(nnz), 1)
+    return min(Z_in * Z_in / M, Z_in * math.sqrt(Z_QK / M)), Z_in * Z_in / Z_QK
+
+
+def block_density(N: int, Br: int, Bc: int, mask) -> float:
+    """s of Proposition 4: the fraction of the Br x Bc blocks the mask leaves nonzero."""
+    from iosim.io_model import tile_sums
+
+    return tile_sums(N, Br, Bc, mask).tiles / (-(-N // Br) * -(-N // Bc))
+
+
+def sparse_bounds(N: int, d: int, M: int, mask, tilings: dict | None = None) -> list[Bound]:
+    """Proposition 4 with s measured on each algorithm's own tiling (``tilings``: name -> Tiling; by default the
+    ``fit`` tilings of flash1 and flash2 at these sizes) and the provisional nnz lower bound L6."""
+    from iosim import registry
+
+    nnz = mask.nnz()
+    value, switch = sparse_lower_bound(N, d, M, nnz)
+    out = [
+        Bound(
+            "sparse nnz lower bound (L6)",
+            "lower (asymptotic, constant 1, provisional)",
+            value,
+            "min{Z_in^2 / M, Z_in sqrt(Z_QK / M)}, Z_in = Nd, Z_QK = nnz",
+            "Li et al., arXiv 2410.09397, sparse theorem in the form of papers.md L6 (provisional)",
+            f"Z_QK = {nnz:,} of N^2 = {N * N:,} (density {nnz / (N * N):.3g}); "
+            f"{'large' if M >= switch else 'small'} sparse cache: M {'>=' if M >= switch else '<'} "
+            f"Z_in^2 / Z_QK = {switch:,.0f}",
+            True,
+        )
+    ]
+    if tilings is None:
+        tilings = {}
+        for name in ("flash1", "flash2"):
+            try:
+                tilings[name] = registry.get(name).choose_tiling(N, d, M, "fit")
+            except Exception:  # noqa: BLE001 - an M too small for this algorithm: no Prop. 4 line for it
+                continue
+    for name, t in tilings.items():
+        s = block_density(N, t.Br, t.Bc, mask)
+        out.append(
+            Bound(
+                f"Proposition 4 ({name})",
+                "upper (asymptotic, constant 1)",
+                N * d + N * N * d * d * s / M,
+                "Nd + N^2 d^2 s / M",
+                "Dao et al., NeurIPS 2022, Proposition 4 (block-sparse FlashAttention)",
+                f"s = {s:.4g}: nonzero blocks of {t.Br} x {t.Bc} ({name}'s tiling)",
+                d <= M <= N * d,
+            )
+        )
+    return out

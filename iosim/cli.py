@@ -17,7 +17,7 @@ from pathlib import Path
 
 from tabulate import tabulate
 
-from iosim import api, bounds, registry, warmup
+from iosim import api, bounds, masks, registry, warmup
 from iosim.errors import InputError
 from iosim.memory_model import CapacityError, ScheduleError
 
@@ -86,8 +86,19 @@ def _add_sizes(p: argparse.ArgumentParser, defaults: dict | None = None) -> None
         )
 
 
+def _add_mask_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--causal", action="store_true", help="causal masking (the same as --mask causal)")
+    p.add_argument("--mask", default=None, help=f"a mask (iosim.masks): {masks.FORMS}")
+    p.add_argument(
+        "--kv-policy",
+        choices=masks.POLICIES,
+        default="paper",
+        help="K_j, V_j (flash2 forward: Q_i) of an all-empty block: paper loads them (Algorithm 5), skip does not",
+    )
+
+
 def _add_run_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--causal", action="store_true", help="causal masking")
+    _add_mask_options(p)
     p.add_argument(
         "--backward",
         action="store_true",
@@ -125,6 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bounds", help="the papers' bounds at these sizes and the regime (M vs d^2)")
     _add_sizes(p)
+    p.add_argument("--mask", default=None, help=f"sparse bounds for a mask: {masks.FORMS}")
     p.add_argument("--format", choices=FORMATS, default="simple")
     p.add_argument("--json", action="store_true", help="print the bounds as JSON")
 
@@ -163,6 +175,8 @@ def build_parser() -> argparse.ArgumentParser:
     for name, what in SIZES:
         p.add_argument(f"--{name}", type=int, nargs="+", required=True, help=what + " (one or more)")
     p.add_argument("--causal", choices=("no", "yes", "both"), default="no", help="causal masking (default no)")
+    p.add_argument("--mask", nargs="+", default=["none"], help=f"masks (default none): {masks.FORMS}")
+    p.add_argument("--kv-policy", nargs="+", default=["paper"], help="empty-block policies: paper and/or skip")
     p.add_argument("--tiling", nargs="+", default=["fit"], help="block-size rules: fit and/or paper (default fit)")
     p.add_argument("--numeric", action="store_true", help="run the arithmetic too (default: count-only)")
     p.add_argument("--jobs", type=_positive("--jobs"), help="worker processes (default: all cores)")
@@ -183,6 +197,8 @@ def _run_kwargs(args) -> dict:
         N=args.N,
         d=args.d,
         causal=args.causal,
+        mask=args.mask,
+        kv_policy=args.kv_policy,
         backward=args.backward,
         count_only=args.count_only,
         tiling=args.tiling,
@@ -192,6 +208,12 @@ def _run_kwargs(args) -> dict:
         reference=not args.no_reference,
         allow_long=args.yes,
     )
+
+
+def _mask_words(args) -> str:
+    if args.mask not in (None, "none", "dense"):
+        return f"mask {args.mask} (kv policy {args.kv_policy})"
+    return "causal" if args.causal else "non-causal"
 
 
 def _exact(x) -> str:
@@ -209,6 +231,7 @@ def _cmd_run(args) -> int:
         ["pass", r.main.name],
         ["N, d, M", f"{r.N}, {r.d}, {r.M}"],
         ["regime", r.regime],
+        ["mask", r.mask if r.mask in ("none", "causal") else f"{r.mask} (kv policy {r.kv_policy})"],
         ["tiling", str(r.tiling)],
         ["reads", _fmt_int(s.reads)],
         ["writes", _fmt_int(s.writes)],
@@ -316,7 +339,7 @@ def _cmd_compare(args) -> int:
     ]
     print(
         f"N={args.N}, d={args.d}, M={args.M} words ({bounds.regime(args.d, args.M)}; d^2 = {args.d**2}), "
-        f"{'causal' if args.causal else 'non-causal'}, {'backward' if args.backward else 'forward'}, "
+        f"{_mask_words(args)}, {'backward' if args.backward else 'forward'}, "
         f"tiling={args.tiling}"
     )
     print(f"lower bound: {_fmt_int(lb)} words ({lb_name})")
@@ -367,7 +390,11 @@ def _cmd_bounds(args) -> None:
         winner, reason = bounds.theory_winner(d, M)
         doc = {"iosim_version": __version__, "N": N, "d": d, "M": M, "regime": bounds.regime(d, M)}
         doc["theory_winner"], doc["reason"] = winner, reason
-        for title, bs in (("forward", bounds.forward_bounds(N, d, M)), ("backward", bounds.backward_bounds(N, d, M))):
+        groups = [("forward", bounds.forward_bounds(N, d, M)), ("backward", bounds.backward_bounds(N, d, M))]
+        if args.mask is not None:
+            doc["mask"] = args.mask
+            groups.append(("sparse", bounds.sparse_bounds(N, d, M, masks.compile_mask(args.mask, N))))
+        for title, bs in groups:
             doc[title] = [
                 {k: getattr(b, k) for k in ("name", "kind", "value", "formula", "regime", "applies", "citation")}
                 for b in bs
@@ -376,7 +403,13 @@ def _cmd_bounds(args) -> None:
         return
     print(f"N={N}, d={d}, M={M}: {bounds.regime(d, M)}; d^2 = {d * d}, M/d^2 = {M / (d * d):.3g}")
     print(_theory_line(d, M))
-    for title, bs in (("forward", bounds.forward_bounds(N, d, M)), ("backward", bounds.backward_bounds(N, d, M))):
+    groups = [("forward", bounds.forward_bounds(N, d, M)), ("backward", bounds.backward_bounds(N, d, M))]
+    if args.mask is not None:
+        groups.append((f"sparse, mask {args.mask}", bounds.sparse_bounds(N, d, M, masks.compile_mask(args.mask, N))))
+        sparse_note = f"note: the sparse nnz lower bound is {bounds.SPARSE_NOTE}"
+    else:
+        sparse_note = None
+    for title, bs in groups:
         rows = [
             [b.name, b.kind, _fmt_int(b.value), b.formula, b.regime, "yes" if b.applies else "no", b.citation]
             for b in bs
@@ -391,6 +424,9 @@ def _cmd_bounds(args) -> None:
                 disable_numparse=True,
             )
         )
+    if sparse_note:
+        print()
+        print(sparse_note)
 
 
 def _cmd_list(args) -> None:
@@ -503,6 +539,8 @@ def _cmd_sweep(args) -> int:
         "d": args.d,
         "M": args.M,
         "causal": {"no": [False], "yes": [True], "both": [False, True]}[args.causal],
+        "mask": args.mask,
+        "kv_policy": args.kv_policy,
         "tiling": args.tiling,
         "count_only": not args.numeric,
     }

@@ -69,9 +69,10 @@ def _causal_cols_per_row_block(N: int, Br: int, Bc: int) -> np.ndarray:
 
 @dataclass(frozen=True)
 class TileSums:
-    """A mask on a Br x Bc tiling: R, C, words (sum of nonempty tile areas), nnz, the nonempty tile shapes
+    """A mask on a Br x Bc tiling: the nonempty tiles, R, C, words (sum of their areas), nnz, their shapes
     (pairs (br, bc)), the heights of the all-empty row blocks and the widths of the all-empty column blocks."""
 
+    tiles: int
     R: int
     C: int
     words: int
@@ -91,7 +92,8 @@ def tile_sums(N: int, Br: int, Bc: int, causal) -> TileSums:
     mask = _masks.resolve(causal, N)
     if mask.kind == _masks.DENSE:
         shapes = {(min(Br, N - i), min(Bc, N - j)) for i in (0, (cdiv(N, Br) - 1) * Br) for j in (0, (cdiv(N, Bc) - 1) * Bc)}
-        return TileSums(cdiv(N, Bc) * N, cdiv(N, Br) * N, N * N, N * N, tuple(sorted(shapes)), (), ())
+        Tr, Tc = cdiv(N, Br), cdiv(N, Bc)
+        return TileSums(Tr * Tc, Tc * N, Tr * N, N * N, N * N, tuple(sorted(shapes)), (), ())
     sums, row_ne, col_ne = _masks.tile_summary(mask.kind, mask.params, mask.table, N, Br, Bc)
     last_r, last_c = N - (cdiv(N, Br) - 1) * Br, N - (cdiv(N, Bc) - 1) * Bc
     shapes = tuple(
@@ -99,7 +101,7 @@ def tile_sums(N: int, Br: int, Bc: int, causal) -> TileSums:
     )
     rs, cs = _sizes(N, Br), _sizes(N, Bc)
     return TileSums(
-        int(sums[1]), int(sums[2]), int(sums[3]), int(sums[4]), shapes,
+        int(sums[0]), int(sums[1]), int(sums[2]), int(sums[3]), int(sums[4]), shapes,
         tuple(int(x) for x in rs[~row_ne]), tuple(int(x) for x in cs[~col_ne]),
     )  # fmt: skip
 

@@ -1,4 +1,4 @@
-"""Sweeps: run any grid of (algorithm, pass, N, d, M, causal, tiling) and get one record per point.
+"""Sweeps: run any grid of (algorithm, pass, N, d, M, causal, mask, kv_policy, tiling); one record per point.
 
 >>> from iosim.sweep import sweep
 >>> recs = sweep({"algorithm": ["flash2"], "N": [64], "d": [8], "M": [512, 1024]}, executor="serial", as_frame=False)
@@ -43,8 +43,17 @@ from iosim import api, registry
 from iosim.errors import InputError
 from iosim.memory_model import CapacityError
 
-GRID_KEYS = ("algorithm", "pass", "N", "d", "M", "causal", "tiling", "count_only", "dtype", "seed")
-DEFAULTS = {"pass": "forward", "causal": False, "tiling": "fit", "count_only": True, "dtype": "float64", "seed": 0}
+GRID_KEYS = ("algorithm", "pass", "N", "d", "M", "causal", "mask", "kv_policy", "tiling", "count_only", "dtype", "seed")
+DEFAULTS = {
+    "pass": "forward",
+    "causal": False,
+    "mask": "none",  # a --mask string (iosim.masks.parse)
+    "kv_policy": "paper",
+    "tiling": "fit",
+    "count_only": True,
+    "dtype": "float64",
+    "seed": 0,
+}
 PASSES = ("forward", "backward")
 RESULT_FIELDS = (
     "status",
@@ -104,6 +113,8 @@ def _check_point(p: dict) -> None:
     for key in ("causal", "count_only"):
         if not isinstance(p[key], bool):
             raise InputError(key, "must be True or False", p[key])
+    if not isinstance(p["mask"], str):
+        raise InputError("mask", "must be a --mask string in a sweep (for example window:128)", type(p["mask"]))
     if isinstance(p["seed"], bool) or not isinstance(p["seed"], int):
         raise InputError("seed", "must be an integer", p["seed"])
 
@@ -120,6 +131,8 @@ def run_point(p: dict) -> dict:
             d=p["d"],
             backward=p["pass"] == "backward",
             causal=p["causal"],
+            mask=None if p["mask"] == "none" else p["mask"],
+            kv_policy=p["kv_policy"],
             count_only=p["count_only"],
             tiling=p["tiling"],
             dtype=p["dtype"],

@@ -29,6 +29,8 @@ def test_expand_is_the_product_in_order():
         "d": 8,
         "M": 256,
         "causal": False,
+        "mask": "none",
+        "kv_policy": "paper",
         "tiling": "fit",
         "count_only": True,
         "dtype": "float64",
@@ -40,7 +42,7 @@ def test_expand_is_the_product_in_order():
 @pytest.mark.parametrize(
     ("grid", "message"),
     [
-        ({"N": 64, "d": 8, "M": 256, "mask": "causal"}, "keys must be among"),
+        ({"N": 64, "d": 8, "M": 256, "window": 16}, "keys must be among"),
         ({"N": 64, "d": 8}, "must give N, d and M"),
         ({"N": [], "d": 8, "M": 256}, "at least one value"),
         ("N=64", "must be a mapping"),
