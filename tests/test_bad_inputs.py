@@ -56,6 +56,18 @@ CLI_CASES = [
     (["bounds", "--N", "0", "--d", "8", "--M", "1000"], "--N"),
     (["bounds", "--N", "64", "--d", "8"], "--M"),
     (["nonsense"], "invalid choice"),
+    (["run", "flash2", *SIZES, "--mask", "window:0"], "mask window"),
+    (["run", "flash2", *SIZES, "--mask", "random:1.5"], "mask density"),
+    (["run", "flash2", *SIZES, "--mask", "random-blocks:0:4x4"], "mask density"),
+    (["run", "flash2", *SIZES, "--mask", "random-blocks:0.5:0x4"], "mask block shape"),
+    (["run", "flash2", *SIZES, "--mask", "blockdiag:10,10"], "mask document lengths"),
+    (["run", "flash2", *SIZES, "--mask", "file:/nonexistent/mask.npy"], "mask file"),
+    (["run", "flash2", *SIZES, "--mask", "causal", "--causal"], "causal"),
+    (["run", "flash2", *SIZES, "--mask", "diagonal"], "mask"),
+    (["run", "flash2", *SIZES, "--kv-policy", "lazy"], "--kv-policy"),
+    (["compare", *SIZES, "--mask", "prefix:65"], "mask prefix"),
+    (["bounds", *SIZES, "--mask", "window:-1"], "mask window"),
+    (["trace", "flash2", *SIZES, "--mask", "dilated:2:0", "-o", "t.csv"], "mask dilation"),
 ]
 
 
@@ -137,6 +149,15 @@ API_CASES = [
     ({"N": 10_000_000, "d": 64, "M": 100_000, "count_only": True}, "allow_long"),
     ({"N": 60_000_000, "d": 64, "M": 1000, "count_only": True, "allow_long": True}, "N"),
     ({"N": 8, "d": 64, "M": 100}, "M"),
+    ({**OK, "mask": np.ones((12, 12))}, "mask"),
+    ({**OK, "mask": np.ones((12, 11), bool)}, "mask"),
+    ({**OK, "mask": np.ones((5, 5), bool)}, "mask"),
+    ({**OK, "mask": 3}, "mask"),
+    ({**OK, "mask": "window:0"}, "mask window"),
+    ({**OK, "mask": "blockdiag:5,5"}, "mask document lengths"),
+    ({**OK, "mask": "random:0"}, "mask density"),
+    ({**OK, "kv_policy": "lazy"}, "kv_policy"),
+    ({**OK, "mask": "causal", "causal": True}, "causal"),
 ]
 
 

@@ -107,3 +107,20 @@ def test_bad_masks_name_their_parameter(make, parameter):
     with pytest.raises(InputError) as e:
         make()
     assert e.value.parameter == parameter
+
+
+def test_mask_files(tmp_path):
+    """file:X.npy loads a boolean N x N array or a block mask; a non-boolean or unreadable file names the mask."""
+    A = np.random.default_rng(1).random((N, N)) < 0.3
+    np.save(tmp_path / "a.npy", A)
+    assert (im.parse(f"file:{tmp_path / 'a.npy'}").compile(N).dense() == A).all()
+    blocks = np.random.default_rng(2).random((14, 6)) < 0.5
+    np.save(tmp_path / "b.npy", blocks)
+    t = im.parse(f"file:{tmp_path / 'b.npy'}:4x9").compile(N)
+    assert (t.dense() == np.kron(blocks, np.ones((4, 9), bool))[:N, :N]).all()
+    np.save(tmp_path / "f.npy", A.astype(float))
+    (tmp_path / "junk.npy").write_text("not numpy")
+    for name, parameter in (("f.npy", "mask"), ("junk.npy", "mask file")):
+        with pytest.raises(InputError) as e:
+            im.parse(f"file:{tmp_path / name}")
+        assert e.value.parameter == parameter
