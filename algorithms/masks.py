@@ -246,15 +246,16 @@ def _dense(kind, p, T, N):
 def tile_summary(kind, p, T, N, Br, Bc):
     """The mask on the Br x Bc tiling, in O(rows blocks + nonzero tiles) for structured masks.
 
-    Returns (sums, row_nonempty, col_nonempty): sums = [tiles, R, C, words, nnz, shapes], with R = sum of the
+    Returns (sums, row_nonempty, col_nonempty): sums = [tiles, R, C, words, nnz, shapes, full], with R = sum of the
     heights and C = sum of the widths of the nonempty tiles, words = sum of their areas, nnz the allowed entries,
     shapes a bit set of the nonempty tiles' shapes (bit 2 * ragged row + ragged column: 1 full x full, 2 full x
-    last, 4 last x full, 8 last x last, where "last" is the final block when it is shorter than the others).
+    last, 4 last x full, 8 last x last, where "last" is the final block when it is shorter than the others) and full
+    the number of nonempty tiles the mask leaves full (no element test).
     """
     Tr, Tc = cdiv(N, Br), cdiv(N, Bc)
     row_ne = np.zeros(Tr, dtype=np.bool_)
     col_ne = np.zeros(Tc, dtype=np.bool_)
-    sums = np.zeros(6, dtype=np.int64)
+    sums = np.zeros(7, dtype=np.int64)
     for i in range(Tr):
         r0 = i * Br
         br = min(Br, N - r0)
@@ -274,6 +275,7 @@ def tile_summary(kind, p, T, N, Br, Bc):
             sums[3] += br * bc
             sums[4] += nz
             sums[5] |= 1 << (2 * int(br < Br) + int(bc < Bc))
+            sums[6] += nz == br * bc
     return sums, row_ne, col_ne
 
 

@@ -35,7 +35,6 @@ EXPERIMENTS: tuple[Entry, ...] = (
         "06_sparse",
         "FlashAttention Prop. 4",
         "Block-sparse scaling in s and the pattern effect",
-        pending="needs issue 10 (sparse)",
     ),
     Entry("devices", "07_devices", "reviewers' device question", "Device regime table: M vs d^2 per GPU and dtype"),
 )

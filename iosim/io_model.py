@@ -80,6 +80,7 @@ class TileSums:
     shapes: tuple[tuple[int, int], ...]
     empty_rows: tuple[int, ...]
     empty_cols: tuple[int, ...]
+    full: int  # nonempty tiles the mask leaves full (the others are partial: an element test inside)
 
 
 def _sizes(N: int, B: int) -> np.ndarray:
@@ -93,7 +94,7 @@ def tile_sums(N: int, Br: int, Bc: int, causal) -> TileSums:
     if mask.kind == _masks.DENSE:
         shapes = {(min(Br, N - i), min(Bc, N - j)) for i in (0, (cdiv(N, Br) - 1) * Br) for j in (0, (cdiv(N, Bc) - 1) * Bc)}
         Tr, Tc = cdiv(N, Br), cdiv(N, Bc)
-        return TileSums(Tr * Tc, Tc * N, Tr * N, N * N, N * N, tuple(sorted(shapes)), (), ())
+        return TileSums(Tr * Tc, Tc * N, Tr * N, N * N, N * N, tuple(sorted(shapes)), (), (), Tr * Tc)
     sums, row_ne, col_ne = _masks.tile_summary(mask.kind, mask.params, mask.table, N, Br, Bc)
     last_r, last_c = N - (cdiv(N, Br) - 1) * Br, N - (cdiv(N, Bc) - 1) * Bc
     shapes = tuple(
@@ -102,7 +103,7 @@ def tile_sums(N: int, Br: int, Bc: int, causal) -> TileSums:
     rs, cs = _sizes(N, Br), _sizes(N, Bc)
     return TileSums(
         int(sums[0]), int(sums[1]), int(sums[2]), int(sums[3]), int(sums[4]), shapes,
-        tuple(int(x) for x in rs[~row_ne]), tuple(int(x) for x in cs[~col_ne]),
+        tuple(int(x) for x in rs[~row_ne]), tuple(int(x) for x in cs[~col_ne]), int(sums[6]),
     )  # fmt: skip
 
 

@@ -28,7 +28,7 @@ def all_quick(tmp_path_factory):
 def test_registry_names_and_lookup():
     assert EX.names()[:2] == ["crossover", "flash-thm2"]
     assert EX.get("02").name == "flash-thm2" and EX.get("07_devices").name == "devices"
-    assert EX.get("sparse").pending == "needs issue 10 (sparse)"
+    assert EX.get("06").name == "sparse" and EX.get("sparse").pending is None
 
 
 @pytest.mark.parametrize("entry", RUNNABLE, ids=lambda e: e.name)
@@ -43,26 +43,25 @@ def test_every_experiment_writes_csv_plot_table_and_verdict(all_quick, entry):
     assert "\\begin{tabular}" in (out / f"{entry.stem}.tex").read_text()
 
 
-def test_index_lists_every_experiment_and_the_pending_one(all_quick):
+def test_index_lists_every_experiment(all_quick):
     out, verdicts = all_quick
     index = (out / "index.md").read_text()
     for e in EX.EXPERIMENTS:
-        assert e.name in index
-    assert "pending: needs issue 10 (sparse)" in index and verdicts["sparse"] is None
+        assert e.name in index and verdicts[e.name] is not None
 
 
 def test_quick_verdicts_hold_where_the_theory_is_decided(all_quick):
     _, v = all_quick
     assert v["crossover"].holds and v["flash-thm2"].holds and v["backward-thm11"].holds and v["tightness"].holds
+    assert v["sparse"].holds
 
 
 def test_cli_list_and_bad_names(capsys):
     assert main(["experiments", "list"]) == 0
     out = capsys.readouterr().out
-    assert "flash-thm2" in out and "needs issue 10 (sparse)" in out
+    assert "flash-thm2" in out and "sparse" in out
     for argv, message in (
         (["experiments", "run", "nope"], "experiment must be one of"),
-        (["experiments", "run", "sparse"], "needs issue 10 (sparse)"),
         (["experiments", "run"], "needs a NAME"),
     ):
         p = subprocess.run([sys.executable, "-m", "iosim.cli", *argv], capture_output=True, text=True, cwd=ROOT)
