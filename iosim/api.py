@@ -254,19 +254,27 @@ def ref_bytes(N: int, d: int, backward: bool) -> int:
     return (4 if backward else 3) * N * N * 8  # a dense reference: S, P and their products
 
 
-def _estimated_steps(t: Tiling, N: int, d: int, backward: bool) -> int:
-    """Tile steps of a schedule with tiling ``t``: what a count-only run's time is proportional to."""
+def _estimated_steps(t: Tiling, N: int, d: int, backward: bool, mask=None) -> int:
+    """Tile steps of a schedule with tiling ``t``: what a count-only run's time is proportional to. With a mask
+    (other than none or causal) the schedule visits only the nonzero tiles (plus one test per block row and
+    column): the steps scale by the mask's fraction of nonzero tiles on this tiling."""
+    from iosim.io_model import _is_structured_fast, tile_sums
+
+    sparse = mask is not None and not _is_structured_fast(mask)
     if t.Br and t.Bc:
-        steps = -(-N // t.Br) * -(-N // t.Bc)
+        Tr, Tc = -(-N // t.Br), -(-N // t.Bc)
+        steps = tile_sums(N, t.Br, t.Bc, mask).tiles + Tr + Tc if sparse else Tr * Tc
     elif t.B:
-        steps = 3 * -((-N // t.B) ** 2) * -(-d // t.B) + N
+        Tn = -(-N // t.B)
+        tiles = tile_sums(N, t.B, t.B, mask).tiles if sparse else Tn * Tn
+        steps = 3 * tiles * -(-d // t.B) + N
     else:
         steps = N * N
     return steps * (2 if backward else 1)
 
 
-def _check_time(t: Tiling, N: int, d: int, backward: bool, allow_long: bool) -> None:
-    seconds = _estimated_steps(t, N, d, backward) * SECONDS_PER_STEP
+def _check_time(t: Tiling, N: int, d: int, backward: bool, allow_long: bool, mask=None) -> None:
+    seconds = _estimated_steps(t, N, d, backward, mask) * SECONDS_PER_STEP
     if seconds > MAX_SECONDS:
         raise InputError(
             "N",
@@ -430,7 +438,7 @@ def run(
     t_bwd = algo.backward_tiling(N, d, M, tiling) if backward else None  # before any work: a too-small M fails fast
     np_dtype = np.dtype(dtype)
     if count_only:
-        _check_time(t_bwd or t, N, d, backward, allow_long)
+        _check_time(t_bwd or t, N, d, backward, allow_long, tmask if masked else None)
     else:
         _check_memory(algo, N, d, backward, reference, np_dtype.itemsize)
         rng = np.random.default_rng(seed)

@@ -12,6 +12,9 @@ also compiles (Numba) the code under test. BLAS runs on one thread for the simul
   forward that produces O and L runs once, outside the timed region.
 * flash1 forward, count-only, N=2^20, d=128, M=65536, on the checked memory (every tile in the table) ÷ the
   counters-only memory that ``iosim run --count-only`` uses for built-in algorithms; both wall times shown.
+* masks: flash2 forward, count-only, N=2^20, d=64, M=65536, with structured masks (sliding window 256,
+  block-diagonal 256 documents of 4096, causal) ÷ the same run without a mask: the cost follows the nonzero tiles
+  (iosim.algorithms.masks), so the ratio should be near the fraction of nonzero tiles.
 * tracing: flash2 forward numeric, N=4096, d=64, M=16384, traced ÷ untraced; events per second and bytes per event.
 * first run: ``iosim compare`` at its defaults in a fresh process with an empty ``NUMBA_CACHE_DIR`` (compiling
   everything) ÷ the same command once the cache is warm. Target: the first run within 10 s.
@@ -122,6 +125,40 @@ def bench_count_only(repeat: int) -> list:
     ]
 
 
+def bench_masks(repeat: int) -> list[list]:
+    from iosim.io_model import tile_sums
+    from iosim.masks import compile_mask
+
+    N, d, M = 2**20, 64, 65536
+    algo = registry.get("flash2")
+    t = algo.choose_tiling(N, d, M, "fit")
+    tiles = -(-N // t.Br) * -(-N // t.Bc)
+
+    def count(mask):
+        mem = TwoLevelMemory(M, fast=True)
+        algo.forward(mem, None, None, None, N, d, t, 1.0, mask, np.float64)
+        return mem.stats()
+
+    t_dense = best_of(lambda: count(False), max(1, repeat // 2))
+    rows = []
+    for text in ("window:256", "blockdiag:" + ",".join(["4096"] * 256), "causal"):
+        mask = compile_mask(text, N)
+        s = tile_sums(N, t.Br, t.Bc, mask).tiles / tiles
+        assert count(mask) == count(mask)
+        seconds = best_of(lambda mask=mask: count(mask), repeat)
+        rows.append(
+            [
+                f"flash2 forward count-only, mask {text[:22]}{'...' if len(text) > 22 else ''} ÷ no mask",
+                f"N=2^20, d={d}, M={M} ({t}); nonzero tiles {s:.4f}",
+                f"{seconds:.3f} s",
+                f"{t_dense:.3f} s",
+                f"{seconds / t_dense:.4f}",
+                "~ the fraction of nonzero tiles",
+            ]
+        )
+    return rows
+
+
 def bench_trace(repeat: int) -> list:
     N, d, M = 4096, 64, 16384
     Q, K, V = inputs(N, d)
@@ -168,7 +205,7 @@ def bench_first_run(repeat: int) -> list:
     ]
 
 
-BENCHES = [bench_flash2_forward, bench_flash2_backward, bench_count_only, bench_trace, bench_first_run]
+BENCHES = [bench_flash2_forward, bench_flash2_backward, bench_count_only, bench_masks, bench_trace, bench_first_run]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -177,7 +214,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--skip-first-run", action="store_true", help="leave out the empty-cache measurement")
     args = parser.parse_args(argv)
     benches = [b for b in BENCHES if not (args.skip_first_run and b is bench_first_run)]
-    rows = [bench(args.repeat) for bench in benches]
+    rows = []
+    for bench in benches:
+        row = bench(args.repeat)
+        rows += row if isinstance(row[0], list) else [row]
     print(tabulate(rows, headers=["benchmark", "sizes", "measured", "baseline", "ratio", "target"]))
 
 
