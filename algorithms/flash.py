@@ -169,18 +169,9 @@ def _flash2_forward(W, ids, Q, K, V, O, L, N, d, Br, Bc, scale, mk, mp, mt, skip
         r0 = i * Br
         br = min(Br, N - r0)
         Qi, Oi = tile(Qb, br, d), tile(Ob, br, d)
-        if skip and not row_nonempty(mk, mp, mt, N, Bc, r0, br):  # policy skip: Q_i never loaded
-            hO = alloc(W, iO, r0, br, 0, d)  # O_i = 0, L_i = -inf: a row block with no allowed entry
-            hl = alloc_vec(W, iL, r0, br)
-            if Q is not None:
-                Oi[:, :] = 0.0
-                lb[:br] = -np.inf
-            store(W, hO, Oi, O)
-            store_vec(W, hl, lb, L)
-            free(W, hO)
-            free(W, hl)
-            continue
-        hQ = load(W, iQ, Q, r0, br, 0, d, Qi)
+        # policy skip, a row block with no allowed entry: Q_i is never loaded, O_i = 0 and L_i = -inf are written
+        load_Q = not skip or row_nonempty(mk, mp, mt, N, Bc, r0, br)
+        hQ = load(W, iQ, Q, r0, br, 0, d, Qi) if load_Q else -1
         hO = alloc(W, iO, r0, br, 0, d)  # on-chip O_i = 0
         hl = alloc_vec(W, iL, r0, br)  # l_i = 0; becomes L_i = m_i + log(l_i) in place
         hm = alloc_vec(W, im, r0, br)  # m_i = -inf
@@ -189,7 +180,7 @@ def _flash2_forward(W, ids, Q, K, V, O, L, N, d, Br, Bc, scale, mk, mp, mt, skip
             lb[:br] = 0.0
             mb[:br] = -np.inf
         lo, hi = mask_cols(mk, mp, mt, r0, br, N)
-        j0, j1 = block_range(lo, hi, Bc)
+        j0, j1 = block_range(lo, hi, Bc) if load_Q else (0, 0)
         for j in range(j0, j1):  # column blocks the mask leaves possible
             c0 = j * Bc
             bc = min(Bc, N - c0)
@@ -218,7 +209,9 @@ def _flash2_forward(W, ids, Q, K, V, O, L, N, d, Br, Bc, scale, mk, mp, mt, skip
                 lb[r] = mb[r] + math.log(lb[r])  # L_i = m_i + log(l_i), computed in place of l_i
         store(W, hO, Oi, O)
         store_vec(W, hl, lb, L)
-        for h in (hQ, hO, hl, hm):
+        if load_Q:
+            free(W, hQ)
+        for h in (hO, hl, hm):
             free(W, h)
 
 

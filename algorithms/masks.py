@@ -14,7 +14,8 @@ table for an element mask (a user's array, random elements). ``mask_cols`` / ``m
 block (rows a column block) can touch, so a schedule visits O(nonzero tiles) tiles for structured masks.
 
 Representation (one compiled driver serves every kind): ``kind`` (an int code), ``params`` (int64 1-D) and
-``table`` (int64 2-D; 1 x 1 when unused). :class:`TileMask` bundles them with a label and the schedule policy
+``table`` (int64 2-D; 1 x 1 when unused). The mask is schedule metadata, like N or the causal flag: reading it is
+not counted as I/O (Proposition 4 does not count the block mask either). :class:`TileMask` bundles them with a label and the schedule policy
 for the outer-loop operands of a block whose tiles are all empty (see :data:`POLICIES`).
 """
 

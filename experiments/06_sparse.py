@@ -143,11 +143,7 @@ def run(out: Path, quick: bool = False) -> Verdict:
             )  # fmt: skip
     # the pattern effect at equal density s = 1/8: I/O relative to dense attention, flash2 (skip), large cache
     s_eq, M_hi = 1 / 8, Ms[1]
-    effect = {
-        r["pattern"]: r
-        for r in rows
-        if r["algorithm"] == "flash2" and r["M"] == M_hi and r["s_nominal"] == s_eq
-    }
+    effect = {r["pattern"]: r for r in rows if r["algorithm"] == "flash2" and r["M"] == M_hi and r["s_nominal"] == s_eq}
     for p in PATTERNS:
         r = effect[p]
         table.append(

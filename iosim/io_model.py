@@ -92,7 +92,9 @@ def tile_sums(N: int, Br: int, Bc: int, causal) -> TileSums:
     """The tile summary of ``causal`` (True / False or a TileMask) on the Br x Bc tiling of N x N."""
     mask = _masks.resolve(causal, N)
     if mask.kind == _masks.DENSE:
-        shapes = {(min(Br, N - i), min(Bc, N - j)) for i in (0, (cdiv(N, Br) - 1) * Br) for j in (0, (cdiv(N, Bc) - 1) * Bc)}
+        shapes = {
+            (min(Br, N - i), min(Bc, N - j)) for i in (0, (cdiv(N, Br) - 1) * Br) for j in (0, (cdiv(N, Bc) - 1) * Bc)
+        }
         Tr, Tc = cdiv(N, Br), cdiv(N, Bc)
         return TileSums(Tr * Tc, Tc * N, Tr * N, N * N, N * N, tuple(sorted(shapes)), (), (), Tr * Tc)
     sums, row_ne, col_ne = _masks.tile_summary(mask.kind, mask.params, mask.table, N, Br, Bc)
@@ -139,14 +141,14 @@ def _flash1_forward_masked(N: int, d: int, Br: int, Bc: int, mask: TileMask) -> 
 def _flash2_forward_masked(N: int, d: int, Br: int, Bc: int, mask: TileMask) -> Prediction:
     """FlashAttention-2 forward on the tile summary: K_j, V_j per nonempty tile (C columns in all), Q_i per loaded
     row block; O and L are written for every row (an all-empty row block under ``skip``: O_i = 0, L_i = -inf
-    written without loading Q_i)."""
+    written without loading Q_i, with O_i, l_i, m_i resident)."""
     t = tile_sums(N, Br, Bc, mask)
     skip = mask.policy == "skip"
     q_rows = N - (sum(t.empty_rows) if skip else 0)
     peak = max([flash_working_set(d, br, bc) for br, bc in t.shapes] + [0])
     if t.empty_rows:
         br = max(t.empty_rows)
-        peak = max(peak, br * d + br if skip else 2 * br * d + 2 * br)
+        peak = max(peak, br * d + 2 * br if skip else 2 * br * d + 2 * br)
     C = t.C
     return _pred(peak, Q=(q_rows * d, 0), K=(C * d, 0), V=(C * d, 0), O=(0, N * d), L=(0, N))
 

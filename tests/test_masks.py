@@ -51,7 +51,10 @@ def test_tile_oracle_matches_dense(name):
     for Br, Bc in ((5, 7), (16, 3), (N, N), (1, 64)):
         sums, row_ne, col_ne = am.tile_summary(t.kind, t.params, t.table, N, Br, Bc)
         tiles = [
-            (i, j, A[i : i + Br, j : j + Bc]) for i in range(0, N, Br) for j in range(0, N, Bc) if A[i : i + Br, j : j + Bc].any()
+            (i, j, A[i : i + Br, j : j + Bc])
+            for i in range(0, N, Br)
+            for j in range(0, N, Bc)
+            if A[i : i + Br, j : j + Bc].any()
         ]
         assert sums[0] == len(tiles)
         assert sums[1] == sum(x.shape[0] for _, _, x in tiles)

@@ -64,8 +64,17 @@ def test_numerics_match_masked_reference(name, algo):
     assert r.finite
 
 
-@pytest.mark.parametrize("algo, policy", [("flash1", "paper"), ("flash1", "skip"), ("flash2", "paper"),
-                                          ("flash2", "skip"), ("square-tiling", "paper"), ("standard", "paper")])
+@pytest.mark.parametrize(
+    "algo, policy",
+    [
+        ("flash1", "paper"),
+        ("flash1", "skip"),
+        ("flash2", "paper"),
+        ("flash2", "skip"),
+        ("square-tiling", "paper"),
+        ("standard", "paper"),
+    ],
+)
 def test_fully_masked_rows(algo, policy):
     allowed = patterns()["holes"]
     r = iosim.run(algo, N=N, d=4, M=300, mask=allowed, kv_policy=policy, backward=True)

@@ -691,7 +691,8 @@ def _witness_memory_class(base):
             w = Witness(self.names)
             originals, new_args, k = {}, list(args), 0
             for i, a in enumerate(args):
-                if not isinstance(a, np.ndarray):
+                # slow-memory data are float arrays; a mask's int64 descriptor (params, table) is schedule metadata
+                if not isinstance(a, np.ndarray) or a.dtype.kind != "f":
                     continue
                 aid = int(ids[k])
                 k += 1
@@ -777,7 +778,14 @@ def case_list() -> list[dict]:
                 for M in _capacities(alg, d):
                     for causal in (False, True):
                         cases.append({"algorithm": alg, "N": N, "d": d, "M": M, "causal": causal})
+        for mask in MASKS:  # masks (iosim.masks): empty tiles skipped, partial ones masked, skip policy
+            cases.append(
+                {"algorithm": alg, "N": 13, "d": 4, "M": _capacities(alg, 4)[0], "causal": False, "mask": mask}
+            )
     return cases
+
+
+MASKS = ("window:3", "random-blocks:0.3:2x3:1", "prefix:4", "blockdiag:4,1,8")
 
 
 def _capacities(alg: str, d: int) -> tuple[int, ...]:
@@ -801,20 +809,35 @@ def _max_err(got, want) -> float:
 
 
 def run_case(
-    WitnessMemory, algorithm: str, N: int, d: int, M: int, causal: bool, seed: int = 7, backward: bool = True
+    WitnessMemory,
+    algorithm: str,
+    N: int,
+    d: int,
+    M: int,
+    causal: bool,
+    seed: int = 7,
+    backward: bool = True,
+    mask: str | None = None,
 ) -> dict:
-    """Run one algorithm's forward and backward under the witness; violations and errors of each pass."""
+    """Run one algorithm's forward and backward under the witness; violations and errors of each pass. ``mask``
+    (a --mask string) runs with that mask and the skip policy instead of ``causal``."""
     from iosim.algorithms import reference
 
     from iosim import registry
+    from iosim.masks import compile_mask
 
     alg = registry.get(algorithm)
     rng = np.random.default_rng(seed)
     Q, K, V, dO = (rng.standard_normal((N, d)) for _ in range(4))
     scale = 1.0 / math.sqrt(d)
     out = {"algorithm": algorithm, "N": N, "d": d, "M": M, "causal": causal, "passes": {}}
-    O_ref, L_ref = reference.attention_forward(Q, K, V, scale, causal)
-    grads_ref = reference.attention_backward(Q, K, V, dO, scale, causal)
+    allowed = None
+    if mask is not None:
+        out["mask"] = mask
+        causal = compile_mask(mask, N, policy="skip")
+        allowed = causal.dense()
+    O_ref, L_ref = reference.attention_forward(Q, K, V, scale, causal is True, mask=allowed)
+    grads_ref = reference.attention_backward(Q, K, V, dO, scale, causal is True, mask=allowed)
     fwd = None
     for pass_ in ("forward", "backward"):
         mem = WitnessMemory(M)
