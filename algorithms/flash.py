@@ -80,8 +80,7 @@ def _flash1_row_update(S, Vj, Oi, l_i, m_i):
 @njit(cache=True)
 def _flash1_forward(W, ids, Q, K, V, O, l, m, N, d, Br, Bc, scale, mk, mp, mt, skip):  # noqa: E741, N803
     iQ, iK, iV, iO, il, im, iS = ids
-    Tr = cdiv(N, Br)
-    Tc = cdiv(N, Bc)
+    Tc = cdiv(N, Bc)  # the row blocks come from the mask's range (mask_rows)
     # Step 2: initialise O = (0)_{N x d}, l = (0)_N, m = (-inf)_N in HBM.
     init_slow(W, iO, N * d)
     init_slow(W, il, N)
@@ -159,8 +158,7 @@ def _flash2_row_update(S, Vj, Oi, l_i, m_i):
 @njit(cache=True)
 def _flash2_forward(W, ids, Q, K, V, O, L, N, d, Br, Bc, scale, mk, mp, mt, skip):  # noqa: N803
     iQ, iK, iV, iO, iL, im, iS = ids
-    Tr = cdiv(N, Br)
-    Tc = cdiv(N, Bc)
+    Tr = cdiv(N, Br)  # the column blocks come from the mask's range (mask_cols)
     Qb, Ob = buffer(Br * d, Q), buffer(Br * d, Q)
     lb, mb = buffer(Br, Q), buffer(Br, Q)
     Kb, Vb = buffer(Bc * d, Q), buffer(Bc * d, Q)
@@ -308,7 +306,6 @@ def _rowsum_product(A, B, out):
 @njit(cache=True)
 def _flash1_backward(W, ids, Q, K, V, O, dO, l, m, dQ, dK, dV, N, d, Br, Bc, scale, mk, mp, mt, skip):  # noqa: E741
     iQ, iK, iV, iO, idO, il, im, idQ, idK, idV, iS, idP, iD = ids
-    Tr = cdiv(N, Br)
     Tc = cdiv(N, Bc)
     # Step 6: initialise dQ, dK, dV = (0)_{N x d} in HBM.
     init_slow(W, idQ, N * d)

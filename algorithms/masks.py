@@ -15,8 +15,8 @@ block (rows a column block) can touch, so a schedule visits O(nonzero tiles) til
 
 Representation (one compiled driver serves every kind): ``kind`` (an int code), ``params`` (int64 1-D) and
 ``table`` (int64 2-D; 1 x 1 when unused). The mask is schedule metadata, like N or the causal flag: reading it is
-not counted as I/O (Proposition 4 does not count the block mask either). :class:`TileMask` bundles them with a label and the schedule policy
-for the outer-loop operands of a block whose tiles are all empty (see :data:`POLICIES`).
+not counted as I/O (Proposition 4 does not count the block mask either). :class:`TileMask` bundles them with a
+label and the schedule policy for the outer-loop operands of a block whose tiles are all empty (:data:`POLICIES`).
 """
 
 from __future__ import annotations
@@ -24,9 +24,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from numba import njit
-
 from iosim.algorithms._tiles import cdiv
+from numba import njit
 
 DENSE, BAND, DILATED, BLOCKDIAG, PREFIX, ELEMENTS, BLOCKS = 0, 1, 2, 3, 4, 5, 6
 FAR = 1 << 40  # a diagonal offset beyond any N: BAND(-FAR, 0) is the causal mask

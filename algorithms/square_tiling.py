@@ -216,9 +216,9 @@ def _nn_product(W, iA, A, a_transposed, iX, X, iC, C, N, d, B, mk, mp, mt, iL, L
 
     Square tiles of side B: an accumulator C_rc (B x B), one tile of A and one of X resident per step. Reads
     N^2 ceil(d/B) of A and Nd ceil(N/B) of X, writes Nd (no mask). A is zero on the tiles the mask empties (causal:
-    above the diagonal); they are skipped (tile (r, k) of A for C = A X, tile (k, r) for C = A^T X). With ``from_exponent`` the
-    slow array holds the exponent S and the tile prologue forms P = exp(S - L) with the rows' L (read per tile of
-    A: N ceil(N/B) ceil(d/B) words of L, non-causal).
+    above the diagonal); they are skipped (tile (r, k) of A for C = A X, tile (k, r) for C = A^T X). With
+    ``from_exponent`` the slow array holds the exponent S and the tile prologue forms P = exp(S - L) with the rows'
+    L (read per tile of A: N ceil(N/B) ceil(d/B) words of L, non-causal).
     """
     Tn, Td = cdiv(N, B), cdiv(d, B)
     Ab, Xb, Cb, Lb = buffer(B * B, C), buffer(B * B, C), buffer(B * B, C), buffer(B, C)
