@@ -118,3 +118,82 @@ def test_structured_count_only_is_cheap_at_large_N():
     for mask in ("window:256", "blockdiag:" + ",".join(["4096"] * 256), "causal"):
         r = iosim.run("flash2", N=1 << 20, d=64, M=100_000, mask=mask, count_only=True, allow_long=True)
         assert r.stats.per_array == r.predicted.per_array
+
+
+def test_cli_mask_on_run_compare_bounds_trace_sweep(tmp_path, capsys):
+    import json
+
+    from iosim.cli import main
+
+    sizes = ["--N", str(N), "--d", "4", "--M", "300"]
+    assert main(["run", "flash1", *sizes, "--mask", "window:3", "--kv-policy", "skip", "--backward", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["mask"] == "window:3" and doc["kv_policy"] == "skip" and doc["exact"] and doc["max_abs_error"] < 1e-12
+    assert main(["compare", *sizes, "--mask", "prefix:4"]) == 0
+    out = capsys.readouterr().out
+    assert "mask prefix:4" in out and "NO" not in out
+    assert main(["bounds", *sizes, "--mask", "blockdiag:20,25"]) == 0
+    out = capsys.readouterr().out
+    assert "Proposition 4 (flash2)" in out and "sparse nnz lower bound" in out and "provisional" in out
+    assert main(["trace", "flash2", *sizes, "--mask", "random-blocks:0.3:3x7", "-o", str(tmp_path / "t.csv")]) == 0
+    assert "equal counts and peak" in capsys.readouterr().out
+    rc = main(["sweep", "--algorithm", "flash1", "flash2", "--N", str(N), "--d", "4", "--M", "300", "--mask",
+               "window:3", "random:0.2", "--kv-policy", "paper", "skip", "--executor", "serial", "--no-cache",
+               "--out", str(tmp_path / "s.csv")])  # fmt: skip
+    assert rc == 0
+    text = (tmp_path / "s.csv").read_text()
+    assert text.count("window:3") == 4 and text.count("random:0.2") == 4
+
+
+def test_sweep_grid_has_a_mask_dimension():
+    recs = iosim.sweep(
+        {"algorithm": ["flash2", "square-tiling"], "N": N, "d": 4, "M": 300, "mask": ["none", "window:4", "prefix:3"],
+         "kv_policy": ["paper", "skip"], "pass": ["forward", "backward"]},
+        executor="serial", as_frame=False,
+    )  # fmt: skip
+    assert len(recs) == 2 * 3 * 2 * 2
+    assert all(r["status"] == "ok" and r["exact"] for r in recs)
+    by = {(r["algorithm"], r["mask"], r["kv_policy"], r["pass"]): r["total"] for r in recs}
+    assert by[("flash2", "window:4", "skip", "forward")] < by[("flash2", "none", "skip", "forward")]
+
+
+try:
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+except ImportError:  # pragma: no cover - hypothesis is in the test extra
+    given = None
+
+if given is not None:
+
+    @st.composite
+    def masked_points(draw):
+        n = draw(st.integers(1, 40))
+        kind = draw(st.sampled_from(["window", "dilated", "blockdiag", "prefix", "random-blocks", "random"]))
+        if kind == "window":
+            text = f"window:{draw(st.integers(1, n))}" + draw(st.sampled_from(["", ":causal"]))
+        elif kind == "dilated":
+            text = f"dilated:{draw(st.integers(1, 5))}:{draw(st.integers(1, 6))}"
+        elif kind == "blockdiag":
+            cuts = sorted(draw(st.sets(st.integers(1, n - 1), max_size=4))) if n > 1 else []
+            text = "blockdiag:" + ",".join(str(b - a) for a, b in zip([0, *cuts], [*cuts, n], strict=True))
+        elif kind == "prefix":
+            text = f"prefix:{draw(st.integers(1, n))}"
+        elif kind == "random-blocks":
+            h, w = draw(st.integers(1, 9)), draw(st.integers(1, 9))
+            text = f"random-blocks:{draw(st.sampled_from([0.1, 0.3, 1.0]))}:{h}x{w}:{draw(st.integers(0, 9))}"
+        else:
+            text = f"random:{draw(st.sampled_from([0.05, 0.5]))}:{draw(st.integers(0, 9))}"
+        algo = draw(st.sampled_from(["flash1", "flash2", "square-tiling", "standard"]))
+        return algo, n, draw(st.integers(1, 6)), draw(st.integers(60, 400)), text, draw(st.sampled_from(im.POLICIES))
+
+    @settings(max_examples=40, deadline=None)
+    @given(masked_points())
+    def test_property_counts_equal_closed_form(point):
+        algo, n, d, M, text, policy = point
+        try:
+            r = iosim.run(algo, N=n, d=d, M=M, mask=text, kv_policy=policy, backward=True, count_only=True)
+        except iosim.InputError as e:  # an M below the algorithm's smallest tiling
+            assert e.parameter == "M"
+            return
+        for p in r.passes.values():
+            assert p.stats.per_array == p.predicted.per_array and p.stats.peak == p.predicted.peak <= M
