@@ -33,13 +33,12 @@ import numpy as np
 from iosim.algorithms._tiles import buffer, cdiv, score_tile, tile
 from iosim.algorithms.masks import (
     apply_mask,
+    block_nonempty,
     block_range,
-    column_nonempty,
     mask_cols,
     mask_nnz,
     mask_rows,
     resolve,
-    row_nonempty,
 )
 from iosim.memory_model import alloc, alloc_vec, free, init_slow, load, load_vec, store, store_vec
 from numba import njit
@@ -96,7 +95,7 @@ def _flash1_forward(W, ids, Q, K, V, O, l, m, N, d, Br, Bc, scale, mk, mp, mt, s
     for j in range(Tc):  # step 5
         c0 = j * Bc
         bc = min(Bc, N - c0)
-        if skip and not column_nonempty(mk, mp, mt, N, Br, c0, bc):  # policy skip: K_j, V_j never loaded
+        if skip and not block_nonempty(mk, mp, mt, N, Br, c0, bc, True):  # policy skip: K_j, V_j never loaded
             continue
         Kj, Vj = tile(Kb, bc, d), tile(Vb, bc, d)
         hK = load(W, iK, K, c0, bc, 0, d, Kj)  # step 6
@@ -168,7 +167,7 @@ def _flash2_forward(W, ids, Q, K, V, O, L, N, d, Br, Bc, scale, mk, mp, mt, skip
         br = min(Br, N - r0)
         Qi, Oi = tile(Qb, br, d), tile(Ob, br, d)
         # policy skip, a row block with no allowed entry: Q_i is never loaded, O_i = 0 and L_i = -inf are written
-        load_Q = not skip or row_nonempty(mk, mp, mt, N, Bc, r0, br)
+        load_Q = not skip or block_nonempty(mk, mp, mt, N, Bc, r0, br, False)
         hQ = load(W, iQ, Q, r0, br, 0, d, Qi) if load_Q else -1
         hO = alloc(W, iO, r0, br, 0, d)  # on-chip O_i = 0
         hl = alloc_vec(W, iL, r0, br)  # l_i = 0; becomes L_i = m_i + log(l_i) in place
@@ -322,7 +321,7 @@ def _flash1_backward(W, ids, Q, K, V, O, dO, l, m, dQ, dK, dV, N, d, Br, Bc, sca
     for j in range(Tc):  # step 7
         c0 = j * Bc
         bc = min(Bc, N - c0)
-        if skip and not column_nonempty(mk, mp, mt, N, Br, c0, bc):  # policy skip: dK_j = dV_j = 0 from step 6
+        if skip and not block_nonempty(mk, mp, mt, N, Br, c0, bc, True):  # policy skip: dK_j = dV_j = 0 from step 6
             continue
         Kj, Vj, dKj, dVj = tile(Kb, bc, d), tile(Vb, bc, d), tile(dKb, bc, d), tile(dVb, bc, d)
         hK = load(W, iK, K, c0, bc, 0, d, Kj)  # step 8
@@ -397,7 +396,7 @@ def _flash2_backward(W, ids, Q, K, V, O, dO, L, D, dQ, dK, dV, N, d, Br, Bc, sca
         c0 = j * Bc
         bc = min(Bc, N - c0)
         Kj, Vj, dKj, dVj = tile(Kb, bc, d), tile(Vb, bc, d), tile(dKb, bc, d), tile(dVb, bc, d)
-        if skip and not column_nonempty(mk, mp, mt, N, Br, c0, bc):  # policy skip: write dK_j = dV_j = 0 only
+        if skip and not block_nonempty(mk, mp, mt, N, Br, c0, bc, True):  # policy skip: write dK_j = dV_j = 0 only
             hdK = alloc(W, idK, c0, bc, 0, d)
             hdV = alloc(W, idV, c0, bc, 0, d)
             if Q is not None:

@@ -280,24 +280,14 @@ def tile_summary(kind, p, T, N, Br, Bc):
 
 
 @njit(cache=True)
-def column_nonempty(kind, p, T, N, Br, c0, bc):
-    """Whether column block [c0, c0 + bc) has a nonempty tile on the Br row tiling (the K/V-outer skip test)."""
-    lo, hi = mask_rows(kind, p, T, c0, bc, N)
-    i0, i1 = block_range(lo, hi, Br)
-    for i in range(i0, i1):
-        r0 = i * Br
-        if mask_nnz(kind, p, T, r0, min(Br, N - r0), c0, bc) > 0:
-            return True
-    return False
-
-
-@njit(cache=True)
-def row_nonempty(kind, p, T, N, Bc, r0, br):
-    """Whether row block [r0, r0 + br) has a nonempty tile on the Bc column tiling (the Q-outer skip test)."""
-    lo, hi = mask_cols(kind, p, T, r0, br, N)
-    j0, j1 = block_range(lo, hi, Bc)
-    for j in range(j0, j1):
-        c0 = j * Bc
-        if mask_nnz(kind, p, T, r0, br, c0, min(Bc, N - c0)) > 0:
+def block_nonempty(kind, p, T, N, B, x0, bx, column):
+    """Whether the block [x0, x0 + bx) of columns (``column``; the K/V-outer skip test, on the row tiling of side
+    B) or of rows (the Q-outer skip test, on the column tiling of side B) has a nonempty tile."""
+    lo, hi = mask_rows(kind, p, T, x0, bx, N) if column else mask_cols(kind, p, T, x0, bx, N)
+    k0, k1 = block_range(lo, hi, B)
+    for k in range(k0, k1):
+        y0 = k * B
+        by = min(B, N - y0)
+        if (mask_nnz(kind, p, T, y0, by, x0, bx) if column else mask_nnz(kind, p, T, x0, bx, y0, by)) > 0:
             return True
     return False

@@ -114,61 +114,38 @@ def _is_structured_fast(causal) -> bool:
     return not isinstance(causal, TileMask) or causal.kind == _masks.DENSE or causal.is_causal
 
 
-def _policy(causal) -> str:
-    return causal.policy if isinstance(causal, TileMask) else "paper"
-
-
-def _flash1_forward_masked(N: int, d: int, Br: int, Bc: int, mask: TileMask) -> Prediction:
-    """Algorithm 5 on the mask's tile summary: K_j, V_j per loaded column block, Q_i, O_i, l_i, m_i per nonempty
-    tile (R rows in all); ``skip`` leaves the all-empty column blocks unloaded."""
+def _kv_outer_pieces(N: int, d: int, Br: int, Bc: int, mask: TileMask, ws, empty_col_words: int) -> tuple:
+    """A K/V-outer schedule (flash1's forward, both backward passes) on the mask's tile summary: (R, kv, peak) with
+    R the rows streamed through the inner loop (sum of the nonempty tiles' heights), kv the rows of K (and V)
+    loaded (``skip``: not those of the all-empty column blocks) and the peak: the largest nonempty tile's working
+    set ``ws(d, br, bc)`` or an all-empty column block's words, ``empty_col_words`` per column of it under the
+    policy (flash1 forward, paper: K_j, V_j; backward paper: K_j, V_j, dK_j, dV_j; flash2 backward skip: dK_j, dV_j)."""
     t = tile_sums(N, Br, Bc, mask)
-    kv = N - (sum(t.empty_cols) if mask.policy == "skip" else 0)  # rows of K (and V) loaded
-    peak = max([flash_working_set(d, br, bc) for br, bc in t.shapes] + [0])
-    if mask.policy == "paper" and t.empty_cols:
-        peak = max(peak, 2 * d * max(t.empty_cols))
-    R = t.R
-    return _pred(
-        peak,
-        Q=(R * d, 0),
-        K=(kv * d, 0),
-        V=(kv * d, 0),
-        O=(R * d, R * d + N * d, N * d),
-        l=(R, R + N, N),
-        m=(R, R + N, N),
-    )
-
-
-def _flash2_forward_masked(N: int, d: int, Br: int, Bc: int, mask: TileMask) -> Prediction:
-    """FlashAttention-2 forward on the tile summary: K_j, V_j per nonempty tile (C columns in all), Q_i per loaded
-    row block; O and L are written for every row (an all-empty row block under ``skip``: O_i = 0, L_i = -inf
-    written without loading Q_i, with O_i, l_i, m_i resident)."""
-    t = tile_sums(N, Br, Bc, mask)
-    skip = mask.policy == "skip"
-    q_rows = N - (sum(t.empty_rows) if skip else 0)
-    peak = max([flash_working_set(d, br, bc) for br, bc in t.shapes] + [0])
-    if t.empty_rows:
-        br = max(t.empty_rows)
-        peak = max(peak, br * d + 2 * br if skip else 2 * br * d + 2 * br)
-    C = t.C
-    return _pred(peak, Q=(q_rows * d, 0), K=(C * d, 0), V=(C * d, 0), O=(0, N * d), L=(0, N))
+    kv = N - (sum(t.empty_cols) if mask.policy == "skip" else 0)
+    peak = max([ws(d, br, bc) for br, bc in t.shapes] + [empty_col_words * max(t.empty_cols, default=0)])
+    return t.R, kv, peak
 
 
 def flash1_forward(N: int, d: int, Br: int, Bc: int, causal: bool | TileMask = False) -> Prediction:
     """FlashAttention Algorithm 1. Non-causal: reads 2Nd + Tc(2Nd + 2N), writes Tc(Nd + 2N) + (Nd + 2N) init.
 
     Causal: every Tc term becomes a sum over column blocks j of the rows R_j its unskipped row blocks cover.
-    Any other mask: Algorithm 5 (block-sparse) on the mask's tile summary, :func:`tile_sums`.
+    Any other mask: Algorithm 5 (block-sparse) on the mask's tile summary (:func:`tile_sums`): K_j, V_j per loaded
+    column block, Q_i, O_i, l_i, m_i per nonempty tile; ``skip`` leaves the all-empty column blocks unloaded.
     """
-    if not _is_structured_fast(causal):
-        return _flash1_forward_masked(N, d, Br, Bc, causal)
-    causal = _masks.resolve(causal, N).is_causal
-    rows = int(_causal_rows_per_column_block(N, Br, Bc).sum()) if causal else cdiv(N, Bc) * N
-    peak = flash_working_set(d, min(Br, N), min(Bc, N))
+    if _is_structured_fast(causal):
+        causal = _masks.resolve(causal, N).is_causal
+        rows = int(_causal_rows_per_column_block(N, Br, Bc).sum()) if causal else cdiv(N, Bc) * N
+        kv, peak = N, flash_working_set(d, min(Br, N), min(Bc, N))
+    else:
+        rows, kv, peak = _kv_outer_pieces(
+            N, d, Br, Bc, causal, flash_working_set, 2 * d if causal.policy == "paper" else 0
+        )
     return _pred(
         peak,
         Q=(rows * d, 0),
-        K=(N * d, 0),
-        V=(N * d, 0),
+        K=(kv * d, 0),
+        V=(kv * d, 0),
         O=(rows * d, rows * d + N * d, N * d),
         l=(rows, rows + N, N),
         m=(rows, rows + N, N),
@@ -179,14 +156,21 @@ def flash2_forward(N: int, d: int, Br: int, Bc: int, causal: bool | TileMask = F
     """FlashAttention-2 forward. Non-causal: reads Nd + 2Nd Tr, writes Nd + N (O and L once).
 
     Causal: K and V are read once per row block for the columns C_i its unskipped column blocks cover.
-    Any other mask: the same on the mask's tile summary, :func:`tile_sums`.
+    Any other mask: the same on the mask's tile summary (:func:`tile_sums`): K_j, V_j per nonempty tile (C columns
+    in all), Q_i per loaded row block; O and L are written for every row (an all-empty row block under ``skip``:
+    O_i = 0, L_i = -inf written without loading Q_i, with O_i, l_i, m_i resident).
     """
-    if not _is_structured_fast(causal):
-        return _flash2_forward_masked(N, d, Br, Bc, causal)
-    causal = _masks.resolve(causal, N).is_causal
-    cols = int(_causal_cols_per_row_block(N, Br, Bc).sum()) if causal else cdiv(N, Br) * N
-    peak = flash_working_set(d, min(Br, N), min(Bc, N))
-    return _pred(peak, Q=(N * d, 0), K=(cols * d, 0), V=(cols * d, 0), O=(0, N * d), L=(0, N))
+    q_rows, peak = N, flash_working_set(d, min(Br, N), min(Bc, N))
+    if _is_structured_fast(causal):
+        causal = _masks.resolve(causal, N).is_causal
+        cols = int(_causal_cols_per_row_block(N, Br, Bc).sum()) if causal else cdiv(N, Br) * N
+    else:
+        t = tile_sums(N, Br, Bc, causal)
+        skip = causal.policy == "skip"
+        cols, q_rows = t.C, N - (sum(t.empty_rows) if skip else 0)
+        br = max(t.empty_rows, default=0)  # an all-empty row block: O_i, l_i, m_i (and Q_i under paper)
+        peak = max([flash_working_set(d, bi, bj) for bi, bj in t.shapes] + [br * d * (1 if skip else 2) + 2 * br])
+    return _pred(peak, Q=(q_rows * d, 0), K=(cols * d, 0), V=(cols * d, 0), O=(0, N * d), L=(0, N))
 
 
 def matmul_reads(m: int, k: int, n: int, T: int) -> tuple[int, int]:
@@ -351,51 +335,6 @@ def _backward_rows(N: int, Br: int, Bc: int, causal: bool) -> int:
     return int(_causal_rows_per_column_block(N, Br, Bc).sum()) if causal else cdiv(N, Bc) * N
 
 
-def _kv_outer_backward_masked(N: int, d: int, Br: int, Bc: int, mask: TileMask, flash1: bool) -> Prediction:
-    """Both backward passes on the mask's tile summary (R rows streamed through the inner loop in all).
-
-    flash1: K_j, V_j loaded and dK_j, dV_j written for every loaded column block (``skip``: the all-empty ones are
-    left at their zero initialisation, nothing loaded or written). flash2: dK_j, dV_j are always written (they are
-    not initialised); ``skip`` writes an all-empty column block's zeros without loading K_j, V_j."""
-    t = tile_sums(N, Br, Bc, mask)
-    skip = mask.policy == "skip"
-    kv = N - (sum(t.empty_cols) if skip else 0)
-    R, Nd = t.R, N * d
-    ws = flash1_backward_working_set if flash1 else flash2_backward_working_set
-    peak = max([ws(d, br, bc) for br, bc in t.shapes] + [0])
-    if t.empty_cols:
-        bc = max(t.empty_cols)
-        peak = max(peak, 4 * bc * d if not skip else (0 if flash1 else 2 * bc * d))
-    if flash1:
-        return _pred(
-            peak,
-            Q=(R * d, 0),
-            K=(kv * d, 0),
-            V=(kv * d, 0),
-            O=(R * d, 0),
-            dO=(R * d, 0),
-            l=(R, 0),
-            m=(R, 0),
-            dQ=(R * d, R * d + Nd, Nd),
-            dK=(0, kv * d + Nd, Nd),
-            dV=(0, kv * d + Nd, Nd),
-        )
-    peak = max(peak, 2 * min(Br, N) * d + min(Br, N))  # the D pass: dO_i, O_i, D_i
-    return _pred(
-        peak,
-        Q=(R * d, 0),
-        K=(kv * d, 0),
-        V=(kv * d, 0),
-        O=(Nd, 0),
-        dO=(Nd + R * d, 0),
-        L=(R, 0),
-        D=(R, N),
-        dQ=(R * d, R * d + Nd, Nd),
-        dK=(0, Nd),
-        dV=(0, Nd),
-    )
-
-
 def flash1_backward(N: int, d: int, Br: int, Bc: int, causal: bool | TileMask = False) -> Prediction:
     """FlashAttention Algorithm 4. Non-causal, with R = Tc N rows streamed through the inner loop:
 
@@ -403,25 +342,28 @@ def flash1_backward(N: int, d: int, Br: int, Bc: int, causal: bool | TileMask = 
     writes dQ: R d; dK, dV: Nd each; initialisation of dQ, dK, dV: 3Nd  = 2Nd + Tc Nd + 3Nd
     total 4Nd + Tc(5Nd + 2N) + 3Nd, i.e. papers.md B1 with its initialisation term.
     Causal: R = sum over column blocks j of the rows N - floor(j Bc / Br) Br of its unskipped row blocks.
-    Any other mask: :func:`_kv_outer_backward_masked`.
+    Any other mask: R from the tile summary; K_j, V_j loaded and dK_j, dV_j written for every loaded column block
+    (``skip``: the all-empty ones keep their zero initialisation, nothing loaded or written).
     """
-    if not _is_structured_fast(causal):
-        return _kv_outer_backward_masked(N, d, Br, Bc, causal, flash1=True)
-    R = _backward_rows(N, Br, Bc, _masks.resolve(causal, N).is_causal)
-    peak = flash1_backward_working_set(d, min(Br, N), min(Bc, N))
+    if _is_structured_fast(causal):
+        R, kv = _backward_rows(N, Br, Bc, _masks.resolve(causal, N).is_causal), N
+        peak = flash1_backward_working_set(d, min(Br, N), min(Bc, N))
+    else:
+        words = 4 * d if causal.policy == "paper" else 0
+        R, kv, peak = _kv_outer_pieces(N, d, Br, Bc, causal, flash1_backward_working_set, words)
     Nd = N * d
     return _pred(
         peak,
         Q=(R * d, 0),
-        K=(Nd, 0),
-        V=(Nd, 0),
+        K=(kv * d, 0),
+        V=(kv * d, 0),
         O=(R * d, 0),
         dO=(R * d, 0),
         l=(R, 0),
         m=(R, 0),
         dQ=(R * d, R * d + Nd, Nd),
-        dK=(0, 2 * Nd, Nd),
-        dV=(0, 2 * Nd, Nd),
+        dK=(0, kv * d + Nd, Nd),
+        dV=(0, kv * d + Nd, Nd),
     )
 
 
@@ -431,19 +373,23 @@ def flash2_backward(N: int, d: int, Br: int, Bc: int, causal: bool | TileMask = 
     reads  O: Nd (D pass); dO: Nd + R d; K, V: Nd each; Q, dQ: R d each; L, D: R each  = 4Nd + Tc(3Nd + 2N)
     writes D: N; dQ: R d + Nd initialisation; dK, dV: Nd each                         = 2Nd + N + Tc Nd + Nd
     total 6Nd + N + Tc(4Nd + 2N) + Nd (papers.md B2 without O_i in the inner loop, plus dQ's initialisation).
-    Causal: R as in :func:`flash1_backward`; the D pass reads all of O and dO. Any other mask:
-    :func:`_kv_outer_backward_masked`.
+    Causal: R as in :func:`flash1_backward`; the D pass reads all of O and dO. Any other mask: R from the tile
+    summary; dK_j, dV_j are always written (they are not initialised); ``skip`` writes an all-empty column block's
+    zeros without loading K_j, V_j.
     """
-    if not _is_structured_fast(causal):
-        return _kv_outer_backward_masked(N, d, Br, Bc, causal, flash1=False)
-    R = _backward_rows(N, Br, Bc, _masks.resolve(causal, N).is_causal)
-    peak = flash2_backward_working_set(d, min(Br, N), min(Bc, N))
+    if _is_structured_fast(causal):
+        R, kv = _backward_rows(N, Br, Bc, _masks.resolve(causal, N).is_causal), N
+        peak = flash2_backward_working_set(d, min(Br, N), min(Bc, N))
+    else:
+        words = 4 * d if causal.policy == "paper" else 2 * d
+        R, kv, peak = _kv_outer_pieces(N, d, Br, Bc, causal, flash2_backward_working_set, words)
+        peak = max(peak, 2 * min(Br, N) * d + min(Br, N))  # the D pass: dO_i, O_i, D_i
     Nd = N * d
     return _pred(
         peak,
         Q=(R * d, 0),
-        K=(Nd, 0),
-        V=(Nd, 0),
+        K=(kv * d, 0),
+        V=(kv * d, 0),
         O=(Nd, 0),
         dO=(Nd + R * d, 0),
         L=(R, 0),
