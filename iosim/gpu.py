@@ -19,6 +19,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
+
 from iosim import registry
 from iosim.algorithms.cuda import CUDA_HINT, cuda_missing  # noqa: F401 - CUDA_HINT re-exported
 from iosim.errors import InputError
@@ -97,19 +99,29 @@ def forward(
     threads: int | None = None,
     poison: bool = True,
     out: dict | None = None,
+    block_mask=None,
 ) -> GpuRun:
     """Run GPU kernel ``name`` forward on (B, H, N, d) or (N, d) float32 inputs with fast memory M words per block.
 
     Outputs: "O" for every kernel; "L" (logsumexp) for flash1, flash2 and square-tiling; flash1 adds "l", "m";
     standard "S", "P"; square-tiling "S" (the exponent). NumPy inputs give NumPy outputs; device inputs give
-    device outputs.
+    device outputs. ``block_mask`` (flash2 only): a boolean (Tr, Tc) block mask on the kernel's own tiles
+    (:func:`tiling_for`); empty tiles are skipped (policy ``skip``), as ``iosim.masks.FromBlocks(block_mask,
+    (Br, Bc))`` in the simulator.
     """
     kw = dict(M=M, scale=scale, causal=causal, count=count, threads=threads, poison=poison, out=out)
+    if block_mask is not None and name != "flash2":
+        raise InputError("block_mask", "is only taken by the flash2 kernel", name)
 
     def launch(t: Tiling):
         flash, standard, square = _kernels()
         if name == "flash2":
-            return flash.flash2_forward(Q, K, V, Br=t.Br, Bc=t.Bc, **kw)
+            if block_mask is not None:
+                shape = (-(-_shape(Q)[1] // t.Br), -(-_shape(Q)[1] // t.Bc))
+                bm = np.asarray(block_mask)
+                if bm.dtype != np.bool_ or bm.shape != shape:
+                    raise InputError("block_mask", f"must be a boolean array of shape {shape} (Tr, Tc)", bm.shape)
+            return flash.flash2_forward(Q, K, V, Br=t.Br, Bc=t.Bc, block_mask=block_mask, **kw)
         if name == "flash1":
             return flash.flash1_forward(Q, K, V, Br=t.Br, Bc=t.Bc, **kw)
         if name == "standard":
@@ -166,11 +178,16 @@ def simulated_counts(
     tiling: str = "fit",
     backward: bool = False,
     batch: int = 1,
+    mask=None,
+    kv_policy: str = "paper",
 ) -> dict[str, ArrayCounts]:
     """The simulator's per-array counts (count-only run) of ``name`` at (N, d, M), times ``batch`` = B * H."""
     from iosim import api
 
-    r = api.run(name, N=N, d=d, M=M, causal=causal, tiling=tiling, count_only=True, backward=backward)
+    r = api.run(
+        name, N=N, d=d, M=M, causal=causal, tiling=tiling, count_only=True, backward=backward, mask=mask,
+        kv_policy=kv_policy,
+    )  # fmt: skip
     stats = r.passes["backward" if backward else "forward"].stats
     return {
         k: ArrayCounts(v.reads * batch, v.writes * batch, v.init_writes * batch) for k, v in stats.per_array.items()

@@ -177,7 +177,8 @@ def device_and_host(fn):
 def logsumexp_rows(sm, m_off, l_off, n):
     """sm[l_off + r] = sm[m_off + r] + log(sm[l_off + r]) for r < n: L = m + log l in place of l."""
     for r in range(cuda.threadIdx.x, n, cuda.blockDim.x):
-        sm[l_off + r] = sm[m_off + r] + math.log(sm[l_off + r])
+        l_r = sm[l_off + r]  # l = 0: a row with no allowed entry (a block mask), L = -inf
+        sm[l_off + r] = sm[m_off + r] + math.log(l_r) if l_r > 0 else NEG_INF
 
 
 @cuda.jit(device=True)

@@ -6,7 +6,10 @@ loads and stores, so its global <-> shared traffic, counted by the helpers of :m
 equals the simulator's reads and writes array by array (times B * H).
 
 * :func:`flash2_forward_kernel` (Dao, FlashAttention-2, forward): grid (Tr, B * H), one thread block per row
-  block Q_i; O_i, l_i, m_i stay in shared memory while K_j, V_j stream past; O and L are written once.
+  block Q_i; O_i, l_i, m_i stay in shared memory while K_j, V_j stream past; O and L are written once. It takes a
+  block mask on its own tiles (``blocks[i, j]`` = 0: tile (i, j) is empty and never loaded; the simulator's
+  ``FromBlocks(blocks, (Br, Bc))`` with policy ``skip``): a row block with no nonzero tile loads nothing and
+  writes O_i = 0, L_i = -inf, as FlashAttention's block-sparse kernel leaves it.
 * :func:`flash1_forward_kernel` (Dao et al. 2022, Algorithm 1 with Algorithm 2's scale and mask): the paper's
   K/V-outer loop order. O, l and m make a round trip through global memory on every inner step, and the inner
   steps of one (b, h) for different j touch the same O_i, so they must run in order: the grid is (1, B * H), one
@@ -118,21 +121,27 @@ def _scores(sm, q_off, k_off, s_off, br, bc, d, scale, causal, r0, c0):
 
 
 @cuda.jit
-def flash2_forward_kernel(Q, K, V, O, L, Br, Bc, scale, causal, cnt):
-    """FlashAttention-2 forward for row block i = blockIdx.x of (b, h) = blockIdx.y."""
+def flash2_forward_kernel(Q, K, V, O, L, Br, Bc, scale, causal, blocks, cnt):
+    """FlashAttention-2 forward for row block i = blockIdx.x of (b, h) = blockIdx.y; ``blocks`` (Tr x Tc) is the
+    block mask (0: an empty tile, skipped), all ones without a mask."""
     sm = cuda.shared.array(0, dtype=float32)
     tid, nt, i, bh = block_ids()
     N, d = Q.shape[1], Q.shape[2]
     q_off, o_off, l_off, m_off, k_off, v_off, s_off, _ = forward_layout(N, d, Br, Bc, False)
     Tc = (N + Bc - 1) // Bc
     r0, br = span(i, Br, N)
-    load_tile(Q, bh, r0, br, 0, d, sm, q_off, cnt, _Q)
+    nonempty = False  # policy skip: a row block without a nonzero tile never loads Q_i
+    for j in range(Tc):
+        if blocks[i, j] != 0:
+            nonempty = True
+    if nonempty:
+        load_tile(Q, bh, r0, br, 0, d, sm, q_off, cnt, _Q)
     fill_shared(sm, o_off, br * d, np.float32(0.0))  # O_i = 0, l_i = 0, m_i = -inf on chip
     fill_shared(sm, l_off, br, np.float32(0.0))
     fill_shared(sm, m_off, br, NEG_INF)
     for j in range(Tc):
         c0, bc = span(j, Bc, N)
-        if causal and c0 > r0 + br - 1:  # block entirely above the diagonal: never loaded
+        if (causal and c0 > r0 + br - 1) or blocks[i, j] == 0:  # an empty block: never loaded
             continue
         cuda.syncthreads()  # previous step done with K_j, V_j, S_ij
         load_tile(K, bh, c0, bc, 0, d, sm, k_off, cnt, _K)
@@ -164,8 +173,9 @@ def flash2_forward_kernel(Q, K, V, O, L, Br, Bc, scale, causal, cnt):
         cuda.syncthreads()
         tile_product_acc(sm, o_off, br, d, bc, s_off, bc, 1, v_off, d, 1, False)  # O_i += P_ij V_j
     cuda.syncthreads()
-    for e in range(tid, br * d, nt):  # O_i = diag(l_i)^-1 O_i
-        sm[o_off + e] /= sm[l_off + e // d]
+    for e in range(tid, br * d, nt):  # O_i = diag(l_i)^-1 O_i (l = 0: no allowed entry, O_i stays 0)
+        if sm[l_off + e // d] > 0:
+            sm[o_off + e] /= sm[l_off + e // d]
     cuda.syncthreads()
     logsumexp_rows(sm, m_off, l_off, br)  # L_i = m_i + log(l_i), in place of l_i
     cuda.syncthreads()
@@ -339,15 +349,36 @@ def flash2_backward_kernel(Q, K, V, dO, L, D, dQ, dK, dV, Br, Bc, scale, causal,
 
 
 def flash2_forward(
-    Q, K, V, *, Br, Bc, scale=None, causal=False, M=None, count=False, threads=None, poison=True, out=None
+    Q,
+    K,
+    V,
+    *,
+    Br,
+    Bc,
+    scale=None,
+    causal=False,
+    M=None,
+    count=False,
+    threads=None,
+    poison=True,
+    out=None,
+    block_mask=None,
 ):
-    """FlashAttention-2 forward on the GPU. Returns a KernelRun with outputs O (.., N, d) and L (.., N)."""
+    """FlashAttention-2 forward on the GPU. Returns a KernelRun with outputs O (.., N, d) and L (.., N).
+
+    ``block_mask``: an optional boolean (Tr, Tc) array on the kernel's own Br x Bc tiles (False: the tile is
+    empty and skipped, policy ``skip``)."""
     job = Launcher(FWD2_ARRAYS, count, threads, poison, out, Q=Q, K=K, V=V)
     N, d, BH, a = job.batch.N, job.batch.d, job.batch.BH, job.arrays
     words = forward_layout.host(N, d, Br, Bc, False)[-1]
     check_capacity(words, M, "flash2 forward working set (Q_i, O_i, K_j, V_j, l_i, m_i, S_ij)")
     O, L = job.output("O", (N, d)), job.output("L", (N,))
-    args = (a["Q"], a["K"], a["V"], O, L, Br, Bc, f32_scale(scale, d), bool(causal), job.cnt)
+    shape = (cdiv(N, Br), cdiv(N, Bc))
+    blocks = np.ones(shape, np.int64) if block_mask is None else np.ascontiguousarray(block_mask, dtype=np.int64)
+    if blocks.shape != shape:  # iosim.gpu.forward checks it first, naming the parameter (InputError)
+        raise ValueError(f"block_mask must have shape {shape} (the kernel's Tr x Tc tiles), got {blocks.shape}")
+    blocks = cuda.to_device(blocks)
+    args = (a["Q"], a["K"], a["V"], O, L, Br, Bc, f32_scale(scale, d), bool(causal), blocks, job.cnt)
     job.launch(flash2_forward_kernel, (cdiv(N, Br), BH), words, *args)
     return job.run({"Br": Br, "Bc": Bc})
 

@@ -31,7 +31,7 @@ def signatures() -> dict:
     from iosim.algorithms.cuda import flash, square_tiling, standard
 
     sigs = {
-        "flash2_forward_kernel": (flash.flash2_forward_kernel, (F3, F3, F3, F3, F2, I, I, F, B, I2)),
+        "flash2_forward_kernel": (flash.flash2_forward_kernel, (F3, F3, F3, F3, F2, I, I, F, B, I2, I2)),
         "flash1_forward_kernel": (flash.flash1_forward_kernel, (F3, F3, F3, F3, F2, F2, I, I, F, B, I2)),
         "logsumexp_kernel": (flash.logsumexp_kernel, (F2, F2, F2)),
         "flash2_backward_prep_kernel": (flash.flash2_backward_prep_kernel, (F3, F3, F2, F3, I, I2)),
