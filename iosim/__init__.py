@@ -6,6 +6,7 @@
 True
 """
 
+from iosim import masks
 from iosim.api import PassResult, Result, algorithm_names, run
 from iosim.check import CheckReport, check
 from iosim.errors import InputError
@@ -24,6 +25,7 @@ __all__ = [
     "Result",
     "algorithm_names",
     "check",
+    "masks",
     "register",
     "run",
     "sweep",

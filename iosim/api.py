@@ -465,7 +465,7 @@ def run(
         errors["O"] = float(np.max(np.abs(outputs["O"] - O_ref)))
         if outputs.get("L") is not None:
             errors["L"] = _logsumexp_error(outputs["L"], L_ref)
-    lb, lb_name = bounds.lower_bound(N, d, M)
+    lb, lb_name = bounds.lower_bound(N, d, M, mask=tmask if masked else None)
     fwd = PassResult(
         "forward",
         mem.stats(),
@@ -490,7 +490,7 @@ def run(
                 refs = attention_backward(Q, K, V, dO, scale=scale, causal=causal, mask=allowed)
             for name, ref in zip(("dQ", "dK", "dV"), refs, strict=True):
                 errors_bwd[name] = float(np.max(np.abs(grads[name] - ref)))
-        lb_bwd, lb_bwd_name = bounds.lower_bound(N, d, M, backward=True)
+        lb_bwd, lb_bwd_name = bounds.lower_bound(N, d, M, backward=True, mask=tmask if masked else None)
         passes["backward"] = PassResult(
             "backward",
             mem_bwd.stats(),

@@ -167,8 +167,11 @@ def backward_bounds(N: int, d: int, M: int) -> list[Bound]:
     ]
 
 
-def lower_bound(N: int, d: int, M: int, backward: bool = False) -> tuple[float, str]:
-    """The largest lower bound that applies at (N, d, M): its value and name."""
+def lower_bound(N: int, d: int, M: int, backward: bool = False, mask=None) -> tuple[float, str]:
+    """The largest lower bound that applies at (N, d, M): its value and name. With a mask (a TileMask other than
+    none or causal) the dense bounds do not apply: the sparse nnz bound (L6, provisional, constant 1) is used."""
+    if mask is not None:
+        return sparse_lower_bound(N, d, M, mask.nnz())[0], "sparse nnz (L6, provisional)"
     bounds = backward_bounds(N, d, M) if backward else forward_bounds(N, d, M)
     best = max((b for b in bounds if b.is_lower and b.applies), key=lambda b: b.value)
     return best.value, best.name

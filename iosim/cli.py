@@ -279,7 +279,9 @@ CSV_COLUMNS = (
 def _cmd_compare(args) -> int:
     results = []
     failures = []
-    lb, lb_name = bounds.lower_bound(args.N, args.d, args.M, backward=args.backward)
+    sparse = args.mask not in (None, "none", "dense") and args.mask != "causal"
+    mask = masks.compile_mask(args.mask, args.N) if sparse else None
+    lb, lb_name = bounds.lower_bound(args.N, args.d, args.M, backward=args.backward, mask=mask)
     kwargs = _run_kwargs(args)
     names = [n for n in registry.algorithms() if not args.backward or registry.get(n).has_backward]
     failures += [f"{n}: no backward pass" for n in registry.algorithms() if n not in names]
