@@ -18,6 +18,7 @@ from pathlib import Path
 from tabulate import tabulate
 
 from iosim import api, bounds, registry, warmup
+from iosim import replay as replay_cmd
 from iosim.errors import InputError
 from iosim.memory_model import CapacityError, ScheduleError
 
@@ -174,6 +175,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-cache", action="store_true", help="recompute every point")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None, help="progress bar")
     p.add_argument("--format", choices=FORMATS, default="simple", help="table format")
+
+    replay_cmd.add_arguments(sub.add_parser("replay", help="replay a schedule's computation through an LRU/FIFO/OPT cache"))
     return parser
 
 
@@ -593,6 +596,7 @@ COMMANDS = {
     "experiments": _cmd_experiments,
     "sweep": _cmd_sweep,
     "trace": _cmd_trace,
+    "replay": lambda args: replay_cmd.command(args),
 }
 
 

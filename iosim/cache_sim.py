@@ -1,0 +1,287 @@
+"""A fully associative, hardware-managed cache of C lines of L words, in Numba: LRU, FIFO and Belady's OPT.
+
+The input is a list of *compute ops* (:mod:`iosim.replay` derives them from a schedule's event trace); the kernels
+here turn each op into the word addresses it touches, in the op's documented order, and feed them to the cache one
+at a time. Nothing is materialised for LRU and FIFO (the addresses stream from the ops straight into the cache);
+OPT needs the future, so :func:`emit` first writes the line trace (one int32 line and one flag byte per access) and
+:func:`opt` replays it with a next-use array.
+
+Ops (one int64 row of :data:`OP_WIDTH` columns each; an operand is ``(base, s0, s1)``: element (i, j) of the operand
+is the word at ``base + i*s0 + j*s1``, so a transposed tile is its strides swapped):
+
+* ``MATMUL`` ``[1, ti, tj, tk, acc, Cb, Cs0, Cs1, Ab, As0, As1, Bb, Bs0, Bs1]``: C (ti x tj) (+)= A (ti x tk) B
+  (tk x tj). Order: row r of C, column c, then the inner index k: [read C[r, c] if acc], then for each k: read
+  A[r, k], read B[k, c]; then write C[r, c] (the dot product accumulates in a register).
+* ``ROWS`` ``[2, n, nseg, seg_1 .. seg_6]`` with ``seg = [mode, ncols, sb, ss0, ss1, db, ds0, ds1]``: for each row
+  r < n, the segments in order, each over its columns c < ncols: mode ``R`` reads src[r, c]; ``W`` writes
+  dst[r, c]; ``RW`` reads then writes dst[r, c]; ``RD`` reads src[r, c] then writes dst[r, c] (a transform that
+  lands elsewhere: P = softmax(S) written to P).
+
+Cache (the same for the three policies): C = capacity // L lines, fully associative; a line never straddles two
+arrays (:mod:`iosim.replay` aligns every array to L). A read miss fetches L words; a write miss fetches L words
+with write-allocate, and without it writes the one word through to slow memory and allocates nothing. A write hit
+marks the line dirty; evicting a dirty line writes its L words back. Fetches and write-backs are counted per
+array (``aid_of[line]``). LRU evicts the least recently used line, FIFO the line resident longest, OPT the line
+whose next use is farthest in the future (Belady), ties among lines never used again broken arbitrarily.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+MATMUL, ROWS = 1, 2
+R, W, RW, RD = 1, 2, 3, 4
+MAX_SEGS = 6
+SEG = 8
+OP_WIDTH = 3 + MAX_SEGS * SEG
+LRU, FIFO, EMIT = 1, 2, 3
+POLICIES = ("lru", "opt", "fifo")
+
+# The header of the state array ``h``.
+_MODE, _CAP, _WALLOC, _USED, _HEAD, _TAIL, _PTR, _LAST, _LASTRES, _NOUT, _ACC, _L = range(12)
+HEADER = 12
+
+
+def new_state(mode: int, capacity_lines: int, write_allocate: bool, n_lines: int, L: int, n_aids: int):  # noqa: N803
+    """The cache's state arrays: header, slot of each line, line/dirty/prev/next of each slot, counters."""
+    h = np.zeros(HEADER, np.int64)
+    h[_MODE], h[_CAP], h[_WALLOC], h[_L] = mode, capacity_lines, int(write_allocate), L
+    h[_HEAD] = h[_TAIL] = h[_LAST] = -1
+    slot_of = np.full(n_lines, -1, np.int32)
+    cap = capacity_lines
+    line_of, dirty = np.full(cap, -1, np.int64), np.zeros(cap, np.int8)
+    prv, nxt = np.full(cap, -1, np.int32), np.full(cap, -1, np.int32)
+    fetched, written = np.zeros(n_aids, np.int64), np.zeros(n_aids, np.int64)
+    return h, slot_of, line_of, dirty, prv, nxt, fetched, written
+
+
+@njit(cache=True)
+def _unlink(h, prv, nxt, s):
+    p, n = prv[s], nxt[s]
+    if p >= 0:
+        nxt[p] = n
+    else:
+        h[_HEAD] = n
+    if n >= 0:
+        prv[n] = p
+    else:
+        h[_TAIL] = p
+
+
+@njit(cache=True)
+def _push_front(h, prv, nxt, s):
+    prv[s] = -1
+    nxt[s] = h[_HEAD]
+    if h[_HEAD] >= 0:
+        prv[h[_HEAD]] = s
+    h[_HEAD] = s
+    if h[_TAIL] < 0:
+        h[_TAIL] = s
+
+
+@njit(cache=True)
+def _touch(h, slot_of, line_of, dirty, prv, nxt, fetched, written, aid_of, out_lines, out_flags, line, w):
+    """One access to ``line`` (w = 1: a write) under the state's mode (LRU, FIFO, or EMIT: record it)."""
+    h[_ACC] += 1
+    if line == h[_LAST] and h[_LASTRES] != 0:  # the line just touched, still resident: a hit under every policy
+        if h[_MODE] == EMIT:
+            k = h[_NOUT] - 1
+            out_flags[k] = out_flags[k] | (w << 1)
+        elif w:
+            dirty[slot_of[line]] = 1
+        return
+    if h[_MODE] == EMIT:  # bit 0: the first access is a write; bit 1: some access of this run writes
+        k = h[_NOUT]
+        out_lines[k] = line
+        out_flags[k] = w | (w << 1)
+        h[_NOUT] = k + 1
+        h[_LAST] = line
+        h[_LASTRES] = 1 if (w == 0 or h[_WALLOC] != 0) else 0
+        return
+    h[_LAST] = line
+    h[_LASTRES] = 1
+    s = slot_of[line]
+    if s >= 0:  # hit
+        if w:
+            dirty[s] = 1
+        if h[_MODE] == LRU and h[_HEAD] != s:
+            _unlink(h, prv, nxt, s)
+            _push_front(h, prv, nxt, s)
+        return
+    if w and h[_WALLOC] == 0:  # write miss, no write-allocate: the word goes straight to slow memory
+        written[aid_of[line]] += 1
+        h[_LASTRES] = 0
+        return
+    fetched[aid_of[line]] += h[_L]
+    if h[_USED] < h[_CAP]:
+        s = h[_USED]
+        h[_USED] += 1
+    else:
+        if h[_MODE] == LRU:
+            s = h[_TAIL]
+            _unlink(h, prv, nxt, s)
+        else:  # FIFO: slots are filled in order and each new line takes its victim's slot: a ring
+            s = h[_PTR]
+            h[_PTR] = (s + 1) % h[_CAP]
+        old = line_of[s]
+        slot_of[old] = -1
+        if dirty[s]:
+            written[aid_of[old]] += h[_L]
+    line_of[s] = line
+    slot_of[line] = s
+    dirty[s] = w
+    if h[_MODE] == LRU:
+        _push_front(h, prv, nxt, s)
+
+
+@njit(cache=True)
+def run_ops(ops, h, slot_of, line_of, dirty, prv, nxt, fetched, written, aid_of, out_lines, out_flags):
+    """Walk the ops in order, every access through :func:`_touch` (see the module docstring for the orders)."""
+    L = h[_L]
+    for o in range(ops.shape[0]):
+        op = ops[o]
+        if op[0] == MATMUL:
+            ti, tj, tk, acc = op[1], op[2], op[3], op[4]
+            Cb, Cs0, Cs1, Ab, As0, As1, Bb, Bs0, Bs1 = op[5], op[6], op[7], op[8], op[9], op[10], op[11], op[12], op[13]
+            for r in range(ti):
+                for c in range(tj):
+                    ca = Cb + r * Cs0 + c * Cs1
+                    if acc:
+                        _touch(h, slot_of, line_of, dirty, prv, nxt, fetched, written, aid_of, out_lines, out_flags,
+                               ca // L, 0)  # fmt: skip
+                    for k in range(tk):
+                        _touch(h, slot_of, line_of, dirty, prv, nxt, fetched, written, aid_of, out_lines, out_flags,
+                               (Ab + r * As0 + k * As1) // L, 0)  # fmt: skip
+                        _touch(h, slot_of, line_of, dirty, prv, nxt, fetched, written, aid_of, out_lines, out_flags,
+                               (Bb + k * Bs0 + c * Bs1) // L, 0)  # fmt: skip
+                    _touch(h, slot_of, line_of, dirty, prv, nxt, fetched, written, aid_of, out_lines, out_flags,
+                           ca // L, 1)  # fmt: skip
+        else:
+            n, nseg = op[1], op[2]
+            for r in range(n):
+                for g in range(nseg):
+                    e = 3 + g * SEG
+                    mode, nc = op[e], op[e + 1]
+                    sb, ss0, ss1, db, ds0, ds1 = op[e + 2], op[e + 3], op[e + 4], op[e + 5], op[e + 6], op[e + 7]
+                    for c in range(nc):
+                        if mode == R or mode == RD:
+                            _touch(h, slot_of, line_of, dirty, prv, nxt, fetched, written, aid_of, out_lines,
+                                   out_flags, (sb + r * ss0 + c * ss1) // L, 0)  # fmt: skip
+                        if mode == RW:
+                            _touch(h, slot_of, line_of, dirty, prv, nxt, fetched, written, aid_of, out_lines,
+                                   out_flags, (db + r * ds0 + c * ds1) // L, 0)  # fmt: skip
+                        if mode != R:
+                            _touch(h, slot_of, line_of, dirty, prv, nxt, fetched, written, aid_of, out_lines,
+                                   out_flags, (db + r * ds0 + c * ds1) // L, 1)  # fmt: skip
+
+
+def access_count(ops: np.ndarray) -> int:
+    """The number of word accesses the ops make (before the run-merging of :func:`emit`)."""
+    ops = np.asarray(ops, np.int64)
+    mm = ops[ops[:, 0] == MATMUL]
+    total = int(np.sum(mm[:, 1] * mm[:, 2] * (2 * mm[:, 3] + 1 + mm[:, 4])))
+    rows = ops[ops[:, 0] == ROWS]
+    for g in range(MAX_SEGS):
+        e = 3 + g * SEG
+        mode, nc = rows[:, e], rows[:, e + 1]
+        per = np.where((mode == RW) | (mode == RD), 2 * nc, np.where(mode > 0, nc, 0))
+        total += int(np.sum(np.where(g < rows[:, 2], rows[:, 1] * per, 0)))
+    return total
+
+
+@njit(cache=True)
+def next_use(lines, n_lines):
+    """nxt[i] = the index of the next access to lines[i]'s line after i (len(lines): never again)."""
+    n = lines.shape[0]
+    nxt = np.empty(n, np.int32)
+    last = np.full(n_lines, n, np.int32)
+    for i in range(n - 1, -1, -1):
+        nxt[i] = last[lines[i]]
+        last[lines[i]] = i
+    return nxt
+
+
+@njit(cache=True)
+def _sift_up(key, heap, pos, i):
+    while i > 0:
+        p = (i - 1) >> 1
+        if key[heap[p]] >= key[heap[i]]:
+            break
+        heap[p], heap[i] = heap[i], heap[p]
+        pos[heap[p]] = p
+        pos[heap[i]] = i
+        i = p
+
+
+@njit(cache=True)
+def _sift_down(key, heap, pos, i, size):
+    while True:
+        lft = 2 * i + 1
+        if lft >= size:
+            break
+        big = lft
+        if lft + 1 < size and key[heap[lft + 1]] > key[heap[lft]]:
+            big = lft + 1
+        if key[heap[i]] >= key[heap[big]]:
+            break
+        heap[big], heap[i] = heap[i], heap[big]
+        pos[heap[big]] = big
+        pos[heap[i]] = i
+        i = big
+
+
+@njit(cache=True)
+def opt(lines, flags, nxt, capacity, write_allocate, L, aid_of, n_lines, fetched, written):  # noqa: N803
+    """Belady's OPT on an emitted line trace: a max-heap of the resident slots keyed by their next use.
+
+    Returns (dirty lines left resident, as a line array) so the caller can flush the slow arrays' ones."""
+    slot_of = np.full(n_lines, -1, np.int32)
+    line_of = np.full(capacity, -1, np.int64)
+    dirty = np.zeros(capacity, np.int8)
+    key = np.zeros(capacity, np.int64)
+    heap = np.zeros(capacity, np.int32)  # heap[i] = a slot; pos[slot] = its index in heap
+    pos = np.zeros(capacity, np.int32)
+    used = 0
+    for i in range(lines.shape[0]):
+        line = lines[i]
+        f = flags[i]
+        s = slot_of[line]
+        if s >= 0:
+            key[s] = nxt[i]
+            _sift_up(key, heap, pos, pos[s])  # the next use only moves later: up in a max-heap
+            if f & 2:
+                dirty[s] = 1
+            continue
+        if (f & 1) and not write_allocate:
+            written[aid_of[line]] += 1
+            continue
+        fetched[aid_of[line]] += L
+        if used < capacity:
+            s = used
+            heap[used] = s
+            pos[s] = used
+            used += 1
+            line_of[s] = line
+            slot_of[line] = s
+            dirty[s] = 1 if f & 2 else 0
+            key[s] = nxt[i]
+            _sift_up(key, heap, pos, pos[s])
+        else:
+            s = heap[0]  # the resident line used farthest in the future
+            old = line_of[s]
+            slot_of[old] = -1
+            if dirty[s]:
+                written[aid_of[old]] += L
+            line_of[s] = line
+            slot_of[line] = s
+            dirty[s] = 1 if f & 2 else 0
+            key[s] = nxt[i]
+            _sift_down(key, heap, pos, 0, used)
+    out = np.empty(used, np.int64)
+    k = 0
+    for s in range(used):
+        if dirty[s]:
+            out[k] = line_of[s]
+            k += 1
+    return out[:k]
