@@ -39,14 +39,14 @@ LRU, FIFO, EMIT = 1, 2, 3
 POLICIES = ("lru", "opt", "fifo")
 
 # The header of the state array ``h``.
-_MODE, _CAP, _WALLOC, _USED, _HEAD, _TAIL, _PTR, _LAST, _LASTRES, _NOUT, _ACC, _L = range(12)
+_MODE, _CAP, _WALLOC, _USED, _HEAD, _TAIL, _PTR, _LAST, _LASTRES, _NOUT, _SHIFT, _L = range(12)
 HEADER = 12
 
 
 def new_state(mode: int, capacity_lines: int, write_allocate: bool, n_lines: int, L: int, n_aids: int):  # noqa: N803
     """The cache's state arrays: header, slot of each line, line/dirty/prev/next of each slot, counters."""
     h = np.zeros(HEADER, np.int64)
-    h[_MODE], h[_CAP], h[_WALLOC], h[_L] = mode, capacity_lines, int(write_allocate), L
+    h[_MODE], h[_CAP], h[_WALLOC], h[_L], h[_SHIFT] = mode, capacity_lines, int(write_allocate), L, L.bit_length() - 1
     h[_HEAD] = h[_TAIL] = h[_LAST] = -1
     slot_of = np.full(n_lines, -1, np.int32)
     cap = capacity_lines
@@ -80,10 +80,9 @@ def _push_front(h, prv, nxt, s):
         h[_TAIL] = s
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _touch(h, slot_of, line_of, dirty, prv, nxt, fetched, written, aid_of, out_lines, out_flags, line, w):
     """One access to ``line`` (w = 1: a write) under the state's mode (LRU, FIFO, or EMIT: record it)."""
-    h[_ACC] += 1
     if line == h[_LAST] and h[_LASTRES] != 0:  # the line just touched, still resident: a hit under every policy
         if h[_MODE] == EMIT:
             k = h[_NOUT] - 1
@@ -138,7 +137,7 @@ def _touch(h, slot_of, line_of, dirty, prv, nxt, fetched, written, aid_of, out_l
 @njit(cache=True)
 def run_ops(ops, h, slot_of, line_of, dirty, prv, nxt, fetched, written, aid_of, out_lines, out_flags):
     """Walk the ops in order, every access through :func:`_touch` (see the module docstring for the orders)."""
-    L = h[_L]
+    sh = h[_SHIFT]  # the line is a power of two words: line = address >> sh
     for o in range(ops.shape[0]):
         op = ops[o]
         if op[0] == MATMUL:
@@ -149,14 +148,14 @@ def run_ops(ops, h, slot_of, line_of, dirty, prv, nxt, fetched, written, aid_of,
                     ca = Cb + r * Cs0 + c * Cs1
                     if acc:
                         _touch(h, slot_of, line_of, dirty, prv, nxt, fetched, written, aid_of, out_lines, out_flags,
-                               ca // L, 0)  # fmt: skip
+                               ca >> sh, 0)  # fmt: skip
                     for k in range(tk):
                         _touch(h, slot_of, line_of, dirty, prv, nxt, fetched, written, aid_of, out_lines, out_flags,
-                               (Ab + r * As0 + k * As1) // L, 0)  # fmt: skip
+                               (Ab + r * As0 + k * As1) >> sh, 0)  # fmt: skip
                         _touch(h, slot_of, line_of, dirty, prv, nxt, fetched, written, aid_of, out_lines, out_flags,
-                               (Bb + k * Bs0 + c * Bs1) // L, 0)  # fmt: skip
+                               (Bb + k * Bs0 + c * Bs1) >> sh, 0)  # fmt: skip
                     _touch(h, slot_of, line_of, dirty, prv, nxt, fetched, written, aid_of, out_lines, out_flags,
-                           ca // L, 1)  # fmt: skip
+                           ca >> sh, 1)  # fmt: skip
         else:
             n, nseg = op[1], op[2]
             for r in range(n):
@@ -167,13 +166,13 @@ def run_ops(ops, h, slot_of, line_of, dirty, prv, nxt, fetched, written, aid_of,
                     for c in range(nc):
                         if mode == R or mode == RD:
                             _touch(h, slot_of, line_of, dirty, prv, nxt, fetched, written, aid_of, out_lines,
-                                   out_flags, (sb + r * ss0 + c * ss1) // L, 0)  # fmt: skip
+                                   out_flags, (sb + r * ss0 + c * ss1) >> sh, 0)  # fmt: skip
                         if mode == RW:
                             _touch(h, slot_of, line_of, dirty, prv, nxt, fetched, written, aid_of, out_lines,
-                                   out_flags, (db + r * ds0 + c * ds1) // L, 0)  # fmt: skip
+                                   out_flags, (db + r * ds0 + c * ds1) >> sh, 0)  # fmt: skip
                         if mode != R:
                             _touch(h, slot_of, line_of, dirty, prv, nxt, fetched, written, aid_of, out_lines,
-                                   out_flags, (db + r * ds0 + c * ds1) // L, 1)  # fmt: skip
+                                   out_flags, (db + r * ds0 + c * ds1) >> sh, 1)  # fmt: skip
 
 
 def access_count(ops: np.ndarray) -> int:

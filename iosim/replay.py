@@ -484,6 +484,7 @@ def replay_ops(
 ) -> PolicyResult:
     """Replay compute ops through one policy's cache (see :mod:`iosim.cache_sim`)."""
     capacity = cache_words // line
+    accesses = cs.access_count(ops)
     n_rows = len(x.report)
     t0 = time.perf_counter()
     if policy == "opt":
@@ -500,7 +501,7 @@ def replay_ops(
         state = cs.new_state(cs.EMIT, 1, write_allocate, x.n_lines, line, n_rows)
         lines, flags = np.empty(upper, np.int32), np.empty(upper, np.int8)
         cs.run_ops(ops, *state, x.aid_of, lines, flags)
-        n, accesses = int(state[0][cs._NOUT]), int(state[0][cs._ACC])
+        n = int(state[0][cs._NOUT])
         lines, flags = lines[:n], flags[:n]
         nxt = cs.next_use(lines, x.n_lines)
         fetched, written = np.zeros(n_rows, np.int64), np.zeros(n_rows, np.int64)
@@ -513,7 +514,6 @@ def replay_ops(
         h, _slot_of, line_of, dirty, _p, _n, fetched, written = state
         used = int(h[cs._USED])
         left = line_of[:used][dirty[:used] != 0]
-        accesses = int(h[cs._ACC])
     # dirty lines of slow arrays left at the end are written back; dead scratch is dropped
     for aid in x.aid_of[left]:
         if aid < x.n_slow:
@@ -557,8 +557,13 @@ def replay(
     cache_words = M if cache_words is None else cache_words
     if isinstance(cache_words, bool) or not isinstance(cache_words, (int, np.integer)) or cache_words <= 0:
         raise InputError("cache_words", "must be a positive integer (words)", cache_words)
-    if isinstance(line, bool) or not isinstance(line, (int, np.integer)) or not 0 < line <= cache_words:
-        raise InputError("line", f"must be an integer from 1 to the cache size {cache_words:,} (words)", line)
+    if (
+        isinstance(line, bool)
+        or not isinstance(line, (int, np.integer))
+        or not 0 < line <= cache_words
+        or line & (line - 1)
+    ):
+        raise InputError("line", f"must be a power of two from 1 to the cache size {cache_words:,} (words)", line)
     r = api.run(
         algorithm,
         N=N,
