@@ -11,6 +11,7 @@ from iosim.check import CheckReport, check
 from iosim.errors import InputError
 from iosim.memory_model import CapacityError, Memory, ScheduleError, Trace
 from iosim.registry import register, unregister
+from iosim.replay import ReplayResult, replay
 from iosim.sweep import sweep
 
 __all__ = [
@@ -25,6 +26,8 @@ __all__ = [
     "algorithm_names",
     "check",
     "register",
+    "replay",
+    "ReplayResult",
     "run",
     "sweep",
     "unregister",

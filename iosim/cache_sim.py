@@ -284,3 +284,38 @@ def opt(lines, flags, nxt, capacity, write_allocate, L, aid_of, n_lines, fetched
             out[k] = line_of[s]
             k += 1
     return out[:k]
+
+
+def access_ops(addresses, writes) -> np.ndarray:
+    """Ops that touch the given word addresses in order (a write where ``writes`` is true): one ROWS op of one
+    one-word segment per access. For driving the cache with an arbitrary trace (the tests' random traces)."""
+    addresses = np.asarray(addresses, np.int64)
+    ops = np.zeros((addresses.size, OP_WIDTH), np.int64)
+    ops[:, 0], ops[:, 1], ops[:, 2] = ROWS, 1, 1
+    ops[:, 3] = np.where(np.asarray(writes, bool), W, R)
+    ops[:, 4] = 1
+    ops[:, 5] = ops[:, 8] = addresses
+    return ops
+
+
+def simulate(addresses, writes, policy: str, capacity_lines: int, L: int = 1, write_allocate: bool = True):  # noqa: N803
+    """Words (fetched, written) when the access trace runs through a cache of ``capacity_lines`` lines of ``L``
+    words (a power of two) under ``policy``; dirty lines left at the end are written back."""
+    ops = access_ops(addresses, writes)
+    n_lines = int(np.max(addresses, initial=0)) // L + 1
+    aid_of = np.zeros(n_lines, np.int32)
+    if policy == "opt":
+        fetched, written = np.zeros(1, np.int64), np.zeros(1, np.int64)
+        state = new_state(EMIT, 1, write_allocate, n_lines, L, 1)
+        lines, flags = np.empty(len(ops), np.int32), np.empty(len(ops), np.int8)
+        run_ops(ops, *state, aid_of, lines, flags)
+        n = int(state[0][_NOUT])
+        nxt = next_use(lines[:n], n_lines)
+        left = opt(lines[:n], flags[:n], nxt, capacity_lines, write_allocate, L, aid_of, n_lines, fetched, written)
+    else:
+        state = new_state(LRU if policy == "lru" else FIFO, capacity_lines, write_allocate, n_lines, L, 1)
+        run_ops(ops, *state, aid_of, np.empty(0, np.int32), np.empty(0, np.int8))
+        h, _s, line_of, dirty, _p, _n, fetched, written = state
+        used = int(h[_USED])
+        left = line_of[:used][dirty[:used] != 0]
+    return int(fetched[0]), int(written[0]) + L * len(left)

@@ -18,7 +18,8 @@ from pathlib import Path
 from tabulate import tabulate
 
 from iosim import api, bounds, registry, warmup
-from iosim import replay as replay_cmd
+from iosim.replay import add_arguments as _replay_arguments
+from iosim.replay import command as _cmd_replay
 from iosim.errors import InputError
 from iosim.memory_model import CapacityError, ScheduleError
 
@@ -176,7 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None, help="progress bar")
     p.add_argument("--format", choices=FORMATS, default="simple", help="table format")
 
-    replay_cmd.add_arguments(sub.add_parser("replay", help="replay a schedule's computation through an LRU/FIFO/OPT cache"))
+    _replay_arguments(sub.add_parser("replay", help="replay a schedule's computation through an LRU/FIFO/OPT cache"))
     return parser
 
 
@@ -596,7 +597,7 @@ COMMANDS = {
     "experiments": _cmd_experiments,
     "sweep": _cmd_sweep,
     "trace": _cmd_trace,
-    "replay": lambda args: replay_cmd.command(args),
+    "replay": _cmd_replay,
 }
 
 
