@@ -55,7 +55,7 @@ from iosim.memory_model.core import ALLOC, FREE, LOAD, STORE
 POLICIES = cs.POLICIES
 # OPT keeps one int32 line, one flag byte and one int32 next use per access: 9 bytes.
 OPT_BYTES_PER_ACCESS = 9
-MAX_ACCESSES = 1 << 31  # int32 indices (OPT); LRU/FIFO beyond this would take minutes anyway
+MAX_ACCESSES = 4_000_000_000  # about 5 minutes of LRU at 1e7 accesses/s; OPT also needs int32 indices (< 2^31)
 BASE_ALGORITHMS = ("standard", "flash1", "flash2", "square-tiling")
 
 
@@ -491,7 +491,7 @@ def replay_ops(
         upper = cs.access_count(ops)
         need = upper * OPT_BYTES_PER_ACCESS + 4 * x.n_lines
         limit = opt_limit_bytes if opt_limit_bytes is not None else _available_bytes() // 2
-        if need > limit or upper >= MAX_ACCESSES:
+        if need > limit or upper >= 1 << 31:
             raise InputError(
                 "policy opt",
                 f"needs the whole operand trace in memory: {upper:,} accesses, about {need / 2**30:.1f} GiB, over "
@@ -564,6 +564,11 @@ def replay(
         or line & (line - 1)
     ):
         raise InputError("line", f"must be a power of two from 1 to the cache size {cache_words:,} (words)", line)
+    if isinstance(N, (int, np.integer)) and isinstance(d, (int, np.integer)) and N * N * d > MAX_ACCESSES:
+        raise InputError(  # every algorithm touches at least N^2 d operand words (S = Q K^T); checked up front
+            "N", f"and d give over N^2 d = {N * N * d:,} operand accesses, over the replay limit of {MAX_ACCESSES:,} "
+            "(about 5 minutes of LRU); use a smaller N or d", N
+        )
     r = api.run(
         algorithm,
         N=N,
@@ -579,8 +584,10 @@ def replay(
     )
     ops, x = operand_ops(r.trace, algorithm, backward, N, int(line))
     accesses = cs.access_count(ops)
-    if accesses >= MAX_ACCESSES * 8:
-        raise InputError("N", f"gives {accesses:,} operand accesses, too many to replay; use a smaller N", N)
+    if accesses > MAX_ACCESSES:
+        raise InputError(
+            "N", f"gives {accesses:,} operand accesses, over the replay limit of {MAX_ACCESSES:,}; use a smaller N", N
+        )
     explicit = {n: (c.reads, c.writes) for n, c in r.stats.per_array.items()}
     out = ReplayResult(
         algorithm, r.N, r.d, M, int(cache_words), int(line), bool(write_allocate), backward, causal, accesses, explicit

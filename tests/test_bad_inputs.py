@@ -56,6 +56,15 @@ CLI_CASES = [
     (["bounds", "--N", "0", "--d", "8", "--M", "1000"], "--N"),
     (["bounds", "--N", "64", "--d", "8"], "--M"),
     (["nonsense"], "invalid choice"),
+    (["replay", "flash2", *SIZES, "--policy", "lfu"], "policy must be one or more of lru, opt, fifo"),
+    (["replay", "flash2", *SIZES, "--policy", ","], "policy must be one or more"),
+    (["replay", "flash2", *SIZES, "--line", "0"], "--line"),
+    (["replay", "flash2", *SIZES, "--line", "-8"], "--line"),
+    (["replay", "flash2", *SIZES, "--line", "3"], "line must be a power of two"),
+    (["replay", "flash2", *SIZES, "--line", "2048"], "line must be a power of two from 1 to the cache size 1,000"),
+    (["replay", "flash2", *SIZES, "--cache-words", "0"], "--cache-words"),
+    (["replay", "flash2", "--N", "8192", "--d", "128", "--M", "16384"], "over the replay limit"),
+    (["replay", "flash9", *SIZES], "algorithm"),
 ]
 
 
@@ -138,6 +147,29 @@ API_CASES = [
     ({"N": 60_000_000, "d": 64, "M": 1000, "count_only": True, "allow_long": True}, "N"),
     ({"N": 8, "d": 64, "M": 100}, "M"),
 ]
+
+
+# (keyword arguments of iosim.replay beyond the algorithm, the parameter InputError must name)
+REPLAY_CASES = [
+    ({**OK, "policy": "lfu"}, "policy"),
+    ({**OK, "policy": ["lru", "clock"]}, "policy"),
+    ({**OK, "policy": ""}, "policy"),
+    *(({**OK, "line": x}, "line") for x in (0, -4, 3, 1024, 1.5, True)),
+    ({**OK, "cache_words": 0}, "cache_words"),
+    ({**OK, "policy": "opt", "opt_limit_bytes": 100}, "policy opt"),
+    ({"N": 8192, "d": 128, "M": 16384}, "N"),
+    ({**OK, "algorithm": "mine"}, "algorithm"),
+    ({**OK, "N": 0}, "N"),
+]
+
+
+@pytest.mark.parametrize(("kwargs", "parameter"), REPLAY_CASES, ids=[f"{p}-{i}" for i, (_, p) in enumerate(REPLAY_CASES)])
+def test_replay_bad_input_raises_input_error_naming_the_parameter(kwargs, parameter):
+    kwargs = dict(kwargs)
+    algorithm = kwargs.pop("algorithm", "flash2")
+    with pytest.raises(InputError) as e:
+        iosim.replay(algorithm, **kwargs)
+    assert e.value.parameter == parameter
 
 
 @pytest.mark.parametrize(("kwargs", "parameter"), API_CASES, ids=[f"{p}-{i}" for i, (_, p) in enumerate(API_CASES)])
