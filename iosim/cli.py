@@ -18,10 +18,10 @@ from pathlib import Path
 from tabulate import tabulate
 
 from iosim import api, bounds, registry, warmup
-from iosim.replay import add_arguments as _replay_arguments
-from iosim.replay import command as _cmd_replay
 from iosim.errors import InputError
 from iosim.memory_model import CapacityError, ScheduleError
+from iosim.replay import add_arguments as _replay_arguments
+from iosim.replay import command as _cmd_replay
 
 FORMATS = ("simple", "github", "latex", "plain")
 COMPARE_DEFAULTS = {"N": 1024, "d": 64, "M": 16384}

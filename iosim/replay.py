@@ -424,7 +424,11 @@ class ReplayResult:
                 f, w = p.fetched.get(name, 0), p.written.get(name, 0)
                 row += [f"{f:,}", f"{w:,}", f"{(f + w) / (er + ew):.2f}" if er + ew else "-"]
             body.append(row)
-        tot = ["total", f"{sum(r for r, _ in self.explicit.values()):,}", f"{sum(w for _, w in self.explicit.values()):,}"]
+        tot = [
+            "total",
+            f"{sum(r for r, _ in self.explicit.values()):,}",
+            f"{sum(w for _, w in self.explicit.values()):,}",
+        ]
         for name, p in self.policies.items():
             tot += [f"{sum(p.fetched.values()):,}", f"{sum(p.written.values()):,}", f"{self.ratio(name):.2f}"]
         body.append(tot)
@@ -566,8 +570,10 @@ def replay(
         raise InputError("line", f"must be a power of two from 1 to the cache size {cache_words:,} (words)", line)
     if isinstance(N, (int, np.integer)) and isinstance(d, (int, np.integer)) and N * N * d > MAX_ACCESSES:
         raise InputError(  # every algorithm touches at least N^2 d operand words (S = Q K^T); checked up front
-            "N", f"and d give over N^2 d = {N * N * d:,} operand accesses, over the replay limit of {MAX_ACCESSES:,} "
-            "(about 5 minutes of LRU); use a smaller N or d", N
+            "N",
+            f"and d give over N^2 d = {N * N * d:,} operand accesses, over the replay limit of {MAX_ACCESSES:,} "
+            "(about 5 minutes of LRU); use a smaller N or d",
+            N,
         )
     r = api.run(
         algorithm,

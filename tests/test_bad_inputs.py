@@ -163,7 +163,9 @@ REPLAY_CASES = [
 ]
 
 
-@pytest.mark.parametrize(("kwargs", "parameter"), REPLAY_CASES, ids=[f"{p}-{i}" for i, (_, p) in enumerate(REPLAY_CASES)])
+@pytest.mark.parametrize(
+    ("kwargs", "parameter"), REPLAY_CASES, ids=[f"{p}-{i}" for i, (_, p) in enumerate(REPLAY_CASES)]
+)
 def test_replay_bad_input_raises_input_error_naming_the_parameter(kwargs, parameter):
     kwargs = dict(kwargs)
     algorithm = kwargs.pop("algorithm", "flash2")

@@ -129,6 +129,8 @@ def test_opt_refuses_a_trace_over_its_memory_limit():
 
 
 def test_cli_replay(capsys):
-    assert main(["replay", "flash2", "--N", "64", "--d", "8", "--M", "1000", "--policy", "lru,fifo", "--line", "8"]) == 0
+    assert (
+        main(["replay", "flash2", "--N", "64", "--d", "8", "--M", "1000", "--policy", "lru,fifo", "--line", "8"]) == 0
+    )
     out = capsys.readouterr().out
     assert "lru / explicit" in out and "fifo" in out and "line 8 word(s)" in out
