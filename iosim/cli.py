@@ -22,6 +22,8 @@ from iosim.errors import InputError
 from iosim.memory_model import CapacityError, ScheduleError
 from iosim.replay import add_arguments as _replay_arguments
 from iosim.replay import command as _cmd_replay
+from iosim.show import add_arguments as _show_arguments
+from iosim.show import command as _cmd_show
 
 FORMATS = ("simple", "github", "latex", "plain")
 COMPARE_DEFAULTS = {"N": 1024, "d": 64, "M": 16384}
@@ -177,6 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None, help="progress bar")
     p.add_argument("--format", choices=FORMATS, default="simple", help="table format")
 
+    _show_arguments(sub.add_parser("show", help="draw a schedule: tile heat maps, residency timeline, steps, GIF"))
     _replay_arguments(sub.add_parser("replay", help="replay a schedule's computation through an LRU/FIFO/OPT cache"))
     return parser
 
@@ -598,6 +601,7 @@ COMMANDS = {
     "sweep": _cmd_sweep,
     "trace": _cmd_trace,
     "replay": _cmd_replay,
+    "show": _cmd_show,
 }
 
 

@@ -65,6 +65,12 @@ CLI_CASES = [
     (["replay", "flash2", *SIZES, "--cache-words", "0"], "--cache-words"),
     (["replay", "flash2", "--N", "8192", "--d", "128", "--M", "16384"], "over the replay limit"),
     (["replay", "flash9", *SIZES], "algorithm"),
+    (["show", "flash2", *SIZES], "--output is needed"),
+    (["show", "flash2", *SIZES, "--text", "--step", "99999"], "--step must be an event number"),
+    (["show", "flash2", *SIZES, "--view", "movie", "-o", "x.png"], "--view"),
+    (["show", "flash2", *SIZES, "--view", "animate", "-o", "x.png"], "must end in .gif"),
+    (["show", "flash2", *SIZES, "-o", "/nonexistent-folder/x.png"], "--output must be in an existing folder"),
+    (["show", "flash9", *SIZES, "--text"], "algorithm"),
 ]
 
 
