@@ -3,11 +3,11 @@ matplotlib."""
 
 import numpy as np
 import pytest
+from iosim.memory_model.core import LOAD, STORE
 
 import iosim
 from iosim import InputError, show
 from iosim.cli import main
-from iosim.memory_model.core import LOAD, STORE
 
 
 @pytest.fixture(scope="module")
