@@ -667,5 +667,5 @@ def command(args) -> int:
     )
     print(r.table(args.format))
     for name, p in r.policies.items():
-        print(f"{name}: {p.total:,} words, {r.ratio(name):.2f}x the explicit schedule ({p.seconds:.2f} s)")
+        print(f"{name}: {p.total:,} words, {r.ratio(name):.2f}x the explicit schedule")
     return 0
