@@ -56,88 +56,147 @@ def new_state(mode: int, capacity_lines: int, write_allocate: bool, n_lines: int
     return h, slot_of, line_of, dirty, prv, nxt, fetched, written
 
 
-@njit(cache=True)
-def _unlink(h, prv, nxt, s):
-    p, n = prv[s], nxt[s]
-    if p >= 0:
-        nxt[p] = n
-    else:
-        h[_HEAD] = n
-    if n >= 0:
-        prv[n] = p
-    else:
-        h[_TAIL] = p
+CHUNK = 1 << 16  # accesses generated per chunk before the policy consumes them
 
 
 @njit(cache=True)
-def _push_front(h, prv, nxt, s):
-    prv[s] = -1
-    nxt[s] = h[_HEAD]
-    if h[_HEAD] >= 0:
-        prv[h[_HEAD]] = s
-    h[_HEAD] = s
-    if h[_TAIL] < 0:
-        h[_TAIL] = s
+def _lru_chunk(n, buf, wb, h, slot_of, line_of, dirty, prv, nxt, fetched, written, aid_of):
+    """LRU over one chunk: a doubly linked list of slots, most recently used at the head."""
+    last, lastres, head, tail = h[_LAST], h[_LASTRES], h[_HEAD], h[_TAIL]
+    used, cap, walloc, L = h[_USED], h[_CAP], h[_WALLOC], h[_L]
+    for i in range(n):
+        line, w = buf[i], wb[i]
+        if line == last and lastres != 0:  # the line just touched, still resident (and already most recent)
+            if w:
+                dirty[slot_of[line]] = 1
+            continue
+        last = line
+        lastres = 1
+        s = slot_of[line]
+        if s >= 0:  # hit: move to the head
+            if w:
+                dirty[s] = 1
+            if s != head:
+                p, q = prv[s], nxt[s]
+                nxt[p] = q  # s is not the head, so p >= 0
+                if q >= 0:
+                    prv[q] = p
+                else:
+                    tail = p
+                prv[s] = -1
+                nxt[s] = head
+                prv[head] = s
+                head = s
+            continue
+        if w and walloc == 0:  # write miss, no write-allocate: the word goes straight to slow memory
+            written[aid_of[line]] += 1
+            lastres = 0
+            continue
+        fetched[aid_of[line]] += L
+        if used < cap:
+            s = used
+            used += 1
+        else:  # evict the tail
+            s = tail
+            old = line_of[s]
+            slot_of[old] = -1
+            if dirty[s]:
+                written[aid_of[old]] += L
+            p = prv[s]
+            tail = p
+            if p >= 0:
+                nxt[p] = -1
+            else:
+                head = -1
+        line_of[s] = line
+        slot_of[line] = s
+        dirty[s] = w
+        prv[s] = -1
+        nxt[s] = head
+        if head >= 0:
+            prv[head] = s
+        head = s
+        if tail < 0:
+            tail = s
+    h[_LAST], h[_LASTRES], h[_HEAD], h[_TAIL], h[_USED] = last, lastres, head, tail, used
 
 
-@njit(cache=True, inline="always")
-def _touch(h, slot_of, line_of, dirty, prv, nxt, fetched, written, aid_of, out_lines, out_flags, line, w):
-    """One access to ``line`` (w = 1: a write) under the state's mode (LRU, FIFO, or EMIT: record it)."""
-    if line == h[_LAST] and h[_LASTRES] != 0:  # the line just touched, still resident: a hit under every policy
-        if h[_MODE] == EMIT:
-            k = h[_NOUT] - 1
-            out_flags[k] = out_flags[k] | (w << 1)
-        elif w:
-            dirty[slot_of[line]] = 1
-        return
-    if h[_MODE] == EMIT:  # bit 0: the first access is a write; bit 1: some access of this run writes
-        k = h[_NOUT]
+@njit(cache=True)
+def _fifo_chunk(n, buf, wb, h, slot_of, line_of, dirty, fetched, written, aid_of):
+    """FIFO over one chunk: slots filled in order, each new line takes the oldest line's slot (a ring)."""
+    last, lastres, ptr, used = h[_LAST], h[_LASTRES], h[_PTR], h[_USED]
+    cap, walloc, L = h[_CAP], h[_WALLOC], h[_L]
+    for i in range(n):
+        line, w = buf[i], wb[i]
+        if line == last and lastres != 0:
+            if w:
+                dirty[slot_of[line]] = 1
+            continue
+        last = line
+        lastres = 1
+        s = slot_of[line]
+        if s >= 0:
+            if w:
+                dirty[s] = 1
+            continue
+        if w and walloc == 0:
+            written[aid_of[line]] += 1
+            lastres = 0
+            continue
+        fetched[aid_of[line]] += L
+        if used < cap:
+            s = used
+            used += 1
+        else:
+            s = ptr
+            ptr = ptr + 1 if ptr + 1 < cap else 0
+            old = line_of[s]
+            slot_of[old] = -1
+            if dirty[s]:
+                written[aid_of[old]] += L
+        line_of[s] = line
+        slot_of[line] = s
+        dirty[s] = w
+    h[_LAST], h[_LASTRES], h[_PTR], h[_USED] = last, lastres, ptr, used
+
+
+@njit(cache=True)
+def _emit_chunk(n, buf, wb, h, out_lines, out_flags):
+    """Record the chunk for OPT, merging a run of accesses to one line that stays resident (a hit under every
+    policy): flag bit 0, the first access is a write; bit 1, some access of the run writes."""
+    last, lastres, k, walloc = h[_LAST], h[_LASTRES], h[_NOUT], h[_WALLOC]
+    for i in range(n):
+        line, w = buf[i], wb[i]
+        if line == last and lastres != 0:
+            if w:
+                out_flags[k - 1] = out_flags[k - 1] | 2
+            continue
         out_lines[k] = line
-        out_flags[k] = w | (w << 1)
-        h[_NOUT] = k + 1
-        h[_LAST] = line
-        h[_LASTRES] = 1 if (w == 0 or h[_WALLOC] != 0) else 0
-        return
-    h[_LAST] = line
-    h[_LASTRES] = 1
-    s = slot_of[line]
-    if s >= 0:  # hit
-        if w:
-            dirty[s] = 1
-        if h[_MODE] == LRU and h[_HEAD] != s:
-            _unlink(h, prv, nxt, s)
-            _push_front(h, prv, nxt, s)
-        return
-    if w and h[_WALLOC] == 0:  # write miss, no write-allocate: the word goes straight to slow memory
-        written[aid_of[line]] += 1
-        h[_LASTRES] = 0
-        return
-    fetched[aid_of[line]] += h[_L]
-    if h[_USED] < h[_CAP]:
-        s = h[_USED]
-        h[_USED] += 1
-    else:
-        if h[_MODE] == LRU:
-            s = h[_TAIL]
-            _unlink(h, prv, nxt, s)
-        else:  # FIFO: slots are filled in order and each new line takes its victim's slot: a ring
-            s = h[_PTR]
-            h[_PTR] = (s + 1) % h[_CAP]
-        old = line_of[s]
-        slot_of[old] = -1
-        if dirty[s]:
-            written[aid_of[old]] += h[_L]
-    line_of[s] = line
-    slot_of[line] = s
-    dirty[s] = w
+        out_flags[k] = 3 if w else 0
+        k += 1
+        last = line
+        lastres = 1 if (w == 0 or walloc != 0) else 0
+    h[_LAST], h[_LASTRES], h[_NOUT] = last, lastres, k
+
+
+@njit(cache=True)
+def _flush(n, buf, wb, h, slot_of, line_of, dirty, prv, nxt, fetched, written, aid_of, out_lines, out_flags):
     if h[_MODE] == LRU:
-        _push_front(h, prv, nxt, s)
+        _lru_chunk(n, buf, wb, h, slot_of, line_of, dirty, prv, nxt, fetched, written, aid_of)
+    elif h[_MODE] == FIFO:
+        _fifo_chunk(n, buf, wb, h, slot_of, line_of, dirty, fetched, written, aid_of)
+    else:
+        _emit_chunk(n, buf, wb, h, out_lines, out_flags)
 
 
 @njit(cache=True)
 def run_ops(ops, h, slot_of, line_of, dirty, prv, nxt, fetched, written, aid_of, out_lines, out_flags):
-    """Walk the ops in order, every access through :func:`_touch` (see the module docstring for the orders)."""
+    """Walk the ops in order (see the module docstring for each op's order), generating the accesses' lines in
+    chunks of :data:`CHUNK` that the state's policy (or the OPT recorder) consumes: the stream is never held whole."""
     sh = h[_SHIFT]  # the line is a power of two words: line = address >> sh
+    buf = np.empty(CHUNK + 64, np.int64)
+    wb = np.empty(CHUNK + 64, np.int8)
+    n = 0
     for o in range(ops.shape[0]):
         op = ops[o]
         if op[0] == MATMUL:
@@ -145,34 +204,55 @@ def run_ops(ops, h, slot_of, line_of, dirty, prv, nxt, fetched, written, aid_of,
             Cb, Cs0, Cs1, Ab, As0, As1, Bb, Bs0, Bs1 = op[5], op[6], op[7], op[8], op[9], op[10], op[11], op[12], op[13]
             for r in range(ti):
                 for c in range(tj):
-                    ca = Cb + r * Cs0 + c * Cs1
+                    ca = (Cb + r * Cs0 + c * Cs1) >> sh
                     if acc:
-                        _touch(h, slot_of, line_of, dirty, prv, nxt, fetched, written, aid_of, out_lines, out_flags,
-                               ca >> sh, 0)  # fmt: skip
+                        buf[n] = ca
+                        wb[n] = 0
+                        n += 1
+                    a = Ab + r * As0
+                    b = Bb + c * Bs1
                     for k in range(tk):
-                        _touch(h, slot_of, line_of, dirty, prv, nxt, fetched, written, aid_of, out_lines, out_flags,
-                               (Ab + r * As0 + k * As1) >> sh, 0)  # fmt: skip
-                        _touch(h, slot_of, line_of, dirty, prv, nxt, fetched, written, aid_of, out_lines, out_flags,
-                               (Bb + k * Bs0 + c * Bs1) >> sh, 0)  # fmt: skip
-                    _touch(h, slot_of, line_of, dirty, prv, nxt, fetched, written, aid_of, out_lines, out_flags,
-                           ca >> sh, 1)  # fmt: skip
+                        buf[n] = (a + k * As1) >> sh
+                        wb[n] = 0
+                        buf[n + 1] = (b + k * Bs0) >> sh
+                        wb[n + 1] = 0
+                        n += 2
+                        if n >= CHUNK:
+                            _flush(n, buf, wb, h, slot_of, line_of, dirty, prv, nxt, fetched, written, aid_of,
+                                   out_lines, out_flags)  # fmt: skip
+                            n = 0
+                    buf[n] = ca
+                    wb[n] = 1
+                    n += 1
+                    if n >= CHUNK:
+                        _flush(n, buf, wb, h, slot_of, line_of, dirty, prv, nxt, fetched, written, aid_of,
+                               out_lines, out_flags)  # fmt: skip
+                        n = 0
         else:
-            n, nseg = op[1], op[2]
-            for r in range(n):
+            rows, nseg = op[1], op[2]
+            for r in range(rows):
                 for g in range(nseg):
                     e = 3 + g * SEG
                     mode, nc = op[e], op[e + 1]
                     sb, ss0, ss1, db, ds0, ds1 = op[e + 2], op[e + 3], op[e + 4], op[e + 5], op[e + 6], op[e + 7]
                     for c in range(nc):
                         if mode == R or mode == RD:
-                            _touch(h, slot_of, line_of, dirty, prv, nxt, fetched, written, aid_of, out_lines,
-                                   out_flags, (sb + r * ss0 + c * ss1) >> sh, 0)  # fmt: skip
+                            buf[n] = (sb + r * ss0 + c * ss1) >> sh
+                            wb[n] = 0
+                            n += 1
                         if mode == RW:
-                            _touch(h, slot_of, line_of, dirty, prv, nxt, fetched, written, aid_of, out_lines,
-                                   out_flags, (db + r * ds0 + c * ds1) >> sh, 0)  # fmt: skip
+                            buf[n] = (db + r * ds0 + c * ds1) >> sh
+                            wb[n] = 0
+                            n += 1
                         if mode != R:
-                            _touch(h, slot_of, line_of, dirty, prv, nxt, fetched, written, aid_of, out_lines,
-                                   out_flags, (db + r * ds0 + c * ds1) >> sh, 1)  # fmt: skip
+                            buf[n] = (db + r * ds0 + c * ds1) >> sh
+                            wb[n] = 1
+                            n += 1
+                        if n >= CHUNK:
+                            _flush(n, buf, wb, h, slot_of, line_of, dirty, prv, nxt, fetched, written, aid_of,
+                                   out_lines, out_flags)  # fmt: skip
+                            n = 0
+    _flush(n, buf, wb, h, slot_of, line_of, dirty, prv, nxt, fetched, written, aid_of, out_lines, out_flags)
 
 
 def access_count(ops: np.ndarray) -> int:
