@@ -609,18 +609,6 @@ def replay(
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def _line(text: str) -> int:
-    import argparse
-
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--line must be a positive integer (words), got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"--line must be a positive integer (words), got {value}")
-    return value
-
-
 def add_arguments(p) -> None:
     """``iosim replay ALGO --N --d --M [--policy lru,opt,fifo] [--line WORDS] [--no-write-allocate]``."""
     from iosim import cli, registry
@@ -629,7 +617,12 @@ def add_arguments(p) -> None:
     cli._add_sizes(p)
     cli._add_run_options(p)
     p.add_argument("--policy", default="lru,opt,fifo", help="replacement policies, comma-separated (lru, opt, fifo)")
-    p.add_argument("--line", type=_line, default=1, help="cache line in words (default 1; 8 = a 32-byte fp32 sector)")
+    p.add_argument(
+        "--line",
+        type=cli._positive("--line"),
+        default=1,
+        help="cache line in words (default 1; 8 = a 32-byte fp32 sector)",
+    )
     p.add_argument(
         "--write-allocate",
         action=__import__("argparse").BooleanOptionalAction,
