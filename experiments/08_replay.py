@@ -21,10 +21,9 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import iosim  # noqa: E402
 from experiments import _common  # noqa: E402
 from experiments._common import Verdict  # noqa: E402
-
-import iosim  # noqa: E402
 
 NAME = "replay"
 TITLE = "Explicit schedule vs LRU and OPT caches of the same M"
@@ -108,7 +107,9 @@ def run(out: Path, quick: bool = False) -> Verdict:
             f"flash2, 1-word lines, d^2 <= M < 4Nd: LRU moves {min(f2_lru):.2f}-{max(f2_lru):.2f}x the explicit "
             f"schedule's words, OPT {min(f2_opt):.2f}-{max(f2_opt):.2f}x (N={N}, d={d})"
         ),
-        figure=f"LRU/explicit median {statistics.median(f2_lru):.2f}, OPT/explicit median {statistics.median(f2_opt):.2f}",
+        figure=(
+            f"LRU/explicit median {statistics.median(f2_lru):.2f}, OPT/explicit median {statistics.median(f2_opt):.2f}"
+        ),
         holds=holds,
     )
     big = [x for x in rows if x["line"] == max(lines) and x["policy"] == "lru"]
