@@ -134,3 +134,21 @@ def test_cli_replay(capsys):
     )
     out = capsys.readouterr().out
     assert "lru / explicit" in out and "fifo" in out and "line 8 word(s)" in out
+
+
+def test_flash2_operand_trace_has_the_documented_accesses():
+    """flash2 forward, per inner step (br x bc): S = Q_i K_j^T reads 2d and writes 1 per entry; the row sweep reads
+    S, m_i, then reads and writes S, l_i, writes m_i, reads and writes O_i's row; O_i += P V_j reads O, then 2 bc,
+    writes O per entry of O_i. Per row block, at the store of O_i: l_i, O_i's row (read+write), m_i, l_i (r+w)."""
+    N, d = 20, 3  # noqa: N806
+    r = iosim.run("flash2", N=N, d=d, M=100, count_only=True, trace=True)
+    Br, Bc = r.tiling.Br, r.tiling.Bc  # noqa: N806
+    ops, _ = operand_ops(r.trace, "flash2", False, N)
+    expected = 0
+    for r0 in range(0, N, Br):
+        br = min(Br, N - r0)
+        for c0 in range(0, N, Bc):
+            bc = min(Bc, N - c0)
+            expected += br * bc * (2 * d + 1) + br * (bc + 1 + 2 * bc + 2 + 1 + 2 * d) + br * d * (2 * bc + 2)
+        expected += br * (1 + 2 * d + 1 + 2)
+    assert cs.access_count(ops) == expected
