@@ -2,9 +2,10 @@
 
 The input is a list of *compute ops* (:mod:`iosim.replay` derives them from a schedule's event trace); the kernels
 here turn each op into the word addresses it touches, in the op's documented order, and feed them to the cache one
-at a time. Nothing is materialised for LRU and FIFO (the addresses stream from the ops straight into the cache);
-OPT needs the future, so :func:`emit` first writes the line trace (one int32 line and one flag byte per access) and
-:func:`opt` replays it with a next-use array.
+at a time. For LRU and FIFO nothing is materialised: :func:`run_ops` generates the accesses' line numbers in
+chunks of :data:`CHUNK` and the policy's loop consumes each chunk. OPT needs the future, so the same generator in
+its recording mode first writes the line trace (one int32 line and one flag byte per access, a run of accesses to
+one resident line merged into one record) and :func:`opt` replays it with a next-use array.
 
 Ops (one int64 row of :data:`OP_WIDTH` columns each; an operand is ``(base, s0, s1)``: element (i, j) of the operand
 is the word at ``base + i*s0 + j*s1``, so a transposed tile is its strides swapped):
