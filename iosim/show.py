@@ -29,6 +29,7 @@ VIEWS = ("tiles", "timeline", "step", "animate", "all")
 MAX_CELLS = 512  # cells per side of a drawn array
 MAX_FRAMES = 60
 MAX_TIMELINE_POINTS = 20_000
+EXACT_WORDS = 1 << 24  # arrays up to this many words are counted per word, larger ones per drawn cell
 
 
 def _plt():
@@ -65,7 +66,7 @@ def heat(trace, name: str, op: int) -> np.ndarray:
     ev = trace.events
     ops = (op, INIT) if op == STORE else (op,)
     sel = ev[(ev[:, 1] == aid) & np.isin(ev[:, 0], ops)]
-    diff = np.zeros((rows + 1, cols + 1)) if rows * cols <= 1 << 24 else None
+    diff = np.zeros((rows + 1, cols + 1)) if rows * cols <= EXACT_WORDS else None
     if diff is not None:  # exact, per word: a 2-D difference array
         r0, r1, c0, c1 = sel[:, 2], sel[:, 2] + sel[:, 3], sel[:, 4], sel[:, 4] + sel[:, 5]
         np.add.at(diff, (r0, c0), 1)
