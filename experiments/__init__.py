@@ -37,6 +37,7 @@ EXPERIMENTS: tuple[Entry, ...] = (
         "Block-sparse scaling in s and the pattern effect",
     ),
     Entry("devices", "07_devices", "reviewers' device question", "Device regime table: M vs d^2 per GPU and dtype"),
+    Entry("replay", "08_replay", "issue 11 (reviewers' cache question)", "Explicit schedule vs LRU and OPT caches"),
 )
 
 

@@ -12,6 +12,7 @@ from iosim.check import CheckReport, check
 from iosim.errors import InputError
 from iosim.memory_model import CapacityError, Memory, ScheduleError, Trace
 from iosim.registry import register, unregister
+from iosim.replay import ReplayResult, replay
 from iosim.sweep import sweep
 
 __all__ = [
@@ -27,6 +28,8 @@ __all__ = [
     "check",
     "masks",
     "register",
+    "replay",
+    "ReplayResult",
     "run",
     "sweep",
     "unregister",

@@ -20,6 +20,10 @@ from tabulate import tabulate
 from iosim import api, bounds, masks, registry, warmup
 from iosim.errors import InputError
 from iosim.memory_model import CapacityError, ScheduleError
+from iosim.replay import add_arguments as _replay_arguments
+from iosim.replay import command as _cmd_replay
+from iosim.show import add_arguments as _show_arguments
+from iosim.show import command as _cmd_show
 
 FORMATS = ("simple", "github", "latex", "plain")
 COMPARE_DEFAULTS = {"N": 1024, "d": 64, "M": 16384}
@@ -188,6 +192,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-cache", action="store_true", help="recompute every point")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None, help="progress bar")
     p.add_argument("--format", choices=FORMATS, default="simple", help="table format")
+
+    _show_arguments(sub.add_parser("show", help="draw a schedule: tile heat maps, residency timeline, steps, GIF"))
+    _replay_arguments(sub.add_parser("replay", help="replay a schedule's computation through an LRU/FIFO/OPT cache"))
     return parser
 
 
@@ -633,6 +640,8 @@ COMMANDS = {
     "experiments": _cmd_experiments,
     "sweep": _cmd_sweep,
     "trace": _cmd_trace,
+    "replay": _cmd_replay,
+    "show": _cmd_show,
 }
 
 

@@ -68,6 +68,21 @@ CLI_CASES = [
     (["compare", *SIZES, "--mask", "prefix:65"], "mask prefix"),
     (["bounds", *SIZES, "--mask", "window:-1"], "mask window"),
     (["trace", "flash2", *SIZES, "--mask", "dilated:2:0", "-o", "t.csv"], "mask dilation"),
+    (["replay", "flash2", *SIZES, "--policy", "lfu"], "policy must be one or more of lru, opt, fifo"),
+    (["replay", "flash2", *SIZES, "--policy", ","], "policy must be one or more"),
+    (["replay", "flash2", *SIZES, "--line", "0"], "--line"),
+    (["replay", "flash2", *SIZES, "--line", "-8"], "--line"),
+    (["replay", "flash2", *SIZES, "--line", "3"], "line must be a power of two"),
+    (["replay", "flash2", *SIZES, "--line", "2048"], "line must be a power of two from 1 to the cache size 1,000"),
+    (["replay", "flash2", *SIZES, "--cache-words", "0"], "--cache-words"),
+    (["replay", "flash2", "--N", "8192", "--d", "128", "--M", "16384"], "over the replay limit"),
+    (["replay", "flash9", *SIZES], "algorithm"),
+    (["show", "flash2", *SIZES], "--output is needed"),
+    (["show", "flash2", *SIZES, "--text", "--step", "99999"], "--step must be an event number"),
+    (["show", "flash2", *SIZES, "--view", "movie", "-o", "x.png"], "--view"),
+    (["show", "flash2", *SIZES, "--view", "animate", "-o", "x.png"], "must end in .gif"),
+    (["show", "flash2", *SIZES, "-o", "/nonexistent-folder/x.png"], "--output must be in an existing folder"),
+    (["show", "flash9", *SIZES, "--text"], "algorithm"),
 ]
 
 
@@ -159,6 +174,31 @@ API_CASES = [
     ({**OK, "kv_policy": "lazy"}, "kv_policy"),
     ({**OK, "mask": "causal", "causal": True}, "causal"),
 ]
+
+
+# (keyword arguments of iosim.replay beyond the algorithm, the parameter InputError must name)
+REPLAY_CASES = [
+    ({**OK, "policy": "lfu"}, "policy"),
+    ({**OK, "policy": ["lru", "clock"]}, "policy"),
+    ({**OK, "policy": ""}, "policy"),
+    *(({**OK, "line": x}, "line") for x in (0, -4, 3, 1024, 1.5, True)),
+    ({**OK, "cache_words": 0}, "cache_words"),
+    ({**OK, "policy": "opt", "opt_limit_bytes": 100}, "policy opt"),
+    ({"N": 8192, "d": 128, "M": 16384}, "N"),
+    ({**OK, "algorithm": "mine"}, "algorithm"),
+    ({**OK, "N": 0}, "N"),
+]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "parameter"), REPLAY_CASES, ids=[f"{p}-{i}" for i, (_, p) in enumerate(REPLAY_CASES)]
+)
+def test_replay_bad_input_raises_input_error_naming_the_parameter(kwargs, parameter):
+    kwargs = dict(kwargs)
+    algorithm = kwargs.pop("algorithm", "flash2")
+    with pytest.raises(InputError) as e:
+        iosim.replay(algorithm, **kwargs)
+    assert e.value.parameter == parameter
 
 
 @pytest.mark.parametrize(("kwargs", "parameter"), API_CASES, ids=[f"{p}-{i}" for i, (_, p) in enumerate(API_CASES)])

@@ -1,0 +1,664 @@
+"""Replay a schedule's computation through a hardware-managed cache: LRU, FIFO and Belady's OPT.
+
+The explicit two-level model lets the *program* decide what fast memory holds. A CPU or GPU cache decides by
+itself, with a replacement policy. To compare the two, :func:`replay` takes one traced run of an algorithm, turns
+it into the **operand-access trace** (every word each on-chip computation touches, in the order it touches them),
+and replays that through a fully associative cache of ``cache_words`` words (M by default) with lines of ``line``
+words (:mod:`iosim.cache_sim`).
+
+Where the words are (the address map)
+-------------------------------------
+* Every slow array the schedule loads or stores (Q, K, V, O, L, dO, dQ, ..., S and P of standard attention) has
+  its own address range, row-major, aligned to a line: the computation reads and writes it *in place*, through the
+  cache. A **loaded** tile is the slow array's own region (flash1's O_i, l_i, m_i are read, updated and left for
+  the cache to write back). An **allocated tile that is later stored** (flash2's O_i and L_i, a product's
+  accumulator C, dK_j, dV_j) is its destination region: the computation accumulates in the output. A loaded tile
+  stored to *another* region (standard attention's S rows stored as P, dP rows stored as dS) reads its source and
+  writes its destination.
+* An **allocated tile that is never stored** (S_ij and m_i of FlashAttention, dP_ij and D_i of the flash
+  backward) is *scratch*: it lives at addresses of its own after the slow arrays, one region per array name and
+  per tile of that name resident at the same time, reused by the next tile of that name (tile row r, column c at
+  ``base + r * nc + c``). Its traffic is reported as ``NAME (on chip)``.
+* Loads, stores, allocs and frees themselves touch nothing: the cache moves the data. Zeroing an on-chip tile
+  and scaling by a constant are register work (no access); the first step of a product into a fresh
+  accumulator overwrites it instead of reading it.
+
+When the computation happens (derived from the event trace, not a second copy of the loop nests)
+---------------------------------------------------------------------------------------------
+The drivers compute at known points of their event sequence; :data:`RULES` names them per algorithm and pass,
+and each computation is one of the two op kinds of :mod:`iosim.cache_sim` (a product, order row r, column c,
+inner k; or a row sweep whose segments are listed per rule). For example, in flash2's forward, at the free of
+S_ij: S_ij = Q_i K_j^T (reads Q_i[r, k], K_j[c, k], writes S[r, c]); then per row the max of S, m_i, P~ = exp(S -
+m_new) in place, l_i, m_i and O_i *= alpha; then O_i += P~ V_j; at the store of O_i, O_i /= l_i and L_i = m_i +
+log l_i. A *tiled product* (standard attention, square tiling) happens at the free of its left operand's tile, when
+an accumulator of the product's output array is resident.
+
+Counts
+------
+Per array: words **fetched** (L per miss), words **written** (L per dirty line evicted or left dirty at the end
+of a slow array, plus one per write miss without write-allocate); dirty scratch left at the end is dropped (dead,
+as shared memory is at the end of a kernel). Beside them the explicit schedule's reads and writes of the same
+pass and the ratio of the totals.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from iosim import cache_sim as cs
+from iosim.errors import InputError
+from iosim.memory_model.core import ALLOC, FREE, LOAD, STORE
+
+POLICIES = cs.POLICIES
+# OPT keeps one int32 line, one flag byte and one int32 next use per access: 9 bytes.
+OPT_BYTES_PER_ACCESS = 9
+MAX_ACCESSES = 4_000_000_000  # about 5 minutes of LRU at 1e7 accesses/s; OPT also needs int32 indices (< 2^31)
+BASE_ALGORITHMS = ("standard", "flash1", "flash2", "square-tiling")
+
+
+@dataclass
+class _Tile:
+    name: str
+    r0: int
+    nr: int
+    c0: int
+    nc: int
+    src: tuple[int, int]  # (base, row stride): where the tile's input values are read
+    dst: tuple[int, int]  # where the computation writes (and reads back what it wrote)
+    stored: bool
+    scratch: int = -1  # the scratch instance (-1: a slow region)
+    written: bool = False  # an accumulator already holds a partial product
+
+
+class _Deriver:
+    """Walks the event trace, keeps the resident tiles with their addresses, and collects the compute ops."""
+
+    def __init__(self, trace, L: int) -> None:  # noqa: N803
+        self.names, self.shapes, self.L = trace.names, trace.shapes, L
+        ev = trace.events
+        self.events = ev
+        self.stored_to: dict[int, tuple[int, int, int]] = {}
+        slow = set()
+        for row in ev[(ev[:, 0] == STORE) | (ev[:, 0] == LOAD)]:
+            slow.add(int(row[1]))
+            if row[0] == STORE:
+                self.stored_to[int(row[8])] = (int(row[1]), int(row[2]), int(row[4]))
+        # Scratch: allocated tiles never stored. One region per name and per tile of that name live at once.
+        live: dict[str, int] = {}
+        self.scratch_words: dict[str, int] = {}
+        self.scratch_count: dict[str, int] = {}
+        alloc_of: dict[int, str] = {}
+        for row in ev[(ev[:, 0] == ALLOC) | (ev[:, 0] == FREE)]:
+            h = int(row[8])
+            if row[0] == ALLOC and h not in self.stored_to:
+                name = self.names[int(row[1])]
+                alloc_of[h] = name
+                live[name] = live.get(name, 0) + 1
+                self.scratch_count[name] = max(self.scratch_count.get(name, 0), live[name])
+                self.scratch_words[name] = max(self.scratch_words.get(name, 0), int(row[6]))
+            elif row[0] == FREE and h in alloc_of:
+                live[alloc_of.pop(h)] -= 1
+        # The address map: slow arrays, then the scratch regions, every one aligned to a line.
+        self.report: list[str] = []  # report rows, in address order
+        bases: list[int] = []
+        self.slow_base: dict[str, int] = {}
+        top = 0
+        for aid, name in enumerate(self.names):
+            if aid in slow:
+                r, c = self.shapes[name]
+                self.slow_base[name] = top
+                self.report.append(name)
+                bases.append(top)
+                top += -(-(r * c) // L) * L
+        self.scratch_base: dict[str, list[int]] = {}
+        self.n_slow = len(self.report)
+        for name, count in self.scratch_count.items():
+            self.report.append(f"{name} (on chip)")
+            bases.append(top)
+            size = -(-self.scratch_words[name] // L) * L
+            self.scratch_base[name] = [top + i * size for i in range(count)]
+            top += count * size
+        self.n_lines = max(top // L, 1)
+        self.aid_of = np.zeros(self.n_lines, np.int32)
+        for i, b in enumerate(bases):
+            self.aid_of[b // L :] = i
+        self.ops: list[list[int]] = []
+        self.live: dict[int, _Tile] = {}
+        self.by_name: dict[str, list[int]] = {}
+        self.free_scratch: dict[str, list[int]] = {n: list(range(c)) for n, c in self.scratch_count.items()}
+
+    # --- tiles -------------------------------------------------------------------------------------------------
+    def _region(self, aid: int, r0: int, c0: int) -> tuple[int, int]:
+        name = self.names[aid]
+        cols = self.shapes[name][1]
+        return self.slow_base[name] + r0 * cols + c0, cols
+
+    def _open(self, op: int, aid: int, r0: int, nr: int, c0: int, nc: int, h: int) -> _Tile:
+        name = self.names[aid]
+        dest = self.stored_to.get(h)
+        if op == LOAD:
+            src = self._region(aid, r0, c0)
+            dst = src if dest is None else self._region(*dest)
+            t = _Tile(name, r0, nr, c0, nc, src, dst, dest is not None)
+        elif dest is not None:
+            dst = self._region(*dest)
+            t = _Tile(name, r0, nr, c0, nc, dst, dst, True)
+        else:
+            k = self.free_scratch[name].pop(0)
+            base = (self.scratch_base[name][k], nc)
+            t = _Tile(name, r0, nr, c0, nc, base, base, False, k)
+        self.live[h] = t
+        self.by_name.setdefault(name, []).append(h)
+        return t
+
+    def _close(self, h: int) -> None:
+        t = self.live.pop(h)
+        self.by_name[t.name].remove(h)
+        if t.scratch >= 0:
+            self.free_scratch[t.name].append(t.scratch)
+            self.free_scratch[t.name].sort()
+
+    def cur(self, name: str) -> _Tile | None:
+        """The most recently opened resident tile of array ``name`` (None if none is resident)."""
+        hs = self.by_name.get(name)
+        return self.live[hs[-1]] if hs else None
+
+    # --- ops -----------------------------------------------------------------------------------------------------
+    def mm(self, C: _Tile, A: _Tile, B: _Tile, aT: bool = False, bT: bool = False, acc: bool | None = None) -> None:  # noqa: N803
+        """C (+)= op(A) op(B) (a MATMUL op); ``acc`` defaults to whether C already holds a partial product."""
+        acc = C.written if acc is None else acc
+        C.written = True
+        ti, tj = C.nr, C.nc
+        tk = A.nr if aT else A.nc
+        (ab, a0), (bb, b0), (cb, c0) = A.src, B.src, C.dst
+        a = (ab, 1, a0) if aT else (ab, a0, 1)
+        b = (bb, 1, b0) if bT else (bb, b0, 1)
+        row = [cs.MATMUL, ti, tj, tk, int(acc), cb, c0, 1, *a, *b]
+        self.ops.append(row + [0] * (cs.OP_WIDTH - len(row)))
+
+    def seg(self, mode: int, t: _Tile, row: int = 0, ncols: int | None = None) -> list[int]:
+        """A row-sweep segment over tile ``t`` from its row ``row`` (R reads t's input, W/RW its output, RD both)."""
+        (sb, s0), (db, d0) = t.src, t.dst
+        if mode != cs.R:
+            t.written = True
+        return [mode, t.nc if ncols is None else ncols, sb + row * s0, s0, 1, db + row * d0, d0, 1]
+
+    def rows(self, n: int, *segs: list[int]) -> None:
+        """For each of n rows, the segments in order (a ROWS op)."""
+        row = [cs.ROWS, n, len(segs)]
+        for s in segs:
+            row += s
+        self.ops.append(row + [0] * (cs.OP_WIDTH - len(row)))
+
+    def R(self, t, row=0):  # noqa: N802
+        return self.seg(cs.R, t, row)
+
+    def W(self, t, row=0):  # noqa: N802
+        return self.seg(cs.W, t, row)
+
+    def RW(self, t, row=0):  # noqa: N802
+        return self.seg(cs.RW, t, row)
+
+    def RD(self, t, row=0):  # noqa: N802
+        return self.seg(cs.RD, t, row)
+
+    def derive(self, rule, products=()) -> np.ndarray:
+        """Walk the events; call ``rule(self, op, tile, event_array_name)`` at each; products fire at the free of
+        their left operand. Returns the ops as an int64 array."""
+        for row in self.events:
+            op, aid, r0, nr, c0, nc, h = (int(x) for x in row[[0, 1, 2, 3, 4, 5, 8]])
+            if op == LOAD or op == ALLOC:
+                t = self._open(op, aid, r0, nr, c0, nc, h)
+                rule(self, op, t, self.names[aid])
+            elif op == STORE:
+                rule(self, op, self.live[h], self.names[aid])
+            elif op == FREE:
+                t = self.live[h]
+                for C, A, aT, B, bT, prologue in products:
+                    if t.name == A and self.cur(C) is not None and self.cur(B) is not None:
+                        if prologue is not None and self.cur(prologue) is not None:
+                            self.rows(self.cur(prologue).nr, self.R(self.cur(prologue)))
+                        self.mm(self.cur(C), t, self.cur(B), aT, bT)
+                        break
+                rule(self, op, t, self.names[aid])
+                self._close(h)
+        if not self.ops:
+            return np.zeros((0, cs.OP_WIDTH), np.int64)
+        return np.array(self.ops, np.int64)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Where each driver computes (one rule per algorithm and pass)
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _flash2_forward(x: _Deriver, op, t, _name) -> None:
+    if op == FREE and t.name == "S":
+        Q, K, V, O, l_i, m_i = (x.cur(n) for n in ("Q", "K", "V", "O", "L", "m"))
+        x.mm(t, Q, K, bT=True, acc=False)  # S_ij = Q_i K_j^T
+        # per row: max of S, m_i; P~ = exp(S - m_new) in place; l_i; m_i; O_i *= alpha
+        x.rows(t.nr, x.R(t), x.R(m_i), x.RW(t), x.RW(l_i), x.W(m_i), x.RW(O))
+        x.mm(O, t, V, acc=True)  # O_i += P~ V_j
+    elif op == STORE and t.name == "O":
+        l_i, m_i = x.cur("L"), x.cur("m")
+        x.rows(t.nr, x.R(l_i), x.RW(t), x.R(m_i), x.RW(l_i))  # O_i /= l_i; L_i = m_i + log l_i
+
+
+def _flash1_forward(x: _Deriver, op, t, _name) -> None:
+    if op == STORE and t.name == "O":
+        Q, K, V, S, l_i, m_i = (x.cur(n) for n in ("Q", "K", "V", "S", "l", "m"))
+        x.mm(S, Q, K, bT=True, acc=False)  # step 9: S_ij = Q_i K_j^T
+        x.rows(S.nr, x.R(S), x.RW(S), x.R(m_i), x.R(l_i), x.RW(t))  # steps 10-11: m~, P~, l~; O_i *= a
+        x.mm(t, S, V, acc=True)  # O_i += b P~ V_j
+        x.rows(S.nr, x.RW(t), x.W(m_i), x.W(l_i))  # O_i /= l_new; steps 12-13: m_i, l_i
+
+
+def _softmax_rows(x: _Deriver, op, t, name, N) -> None:  # noqa: N803
+    """Standard attention's softmax: S rows loaded, P written (one pass per row block, or two sweeps of chunks)."""
+    if op == STORE and t.name == "S":
+        if t.nc == N:  # whole rows: max, P = exp(S - max) written to P, P /= sum
+            x.rows(t.nr, x.R(t), x.RD(t), x.RW(t))
+        else:  # the second sweep of a chunked row: P = exp(S - m) / l
+            x.rows(t.nr, x.RD(t))
+    elif op == FREE and t.name == "S" and not t.stored and t.nc < N:  # the first sweep: running max and sum
+        x.rows(t.nr, x.R(t), x.R(t))
+
+
+def _softmax_backward_rows(x: _Deriver, op, t, name, N) -> None:  # noqa: N803
+    """Standard attention's step 3: D_i = P_i . dP_i, dS = P o (dP - D_i), written to dS."""
+    if op == STORE and t.name == "dP" and name == "dS":
+        P = x.cur("P")
+        if t.nc == N:
+            x.rows(t.nr, x.R(P), x.R(t), x.R(P), x.RD(t))
+        else:
+            x.rows(t.nr, x.R(P), x.RD(t))
+    elif op == FREE and t.name == "dP" and not t.stored and x.cur("P") is not None:
+        x.rows(t.nr, x.R(x.cur("P")), x.R(t))
+
+
+def _square_forward(x: _Deriver, op, t, _name) -> None:
+    if op == STORE and t.name == "S":  # the phase-1 epilogue: scale and mask, row max, sum, m_i, l_i
+        m_i, l_i = x.cur("m"), x.cur("L")
+        x.rows(t.nr, x.RW(t), x.R(t), x.R(t), x.RW(m_i), x.RW(l_i))
+    elif op == STORE and t.name == "L":
+        x.rows(t.nr, x.R(x.cur("m")), x.RW(t))  # L_i = m_i + log l_i
+
+
+def _flash_backward_tile(x: _Deriver, S, dP, Q, K, V, dO, dQ, dK, dV, D) -> None:  # noqa: N803
+    """Steps 17-23 of Algorithm 4 (FlashAttention-2: 12-16) on chip."""
+    x.mm(dV, S, dO, aT=True)  # dV~_j += P_ij^T dO_i
+    x.mm(dP, dO, V, bT=True, acc=False)  # dP_ij = dO_i V_j^T
+    x.rows(S.nr, x.R(D), x.R(S), x.RW(dP))  # dS_ij = P_ij o (dP_ij - D_i) in place of dP_ij
+    x.mm(dQ, dP, K, acc=True)  # dQ_i += tau dS_ij K_j
+    x.mm(dK, dP, Q, aT=True)  # dK~_j += tau dS_ij^T Q_i
+
+
+def _flash1_backward(x: _Deriver, op, t, _name) -> None:
+    if op == STORE and t.name == "dQ":
+        Q, K, V, O, dO, l_i, m_i, S, dP, D, dK, dV = (
+            x.cur(n) for n in ("Q", "K", "V", "O", "dO", "l", "m", "S", "dP", "D", "dK", "dV")
+        )
+        x.mm(S, Q, K, bT=True, acc=False)  # steps 12-13
+        x.rows(S.nr, x.R(m_i), x.R(l_i), x.RW(S))  # step 14: P_ij = diag(l_i)^-1 exp(S_ij - m_i)
+        x.rows(S.nr, x.R(dO), x.R(O), x.W(D))  # step 20: D_i = rowsum(dO_i o O_i)
+        _flash_backward_tile(x, S, dP, Q, K, V, dO, t, dK, dV, D)
+
+
+def _flash2_backward(x: _Deriver, op, t, _name) -> None:
+    if op == STORE and t.name == "D":
+        x.rows(t.nr, x.R(x.cur("dO")), x.R(x.cur("O")), x.W(t))  # step 4: D_i = rowsum(dO_i o O_i)
+    elif op == STORE and t.name == "dQ":
+        Q, K, V, dO, L_i, S, dP, D, dK, dV = (x.cur(n) for n in ("Q", "K", "V", "dO", "L", "S", "dP", "D", "dK", "dV"))
+        x.mm(S, Q, K, bT=True, acc=False)  # step 10
+        x.rows(S.nr, x.R(L_i), x.RW(S))  # step 11: P_ij = exp(S_ij - L_i)
+        _flash_backward_tile(x, S, dP, Q, K, V, dO, t, dK, dV, D)
+
+
+def _square_backward(x: _Deriver, op, t, _name) -> None:
+    if op == FREE and t.name == "dO" and x.cur("O") is not None and x.cur("dP") is None:
+        x.rows(t.nr, x.R(t), x.R(x.cur("O")), x.RW(x.cur("D")))  # step 1: D_i += rowsum(dO_il o O_il)
+    elif op == FREE and t.name == "S" and x.cur("dP") is not None:  # step 3, one row of S_ij
+        dP = x.cur("dP")
+        r = t.r0 - dP.r0
+        x.rows(1, x.R(t), x.R(x.cur("L"), r), x.R(x.cur("D"), r), x.RW(dP, r))
+
+
+# (C, A, A transposed, B, B transposed, prologue vector read per product or None): C (+)= op(A) op(B) at the free
+# of A's tile while C and B are resident.
+_STANDARD_FWD = (("S", "Q", False, "K", True, None), ("O", "P", False, "V", False, None))
+_STANDARD_BWD = (
+    ("dV", "P", True, "dO", False, None),
+    ("dP", "dO", False, "V", True, None),
+    ("dQ", "dS", False, "K", False, None),
+    ("dK", "dS", True, "Q", False, None),
+)
+_SQUARE_FWD = (("S", "Q", False, "K", True, None), ("O", "S", False, "V", False, "L"))
+_SQUARE_BWD = (
+    ("dP", "dO", False, "V", True, None),
+    ("dV", "S", True, "dO", False, "L"),
+    ("dQ", "dS", False, "K", False, None),
+    ("dK", "dS", True, "Q", False, None),
+)
+
+
+def _rule(algorithm: str, backward: bool, N: int):  # noqa: N803
+    """(rule, products) for an algorithm and pass."""
+    if algorithm == "standard":
+        if backward:
+            return (lambda x, op, t, n: _softmax_backward_rows(x, op, t, n, N)), _STANDARD_BWD
+        return (lambda x, op, t, n: _softmax_rows(x, op, t, n, N)), _STANDARD_FWD
+    if algorithm == "square-tiling":
+        return (_square_backward, _SQUARE_BWD) if backward else (_square_forward, _SQUARE_FWD)
+    if algorithm == "flash1":
+        return (_flash1_backward if backward else _flash1_forward), ()
+    return (_flash2_backward if backward else _flash2_forward), ()
+
+
+def operand_ops(trace, algorithm: str, backward: bool, N: int, line: int = 1) -> tuple[np.ndarray, _Deriver]:  # noqa: N803
+    """The compute ops of a traced pass and its address map (see the module docstring)."""
+    x = _Deriver(trace, line)
+    rule, products = _rule(algorithm, backward, N)
+    return x.derive(rule, products), x
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Replay
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class PolicyResult:
+    """What one policy moved, per report row (slow arrays, then scratch)."""
+
+    policy: str
+    fetched: dict[str, int]
+    written: dict[str, int]
+    accesses: int
+    seconds: float
+
+    @property
+    def total(self) -> int:
+        return sum(self.fetched.values()) + sum(self.written.values())
+
+
+@dataclass
+class ReplayResult:
+    """The explicit schedule's counts beside each policy's, per array."""
+
+    algorithm: str
+    N: int
+    d: int
+    M: int
+    cache_words: int
+    line: int
+    write_allocate: bool
+    backward: bool
+    causal: bool
+    accesses: int
+    explicit: dict[str, tuple[int, int]]  # array -> (reads, writes) of the explicit schedule
+    policies: dict[str, PolicyResult] = field(default_factory=dict)
+    rows: list[str] = field(default_factory=list)
+
+    @property
+    def explicit_total(self) -> int:
+        return sum(r + w for r, w in self.explicit.values())
+
+    def ratio(self, policy: str) -> float:
+        """The policy's total words moved over the explicit schedule's."""
+        return self.policies[policy].total / self.explicit_total
+
+    def table(self, fmt: str = "simple") -> str:
+        from tabulate import tabulate
+
+        headers = ["array", "explicit reads", "explicit writes"]
+        for p in self.policies:
+            headers += [f"{p} fetched", f"{p} written", f"{p} / explicit"]
+        body = []
+        for name in self.rows:
+            er, ew = self.explicit.get(name, (0, 0))
+            row = [name, f"{er:,}", f"{ew:,}"]
+            for p in self.policies.values():
+                f, w = p.fetched.get(name, 0), p.written.get(name, 0)
+                row += [f"{f:,}", f"{w:,}", f"{(f + w) / (er + ew):.2f}" if er + ew else "-"]
+            body.append(row)
+        tot = [
+            "total",
+            f"{sum(r for r, _ in self.explicit.values()):,}",
+            f"{sum(w for _, w in self.explicit.values()):,}",
+        ]
+        for name, p in self.policies.items():
+            tot += [f"{sum(p.fetched.values()):,}", f"{sum(p.written.values()):,}", f"{self.ratio(name):.2f}"]
+        body.append(tot)
+        return tabulate(body, headers=headers, tablefmt=fmt, disable_numparse=True)
+
+    def as_dict(self) -> dict:
+        return {
+            "algorithm": self.algorithm,
+            "N": self.N,
+            "d": self.d,
+            "M": self.M,
+            "pass": "backward" if self.backward else "forward",
+            "causal": self.causal,
+            "cache_words": self.cache_words,
+            "line": self.line,
+            "write_allocate": self.write_allocate,
+            "accesses": self.accesses,
+            "explicit": {k: {"reads": r, "writes": w} for k, (r, w) in self.explicit.items()},
+            "explicit_total": self.explicit_total,
+            "policies": {
+                name: {
+                    "fetched": p.fetched,
+                    "written": p.written,
+                    "total": p.total,
+                    "ratio": self.ratio(name),
+                    "seconds": p.seconds,
+                }
+                for name, p in self.policies.items()
+            },
+        }
+
+
+def parse_policies(policy) -> tuple[str, ...]:
+    """'lru,opt' or a sequence of names -> the tuple of known policy names (InputError naming the bad one)."""
+    names = policy.split(",") if isinstance(policy, str) else list(policy)
+    names = [str(n).strip().lower() for n in names if str(n).strip()]
+    bad = [n for n in names if n not in POLICIES]
+    if bad or not names:
+        raise InputError("policy", f"must be one or more of {', '.join(POLICIES)} (comma-separated)", policy)
+    return tuple(dict.fromkeys(names))
+
+
+def _available_bytes() -> int:
+    from iosim.api import _available_bytes as available
+
+    return available()
+
+
+def replay_ops(
+    ops: np.ndarray,
+    x: _Deriver,
+    policy: str,
+    cache_words: int,
+    line: int,
+    write_allocate: bool,
+    opt_limit_bytes: int | None = None,
+) -> PolicyResult:
+    """Replay compute ops through one policy's cache (see :mod:`iosim.cache_sim`)."""
+    capacity = cache_words // line
+    accesses = cs.access_count(ops)
+    n_rows = len(x.report)
+    t0 = time.perf_counter()
+    if policy == "opt":
+        upper = cs.access_count(ops)
+        need = upper * OPT_BYTES_PER_ACCESS + 4 * x.n_lines
+        limit = opt_limit_bytes if opt_limit_bytes is not None else _available_bytes() // 2
+        if need > limit or upper >= 1 << 31:
+            raise InputError(
+                "policy opt",
+                f"needs the whole operand trace in memory: {upper:,} accesses, about {need / 2**30:.1f} GiB, over "
+                f"the limit of {limit / 2**30:.1f} GiB; use a smaller N or --policy lru,fifo (they stream)",
+                "opt",
+            )
+        state = cs.new_state(cs.EMIT, 1, write_allocate, x.n_lines, line, n_rows)
+        lines, flags = np.empty(upper, np.int32), np.empty(upper, np.int8)
+        cs.run_ops(ops, *state, x.aid_of, lines, flags)
+        n = int(state[0][cs._NOUT])
+        lines, flags = lines[:n], flags[:n]
+        nxt = cs.next_use(lines, x.n_lines)
+        fetched, written = np.zeros(n_rows, np.int64), np.zeros(n_rows, np.int64)
+        left = cs.opt(lines, flags, nxt, capacity, write_allocate, line, x.aid_of, x.n_lines, fetched, written)
+    else:
+        mode = cs.LRU if policy == "lru" else cs.FIFO
+        state = cs.new_state(mode, capacity, write_allocate, x.n_lines, line, n_rows)
+        empty_l, empty_f = np.empty(0, np.int32), np.empty(0, np.int8)
+        cs.run_ops(ops, *state, x.aid_of, empty_l, empty_f)
+        h, _slot_of, line_of, dirty, _p, _n, fetched, written = state
+        used = int(h[cs._USED])
+        left = line_of[:used][dirty[:used] != 0]
+    # dirty lines of slow arrays left at the end are written back; dead scratch is dropped
+    for aid in x.aid_of[left]:
+        if aid < x.n_slow:
+            written[aid] += line
+    seconds = time.perf_counter() - t0
+    return PolicyResult(
+        policy,
+        {x.report[i]: int(fetched[i]) for i in range(n_rows)},
+        {x.report[i]: int(written[i]) for i in range(n_rows)},
+        accesses,
+        seconds,
+    )
+
+
+def replay(
+    algorithm: str,
+    *,
+    N: int,  # noqa: N803
+    d: int,
+    M: int,  # noqa: N803
+    policy="lru,opt,fifo",
+    line: int = 1,
+    write_allocate: bool = True,
+    cache_words: int | None = None,
+    backward: bool = False,
+    causal: bool = False,
+    tiling: str = "fit",
+    opt_limit_bytes: int | None = None,
+    **run_options,
+) -> ReplayResult:
+    """Replay ``algorithm``'s computation (forward, or the backward pass) through a fully associative cache of
+    ``cache_words`` words (default M) with lines of ``line`` words, under each policy of ``policy`` (``"lru,opt"``
+    or a list; from lru, opt, fifo). The schedule itself runs count-only with a trace, at fast memory M; other
+    keyword options go to :func:`iosim.run`. Returns a :class:`ReplayResult` (per-array words fetched and written
+    per policy, beside the explicit schedule's counts)."""
+    from iosim import api
+
+    policies = parse_policies(policy)
+    if algorithm not in BASE_ALGORITHMS:
+        raise InputError("algorithm", f"replay knows the compute steps of {', '.join(BASE_ALGORITHMS)}", algorithm)
+    cache_words = M if cache_words is None else cache_words
+    if isinstance(cache_words, bool) or not isinstance(cache_words, (int, np.integer)) or cache_words <= 0:
+        raise InputError("cache_words", "must be a positive integer (words)", cache_words)
+    if (
+        isinstance(line, bool)
+        or not isinstance(line, (int, np.integer))
+        or not 0 < line <= cache_words
+        or line & (line - 1)
+    ):
+        raise InputError("line", f"must be a power of two from 1 to the cache size {cache_words:,} (words)", line)
+    if isinstance(N, (int, np.integer)) and isinstance(d, (int, np.integer)) and N * N * d > MAX_ACCESSES:
+        raise InputError(  # every algorithm touches at least N^2 d operand words (S = Q K^T); checked up front
+            "N",
+            f"and d give over N^2 d = {N * N * d:,} operand accesses, over the replay limit of {MAX_ACCESSES:,} "
+            "(about 5 minutes of LRU); use a smaller N or d",
+            N,
+        )
+    r = api.run(
+        algorithm,
+        N=N,
+        d=d,
+        M=M,
+        backward=backward,
+        causal=causal,
+        tiling=tiling,
+        count_only=True,
+        trace=True,
+        reference=False,
+        **run_options,
+    )
+    ops, x = operand_ops(r.trace, algorithm, backward, N, int(line))
+    accesses = cs.access_count(ops)
+    if accesses > MAX_ACCESSES:
+        raise InputError(
+            "N", f"gives {accesses:,} operand accesses, over the replay limit of {MAX_ACCESSES:,}; use a smaller N", N
+        )
+    explicit = {n: (c.reads, c.writes) for n, c in r.stats.per_array.items()}
+    out = ReplayResult(
+        algorithm, r.N, r.d, M, int(cache_words), int(line), bool(write_allocate), backward, causal, accesses, explicit
+    )
+    out.rows = list(x.report) + [n for n in explicit if n not in x.report]
+    for p in policies:
+        out.policies[p] = replay_ops(ops, x, p, int(cache_words), int(line), bool(write_allocate), opt_limit_bytes)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The command line: iosim replay
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def add_arguments(p) -> None:
+    """``iosim replay ALGO --N --d --M [--policy lru,opt,fifo] [--line WORDS] [--no-write-allocate]``."""
+    from iosim import cli, registry
+
+    p.add_argument("algorithm", help=f"one of: {', '.join(registry.algorithms())}")
+    cli._add_sizes(p)
+    cli._add_run_options(p)
+    p.add_argument("--policy", default="lru,opt,fifo", help="replacement policies, comma-separated (lru, opt, fifo)")
+    p.add_argument(
+        "--line",
+        type=cli._positive("--line"),
+        default=1,
+        help="cache line in words (default 1; 8 = a 32-byte fp32 sector)",
+    )
+    p.add_argument(
+        "--write-allocate",
+        action=__import__("argparse").BooleanOptionalAction,
+        default=True,
+        help="a write miss fetches the line (default); --no-write-allocate writes the word through",
+    )
+    p.add_argument("--cache-words", type=cli._positive("--cache-words"), default=None, help="cache size (default M)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+
+
+def command(args) -> int:
+    import json
+
+    from iosim import cli
+
+    kw = cli._run_kwargs(args)
+    for k in ("count_only", "reference", "dtype"):
+        kw.pop(k, None)
+    r = replay(
+        args.algorithm,
+        policy=args.policy,
+        line=args.line,
+        write_allocate=args.write_allocate,
+        cache_words=args.cache_words,
+        **kw,
+    )
+    if args.json:
+        print(json.dumps(r.as_dict(), indent=2))
+        return 0
+    wa = "write-allocate" if r.write_allocate else "no write-allocate"
+    print(
+        f"{r.algorithm} {'backward' if r.backward else 'forward'}{', causal' if r.causal else ''}: N={r.N}, d={r.d}, "
+        f"M={r.M} words; cache {r.cache_words:,} words, fully associative, line {r.line} word(s), {wa}; "
+        f"{r.accesses:,} operand accesses"
+    )
+    print(r.table(args.format))
+    for name, p in r.policies.items():
+        print(f"{name}: {p.total:,} words, {r.ratio(name):.2f}x the explicit schedule")
+    return 0

@@ -1,0 +1,154 @@
+"""The cache replay (iosim.replay, iosim.cache_sim): LRU, FIFO and OPT pinned against naive pure-Python caches on
+random traces; sanity on real schedules (OPT <= LRU, a cache that holds everything fetches each line once)."""
+
+from collections import OrderedDict, deque
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import iosim
+from iosim import InputError
+from iosim import cache_sim as cs
+from iosim.cli import main
+from iosim.replay import operand_ops
+
+
+def naive(addresses, writes, policy, capacity, L, write_allocate):  # noqa: N803
+    """A textbook fully associative cache: (words fetched, words written), dirty lines flushed at the end."""
+    lines = [a // L for a in addresses]
+    resident: OrderedDict[int, bool] = OrderedDict()  # line -> dirty, in LRU order (or insertion order: FIFO)
+    fifo: deque[int] = deque()
+    fetched = written = 0
+    for i, (line, w) in enumerate(zip(lines, writes, strict=True)):
+        if line in resident:
+            resident[line] = resident[line] or bool(w)
+            if policy == "lru":
+                resident.move_to_end(line)
+            continue
+        if w and not write_allocate:
+            written += 1
+            continue
+        fetched += L
+        if len(resident) == capacity:
+            if policy == "lru":
+                victim = next(iter(resident))
+            elif policy == "fifo":
+                victim = fifo.popleft()
+            else:  # Belady: the resident line used again farthest in the future (never again: infinitely far)
+
+                def next_use(x, i=i):
+                    return next((k for k in range(i + 1, len(lines)) if lines[k] == x), len(lines))
+
+                victim = max(resident, key=next_use)
+            written += L * resident.pop(victim)
+        resident[line] = bool(w)
+        fifo.append(line)
+    return fetched, written + L * sum(resident.values())
+
+
+traces = st.integers(1, 120).flatmap(
+    lambda n: st.tuples(
+        st.lists(st.integers(0, 47), min_size=n, max_size=n),
+        st.lists(st.booleans(), min_size=n, max_size=n),
+    )
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    trace=traces,
+    policy=st.sampled_from(cs.POLICIES),
+    capacity=st.integers(1, 9),
+    L=st.sampled_from([1, 2, 4]),
+    write_allocate=st.booleans(),
+)
+def test_policies_equal_naive_caches_on_random_traces(trace, policy, capacity, L, write_allocate):  # noqa: N803
+    addresses, writes = trace
+    assert cs.simulate(addresses, writes, policy, capacity, L, write_allocate) == naive(
+        addresses, writes, policy, capacity, L, write_allocate
+    )
+
+
+@settings(max_examples=60, deadline=None)
+@given(trace=traces, capacity=st.integers(1, 9))
+def test_opt_fetches_no_more_than_lru_or_fifo(trace, capacity):
+    addresses, writes = trace
+    opt = cs.simulate(addresses, writes, "opt", capacity)[0]
+    assert opt <= cs.simulate(addresses, writes, "lru", capacity)[0]
+    assert opt <= cs.simulate(addresses, writes, "fifo", capacity)[0]
+
+
+@pytest.mark.parametrize("algorithm", ["flash2", "flash1", "standard", "square-tiling"])
+@pytest.mark.parametrize("backward", [False, True])
+def test_replay_of_every_algorithm(algorithm, backward):
+    r = iosim.replay(algorithm, N=29, d=7, M=400, backward=backward, causal=backward)
+    assert set(r.policies) == {"lru", "opt", "fifo"}
+    assert r.policies["opt"].total <= r.policies["lru"].total
+    assert r.explicit_total == iosim.run(algorithm, N=29, d=7, M=400, backward=backward, causal=backward).stats.total
+    # a cache that holds everything fetches each touched line once, under every policy
+    big = iosim.replay(algorithm, N=29, d=7, M=400, backward=backward, causal=backward, cache_words=1 << 16, line=4)
+    ops, _ = operand_ops(
+        iosim.run(algorithm, N=29, d=7, M=400, backward=backward, causal=backward, trace=True).trace,
+        algorithm,
+        backward,
+        29,
+        4,
+    )
+    touched = len(set(_lines(ops, 4)))
+    for p in big.policies.values():
+        assert sum(p.fetched.values()) == 4 * touched
+
+
+def _lines(ops, L):  # noqa: N803
+    state = cs.new_state(cs.EMIT, 1, True, 1 << 20, L, 64)
+    n = cs.access_count(ops)
+    lines, flags = np.empty(n, np.int32), np.empty(n, np.int8)
+    cs.run_ops(ops, *state, np.zeros(1 << 20, np.int32), lines, flags)
+    return lines[: int(state[0][cs._NOUT])]
+
+
+def test_flash2_lru_moves_more_than_the_explicit_schedule_and_opt_about_the_same():
+    r = iosim.replay("flash2", N=128, d=16, M=1024, policy="lru,opt")
+    assert r.ratio("lru") > 1.2
+    assert 0.9 < r.ratio("opt") < 1.1
+    assert r.policies["lru"].fetched["Q"] > r.explicit["Q"][0]  # LRU evicts Q_i while K_j, V_j stream past
+
+
+def test_write_allocate_fetches_on_a_write_miss_and_no_write_allocate_writes_through():
+    for policy in cs.POLICIES:
+        assert cs.simulate(range(10), [True] * 10, policy, 2, 1, True) == (10, 10)
+        assert cs.simulate(range(10), [True] * 10, policy, 2, 1, False) == (0, 10)
+        assert cs.simulate([0, 0, 1, 0], [False, True, False, False], policy, 1, 2, True) == (2, 2)
+
+
+def test_opt_refuses_a_trace_over_its_memory_limit():
+    with pytest.raises(InputError, match="policy opt.*smaller N or --policy lru"):
+        iosim.replay("flash2", N=64, d=8, M=1000, policy="opt", opt_limit_bytes=1000)
+
+
+def test_cli_replay(capsys):
+    assert (
+        main(["replay", "flash2", "--N", "64", "--d", "8", "--M", "1000", "--policy", "lru,fifo", "--line", "8"]) == 0
+    )
+    out = capsys.readouterr().out
+    assert "lru / explicit" in out and "fifo" in out and "line 8 word(s)" in out
+
+
+def test_flash2_operand_trace_has_the_documented_accesses():
+    """flash2 forward, per inner step (br x bc): S = Q_i K_j^T reads 2d and writes 1 per entry; the row sweep reads
+    S, m_i, then reads and writes S, l_i, writes m_i, reads and writes O_i's row; O_i += P V_j reads O, then 2 bc,
+    writes O per entry of O_i. Per row block, at the store of O_i: l_i, O_i's row (read+write), m_i, l_i (r+w)."""
+    N, d = 20, 3  # noqa: N806
+    r = iosim.run("flash2", N=N, d=d, M=100, count_only=True, trace=True)
+    Br, Bc = r.tiling.Br, r.tiling.Bc  # noqa: N806
+    ops, _ = operand_ops(r.trace, "flash2", False, N)
+    expected = 0
+    for r0 in range(0, N, Br):
+        br = min(Br, N - r0)
+        for c0 in range(0, N, Bc):
+            bc = min(Bc, N - c0)
+            expected += br * bc * (2 * d + 1) + br * (bc + 1 + 2 * bc + 2 + 1 + 2 * d) + br * d * (2 * bc + 2)
+        expected += br * (1 + 2 * d + 1 + 2)
+    assert cs.access_count(ops) == expected
