@@ -98,7 +98,8 @@ def tile_edges(trace, name: str) -> tuple[list[int], list[int]]:
 
 def _title(r) -> str:
     p = r.main.name
-    return f"{r.algorithm} {p}{', causal' if r.causal else ''}: N={r.N}, d={r.d}, M={r.M} words, {r.tiling}"
+    masked = f", mask {r.mask}" if r.mask not in ("none", "causal") else ""
+    return f"{r.algorithm} {p}{', causal' if r.causal else ''}{masked}: N={r.N}, d={r.d}, M={r.M} words, {r.tiling}"
 
 
 def draw_tiles(r, path) -> None:
