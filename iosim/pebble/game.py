@@ -15,8 +15,9 @@ time. The moves:
 
 I/O = number of R1 + R2 moves. R1 on a vertex that is already red, and R2 on one that is already blue, are legal
 and count (a schedule that reloads a word it still holds pays for it, as the memory model counts it); they change
-nothing else. An illegal move raises :class:`IllegalMove` naming the rule, the vertex and why. With ``strict=False``
-the capacity is not enforced: the game records the red peak instead (to show how far above M a schedule goes).
+nothing else. An illegal move raises :class:`IllegalMoveError` naming the rule, the vertex and why. With
+``strict=False`` the capacity is not enforced: the game records the red peak instead (how far above M a schedule
+goes).
 
 Schedule files (:func:`parse`): one move a line, ``R1 Q[0,0]`` (the rule, white space, the vertex name); blank
 lines and text after ``#`` are ignored; the words read, write, compute, remove may stand for R1 to R4. JSON: a list
@@ -36,7 +37,7 @@ WORDS = {"read": "R1", "write": "R2", "compute": "R3", "remove": "R4"}
 TITLES = {"R1": "R1 (read)", "R2": "R2 (write)", "R3": "R3 (compute)", "R4": "R4 (remove)"}
 
 
-class IllegalMove(ValueError):
+class IllegalMoveError(ValueError):
     """A move the rules forbid: ``rule``, ``vertex`` (its name), ``step`` (1-based move number) and ``reason``."""
 
     def __init__(self, rule: str, vertex: str, reason: str, step: int, line: int | None = None) -> None:
@@ -98,8 +99,8 @@ class Game:
         self.reads = self.writes = self.computes = self.steps = self.peak = 0
 
     # the four rules ------------------------------------------------------------------------------------------------
-    def _illegal(self, rule: str, v: int, reason: str, line: int | None) -> IllegalMove:
-        return IllegalMove(rule, self.graph.names[v], reason, self.steps + 1, line)
+    def _illegal(self, rule: str, v: int, reason: str, line: int | None) -> IllegalMoveError:
+        return IllegalMoveError(rule, self.graph.names[v], reason, self.steps + 1, line)
 
     def _place_red(self, rule: str, v: int, line: int | None) -> None:
         if v in self.red:
@@ -110,7 +111,7 @@ class Game:
         self.peak = max(self.peak, len(self.red))
 
     def move(self, rule: str, v: int, line: int | None = None) -> None:
-        """Play one move (rule R1..R4 on vertex number v); IllegalMove if the rules forbid it."""
+        """Play one move (rule R1..R4 on vertex number v); IllegalMoveError if the rules forbid it."""
         g = self.graph
         if rule == "R1":
             if v not in self.blue:
@@ -161,8 +162,9 @@ class Game:
 def _rule(word: str, where: str) -> str:
     rule = WORDS.get(word.lower(), word.upper())
     if rule not in RULES:
-        raise InputError("schedule", f"{where}: the move must start with R1, R2, R3 or R4 (or read, write, "
-                         f"compute, remove)", word)
+        raise InputError(
+            "schedule", f"{where}: the move must start with R1, R2, R3 or R4 (or read, write, compute, remove)", word
+        )
     return rule
 
 
@@ -205,7 +207,7 @@ def _parse_json(text: str, graph: Graph, source: str) -> list[Move]:
         if isinstance(item, dict):
             item = (item.get("rule"), item.get("vertex"))
         if not isinstance(item, (list, tuple)) or len(item) != 2 or not all(isinstance(x, str) for x in item):
-            raise InputError("schedule", f"{where}: a move is [\"R1\", \"Q[0,0]\"] or {{\"rule\", \"vertex\"}}", item)
+            raise InputError("schedule", f'{where}: a move is ["R1", "Q[0,0]"] or {{"rule", "vertex"}}', item)
         v = graph.index.get(item[1].strip())
         if v is None:
             raise InputError("schedule", f"{where}: no vertex {item[1]} in graph {graph.name}", item[1])
