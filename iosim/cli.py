@@ -20,6 +20,7 @@ from tabulate import tabulate
 from iosim import api, bounds, registry, warmup
 from iosim.errors import InputError
 from iosim.memory_model import CapacityError, ScheduleError
+from iosim.pebble import cli as pebble_cli
 
 FORMATS = ("simple", "github", "latex", "plain")
 COMPARE_DEFAULTS = {"N": 1024, "d": 64, "M": 16384}
@@ -156,6 +157,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("name", nargs="?", help="with run: an experiment name or number, or all")
     p.add_argument("--quick", action="store_true", help="smaller smoke-run grids")
     p.add_argument("--out", default="results", help="output folder (default results/)")
+
+    p = sub.add_parser("pebble", help="the red-blue pebble game: play a schedule, check a run, exact tiny optima")
+    pebble_cli.add_arguments(p)
 
     p = sub.add_parser("sweep", help="count a grid of (algorithm, pass, N, d, M, causal, tiling) points")
     p.add_argument("--algorithm", nargs="+", help="algorithms (default: all)")
@@ -593,6 +597,7 @@ COMMANDS = {
     "experiments": _cmd_experiments,
     "sweep": _cmd_sweep,
     "trace": _cmd_trace,
+    "pebble": pebble_cli.command,
 }
 
 
