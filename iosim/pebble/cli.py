@@ -31,7 +31,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--optimum", action="store_true", help="exact minimum I/O by search (graphs of a few dozen vertices)"
     )
-    p.add_argument("--print-schedule", action="store_true", help="with --optimum: print an optimal schedule")
+    p.add_argument("--greedy", action="store_true", help="a greedy schedule's I/O (any size) beside the bounds")
+    p.add_argument("--print-schedule", action="store_true", help="with --optimum/--greedy: print the schedule")
     p.add_argument("--max-states", type=_positive("--max-states"), default=search.MAX_STATES, help="search limit")
     p.add_argument("--from-run", metavar="ALGO", help="check an iosim run of ALGO (or 'all') as a pebbling")
     p.add_argument("--N", type=_positive("--N", from_run.MAX_N), help=f"with --from-run: N (at most {from_run.MAX_N})")
@@ -57,7 +58,7 @@ def command(args) -> int:
     _need(args, "graph", why=f"({SPEC_HELP}), or --from-run ALGO")
     _need(args, "--M", why="(the number of red pebbles)")
     graph = named(args.graph)
-    if args.optimum:
+    if args.optimum or args.greedy:
         if args.schedule is not None:
             raise InputError("schedule", "is not used with --optimum (the search writes its own)", args.schedule)
         return _cmd_optimum(args, graph)
@@ -100,17 +101,28 @@ def _print_outcome(o: Outcome) -> None:
 
 
 def _cmd_optimum(args, graph: Graph) -> int:
-    opt = search.optimum(graph, args.M, max_states=args.max_states)
     rows = search.bound_rows(graph, args.M)
+    heuristic = Game(graph, args.M).play(search.greedy(graph, args.M)).io
+    if args.greedy:
+        opt = None
+        moves = search.greedy(graph, args.M)
+    else:
+        opt = search.optimum(graph, args.M, max_states=args.max_states)
+        moves = opt.moves
     if args.json:
-        print(json.dumps({**opt.as_dict(), "bounds": [{"name": n, "value": v, "formula": f} for n, v, f in rows]}))
+        out = {"graph": graph.name, "M": args.M, "greedy_io": heuristic, "optimum_io": opt and opt.io}
+        out["search_states"] = opt and opt.states
+        out["lower_bounds"] = [{"name": n, "value": v, "formula": f} for n, v, f in rows]
+        print(json.dumps(out))
         return 0
     print(graph.summary())
-    print(f"minimum I/O with M = {args.M}: {opt.io} (exact: A* search over {opt.states:,} states)")
     for name, value, formula in rows:
-        print(f"  lower bound, {name}: {max(value, 0):.1f}  [{formula}]")
+        print(f"lower bound, {name}: {max(value, 0):g}  [{formula}]")
+    if opt is not None:
+        print(f"minimum I/O with M = {args.M}: {opt.io}  [exact: A* search over {opt.states:,} states]")
+    print(f"greedy schedule with M = {args.M}: {heuristic}  [demand order, Belady removal]")
     if args.print_schedule:
-        print(format_moves(opt.moves, graph), end="")
+        print(format_moves(moves, graph), end="")
     return 0
 
 

@@ -84,10 +84,9 @@ class Graph:
         return sum(len(ps) for ps in self.parents)
 
     def summary(self) -> str:
-        return (
-            f"graph {self.name}: {len(self)} vertices ({len(self.inputs)} inputs, {len(self.outputs)} outputs), "
-            f"{self.edges()} edges"
-        )
+        n_in, n_out = len(self.inputs), len(self.outputs)
+        outs = f"{n_out} output{'s' if n_out != 1 else ''}"
+        return f"graph {self.name}: {len(self)} vertices ({n_in} inputs, {outs}), {self.edges()} edges"
 
 
 def _inputs(g: Graph, X: str, rows: int, cols: int) -> list[list[int]]:

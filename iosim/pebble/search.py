@@ -16,6 +16,7 @@ needs M >= k + 1 (k parents and the vertex itself red at once): smaller M is ref
 from __future__ import annotations
 
 import heapq
+from collections import deque
 from dataclasses import dataclass
 
 from iosim.errors import InputError
@@ -185,22 +186,90 @@ def _path(back, state, graph: Graph, M: int) -> list[Move]:  # noqa: N803
 
 
 def bound_rows(graph: Graph, M: int) -> list[tuple[str, float, str]]:  # noqa: N803
-    """Lower bounds on Q(graph, M) for the table beside the optimum: (name, value, formula)."""
-    rows = [
-        (
-            "trivial",
-            len(graph.inputs) + len(graph.outputs),
-            "read every input and write every output once",
-        )
-    ]
-    name, _, sizes = graph.name.partition(":")
-    if name == "matmul":
-        m, k, n = (int(x) for x in sizes.split("x"))
-        rows.append(
-            (
-                "Hong-Kung (tight constant)",
-                2 * m * n * k / M**0.5 - 2 * M,
-                "2mnk/sqrt(M) - 2M (Smith, van de Geijn et al.; papers.md L2)",
-            )
-        )
-    return rows
+    """The papers' lower bounds on Q(graph, M) that apply at its sizes: (name, value, formula). For attention graphs
+    those of :mod:`iosim.bounds` (Saha & Ye's graph reads Q, K, V and writes O: the trivial 4Nd is its own);
+    for matrix products the trivial bound and the Hong-Kung bound with the tight constant."""
+    kind, _, sizes = graph.name.partition(":")
+    dims = [int(x) for x in sizes.split("x")]
+    if kind == "matmul":
+        m, k, n = dims
+        return [
+            ("trivial", m * k + k * n + m * n, "read A and B, write C"),
+            ("Hong-Kung", 2 * m * n * k / M**0.5 - 2 * M, "2mnk/sqrt(M) - 2M (tight constant; papers.md L2)"),
+        ]
+    from iosim import bounds
+
+    N, d = dims
+    found = bounds.backward_bounds(N, d, M) if kind == "attention-backward" else bounds.forward_bounds(N, d, M)
+    return [(b.name, b.value, b.formula) for b in found if b.is_lower and b.applies]
+
+
+def demand_order(graph: Graph) -> list[int]:
+    """The non-input vertices in the order a demand-driven evaluation computes them: depth-first from each output
+    in turn, parents before children (row by row for attention: O[0,*] needs only row 0 of S, A and D)."""
+    seen, order = set(graph.inputs), []
+    for out in graph.outputs:
+        stack = [(out, False)]
+        while stack:
+            v, done = stack.pop()
+            if done:
+                order.append(v)
+            elif v not in seen:
+                seen.add(v)
+                stack.append((v, True))
+                stack.extend((p, False) for p in reversed(graph.parents[v]) if p not in seen)
+    return order
+
+
+def greedy(graph: Graph, M: int, order: list[int] | None = None) -> list[Move]:  # noqa: N803
+    """A complete schedule that computes the vertices in ``order`` (default :func:`demand_order`), reading parents
+    when needed, writing outputs at once, removing a pebble after its last use and, when all M are in use, removing
+    the one needed furthest in the future (Belady), writing it first if it is needed again and not yet blue. An upper
+    bound on the optimum for graphs too large for :func:`optimum`."""
+    if not isinstance(M, int) or isinstance(M, bool) or M < min_M(graph):
+        raise InputError("M", f"must be at least {min_M(graph)} for {graph.name} (a vertex and its parents red)", M)
+    order = demand_order(graph) if order is None else order
+    uses: dict[int, deque[int]] = {}
+    for t, v in enumerate(order):
+        for p in graph.parents[v]:
+            uses.setdefault(p, deque()).append(t)
+    red: set[int] = set()
+    blue = set(graph.inputs)
+    outputs = set(graph.outputs)
+    moves: list[Move] = []
+    inf = len(order) + 1
+
+    def next_use(u: int, t: int) -> int:
+        q = uses.get(u)
+        while q and q[0] <= t:
+            q.popleft()
+        return q[0] if q else inf
+
+    def make_room(t: int, keep: set[int]) -> None:
+        while len(red) >= M:
+            victim = max(red - keep, key=lambda u: (next_use(u, t - 1), u))
+            if next_use(victim, t - 1) < inf and victim not in blue:
+                moves.append(Move("R2", victim))
+                blue.add(victim)
+            moves.append(Move("R4", victim))
+            red.discard(victim)
+
+    for t, v in enumerate(order):
+        ps = set(graph.parents[v])
+        for p in graph.parents[v]:
+            if p not in red:
+                make_room(t, ps & red)
+                moves.append(Move("R1", p))
+                red.add(p)
+        if v not in red:
+            make_room(t, ps)
+            moves.append(Move("R3", v))
+            red.add(v)
+        if v in outputs and v not in blue:
+            moves.append(Move("R2", v))
+            blue.add(v)
+        for u in [*dict.fromkeys(graph.parents[v]), v]:
+            if u in red and next_use(u, t) == inf:
+                moves.append(Move("R4", u))
+                red.discard(u)
+    return moves
