@@ -22,8 +22,25 @@ from iosim.pebble.game import Game, IllegalMoveError, Outcome, format_moves, par
 from iosim.pebble.graph import SPEC_HELP, Graph, named
 
 
+class _Intermixed(argparse.ArgumentParser):
+    """Options and the two positionals in any order (``GRAPH --M 4 SCHEDULE``): argparse's intermixed parsing."""
+
+    _inside = False
+
+    def parse_known_args(self, args=None, namespace=None):
+        if self._inside:
+            return super().parse_known_args(args, namespace)
+        self._inside = True
+        try:
+            return self.parse_known_intermixed_args(args, namespace)
+        finally:
+            self._inside = False
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from iosim.cli import _positive  # at parser-building time iosim.cli is loaded
+
+    p.__class__ = _Intermixed
 
     p.add_argument("graph", nargs="?", help=f"the graph: {SPEC_HELP}")
     p.add_argument("schedule", nargs="?", help="a schedule file: one move a line ('R1 Q[0,0]'), or JSON")

@@ -42,7 +42,7 @@ class IllegalMoveError(ValueError):
 
     def __init__(self, rule: str, vertex: str, reason: str, step: int, line: int | None = None) -> None:
         self.rule, self.vertex, self.reason, self.step, self.line = rule, vertex, reason, step, line
-        where = f"move {step}" + (f" (line {line})" if line is not None else "")
+        where = f"{step}" + (f" (line {line})" if line is not None else "")
         super().__init__(f"illegal move {where}: {TITLES[rule]} on {vertex}: {reason}")
 
 
