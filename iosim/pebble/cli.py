@@ -230,7 +230,7 @@ def _picture(args, graph: Graph, moves) -> int:
     import matplotlib.pyplot as plt
 
     pos = _layout(graph)
-    fig_w = max(6.0, 0.55 * max(sum(1 for p in pos.values() if p[1] == y) for y in {p[1] for p in pos.values()}))
+    fig_w = max(6.0, 1.2 * max(sum(1 for p in pos.values() if p[1] == y) for y in {p[1] for p in pos.values()}))
     fig_h = max(3.0, 0.9 * (1 + max(p[1] for p in pos.values())))
     fig, ax = plt.subplots(figsize=(min(fig_w, 40), min(fig_h, 30)))
     for v, ps in enumerate(graph.parents):
