@@ -16,7 +16,9 @@ from the code that iosim counts, not a hand-written twin of it:
   fail here;
 * **free** = R4: a word's red pebble is removed right after its last use (an R3 that reads it, an R2 that writes
   it, or the free of the tile that holds it), so a loaded word stays red until its tile is freed, as in the
-  model, and a value overwritten in place (O_i rescaled) loses its pebble when its successor has been computed;
+  model, and a value overwritten in place (O_i rescaled) loses its pebble when its successor has been computed
+  (a scratch tile that is never stored, such as S_ij, names no buffer to the model: its words lose their pebbles
+  at their last use, which can be before the tile's free);
 * **initialising a slow array** (FlashAttention 1 zeroes O, l, m in HBM; FlashAttention's backward zeroes dQ, dK,
   dV) = for each word a constant vertex ``init:O[r,c]`` (no parents) computed (R3), written (R2) and removed (R4):
   the writes the model counts as ``init_writes`` are these R2 moves.
@@ -108,7 +110,7 @@ _FUNCS = {
     "add": lambda a, b: a + b,
     "sub": lambda a, b: a - b,
     "mul": lambda a, b: a * b,
-    "div": lambda a, b: a / b if b != 0 else math.copysign(math.inf, a) * math.copysign(1.0, b) if a else math.nan,
+    "div": lambda a, b: a / b if b else (math.nan if a == 0 else math.copysign(math.inf, a)),
     "max": lambda a, b: a if a >= b else b,
 }
 _COMMUTATIVE = {"add", "mul", "max"}
@@ -317,7 +319,8 @@ class _Session:
                 if not rec.active:
                     return op(W, h, src, *rest)
                 if src is not None:
-                    nr, nc = (int(W[core.T0 + (h & (core.MAX_TILES - 1)) * core._STRIDE + k]) for k in (3, 5))
+                    row = core.T0 + (h & (core.MAX_TILES - 1)) * core._STRIDE  # the tile's row in the table
+                    nr, nc = int(W[row + core._TNR]), int(W[row + core._TNC])
                     words = self._fast_words(src, nr, nc)
                     for k, x in enumerate(words):
                         if not isinstance(x, Value):  # a plain constant in fast memory: a constant vertex
