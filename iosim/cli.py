@@ -20,6 +20,7 @@ from tabulate import tabulate
 from iosim import api, bounds, masks, registry, warmup
 from iosim.errors import InputError
 from iosim.memory_model import CapacityError, ScheduleError
+from iosim.pebble import cli as pebble_cli
 from iosim.replay import add_arguments as _replay_arguments
 from iosim.replay import command as _cmd_replay
 from iosim.show import add_arguments as _show_arguments
@@ -172,6 +173,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("name", nargs="?", help="with run: an experiment name or number, or all")
     p.add_argument("--quick", action="store_true", help="smaller smoke-run grids")
     p.add_argument("--out", default="results", help="output folder (default results/)")
+
+    p = sub.add_parser("pebble", help="the red-blue pebble game: play a schedule, check a run, exact tiny optima")
+    pebble_cli.add_arguments(p)
 
     p = sub.add_parser("sweep", help="count a grid of (algorithm, pass, N, d, M, causal, tiling) points")
     p.add_argument("--algorithm", nargs="+", help="algorithms (default: all)")
@@ -642,6 +646,7 @@ COMMANDS = {
     "trace": _cmd_trace,
     "replay": _cmd_replay,
     "show": _cmd_show,
+    "pebble": pebble_cli.command,
 }
 
 

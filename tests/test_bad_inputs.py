@@ -83,6 +83,15 @@ CLI_CASES = [
     (["show", "flash2", *SIZES, "--view", "animate", "-o", "x.png"], "must end in .gif"),
     (["show", "flash2", *SIZES, "-o", "/nonexistent-folder/x.png"], "--output must be in an existing folder"),
     (["show", "flash9", *SIZES, "--text"], "algorithm"),
+    (["pebble", "conv:2x2", "--M", "4", "--optimum"], "graph"),
+    (["pebble", "matmul:2x2x2", "--optimum"], "--M"),
+    (["pebble", "attention:4x2", "--M", "8", "--optimum"], "at most 40 vertices"),
+    (["pebble", "matmul:2x2x2", "--M", "4", "--optimum", "--max-states", "5"], "gave up"),
+    (["pebble", "matmul:2x2x2", "--M", "2", "--optimum"], "M must be at least 3"),
+    (["pebble", "matmul:2x2x2", "no-such-schedule.txt", "--M", "4"], "schedule"),
+    (["pebble", "--from-run", "flash1", "--N", "64", "--d", "4", "--M", "64"], "--N"),
+    (["pebble", "--from-run", "flash9", "--N", "4", "--d", "2", "--M", "64"], "algorithm"),
+    (["pebble", "--from-run", "flash1", "--N", "4", "--d", "2", "--M", "2"], "M"),
 ]
 
 
@@ -96,6 +105,23 @@ def test_cli_bad_input_exits_2_with_one_line(argv, message, capsys):
     assert rc == 2, err
     assert message in err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("R1 A[0,0]\nR1 Q[9,9]\n", "schedule.txt line 2: no vertex Q[9,9]"),
+        ("R1 A[0,0]\n\nR9 A[0,1]\n", "schedule.txt line 3: the move must start with R1"),
+        ("R1A[0,0]\n", "schedule.txt line 1: a move is a rule and a vertex"),
+        ('[["R1", "A[0,0]"],\n  ["R2"]]', "schedule.txt move 2"),
+    ],
+)
+def test_pebble_schedule_that_does_not_parse_exits_2_naming_the_line(tmp_path, text, message, capsys):
+    path = tmp_path / "schedule.txt"
+    path.write_text(text)
+    assert main(["pebble", "matmul:2x2x2", str(path), "--M", "4"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
 @pytest.mark.parametrize(

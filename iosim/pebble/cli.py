@@ -1,0 +1,273 @@
+"""``iosim pebble``: play the red-blue pebble game, check iosim's schedules as pebblings, find tiny optima.
+
+    iosim pebble matmul:2x2x2 --M 4 docs/pebble/matmul-2x2x2-M4.txt     play a schedule, report legality and I/O
+    iosim pebble matmul:2x2x2 --M 4 --optimum                           exact minimum I/O beside the bounds
+    iosim pebble --from-run flash1 --N 8 --d 4 --M 64 [--backward]      an iosim run as a checked pebbling
+    iosim pebble --from-run all --N 8 --d 4 --M 64                      every algorithm and pass
+    iosim pebble matmul:2x2x2 --M 4 SCHEDULE --picture g.png --at 10    the graph with its pebbles after move 10
+
+Exit codes: 0 legal and complete (or the optimum found), 1 an illegal move or an output left without a blue
+pebble, 2 bad input (a graph name, a schedule line that does not parse, a search past its limits).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from iosim.errors import InputError
+from iosim.pebble import from_run, search
+from iosim.pebble.game import Game, IllegalMoveError, Outcome, format_moves, parse
+from iosim.pebble.graph import SPEC_HELP, Graph, named
+
+
+class _Intermixed(argparse.ArgumentParser):
+    """Options and the two positionals in any order (``GRAPH --M 4 SCHEDULE``): argparse's intermixed parsing."""
+
+    _inside = False
+
+    def parse_known_args(self, args=None, namespace=None):
+        if self._inside:
+            return super().parse_known_args(args, namespace)
+        self._inside = True
+        try:
+            return self.parse_known_intermixed_args(args, namespace)
+        finally:
+            self._inside = False
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from iosim.cli import _positive  # at parser-building time iosim.cli is loaded
+
+    p.__class__ = _Intermixed
+
+    p.add_argument("graph", nargs="?", help=f"the graph: {SPEC_HELP}")
+    p.add_argument("schedule", nargs="?", help="a schedule file: one move a line ('R1 Q[0,0]'), or JSON")
+    p.add_argument("--M", type=_positive("--M"), help="red pebbles (fast-memory words)")
+    p.add_argument(
+        "--optimum", action="store_true", help="exact minimum I/O by search (graphs of a few dozen vertices)"
+    )
+    p.add_argument("--greedy", action="store_true", help="a greedy schedule's I/O (any size) beside the bounds")
+    p.add_argument("--print-schedule", action="store_true", help="with --optimum/--greedy: print the schedule")
+    p.add_argument("--max-states", type=_positive("--max-states"), default=search.MAX_STATES, help="search limit")
+    p.add_argument("--from-run", metavar="ALGO", help="check an iosim run of ALGO (or 'all') as a pebbling")
+    p.add_argument("--N", type=_positive("--N", from_run.MAX_N), help=f"with --from-run: N (at most {from_run.MAX_N})")
+    p.add_argument("--d", type=_positive("--d", from_run.MAX_D), help=f"with --from-run: d (at most {from_run.MAX_D})")
+    p.add_argument("--backward", action="store_true", help="with --from-run: the backward pass")
+    p.add_argument("--causal", action="store_true", help="with --from-run: causal masking")
+    p.add_argument("--picture", metavar="FILE", help="draw the graph with its pebbles (PNG; needs iosim[plot])")
+    p.add_argument("--at", type=int, default=None, help="with --picture: the state after this many moves")
+    p.add_argument("--json", action="store_true", help="print JSON")
+
+
+def _need(args, *names: str, why: str) -> None:
+    for name in names:
+        if getattr(args, name.lstrip("-").replace("-", "_")) is None:
+            raise InputError(name, f"is required {why}")
+
+
+def command(args) -> int:
+    if args.from_run is not None:
+        if args.graph is not None:
+            raise InputError("graph", "is not used with --from-run (the run's own graph is checked)", args.graph)
+        return _cmd_from_run(args)
+    _need(args, "graph", why=f"({SPEC_HELP}), or --from-run ALGO")
+    _need(args, "--M", why="(the number of red pebbles)")
+    graph = named(args.graph)
+    if args.optimum or args.greedy:
+        if args.schedule is not None:
+            raise InputError("schedule", "is not used with --optimum (the search writes its own)", args.schedule)
+        return _cmd_optimum(args, graph)
+    if args.schedule is None:
+        if args.picture is None:
+            raise InputError("schedule", "is required to play a game (or use --optimum or --picture)")
+        return _picture(args, graph, [])
+    path = Path(args.schedule)
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise InputError("schedule", "must be a readable text file", f"{args.schedule}: {e}") from None
+    moves = parse(text, graph, source=path.name)
+    game = Game(graph, args.M)
+    illegal = None
+    try:
+        outcome = game.play(moves)
+    except IllegalMoveError as e:
+        illegal, outcome = e, game.outcome()
+    if args.picture is not None:
+        _picture(args, graph, moves)
+    if args.json:
+        print(json.dumps({**outcome.as_dict(), "legal": illegal is None, "illegal": illegal and str(illegal)}))
+    else:
+        print(graph.summary())
+        print(f"schedule {path.name}: {len(moves)} moves, M = {args.M} red pebbles")
+        if illegal is not None:
+            print(f"{illegal}")
+            print(f"before it: I/O {outcome.io} (R1 {outcome.reads}, R2 {outcome.writes}), red peak {outcome.peak}")
+        else:
+            _print_outcome(outcome)
+    return 0 if illegal is None and outcome.complete else 1
+
+
+def _print_outcome(o: Outcome) -> None:
+    print(f"legal: yes; I/O {o.io} (R1 reads {o.reads}, R2 writes {o.writes}); R3 computes {o.computes}")
+    print(f"red peak {o.peak} of M = {o.M}")
+    shown = ", ".join(o.missing[:6]) + (", ..." if len(o.missing) > 6 else "")
+    print("every output is blue: yes" if o.complete else f"every output is blue: no (missing {shown})")
+
+
+def _cmd_optimum(args, graph: Graph) -> int:
+    rows = search.bound_rows(graph, args.M)
+    heuristic = Game(graph, args.M).play(search.greedy(graph, args.M)).io
+    if args.greedy:
+        opt = None
+        moves = search.greedy(graph, args.M)
+    else:
+        opt = search.optimum(graph, args.M, max_states=args.max_states)
+        moves = opt.moves
+    if args.json:
+        out = {"graph": graph.name, "M": args.M, "greedy_io": heuristic, "optimum_io": opt and opt.io}
+        out["search_states"] = opt and opt.states
+        out["lower_bounds"] = [{"name": n, "value": v, "formula": f} for n, v, f in rows]
+        print(json.dumps(out))
+        return 0
+    print(graph.summary())
+    for name, value, formula in rows:
+        print(f"lower bound, {name}: {max(value, 0):g}  [{formula}]")
+    if opt is not None:
+        print(f"minimum I/O with M = {args.M}: {opt.io}  [exact: A* search over {opt.states:,} states]")
+    print(f"greedy schedule with M = {args.M}: {heuristic}  [demand order, Belady removal]")
+    if args.print_schedule:
+        print(format_moves(moves, graph), end="")
+    return 0
+
+
+def _cmd_from_run(args) -> int:
+    _need(args, "--N", "--d", "--M", why="with --from-run")
+    algos = from_run.registry.algorithms() if args.from_run == "all" else [args.from_run]
+    algos = [a for a in algos if from_run.registry.get(a).builtin]
+    passes = ["forward", "backward"] if args.from_run == "all" else ["backward" if args.backward else "forward"]
+    runs = [from_run.pebble_run(a, args.N, args.d, args.M, p, args.causal) for a in algos for p in passes]
+    if args.json:
+        print(json.dumps([r.as_dict() for r in runs]))
+    elif len(runs) == 1:
+        _print_run(runs[0])
+    else:
+        from tabulate import tabulate
+
+        rows = []
+        for r in runs:
+            x = r.as_dict()
+            rows.append(
+                [
+                    r.algorithm,
+                    r.pass_,
+                    "yes" if r.legal and x["complete"] else "NO",
+                    x["pebble_io"],
+                    x["sim_io"],
+                    "yes" if r.io_matches else "NO",
+                    x["red_peak"],
+                    x["model_peak"],
+                    f"{r.level1}/{r.N * r.N * r.d}",
+                ]
+            )
+        print(
+            f"iosim runs as red-blue pebblings: N={args.N} d={args.d} M={args.M}"
+            f" causal={'yes' if args.causal else 'no'}"
+        )
+        heads = [
+            "algorithm",
+            "pass",
+            "legal",
+            "pebble I/O",
+            "iosim I/O",
+            "equal",
+            "red peak",
+            "model peak",
+            "QK^T prods",
+        ]
+        print(tabulate(rows, headers=heads))
+    ok = all(r.legal and r.io_matches and r.outcome.complete for r in runs)
+    return 0 if ok else 1
+
+
+def _print_run(r: from_run.PebbleRun) -> None:
+    x = r.as_dict()
+    print(f"{r.algorithm} {r.pass_}, N={r.N} d={r.d} M={r.M}{' causal' if r.causal else ''}: the run as a pebbling")
+    print(f"  its DAG: {x['vertices']:,} vertices; {x['moves']:,} moves")
+    if not r.legal:
+        print(f"  {r.illegal}")
+        return
+    print(f"  legal: yes; every output blue: {'yes' if x['complete'] else 'no'}")
+    print(
+        f"  I/O: pebbling {x['pebble_io']} (R1 {x['pebble_reads']}, R2 {x['pebble_writes']}) vs iosim {x['sim_io']} "
+        f"(reads {x['sim_reads']}, writes {x['sim_writes']} incl. {x['sim_init_writes']} initialisation): "
+        f"{'equal' if r.io_matches else 'DIFFERENT'}"
+    )
+    over = x["over_M"]
+    note = f", {over} above M: per-row scalars and temporaries the model does not count" if over else ""
+    print(f"  red peak {x['red_peak']} vs M = {r.M} (the model's peak {x['model_peak']}){note}")
+    print(f"  level-1 products Q[i,k] K[j,k] of the papers' graph: {r.level1} of N^2 d = {r.N * r.N * r.d}")
+
+
+def _picture(args, graph: Graph, moves) -> int:
+    try:
+        import matplotlib
+    except ImportError:
+        raise InputError("--picture", 'needs matplotlib: pip install "iosim[plot]"') from None
+    if len(graph) > 400:
+        raise InputError("--picture", f"draws graphs of at most 400 vertices; {graph.name} has {len(graph)}")
+    at = len(moves) if args.at is None else args.at
+    if not 0 <= at <= len(moves):
+        raise InputError("--at", f"must be a move number from 0 to {len(moves)}", args.at)
+    game = Game(graph, args.M, strict=False)
+    try:
+        game.play(moves, stop=at)
+    except IllegalMoveError:
+        pass  # the picture shows the state before the illegal move; the report names it
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pos = _layout(graph)
+    fig_w = max(6.0, 1.2 * max(sum(1 for p in pos.values() if p[1] == y) for y in {p[1] for p in pos.values()}))
+    fig_h = max(3.0, 0.9 * (1 + max(p[1] for p in pos.values())))
+    fig, ax = plt.subplots(figsize=(min(fig_w, 40), min(fig_h, 30)))
+    for v, ps in enumerate(graph.parents):
+        for p in ps:
+            ax.plot([pos[p][0], pos[v][0]], [pos[p][1], pos[v][1]], color="0.75", lw=0.6, zorder=1)
+    for v in range(len(graph)):
+        red, blue = v in game.red, v in game.blue
+        face = "#d62728" if red else "white"
+        edge = "#1f77b4" if blue else "0.4"
+        ax.scatter(*pos[v], s=160, c=face, edgecolors=edge, linewidths=2.5 if blue else 0.8, zorder=2)
+        if len(graph) <= 80:
+            ax.annotate(graph.names[v], pos[v], xytext=(0, 9), textcoords="offset points", ha="center", fontsize=6)
+    ax.set_title(
+        f"{graph.name}, M = {args.M}: after {at} of {len(moves)} moves (red: fast, blue ring: slow); "
+        f"I/O so far {game.reads + game.writes}",
+        fontsize=9,
+    )
+    ax.axis("off")
+    fig.tight_layout()
+    fig.savefig(args.picture, dpi=130)
+    plt.close(fig)
+    if args.schedule is None:
+        print(f"wrote {args.picture}")
+    return 0
+
+
+def _layout(graph: Graph) -> dict[int, tuple[float, float]]:
+    """Layers by longest path from the inputs (inputs at the bottom), vertices spread evenly in each layer."""
+    depth = [0] * len(graph)
+    for v, ps in enumerate(graph.parents):  # parents come first
+        depth[v] = 1 + max((depth[p] for p in ps), default=-1)
+    layers: dict[int, list[int]] = {}
+    for v, dep in enumerate(depth):
+        layers.setdefault(dep, []).append(v)
+    width = max(len(vs) for vs in layers.values())
+    pos = {}
+    for dep, vs in layers.items():
+        for k, v in enumerate(vs):
+            pos[v] = ((k + 0.5) * width / len(vs), float(dep))
+    return pos

@@ -1,0 +1,647 @@
+"""iosim schedules as red-blue pebblings: a run of a built-in algorithm turned into element-level moves, checked.
+
+How a run becomes a pebbling
+----------------------------
+The algorithm's own driver runs once more, as plain Python (its @njit functions' ``py_func``), on arrays of
+:class:`Value` objects instead of floats: every arithmetic operation the driver performs on fast-memory words
+creates (or finds) a vertex of the run's computation DAG whose parents are the vertices it read, and every
+memory-model op the driver calls is recorded at the same moment. So the DAG is the algorithm's *own* graph, built
+from the code that iosim counts, not a hand-written twin of it:
+
+* **load** of an nr x nc region = R1 on each of its nr nc words (the vertex the slow word holds at that moment);
+* **store** = R2 on each word of the tile (the vertex the fast word holds); a word that holds a plain constant
+  (never computed on) is first computed as a constant vertex (R3, no parents);
+* **arithmetic** between events = R3 on each vertex the driver computes, in the driver's order; a computation
+  whose parents are not all red is an illegal move, so a driver that computed on a word it had not loaded would
+  fail here;
+* **free** = R4: a word's red pebble is removed right after its last use (an R3 that reads it, an R2 that writes
+  it, or the free of the tile that holds it), so a loaded word stays red until its tile is freed, as in the
+  model, and a value overwritten in place (O_i rescaled) loses its pebble when its successor has been computed
+  (a scratch tile that is never stored, such as S_ij, names no buffer to the model: its words lose their pebbles
+  at their last use, which can be before the tile's free);
+* **initialising a slow array** (FlashAttention 1 zeroes O, l, m in HBM; FlashAttention's backward zeroes dQ, dK,
+  dV) = for each word a constant vertex ``init:O[r,c]`` (no parents) computed (R3), written (R2) and removed (R4):
+  the writes the model counts as ``init_writes`` are these R2 moves.
+
+The driver's per-row scalars (m~, l~, m_new, the running sums of a softmax sweep), the products of a dot product
+and the partial sums of a summation are vertices too: they carry red pebbles while they are live. The memory
+model does not count them (its documented convention: scalars and BLAS temporaries are outside M), so the
+pebbling's red peak can exceed M by those words: :class:`PebbleRun` reports the true peak beside M and the
+model's own peak, never hiding the difference. A word loaded twice while still red (nothing iosim's drivers do)
+would be an R1 on a red vertex: legal, counted.
+
+Vertices are hash-consed: an operation with the same op, the same parent vertices and the same constants is the
+same vertex (additions and multiplications with their operands in either order), so a recomputation (S_ij and
+P_ij in a backward pass, Q K^T again for each row block) is R3 on the same vertex again, which the game allows.
+Exact identities with constants are folded (0 + x, x - 0, x * 1, x / 1 and max(-inf, x) are x), so a summation
+that starts from 0.0 has the papers' shape: the first product is the chain's first leaf.
+
+What is common with the papers' graph (papers.md section 1): the level-1 vertices. Every driver computes S = Q K^T
+(scaled) with the standard algorithm, so the run's DAG contains each product Q[i,k] K[j,k] as a vertex with
+exactly those two parents and a summation chain over k per entry; :func:`level1_products` counts them (the tests
+check all N^2 d are there). Beyond level 1 each algorithm has its own graph: FlashAttention's online softmax
+computes running maxima, rescaling factors and partial outputs the standard graph does not have.
+
+Masks: causal masking sets scores to the constant -inf (a constant, not a vertex) and skips tiles (no moves);
+a masked run maps the same way, and so will the block-sparse masks of issue 10 once the drivers take them.
+"""
+
+from __future__ import annotations
+
+import math
+import types
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import numpy as np
+from numba.core.dispatcher import Dispatcher
+
+from iosim import registry
+from iosim.errors import InputError
+from iosim.memory_model import TwoLevelMemory, core
+from iosim.pebble.game import Game, IllegalMoveError, Move, Outcome
+from iosim.pebble.graph import Graph
+
+MAX_N, MAX_D = 16, 8  # the element-level DAG grows as N^2 d per pass: keep runs tiny
+PASSES = ("forward", "backward")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Values: floats that build the DAG
+# ---------------------------------------------------------------------------------------------------------------
+class _Recorder:
+    """The run's DAG (hash-consed vertices) and the log of moves, in the order the driver does them."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+        self.ops: list[str] = []
+        self.parents: list[tuple[int, ...]] = []
+        self.table: dict[tuple, int] = {}
+        self.log: list[tuple] = []  # ("R3", v, parents) | ("R1", vids) | ("R2", vids) | ("use", vids)
+        self.active = False
+
+    def vertex(self, key: tuple, name: str, op: str, parents: tuple[int, ...]) -> int:
+        v = self.table.get(key)
+        if v is None:
+            v = self.table[key] = len(self.names)
+            self.names.append(name if name else f"{op}#{v}")
+            self.ops.append(op)
+            self.parents.append(parents)
+        return v
+
+    def compute(self, key: tuple, op: str, parents: tuple[int, ...], name: str = "") -> int:
+        v = self.vertex(key, name, op, parents)
+        self.log.append(("R3", v, parents))
+        return v
+
+
+_REC: list[_Recorder] = []
+
+
+def _rec() -> _Recorder | None:
+    return _REC[-1] if _REC and _REC[-1].active else None
+
+
+def _x(a) -> float:
+    return a.x if isinstance(a, Value) else float(a)
+
+
+_FUNCS = {
+    "add": lambda a, b: a + b,
+    "sub": lambda a, b: a - b,
+    "mul": lambda a, b: a * b,
+    "div": lambda a, b: a / b if b else (math.nan if a == 0 else math.copysign(math.inf, a)),
+    "max": lambda a, b: a if a >= b else b,
+}
+_COMMUTATIVE = {"add", "mul", "max"}
+
+
+def _is(a, c: float) -> bool:
+    return not isinstance(a, Value) and a == c
+
+
+def _fold(op: str, a, b):
+    """An exact identity with a constant operand: the Value it reduces to, or None."""
+    unit = {"add": 0.0, "sub": 0.0, "mul": 1.0, "div": 1.0, "max": -math.inf}[op]
+    if _is(b, unit):
+        return a
+    if op in _COMMUTATIVE and _is(a, unit):
+        return b
+    return None
+
+
+def _binary(op: str, a, b):
+    x = _FUNCS[op](_x(a), _x(b))
+    rec = _rec()
+    if rec is None or not (isinstance(a, Value) or isinstance(b, Value)):
+        return x
+    same = _fold(op, a, b)
+    if same is not None:
+        return same
+    ka = ("v", a.v) if isinstance(a, Value) else ("c", float(a))
+    kb = ("v", b.v) if isinstance(b, Value) else ("c", float(b))
+    if op in _COMMUTATIVE and kb < ka:
+        ka, kb = kb, ka
+    parents = tuple(dict.fromkeys(k[1] for k in (ka, kb) if k[0] == "v"))
+    return Value(x, rec.compute((op, ka, kb), op, parents))
+
+
+def _unary(op: str, fn, a):
+    x = fn(_x(a))
+    rec = _rec()
+    if rec is None or not isinstance(a, Value):
+        return x
+    return Value(x, rec.compute((op, ("v", a.v)), op, (a.v,)))
+
+
+def _exp(x: float) -> float:
+    return math.exp(x) if x < 709.0 else math.inf
+
+
+class Value:
+    """A float that knows its vertex ``v`` in the run's DAG; arithmetic with it records R3 moves."""
+
+    __slots__ = ("x", "v")
+
+    def __init__(self, x: float, v: int) -> None:
+        self.x, self.v = float(x), v
+
+    def __float__(self) -> float:
+        return self.x
+
+    def __repr__(self) -> str:
+        return f"Value({self.x!r}, v={self.v})"
+
+    __hash__ = object.__hash__
+
+    def __eq__(self, o):
+        return self.x == _x(o)
+
+    def __ne__(self, o):
+        return self.x != _x(o)
+
+    def __lt__(self, o):
+        return self.x < _x(o)
+
+    def __le__(self, o):
+        return self.x <= _x(o)
+
+    def __gt__(self, o):
+        return self.x > _x(o)
+
+    def __ge__(self, o):
+        return self.x >= _x(o)
+
+    def __add__(self, o):
+        return _binary("add", self, o)
+
+    def __radd__(self, o):
+        return _binary("add", o, self)
+
+    def __sub__(self, o):
+        return _binary("sub", self, o)
+
+    def __rsub__(self, o):
+        return _binary("sub", o, self)
+
+    def __mul__(self, o):
+        return _binary("mul", self, o)
+
+    def __rmul__(self, o):
+        return _binary("mul", o, self)
+
+    def __truediv__(self, o):
+        return _binary("div", self, o)
+
+    def __rtruediv__(self, o):
+        return _binary("div", o, self)
+
+    def __neg__(self):
+        return _unary("neg", lambda t: -t, self)
+
+    def exp(self):  # np.exp on an object array calls this
+        return _unary("exp", _exp, self)
+
+    def log(self):
+        return _unary("log", lambda t: math.log(t) if t > 0 else -math.inf, self)
+
+
+def _max(*args, **kwargs):
+    if len(args) == 2 and not kwargs and (isinstance(args[0], Value) or isinstance(args[1], Value)):
+        return _binary("max", args[0], args[1])
+    return max(*args, **kwargs)
+
+
+class _FastArray(np.ndarray):
+    """An object-dtype fast buffer whose ``max()`` is a chain of max vertices (NumPy's object max would return one
+    of the elements, hiding that the result depends on all of them)."""
+
+    def max(self, *args, **kwargs):
+        if args or kwargs or self.size == 0:
+            return np.ndarray.max(self.view(np.ndarray), *args, **kwargs)
+        acc = -math.inf
+        for y in self.view(np.ndarray).ravel():
+            acc = _max(acc, y)
+        return acc
+
+
+def _buffer(n, like):
+    return None if like is None else np.empty(n, dtype=object).view(_FastArray)
+
+
+_MATH = types.SimpleNamespace(**{k: getattr(math, k) for k in dir(math) if not k.startswith("_")})
+_MATH.exp = lambda a: _unary("exp", _exp, a) if isinstance(a, Value) else _exp(a)
+_MATH.log = lambda a: a.log() if isinstance(a, Value) else math.log(a)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The memory-model ops, recorded
+# ---------------------------------------------------------------------------------------------------------------
+def _last_event(W) -> tuple[int, ...]:
+    k = int(W[core._NEV]) - 1
+    e = core.E0 + k * core.EVENT_WIDTH
+    return tuple(int(t) for t in W[e : e + core.EVENT_WIDTH])
+
+
+def _word(a, r: int, c: int):
+    return a[r] if a.ndim == 1 else a[r, c]
+
+
+def _set_word(a, r: int, c: int, value) -> None:
+    if a.ndim == 1:
+        a[r] = value
+    else:
+        a[r, c] = value
+
+
+class _Session:
+    """Wraps the driver modules' memory ops so that each also logs its pebble moves."""
+
+    def __init__(self, rec: _Recorder, names: list[str]) -> None:
+        self.rec, self.names = rec, names
+        self.buffers: dict[int, tuple] = {}  # live handle -> (fast array, nr, nc): the words a free releases
+        self.init: dict[tuple[int, int, int], int] = {}  # (array, r, c) -> the init vertex that word holds
+
+    def _vertex_in_slow(self, aid: int, src, r: int, c: int) -> int:
+        x = _word(src, r, c)
+        if isinstance(x, Value):
+            return x.v
+        v = self.init.get((aid, r, c))
+        if v is None:
+            raise RuntimeError(f"load of {self.names[aid]}[{r},{c}], a word no one wrote")
+        return v
+
+    def _fast_words(self, a, nr: int, nc: int) -> list:
+        a = np.asarray(a).view(np.ndarray)
+        return list(a[:nr].ravel()) if a.ndim == 1 else list(a[:nr, :nc].ravel())
+
+    def wrap(self, name: str, op):
+        rec = self.rec
+
+        if name in ("load", "load_vec"):
+
+            def wrapped(W, aid, src, r0, *rest):
+                h = op(W, aid, src, r0, *rest)
+                if not rec.active:
+                    return h
+                _, _, r0_, nr, c0, nc, *_ = _last_event(W)
+                dst = rest[-1]
+                if src is not None:
+                    rec.log.append(
+                        ("R1", [self._vertex_in_slow(aid, src, r0_ + i, c0 + j) for i in range(nr) for j in range(nc)])
+                    )
+                    self.buffers[h] = (dst, nr, nc)
+                return h
+
+        elif name in ("store", "store_vec", "store_to"):
+
+            def wrapped(W, h, src, *rest):
+                if not rec.active:
+                    return op(W, h, src, *rest)
+                if src is not None:
+                    row = core.T0 + (h & (core.MAX_TILES - 1)) * core._STRIDE  # the tile's row in the table
+                    nr, nc = int(W[row + core._TNR]), int(W[row + core._TNC])
+                    words = self._fast_words(src, nr, nc)
+                    for k, x in enumerate(words):
+                        if not isinstance(x, Value):  # a plain constant in fast memory: a constant vertex
+                            words[k] = Value(float(x), rec.compute(("const", float(x)), "const", (), f"const({x})"))
+                out = op(W, h, src, *rest)
+                _, aid, r0, nr, c0, nc, *_ = _last_event(W)
+                if src is not None:
+                    dst = rest[0] if name != "store_to" else rest[1]
+                    for k, x in enumerate(words):
+                        _set_word(dst, r0 + k // nc, c0 + k % nc, x)
+                    rec.log.append(("R2", [x.v for x in words]))
+                    self.buffers.setdefault(h, (src, nr, nc))
+                return out
+
+        elif name == "free":
+
+            def wrapped(W, h):
+                if not rec.active:
+                    return op(W, h)
+                held = self.buffers.pop(h, None)
+                if held is not None:
+                    rec.log.append(("use", [x.v for x in self._fast_words(*held) if isinstance(x, Value)]))
+                return op(W, h)
+
+        elif name == "init_slow":
+
+            def wrapped(W, aid, words):
+                out = op(W, aid, words)
+                if not rec.active:
+                    return out
+                _, _, _, nr, _, nc, *_ = _last_event(W)
+                for r in range(nr):
+                    for c in range(nc):
+                        where = f"{self.names[aid]}[{r},{c}]" if nc > 1 else f"{self.names[aid]}[{r}]"
+                        v = rec.compute(("init", aid, r, c), "const", (), f"init:{where}")
+                        self.init[(aid, r, c)] = v
+                        rec.log.append(("R2", [v]))
+                return out
+
+        else:
+            return op
+        return wrapped
+
+
+_OPS = ("load", "load_vec", "store", "store_vec", "store_to", "free", "init_slow")
+
+
+@contextmanager
+def _symbolic(session: _Session):
+    """Patch the driver modules for the run: plain-Python functions, Value-aware math/max, object buffers and
+    recorded memory ops; restored afterwards."""
+    from iosim.algorithms import _tiles, flash, square_tiling, standard
+
+    saved = []
+    for mod in (_tiles, flash, square_tiling, standard):
+        for name, obj in list(vars(mod).items()):
+            new = None
+            if isinstance(obj, Dispatcher):  # an @njit function: its plain Python
+                new = obj.py_func
+            elif name in _OPS:
+                new = session.wrap(name, obj)
+            elif name == "buffer":
+                new = _buffer
+            elif name == "math":
+                new = _MATH
+            if new is not None:
+                saved.append((mod, name, obj))
+                setattr(mod, name, new)
+        saved.append((mod, "max", None))
+        mod.max = _max
+    try:
+        yield
+    finally:
+        for mod, name, obj in reversed(saved):
+            if obj is None:
+                delattr(mod, name)
+            else:
+                setattr(mod, name, obj)
+
+
+class _RecordingMemory(TwoLevelMemory):
+    """A traced memory whose ``call`` records the driver's arithmetic (and runs it once: no trace rerun)."""
+
+    def __init__(self, M: int, rec: _Recorder | None) -> None:  # noqa: N803
+        super().__init__(M, strict=True, trace=True, trace_capacity=1 << 18)
+        self.rec = rec
+
+    def call(self, driver, *args):
+        if self.rec is not None:
+            self.rec.active = True
+        try:
+            out = driver(self.W, *args)
+        finally:
+            if self.rec is not None:
+                self.rec.active = False
+        self.check()
+        return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# From the log to checked moves
+# ---------------------------------------------------------------------------------------------------------------
+def _moves(log: list[tuple]) -> list[Move]:
+    """The log as moves, with an R4 right after each red pebble's last use (before its vertex is next read or
+    computed again)."""
+    open_last: dict[int, int] = {}  # vertex -> time of the last use in its current red interval
+    remove_at: dict[int, list[int]] = {}
+
+    def close(v: int, t: int | None = None) -> None:
+        """End v's red interval at its last use, unless that use is entry t itself (v read twice in one tile)."""
+        if t is not None and open_last[v] == t:
+            return
+        remove_at.setdefault(open_last.pop(v), []).append(v)
+
+    for t, entry in enumerate(log):
+        kind = entry[0]
+        if kind == "R3":
+            for p in entry[2]:
+                if p in open_last:
+                    open_last[p] = t
+            v = entry[1]
+            if v in open_last:
+                close(v, t)
+            open_last[v] = t
+        elif kind == "R1":
+            for v in entry[1]:
+                if v in open_last:
+                    close(v, t)
+                open_last[v] = t
+        else:  # R2 and a free's release: uses
+            for v in entry[1]:
+                if v in open_last:
+                    open_last[v] = t
+    for v in list(open_last):
+        close(v)
+    moves: list[Move] = []
+    for t, entry in enumerate(log):
+        kind = entry[0]
+        if kind == "R3":
+            moves.append(Move("R3", entry[1]))
+        elif kind in ("R1", "R2"):
+            moves.extend(Move(kind, v) for v in entry[1])
+        for v in dict.fromkeys(remove_at.get(t, ())):
+            moves.append(Move("R4", v))
+    return moves
+
+
+@dataclass
+class PebbleRun:
+    """An iosim run as a pebbling: the run's DAG, the moves, the game's verdict and the simulator's counts."""
+
+    algorithm: str
+    pass_: str
+    N: int
+    d: int
+    M: int
+    causal: bool
+    graph: Graph
+    moves: list[Move]
+    outcome: Outcome | None
+    illegal: IllegalMoveError | None
+    sim_reads: int
+    sim_writes: int
+    sim_init_writes: int
+    sim_peak: int
+    level1: int  # level-1 product vertices Q[i,k] K[j,k] of the papers' graph found in the run's DAG
+    max_error: float  # outputs of the symbolic run vs the float64 reference
+
+    @property
+    def legal(self) -> bool:
+        return self.illegal is None
+
+    @property
+    def io_matches(self) -> bool:
+        return self.outcome is not None and self.outcome.io == self.sim_reads + self.sim_writes
+
+    def as_dict(self) -> dict:
+        o = self.outcome
+        return {
+            "algorithm": self.algorithm,
+            "pass": self.pass_,
+            "N": self.N,
+            "d": self.d,
+            "M": self.M,
+            "causal": self.causal,
+            "vertices": len(self.graph),
+            "moves": len(self.moves),
+            "legal": self.legal,
+            "illegal": None if self.illegal is None else str(self.illegal),
+            "pebble_reads": None if o is None else o.reads,
+            "pebble_writes": None if o is None else o.writes,
+            "pebble_io": None if o is None else o.io,
+            "sim_reads": self.sim_reads,
+            "sim_writes": self.sim_writes,
+            "sim_init_writes": self.sim_init_writes,
+            "sim_io": self.sim_reads + self.sim_writes,
+            "io_matches": self.io_matches,
+            "complete": None if o is None else o.complete,
+            "red_peak": None if o is None else o.peak,
+            "model_peak": self.sim_peak,
+            "over_M": None if o is None else max(0, o.peak - self.M),
+            "level1_products": self.level1,
+            "max_error": self.max_error,
+        }
+
+
+def level1_products(graph: Graph) -> int:
+    """How many product vertices with parents exactly {Q[i,k], K[j,k]} the graph has (N^2 d when all are there)."""
+    found = set()
+    for v, ps in enumerate(graph.parents):
+        if graph.ops[v] == "mul" and len(ps) == 2:
+            a, b = sorted(graph.names[p] for p in ps)
+            if a.startswith("K[") and b.startswith("Q[") and a.split(",")[1] == b.split(",")[1]:
+                found.add((a, b))
+    return len(found)
+
+
+def _check_sizes(algorithm: str, pass_: str, N: int, d: int, M: int) -> None:  # noqa: N803
+    for name, value, hi in (("N", N, MAX_N), ("d", d, MAX_D)):
+        if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= hi:
+            raise InputError(name, f"of a run as a pebbling must be an integer in [1, {hi}] (moves per element)", value)
+    if not isinstance(M, int) or isinstance(M, bool) or M < 1:
+        raise InputError("M", "must be a positive integer", M)
+    if pass_ not in PASSES:
+        raise InputError("pass", f"must be one of {', '.join(PASSES)}", pass_)
+    algo = registry.get(algorithm)
+    if not algo.builtin:
+        raise InputError("algorithm", "must be a built-in algorithm (its driver runs symbolically)", algorithm)
+
+
+def _leaves(rec: _Recorder, name: str, data: np.ndarray) -> np.ndarray:
+    out = np.empty(data.shape, dtype=object)
+    for idx in np.ndindex(data.shape):
+        label = f"{name}[{','.join(str(i) for i in idx)}]"
+        out[idx] = Value(float(data[idx]), rec.vertex(("input", label), label, "input", ()))
+    return out
+
+
+def pebble_run(
+    algorithm: str,
+    N: int,  # noqa: N803
+    d: int,
+    M: int,  # noqa: N803
+    pass_: str = "forward",
+    causal: bool = False,
+    seed: int = 0,
+    scale: float | None = None,
+) -> PebbleRun:
+    """Run ``algorithm``'s ``pass_`` at (N, d, M) as a pebbling (tiling rule ``fit``) and check it."""
+    _check_sizes(algorithm, pass_, N, d, M)
+    algo = registry.get(algorithm)
+    t = algo.choose_tiling(N, d, M, "fit")
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    rng = np.random.default_rng(seed)
+    Q, K, V = (rng.standard_normal((N, d)) for _ in range(3))
+    dO = rng.standard_normal((N, d))
+    rec = _Recorder()
+    _REC.append(rec)
+    try:
+        ins = {"Q": _leaves(rec, "Q", Q), "K": _leaves(rec, "K", K), "V": _leaves(rec, "V", V)}
+        if pass_ == "forward":
+            mem = _RecordingMemory(M, rec)
+            with _symbolic(_Session(rec, mem.names)):
+                outputs = algo.forward(mem, ins["Q"], ins["K"], ins["V"], N, d, t, scale, causal, np.dtype(object))
+        else:
+            # the backward reads the forward's outputs (run as usual, in float64): inputs of its graph, named by
+            # their arrays (O[r,c], l[r], P[i,j])
+            fwd = algo.forward(TwoLevelMemory(M), Q, K, V, N, d, t, scale, causal, np.dtype(np.float64))
+            fwd_in = {k: _leaves(rec, k, a) for k, a in fwd.items() if a is not None}
+            mem = _RecordingMemory(M, rec)
+            tb = algo.backward_tiling(N, d, M, "fit")
+            dO_in = _leaves(rec, "dO", dO)
+            with _symbolic(_Session(rec, mem.names)):
+                outputs = algo.backward(
+                    mem, ins["Q"], ins["K"], ins["V"], dO_in, fwd_in, N, d, tb, scale, causal, np.dtype(object)
+                )
+    finally:
+        _REC.pop()
+    graph = Graph(f"{algorithm}-{pass_}{'-causal' if causal else ''}:{N}x{d},M={M}")
+    graph.names, graph.ops, graph.parents = rec.names, rec.ops, rec.parents
+    graph.index = {n: v for v, n in enumerate(rec.names)}
+    graph.outputs = list(
+        dict.fromkeys(x.v for a in outputs.values() if a is not None for x in np.ravel(a) if isinstance(x, Value))
+    )
+    moves = _moves(rec.log)
+    game = Game(graph, M, strict=False)
+    illegal = None
+    try:
+        outcome = game.play(moves)
+    except IllegalMoveError as e:
+        illegal, outcome = e, None
+    stats = mem.stats()
+    err = _max_error(algorithm, pass_, outputs, Q, K, V, dO, scale, causal)
+    return PebbleRun(
+        algorithm,
+        pass_,
+        N,
+        d,
+        M,
+        causal,
+        graph,
+        moves,
+        outcome,
+        illegal,
+        stats.reads,
+        stats.writes,
+        stats.init_writes,
+        stats.peak,
+        level1_products(graph),
+        err,
+    )
+
+
+def _max_error(algorithm, pass_, outputs, Q, K, V, dO, scale, causal) -> float:  # noqa: N803
+    from iosim.algorithms.reference import attention_backward, attention_forward
+
+    def num(a):
+        return np.vectorize(_x, otypes=[float])(a)
+
+    if pass_ == "forward":
+        O_ref, _ = attention_forward(Q, K, V, scale=scale, causal=causal)
+        return float(np.max(np.abs(num(outputs["O"]) - O_ref)))
+    refs = attention_backward(Q, K, V, dO, scale=scale, causal=causal)
+    return float(max(np.max(np.abs(num(outputs[n]) - r)) for n, r in zip(("dQ", "dK", "dV"), refs, strict=True)))
