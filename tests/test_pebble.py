@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+import iosim
 from iosim import InputError
 from iosim.cli import main
 from iosim.pebble import Game, IllegalMoveError, Move, attention, from_run, matmul, named, parse, search
@@ -143,6 +144,23 @@ def test_every_iosim_schedule_is_a_legal_pebbling_with_the_same_io(algorithm, pa
             assert r.level1 == N * N * d, label  # every level-1 product of the papers' graph is in the run's DAG
         if pass_ == "forward" and algorithm == "flash1":
             assert r.sim_init_writes == N * d + 2 * N  # O, l, m zeroed in HBM: constant vertices, R3 + R2
+
+
+@pytest.mark.parametrize("algorithm", ["standard", "flash1", "flash2", "square-tiling"])
+@pytest.mark.parametrize("pass_", ["forward", "backward"])
+@pytest.mark.parametrize("mask", ["window:2", "blockdiag:3,4", "random-blocks:0.5:2x3:1", "prefix:2"])
+def test_masked_schedules_are_legal_pebblings_with_the_same_io(algorithm, pass_, mask):
+    for policy in ("paper", "skip"):
+        r = from_run.pebble_run(algorithm, 7, 3, 30, pass_, mask=mask, kv_policy=policy)
+        label = f"{algorithm} {pass_} {mask} {policy}"
+        assert r.legal, f"{label}: {r.illegal}"
+        assert r.outcome.complete and r.io_matches, label
+        assert r.outcome.reads == r.sim_reads and r.outcome.writes == r.sim_writes, label
+        assert r.max_error < 1e-12, label
+        assert r.mask.startswith(mask.split(":")[0]), r.mask
+        if pass_ == "forward":  # the same schedule as iosim.run's, mask and policy included
+            run = iosim.run(algorithm, N=7, d=3, M=30, mask=mask, kv_policy=policy, reference=False)
+            assert run.stats.total == r.sim_reads + r.sim_writes, label
 
 
 def test_the_true_peak_is_reported_above_M():

@@ -56,6 +56,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--d", type=_positive("--d", from_run.MAX_D), help=f"with --from-run: d (at most {from_run.MAX_D})")
     p.add_argument("--backward", action="store_true", help="with --from-run: the backward pass")
     p.add_argument("--causal", action="store_true", help="with --from-run: causal masking")
+    p.add_argument("--mask", default=None, help="with --from-run: a mask, as iosim run --mask (window:3, ...)")
+    p.add_argument("--kv-policy", choices=("paper", "skip"), default="paper", help="with --from-run: empty blocks")
     p.add_argument("--picture", metavar="FILE", help="draw the graph with its pebbles (PNG; needs iosim[plot])")
     p.add_argument("--at", type=int, default=None, help="with --picture: the state after this many moves")
     p.add_argument("--json", action="store_true", help="print JSON")
@@ -148,7 +150,8 @@ def _cmd_from_run(args) -> int:
     algos = from_run.registry.algorithms() if args.from_run == "all" else [args.from_run]
     algos = [a for a in algos if from_run.registry.get(a).builtin]
     passes = ["forward", "backward"] if args.from_run == "all" else ["backward" if args.backward else "forward"]
-    runs = [from_run.pebble_run(a, args.N, args.d, args.M, p, args.causal) for a in algos for p in passes]
+    masking = dict(mask=args.mask, kv_policy=args.kv_policy)
+    runs = [from_run.pebble_run(a, args.N, args.d, args.M, p, args.causal, **masking) for a in algos for p in passes]
     if args.json:
         print(json.dumps([r.as_dict() for r in runs]))
     elif len(runs) == 1:
@@ -175,6 +178,7 @@ def _cmd_from_run(args) -> int:
         print(
             f"iosim runs as red-blue pebblings: N={args.N} d={args.d} M={args.M}"
             f" causal={'yes' if args.causal else 'no'}"
+            f"{f' mask={runs[0].mask} ({args.kv_policy})' if args.mask else ''}"
         )
         heads = [
             "algorithm",
@@ -194,7 +198,9 @@ def _cmd_from_run(args) -> int:
 
 def _print_run(r: from_run.PebbleRun) -> None:
     x = r.as_dict()
-    print(f"{r.algorithm} {r.pass_}, N={r.N} d={r.d} M={r.M}{' causal' if r.causal else ''}: the run as a pebbling")
+    masked = f" mask {r.mask}" if r.mask not in ("none", "causal") else ""
+    causal = " causal" if r.causal else ""
+    print(f"{r.algorithm} {r.pass_}, N={r.N} d={r.d} M={r.M}{causal}{masked}: the run as a pebbling")
     print(f"  its DAG: {x['vertices']:,} vertices; {x['moves']:,} moves")
     if not r.legal:
         print(f"  {r.illegal}")

@@ -43,7 +43,8 @@ check all N^2 d are there). Beyond level 1 each algorithm has its own graph: Fla
 computes running maxima, rescaling factors and partial outputs the standard graph does not have.
 
 Masks: causal masking sets scores to the constant -inf (a constant, not a vertex) and skips tiles (no moves);
-a masked run maps the same way, and so will the block-sparse masks of issue 10 once the drivers take them.
+every other mask (``mask=``, as in :func:`iosim.run`) maps the same way: masked entries are constants, skipped tiles
+issue no moves.
 """
 
 from __future__ import annotations
@@ -488,6 +489,7 @@ class PebbleRun:
     sim_peak: int
     level1: int  # level-1 product vertices Q[i,k] K[j,k] of the papers' graph found in the run's DAG
     max_error: float  # outputs of the symbolic run vs the float64 reference
+    mask: str = "none"  # the mask's label (iosim.masks), "causal" for the causal flag
 
     @property
     def legal(self) -> bool:
@@ -506,6 +508,7 @@ class PebbleRun:
             "d": self.d,
             "M": self.M,
             "causal": self.causal,
+            "mask": self.mask,
             "vertices": len(self.graph),
             "moves": len(self.moves),
             "legal": self.legal,
@@ -568,10 +571,18 @@ def pebble_run(
     causal: bool = False,
     seed: int = 0,
     scale: float | None = None,
+    mask=None,
+    kv_policy: str = "paper",
 ) -> PebbleRun:
-    """Run ``algorithm``'s ``pass_`` at (N, d, M) as a pebbling (tiling rule ``fit``) and check it."""
+    """Run ``algorithm``'s ``pass_`` at (N, d, M) as a pebbling (tiling rule ``fit``) and check it. ``mask`` (an
+    :mod:`iosim.masks` pattern or ``--mask`` string) and ``kv_policy`` are those of :func:`iosim.run`."""
+    from iosim.masks import compile_mask
+
     _check_sizes(algorithm, pass_, N, d, M)
     algo = registry.get(algorithm)
+    tmask = compile_mask(mask, N, causal, kv_policy)  # what the built-in drivers take as their ``causal`` argument
+    causal = tmask.is_causal
+    allowed = tmask.dense() if not causal and tmask.label != "none" else None
     t = algo.choose_tiling(N, d, M, "fit")
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     rng = np.random.default_rng(seed)
@@ -584,22 +595,23 @@ def pebble_run(
         if pass_ == "forward":
             mem = _RecordingMemory(M, rec)
             with _symbolic(_Session(rec, mem.names)):
-                outputs = algo.forward(mem, ins["Q"], ins["K"], ins["V"], N, d, t, scale, causal, np.dtype(object))
+                outputs = algo.forward(mem, ins["Q"], ins["K"], ins["V"], N, d, t, scale, tmask, np.dtype(object))
         else:
             # the backward reads the forward's outputs (run as usual, in float64): inputs of its graph, named by
             # their arrays (O[r,c], l[r], P[i,j])
-            fwd = algo.forward(TwoLevelMemory(M), Q, K, V, N, d, t, scale, causal, np.dtype(np.float64))
+            fwd = algo.forward(TwoLevelMemory(M), Q, K, V, N, d, t, scale, tmask, np.dtype(np.float64))
             fwd_in = {k: _leaves(rec, k, a) for k, a in fwd.items() if a is not None}
             mem = _RecordingMemory(M, rec)
             tb = algo.backward_tiling(N, d, M, "fit")
             dO_in = _leaves(rec, "dO", dO)
             with _symbolic(_Session(rec, mem.names)):
                 outputs = algo.backward(
-                    mem, ins["Q"], ins["K"], ins["V"], dO_in, fwd_in, N, d, tb, scale, causal, np.dtype(object)
+                    mem, ins["Q"], ins["K"], ins["V"], dO_in, fwd_in, N, d, tb, scale, tmask, np.dtype(object)
                 )
     finally:
         _REC.pop()
-    graph = Graph(f"{algorithm}-{pass_}{'-causal' if causal else ''}:{N}x{d},M={M}")
+    masked = f"-{tmask.label}" if causal or allowed is not None else ""
+    graph = Graph(f"{algorithm}-{pass_}{masked}:{N}x{d},M={M}")
     graph.names, graph.ops, graph.parents = rec.names, rec.ops, rec.parents
     graph.index = {n: v for v, n in enumerate(rec.names)}
     graph.outputs = list(
@@ -613,7 +625,7 @@ def pebble_run(
     except IllegalMoveError as e:
         illegal, outcome = e, None
     stats = mem.stats()
-    err = _max_error(algorithm, pass_, outputs, Q, K, V, dO, scale, causal)
+    err = _max_error(algorithm, pass_, outputs, Q, K, V, dO, scale, causal, allowed)
     return PebbleRun(
         algorithm,
         pass_,
@@ -631,17 +643,18 @@ def pebble_run(
         stats.peak,
         level1_products(graph),
         err,
+        tmask.label,
     )
 
 
-def _max_error(algorithm, pass_, outputs, Q, K, V, dO, scale, causal) -> float:  # noqa: N803
+def _max_error(algorithm, pass_, outputs, Q, K, V, dO, scale, causal, mask=None) -> float:  # noqa: N803
     from iosim.algorithms.reference import attention_backward, attention_forward
 
     def num(a):
         return np.vectorize(_x, otypes=[float])(a)
 
     if pass_ == "forward":
-        O_ref, _ = attention_forward(Q, K, V, scale=scale, causal=causal)
+        O_ref, _ = attention_forward(Q, K, V, scale=scale, causal=causal, mask=mask)
         return float(np.max(np.abs(num(outputs["O"]) - O_ref)))
-    refs = attention_backward(Q, K, V, dO, scale=scale, causal=causal)
+    refs = attention_backward(Q, K, V, dO, scale=scale, causal=causal, mask=mask)
     return float(max(np.max(np.abs(num(outputs[n]) - r)) for n, r in zip(("dQ", "dK", "dV"), refs, strict=True)))
