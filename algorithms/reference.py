@@ -31,6 +31,7 @@ import math
 import numpy as np
 
 PRECISIONS = ("float64", "extended")
+FLUSH = -60.0  # the naive baselines flush P = exp(S - m) < e^-60 to 0 (each output moves by < N e^-60 |V|)
 BLOCK_BYTES = 64 << 20  # one N_k-wide float64 matrix of a row block holds about this many bytes
 
 
@@ -186,40 +187,85 @@ def attention_backward(
 
     Masked entries have P = 0, hence dS = 0: the mask needs no separate treatment here.
     """
+    return attention_forward_backward(Q, K, V, dO, scale, causal, offset=offset, block=block, precision=precision)[2:]
+
+
+def attention_forward_backward(
+    Q,
+    K,
+    V,
+    dO,
+    scale: float | None = None,
+    causal: bool = False,
+    *,
+    offset: int = 0,
+    block: int | None = None,
+    precision: str = "float64",
+):  # noqa: N803
+    """Return (O, L, dQ, dK, dV) in one walk over the row blocks (the backward recomputes O_i = P_i V anyway)."""
     dtype, mm, (Q, K, V, dO) = _promote(precision, Q, K, V, dO)
     N_q, d = Q.shape
     scale = default_scale(d) if scale is None else scale
     block = default_block(K.shape[0]) if block is None else block
+    O = np.empty((N_q, V.shape[1]), dtype=dtype)  # noqa: E741
+    L = np.empty(N_q, dtype=dtype)
     dQ = np.empty_like(Q)
     dK = np.zeros_like(K)
     dV = np.zeros_like(V)
     for r0, r1 in _row_blocks(N_q, block):
-        P_i, _ = _row_block_softmax(Q[r0:r1], K, r0, scale, causal, offset, mm)
+        P_i, L[r0:r1] = _row_block_softmax(Q[r0:r1], K, r0, scale, causal, offset, mm)
         dO_i = dO[r0:r1]
-        D_i = np.sum(dO_i * mm(P_i, V), axis=1, keepdims=True)  # D = rowsum(dO o O)
+        O[r0:r1] = mm(P_i, V)
+        D_i = np.sum(dO_i * O[r0:r1], axis=1, keepdims=True)  # D = rowsum(dO o O)
         dV += mm(P_i.T, dO_i)
         dS_i = mm(dO_i, V.T)  # dP_i, overwritten in place by dS_i
         dS_i -= D_i
         dS_i *= P_i
         dQ[r0:r1] = scale * mm(dS_i, K)
         dK += scale * mm(dS_i.T, Q[r0:r1])
-    return dQ, dK, dV
+    return O, L, dQ, dK, dV
 
 
 # --- the same-precision naive baselines -----------------------------------------------------------------------------
+
+
+def _round_bfloat16(x) -> np.ndarray:
+    """Round float32 values to bfloat16 (to nearest, ties to even) and back, on the bits: bfloat16 is float32's
+    upper half, so adding 0x7FFF plus the lowest kept bit and clearing the lower half rounds exactly."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    bits = x.view(np.uint32)
+    rounded = (bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) & np.uint32(0xFFFF0000)
+    return np.where(np.isfinite(x), rounded.view(np.float32), x)
 
 
 def working_precision(dtype) -> tuple[np.dtype, object]:
     """(compute dtype, rounding function) of the naive baseline in ``dtype``.
 
     float32 and float64 compute in themselves. float16 and bfloat16 have no BLAS: they compute in float32 and round
-    to ``dtype`` after every product, sum and elementwise step (what a GPU kernel accumulating in float32 does, and
-    what flash-attn's tests do with PyTorch's half-precision matmuls).
+    to ``dtype`` where a kernel stores a value (S, P, O, dP, dS and the gradients), with float32 accumulation in
+    the products (what a GPU kernel on tensor cores does, and what flash-attn's tests do with PyTorch's
+    half-precision matmuls).
     """
     dtype = np.dtype(dtype)
     if dtype in (np.dtype(np.float32), np.dtype(np.float64)):
         return dtype, lambda x: x
-    return np.dtype(np.float32), lambda x: np.asarray(x).astype(dtype).astype(np.float32)
+    if dtype.name == "bfloat16":
+        return np.dtype(np.float32), _round_bfloat16
+    if dtype == np.dtype(np.float16):
+        return np.dtype(np.float32), _round_float16
+    raise ValueError(f"no naive baseline for {dtype}")
+
+
+def _round_float16(x) -> np.ndarray:
+    """Round float32 values to float16 (to nearest, ties to even) and back, 5x faster than NumPy's astype: on the
+    bits for float16's normal range (10 of float32's 23 fraction bits kept), by scaling for its subnormals (a fixed
+    quantum of 2^-24), and to infinity above its largest value 65504."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    bits = x.view(np.uint32)
+    r = ((bits + np.uint32(0x0FFF) + ((bits >> np.uint32(13)) & np.uint32(1))) & np.uint32(0xFFFFE000)).view(np.float32)
+    a = np.abs(x)
+    r = np.where(a < 2.0**-14, np.round(x * np.float32(2.0**24)) * np.float32(2.0**-24), r)
+    return np.where(np.abs(r) > 65504, np.copysign(np.float32(np.inf), x), np.where(np.isfinite(x), r, x))
 
 
 def naive_forward(Q, K, V, scale, causal, dtype, *, offset: int = 0):  # noqa: N803
@@ -230,18 +276,20 @@ def naive_forward(Q, K, V, scale, causal, dtype, *, offset: int = 0):  # noqa: N
     """
     work, rnd = working_precision(dtype)
     Q, K, V = (rnd(np.asarray(x).astype(work)) for x in (Q, K, V))
-    S = rnd(rnd(Q @ np.swapaxes(K, -1, -2)) * work.type(scale))
+    S = rnd((Q @ np.swapaxes(K, -1, -2)) * work.type(scale))
     if causal:
         n_q, n_k = S.shape[-2:]
         keep = np.arange(n_k)[None, :] <= (np.arange(n_q) + offset)[:, None]
         S = np.where(keep, S, work.type(-np.inf))
     m = S.max(axis=-1, keepdims=True) if S.shape[-1] else np.full(S.shape[:-1] + (1,), -np.inf, work)
     seen = np.isfinite(m)
-    P = rnd(np.exp(rnd(S - np.where(seen, m, 0))))
-    s = rnd(P.sum(axis=-1, keepdims=True))
+    Z = S - np.where(seen, m, 0)
+    Z[Z < FLUSH] = -np.inf  # as GPUs flush subnormals; it keeps P and its products out of slow subnormal arithmetic
+    P = np.exp(Z)
+    s = P.sum(axis=-1, keepdims=True)
     P = rnd(P / np.where(seen, s, 1))
     with np.errstate(divide="ignore"):
-        L = np.where(seen, rnd(m + rnd(np.log(np.where(seen, s, 1)))), -np.inf)[..., 0]
+        L = np.where(seen, rnd(m + np.log(np.where(seen, s, 1))), -np.inf)[..., 0]
     return rnd(P @ V), L, P
 
 
@@ -254,5 +302,5 @@ def naive_backward(Q, K, V, dO, P, scale, dtype):  # noqa: N803
     dV = rnd(np.swapaxes(P, -1, -2) @ dO)
     dP = rnd(dO @ np.swapaxes(V, -1, -2))
     D = rnd(np.sum(dO * O, axis=-1, keepdims=True))
-    dS = rnd(rnd(P * rnd(dP - D)) * work.type(scale))
+    dS = rnd(P * (dP - D) * work.type(scale))
     return rnd(dS @ K), rnd(np.swapaxes(dS, -1, -2) @ Q), dV
