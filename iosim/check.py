@@ -27,12 +27,14 @@ An element passes when its error is within the larger of two terms:
 
   - scores S_rc = scale sum_k Q_rk K_ck: |dS_rc| <= e_rc = (2u + sqrt(d) v) scale sum_k |Q_rk| |K_ck|, the 2u for
     S's rounding and for the scale's (applied to Q, or as sqrt(scale) to Q and K);
-  - softmax: P_rc = exp(S_rc - L_r) moves by P_rc (dS_rc - sum_c' P_rc' dS_rc'), so
-    |dP_rc| <= eP_rc = P_rc (e_rc + s_r + u) with s_r = sum_c P_rc e_rc, the u for P's own rounding;
-  - O_rk = sum_c P_rc V_ck moves by sum_c P_rc (dS_rc - s_r) V_ck = sum_c P_rc dS_rc (V_ck - O_rk), so
-    floor(O_rk) = sum_c P_rc e_rc |V_ck| + s_r |O_rk| + (u + g(N_k)) sum_c P_rc |V_ck| (P's rounding, the sum);
+  - softmax: P_rc = exp(S_rc - L_r) moves by P_rc (dS_rc - sum_c' P_rc' dS_rc') = P_rc sum_c' P_rc' (dS_rc - dS_rc'),
+    so |dP_rc| <= eP_rc = P_rc ((1 - P_rc) e_rc + s_r - P_rc e_rc + u) with s_r = sum_c P_rc e_rc, the u for P's
+    own rounding (a row with one visible key has P = 1 whatever its score: no score term);
+  - O_rk = sum_c P_rc V_ck: floor(O_rk) = sum_c (eP_rc + g(N_k) P_rc) |V_ck|;
   - L_r = logsumexp_c S_rc moves by sum_c P_rc dS_rc: floor(L_r) = s_r + u |L_r|;
-  - backward, dP = dO V^T, D = rowsum(dO o O), dS = P o (dP - D):
+  - backward, dP = dO V^T, D = rowsum(dO o O), dS = P o (dP - D), with P recomputed as exp(S - L) from the
+    stored L (FlashAttention's backward), whose rounding and scores are not those of the forward:
+    eP_rc = P_rc (e_rc + s_r + u |L_r| + u);
     eD_r = sum_k |dO_rk| floor(O_rk) + g(d) sum_k |dO_rk O_rk|;
     edS_rc = eP_rc |dP_rc - D_r| + P_rc (g(d) sum_k |dO_rk| |V_ck| + eD_r) + u |dS_rc|;
     floor(dV) = eP^T |dO| + g(N_q) P^T |dO|, floor(dQ) = scale (edS + g(n) |dS|) |K|,
@@ -157,7 +159,9 @@ class OutputCheck:
 
     @property
     def set_by(self) -> str:
-        """Which term set the bound at the reported element: "rule" or "floor"."""
+        """Which term set the bound at the reported element: "rule" or "floor" ("-" for a row with a note)."""
+        if self.note:
+            return "-"
         return "rule" if self.rule >= self.floor else "floor"
 
     @property
@@ -416,13 +420,15 @@ def _floors(Q, K, V, dO, gold, scale, causal, offset, H_kv, u, v, with_backward)
             e = np.float32((2 * u + np.sqrt(d) * v) * scale) * (aq @ ak.T)
             Pe = P * e
             s = Pe.sum(axis=1, keepdims=True)
-            fO = (Pe + np.float32(u + g(N_k)) * P) @ av + s * aO
+            eP = P * ((1 - P) * e + (s - Pe) + np.float32(u))  # centred: 0 from scores where P_rc = 1
+            fO = (eP + np.float32(g(N_k)) * P) @ av
             f["O"][b, h] = fO
             f["L"][b, h] = s[:, 0] + u * np.where(np.isfinite(L), np.abs(L), 0)
             if not with_backward:
                 continue
             ado = np.abs(do)
-            eP = Pe + P * (s + np.float32(u))
+            # a backward recomputes P = exp(S - L) from its own scores and the stored, rounded L
+            eP = P * (e + s + np.float32(u) * (1 + np.where(seen, np.abs(L[:, None]), 0).astype(np.float32)))
             dPD = do @ vv.T - np.sum(do * O, axis=1, keepdims=True)
             adS = np.abs(P * dPD)
             eD = np.sum(ado * fO, axis=1, keepdims=True) + np.float32(g(d)) * np.sum(ado * aO, axis=1, keepdims=True)
