@@ -358,8 +358,10 @@ def _cases(Ns, ds, causals, distributions, quick: bool, explicit: bool, equal_le
             shapes = [] if quick or explicit else [(LONG[0], LONG[0], LONG[1])]
         elif dist == "wide-d":
             shapes = [] if quick or explicit else [(WIDE[0], WIDE[0], WIDE[1])]
-        else:
-            shapes = [(n, n, dd) for n in (Ns if explicit else small) for dd in (ds if explicit else ds[:2])]
+        elif explicit:
+            shapes = [(n, n, dd) for n in Ns for dd in ds]
+        else:  # quick: one small shape (cheap on the CUDA simulator); else two N x two d
+            shapes = [(n, n, dd) for n in small[: 1 if quick else 2] for dd in ds[: 1 if quick else 2]]
         out += [Case(dist, nq, nk, dd, bool(c)) for nq, nk, dd in shapes for c in causals]
     return out
 
@@ -487,6 +489,20 @@ def _choice(label: str, value, accepted: tuple[str, ...]) -> str:
     return value
 
 
+def validate(dtype: str = "float32", layout: str = "BHND", distributions=None, causal_align="bottom-right") -> None:
+    """Raise InputError for a bad dtype, layout, distribution name or causal alignment (what :func:`check` accepts),
+    before any work: the command line calls it before it selects a GPU."""
+    _dtype(dtype)
+    _choice("layout", layout, LAYOUTS)
+    _choice("causal_align", causal_align, ALIGNS)
+    if distributions is not None:
+        distributions = (distributions,) if isinstance(distributions, str) else tuple(distributions)
+        if not distributions:
+            raise InputError("distributions", f"must name at least one of {', '.join(DISTRIBUTIONS)}", distributions)
+        for dist in distributions:
+            _choice("distribution", dist, DISTRIBUTIONS)
+
+
 def check(
     fn: Callable,
     *,
@@ -524,15 +540,10 @@ def check(
     ``equal_lengths`` (default ``fn.equal_lengths`` or False): skip the N_q != N_k cases. Returns a
     :class:`CheckReport`; ``report.passed`` is the verdict.
     """
+    validate(dtype, layout, distributions, causal_align)
     dtype_name, np_dtype, u = _dtype(dtype)
-    layout = _choice("layout", layout, LAYOUTS)
-    causal_align = _choice("causal_align", causal_align, ALIGNS)
     if distributions is not None:
-        distributions = tuple(distributions) if not isinstance(distributions, str) else (distributions,)
-        if not distributions:
-            raise InputError("distributions", f"must name at least one of {', '.join(DISTRIBUTIONS)}", distributions)
-        for dist in distributions:
-            _choice("distribution", dist, DISTRIBUTIONS)
+        distributions = (distributions,) if isinstance(distributions, str) else tuple(distributions)
     explicit = N is not None or d is not None
     Ns = _positive_ints("N", N) if N is not None else (QUICK_N if quick else DEFAULT_N)
     ds = _positive_ints("d", d) if d is not None else (QUICK_D if quick else DEFAULT_D)

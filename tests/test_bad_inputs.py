@@ -56,6 +56,9 @@ CLI_CASES = [
     (["bounds", "--N", "0", "--d", "8", "--M", "1000"], "--N"),
     (["bounds", "--N", "64", "--d", "8"], "--M"),
     (["nonsense"], "invalid choice"),
+    (["check", "--kernel", "flash2", "--quick", "--dtype", "int8"], "dtype must be one of float64, float32, float16"),
+    (["check", "--kernel", "flash2", "--quick", "--layout", "NHD"], "layout must be one of BHND, BNHD"),
+    (["check", "--kernel", "flash2", "--quick", "--distribution", "gauss"], "distribution must be one of normal"),
 ]
 
 
