@@ -159,16 +159,7 @@ def attention_forward(
 ):  # noqa: N803
     """Return (O, L): the attention output (N_q x d) and the row logsumexp (N_q,), in float64 (or longdouble with
     ``precision="extended"``), computed in row blocks of ``block`` query rows (module docstring)."""
-    dtype, mm, (Q, K, V) = _promote(precision, Q, K, V)
-    N_q, d = Q.shape
-    scale = default_scale(d) if scale is None else scale
-    block = default_block(K.shape[0]) if block is None else block
-    O = np.empty((N_q, V.shape[1]), dtype=dtype)  # noqa: E741
-    L = np.empty(N_q, dtype=dtype)
-    for r0, r1 in _row_blocks(N_q, block):
-        P_i, L[r0:r1] = _row_block_softmax(Q[r0:r1], K, r0, scale, causal, offset, mm)
-        O[r0:r1] = mm(P_i, V)
-    return O, L
+    return attention_forward_backward(Q, K, V, None, scale, causal, offset=offset, block=block, precision=precision)[:2]
 
 
 def attention_backward(
@@ -194,7 +185,7 @@ def attention_forward_backward(
     Q,
     K,
     V,
-    dO,
+    dO=None,
     scale: float | None = None,
     causal: bool = False,
     *,
@@ -202,20 +193,26 @@ def attention_forward_backward(
     block: int | None = None,
     precision: str = "float64",
 ):  # noqa: N803
-    """Return (O, L, dQ, dK, dV) in one walk over the row blocks (the backward recomputes O_i = P_i V anyway)."""
-    dtype, mm, (Q, K, V, dO) = _promote(precision, Q, K, V, dO)
+    """Return (O, L, dQ, dK, dV) in one walk over the row blocks (the backward recomputes O_i = P_i V anyway);
+    with ``dO=None`` only the forward runs and the gradients are None."""
+    dtype, mm, arrays = _promote(precision, Q, K, V, *(() if dO is None else (dO,)))
+    Q, K, V = arrays[:3]
     N_q, d = Q.shape
     scale = default_scale(d) if scale is None else scale
     block = default_block(K.shape[0]) if block is None else block
     O = np.empty((N_q, V.shape[1]), dtype=dtype)  # noqa: E741
     L = np.empty(N_q, dtype=dtype)
-    dQ = np.empty_like(Q)
-    dK = np.zeros_like(K)
-    dV = np.zeros_like(V)
+    if dO is None:
+        dQ = dK = dV = None
+    else:
+        dO = arrays[3]
+        dQ, dK, dV = np.empty_like(Q), np.zeros_like(K), np.zeros_like(V)
     for r0, r1 in _row_blocks(N_q, block):
         P_i, L[r0:r1] = _row_block_softmax(Q[r0:r1], K, r0, scale, causal, offset, mm)
-        dO_i = dO[r0:r1]
         O[r0:r1] = mm(P_i, V)
+        if dO is None:
+            continue
+        dO_i = dO[r0:r1]
         D_i = np.sum(dO_i * O[r0:r1], axis=1, keepdims=True)  # D = rowsum(dO o O)
         dV += mm(P_i.T, dO_i)
         dS_i = mm(dO_i, V.T)  # dP_i, overwritten in place by dS_i

@@ -623,23 +623,28 @@ def _check_case(fn, bwd, case, rng, report, np_dtype, u, convert, scale, precisi
             floor=float(floors[output][i]), where=where, all_within=bool(np.all(err <= bound)), **base,
         )  # fmt: skip
 
+    def read(passname, outputs, keys, optional=()):
+        """A row per output: compared, or failed with a note when it is missing or cannot be read."""
+        found = []
+        for key in keys:
+            if outputs[key] is None:
+                if key not in optional:
+                    found.append(row(passname, key, note=f"no output {key}"))
+                continue
+            try:
+                got = to_numpy(outputs[key])
+            except Exception as e:  # an output NumPy cannot read is a failed row
+                found.append(row(passname, key, note=f"unreadable output: {type(e).__name__}: {e}"[:200]))
+                continue
+            found.append(row(passname, key, got))
+        return found
+
     try:
         dev = [convert(lay(x)) for x in (Q, K, V)]
         out = _unpack(fn(*dev, causal=case.causal, scale=sc), ("O", "L"))
     except Exception as e:  # a callable that raises is a failed row, not a crashed check
         return [row("forward", "O", note=f"raised {type(e).__name__}: {e}"[:200])]
-    rows = []
-    for key in ("O", "L"):
-        if out[key] is None:
-            if key == "O":
-                rows.append(row("forward", "O", note="no output O"))
-            continue
-        try:
-            got = to_numpy(out[key])
-        except Exception as e:
-            rows.append(row("forward", key, note=f"unreadable output: {type(e).__name__}: {e}"[:200]))
-            continue
-        rows.append(row("forward", key, got))
+    rows = read("forward", out, ("O", "L"), optional=("L",))
     if bwd is None or out["O"] is None:
         return rows
     try:
@@ -647,14 +652,4 @@ def _check_case(fn, bwd, case, rng, report, np_dtype, u, convert, scale, precisi
         grads = _unpack(g, ("dQ", "dK", "dV"))
     except Exception as e:
         return rows + [row("backward", "dQ", note=f"raised {type(e).__name__}: {e}"[:200])]
-    for key in ("dQ", "dK", "dV"):
-        if grads[key] is None:
-            rows.append(row("backward", key, note=f"no output {key}"))
-            continue
-        try:
-            got = to_numpy(grads[key])
-        except Exception as e:
-            rows.append(row("backward", key, note=f"unreadable output: {type(e).__name__}: {e}"[:200]))
-            continue
-        rows.append(row("backward", key, got))
-    return rows
+    return rows + read("backward", grads, ("dQ", "dK", "dV"))
