@@ -254,15 +254,21 @@ def working_precision(dtype) -> tuple[np.dtype, object]:
 
 
 def _round_float16(x) -> np.ndarray:
-    """Round float32 values to float16 (to nearest, ties to even) and back, 5x faster than NumPy's astype: on the
-    bits for float16's normal range (10 of float32's 23 fraction bits kept), by scaling for its subnormals (a fixed
-    quantum of 2^-24), and to infinity above its largest value 65504."""
+    """Round float32 values to float16 (to nearest, ties to even) and back, several times faster than NumPy's astype:
+    on the bits for float16's normal range (10 of float32's 23 fraction bits kept; infinities and NaN stay what
+    they are), by scaling for its subnormals (a fixed quantum of 2^-24), and to infinity above its largest value
+    65504."""
     x = np.ascontiguousarray(x, dtype=np.float32)
     bits = x.view(np.uint32)
     r = ((bits + np.uint32(0x0FFF) + ((bits >> np.uint32(13)) & np.uint32(1))) & np.uint32(0xFFFFE000)).view(np.float32)
     a = np.abs(x)
-    r = np.where(a < 2.0**-14, np.round(x * np.float32(2.0**24)) * np.float32(2.0**-24), r)
-    return np.where(np.abs(r) > 65504, np.copysign(np.float32(np.inf), x), np.where(np.isfinite(x), r, x))
+    small = a < np.float32(2.0**-14)
+    if small.any():
+        r[small] = np.round(x[small] * np.float32(2.0**24)) * np.float32(2.0**-24)
+    big = np.abs(r) > 65504
+    if big.any():
+        r[big] = np.copysign(np.float32(np.inf), x[big])
+    return r
 
 
 def naive_forward(Q, K, V, scale, causal, dtype, *, offset: int = 0):  # noqa: N803
