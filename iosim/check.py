@@ -14,7 +14,8 @@ An element passes when its error is within the larger of two terms:
 
 * **rule** (the FlashAttention test rule, as in the flash-attn test suite): factor x max|naive - golden| over the
   output, where *naive* is plain attention in the same precision (S = Q K^T, softmax, P V; float16 and bfloat16
-  emulated in float32 with a rounding to the dtype after every step, :func:`~iosim.algorithms.reference.naive_forward`).
+  emulated in float32, rounded to the dtype wherever a kernel stores a value: S, P, O, dP, dS and the gradients,
+  :func:`~iosim.algorithms.reference.naive_forward`).
   factor is 2 for forward outputs and 3 for gradients. The rule alone collapses where the naive baseline happens to
   be exact: at N = 1 the exact dQ and dK are 0 and the naive result lands on 0, so the allowed error would be 0.
 * **floor**: FLOOR_FACTOR x a first-order bound on the error of a computation that rounds each stored intermediate
