@@ -48,7 +48,8 @@ An element passes when its error is within the larger of two terms:
 Each report row is one output of one case; it shows the element nearest its bound (largest error / bound), its
 error, the naive error, the rule and the floor at that element, and which of the two set the bound there. A row
 also fails (with a note) when the output has the wrong shape, is missing or not finite where the golden is, or when
-the callable raised: a report row, never an exception.
+the callable raised: a report row, never an exception (except iosim's own InputError and CapacityError, which
+a built-in kernel raises for a bad configuration such as too small an M).
 
 Input distributions (``distributions``; all by default)
 -------------------------------------------------------
@@ -103,6 +104,7 @@ from iosim.algorithms.reference import (
     naive_forward,
 )
 from iosim.errors import InputError
+from iosim.memory_model import CapacityError
 
 DEFAULT_N = (1, 17, 113, 203, 1023)
 DEFAULT_D = (16, 59, 64, 128)
@@ -123,6 +125,7 @@ LEAD = 8.0  # the dominant key's score lead in "dominant"
 LONG = (1536, 2)  # (N, d) of "long-n"
 WIDE = (9, 512)  # (N, d) of "wide-d"
 OUTPUTS = ("O", "L", "dQ", "dK", "dV")
+USER_ERRORS = (InputError, CapacityError)  # raised by iosim's own kernels for a bad configuration: not caught
 
 
 @dataclass(frozen=True)
@@ -643,6 +646,8 @@ def _check_case(fn, bwd, case, rng, report, np_dtype, u, convert, scale, precisi
     try:
         dev = [convert(lay(x)) for x in (Q, K, V)]
         out = _unpack(fn(*dev, causal=case.causal, scale=sc), ("O", "L"))
+    except USER_ERRORS:  # iosim's own: a bad configuration (too small an M), not a wrong kernel: exit 2
+        raise
     except Exception as e:  # a callable that raises is a failed row, not a crashed check
         return [row("forward", "O", note=f"raised {type(e).__name__}: {e}"[:200])]
     rows = read("forward", out, ("O", "L"), optional=("L",))
@@ -651,6 +656,8 @@ def _check_case(fn, bwd, case, rng, report, np_dtype, u, convert, scale, precisi
     try:
         g = bwd(*dev, out["O"], convert(lay(dO)), out["L"], causal=case.causal, scale=sc)
         grads = _unpack(g, ("dQ", "dK", "dV"))
+    except USER_ERRORS:
+        raise
     except Exception as e:
         return rows + [row("backward", "dQ", note=f"raised {type(e).__name__}: {e}"[:200])]
     return rows + read("backward", grads, ("dQ", "dK", "dV"))
