@@ -29,13 +29,15 @@ An element passes when its error is within the larger of two terms:
   - scores S_rc = scale sum_k Q_rk K_ck: |dS_rc| <= e_rc = (2u + sqrt(d) v) scale sum_k |Q_rk| |K_ck|, the 2u for
     S's rounding and for the scale's (applied to Q, or as sqrt(scale) to Q and K);
   - softmax: P_rc = exp(S_rc - L_r) moves by P_rc (dS_rc - sum_c' P_rc' dS_rc') = P_rc sum_c' P_rc' (dS_rc - dS_rc'),
-    so |dP_rc| <= eP_rc = P_rc ((1 - P_rc) e_rc + s_r - P_rc e_rc + u) with s_r = sum_c P_rc e_rc, the u for P's
-    own rounding (a row with one visible key has P = 1 whatever its score: no score term);
+    so |dP_rc| <= eP_rc = P_rc ((1 - P_rc) e_rc + s_r - P_rc e_rc + u + u |L_r|) with s_r = sum_c P_rc e_rc (a
+    row with one visible key has P = 1 whatever its score: no score term), u for P's own rounding, and u |L_r| for
+    a kernel that normalises with a stored, rounded row statistic (P = exp(S - L), or exp(S - m) / l) rather than
+    the sum of its own exponentials: that error is common to the row and no normalisation cancels it;
   - O_rk = sum_c P_rc V_ck: floor(O_rk) = sum_c (eP_rc + g(N_k) P_rc) |V_ck|;
   - L_r = logsumexp_c S_rc moves by sum_c P_rc dS_rc: floor(L_r) = s_r + u |L_r|;
   - backward, dP = dO V^T, D = rowsum(dO o O), dS = P o (dP - D), with P recomputed as exp(S - L) from the
     stored L (FlashAttention's backward), whose rounding and scores are not those of the forward:
-    eP_rc = P_rc (e_rc + s_r + u |L_r| + u);
+    eP_rc = P_rc (e_rc + s_r + u |L_r| + u) (not centred);
     eD_r = sum_k |dO_rk| floor(O_rk) + g(d) sum_k |dO_rk O_rk|;
     edS_rc = eP_rc |dP_rc - D_r| + P_rc (g(d) sum_k |dO_rk| |V_ck| + eD_r) + u |dS_rc|;
     floor(dV) = eP^T |dO| + g(N_q) P^T |dO|, floor(dQ) = scale (edS + g(n) |dS|) |K|,
@@ -426,7 +428,8 @@ def _floors(Q, K, V, dO, gold, scale, causal, offset, H_kv, u, v, with_backward)
             e = np.float32((2 * u + np.sqrt(d) * v) * scale) * (aq @ ak.T)
             Pe = P * e
             s = Pe.sum(axis=1, keepdims=True)
-            eP = P * ((1 - P) * e + (s - Pe) + np.float32(u))  # centred: 0 from scores where P_rc = 1
+            aL = np.float32(u) * (1 + np.where(seen, np.abs(L[:, None]), 0).astype(np.float32))  # u (1 + |L_r|)
+            eP = P * ((1 - P) * e + (s - Pe) + aL)  # centred: no score term where P_rc = 1
             fO = (eP + np.float32(g(N_k)) * P) @ av
             f["O"][b, h] = fO
             f["L"][b, h] = s[:, 0] + u * np.where(np.isfinite(L), np.abs(L), 0)
@@ -434,7 +437,7 @@ def _floors(Q, K, V, dO, gold, scale, causal, offset, H_kv, u, v, with_backward)
                 continue
             ado = np.abs(do)
             # a backward recomputes P = exp(S - L) from its own scores and the stored, rounded L
-            eP = P * (e + s + np.float32(u) * (1 + np.where(seen, np.abs(L[:, None]), 0).astype(np.float32)))
+            eP = P * (e + s + aL)
             dPD = do @ vv.T - np.sum(do * O, axis=1, keepdims=True)
             adS = np.abs(P * dPD)
             eD = np.sum(ado * fO, axis=1, keepdims=True) + np.float32(g(d)) * np.sum(ado * aO, axis=1, keepdims=True)
