@@ -59,8 +59,12 @@ class TileMask:
         return self.kind == BAND and int(self.params[0]) <= -self.N and int(self.params[1]) == 0
 
     def dense(self) -> np.ndarray:
-        """The N x N boolean mask (for the reference and tests; O(N^2))."""
-        return _dense(self.kind, self.params, self.table, self.N)
+        """The N x N boolean mask (for tests; O(N^2))."""
+        return self.rows(0, self.N)
+
+    def rows(self, r0: int, r1: int) -> np.ndarray:
+        """Rows [r0, r1) of the boolean mask, (r1 - r0) x N: what the row-block reference applies to one block."""
+        return _dense_rows(self.kind, self.params, self.table, self.N, r0, r1)
 
     def nnz(self) -> int:
         return int(mask_nnz(self.kind, self.params, self.table, 0, self.N, 0, self.N))
@@ -233,12 +237,12 @@ def apply_mask(S, kind, p, T, r0, c0):
 
 
 @njit(cache=True)
-def _dense(kind, p, T, N):
-    out = np.zeros((N, N), dtype=np.bool_)
-    for r in range(N):
+def _dense_rows(kind, p, T, N, r0, r1):
+    out = np.zeros((r1 - r0, N), dtype=np.bool_)
+    for r in range(r0, r1):
         lo, hi = mask_cols(kind, p, T, r, 1, N)
         for c in range(lo, hi):
-            out[r, c] = mask_allows(kind, p, T, r, c)
+            out[r - r0, c] = mask_allows(kind, p, T, r, c)
     return out
 
 

@@ -245,13 +245,31 @@ def _check_memory(algo, N: int, d: int, backward: bool, reference: bool, itemsiz
 
 
 def ref_bytes(N: int, d: int, backward: bool) -> int:
-    """Bytes the float64 reference holds at once (its own accounting: :func:`reference_memory`)."""
-    from iosim.algorithms import reference
+    """Bytes the float64 reference holds at once (its own accounting: row blocks of O(N * block) memory)."""
+    from iosim.algorithms.reference import reference_memory
 
-    fn = getattr(reference, "reference_memory", None)
-    if fn is not None:
-        return int(fn(N, d, backward))
-    return (4 if backward else 3) * N * N * 8  # a dense reference: S, P and their products
+    return int(reference_memory(N, d, backward))
+
+
+class _OutOfMemory:
+    """Turn a MemoryError inside a numeric run into an InputError naming the sizes (never a traceback)."""
+
+    def __init__(self, algorithm: str, N: int, d: int, what: str) -> None:
+        self.algorithm, self.N, self.d, self.what = algorithm, N, d, what
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, error, tb):
+        if kind is not None and issubclass(kind, MemoryError):
+            raise InputError(
+                "N",
+                f"ran out of memory in the {self.what} of a numeric run of {self.algorithm} at N={self.N:,}, "
+                f"d={self.d} ({error or 'MemoryError'}; {_available_bytes() / 2**30:.1f} GiB available now): use "
+                "count_only=True (--count-only), reference=False (--no-reference) or a smaller N",
+                self.N,
+            ) from None
+        return False
 
 
 def _estimated_steps(t: Tiling, N: int, d: int, backward: bool, mask=None) -> int:
@@ -456,11 +474,13 @@ def run(
     fast = count_only and algo.builtin and not trace
     mem = TwoLevelMemory(M, strict=strict, trace=trace and not backward, fast=fast)
     data = (None, None, None) if count_only else (Q, K, V)
-    outputs = algo.forward(mem, *data, N, d, t, scale, causal_arg, np_dtype)
+    with _OutOfMemory(algorithm, N, d, "simulated forward"):
+        outputs = algo.forward(mem, *data, N, d, t, scale, causal_arg, np_dtype)
     errors: dict[str, float] = {}
-    allowed = tmask.dense() if masked and not count_only and reference else None
+    allowed = tmask if masked and not count_only and reference else None  # the reference takes its rows per block
     if not count_only and reference:
-        with np.errstate(all="ignore"):  # an overflow shows as result.finite, with one warning below
+        # an overflow shows as result.finite, with one warning below
+        with np.errstate(all="ignore"), _OutOfMemory(algorithm, N, d, "float64 reference"):
             O_ref, L_ref = attention_forward(Q, K, V, scale=scale, causal=causal, mask=allowed)
         errors["O"] = float(np.max(np.abs(outputs["O"] - O_ref)))
         if outputs.get("L") is not None:
@@ -481,12 +501,13 @@ def run(
     if backward:
         # a fresh fast memory: the backward is a separate kernel
         mem_bwd = TwoLevelMemory(M, strict=strict, trace=trace, fast=fast)
-        grads = algo.backward(
-            mem_bwd, *data, None if count_only else dO, outputs, N, d, t_bwd, scale, causal_arg, np_dtype
-        )
+        with _OutOfMemory(algorithm, N, d, "simulated backward"):
+            grads = algo.backward(
+                mem_bwd, *data, None if count_only else dO, outputs, N, d, t_bwd, scale, causal_arg, np_dtype
+            )
         errors_bwd: dict[str, float] = {}
         if not count_only and reference:
-            with np.errstate(all="ignore"):
+            with np.errstate(all="ignore"), _OutOfMemory(algorithm, N, d, "float64 reference"):
                 refs = attention_backward(Q, K, V, dO, scale=scale, causal=causal, mask=allowed)
             for name, ref in zip(("dQ", "dK", "dV"), refs, strict=True):
                 errors_bwd[name] = float(np.max(np.abs(grads[name] - ref)))

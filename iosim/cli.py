@@ -163,6 +163,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--heads", type=_positive("--heads"), default=2, help="heads per batch (default 2)")
     p.add_argument("--seed", type=int, default=0, help="random seed of the inputs (default 0)")
     p.add_argument("--format", choices=FORMATS, default="simple", help="table format")
+    p.add_argument("--dtype", default="float32", help="float32 (default), float64, float16, bfloat16")
+    p.add_argument("--layout", default="BHND", help="BHND (default; the kernels' layout) or BNHD")
+    p.add_argument("--distribution", nargs="+", help="input distributions (default: all that apply)")
 
     p = sub.add_parser("gpu-resources", help="registers, spills, shared memory, occupancy of each GPU kernel (no GPU)")
     from iosim import gpu_resources as resources
@@ -455,7 +458,9 @@ def _cmd_check(args) -> int:
     in this process before numba.cuda is imported (iosim.gpu.select_target). Exit code 1 when a check fails."""
     from iosim import check as run_check
     from iosim import gpu
+    from iosim.check import validate
 
+    validate(args.dtype, args.layout, args.distribution)
     if args.kernel not in gpu.KERNELS:
         raise InputError("--kernel", f"must be one of {', '.join(gpu.KERNELS)}", args.kernel)
     target = gpu.select_target()
@@ -472,7 +477,18 @@ def _cmd_check(args) -> int:
     memory = f"M = {args.M} words" if args.M else "M chosen for about 3 blocks along N"
     print(f"iosim check: kernel {args.kernel} on {where}; shared memory per block: {memory}")
     fn = gpu.attention(args.kernel, args.M, tiling=args.tiling)
-    report = run_check(fn, N=args.N, d=args.d, quick=args.quick, heads=args.heads, seed=args.seed, name=args.kernel)
+    report = run_check(
+        fn,
+        N=args.N,
+        d=args.d,
+        quick=args.quick,
+        heads=args.heads,
+        seed=args.seed,
+        name=args.kernel,
+        dtype=args.dtype,
+        layout=args.layout,
+        distributions=args.distribution,
+    )
     print(report.table(args.format))
     print(report.summary())
     return 0 if report.passed else 1

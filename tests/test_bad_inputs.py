@@ -92,6 +92,9 @@ CLI_CASES = [
     (["pebble", "--from-run", "flash1", "--N", "64", "--d", "4", "--M", "64"], "--N"),
     (["pebble", "--from-run", "flash9", "--N", "4", "--d", "2", "--M", "64"], "algorithm"),
     (["pebble", "--from-run", "flash1", "--N", "4", "--d", "2", "--M", "2"], "M"),
+    (["check", "--kernel", "flash2", "--quick", "--dtype", "int8"], "dtype must be one of float64, float32, float16"),
+    (["check", "--kernel", "flash2", "--quick", "--layout", "NHD"], "layout must be one of BHND, BNHD"),
+    (["check", "--kernel", "flash2", "--quick", "--distribution", "gauss"], "distribution must be one of normal"),
 ]
 
 

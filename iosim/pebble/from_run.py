@@ -582,7 +582,7 @@ def pebble_run(
     algo = registry.get(algorithm)
     tmask = compile_mask(mask, N, causal, kv_policy)  # what the built-in drivers take as their ``causal`` argument
     causal = tmask.is_causal
-    allowed = tmask.dense() if not causal and tmask.label != "none" else None
+    allowed = tmask if not causal and tmask.label != "none" else None
     t = algo.choose_tiling(N, d, M, "fit")
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     rng = np.random.default_rng(seed)
