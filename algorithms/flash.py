@@ -36,9 +36,9 @@ from iosim.algorithms.masks import (
     block_nonempty,
     block_range,
     mask_cols,
-    mask_nnz,
     mask_rows,
     resolve,
+    tile_nnz,
 )
 from iosim.memory_model import alloc, alloc_vec, free, init_slow, load, load_vec, store, store_vec
 from numba import njit
@@ -105,7 +105,7 @@ def _flash1_forward(W, ids, Q, K, V, O, l, m, N, d, Br, Bc, scale, mk, mp, mt, s
         for i in range(i0, i1):  # step 7 (row blocks the mask leaves possible)
             r0 = i * Br
             br = min(Br, N - r0)
-            nnz = mask_nnz(mk, mp, mt, r0, br, c0, bc)
+            nnz = tile_nnz(mk, mp, mt, r0, br, c0, bc)
             if nnz == 0:  # Algorithm 5, step 8: a zero block is skipped
                 continue
             Qi, Oi, Sij = tile(Qb, br, d), tile(Ob, br, d), tile(Sb, br, bc)
@@ -181,7 +181,7 @@ def _flash2_forward(W, ids, Q, K, V, O, L, N, d, Br, Bc, scale, mk, mp, mt, skip
         for j in range(j0, j1):  # column blocks the mask leaves possible
             c0 = j * Bc
             bc = min(Bc, N - c0)
-            nnz = mask_nnz(mk, mp, mt, r0, br, c0, bc)
+            nnz = tile_nnz(mk, mp, mt, r0, br, c0, bc)
             if nnz == 0:  # a zero block is skipped
                 continue
             Kj, Vj, Sij = tile(Kb, bc, d), tile(Vb, bc, d), tile(Sb, br, bc)
@@ -336,7 +336,7 @@ def _flash1_backward(W, ids, Q, K, V, O, dO, l, m, dQ, dK, dV, N, d, Br, Bc, sca
         for i in range(i0, i1):  # step 10
             r0 = i * Br
             br = min(Br, N - r0)
-            nnz = mask_nnz(mk, mp, mt, r0, br, c0, bc)
+            nnz = tile_nnz(mk, mp, mt, r0, br, c0, bc)
             if nnz == 0:  # a zero block is skipped
                 continue
             Qi, Oi, dOi, dQi = tile(Qb, br, d), tile(Ob, br, d), tile(dOb, br, d), tile(dQb, br, d)
@@ -419,7 +419,7 @@ def _flash2_backward(W, ids, Q, K, V, O, dO, L, D, dQ, dK, dV, N, d, Br, Bc, sca
         for i in range(i0, i1):  # step 8
             r0 = i * Br
             br = min(Br, N - r0)
-            nnz = mask_nnz(mk, mp, mt, r0, br, c0, bc)
+            nnz = tile_nnz(mk, mp, mt, r0, br, c0, bc)
             if nnz == 0:  # a zero block is skipped
                 continue
             Qi, dOi, dQi = tile(Qb, br, d), tile(dOb, br, d), tile(dQb, br, d)

@@ -71,7 +71,7 @@ import math
 
 import numpy as np
 from iosim.algorithms._tiles import buffer, cdiv, tile
-from iosim.algorithms.masks import apply_mask, block_range, mask_cols, mask_nnz, mask_rows, resolve
+from iosim.algorithms.masks import apply_mask, block_range, mask_cols, mask_rows, resolve, tile_nnz
 from iosim.memory_model import alloc, alloc_vec, free, load, load_vec, store, store_to, store_vec
 from iosim.memory_model.core import jitable
 from numba import njit
@@ -128,7 +128,7 @@ def _square_forward(W, ids, Q, K, V, S, O, L, N, d, B, scale, mk, mp, mt):  # no
         for j in range(j0, j1):
             c0 = j * B
             bj = min(B, N - c0)
-            nnz = mask_nnz(mk, mp, mt, r0, bi, c0, bj)
+            nnz = tile_nnz(mk, mp, mt, r0, bi, c0, bj)
             if nnz == 0:  # a tile the mask empties (causal: entirely above the diagonal)
                 continue
             Sij = tile(Sb, bi, bj)
@@ -173,7 +173,7 @@ def _square_forward(W, ids, Q, K, V, S, O, L, N, d, B, scale, mk, mp, mt):  # no
             for k in range(k0_, k1_):
                 k0 = k * B
                 bk = min(B, N - k0)
-                if mask_nnz(mk, mp, mt, r0, bi, k0, bk) == 0:  # A_ik is all zero
+                if tile_nnz(mk, mp, mt, r0, bi, k0, bk) == 0:  # A_ik is all zero
                     continue
                 Aik, Vkc = tile(Pb, bi, bk), tile(Vb, bk, bc)
                 hA = load(W, iS, S, r0, bi, k0, bk, Aik)  # A tile (i, k)
@@ -242,9 +242,9 @@ def _nn_product(W, iA, A, a_transposed, iX, X, iC, C, N, d, B, mk, mp, mt, iL, L
                 k0 = k * B
                 bk = min(B, N - k0)
                 if a_transposed:
-                    empty = mask_nnz(mk, mp, mt, k0, bk, r0, br) == 0
+                    empty = tile_nnz(mk, mp, mt, k0, bk, r0, br) == 0
                 else:
-                    empty = mask_nnz(mk, mp, mt, r0, br, k0, bk) == 0
+                    empty = tile_nnz(mk, mp, mt, r0, br, k0, bk) == 0
                 if empty:  # an all-zero tile of A
                     continue
                 Xkc = tile(Xb, bk, bc)
@@ -308,7 +308,7 @@ def _square_backward(W, ids, Q, K, V, O, L, S, dO, dS, dQ, dK, dV, N, d, B, scal
         for j in range(j0, j1):
             c0 = j * B
             bj = min(B, N - c0)
-            if mask_nnz(mk, mp, mt, r0, bi, c0, bj) == 0:  # a tile the mask empties: P_ij = dS_ij = 0
+            if tile_nnz(mk, mp, mt, r0, bi, c0, bj) == 0:  # a tile the mask empties: P_ij = dS_ij = 0
                 continue
             # Step 2: dP_ij = dO_i V_j^T over the d slices.
             dPij = tile(Tb, bi, bj)

@@ -682,10 +682,10 @@ class TwoLevelMemory:
         mode the first overflow (:class:`CapacityError`). With tracing, a trace that outgrew its buffer is rerun
         once with a buffer of the exact size (the driver is deterministic).
 
-        A count-only call (no NumPy array among ``args``) runs the driver's count-only variant
-        (:func:`count_only_variant`): the same loop nest with the ops inlined, checked or, on a fast memory,
-        counters only."""
-        if not any(isinstance(a, np.ndarray) for a in args):
+        A count-only call (no data array among ``args``: integer arrays are descriptors, such as a mask's
+        parameters and table, not data) runs the driver's count-only variant (:func:`count_only_variant`): the
+        same loop nest with the ops inlined, checked or, on a fast memory, counters only."""
+        if not any(isinstance(a, np.ndarray) and a.dtype.kind not in "iub" for a in args):
             driver = count_only_variant(driver, self.fast)
         out = driver(self.W, *args)
         if self.tracing and self.W[_NEV] > self.W[_TCAP]:
