@@ -104,6 +104,20 @@ def prefix_table(allowed: np.ndarray) -> np.ndarray:
 
 
 @njit(cache=True)
+def _upper(p, x):
+    """The number of entries of the sorted vector p that are <= x (np.searchsorted(p, x, side="right"), written out:
+    Numba's searchsorted costs about a second of first-run compile time)."""
+    lo, hi = 0, p.size
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if p[mid] <= x:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+@njit(cache=True)
 def _clamp_sum(a, n, cap):
     """sum of clamp(x, 0, cap) for x = a, a + 1, ..., a + n - 1."""
     if n <= 0:
@@ -138,7 +152,7 @@ def mask_allows(kind, p, T, r, c):
     if kind == DILATED:
         return p[0] <= c - r <= p[1] and (c - r) % p[2] == 0
     if kind == BLOCKDIAG:
-        k = np.searchsorted(p, r, side="right") - 1
+        k = _upper(p, r) - 1
         return p[k] <= c < p[k + 1]
     if kind == PREFIX:
         return c < p[0] or c <= r
@@ -170,7 +184,7 @@ def mask_nnz(kind, p, T, r0, nr, c0, nc):
         return s
     if kind == BLOCKDIAG:
         s = 0
-        k = np.searchsorted(p, max(r0, c0), side="right") - 1
+        k = _upper(p, max(r0, c0)) - 1
         while k < p.size - 1 and p[k] < min(r1, c1):
             s += max(0, min(r1, p[k + 1]) - max(r0, p[k])) * max(0, min(c1, p[k + 1]) - max(c0, p[k]))
             k += 1
@@ -206,8 +220,8 @@ def mask_cols(kind, p, T, r0, nr, N):
     if kind == BAND or kind == DILATED:
         return max(0, min(N, r0 + p[0])), max(0, min(N, r1 + p[1]))
     if kind == BLOCKDIAG:
-        a = np.searchsorted(p, r0, side="right") - 1
-        b = np.searchsorted(p, r1 - 1, side="right")
+        a = _upper(p, r0) - 1
+        b = _upper(p, r1 - 1)
         return p[a], p[b]
     if kind == PREFIX:
         return 0, min(N, max(p[0], r1))

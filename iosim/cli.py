@@ -302,7 +302,7 @@ def _cmd_compare(args) -> int:
     # On a cold Numba cache, a second process compiles standard attention (about half the first run's compile
     # time) while this one runs the others: iosim.warmup.
     key = f"compare-{args.dtype}-{'b' if args.backward else 'f'}-{'c' if args.count_only else 'n'}"
-    later = [n for n in names if n == "standard"]
+    later = [n for n in names if n in ("standard", "square-tiling")]
     worker = warmup.start(later, kwargs, key) if len(names) > 1 else None
     order = [n for n in names if n not in later] + later if worker else names
     for name in order:
