@@ -117,7 +117,7 @@ def _upper(p, x):
     return lo
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _clamp_sum(a, n, cap):
     """sum of clamp(x, 0, cap) for x = a, a + 1, ..., a + n - 1."""
     if n <= 0:
@@ -129,7 +129,7 @@ def _clamp_sum(a, n, cap):
     return s + (cap * over if over > 0 else 0)
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _band_count(r0, nr, c0, nc, lo, hi):
     """Entries (r, c) of the rectangle with lo <= c - r <= hi: F(hi) - F(lo - 1), F(t) = #{c - r <= t}."""
     if nr <= 0 or nc <= 0 or lo > hi:
@@ -206,10 +206,12 @@ def mask_nnz(kind, p, T, r0, nr, c0, nc):
 
 @njit(cache=True, inline="always")
 def tile_nnz(kind, p, T, r0, nr, c0, nc):
-    """:func:`mask_nnz` for the drivers' inner loops: inlined, so the dense case costs no call (a count-only step
-    of a dense run takes a few nanoseconds, and a call would triple it)."""
+    """:func:`mask_nnz` for the drivers' inner loops: inlined, so dense and band (causal, sliding window) tiles cost
+    no call (a count-only step of a dense run takes a few nanoseconds, and a call would triple it)."""
     if kind == DENSE:
         return max(nr, 0) * max(nc, 0)
+    if kind == BAND:
+        return _band_count(r0, nr, c0, nc, p[0], p[1])
     return mask_nnz(kind, p, T, r0, nr, c0, nc)
 
 
