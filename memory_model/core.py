@@ -684,7 +684,7 @@ class TwoLevelMemory:
 
         A count-only call (no data array among ``args``: integer arrays are descriptors, such as a mask's
         parameters and table, not data) runs the driver's count-only variant (:func:`count_only_variant`): the
-        same loop nest with the ops inlined, checked or, on a fast memory, counters only."""
+        same loop nest without Numba's runtime, checked or, on a fast memory, counters only and inlined."""
         if not any(isinstance(a, np.ndarray) and a.dtype.kind not in "iub" for a in args):
             driver = count_only_variant(driver, self.fast)
         out = driver(self.W, *args)
@@ -782,12 +782,16 @@ class TwoLevelMemory:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Count-only variants: the same driver source, compiled without Numba's runtime and with the ops inlined.
+# Count-only variants: the same driver source, compiled without Numba's runtime.
 # ---------------------------------------------------------------------------------------------------------------
-# A count-only run moves no data, so its specialisation allocates nothing and needs no reference counting; compiled
-# with ``_nrt=False`` and with the model's ops inlined (``inline="always"``: the same Python functions), LLVM keeps
-# the counters in registers and a transfer costs a few nanoseconds instead of a call with NRT reference counting.
-# The variant is built from the driver's own code object with its globals pointing at the inlined ops (and at
+# A count-only run moves no data, so its specialisation allocates nothing and needs no reference counting: it is
+# compiled with ``_nrt=False``. On a fast memory (counters only: the built-in algorithms' count-only runs) the
+# counters-only ops are also inlined (``inline="always"``), so LLVM keeps the counters in registers and a transfer
+# costs a few nanoseconds instead of a call. The checked variant (a traced or user-written count-only run, and the
+# tests that compare the two) calls the checked ops: inlining their tile-table logic at every call site of a
+# backward driver cost minutes of compile time (square tiling's backward alone took 96 s) for a 2.5x faster
+# checked run that nothing needs at scale.
+# The variant is built from the driver's own code object with its globals pointing at the chosen ops (and at
 # variants of any helper driver it calls), so it is the same schedule, not a second copy of it.
 
 _OPS = ("load", "load_vec", "alloc", "alloc_vec", "store", "store_to", "free", "init_slow")  # store_vec is store
@@ -857,7 +861,7 @@ _FAST_OPS = {
     "init_slow": init_slow,
 }
 _FAST_OPS = {k: _inlined(jitable(f)) for k, f in _FAST_OPS.items()}
-_INLINE_OPS = {name: _inlined(_JITABLE[name]) for name in _OPS}
+_CHECKED_OPS = {name: _JITABLE[name] for name in _OPS}
 _VARIANTS: dict = {}
 
 
@@ -869,7 +873,7 @@ def count_only_variant(driver, fast: bool = False):
     key = (driver, fast)
     if key in _VARIANTS:
         return _VARIANTS[key]
-    ops = _FAST_OPS if fast else _INLINE_OPS
+    ops = _FAST_OPS if fast else _CHECKED_OPS
     py = getattr(driver, "py_func", driver)
     g = dict(py.__globals__)
     for name in py.__code__.co_names:
