@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from iosim.algorithms._tiles import buffer, cdiv, score_tile, tile
+from iosim.algorithms._tiles import buffer, cdiv, exp_nonpos, score_tile, tile
 from iosim.algorithms.masks import (
     apply_mask,
     block_nonempty,
@@ -133,20 +133,21 @@ def _flash2_row_update(S, Vj, Oi, l_i, m_i):
     """On-chip update of FlashAttention-2's forward inner step: unnormalised O_i, running m_i and l_i."""
     br, bc = S.shape
     for r in range(br):
+        S_r = S[r]
         m_tilde = -np.inf
         for c in range(bc):
-            m_tilde = max(m_tilde, S[r, c])
+            m_tilde = max(m_tilde, S_r[c])
         m_new = max(m_i[r], m_tilde)
         if m_new == -np.inf:  # nothing unmasked seen yet in this row
             for c in range(bc):
-                S[r, c] = 0.0
+                S_r[c] = 0.0
             continue
         alpha = math.exp(m_i[r] - m_new)
+        for c in range(bc):  # P~_ij = exp(S_ij - m_new), in place (a vectorised loop)
+            S_r[c] = exp_nonpos(S_r[c] - m_new)
         s = 0.0
         for c in range(bc):
-            p = math.exp(S[r, c] - m_new)
-            S[r, c] = p
-            s += p
+            s += S_r[c]
         l_i[r] = alpha * l_i[r] + s
         m_i[r] = m_new
         Oi_r = Oi[r]  # a view: scaling it in place writes O_i's row (no temporary)
