@@ -14,9 +14,11 @@ table for an element mask (a user's array, random elements). ``mask_cols`` / ``m
 block (rows a column block) can touch, so a schedule visits O(nonzero tiles) tiles for structured masks.
 
 Representation (one compiled driver serves every kind): ``kind`` (an int code), ``params`` (int64 1-D) and
-``table`` (int64 2-D; 1 x 1 when unused). The mask is schedule metadata, like N or the causal flag: reading it is
-not counted as I/O (Proposition 4 does not count the block mask either). :class:`TileMask` bundles them with a
-label and the schedule policy for the outer-loop operands of a block whose tiles are all empty (:data:`POLICIES`).
+``table`` (int64 2-D; 1 x 1 when unused). A run without a mask passes None for both, and its driver compiles
+without any mask code (the helpers at the end of this module). The mask is schedule metadata, like N or the
+causal flag: reading it is not counted as I/O (Proposition 4 does not count the block mask either).
+:class:`TileMask` bundles them with a label and the schedule policy for the outer-loop operands of a block whose
+tiles are all empty (:data:`POLICIES`).
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ from dataclasses import dataclass
 
 import numpy as np
 from iosim.algorithms._tiles import cdiv
-from numba import njit
+from numba import njit, types
+from numba.extending import overload
 
 DENSE, BAND, DILATED, BLOCKDIAG, PREFIX, ELEMENTS, BLOCKS = 0, 1, 2, 3, 4, 5, 6
 FAR = 1 << 40  # a diagonal offset beyond any N: BAND(-FAR, 0) is the causal mask
@@ -48,7 +51,10 @@ class TileMask:
 
     @property
     def args(self) -> tuple:
-        """What a driver takes: (kind, params, table, skip)."""
+        """What a driver takes: (kind, params, table, skip); params and table are None for the dense mask, so the
+        drivers' dense specialisation compiles no mask code (the helpers at the end of this module)."""
+        if self.kind == DENSE:
+            return self.kind, None, None, self.policy == "skip"
         return self.kind, self.params, self.table, self.policy == "skip"
 
     def with_policy(self, policy: str) -> TileMask:
@@ -143,7 +149,7 @@ def _rect(P, r0, r1, c0, c1):
 
 
 @njit(cache=True)
-def mask_allows(kind, p, T, r, c):
+def _mask_allows(kind, p, T, r, c):
     """Whether score (r, c) is allowed."""
     if kind == DENSE:
         return True
@@ -205,9 +211,9 @@ def mask_nnz(kind, p, T, r0, nr, c0, nc):
 
 
 @njit(cache=True, inline="always")
-def tile_nnz(kind, p, T, r0, nr, c0, nc):
-    """:func:`mask_nnz` for the drivers' inner loops: inlined, so dense and band (causal, sliding window) tiles cost
-    no call (a count-only step of a dense run takes a few nanoseconds, and a call would triple it)."""
+def _tile_nnz(kind, p, T, r0, nr, c0, nc):
+    """:func:`mask_nnz` for the drivers' inner loops: inlined, so band (causal, sliding window) tiles cost no call
+    (a count-only step takes a few nanoseconds, and a call would double it)."""
     if kind == DENSE:
         return max(nr, 0) * max(nc, 0)
     if kind == BAND:
@@ -216,7 +222,7 @@ def tile_nnz(kind, p, T, r0, nr, c0, nc):
 
 
 @njit(cache=True)
-def mask_cols(kind, p, T, r0, nr, N):
+def _mask_cols(kind, p, T, r0, nr, N):
     """A column range [lo, hi) outside which rows [r0, r0 + nr) allow nothing."""
     r1 = r0 + nr
     if kind == BAND or kind == DILATED:
@@ -231,13 +237,13 @@ def mask_cols(kind, p, T, r0, nr, N):
 
 
 @njit(cache=True)
-def mask_rows(kind, p, T, c0, nc, N):
+def _mask_rows(kind, p, T, c0, nc, N):
     """A row range [lo, hi) outside which columns [c0, c0 + nc) are allowed in no row."""
     c1 = c0 + nc
     if kind == BAND or kind == DILATED:
         return max(0, min(N, c0 - p[1])), max(0, min(N, c1 - p[0]))
     if kind == BLOCKDIAG:
-        return mask_cols(kind, p, T, c0, nc, N)  # symmetric
+        return _mask_cols(kind, p, T, c0, nc, N)  # symmetric
     if kind == PREFIX:
         return (0, N) if c0 < p[0] else (c0, N)
     return 0, N
@@ -252,12 +258,12 @@ def block_range(lo, hi, B):
 
 
 @njit(cache=True)
-def apply_mask(S, kind, p, T, r0, c0):
+def _apply_mask(S, kind, p, T, r0, c0):
     """S[r, c] = -inf where (r0 + r, c0 + c) is not allowed (a partial tile)."""
     br, bc = S.shape
     for r in range(br):
         for c in range(bc):
-            if not mask_allows(kind, p, T, r0 + r, c0 + c):
+            if not _mask_allows(kind, p, T, r0 + r, c0 + c):
                 S[r, c] = -np.inf
 
 
@@ -265,9 +271,9 @@ def apply_mask(S, kind, p, T, r0, c0):
 def _dense_rows(kind, p, T, N, r0, r1):
     out = np.zeros((r1 - r0, N), dtype=np.bool_)
     for r in range(r0, r1):
-        lo, hi = mask_cols(kind, p, T, r, 1, N)
+        lo, hi = _mask_cols(kind, p, T, r, 1, N)
         for c in range(lo, hi):
-            out[r - r0, c] = mask_allows(kind, p, T, r, c)
+            out[r - r0, c] = _mask_allows(kind, p, T, r, c)
     return out
 
 
@@ -288,7 +294,7 @@ def tile_summary(kind, p, T, N, Br, Bc):
     for i in range(Tr):
         r0 = i * Br
         br = min(Br, N - r0)
-        lo, hi = mask_cols(kind, p, T, r0, br, N)
+        lo, hi = _mask_cols(kind, p, T, r0, br, N)
         j0, j1 = block_range(lo, hi, Bc)
         for j in range(j0, j1):
             c0 = j * Bc
@@ -309,10 +315,10 @@ def tile_summary(kind, p, T, N, Br, Bc):
 
 
 @njit(cache=True)
-def block_nonempty(kind, p, T, N, B, x0, bx, column):
+def _block_nonempty(kind, p, T, N, B, x0, bx, column):
     """Whether the block [x0, x0 + bx) of columns (``column``; the K/V-outer skip test, on the row tiling of side
     B) or of rows (the Q-outer skip test, on the column tiling of side B) has a nonempty tile."""
-    lo, hi = mask_rows(kind, p, T, x0, bx, N) if column else mask_cols(kind, p, T, x0, bx, N)
+    lo, hi = _mask_rows(kind, p, T, x0, bx, N) if column else _mask_cols(kind, p, T, x0, bx, N)
     k0, k1 = block_range(lo, hi, B)
     for k in range(k0, k1):
         y0 = k * B
@@ -320,3 +326,90 @@ def block_nonempty(kind, p, T, N, B, x0, bx, column):
         if (mask_nnz(kind, p, T, y0, by, x0, bx) if column else mask_nnz(kind, p, T, x0, bx, y0, by)) > 0:
             return True
     return False
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# What the drivers call. A run without a mask passes params and table as None (TileMask.args), and each helper
+# below resolves by type at compile time: the dense specialisation of a driver is the plain loop nest, with no mask
+# code compiled into it (the first run of ``iosim compare`` compiles no mask helper at all); a run with a mask
+# compiles the specialisation that calls the helpers above. In plain Python (the schedule API, NUMBA_DISABLE_JIT)
+# the same functions branch on None.
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def tile_nnz(kind, p, T, r0, nr, c0, nc):
+    """Allowed entries of the tile [r0, r0 + nr) x [c0, c0 + nc) (0: the tile is skipped)."""
+    return max(nr, 0) * max(nc, 0) if p is None else _tile_nnz(kind, p, T, r0, nr, c0, nc)
+
+
+def mask_cols(kind, p, T, r0, nr, N):
+    """A column range [lo, hi) outside which rows [r0, r0 + nr) allow nothing."""
+    return (0, N) if p is None else _mask_cols(kind, p, T, r0, nr, N)
+
+
+def mask_rows(kind, p, T, c0, nc, N):
+    """A row range [lo, hi) outside which columns [c0, c0 + nc) are allowed in no row."""
+    return (0, N) if p is None else _mask_rows(kind, p, T, c0, nc, N)
+
+
+def mask_allows(kind, p, T, r, c):
+    """Whether score (r, c) is allowed."""
+    return True if p is None else _mask_allows(kind, p, T, r, c)
+
+
+def apply_mask(S, kind, p, T, r0, c0):
+    """S[r, c] = -inf where (r0 + r, c0 + c) is not allowed (a partial tile; the dense mask has none)."""
+    if p is not None:
+        _apply_mask(S, kind, p, T, r0, c0)
+
+
+def block_nonempty(kind, p, T, N, B, x0, bx, column):
+    """Whether the column block (``column``) or row block [x0, x0 + bx) has a nonempty tile on the tiling of side
+    B (the skip policy's test for an outer-loop operand)."""
+    return bx > 0 and N > 0 if p is None else _block_nonempty(kind, p, T, N, B, x0, bx, column)
+
+
+def _dense(p) -> bool:
+    return isinstance(p, types.NoneType)
+
+
+@overload(tile_nnz, jit_options={"cache": True})
+def _ol_tile_nnz(kind, p, T, r0, nr, c0, nc):
+    if _dense(p):
+        return lambda kind, p, T, r0, nr, c0, nc: max(nr, 0) * max(nc, 0)
+    return lambda kind, p, T, r0, nr, c0, nc: _tile_nnz(kind, p, T, r0, nr, c0, nc)
+
+
+@overload(mask_cols, jit_options={"cache": True})
+def _ol_mask_cols(kind, p, T, r0, nr, N):
+    if _dense(p):
+        return lambda kind, p, T, r0, nr, N: (0, N)
+    return lambda kind, p, T, r0, nr, N: _mask_cols(kind, p, T, r0, nr, N)
+
+
+@overload(mask_rows, jit_options={"cache": True})
+def _ol_mask_rows(kind, p, T, c0, nc, N):
+    if _dense(p):
+        return lambda kind, p, T, c0, nc, N: (0, N)
+    return lambda kind, p, T, c0, nc, N: _mask_rows(kind, p, T, c0, nc, N)
+
+
+@overload(mask_allows, jit_options={"cache": True})
+def _ol_mask_allows(kind, p, T, r, c):
+    if _dense(p):
+        return lambda kind, p, T, r, c: True
+    return lambda kind, p, T, r, c: _mask_allows(kind, p, T, r, c)
+
+
+@overload(apply_mask, jit_options={"cache": True})
+def _ol_apply_mask(S, kind, p, T, r0, c0):
+    if _dense(p):
+        return lambda S, kind, p, T, r0, c0: None
+    return lambda S, kind, p, T, r0, c0: _apply_mask(S, kind, p, T, r0, c0)
+
+
+@overload(block_nonempty, jit_options={"cache": True})
+def _ol_block_nonempty(kind, p, T, N, B, x0, bx, column):
+    if _dense(p):
+        return lambda kind, p, T, N, B, x0, bx, column: bx > 0 and N > 0
+    return lambda kind, p, T, N, B, x0, bx, column: _block_nonempty(kind, p, T, N, B, x0, bx, bool(column))

@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from iosim.algorithms._tiles import buffer, cdiv, tile
+from iosim.algorithms._tiles import buffer, cdiv, exp_nonpos, tile
 from iosim.algorithms.masks import DENSE, mask_allows, resolve
 from iosim.memory_model import alloc, free, load, store, store_to
 from iosim.memory_model.core import jitable
@@ -35,8 +35,8 @@ def tiled_matmul(W, iA, A, iB, B, iC, C, m, k, n, T, a_transposed, b_transposed,
     """C = scale * op(A) op(B) with square tiles of side T; C is m x n and the inner dimension is k.
 
     op(A) = A^T if a_transposed (A stored k x m) else A (m x k); op(B) = B^T if b_transposed (B stored n x k) else
-    B (k x n). Reads m k ceil(n/T) + k n ceil(m/T), writes m n. Fast memory: the accumulator ti x tj plus one
-    tile of each operand, at most 3 T^2 words.
+    B (k x n); not both (attention never needs A^T B^T). Reads m k ceil(n/T) + k n ceil(m/T), writes m n. Fast
+    memory: the accumulator ti x tj plus one tile of each operand, at most 3 T^2 words.
     """
     Ab, Bb, Cb = buffer(T * T, C), buffer(T * T, C), buffer(T * T, C)
     for i in range(cdiv(m, T)):
@@ -64,9 +64,7 @@ def tiled_matmul(W, iA, A, iB, B, iC, C, m, k, n, T, a_transposed, b_transposed,
                 else:
                     hB = load(W, iB, B, k0, tk, c0, tj, Bblk)
                 if C is not None:  # one branch per layout keeps every np.dot on contiguous views
-                    if a_transposed and b_transposed:
-                        Cij += np.dot(Ablk.T, Bblk.T)
-                    elif a_transposed:
+                    if a_transposed:  # (A^T B^T is never needed: three layouts compile, not four)
                         Cij += np.dot(Ablk.T, Bblk)
                     elif b_transposed:
                         Cij += np.dot(Ablk, Bblk.T)
@@ -78,6 +76,40 @@ def tiled_matmul(W, iA, A, iB, B, iC, C, m, k, n, T, a_transposed, b_transposed,
                 Cij *= scale
             store(W, hC, Cij, C)
             free(W, hC)
+
+
+@jitable
+def _row_max(x):
+    m = -np.inf
+    for c in range(x.size):
+        m = max(m, x[c])
+    return m
+
+
+@jitable
+def _exp_shift_sum(x, m, in_place):
+    """sum_c exp(x_c - m), overwriting x_c with exp(x_c - m) when ``in_place`` (a row with no allowed entry, m =
+    -inf, sums to 0 and, in place, becomes 0)."""
+    s = 0.0
+    if m == -np.inf:
+        if in_place:
+            for c in range(x.size):
+                x[c] = 0.0
+        return s
+    for c in range(x.size):
+        e = exp_nonpos(x[c] - m)
+        s += e
+        if in_place:
+            x[c] = e
+    return s
+
+
+@jitable
+def _normalise(x, total):
+    """x /= total, leaving a row with no allowed entry (total = 0) at 0."""
+    if total != 0.0:
+        for c in range(x.size):
+            x[c] /= total
 
 
 @jitable(nrt=True)
@@ -105,13 +137,9 @@ def _softmax(W, iS, S, iP, P, im, N, M, mk, mp, mt):
                 for r in range(br):
                     x = rows[r]
                     _mask_row(x, r0 + r, 0, mk, mp, mt, -np.inf)
-                    m_r = x.max()
-                    if m_r == -np.inf:  # no allowed entry: P's row is 0
-                        x[:] = 0.0
-                        continue
-                    x -= m_r
-                    np.exp(x, x)
-                    x /= x.sum()
+                    m_r = _row_max(x)
+                    l_r = _exp_shift_sum(x, m_r, True)
+                    _normalise(x, l_r)
             store_to(W, h, rows, iP, P, r0, 0)  # P overwrites S on chip, written to P
             free(W, h)
     else:
@@ -129,16 +157,13 @@ def _softmax(W, iS, S, iP, P, im, N, M, mk, mp, mt):
                         x = chunk[0]
                         _mask_row(x, r, c0, mk, mp, mt, -np.inf)
                         if p == 0:
-                            m_new = max(m_r, x.max())
+                            m_new = max(m_r, _row_max(x))
                             if m_new > -np.inf:
-                                l_r = l_r * math.exp(m_r - m_new) + np.exp(x - m_new).sum()
+                                l_r = l_r * math.exp(m_r - m_new) + _exp_shift_sum(x, m_new, False)
                                 m_r = m_new
-                        elif l_r == 0.0:  # no allowed entry in this row: P's row is 0
-                            x[:] = 0.0
                         else:
-                            x -= m_r
-                            np.exp(x, x)
-                            x /= l_r
+                            _exp_shift_sum(x, m_r, True)
+                            _normalise(x, l_r)
                     if p == 1:
                         store_to(W, h, chunk, iP, P, r, c0)
                     free(W, h)
