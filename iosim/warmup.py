@@ -58,7 +58,11 @@ def mark_warm(key: str) -> None:
 
 
 def _compile(names: list[str], kwargs: dict) -> None:
+    import sys
+
     from iosim import api
+
+    sys.stderr = open(os.devnull, "w")  # the main process prints the one compile notice and reports any error
 
     small = dict(kwargs, N=min(kwargs["N"], 64), allow_long=True)
     for name in names:
