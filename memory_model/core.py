@@ -83,13 +83,13 @@ MAX_TILES = 64  # a power of two: handle & (MAX_TILES - 1) is the slot
 _SHIFT = 6  # log2(MAX_TILES)
 # W is one flat int64 array. The header:
 _RES, _PEAK, _M, _STRICT, _SEQ, _TOP, _TCAP, _NEV = 0, 1, 2, 3, 4, 5, 6, 7
-_FAST = 20  # 1: counters only (see "Two speeds" in the docstring)
+_FAST = 20  # 1: a fast memory, counters only (see "Count-only variants" below)
 _HEAD = 21  # the free slots are a ring (first freed, first reused): its head; _TOP counts the free slots
 _FASTBIT = 1 << 62  # a fast handle: _FASTBIT | aid << 40 | words
 _OVER, _OV_AID, _OV_NEED, _OV_FREE = 8, 9, 10, 11  # the first overflow
 _ECODE, _EAID, _ER0, _ENR, _EC0, _ENC, _EHANDLE, _EWORDS = 12, 13, 14, 15, 16, 17, 18, 19  # the first error
 _STRIDE = 8
-# Per-array rows (A0 + aid * _STRIDE + column), tile rows (T0 + slot * _STRIDE + column), event rows.
+# Per-array rows (_row(aid) + column), tile rows (T0 + slot * _STRIDE + column), event rows.
 _READS, _WRITES, _INIT, _ARES, _APEAK, _ROWS, _COLS = 0, 1, 2, 3, 4, 5, 6
 _TSEQ, _TAID, _TR0, _TNR, _TC0, _TNC, _TWORDS = 0, 1, 2, 3, 4, 5, 6
 EVENT_WIDTH = 9  # op, array, r0, nr, c0, nc, words, resident after, handle
@@ -151,6 +151,14 @@ class ScheduleError(RuntimeError):
 
 
 @jitable
+def _row(aid):
+    """Where array ``aid``'s row of W starts. The mask (aid < MAX_ARRAYS always) shows the compiler an index that is
+    never negative and never in the header: no negative-index wrap on every access, and the header's counters can
+    stay in registers across a count-only loop."""
+    return A0 + (aid & (MAX_ARRAYS - 1)) * _STRIDE
+
+
+@jitable
 def _error(W, code, aid, r0, nr, c0, nc, handle, words):
     if W[_ECODE] == 0:
         W[_ECODE] = code
@@ -182,43 +190,51 @@ def _event(W, op, aid, r0, nr, c0, nc, words, handle):
 
 @jitable
 def _bad_region(W, aid, r0, nr, c0, nc):
-    a = A0 + aid * _STRIDE
+    a = _row(aid)
     return r0 < 0 or nr < 0 or c0 < 0 or nc < 0 or r0 + nr > W[a + _ROWS] or c0 + nc > W[a + _COLS]
 
 
 @jitable
 def _new_peak(W, res):
     W[_PEAK] = res
+    fast = W[_FAST] != 0  # a fast memory's tally leaves out the loaded words: they are the reads (see _acquire)
     for a in range(MAX_ARRAYS):  # the composition of fast memory at the peak
-        W[A0 + a * _STRIDE + _APEAK] = W[A0 + a * _STRIDE + _ARES]
+        row = A0 + a * _STRIDE
+        W[row + _APEAK] = W[row + _ARES] + (W[row + _READS] if fast else 0)
 
 
 @jitable
-def _acquire(W, aid, words):
-    """Make ``words`` resident for array ``aid``; record the first overflow; track the peak."""
+def _acquire(W, aid, words, tally):
+    """Make ``words`` resident for array ``aid``; record the first overflow; track the peak.
+
+    ``tally``: add them to the array's resident tally. A fast memory's loads do not: every word it loads is also a
+    read, so there the tally holds resident minus read words, and a load updates one counter instead of two."""
     res = W[_RES] + words
-    if res > W[_M] and W[_OVER] == 0:  # record the first overflow; TwoLevelMemory.call raises it
-        W[_OVER] = 1
-        W[_OV_AID] = aid
-        W[_OV_NEED] = words
-        W[_OV_FREE] = W[_M] - W[_RES]
     W[_RES] = res
-    W[A0 + aid * _STRIDE + _ARES] += words
-    if res > W[_PEAK]:
+    if tally:
+        W[_row(aid) + _ARES] += words
+    if res > W[_PEAK]:  # a new peak; the first overflow is one too (until then the peak was at most M)
+        if res > W[_M] and W[_OVER] == 0:  # record the first overflow; TwoLevelMemory.call raises it
+            W[_OVER] = 1
+            W[_OV_AID] = aid
+            W[_OV_NEED] = words
+            W[_OV_FREE] = W[_M] - (res - words)
         _new_peak(W, res)
+        if not tally:  # a fast memory's load counts its reads after this: its words join the snapshot here
+            W[_row(aid) + _APEAK] += words
 
 
 @jitable
-def _open_fast(W, aid, words):
-    _acquire(W, aid, words)
+def _open_fast(W, aid, words, tally):
+    _acquire(W, aid, words, tally)
     return _FASTBIT | (aid << 40) | words
 
 
 @jitable
-def _open(W, aid, r0, nr, c0, nc):
+def _open(W, aid, r0, nr, c0, nc, loaded):
     """Take a free slot for the region, make its words resident, check capacity; return the handle (-1: error)."""
     if W[_FAST] != 0:
-        return _open_fast(W, aid, nr * nc)
+        return _open_fast(W, aid, nr * nc, not loaded)
     if _bad_region(W, aid, r0, nr, c0, nc):
         _error(W, E_REGION, aid, r0, nr, c0, nc, -1, nr * nc)
         return -1
@@ -240,7 +256,7 @@ def _open(W, aid, r0, nr, c0, nc):
     W[t + _TC0] = c0
     W[t + _TNC] = nc
     W[t + _TWORDS] = words
-    _acquire(W, aid, words)
+    _acquire(W, aid, words, True)
     return (seq << _SHIFT) | slot
 
 
@@ -351,10 +367,10 @@ def load(W, aid, src, r0, nr, c0, nc, dst):
     if not _fits(dst, nr, nc):
         _error(W, E_BUFFER, aid, r0, nr, c0, nc, -1, nr * nc)
         return -1
-    h = _open(W, aid, r0, nr, c0, nc)
+    h = _open(W, aid, r0, nr, c0, nc, True)
     if h < 0:
         return h
-    W[A0 + aid * _STRIDE + _READS] += nr * nc
+    W[_row(aid) + _READS] += nr * nc
     if W[_TCAP] > 0:
         _event(W, LOAD, aid, r0, nr, c0, nc, nr * nc, h)
     _copy_in(src, r0, nr, c0, nc, dst)
@@ -367,10 +383,10 @@ def load_vec(W, aid, src, r0, n, dst):
     if not _fits(dst, n, 1):
         _error(W, E_BUFFER, aid, r0, n, 0, 1, -1, n)
         return -1
-    h = _open(W, aid, r0, n, 0, 1)
+    h = _open(W, aid, r0, n, 0, 1, True)
     if h < 0:
         return h
-    W[A0 + aid * _STRIDE + _READS] += n
+    W[_row(aid) + _READS] += n
     if W[_TCAP] > 0:
         _event(W, LOAD, aid, r0, n, 0, 1, n, h)
     _copy_in(src, r0, n, 0, 1, dst)
@@ -380,7 +396,7 @@ def load_vec(W, aid, src, r0, n, dst):
 @jitable
 def alloc(W, aid, r0, nr, c0, nc):
     """Reserve a tile of scratch for the nr x nc region of array ``aid`` at (r0, c0) (no I/O); return its handle."""
-    h = _open(W, aid, r0, nr, c0, nc)
+    h = _open(W, aid, r0, nr, c0, nc, False)
     if h >= 0 and W[_TCAP] > 0:
         _event(W, ALLOC, aid, r0, nr, c0, nc, nr * nc, h)
     return h
@@ -389,7 +405,7 @@ def alloc(W, aid, r0, nr, c0, nc):
 @jitable
 def alloc_vec(W, aid, r0, n):
     """Reserve scratch for ``n`` entries of vector ``aid`` from ``r0`` (row statistics m_i, l_i, D_i)."""
-    h = _open(W, aid, r0, n, 0, 1)
+    h = _open(W, aid, r0, n, 0, 1, False)
     if h >= 0 and W[_TCAP] > 0:
         _event(W, ALLOC, aid, r0, n, 0, 1, n, h)
     return h
@@ -401,7 +417,7 @@ def _store(W, t, h, aid, r0, c0, src, dst):
     if _bad_region(W, aid, r0, nr, c0, nc):
         _error(W, E_SHAPE, aid, r0, nr, c0, nc, h, nr * nc)
         return
-    W[A0 + aid * _STRIDE + _WRITES] += nr * nc
+    W[_row(aid) + _WRITES] += nr * nc
     if W[_TCAP] > 0:
         _event(W, STORE, aid, r0, nr, c0, nc, nr * nc, h)
     _copy_out(src, nr, nc, dst, r0, c0)
@@ -421,7 +437,7 @@ def store(W, h, src, dst):
     """Store live tile ``h`` (data ``src[:nr, :nc]``, a vector's ``src[:n]``) to its own region of its array (data
     ``dst``)."""
     if h >= _FASTBIT:  # a fast handle (h = -1, a failed op, is not one: it is stale)
-        W[A0 + ((h >> 40) & 0x3FFFFF) * _STRIDE + _WRITES] += h & 0xFFFFFFFFFF
+        W[_row(h >> 40) + _WRITES] += h & 0xFFFFFFFFFF
         return
     t = _live(W, h)
     if t >= 0:
@@ -436,7 +452,7 @@ def store_to(W, h, src, aid, dst, r0, c0):
     """Store live tile ``h`` to the region of the same shape at (r0, c0) of array ``aid`` (P overwriting S on chip,
     written to P)."""
     if h >= _FASTBIT:
-        W[A0 + aid * _STRIDE + _WRITES] += h & 0xFFFFFFFFFF
+        W[_row(aid) + _WRITES] += h & 0xFFFFFFFFFF
         return
     t = _live(W, h)
     if t >= 0:
@@ -449,7 +465,7 @@ def free(W, h):
     if h >= _FASTBIT:  # a fast handle (h = -1, a failed op, is not one: it is stale)
         words = h & 0xFFFFFFFFFF
         W[_RES] -= words
-        W[A0 + ((h >> 40) & 0x3FFFFF) * _STRIDE + _ARES] -= words
+        W[_row(h >> 40) + _ARES] -= words
         return
     t = _live(W, h)
     if t < 0:
@@ -457,7 +473,7 @@ def free(W, h):
     words, aid = W[t + _TWORDS], W[t + _TAID]
     W[t + _TSEQ] = -W[t + _TSEQ]  # freed: the row stays, to name the tile if its handle is used again
     W[_RES] -= words
-    W[A0 + aid * _STRIDE + _ARES] -= words
+    W[_row(aid) + _ARES] -= words
     W[S0 + ((W[_HEAD] + W[_TOP]) & (MAX_TILES - 1))] = h & (MAX_TILES - 1)
     W[_TOP] += 1
     if W[_TCAP] > 0:
@@ -467,7 +483,7 @@ def free(W, h):
 @jitable
 def init_slow(W, aid, words):
     """Initialise ``words`` of a slow-memory array (e.g. zero O in HBM): counted as writes and as init writes."""
-    a = A0 + aid * _STRIDE
+    a = _row(aid)
     W[a + _WRITES] += words
     W[a + _INIT] += words
     if W[_TCAP] > 0:
@@ -761,7 +777,8 @@ class TwoLevelMemory:
 
     def resident_by_array(self) -> dict[str, int]:
         """Resident words per array now."""
-        return {n: int(self._arrays[i, _ARES]) for i, n in enumerate(self.names) if self._arrays[i, _ARES]}
+        tally = self._arrays[:, _ARES] + (self._arrays[:, _READS] if self.fast else 0)  # see _acquire
+        return {n: int(tally[i]) for i, n in enumerate(self.names) if tally[i]}
 
     def trace(self) -> Trace | None:
         """The events recorded so far (None unless the memory was made with ``trace=True``)."""
@@ -796,6 +813,7 @@ class TwoLevelMemory:
 
 _OPS = ("load", "load_vec", "alloc", "alloc_vec", "store", "store_to", "free", "init_slow")  # store_vec is store
 _INLINED: dict = {}
+_COLD = {"_new_peak"}  # rare: a call, not a copy of its loop at every op
 
 
 def _inlined(fn):
@@ -807,7 +825,7 @@ def _inlined(fn):
         return _INLINED[fn]
     g = dict(fn.__globals__)
     for name in fn.__code__.co_names:
-        if name in _JITABLE and _JITABLE[name] is not fn:
+        if name in _JITABLE and _JITABLE[name] is not fn and name not in _COLD:
             g[name] = _inlined(_JITABLE[name])
     copy_fn = pytypes.FunctionType(fn.__code__, g, fn.__name__, fn.__defaults__, fn.__closure__)
     copy_fn.__qualname__ = fn.__qualname__ + "__inlined"
@@ -817,37 +835,41 @@ def _inlined(fn):
 
 
 # The counters-only ops of a fast memory (TwoLevelMemory(fast=True)): what a checked op counts, without the tile
-# table. A fast handle packs the array and the words, so a free releases exactly the words of its tile.
+# table. A fast handle packs the array and the words, so a free releases exactly the words of its tile. A load
+# counts its words once, as reads: a fast memory's per-array resident tally holds resident minus read words
+# (:func:`_acquire`), which :meth:`TwoLevelMemory.resident_by_array` and the peak's composition add back.
 def _fast_load(W, aid, src, r0, nr, c0, nc, dst):
-    W[A0 + aid * _STRIDE + _READS] += nr * nc
-    return _open_fast(W, aid, nr * nc)
+    h = _open_fast(W, aid, nr * nc, False)
+    W[_row(aid) + _READS] += nr * nc
+    return h
 
 
 def _fast_load_vec(W, aid, src, r0, n, dst):
-    W[A0 + aid * _STRIDE + _READS] += n
-    return _open_fast(W, aid, n)
+    h = _open_fast(W, aid, n, False)
+    W[_row(aid) + _READS] += n
+    return h
 
 
 def _fast_alloc(W, aid, r0, nr, c0, nc):
-    return _open_fast(W, aid, nr * nc)
+    return _open_fast(W, aid, nr * nc, True)
 
 
 def _fast_alloc_vec(W, aid, r0, n):
-    return _open_fast(W, aid, n)
+    return _open_fast(W, aid, n, True)
 
 
 def _fast_store(W, h, src, dst):
-    W[A0 + ((h >> 40) & 0x3FFFFF) * _STRIDE + _WRITES] += h & 0xFFFFFFFFFF
+    W[_row(h >> 40) + _WRITES] += h & 0xFFFFFFFFFF
 
 
 def _fast_store_to(W, h, src, aid, dst, r0, c0):
-    W[A0 + aid * _STRIDE + _WRITES] += h & 0xFFFFFFFFFF
+    W[_row(aid) + _WRITES] += h & 0xFFFFFFFFFF
 
 
 def _fast_free(W, h):
     words = h & 0xFFFFFFFFFF
     W[_RES] -= words
-    W[A0 + ((h >> 40) & 0x3FFFFF) * _STRIDE + _ARES] -= words
+    W[_row(h >> 40) + _ARES] -= words
 
 
 _FAST_OPS = {

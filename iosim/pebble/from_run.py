@@ -373,10 +373,10 @@ _OPS = ("load", "load_vec", "store", "store_vec", "store_to", "free", "init_slow
 def _symbolic(session: _Session):
     """Patch the driver modules for the run: plain-Python functions, Value-aware math/max, object buffers and
     recorded memory ops; restored afterwards."""
-    from iosim.algorithms import _tiles, flash, square_tiling, standard
+    from iosim.algorithms import _tiles, flash, masks, square_tiling, standard
 
     saved = []
-    for mod in (_tiles, flash, square_tiling, standard):
+    for mod in (_tiles, masks, flash, square_tiling, standard):
         for name, obj in list(vars(mod).items()):
             new = None
             if isinstance(obj, Dispatcher):  # an @njit function: its plain Python
