@@ -6,7 +6,7 @@
 True
 """
 
-from iosim import masks
+from iosim import _numba_cache, masks
 from iosim.api import PassResult, Result, algorithm_names, run
 from iosim.check import CheckReport, check
 from iosim.errors import InputError
@@ -35,3 +35,5 @@ __all__ = [
     "unregister",
 ]
 __version__ = "0.1.0"
+
+_numba_cache.drop_stale()  # before anything loads from Numba's cache: see iosim/_numba_cache.py

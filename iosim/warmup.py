@@ -1,44 +1,28 @@
 """First-run compilation in parallel: ``iosim compare`` on a cold Numba cache compiles in two processes.
 
 Numba compiles each algorithm's driver the first time it runs and caches the machine code on disk; later runs load
-it (about a second for ``iosim compare``). A first run on this 2-core machine spends most of its time compiling,
-and standard attention (four products and two softmax sweeps, every operand layout) is about half of it. When the
-cache is cold, :func:`start` launches one worker process that compiles the algorithms given to it (by running
-them once at a tiny size with the same argument types) while this process runs the others; both write the shared
+it (about a second for ``iosim compare``). A first run on this 2-core machine spends most of its time compiling.
+When the cache is cold, :func:`start` launches one worker process that compiles the algorithms given to it (by
+running them once at a tiny size with the same argument types; ``iosim compare`` gives it standard attention and
+FlashAttention-1, about half of the compile time) while this process runs the others; both write the shared
 cache, and this process then loads what the worker compiled. A marker keyed by a fingerprint of iosim's source
 files records that the cache is warm, so later runs start no worker.
 """
 
 from __future__ import annotations
 
-import hashlib
 import multiprocessing as mp
 import os
 from pathlib import Path
 
 import numba
 
-
-def _source_fingerprint() -> str:
-    import iosim
-
-    root = Path(iosim.__file__).resolve().parent
-    roots = [root, root / "algorithms", root / "memory_model"]
-    import iosim.algorithms
-    import iosim.memory_model
-
-    roots += [Path(iosim.algorithms.__file__).parent, Path(iosim.memory_model.__file__).parent]
-    h = hashlib.sha1(numba.__version__.encode())
-    for r in dict.fromkeys(roots):
-        for f in sorted(r.glob("*.py")):
-            st = f.stat()
-            h.update(f"{f}:{st.st_mtime_ns}:{st.st_size}".encode())
-    return h.hexdigest()[:16]
+from iosim._numba_cache import source_fingerprint
 
 
 def _marker(key: str) -> Path:
     base = Path(numba.config.CACHE_DIR) if numba.config.CACHE_DIR else Path.home() / ".cache" / "iosim"
-    return base / f"iosim-warm-{key}-{_source_fingerprint()}"
+    return base / f"iosim-warm-{key}-{source_fingerprint()}"
 
 
 def is_warm(key: str) -> bool:

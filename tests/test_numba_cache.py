@@ -1,0 +1,39 @@
+"""Numba's cache keys a function by its own file only; iosim drops its cached functions when any source changes."""
+
+import os
+import subprocess
+import sys
+
+from iosim import _numba_cache
+
+
+def test_drop_stale_removes_only_iosim_functions_and_stamps_the_directory(tmp_path, monkeypatch):
+    (tmp_path / "flash._flash2_forward-158.py311.nbi").write_text("x")
+    (tmp_path / "flash._flash2_forward-158.py311.1.nbc").write_text("x")
+    (tmp_path / "other_module.f-3.py311.nbi").write_text("x")  # not one of iosim's source files
+    (tmp_path / "flash.cpython-311.pyc").write_text("x")  # bytecode stays
+    monkeypatch.setattr(_numba_cache, "_cache_dirs", lambda: {tmp_path: {"flash", "core"}})
+    monkeypatch.setattr(_numba_cache, "source_fingerprint", lambda: "new")
+    _numba_cache.drop_stale()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "flash.cpython-311.pyc",
+        "iosim-sources",
+        "other_module.f-3.py311.nbi",
+    ]
+    assert (tmp_path / "iosim-sources").read_text() == "new"
+    (tmp_path / "flash.g-1.py311.nbi").write_text("x")  # cached under the current sources: kept
+    _numba_cache.drop_stale()
+    assert (tmp_path / "flash.g-1.py311.nbi").exists()
+
+
+def test_a_changed_source_fingerprint_makes_the_next_run_compile_afresh(tmp_path):
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path))
+    run = "import iosim; r = iosim.run('flash2', N=40, d=8, M=512, count_only=True); assert r.stats.total == r.predicted.total"
+    subprocess.run([sys.executable, "-c", run], env=env, check=True)
+    stamps = list(tmp_path.rglob("iosim-sources"))
+    assert stamps and any(p.suffix == ".nbi" for s in stamps for p in s.parent.iterdir())
+    for s in stamps:
+        s.write_text("sources as they were before a change")
+    subprocess.run([sys.executable, "-c", "import iosim"], env=env, check=True)
+    assert not [p for s in stamps for p in s.parent.iterdir() if p.suffix in (".nbi", ".nbc")]
+    subprocess.run([sys.executable, "-c", run], env=env, check=True)  # compiles again, counts exactly
