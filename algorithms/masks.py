@@ -373,7 +373,7 @@ def _dense(p) -> bool:
     return isinstance(p, types.NoneType)
 
 
-@overload(tile_nnz, jit_options={"cache": True})
+@overload(tile_nnz, jit_options={"cache": True}, inline="always")
 def _ol_tile_nnz(kind, p, T, r0, nr, c0, nc):
     if _dense(p):
         return lambda kind, p, T, r0, nr, c0, nc: max(nr, 0) * max(nc, 0)
