@@ -123,7 +123,7 @@ def _upper(p, x):
     return lo
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _clamp_sum(a, n, cap):
     """sum of clamp(x, 0, cap) for x = a, a + 1, ..., a + n - 1."""
     if n <= 0:
@@ -135,7 +135,7 @@ def _clamp_sum(a, n, cap):
     return s + (cap * over if over > 0 else 0)
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _band_count(r0, nr, c0, nc, lo, hi):
     """Entries (r, c) of the rectangle with lo <= c - r <= hi: F(hi) - F(lo - 1), F(t) = #{c - r <= t}."""
     if nr <= 0 or nc <= 0 or lo > hi:
@@ -210,7 +210,7 @@ def mask_nnz(kind, p, T, r0, nr, c0, nc):
     return s
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _tile_nnz(kind, p, T, r0, nr, c0, nc):
     """:func:`mask_nnz` for the drivers' inner loops: inlined, so band (causal, sliding window) tiles cost no call
     (a count-only step takes a few nanoseconds, and a call would double it)."""
@@ -377,7 +377,7 @@ def _dense(p) -> bool:
 def _ol_tile_nnz(kind, p, T, r0, nr, c0, nc):
     if _dense(p):
         return lambda kind, p, T, r0, nr, c0, nc: max(nr, 0) * max(nc, 0)
-    return lambda kind, p, T, r0, nr, c0, nc: _tile_nnz(kind, p, T, r0, nr, c0, nc)
+    return _tile_nnz.py_func  # inlined itself (one level: an inline inside an inline trips Numba's SSA pass)
 
 
 @overload(mask_cols, jit_options={"cache": True})

@@ -241,11 +241,8 @@ def _nn_product(W, iA, A, a_transposed, iX, X, iC, C, N, d, B, mk, mp, mt, iL, L
             for k in range(k0_, k1_):
                 k0 = k * B
                 bk = min(B, N - k0)
-                if a_transposed:
-                    empty = tile_nnz(mk, mp, mt, k0, bk, r0, br) == 0
-                else:
-                    empty = tile_nnz(mk, mp, mt, r0, br, k0, bk) == 0
-                if empty:  # an all-zero tile of A
+                ar0, anr, ac0, anc = (k0, bk, r0, br) if a_transposed else (r0, br, k0, bk)  # A's tile
+                if tile_nnz(mk, mp, mt, ar0, anr, ac0, anc) == 0:  # an all-zero tile of A
                     continue
                 Xkc = tile(Xb, bk, bc)
                 if a_transposed:

@@ -28,7 +28,10 @@ def test_drop_stale_removes_only_iosim_functions_and_stamps_the_directory(tmp_pa
 
 def test_a_changed_source_fingerprint_makes_the_next_run_compile_afresh(tmp_path):
     env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path))
-    run = "import iosim; r = iosim.run('flash2', N=40, d=8, M=512, count_only=True); assert r.stats.total == r.predicted.total"
+    run = (
+        "import iosim; r = iosim.run('flash2', N=40, d=8, M=512, count_only=True); "
+        "assert r.stats.total == r.predicted.total"
+    )
     subprocess.run([sys.executable, "-c", run], env=env, check=True)
     stamps = list(tmp_path.rglob("iosim-sources"))
     assert stamps and any(p.suffix == ".nbi" for s in stamps for p in s.parent.iterdir())
