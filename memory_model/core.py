@@ -152,9 +152,8 @@ class ScheduleError(RuntimeError):
 
 @jitable
 def _row(aid):
-    """Where array ``aid``'s row of W starts. The mask (aid < MAX_ARRAYS always) shows the compiler an index that is
-    never negative and never in the header: no negative-index wrap on every access, and the header's counters can
-    stay in registers across a count-only loop."""
+    """Where array ``aid``'s row of W starts. The mask changes nothing (aid < MAX_ARRAYS always) but shows the
+    compiler an index that is never negative, so Numba's negative-index wrap folds away on every counter update."""
     return A0 + (aid & (MAX_ARRAYS - 1)) * _STRIDE
 
 
