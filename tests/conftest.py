@@ -12,6 +12,16 @@ if os.environ.get("IOSIM_GPU") != "1":
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
+
+def pytest_configure(config):
+    # A Numba warning is a compiler-level problem (an inlining that broke an IR assumption, an operand layout that
+    # falls off the fast path): fail on it rather than print it to users. Added here, not in pyproject.toml: pytest
+    # imports a filter's warning class when it reads the ini file, and importing numba then would fix
+    # NUMBA_ENABLE_CUDASIM before the line above sets it.
+    for category in ("NumbaIRAssumptionWarning", "NumbaPerformanceWarning"):
+        config.addinivalue_line("filterwarnings", f"error::numba.core.errors.{category}")
+
+
 # Odd shapes, not just powers of two (design.md): N not a multiple of any block, d odd.
 ODD_N = (1, 17, 113, 203)
 ODD_D = (1, 16, 59)
