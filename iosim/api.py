@@ -26,7 +26,7 @@ MAX_D = 1 << 16
 MAX_M = 1 << 40
 MAX_SEED = 1 << 64
 # Count-only cost per tile step on the 2-core development machine (a fast count-only flash1 step at N = 2^20 is
-# about 7 ns: experiments/bench/cpu.py), rounded up; what a run may take before it needs ``allow_long``, and the
+# about 5 ns: experiments/bench/cpu.py), rounded up; what a run may take before it needs ``allow_long``, and the
 # hard limit.
 SECONDS_PER_STEP = 2e-8
 LONG_SECONDS = 60.0
