@@ -882,7 +882,6 @@ _FAST_OPS = {
     "init_slow": init_slow,
 }
 _FAST_OPS = {k: _inlined(jitable(f)) for k, f in _FAST_OPS.items()}
-_CHECKED_OPS = {name: _JITABLE[name] for name in _OPS}
 _VARIANTS: dict = {}
 
 
@@ -894,14 +893,14 @@ def count_only_variant(driver, fast: bool = False):
     key = (driver, fast)
     if key in _VARIANTS:
         return _VARIANTS[key]
-    ops = _FAST_OPS if fast else _CHECKED_OPS
     py = getattr(driver, "py_func", driver)
     g = dict(py.__globals__)
     for name in py.__code__.co_names:
         value = g.get(name)
         op = next((op for op in _OPS if value is _JITABLE[op]), None)
         if op is not None:
-            g[name] = ops[op]
+            if fast:  # the checked variant keeps the model's own ops
+                g[name] = _FAST_OPS[op]
         elif value is not driver and _is_driver(value) and _calls_ops(value):
             g[name] = count_only_variant(value, fast)
     fn = pytypes.FunctionType(py.__code__, g, py.__name__, py.__defaults__, py.__closure__)
