@@ -304,3 +304,22 @@ def test_bad_input_names_the_parameter(kw, parameter):
     with pytest.raises(InputError) as e:
         hierarchy("flash2", **args)
     assert e.value.parameter == parameter
+
+
+def test_cli_hierarchy(capsys):
+    from iosim.cli import main
+
+    assert (
+        main(["hierarchy", "flash2", "--N", "256", "--d", "64", "--device", "H100", "--H-q", "4", "--H-kv", "2"]) == 0
+    )
+    out = capsys.readouterr().out
+    assert "H100: P=132 SMs" in out and "DRAM:" in out and "L2 fill" in out
+    assert (
+        main(["hierarchy", "flash2", "--N", "256", "--d", "64", "--P", "2", "--C", "0", "--M", "4096", "--json"]) == 0
+    )
+    import json
+
+    d = json.loads(capsys.readouterr().out)
+    assert d["dram"] == d["two_level"] and d["ratio"] == 1.0
+    assert main(["hierarchy", "flash2", "--N", "64", "--d", "16", "--device", "nope"]) == 2
+    assert "device must be one of" in capsys.readouterr().err
