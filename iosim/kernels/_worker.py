@@ -1,0 +1,91 @@
+"""The counting subprocess of :func:`iosim.kernels.count_file`: ``python -m iosim.kernels._worker DIR``.
+
+Reads DIR/request.json, imports the launcher file (the backend's environment variable was set by the parent before
+this process imported anything), counts, and writes DIR/result.json (and DIR/arrays.npz). Every failure is written
+as one line (parameter, accepted, got) for the parent to raise: never a traceback.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import json
+import sys
+from pathlib import Path
+
+
+def _fail(out: Path, parameter: str, accepted: str, got=None) -> int:
+    got = None if got is None else " ".join(str(got).split())[:300]
+    (out / "result.json").write_text(json.dumps({"ok": False, "parameter": parameter, "accepted": accepted, "got": got}))
+    return 2
+
+
+def _launcher(path: Path, name: str | None):
+    spec = importlib.util.spec_from_file_location(f"iosim_launcher_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(path.parent))
+    spec.loader.exec_module(module)
+    if name:
+        fn = getattr(module, name, None)
+        if not callable(fn):
+            raise LookupError(f"{path.name} defines no launcher {name!r}")
+        return fn
+    if callable(getattr(module, "launch", None)):
+        return module.launch
+    found = [v for k, v in vars(module).items() if k.startswith("launch") and callable(v) and inspect.isfunction(v)]
+    if len(found) != 1:
+        raise LookupError(f"{path.name} defines no launcher (a function named launch, or name it: FILE.py:NAME)")
+    return found[0]
+
+
+def main(argv: list[str]) -> int:
+    out = Path(argv[0])
+    req = json.loads((out / "request.json").read_text())
+    from iosim.errors import InputError
+    from iosim.kernels.count import backend_module, count
+
+    backend, params = req["backend"], req["params"]
+    try:
+        mod = backend_module(backend)
+        mod.require()
+    except InputError as e:
+        return _fail(out, e.parameter, e.accepted, e.got)
+    try:
+        fn = _launcher(Path(req["path"]), req["launcher"])
+    except LookupError as e:
+        return _fail(out, "launcher", "must be defined by the file", str(e))
+    except Exception as e:
+        return _fail(out, "launcher file", "must import cleanly", f"{type(e).__name__}: {e}")
+    sig = inspect.signature(fn)
+    takes_any = any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values())
+    kw = {k: v for k, v in params.items() if v is not None and (takes_any or k in sig.parameters)}
+    missing = [
+        k for k, p in sig.parameters.items() if p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+        and k not in kw
+    ]  # fmt: skip
+    if missing:
+        return _fail(out, "launcher", f"needs {', '.join(missing)}: give them as options", fn.__name__)
+    try:
+        counts, result = count(lambda: fn(**kw), backend)
+    except InputError as e:
+        return _fail(out, e.parameter, e.accepted, e.got)
+    except Exception as e:
+        cause = e.__cause__ or e
+        return _fail(out, "kernel", "raised", f"{type(cause).__name__}: {cause}")
+    numbers = {k: v for k, v in result.items() if isinstance(v, (int, float, bool, str))}
+    if req.get("arrays"):
+        import numpy as np
+
+        arrays = {}
+        for k, v in result.items():
+            if k not in numbers and v is not None:
+                a = mod.to_numpy(v)
+                if a is not None:
+                    arrays[k] = a
+        np.savez(out / "arrays.npz", **arrays)
+    (out / "result.json").write_text(json.dumps({"ok": True, "counts": counts.to_dict(), "numbers": numbers}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
