@@ -73,6 +73,8 @@ def main(argv: list[str]) -> int:
         cause = e.__cause__ or e
         return _fail(out, "kernel", "raised", f"{type(cause).__name__}: {cause}")
     numbers = {k: v for k, v in result.items() if isinstance(v, (int, float, bool, str))}
+    if "dtype" not in numbers and getattr(result.get("Q"), "dtype", None) is not None:
+        numbers["dtype"] = str(result["Q"].dtype).removeprefix("torch.")  # the inputs' precision, for the numerics
     if req.get("arrays"):
         import numpy as np
 

@@ -298,7 +298,7 @@ def detect_backend(path) -> str:
     from pathlib import Path
 
     text = Path(path).read_text(errors="replace")
-    if "import triton" in text or "from triton" in text:
+    if "triton" in text:
         return "triton"
     if "pallas" in text:
         return "pallas"
