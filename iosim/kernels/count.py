@@ -23,6 +23,7 @@ kernel's parameter name at its first launch.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -130,6 +131,7 @@ class Recorder:
         self.launches = 0
         self.kernels: list[str] = []
         self._in_program = False
+        self.paused = False  # inside ``paused()``: launches run uncounted
 
     # --- arrays ---------------------------------------------------------------------------------------------
     def register(self, name: str, start: int, nbytes: int, itemsize: int) -> None:
@@ -145,11 +147,15 @@ class Recorder:
     # --- programs -------------------------------------------------------------------------------------------
     def begin_launch(self, kernel: str) -> None:
         self.end_program()
+        if self.paused:
+            return
         self.launches += 1
         self.kernels.append(kernel)
 
     def begin_program(self) -> None:
         self.end_program()
+        if self.paused:
+            return
         self.per_program.append([0, 0])
         self._in_program = True
 
@@ -165,6 +171,8 @@ class Recorder:
     def access(self, addresses: np.ndarray, kind: str, nbytes: int) -> None:
         """Lanes that moved data: their byte addresses (enabled lanes only), kind "r", "w" or "a" (atomic: a read and
         a write), the bytes one lane moves."""
+        if self.paused:
+            return
         if not self._in_program:
             self.begin_program()
         addr = np.asarray(addresses, dtype=np.uint64).ravel()
@@ -264,6 +272,23 @@ def require_extra(backend: str) -> None:
             raise InputError(f"backend {backend}", f'needs the extra: pip install "iosim[{extra}]" ({m} is missing)')
 
 
+_ACTIVE: list[Recorder] = []
+
+
+@contextlib.contextmanager
+def paused():
+    """Launches inside this block are not counted (a launcher's setup, e.g. the forward before a backward)."""
+    saved = [r.paused for r in _ACTIVE]
+    for r in _ACTIVE:
+        r.end_program()
+        r.paused = True
+    try:
+        yield
+    finally:
+        for r, p in zip(_ACTIVE, saved, strict=True):
+            r.paused = p
+
+
 def count(launch, backend: str = "triton") -> tuple[KernelCounts, dict]:
     """Count the traffic of ``launch()`` (a callable that launches one or more kernels) in this process.
 
@@ -276,8 +301,12 @@ def count(launch, backend: str = "triton") -> tuple[KernelCounts, dict]:
     mod = backend_module(backend)
     rec = Recorder()
     t0 = time.perf_counter()
-    with mod.hooks(rec):
-        out = launch()
+    _ACTIVE.append(rec)
+    try:
+        with mod.hooks(rec):
+            out = launch()
+    finally:
+        _ACTIVE.remove(rec)
     seconds = time.perf_counter() - t0
     out = {} if out is None else out
     if not isinstance(out, dict):
