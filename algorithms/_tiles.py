@@ -45,7 +45,7 @@ def _tile(buf, r, c):
 
 @njit(cache=True)
 def score_tile(Qi, Kj, S, scale):
-    """S = scale * Qi Kj^T (a partial tile's mask is applied after: :func:`iosim.algorithms.masks.apply_mask`)."""
+    """S = scale * Qi Kj^T (a partial tile's mask is applied after: :func:`iosim.algorithms.tile_masks.apply_mask`)."""
     np.dot(Qi, Kj.T, S)
     S *= scale
 

@@ -3,20 +3,20 @@
 * :func:`flash1_forward`: Dao et al., "FlashAttention: Fast and Memory-Efficient Exact Attention with IO-Awareness"
   (NeurIPS 2022), Algorithm 1 (Algorithm 2's softmax scale and causal mask included). K/V-outer loop; O, l and m
   make a round trip through slow memory on every inner step. Theorem 2: Theta(N^2 d^2 / M) slow-memory accesses.
-  Exact count: :func:`iosim.io_model.flash1_forward`.
+  Exact count: :func:`iosim.theory.io_model.flash1_forward`.
 * :func:`flash2_forward`: Dao, "FlashAttention-2" (2023), forward. Q-outer loop; O_i, l_i, m_i stay on chip,
-  O and the logsumexp L are written once. Exact count: :func:`iosim.io_model.flash2_forward`.
+  O and the logsumexp L are written once. Exact count: :func:`iosim.theory.io_model.flash2_forward`.
 * :func:`flash1_backward`: FlashAttention Algorithm 4 (appendix B.4), K/V outer, S and P recomputed from l and m,
   D_i recomputed on every inner step, dQ_i read-modify-written every inner step. Theorem 5: Theta(N^2 d^2 / M).
-  Exact count: :func:`iosim.io_model.flash1_backward`.
+  Exact count: :func:`iosim.theory.io_model.flash1_backward`.
 * :func:`flash2_backward`: FlashAttention-2 backward (Algorithm 2), D = rowsum(dO o O) precomputed once, P from
-  the logsumexp L. Exact count: :func:`iosim.io_model.flash2_backward`.
+  the logsumexp L. Exact count: :func:`iosim.theory.io_model.flash2_backward`.
 
 Both drivers take explicit (N, d) so that count-only mode (every data array None) runs the same loop nest
 with no data at all. Working set of one inner step, in words (what ``fit`` tiling sizes against M):
 Q_i, O_i (2 Br d) + K_j, V_j (2 Bc d) + l_i, m_i (2 Br) + S_ij (Br Bc; P~_ij overwrites it in place).
 The per-row quantities m~, l~, m_new, l_new are scalars of one row's arithmetic and take no fast memory.
-Masks (:mod:`iosim.algorithms.masks`; ``causal=True`` is the causal mask): a block (i, j) the mask empties is
+Masks (:mod:`iosim.algorithms.tile_masks`; ``causal=True`` is the causal mask): a block (i, j) the mask empties is
 skipped with one ``continue`` and never loaded (FlashAttention Algorithm 5); inside a partial block the element
 mask sets the masked scores to -inf; a full block needs no test. Loops visit only the blocks ``mask_rows`` /
 ``mask_cols`` leave possible, so structured masks cost time in proportion to their nonzero blocks. The mask's
@@ -31,7 +31,7 @@ import math
 
 import numpy as np
 from iosim.algorithms._tiles import buffer, cdiv, exp_nonpos, score_tile, tile
-from iosim.algorithms.masks import (
+from iosim.algorithms.tile_masks import (
     apply_mask,
     block_nonempty,
     block_range,
@@ -229,7 +229,7 @@ def flash1_forward(mem, Q, K, V, *, N, d, Br, Bc, scale, causal=False, dtype=np.
 
     Count-only mode: pass Q = K = V = None. Returns (O, l, m) in slow memory (None each in count-only mode).
     Reads 2Nd + Tc(2Nd + 2N), writes Tc(Nd + 2N) plus Nd + 2N for initialising O, l, m:
-    see :func:`iosim.io_model.flash1_forward`.
+    see :func:`iosim.theory.io_model.flash1_forward`.
     """
     Q, K, V = _inputs(Q, K, V, dtype)
     O, l, m = _outputs(Q is not None, dtype, (N, d), (N,), (N,))  # noqa: E741
@@ -241,7 +241,7 @@ def flash1_forward(mem, Q, K, V, *, N, d, Br, Bc, scale, causal=False, dtype=np.
 def flash2_forward(mem, Q, K, V, *, N, d, Br, Bc, scale, causal=False, dtype=np.float64):  # noqa: N803
     """FlashAttention-2 forward on memory ``mem``. Count-only mode: Q = K = V = None. Returns (O, L).
 
-    Reads Nd + Tr * 2Nd, writes Nd + N: see :func:`iosim.io_model.flash2_forward`.
+    Reads Nd + Tr * 2Nd, writes Nd + N: see :func:`iosim.theory.io_model.flash2_forward`.
     """
     Q, K, V = _inputs(Q, K, V, dtype)
     O, L = _outputs(Q is not None, dtype, (N, d), (N,))
@@ -256,8 +256,8 @@ def flash2_forward(mem, Q, K, V, *, N, d, Br, Bc, scale, causal=False, dtype=np.
 # Both backward passes keep the K/V-outer loop (FlashAttention Algorithm 4; FlashAttention-2 Algorithm 2):
 # K_j, V_j and the on-chip accumulators dK~_j, dV~_j stay resident while the row blocks stream past; dQ_i makes a
 # read-modify-write round trip through slow memory on every inner step. Working set of one inner step, in words
-# (what the backward ``fit`` tiling sizes against M, :func:`iosim.io_model.flash1_backward_working_set` and
-# :func:`iosim.io_model.flash2_backward_working_set`):
+# (what the backward ``fit`` tiling sizes against M, :func:`iosim.theory.io_model.flash1_backward_working_set` and
+# :func:`iosim.theory.io_model.flash2_backward_working_set`):
 #   flash1: K_j, V_j, dK~_j, dV~_j (4 Bc d) + Q_i, O_i, dO_i, dQ_i (4 Br d) + l_i, m_i, D_i (3 Br)
 #           + S_ij/P_ij and dP_ij/dS_ij (2 Br Bc);
 #   flash2: K_j, V_j, dK~_j, dV~_j (4 Bc d) + Q_i, dO_i, dQ_i (3 Br d) + L_i, D_i (2 Br) + S_ij/P_ij, dP_ij/dS_ij
@@ -467,7 +467,7 @@ def flash1_backward(mem, Q, K, V, O, dO, l, m, *, N, d, Br, Bc, scale, causal=Fa
     zero-initialised in HBM (step 6), counted as initialisation writes.
     Count-only mode: pass every data array as None. Returns (dQ, dK, dV) (None each in count-only mode).
     Reads 2Nd + Tc(4Nd + 2N), writes 2Nd + Tc Nd plus 3Nd initialisation, total 4Nd + Tc(5Nd + 2N) + 3Nd
-    (papers.md B1): see :func:`iosim.io_model.flash1_backward`.
+    (papers.md B1): see :func:`iosim.theory.io_model.flash1_backward`.
     """
     Q, K, V = _inputs(Q, K, V, dtype)
     O, dO, l, m = (_vec(x, dtype) for x in (O, dO, l, m))  # noqa: E741
@@ -487,7 +487,7 @@ def flash2_backward(mem, Q, K, V, O, dO, L, *, N, d, Br, Bc, scale, causal=False
     inner step. The paper's inner loop also loads O_i; it is unused once D exists and is not loaded here
     (papers.md B2, "dropping it"). Count-only mode: every data array None. Returns (dQ, dK, dV).
     Reads 4Nd + Tc(3Nd + 2N), writes 2Nd + N + Tc Nd plus Nd initialisation of dQ, total 6Nd + N + Tc(4Nd + 2N)
-    + Nd: see :func:`iosim.io_model.flash2_backward`.
+    + Nd: see :func:`iosim.theory.io_model.flash2_backward`.
     """
     Q, K, V = _inputs(Q, K, V, dtype)
     O, dO, L = (_vec(x, dtype) for x in (O, dO, L))

@@ -5,7 +5,7 @@ Q is N_q x d, K and V are N_k x d (N_q = N_k for the simulated algorithms). The 
 c <= r + offset: ``offset = 0`` is the top-left alignment (PyTorch's ``is_causal``; the only one when N_q = N_k),
 ``offset = N_k - N_q`` the bottom-right one of FlashAttention >= 2.1, under which the first N_q - N_k rows of a
 query longer than its keys see no key at all. ``mask`` (optional: a boolean N_q x N_k array, True = allowed, or
-an object whose ``rows(r0, r1)`` gives that array's rows, as :class:`iosim.algorithms.masks.TileMask` does, so a
+an object whose ``rows(r0, r1)`` gives that array's rows, as :class:`iosim.algorithms.tile_masks.TileMask` does, so a
 structured mask is never materialised whole) forbids scores as the causal mask does, applied to each row block
 where the causal mask is. A row that sees no key has O = 0, L = -inf and zero gradients.
 

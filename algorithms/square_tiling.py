@@ -20,11 +20,11 @@ instead of D_i. Phase 2 forms the normalised A_ik = exp(S_ik - L_i) = diag(D_i)^
 words of row statistic written and read back, nothing else moves. Only the fast-memory working set grows by B
 words (m_i and l_i instead of d_B[i]): 3B^2 + 2B <= 4B^2 <= M for the paper's B >= 2.
 
-Exact count (:func:`iosim.io_model.square_tiling_forward`), non-causal, Tn = ceil(N/B), Td = ceil(d/B):
+Exact count (:func:`iosim.theory.io_model.square_tiling_forward`), non-causal, Tn = ceil(N/B), Td = ceil(d/B):
 reads Q, K, V: Nd Tn each; S: written N^2, read N^2 Td; L: N written, N read; O: Nd written. Total
 3 Nd Tn + N^2 (1 + Td) + Nd + 2N = papers.md S1 to the word. Causal masking skips tile (i, j) with j > i (square
 tiles: exactly the tiles entirely above the diagonal) in both phases with one ``continue``; those S entries are
-never written or read. Any mask (:mod:`iosim.algorithms.masks`) likewise: the tiles it empties are skipped in both
+never written or read. Any mask (:mod:`iosim.algorithms.tile_masks`) likewise: the tiles it empties are skipped in both
 phases (and in every product of the backward), the element mask applies inside partial tiles, and a row with no
 allowed entry gets L = -inf, O = 0 and zero gradients. This is a sparse small-cache algorithm: its I/O follows
 the nonzero tiles, O(nnz_tiles B^2 (d / B)) = O(s N^2 d / sqrt(M)) for a fraction s of nonzero tiles.
@@ -58,7 +58,7 @@ Inputs in slow memory: Q, K, V, dO and the forward's O, L and S. Outputs: dQ, dK
   4. dV = P^T dO with P = exp(S - L) formed in each tile's prologue (the tile's B words of L read with it);
   5. dQ = dS K; 6. dK = dS^T Q. Causal: the all-zero tiles above the diagonal are skipped with one ``continue``.
 
-Exact count (:func:`iosim.io_model.square_tiling_backward`), non-causal:
+Exact count (:func:`iosim.theory.io_model.square_tiling_backward`), non-causal:
 5 Nd Tn + 3 N^2 Td + 2 N^2 + N Tn Td + 5 Nd + N, against papers.md B3's 7 Nd Tn + 3 N^2 Td + 3 N^2 + 2 N Tn + 5 Nd
 + N. Working set: B^2 + 2B min(B, d) + 2B, the forward's.
 
@@ -71,7 +71,7 @@ import math
 
 import numpy as np
 from iosim.algorithms._tiles import buffer, cdiv, tile
-from iosim.algorithms.masks import apply_mask, block_range, mask_cols, mask_rows, resolve, tile_nnz
+from iosim.algorithms.tile_masks import apply_mask, block_range, mask_cols, mask_rows, resolve, tile_nnz
 from iosim.memory_model import alloc, alloc_vec, free, load, load_vec, store, store_to, store_vec
 from iosim.memory_model.core import jitable
 from numba import njit
@@ -355,7 +355,7 @@ def square_tiling_forward(mem, Q, K, V, *, N, d, B, scale, causal=False, dtype=n
 
     Count-only mode: pass Q = K = V = None. Returns (O, L, S): the output, the row logsumexp and the N x N
     exponent S = scale Q K^T left in slow memory (None each in count-only mode). Exact count:
-    :func:`iosim.io_model.square_tiling_forward` (= papers.md S1 when non-causal).
+    :func:`iosim.theory.io_model.square_tiling_forward` (= papers.md S1 when non-causal).
     """
     Q, K, V = _as_inputs(dtype, Q, K, V)
     S, O, L = _poisoned(Q is not None, dtype, (N, N), (N, d), (N,))
@@ -369,7 +369,7 @@ def square_tiling_backward(mem, Q, K, V, O, L, S, dO, *, N, d, B, scale, causal=
 
     Inputs: Q, K, V, the forward's O, L and S (the N x N exponent), and dO (all None for count-only mode).
     Returns (dQ, dK, dV, dS) (None each in count-only mode). Exact count:
-    :func:`iosim.io_model.square_tiling_backward`.
+    :func:`iosim.theory.io_model.square_tiling_backward`.
     """
     Q, K, V, O, L, S, dO = _as_inputs(dtype, Q, K, V, O, L, S, dO)
     dS, dQ, dK, dV = _poisoned(Q is not None, dtype, (N, N), (N, d), (N, d), (N, d))

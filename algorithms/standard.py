@@ -14,8 +14,8 @@ M < d^2. So that the algorithm runs, and fits, at every M down to 3 words, each 
    and store): 2 N^2 reads, N^2 writes. Either way the current row's max and sum take 2 words.
 3. O = P V: square tiles again; reads R(N, N, d) = N^2 ceil(d/B) + Nd ceil(N/B), writes Nd.
 
-Exact count: :func:`iosim.io_model.standard_forward`. The backward (Algorithm 3, :func:`standard_backward`) is at
-the end of this file; exact count: :func:`iosim.io_model.standard_backward`.
+Exact count: :func:`iosim.theory.io_model.standard_forward`. The backward (Algorithm 3, :func:`standard_backward`) is at
+the end of this file; exact count: :func:`iosim.theory.io_model.standard_backward`.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import math
 
 import numpy as np
 from iosim.algorithms._tiles import buffer, cdiv, exp_nonpos, tile
-from iosim.algorithms.masks import DENSE, mask_allows, resolve
+from iosim.algorithms.tile_masks import DENSE, mask_allows, resolve
 from iosim.memory_model import alloc, free, load, store, store_to
 from iosim.memory_model.core import jitable
 from numba import njit
@@ -209,10 +209,10 @@ def standard_forward(mem, Q, K, V, *, N, d, B, scale, causal=False, dtype=np.flo
 #    Otherwise each row is swept twice in chunks of floor((M - 1) / 2) columns of P and dP (pass 1: D_i,
 #    pass 2: dS and store): reads 4 N^2, writes N^2. D_i takes one word. The causal mask is applied here
 #    (masked dS = 0; P is already 0 there), which changes no count: the dense baseline computes every tile whatever
-#    the mask (iosim.algorithms.masks), and saves nothing.
+#    the mask (iosim.algorithms.tile_masks), and saves nothing.
 # 4. dQ = scale dS K: reads R(N, N, d), writes Nd.
 # 5. dK = scale dS^T Q: reads R(N, N, d), writes Nd.
-# Exact count: :func:`iosim.io_model.standard_backward`.
+# Exact count: :func:`iosim.theory.io_model.standard_backward`.
 
 
 @jitable(nrt=True)
@@ -282,7 +282,8 @@ def standard_backward(mem, Q, K, V, P, dO, *, N, d, B, scale, causal=False, dtyp
     Inputs: Q, K, V, dO and the forward's P in slow memory. Count-only mode: every data array None (no N x N
     array is allocated). Returns (dQ, dK, dV) (None each in count-only mode).
     Reads 3 R(N, N, d) + R(N, d, N) + 2N^2 (4N^2 when a row of P and dP does not fit), writes 2N^2 + 3Nd; with one
-    tile covering everything (B >= N, d) that is papers.md B0, 7N^2 + 8Nd. See :func:`iosim.io_model.standard_backward`.
+    tile covering everything (B >= N, d) that is papers.md B0, 7N^2 + 8Nd.
+    See :func:`iosim.theory.io_model.standard_backward`.
     """
     if Q is None:
         P = dP = dS = dQ = dK = dV = None

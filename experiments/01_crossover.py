@@ -15,7 +15,7 @@ arithmetic). A point where an algorithm has no tiling (M below its smallest work
 Outputs in results/ (created if missing):
 
 * ``01_crossover.csv``: one row per (d, pass, M, algorithm): reads, writes, total, peak, tiling, whether the
-  count equals its closed form in iosim.io_model, the largest applicable lower bound and total / bound.
+  count equals its closed form in iosim.theory.io_model, the largest applicable lower bound and total / bound.
 * ``01_crossover.png``: log-log total I/O vs M, one panel per d (columns) and pass (rows), the lower bounds drawn
   in their regimes and the line M = d^2 marked.
 * ``01_crossover.txt``: the crossover table (M / d^2 where square-tiling's total crosses flash2's and flash1's,
@@ -44,16 +44,13 @@ import math
 import sys
 from pathlib import Path
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from iosim.experiments import _common
+from iosim.memory_model import CapacityError
+from tabulate import tabulate
 
-from iosim.memory_model import CapacityError  # noqa: E402
-from tabulate import tabulate  # noqa: E402
-
-import iosim  # noqa: E402
-from experiments import _common  # noqa: E402
-from iosim import bounds  # noqa: E402
-from iosim.errors import InputError  # noqa: E402
+import iosim
+from iosim.errors import InputError
+from iosim.theory import bounds
 
 NAME = "crossover"
 TITLE = "The crossover at M ~ d^2 between square tiling and FlashAttention, forward and backward"

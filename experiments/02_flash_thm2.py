@@ -26,12 +26,10 @@ import math
 import sys
 from pathlib import Path
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from iosim.experiments import _common
+from iosim.experiments._common import Verdict, fit_power
 
-from experiments import _common  # noqa: E402
-from experiments._common import Verdict, fit_power  # noqa: E402
-from iosim.sweep import sweep  # noqa: E402
+from iosim.sweep import sweep
 
 NAME = "flash-thm2"
 TITLE = "FlashAttention Theorem 2: I/O against M, N and d"
@@ -158,7 +156,7 @@ def run(out: Path, quick: bool = False) -> Verdict:
         "N^2 d / sqrt(M) (caveat b of Thm 2) plus the M-independent 4N^2 of writing and reading S and P, which keeps "
         "the fitted slope above -1/2 at d = 64; Thm 2's Nd + N^2 does not hold there."
     )
-    v.notes.append(f"{len(rows)} runs, {inexact} differing from their closed form in iosim.io_model.")
+    v.notes.append(f"{len(rows)} runs, {inexact} differing from their closed form in iosim.theory.io_model.")
     fig = _plot(rows, NM, d0, Nd_, Md)
     headers = ["algorithm", "sweep", "range", "points", "claimed", "fitted exponent [95% CI]", "within 0.1"]
     return _common.write_outputs(out, "02_flash_thm2", rows, table, headers, v, fig=fig)

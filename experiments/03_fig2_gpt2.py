@@ -28,13 +28,11 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from iosim.experiments import _common
+from iosim.experiments._common import Verdict
 
-import iosim  # noqa: E402
-from experiments import _common  # noqa: E402
-from experiments._common import Verdict  # noqa: E402
-from iosim import io_model  # noqa: E402
+import iosim
+from iosim.theory import io_model
 
 NAME = "fig2-gpt2"
 TITLE = "FlashAttention Fig. 2 (left): GPT-2 medium HBM traffic"

@@ -20,12 +20,10 @@ import math
 import sys
 from pathlib import Path
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from iosim.experiments import _common
+from iosim.experiments._common import Verdict, fit_power
 
-from experiments import _common  # noqa: E402
-from experiments._common import Verdict, fit_power  # noqa: E402
-from iosim.sweep import sweep  # noqa: E402
+from iosim.sweep import sweep
 
 NAME = "backward-thm11"
 TITLE = "Fine-grained backward, Theorem 1.1: I/O around M = d^2"

@@ -7,7 +7,7 @@ it, forward and backward.
 
 Run: ``iosim experiments run tightness`` (count-only). Grid: N in {512, 2048, 8192}, d in {32, 64, 128, 256},
 M / d^2 in {1/16, 1/4, 1, 4, 16}; standard, flash1, flash2, square-tiling; forward and backward; fit tiling.
-Lower bounds (iosim/bounds.py): trivial 4Nd forward / 7Nd backward; Saha & Ye small-cache 2N^2 d / sqrt(M) - 2M
+Lower bounds (iosim/theory/bounds.py): trivial 4Nd forward / 7Nd backward; Saha & Ye small-cache 2N^2 d / sqrt(M) - 2M
 below d^2; the large-cache N^2 d^2 / (4(M + d^2)) - M above it, whose constant is derived in papers.md, not stated
 by the authors (provisional); the any-matmul min(N^2 d^2 / (8M), N^2 / 8) - M (provisional).
 
@@ -23,12 +23,10 @@ import math
 import sys
 from pathlib import Path
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from iosim.experiments import _common
+from iosim.experiments._common import Verdict
 
-from experiments import _common  # noqa: E402
-from experiments._common import Verdict  # noqa: E402
-from iosim.sweep import sweep  # noqa: E402
+from iosim.sweep import sweep
 
 NAME = "tightness"
 TITLE = "Tightness: measured / lower bound over (N, d, M)"

@@ -8,7 +8,7 @@ changes the I/O: at equal nnz a block-aligned pattern should save in proportion 
 almost nothing (nearly every tile is partial, so nearly no tile is skipped).
 
 Run: ``iosim experiments run sparse`` (or ``python experiments/06_sparse.py``); count-only, ``fit`` tiling, forward,
-exact to the word (every run is checked against its closed form in iosim.io_model). N = 4096 (quick: 1024),
+exact to the word (every run is checked against its closed form in iosim.theory.io_model). N = 4096 (quick: 1024),
 d = 64, M = d^2 / 2 (small cache) and 8 d^2 (large cache); densities s = 1/2 .. 1/64 for five patterns:
 
 * ``window``: sliding window of width w with (2w - 1) / N = s (local attention);
@@ -31,11 +31,8 @@ import math
 import sys
 from pathlib import Path
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from experiments import _common  # noqa: E402
-from experiments._common import Verdict  # noqa: E402
+from iosim.experiments import _common
+from iosim.experiments._common import Verdict
 
 NAME = "sparse"
 TITLE = "Sparse attention: Proposition 4's scaling in s and the pattern effect"
@@ -71,8 +68,9 @@ def run(out: Path, quick: bool = False) -> Verdict:
     import numpy as np
 
     import iosim
-    from iosim import bounds, masks
-    from iosim.io_model import tile_sums
+    from iosim import masks
+    from iosim.theory import bounds
+    from iosim.theory.io_model import tile_sums
 
     N, d = (1024, 64) if quick else (4096, 64)
     Ms = (d * d // 2, 8 * d * d)
@@ -194,7 +192,7 @@ def run(out: Path, quick: bool = False) -> Verdict:
         "The nnz lower bound (papers.md L6) is provisional (the fine-grained paper's sparse theorem was not "
         "readable); its regime switches at M = Z_in^2 / Z_QK, which is d^2 for dense masks."
     )
-    v.notes.append(f"{len(rows)} runs, {inexact} differing from their closed form in iosim.io_model.")
+    v.notes.append(f"{len(rows)} runs, {inexact} differing from their closed form in iosim.theory.io_model.")
     fig = _plot(rows, Ms, d, densities)
     headers = ["algorithm / pattern", "M", "points", "n", "claimed", "least-squares fit / measured", "holds"]
     return _common.write_outputs(out, "06_sparse", rows, table, headers, v, fig=fig)

@@ -10,8 +10,8 @@ fast memory one thread block can hold (shared memory / LDS / threadgroup memory 
 in words of the dtype: fp32 (4 bytes), fp16/bf16 (2), fp8 (1). Head dimensions: 64, 80, 96, 128, 192, 256 and
 DeepSeek's multi-head latent attention (512 for the latent, 576 with the rotary part). For every (M, d) the
 simulator counts standard, flash1, flash2 and square-tiling at N = 8192, forward and backward, with the fit tiling;
-"simulator pick" is the algorithm with the fewest words, "theory pick" is iosim.bounds.theory_winner (square tiling
-below d^2, flash2 at or above), and flash2 / square-tiling is the measured ratio of total words.
+"simulator pick" is the algorithm with the fewest words, "theory pick" is iosim.theory.bounds.theory_winner (square
+tiling below d^2, flash2 at or above), and flash2 / square-tiling is the measured ratio of total words.
 
 Caveat: a real kernel also keeps registers and uses less than the opt-in maximum (several blocks per SM, pipeline
 buffers), so its effective M is smaller: the table is an upper end for M, and a kernel near the line M = d^2 is
@@ -24,13 +24,11 @@ import csv
 import sys
 from pathlib import Path
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from iosim.experiments import _common
+from iosim.experiments._common import Verdict
 
-from experiments import _common  # noqa: E402
-from experiments._common import Verdict  # noqa: E402
-from iosim import bounds  # noqa: E402
-from iosim.sweep import sweep  # noqa: E402
+from iosim.sweep import sweep
+from iosim.theory import bounds
 
 NAME = "devices"
 TITLE = "Device regime table: M vs d^2 per GPU, dtype and head dimension"

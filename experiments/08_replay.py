@@ -3,7 +3,7 @@
 
 Question (the reviewers of the fine-grained paper; issue 11): the two-level model lets the program decide what
 fast memory holds. How does that map onto a cache that decides by itself? Each algorithm's forward computation
-(its operand-access trace, :mod:`iosim.replay`) is replayed through a fully associative cache of M words under LRU
+(its operand-access trace, :mod:`iosim.views.replay`) is replayed through a fully associative cache of M words under LRU
 and OPT, with lines of 1, 8 (a 32-byte sector of fp32) and 32 words, as M goes from below d^2 to the whole
 problem (4Nd words: Q, K, V, O fit). Reported: words moved by the cache (fetched + written back) over the
 explicit schedule's words at the same M.
@@ -18,12 +18,10 @@ import statistics
 import sys
 from pathlib import Path
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from iosim.experiments import _common
+from iosim.experiments._common import Verdict
 
-import iosim  # noqa: E402
-from experiments import _common  # noqa: E402
-from experiments._common import Verdict  # noqa: E402
+import iosim
 
 NAME = "replay"
 TITLE = "Explicit schedule vs LRU and OPT caches of the same M"

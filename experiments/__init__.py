@@ -1,7 +1,7 @@
 """The registry of experiments: every claim of the papers that iosim reproduces, one module each, by name.
 
-``iosim experiments list | run NAME | run all`` (iosim/cli.py) loads this package from the source checkout (it is
-not part of the installed package: experiments sit on top of iosim, never the other way round). Each module
+``iosim experiments list | run NAME | run all`` (iosim/cli/experiments.py) runs them; the folder installs as
+``iosim.experiments`` (experiments sit on top of iosim: nothing else in iosim imports them). Each module
 writes results/<stem>.{csv,png,tex,md}; ``run_all`` also writes results/index.md, the gallery.
 """
 
@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from experiments._common import RESULTS, MissingExtra, Verdict, require
+from iosim.experiments._common import RESULTS, MissingExtra, Verdict, require
 
 
 @dataclass(frozen=True)

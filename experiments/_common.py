@@ -20,7 +20,7 @@ from pathlib import Path
 
 from tabulate import tabulate
 
-RESULTS = Path(__file__).resolve().parent.parent / "results"
+RESULTS = Path("results")  # ./results of the current directory
 EXTRA_MODULES = {"plot": "matplotlib", "sweep": "pandas", "dask": "distributed"}
 
 

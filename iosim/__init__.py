@@ -8,12 +8,13 @@ True
 
 from iosim import _numba_cache, masks
 from iosim.api import PassResult, Result, algorithm_names, run
-from iosim.check import CheckReport, check
 from iosim.errors import InputError
+from iosim.kernels.check import CheckReport, check
 from iosim.memory_model import CapacityError, Memory, ScheduleError, Trace
 from iosim.registry import register, unregister
-from iosim.replay import ReplayResult, replay
 from iosim.sweep import sweep
+from iosim.version import __version__
+from iosim.views.replay import ReplayResult, replay
 
 __all__ = [
     "CapacityError",
@@ -34,6 +35,5 @@ __all__ = [
     "sweep",
     "unregister",
 ]
-__version__ = "0.1.0"
 
 _numba_cache.drop_stale()  # before anything loads from Numba's cache: see iosim/_numba_cache.py

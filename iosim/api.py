@@ -10,12 +10,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from iosim import bounds, registry
+from iosim import registry
 from iosim.algorithms.reference import attention_backward, attention_forward, default_scale
 from iosim.errors import InputError
-from iosim.io_model import Prediction
 from iosim.memory_model import Stats, Trace, TwoLevelMemory
-from iosim.tiling import RULES, Tiling
+from iosim.theory import bounds
+from iosim.theory.io_model import Prediction
+from iosim.theory.tiling import RULES, Tiling
 
 DTYPES = ("float64", "float32")
 # Sizes the counters and the loop indices serve: every count is an int64, and the closed forms are evaluated in
@@ -97,7 +98,7 @@ class Result:
     scale: float = 1.0
     trace: Trace | None = None  # the requested pass's event trace (``trace=True``)
     mask: str = "none"  # the mask's label (``causal`` for the causal flag); see iosim.masks
-    kv_policy: str = "paper"  # the empty-block policy (iosim.algorithms.masks.POLICIES)
+    kv_policy: str = "paper"  # the empty-block policy (iosim.algorithms.tile_masks.POLICIES)
 
     @property
     def finite(self) -> bool:
@@ -136,7 +137,7 @@ class Result:
     def as_dict(self) -> dict:
         """A JSON-ready summary (what ``iosim run --json`` prints), with its provenance: iosim's version, the seed
         (None for the caller's arrays), scale, dtype, tiling and the predicted per-array counts."""
-        from iosim import __version__
+        from iosim.version import __version__
 
         main = self.main
         out = {
@@ -276,7 +277,7 @@ def _estimated_steps(t: Tiling, N: int, d: int, backward: bool, mask=None) -> in
     """Tile steps of a schedule with tiling ``t``: what a count-only run's time is proportional to. With a mask
     (other than none or causal) the schedule visits only the nonzero tiles (plus one test per block row and
     column): the steps scale by the mask's fraction of nonzero tiles on this tiling."""
-    from iosim.io_model import _is_structured_fast, tile_sums
+    from iosim.theory.io_model import _is_structured_fast, tile_sums
 
     sparse = mask is not None and not _is_structured_fast(mask)
     if t.Br and t.Bc:

@@ -1,8 +1,8 @@
 """Attention masks for users: pattern objects, ``--mask`` strings, and their compilation to a tile oracle.
 
-Semantics (:mod:`iosim.algorithms.masks`): a mask allows or forbids each score (r, c); forbidden scores are -inf
+Semantics (:mod:`iosim.algorithms.tile_masks`): a mask allows or forbids each score (r, c); forbidden scores are -inf
 before the softmax; a row with no allowed entry has O = 0, L = -inf and zero gradients. Every pattern below is
-independent of N until :meth:`Mask.compile` fixes N; the compiled :class:`~iosim.algorithms.masks.TileMask`
+independent of N until :meth:`Mask.compile` fixes N; the compiled :class:`~iosim.algorithms.tile_masks.TileMask`
 answers "empty, full or partial, and how many nonzeros" for any tile without materialising N x N (except
 :class:`FromArray` and :class:`RandomElements`, whose tile answers come from a 2-D prefix-sum table of the array).
 
@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from iosim.algorithms import masks as _m
-from iosim.algorithms.masks import POLICIES, TileMask
+from iosim.algorithms import tile_masks as _m
+from iosim.algorithms.tile_masks import POLICIES, TileMask
 from iosim.errors import InputError
 
 __all__ = [

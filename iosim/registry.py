@@ -7,11 +7,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from iosim import io_model, tiling
 from iosim.algorithms import flash, square_tiling, standard
 from iosim.errors import InputError
-from iosim.io_model import Prediction
-from iosim.tiling import Tiling
+from iosim.theory import io_model, tiling
+from iosim.theory.io_model import Prediction
+from iosim.theory.tiling import Tiling
 
 
 @dataclass(frozen=True)
@@ -20,7 +20,7 @@ class Algorithm:
 
     ``forward(mem, Q, K, V, N, d, tiling, scale, causal, dtype)`` returns a dict of named outputs that
     includes "O" and, where the algorithm produces it, "L" (the row logsumexp); ``predict_forward(N, d, M,
-    tiling, causal)`` is its exact closed form in :mod:`iosim.io_model`.
+    tiling, causal)`` is its exact closed form in :mod:`iosim.theory.io_model`.
 
     Optional backward pass (None when the algorithm has none):
     ``backward(mem, Q, K, V, dO, fwd, N, d, tiling, scale, causal, dtype)`` returns a dict with "dQ", "dK", "dV"
@@ -218,9 +218,10 @@ def register(
     has one); Q, K and V are None in a count-only run. ``tiling(N, d, M, rule) -> Tiling`` chooses the blocks (rule
     "fit" or "paper"; raise :class:`~iosim.errors.InputError` naming M when none fits); without one the algorithm
     receives ``Tiling(rule)`` and picks its own. ``predict(N, d, M, tiling, causal)`` returns the exact closed form
-    (an :class:`iosim.io_model.Prediction`) or None; without one, ``exact`` is reported as unknown. ``backward(mem,
-    Q, K, V, dO, fwd, N, d, tiling, scale, causal, dtype) -> dict`` with "dQ", "dK", "dV" (``fwd`` is the dict the
-    forward returned). A user algorithm always runs on the checked memory (the tile table), count-only included.
+    (an :class:`iosim.theory.io_model.Prediction`) or None; without one, ``exact`` is reported as unknown.
+    ``backward(mem, Q, K, V, dO, fwd, N, d, tiling, scale, causal, dtype) -> dict`` with "dQ", "dK", "dV" (``fwd``
+    is the dict the forward returned). A user algorithm always runs on the checked memory (the tile table),
+    count-only included.
 
     Separate packages register algorithms through the entry-point group ``iosim.algorithms``: each entry point
     names a callable that calls this function (or an :class:`Algorithm`), loaded the first time iosim lists or

@@ -1,6 +1,6 @@
 """The two-level memory: state, counters, capacity, resident tiles, and the event trace.
 
-Conventions (every exact count in iosim follows them; iosim.io_model derives its closed forms from them)
+Conventions (every exact count in iosim follows them; iosim.theory.io_model derives its closed forms from them)
 ------------------------------------------------------------------------------------------------------
 * **Word.** One word is one matrix entry, whatever its dtype. *Reads* are words moved slow -> fast, *writes* are
   words moved fast -> slow. There is no line or block size: every word is one I/O.

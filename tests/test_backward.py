@@ -19,7 +19,8 @@ from iosim.algorithms.reference import (
 from iosim.memory_model import CapacityError
 
 import iosim
-from iosim import InputError, cli, io_model, registry
+from iosim import InputError, cli, registry
+from iosim.theory import io_model
 
 CORE = ("standard", "flash1", "flash2")  # the backward passes of this file's issue
 BACKWARD = [name for name in iosim.algorithm_names() if registry.get(name).has_backward]
@@ -219,7 +220,7 @@ def test_result_has_both_passes():
     assert r.passes["forward"].errors["O"] == fwd_only.errors["O"]
     assert set(r.errors) == {"dQ", "dK", "dV"}
     assert r.tiling == r.passes["backward"].tiling != r.passes["forward"].tiling
-    assert r.lower_bound == iosim.bounds.lower_bound(100, 16, 2000, backward=True)[0]
+    assert r.lower_bound == iosim.theory.bounds.lower_bound(100, 16, 2000, backward=True)[0]
     d = r.as_dict()
     assert d["pass"] == "backward" and set(d["errors"]) == {"dQ", "dK", "dV"}
     assert d["passes"]["forward"]["total"] == fwd_only.stats.total

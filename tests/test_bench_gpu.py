@@ -11,10 +11,10 @@ import pytest
 
 pytest.importorskip("numba_cuda", reason="numba-cuda is not installed (pip install -e '.[cuda]')")
 
-from numba import cuda  # noqa: E402
-from numba.core import config  # noqa: E402
+from numba import cuda
+from numba.core import config
 
-from iosim import gpu  # noqa: E402
+from iosim.gpu import launch as gpu
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "experiments" / "bench" / "gpu.py"

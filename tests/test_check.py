@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 import iosim
-from iosim.check import ALIGNS, DISTRIBUTIONS, QUICK_D, QUICK_N
 from iosim.errors import InputError
+from iosim.kernels.check import ALIGNS, DISTRIBUTIONS, QUICK_D, QUICK_N
 
-check_module = importlib.import_module("iosim.check")
+check_module = importlib.import_module("iosim.kernels.check")
 
 
 def _keep(nq, nk, align="bottom-right", below=0):

@@ -9,10 +9,11 @@ import sys
 
 import pytest
 
-from iosim.cli import _experiments_package, main
+from iosim.cli import main
+from iosim.cli.experiments import package
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-EX = _experiments_package()
+EX = package()
 RUNNABLE = [e for e in EX.EXPERIMENTS if not e.pending]
 REQUIRED_DEVICES = {"V100", "A100", "H100", "H200", "B200", "L4", "T4", "RTX 3090", "RTX 4090", "GTX 1060"}
 

@@ -7,7 +7,7 @@ from iosim.algorithms.reference import attention_forward, default_scale, naive_f
 from iosim.memory_model import CapacityError
 
 import iosim
-from iosim import io_model
+from iosim.theory import io_model
 
 ALGOS = iosim.algorithm_names()
 

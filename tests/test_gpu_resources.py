@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from iosim import gpu_resources as resources
+from iosim.gpu import resources
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -73,7 +73,7 @@ def test_resource_report_has_real_numbers_for_every_kernel():
     from iosim.algorithms.cuda import ptx
 
     Ms = (4096, 49152)
-    module = "iosim.gpu_resources"
+    module = "iosim.gpu.resources"
     cmd = [sys.executable, "-m", module, "--json", "--cc", "8.0", "9.0", "--M", *map(str, Ms)]
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
@@ -121,14 +121,14 @@ WITHOUT_CUDA = {
     "iosim gpu-resources": "from iosim.cli import main; sys.exit(main(['gpu-resources']))",
     "python -m ...ptx": "sys.argv = ['ptx']; runpy.run_module('iosim.algorithms.cuda.ptx', run_name='__main__')",
     "python -m ...resources": (
-        "sys.argv = ['resources']; runpy.run_module('iosim.gpu_resources', run_name='__main__')"
+        "sys.argv = ['resources']; runpy.run_module('iosim.gpu.resources', run_name='__main__')"
     ),
     "experiments/bench/gpu.py": (
         "sys.argv = ['gpu.py', '--quick']; runpy.run_path('experiments/bench/gpu.py', run_name='__main__')"
     ),
     "iosim.gpu.forward": (
         "import numpy as np\n"
-        "from iosim import gpu\n"
+        "from iosim.gpu import launch as gpu\n"
         "x = np.ones((4, 2), np.float32)\n"
         "try:\n"
         "    gpu.forward('flash2', x, x, x, M=64)\n"

@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from iosim.algorithms import masks as am
+from iosim.algorithms import tile_masks as am
 
 from iosim import InputError
 from iosim import masks as im

@@ -1,4 +1,4 @@
-"""The cache replay (iosim.replay, iosim.cache_sim): LRU, FIFO and OPT pinned against naive pure-Python caches on
+"""The cache replay (iosim.replay, iosim.views.cache_sim): LRU, FIFO and OPT pinned against naive pure-Python caches on
 random traces; sanity on real schedules (OPT <= LRU, a cache that holds everything fetches each line once)."""
 
 from collections import OrderedDict, deque
@@ -10,9 +10,9 @@ from hypothesis import strategies as st
 
 import iosim
 from iosim import InputError
-from iosim import cache_sim as cs
 from iosim.cli import main
-from iosim.replay import operand_ops
+from iosim.views import cache_sim as cs
+from iosim.views.replay import operand_ops
 
 
 def naive(addresses, writes, policy, capacity, L, write_allocate):  # noqa: N803

@@ -6,8 +6,9 @@ import pytest
 from iosim.memory_model.core import LOAD, STORE
 
 import iosim
-from iosim import InputError, show
+from iosim import InputError
 from iosim.cli import main
+from iosim.views import show
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,8 @@ from iosim.algorithms.reference import attention_backward, attention_forward, de
 from iosim.memory_model import CapacityError
 
 import iosim
-from iosim import bounds, cli, io_model, registry, tiling
+from iosim import cli, registry
+from iosim.theory import bounds, io_model, tiling
 
 NAME = "square-tiling"
 ROOT = Path(__file__).resolve().parent.parent

@@ -10,7 +10,7 @@ Modules (import them directly; importing this package does not import ``numba.cu
 * :mod:`._host`: array conversion, output allocation, counters, launches with M words of dynamic
   shared memory (opting in above 48 KiB);
 * :mod:`.ptx`: compile every kernel for sm_90 without a GPU (``python -m iosim.algorithms.cuda.ptx``);
-  :mod:`iosim.gpu_resources` assembles them and reports registers, spills, shared memory and occupancy.
+  :mod:`iosim.gpu.resources` assembles them and reports registers, spills, shared memory and occupancy.
 
 Launchers take explicit tile sizes, like the CPU drivers; :mod:`iosim.gpu` chooses them from M exactly as the
 simulator does (``iosim.registry.get(name).choose_tiling``) and compares the kernels' counters with the simulator.

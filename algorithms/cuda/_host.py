@@ -155,7 +155,7 @@ def _opt_in(kernel, args, nbytes: int) -> None:
     # The driver takes at most the opt-in ceiling *minus the function's static shared memory* as its dynamic limit
     # (CUDA Runtime API, cudaFuncAttributeMaxDynamicSharedMemorySize); asking for more fails inside the driver.
     # The kernels declare no static shared memory, but sm_90 cubins carry 1 KiB of system-reserved shared memory
-    # in the kernel's shared section (.nv.reservedSmem; see iosim.gpu_resources), so check it here.
+    # in the kernel's shared section (.nv.reservedSmem; see iosim.gpu.resources), so check it here.
     static = cufunc.attrs.shared
     limit = cuda.get_current_device().MAX_SHARED_MEMORY_PER_BLOCK_OPTIN - static
     if nbytes > limit:

@@ -14,7 +14,7 @@ Three phases, S and P materialised in global memory (float32, (B * H, N, N) each
 3. :func:`matmul_kernel` O = P V, square tiles again.
 
 Words moved: R(N, d, N) + N^2 (2 N^2 for two passes) + R(N, N, d) reads, 2 N^2 + Nd writes, per (b, h)
-(:func:`iosim.io_model.standard_forward`).
+(:func:`iosim.theory.io_model.standard_forward`).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ also compiles (Numba) the code under test. BLAS runs on one thread for the simul
   time (every tile in the table) is shown too. Target: <= 1.5.
 * masks: flash2 forward, count-only, N=2^20, d=64, M=65536, with structured masks (sliding window 256,
   block-diagonal 256 documents of 4096, causal) ÷ the same run without a mask: the cost follows the nonzero tiles
-  (iosim.algorithms.masks), so the ratio should be near the fraction of nonzero tiles.
+  (iosim.algorithms.tile_masks), so the ratio should be near the fraction of nonzero tiles.
 * tracing: flash2 forward numeric, N=4096, d=64, M=16384, traced ÷ untraced; events per second and bytes per event.
 * first run: ``iosim compare`` at its defaults in a fresh process with an empty ``NUMBA_CACHE_DIR`` (compiling
   everything) ÷ the same command once the cache is warm. Target: the first run within 10 s.
@@ -234,8 +234,8 @@ def bench_count_only(repeat: int) -> list:
 
 
 def bench_masks(repeat: int) -> list[list]:
-    from iosim.io_model import tile_sums
     from iosim.masks import compile_mask
+    from iosim.theory.io_model import tile_sums
 
     N, d, M = 2**20, 64, 65536
     algo = registry.get("flash2")

@@ -89,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def require_gpu():
     """numba.cuda on a real GPU, or exit with a message saying why not."""
-    from iosim.gpu import cuda_missing
+    from iosim.gpu.launch import cuda_missing
 
     missing = cuda_missing()  # numba's deprecated built-in numba.cuda imports without numba-cuda: ask for the package
     if missing:
@@ -316,7 +316,7 @@ def sweep(cuda, gpu, args, case, timer) -> list[dict]:
 def ncu_child(kernel: str, N: int, d: int, M: int, causal: bool) -> None:
     """One launch of ``kernel`` at B = H = 1 for Nsight Compute (no warm-up: compiling launches nothing)."""
     cuda = require_gpu()
-    from iosim import gpu
+    from iosim.gpu import launch as gpu
 
     arrays = device_arrays(cuda, 1, 1, N, d)
     run = runner(cuda, gpu, kernel, arrays, M, causal, 128)
@@ -413,7 +413,7 @@ def main(argv: list[str] | None = None) -> int:
         ncu_child(kernel, int(N), int(d), int(M), bool(int(causal)))
         return 0
     cuda = require_gpu()
-    from iosim import gpu
+    from iosim.gpu import launch as gpu
 
     if gpu.select_target() != "gpu":
         sys.exit("bench/gpu.py: numba.cuda is in simulator mode; unset NUMBA_ENABLE_CUDASIM")

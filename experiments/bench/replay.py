@@ -16,7 +16,7 @@ import time
 from tabulate import tabulate
 
 import iosim
-from iosim.replay import operand_ops, replay_ops
+from iosim.views.replay import operand_ops, replay_ops
 
 
 def main() -> None:

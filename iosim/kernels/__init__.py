@@ -1,4 +1,5 @@
-"""Count the I/O of real kernels (Triton, Pallas, numba.cuda) without a GPU, beside iosim's closed forms and bounds.
+"""Anyone's attention kernel against iosim: its numerics against the float64 reference (:mod:`~iosim.kernels.check`,
+``iosim.check``), and its I/O counted without a GPU beside iosim's closed forms and bounds.
 
 >>> from iosim.kernels import count_file, compare   # doctest: +SKIP
 >>> counts, numbers, arrays = count_file("iosim/kernels/examples/triton_flash2.py", params=dict(N=256, d=64))
@@ -6,10 +7,19 @@
 
 The counting (``count``, ``count_file``) is in :mod:`iosim.kernels.count`, the model beside it (``compare``) in
 :mod:`iosim.kernels.comparison`, one module per backend (``triton_backend``, ``pallas_backend``,
-``numba_cuda_backend``).
+``numba_cuda_backend``). They load on first use: importing iosim imports none of them.
 """
 
-from iosim.kernels.comparison import LIKE, Comparison, compare
-from iosim.kernels.count import BACKENDS, ArrayTraffic, KernelCounts, count, count_file
+_LAZY = {
+    "BACKENDS": "count", "ArrayTraffic": "count", "KernelCounts": "count", "count": "count", "count_file": "count",
+    "paused": "count", "LIKE": "comparison", "Comparison": "comparison", "compare": "comparison",
+}  # fmt: skip
+__all__ = sorted(_LAZY)
 
-__all__ = ["BACKENDS", "LIKE", "ArrayTraffic", "Comparison", "KernelCounts", "compare", "count", "count_file"]
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f"iosim.kernels.{_LAZY[name]}"), name)
+    raise AttributeError(f"module 'iosim.kernels' has no attribute {name!r}")

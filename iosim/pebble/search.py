@@ -187,7 +187,7 @@ def _path(back, state, graph: Graph, M: int) -> list[Move]:  # noqa: N803
 
 def bound_rows(graph: Graph, M: int) -> list[tuple[str, float, str]]:  # noqa: N803
     """The papers' lower bounds on Q(graph, M) that apply at its sizes: (name, value, formula). For attention graphs
-    those of :mod:`iosim.bounds` (Saha & Ye's graph reads Q, K, V and writes O: the trivial 4Nd is its own);
+    those of :mod:`iosim.theory.bounds` (Saha & Ye's graph reads Q, K, V and writes O: the trivial 4Nd is its own);
     for matrix products the trivial bound and the Hong-Kung bound with the tight constant."""
     kind, _, sizes = graph.name.partition(":")
     dims = [int(x) for x in sizes.split("x")]
@@ -197,7 +197,7 @@ def bound_rows(graph: Graph, M: int) -> list[tuple[str, float, str]]:  # noqa: N
             ("trivial", m * k + k * n + m * n, "read A and B, write C"),
             ("Hong-Kung", 2 * m * n * k / M**0.5 - 2 * M, "2mnk/sqrt(M) - 2M (tight constant; papers.md L2)"),
         ]
-    from iosim import bounds
+    from iosim.theory import bounds
 
     N, d = dims
     found = bounds.backward_bounds(N, d, M) if kind == "attention-backward" else bounds.forward_bounds(N, d, M)

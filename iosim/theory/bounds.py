@@ -202,7 +202,7 @@ def sparse_lower_bound(N: int, d: int, M: int, nnz: int) -> tuple[float, float]:
 
 def block_density(N: int, Br: int, Bc: int, mask) -> float:
     """s of Proposition 4: the fraction of the Br x Bc blocks the mask leaves nonzero."""
-    from iosim.io_model import tile_sums
+    from iosim.theory.io_model import tile_sums
 
     return tile_sums(N, Br, Bc, mask).tiles / (-(-N // Br) * -(-N // Bc))
 

@@ -32,7 +32,7 @@ MAX_TIMELINE_POINTS = 20_000
 EXACT_WORDS = 1 << 24  # arrays up to this many words are counted per word, larger ones per drawn cell
 
 
-def _plt():
+def pyplot():
     try:
         import matplotlib
 
@@ -104,7 +104,7 @@ def _title(r) -> str:
 
 def draw_tiles(r, path) -> None:
     """The heat maps: reads (top) and writes (bottom) per word of every slow array."""
-    plt = _plt()
+    plt = pyplot()
     t = r.trace
     names = slow_arrays(t)
     fig, axes = plt.subplots(2, len(names), figsize=(2.2 * len(names) + 1, 5.2), squeeze=False)
@@ -151,7 +151,7 @@ def residency(trace) -> tuple[list[str], np.ndarray]:
 
 def draw_timeline(r, path) -> None:
     """Resident words per array (stacked) over the events, with the line at M."""
-    plt = _plt()
+    plt = pyplot()
     names, res = residency(r.trace)
     step = max(1, len(res) // MAX_TIMELINE_POINTS)
     x = np.arange(len(res))[::step]
@@ -232,7 +232,7 @@ def _draw_step(fig, r, st: Stepper, names) -> None:
 
 
 def draw_step(r, path, k: int) -> None:
-    plt = _plt()
+    plt = pyplot()
     st = Stepper(r.trace)
     st.advance(k)
     names = slow_arrays(r.trace) + [n for n in r.trace.names if n not in slow_arrays(r.trace)]
@@ -245,7 +245,7 @@ def draw_step(r, path, k: int) -> None:
 
 def draw_animation(r, path) -> int:
     """The step view over the run as a GIF; returns the number of frames."""
-    plt = _plt()
+    plt = pyplot()
     from matplotlib.animation import FuncAnimation, PillowWriter
 
     n = len(r.trace)
@@ -298,69 +298,3 @@ def text(r, step: int | None = None, limit: int = 200) -> str:
         st.advance(n - 1)
         out.append(f"... {n - limit:,} more events (--step K shows any one); at the end: {st.describe()}")
     return "\n".join(out)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# iosim show
-# ---------------------------------------------------------------------------------------------------------------
-
-
-def add_arguments(p) -> None:
-    from iosim import cli, registry
-
-    p.add_argument("algorithm", help=f"one of: {', '.join(registry.algorithms())}")
-    cli._add_sizes(p)
-    cli._add_run_options(p)
-    p.add_argument("-o", "--output", help="the picture (.png; .gif for animate); with --view all, the stem of four")
-    p.add_argument("--view", choices=VIEWS, default="tiles", help="which picture (default tiles)")
-    p.add_argument("--step", type=int, default=None, help="the event shown by the step view / --text (default: peak)")
-    p.add_argument("--text", action="store_true", help="a plain-text step-through on stdout (no matplotlib needed)")
-    p.add_argument("--limit", type=int, default=200, help="events printed by --text (default 200)")
-
-
-def _traced(args):
-    from iosim import api, cli
-
-    kw = cli._run_kwargs(args)
-    kw.update(count_only=True, reference=False, trace=True)
-    kw.pop("dtype", None)
-    return api.run(args.algorithm, **kw)
-
-
-def command(args) -> int:
-    from pathlib import Path
-
-    if not args.text:
-        if not args.output:
-            raise InputError("--output", "is needed for a picture (or use --text)")
-        _plt()  # before the run: a missing matplotlib is one line and exit 2
-    r = _traced(args)
-    n = len(r.trace)
-    step = args.step
-    if step is None:  # the event at the peak
-        step = int(np.argmax(r.trace.events[:, 7])) if n else 0
-    if not 0 <= step < max(n, 1):
-        raise InputError("--step", f"must be an event number from 0 to {n - 1:,}", args.step)
-    if args.text:
-        print(text(r, args.step, args.limit))
-        return 0
-    out = Path(args.output)
-    if not out.parent.exists():
-        raise InputError("--output", "must be in an existing folder", str(out))
-    views = ("tiles", "timeline", "step", "animate") if args.view == "all" else (args.view,)
-    for v in views:
-        path = out
-        if args.view == "all":
-            path = out.with_name(f"{out.stem}_{v}{'.gif' if v == 'animate' else '.png'}")
-        if v == "tiles":
-            draw_tiles(r, path)
-        elif v == "timeline":
-            draw_timeline(r, path)
-        elif v == "step":
-            draw_step(r, path, step)
-        else:
-            if path.suffix != ".gif":
-                raise InputError("--output", "of the animation must end in .gif", str(path))
-            draw_animation(r, path)
-        print(f"wrote {path}")
-    return 0

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from iosim.algorithms import masks as _masks
-from iosim.algorithms.masks import TileMask
+from iosim.algorithms import tile_masks as _masks
+from iosim.algorithms.tile_masks import TileMask
 from iosim.memory_model.core import ArrayCounts, Tally
 
 
@@ -58,9 +58,9 @@ def _causal_cols_per_row_block(N: int, Br: int, Bc: int) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Masks (iosim.algorithms.masks). ``causal`` below is True / False or a TileMask. Dense and causal masks keep their
+# Masks (iosim.algorithms.tile_masks). ``causal`` below is True / False or a TileMask. Dense and causal masks keep their
 # O(N / B) sums; any other mask is summarised on the algorithm's own tiling by
-# :func:`iosim.algorithms.masks.tile_summary` (a sum over the tiles the mask leaves nonempty, never over N^2
+# :func:`iosim.algorithms.tile_masks.tile_summary` (a sum over the tiles the mask leaves nonempty, never over N^2
 # entries): R = sum of the heights of the nonempty tiles (rows streamed through a K/V-outer inner loop), C = sum
 # of their widths (columns streamed through a Q-outer inner loop), and which row and column blocks have any
 # nonempty tile. The policy (``paper`` / ``skip``) decides whether an all-empty block's outer operands are loaded.

@@ -4,7 +4,7 @@ simulator does.
 ``import iosim`` does not import this module (nor ``numba.cuda``): the choice between a real GPU and the CUDA
 simulator (``NUMBA_ENABLE_CUDASIM=1``) is made when ``numba.cuda`` is first imported, so it stays with the caller.
 
->>> from iosim import gpu                                                      # doctest: +SKIP
+>>> from iosim.gpu import launch as gpu                                                      # doctest: +SKIP
 >>> r = gpu.forward("flash2", Q, K, V, M=16384, count=True)                    # doctest: +SKIP
 >>> r.counts == gpu.simulated_counts("flash2", N, d, M, batch=B * H)           # doctest: +SKIP
 True
@@ -25,7 +25,7 @@ from iosim import registry
 from iosim.algorithms.cuda import CUDA_HINT, cuda_missing  # noqa: F401 - CUDA_HINT re-exported
 from iosim.errors import InputError
 from iosim.memory_model import ArrayCounts
-from iosim.tiling import RULES, Tiling
+from iosim.theory.tiling import RULES, Tiling
 
 KERNELS = ("flash2", "flash1", "standard", "square-tiling")
 BACKWARD_KERNELS = ("flash2",)

@@ -1,6 +1,6 @@
 """A fully associative, hardware-managed cache of C lines of L words, in Numba: LRU, FIFO and Belady's OPT.
 
-The input is a list of *compute ops* (:mod:`iosim.replay` derives them from a schedule's event trace); the kernels
+The input is a list of *compute ops* (:mod:`iosim.views.replay` derives them from a schedule's event trace); the kernels
 here turn each op into the word addresses it touches, in the op's documented order, and feed them to the cache one
 at a time. For LRU and FIFO nothing is materialised: :func:`run_ops` generates the accesses' line numbers in
 chunks of :data:`CHUNK` and the policy's loop consumes each chunk. OPT needs the future, so the same generator in
@@ -19,7 +19,7 @@ is the word at ``base + i*s0 + j*s1``, so a transposed tile is its strides swapp
   lands elsewhere: P = softmax(S) written to P).
 
 Cache (the same for the three policies): C = capacity // L lines, fully associative; a line never straddles two
-arrays (:mod:`iosim.replay` aligns every array to L). A read miss fetches L words; a write miss fetches L words
+arrays (:mod:`iosim.views.replay` aligns every array to L). A read miss fetches L words; a write miss fetches L words
 with write-allocate, and without it writes the one word through to slow memory and allocates nothing. A write hit
 marks the line dirty; evicting a dirty line writes its L words back. Fetches and write-backs are counted per
 array (``aid_of[line]``). LRU evicts the least recently used line, FIFO the line resident longest, OPT the line

@@ -3,7 +3,7 @@
 Two rules:
 
 * ``fit`` (default): the largest blocks whose working set (exactly as the memory model counts it, see
-  :mod:`iosim.io_model`) fits in M, keeping the paper's block shape. FlashAttention 1: maximise Bc with
+  :mod:`iosim.theory.io_model`) fits in M, keeping the paper's block shape. FlashAttention 1: maximise Bc with
   Br = min(Bc, d) (its I/O falls with Tc = ceil(N/Bc)); FlashAttention-2: maximise Br with Bc = min(Br, d) (its I/O
   falls with Tr). Standard attention: the largest square tile B whose products fit.
 * ``paper``: the published formula. FlashAttention: Bc = ceil(M/(4d)), Br = min(Bc, d); FlashAttention-2 has
@@ -21,8 +21,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from iosim import io_model
 from iosim.errors import InputError
+from iosim.theory import io_model
 
 RULES = ("fit", "paper")
 
@@ -120,7 +120,7 @@ def saha_ye_tiling(N: int, d: int, M: int, rule: str) -> Tiling:
 
 
 def flash_backward_working_set(algorithm: str, d: int, Br: int, Bc: int) -> int:
-    """Words resident in one inner step of the flash1 or flash2 backward (see :mod:`iosim.io_model`)."""
+    """Words resident in one inner step of the flash1 or flash2 backward (see :mod:`iosim.theory.io_model`)."""
     if algorithm.startswith("flash1"):
         return io_model.flash1_backward_working_set(d, Br, Bc)
     return io_model.flash2_backward_working_set(d, Br, Bc)

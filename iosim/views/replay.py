@@ -4,7 +4,7 @@ The explicit two-level model lets the *program* decide what fast memory holds. A
 itself, with a replacement policy. To compare the two, :func:`replay` takes one traced run of an algorithm, turns
 it into the **operand-access trace** (every word each on-chip computation touches, in the order it touches them),
 and replays that through a fully associative cache of ``cache_words`` words (M by default) with lines of ``line``
-words (:mod:`iosim.cache_sim`).
+words (:mod:`iosim.views.cache_sim`).
 
 Where the words are (the address map)
 -------------------------------------
@@ -26,7 +26,7 @@ Where the words are (the address map)
 When the computation happens (derived from the event trace, not a second copy of the loop nests)
 ---------------------------------------------------------------------------------------------
 The drivers compute at known points of their event sequence; :data:`RULES` names them per algorithm and pass,
-and each computation is one of the two op kinds of :mod:`iosim.cache_sim` (a product, order row r, column c,
+and each computation is one of the two op kinds of :mod:`iosim.views.cache_sim` (a product, order row r, column c,
 inner k; or a row sweep whose segments are listed per rule). For example, in flash2's forward, at the free of
 S_ij: S_ij = Q_i K_j^T (reads Q_i[r, k], K_j[c, k], writes S[r, c]); then per row the max of S, m_i, P~ = exp(S -
 m_new) in place, l_i, m_i and O_i *= alpha; then O_i += P~ V_j; at the store of O_i, O_i /= l_i and L_i = m_i +
@@ -48,9 +48,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from iosim import cache_sim as cs
 from iosim.errors import InputError
 from iosim.memory_model.core import ALLOC, FREE, LOAD, STORE
+from iosim.views import cache_sim as cs
 
 POLICIES = cs.POLICIES
 # OPT keeps one int32 line, one flag byte and one int32 next use per access: 9 bytes.
@@ -486,7 +486,7 @@ def replay_ops(
     write_allocate: bool,
     opt_limit_bytes: int | None = None,
 ) -> PolicyResult:
-    """Replay compute ops through one policy's cache (see :mod:`iosim.cache_sim`)."""
+    """Replay compute ops through one policy's cache (see :mod:`iosim.views.cache_sim`)."""
     capacity = cache_words // line
     accesses = cs.access_count(ops)
     n_rows = len(x.report)
@@ -602,63 +602,3 @@ def replay(
     for p in policies:
         out.policies[p] = replay_ops(ops, x, p, int(cache_words), int(line), bool(write_allocate), opt_limit_bytes)
     return out
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# The command line: iosim replay
-# ---------------------------------------------------------------------------------------------------------------
-
-
-def add_arguments(p) -> None:
-    """``iosim replay ALGO --N --d --M [--policy lru,opt,fifo] [--line WORDS] [--no-write-allocate]``."""
-    from iosim import cli, registry
-
-    p.add_argument("algorithm", help=f"one of: {', '.join(registry.algorithms())}")
-    cli._add_sizes(p)
-    cli._add_run_options(p)
-    p.add_argument("--policy", default="lru,opt,fifo", help="replacement policies, comma-separated (lru, opt, fifo)")
-    p.add_argument(
-        "--line",
-        type=cli._positive("--line"),
-        default=1,
-        help="cache line in words (default 1; 8 = a 32-byte fp32 sector)",
-    )
-    p.add_argument(
-        "--write-allocate",
-        action=__import__("argparse").BooleanOptionalAction,
-        default=True,
-        help="a write miss fetches the line (default); --no-write-allocate writes the word through",
-    )
-    p.add_argument("--cache-words", type=cli._positive("--cache-words"), default=None, help="cache size (default M)")
-    p.add_argument("--json", action="store_true", help="print the result as JSON")
-
-
-def command(args) -> int:
-    import json
-
-    from iosim import cli
-
-    kw = cli._run_kwargs(args)
-    for k in ("count_only", "reference", "dtype"):
-        kw.pop(k, None)
-    r = replay(
-        args.algorithm,
-        policy=args.policy,
-        line=args.line,
-        write_allocate=args.write_allocate,
-        cache_words=args.cache_words,
-        **kw,
-    )
-    if args.json:
-        print(json.dumps(r.as_dict(), indent=2))
-        return 0
-    wa = "write-allocate" if r.write_allocate else "no write-allocate"
-    print(
-        f"{r.algorithm} {'backward' if r.backward else 'forward'}{', causal' if r.causal else ''}: N={r.N}, d={r.d}, "
-        f"M={r.M} words; cache {r.cache_words:,} words, fully associative, line {r.line} word(s), {wa}; "
-        f"{r.accesses:,} operand accesses"
-    )
-    print(r.table(args.format))
-    for name, p in r.policies.items():
-        print(f"{name}: {p.total:,} words, {r.ratio(name):.2f}x the explicit schedule")
-    return 0

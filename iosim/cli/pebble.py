@@ -16,6 +16,7 @@ import argparse
 import json
 from pathlib import Path
 
+from iosim.cli.options import positive
 from iosim.errors import InputError
 from iosim.pebble import from_run, search
 from iosim.pebble.game import Game, IllegalMoveError, Outcome, format_moves, parse
@@ -38,22 +39,20 @@ class _Intermixed(argparse.ArgumentParser):
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from iosim.cli import _positive  # at parser-building time iosim.cli is loaded
-
     p.__class__ = _Intermixed
 
     p.add_argument("graph", nargs="?", help=f"the graph: {SPEC_HELP}")
     p.add_argument("schedule", nargs="?", help="a schedule file: one move a line ('R1 Q[0,0]'), or JSON")
-    p.add_argument("--M", type=_positive("--M"), help="red pebbles (fast-memory words)")
+    p.add_argument("--M", type=positive("--M"), help="red pebbles (fast-memory words)")
     p.add_argument(
         "--optimum", action="store_true", help="exact minimum I/O by search (graphs of a few dozen vertices)"
     )
     p.add_argument("--greedy", action="store_true", help="a greedy schedule's I/O (any size) beside the bounds")
     p.add_argument("--print-schedule", action="store_true", help="with --optimum/--greedy: print the schedule")
-    p.add_argument("--max-states", type=_positive("--max-states"), default=search.MAX_STATES, help="search limit")
+    p.add_argument("--max-states", type=positive("--max-states"), default=search.MAX_STATES, help="search limit")
     p.add_argument("--from-run", metavar="ALGO", help="check an iosim run of ALGO (or 'all') as a pebbling")
-    p.add_argument("--N", type=_positive("--N", from_run.MAX_N), help=f"with --from-run: N (at most {from_run.MAX_N})")
-    p.add_argument("--d", type=_positive("--d", from_run.MAX_D), help=f"with --from-run: d (at most {from_run.MAX_D})")
+    p.add_argument("--N", type=positive("--N", from_run.MAX_N), help=f"with --from-run: N (at most {from_run.MAX_N})")
+    p.add_argument("--d", type=positive("--d", from_run.MAX_D), help=f"with --from-run: d (at most {from_run.MAX_D})")
     p.add_argument("--backward", action="store_true", help="with --from-run: the backward pass")
     p.add_argument("--causal", action="store_true", help="with --from-run: causal masking")
     p.add_argument("--mask", default=None, help="with --from-run: a mask, as iosim run --mask (window:3, ...)")

@@ -1,4 +1,4 @@
-"""Per-kernel GPU resources without a GPU: ``iosim gpu-resources`` or ``python -m iosim.gpu_resources``.
+"""Per-kernel GPU resources without a GPU: ``iosim gpu-resources`` or ``python -m iosim.gpu.resources``.
 
 Every kernel of :func:`iosim.algorithms.cuda.ptx.signatures` is compiled to PTX (``numba.cuda.compile_ptx``) and
 assembled to a cubin with nvJitLink (``cuda.bindings.nvjitlink`` over the ``nvidia-nvjitlink`` wheel that the
@@ -20,11 +20,8 @@ Nothing here needs a GPU; the kernels are compiled for the real target, so run i
 
 from __future__ import annotations
 
-import argparse
-import json
 import re
 import struct
-import sys
 from dataclasses import asdict, dataclass
 
 KIB = 1024
@@ -90,7 +87,7 @@ class Compiled:
     toolkit: str
 
 
-def _cc(text: str) -> tuple[int, int]:
+def parse_cc(text: str) -> tuple[int, int]:
     from iosim.errors import InputError
 
     m = re.fullmatch(r"(\d+)\.(\d+)", text.strip())
@@ -101,7 +98,7 @@ def _cc(text: str) -> tuple[int, int]:
 
 def toolchain_missing() -> str | None:
     """None when numba-cuda and nvJitLink are usable here; otherwise one line saying what to install."""
-    from iosim.gpu import CUDA_HINT, cuda_missing
+    from iosim.gpu.launch import CUDA_HINT, cuda_missing
 
     why = cuda_missing()
     if why:
@@ -214,7 +211,7 @@ def launch_words(kernel: str, N: int, d: int, M: int) -> tuple[int | None, str]:
     """(float32 words of dynamic shared memory the launcher gives ``kernel`` at (N, d, M), tiles); None: not
     launched at this (N, M). Raises InputError / CapacityError when no tiling fits M."""
     from iosim.algorithms.cuda import flash, square_tiling, standard
-    from iosim.gpu import tiling_for
+    from iosim.gpu.launch import tiling_for
 
     if kernel in ("flash2_forward_kernel", "flash1_forward_kernel"):
         t = tiling_for("flash2" if kernel.startswith("flash2") else "flash1", N, d, M)
@@ -347,72 +344,3 @@ def table(rs: list[dict], fmt: str = "simple") -> str:
 
     body = [[cell(r, k) for k, _ in HEADERS] for r in rs]
     return tabulate(body, headers=[h for _, h in HEADERS], tablefmt=fmt, disable_numparse=True)
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    from iosim.cli import FORMATS, _positive
-
-    p.add_argument("--cc", nargs="+", default=list(DEFAULT_CC), help="compute capabilities (default 8.0 9.0)")
-    p.add_argument("--N", type=_positive("--N"), nargs="+", default=[DEFAULT_N], help=f"(default {DEFAULT_N})")
-    p.add_argument("--d", type=_positive("--d"), nargs="+", default=list(DEFAULT_D), help="(default 64)")
-    p.add_argument(
-        "--M",
-        type=_positive("--M"),
-        nargs="+",
-        default=list(DEFAULT_M),
-        help="shared memory per block in words (default 4096 16384 49152)",
-    )
-    p.add_argument("--threads", type=_positive("--threads"), default=128, help="threads per block (default 128)")
-    p.add_argument("--format", choices=FORMATS, default="simple", help="table format")
-    p.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
-
-
-def run(args) -> int:
-    """The report for parsed arguments (also ``iosim gpu-resources``); raises InputError on bad input."""
-    from iosim.errors import InputError
-
-    ccs = [_cc(c) for c in args.cc]
-    if args.threads > 1024:
-        raise InputError("--threads", "must be at most 1024 (threads per block)", args.threads)
-    missing = toolchain_missing()
-    if missing:
-        raise InputError("the cuda extra", f"is needed for the resource report: {missing}")
-    from iosim.algorithms.cuda.ptx import real_target
-
-    try:
-        real_target()
-    except RuntimeError as e:
-        raise InputError("NUMBA_ENABLE_CUDASIM", f"must be off for the resource report: {e}", "1") from None
-    rs = rows(ccs, args.N, args.d, args.M, args.threads)
-    if args.json:
-        print(json.dumps(rs, indent=1))
-        return 0
-    kit = rs[0]["toolkit"] if rs else ""
-    print(f"Kernel resources from ptxas ({kit}), no GPU used; N={args.N}, d={args.d}, M in float32 words.")
-    for cc in ccs:
-        a = ARCHS[cc]
-        print(
-            f"sm_{cc[0]}{cc[1]} ({a.gpu}): {a.regs_per_sm} registers/SM, {a.smem_per_sm // KIB} KiB shared/SM, "
-            f"{a.smem_optin_per_block // KIB} KiB/block with the opt-in ({a.smem_default_per_block // KIB} without), "
-            f"{a.reserved_smem_per_block} B reserved/block, {a.max_threads_per_sm} threads, "
-            f"{a.max_blocks_per_sm} blocks/SM"
-        )
-    print(table(rs, args.format))
-    return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    from iosim.errors import InputError
-
-    p = argparse.ArgumentParser(prog="python -m iosim.gpu_resources", description=__doc__.splitlines()[0])
-    add_arguments(p)
-    args = p.parse_args(argv)
-    try:
-        return run(args)
-    except InputError as e:
-        print(f"resources: error: {e}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

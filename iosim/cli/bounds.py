@@ -1,0 +1,66 @@
+"""``iosim bounds --N --d --M [--mask]``: the papers' bounds at these sizes and the regime (M vs d^2)."""
+
+from __future__ import annotations
+
+import json
+
+from tabulate import tabulate
+
+from iosim import masks
+from iosim.cli.compare import theory_line
+from iosim.cli.options import FORMATS, add_sizes, fmt_int
+from iosim.theory import bounds
+
+
+def add_arguments(p) -> None:
+    add_sizes(p)
+    p.add_argument("--mask", default=None, help=f"sparse bounds for a mask: {masks.FORMS}")
+    p.add_argument("--format", choices=FORMATS, default="simple")
+    p.add_argument("--json", action="store_true", help="print the bounds as JSON")
+
+
+def command(args) -> None:
+    N, d, M = args.N, args.d, args.M
+    if args.json:
+        from iosim.version import __version__
+
+        winner, reason = bounds.theory_winner(d, M)
+        doc = {"iosim_version": __version__, "N": N, "d": d, "M": M, "regime": bounds.regime(d, M)}
+        doc["theory_winner"], doc["reason"] = winner, reason
+        groups = [("forward", bounds.forward_bounds(N, d, M)), ("backward", bounds.backward_bounds(N, d, M))]
+        if args.mask is not None:
+            doc["mask"] = args.mask
+            groups.append(("sparse", bounds.sparse_bounds(N, d, M, masks.compile_mask(args.mask, N))))
+        for title, bs in groups:
+            doc[title] = [
+                {k: getattr(b, k) for k in ("name", "kind", "value", "formula", "regime", "applies", "citation")}
+                for b in bs
+            ]
+        print(json.dumps(doc, indent=2))
+        return
+    print(f"N={N}, d={d}, M={M}: {bounds.regime(d, M)}; d^2 = {d * d}, M/d^2 = {M / (d * d):.3g}")
+    print(theory_line(d, M))
+    groups = [("forward", bounds.forward_bounds(N, d, M)), ("backward", bounds.backward_bounds(N, d, M))]
+    if args.mask is not None:
+        groups.append((f"sparse, mask {args.mask}", bounds.sparse_bounds(N, d, M, masks.compile_mask(args.mask, N))))
+        sparse_note = f"note: the sparse nnz lower bound is {bounds.SPARSE_NOTE}"
+    else:
+        sparse_note = None
+    for title, bs in groups:
+        rows = [
+            [b.name, b.kind, fmt_int(b.value), b.formula, b.regime, "yes" if b.applies else "no", b.citation]
+            for b in bs
+        ]
+        print()
+        print(title)
+        print(
+            tabulate(
+                rows,
+                headers=["bound", "kind", "value", "formula", "regime", "applies", "source"],
+                tablefmt=args.format,
+                disable_numparse=True,
+            )
+        )
+    if sparse_note:
+        print()
+        print(sparse_note)

@@ -1,0 +1,148 @@
+"""``iosim compare``: every algorithm side by side against the bounds (the main job)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import sys
+
+from tabulate import tabulate
+
+from iosim import api, masks, registry, warmup
+from iosim.cli.options import (
+    add_run_options,
+    add_sizes,
+    exact,
+    fmt_err,
+    fmt_int,
+    mask_words,
+    run_kwargs,
+)
+from iosim.errors import InputError
+from iosim.memory_model import CapacityError
+from iosim.theory import bounds
+
+DEFAULTS = {"N": 1024, "d": 64, "M": 16384}
+
+
+def add_arguments(p) -> None:
+    add_sizes(p, DEFAULTS)
+    add_run_options(p)
+    out = p.add_mutually_exclusive_group()
+    out.add_argument("--json", action="store_true", help="print the results (with provenance) as JSON")
+    out.add_argument("--csv", action="store_true", help="print the results as CSV, one row per algorithm")
+
+
+def theory_line(d: int, M: int) -> str:
+    winner, reason = bounds.theory_winner(d, M)
+    return f"theory says {winner} should move the fewest words: {reason}"
+
+
+CSV_COLUMNS = (
+    "rank", "algorithm", "pass", "N", "d", "M", "causal", "dtype", "seed", "scale", "tiling", "reads", "writes",
+    "total", "init_writes", "peak", "predicted_total", "exact", "lower_bound", "lower_bound_name", "max_abs_error",
+    "finite", "iosim_version",
+)  # fmt: skip
+
+
+def command(args) -> int:
+    results = []
+    failures = []
+    sparse = args.mask not in (None, "none", "dense") and args.mask != "causal"
+    mask = masks.compile_mask(args.mask, args.N) if sparse else None
+    lb, lb_name = bounds.lower_bound(args.N, args.d, args.M, backward=args.backward, mask=mask)
+    kwargs = run_kwargs(args)
+    names = [n for n in registry.algorithms() if not args.backward or registry.get(n).has_backward]
+    failures += [f"{n}: no backward pass" for n in registry.algorithms() if n not in names]
+    # On a cold Numba cache, a second process compiles standard attention and FlashAttention-1 (about half the
+    # first run's compile time) while this one runs the others: iosim.warmup.
+    key = f"compare-{args.dtype}-{'b' if args.backward else 'f'}-{'c' if args.count_only else 'n'}"
+    later = [n for n in names if n in ("standard", "flash1")]
+    worker = warmup.start(later, kwargs, key) if len(names) > 1 else None
+    order = [n for n in names if n not in later] + later if worker else names
+    for name in order:
+        if name in later and worker is not None:
+            worker.join()
+        try:
+            results.append(api.run(name, **kwargs))
+        except (CapacityError, InputError) as e:
+            if isinstance(e, InputError) and e.parameter not in ("M", "tiling"):
+                raise  # a bad argument, not an algorithm that does not fit
+            failures.append(f"{name}: {e}")
+    warmup.finish(worker, key)
+    if not results:
+        need = [
+            a.min_M(args.N, args.d, args.backward)
+            for a in registry.REGISTRY.values()
+            if a.has_backward or not args.backward
+        ]
+        need = [m for m in need if m is not None]
+        smallest = f"; the smallest M that serves one is {min(need):,} words" if need else ""
+        raise InputError("M", f"is too small for every algorithm at N={args.N}, d={args.d}{smallest}", args.M)
+    results.sort(key=lambda r: r.stats.total)
+    if args.json or args.csv:
+        records = [{"rank": i + 1, **r.as_dict()} for i, r in enumerate(results)]
+        if args.json:
+            print(
+                json.dumps(
+                    {"compare": records, "not_run": failures, "lower_bound": lb, "lower_bound_name": lb_name}, indent=2
+                )
+            )
+        else:
+            writer = csv.DictWriter(sys.stdout, fieldnames=CSV_COLUMNS, extrasaction="ignore", lineterminator="\n")
+            writer.writeheader()
+            for rec in records:
+                writer.writerow({**rec, "tiling": ";".join(f"{k}={v}" for k, v in rec["tiling"].items())})
+        return 0 if all(r.finite for r in results) else 1
+    ranked = [
+        [
+            i + 1,
+            r.algorithm,
+            str(r.tiling).replace("rule=", ""),
+            *(fmt_int(x) for x in (r.stats.reads, r.stats.writes, r.stats.total)),
+            f"{r.stats.peak / r.M:.3f}",
+            "-" if r.predicted is None else fmt_int(r.predicted.total),
+            exact(r.main.exact),
+            f"{r.stats.total / lb:.2f}" if lb else "-",
+            fmt_err(r.max_abs_error) if r.finite else "NOT FINITE",
+        ]
+        for i, r in enumerate(results)
+    ]
+    print(
+        f"N={args.N}, d={args.d}, M={args.M} words ({bounds.regime(args.d, args.M)}; d^2 = {args.d**2}), "
+        f"{mask_words(args)}, {'backward' if args.backward else 'forward'}, "
+        f"tiling={args.tiling}"
+    )
+    print(f"lower bound: {fmt_int(lb)} words ({lb_name})")
+    if args.backward:
+        thm = next(b for b in bounds.backward_bounds(args.N, args.d, args.M) if b.name == "fine-grained Thm 1.1")
+        print(
+            f"fine-grained backward bound (Li et al., Thm 1.1, Theta with constant 1): {fmt_int(thm.value)} words"
+            f" = {thm.formula}"
+        )
+    print(theory_line(args.d, args.M))
+    headers = [
+        "rank",
+        "algorithm",
+        "tiling",
+        "reads",
+        "writes",
+        "total",
+        "peak/M",
+        "predicted",
+        "exact",
+        "total/LB",
+        "max err",
+    ]
+    print(
+        tabulate(
+            ranked,
+            headers=headers,
+            tablefmt=args.format,
+            disable_numparse=True,
+            colalign=("right", "left", "left", "right", "right", "right", "right", "right", "left", "right", "right"),
+        )
+    )
+    for f in failures:
+        print(f"not run: {f}")
+    return 0 if all(r.finite for r in results) else 1

@@ -1,0 +1,55 @@
+"""``iosim experiments list | run NAME | run all``: the papers' claims, one experiment each (CSV, plot, verdict)."""
+
+from __future__ import annotations
+
+import sys
+
+from tabulate import tabulate
+
+from iosim.errors import InputError
+
+
+def add_arguments(p) -> None:
+    p.add_argument("action", choices=("list", "run"), help="list them, or run one (NAME) or all")
+    p.add_argument("name", nargs="?", help="with run: an experiment name or number, or all")
+    p.add_argument("--quick", action="store_true", help="smaller smoke-run grids")
+    p.add_argument("--out", default="results", help="output folder (default results/)")
+
+
+def package():
+    """The experiments package (``iosim.experiments``, installed from the experiments/ folder)."""
+    import importlib
+
+    return importlib.import_module("iosim.experiments")
+
+
+def command(args) -> int:
+    """``iosim experiments list | run NAME | run all``: results/<stem>.{csv,png,tex,md}; ``all`` adds index.md."""
+    import time
+    from pathlib import Path
+
+    ex = package()
+    if args.action == "list":
+        rows = [
+            [e.name, e.stem, e.item, e.title if not e.pending else f"{e.title} ({e.pending})"] for e in ex.EXPERIMENTS
+        ]
+        print(tabulate(rows, headers=["name", "file", "claim", "what"]))
+        return 0
+    if not args.name:
+        raise InputError("experiments run", f"needs a NAME: one of {', '.join(ex.names())} or all")
+    out = Path(args.out)
+    try:
+        if args.name == "all":
+            t0 = time.perf_counter()
+            ex.run_all(out, quick=args.quick)
+            print(f"all experiments in {time.perf_counter() - t0:.0f} s; wrote {out / 'index.md'}")
+            return 0
+        v = ex.run(ex.get(args.name), out, quick=args.quick)
+    except ex.MissingExtra as e:
+        print(e, file=sys.stderr)
+        return 2
+    print(f"{v.name}: {v.line()}")
+    for n in v.notes:
+        print(f"  - {n}")
+    print(f"wrote {', '.join(str(out / f) for f in v.files)} in {v.seconds:.1f} s")
+    return 0

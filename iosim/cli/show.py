@@ -1,0 +1,67 @@
+"""``iosim show ALGO ... -o FILE``: a schedule as pictures (tile heat maps, residency timeline, a step, a GIF)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from iosim import api
+from iosim.cli.options import add_algorithm, add_run_options, add_sizes, run_kwargs
+from iosim.errors import InputError
+from iosim.views import show
+
+
+def add_arguments(p) -> None:
+    add_algorithm(p)
+    add_sizes(p)
+    add_run_options(p)
+    p.add_argument("-o", "--output", help="the picture (.png; .gif for animate); with --view all, the stem of four")
+    p.add_argument("--view", choices=show.VIEWS, default="tiles", help="which picture (default tiles)")
+    p.add_argument("--step", type=int, default=None, help="the event shown by the step view / --text (default: peak)")
+    p.add_argument("--text", action="store_true", help="a plain-text step-through on stdout (no matplotlib needed)")
+    p.add_argument("--limit", type=int, default=200, help="events printed by --text (default 200)")
+
+
+def _traced(args):
+    kw = run_kwargs(args)
+    kw.update(count_only=True, reference=False, trace=True)
+    kw.pop("dtype", None)
+    return api.run(args.algorithm, **kw)
+
+
+def command(args) -> int:
+    if not args.text:
+        if not args.output:
+            raise InputError("--output", "is needed for a picture (or use --text)")
+        show.pyplot()  # before the run: a missing matplotlib is one line and exit 2
+    r = _traced(args)
+    n = len(r.trace)
+    step = args.step
+    if step is None:  # the event at the peak
+        step = int(np.argmax(r.trace.events[:, 7])) if n else 0
+    if not 0 <= step < max(n, 1):
+        raise InputError("--step", f"must be an event number from 0 to {n - 1:,}", args.step)
+    if args.text:
+        print(show.text(r, args.step, args.limit))
+        return 0
+    out = Path(args.output)
+    if not out.parent.exists():
+        raise InputError("--output", "must be in an existing folder", str(out))
+    views = ("tiles", "timeline", "step", "animate") if args.view == "all" else (args.view,)
+    for v in views:
+        path = out
+        if args.view == "all":
+            path = out.with_name(f"{out.stem}_{v}{'.gif' if v == 'animate' else '.png'}")
+        if v == "tiles":
+            show.draw_tiles(r, path)
+        elif v == "timeline":
+            show.draw_timeline(r, path)
+        elif v == "step":
+            show.draw_step(r, path, step)
+        else:
+            if path.suffix != ".gif":
+                raise InputError("--output", "of the animation must end in .gif", str(path))
+            show.draw_animation(r, path)
+        print(f"wrote {path}")
+    return 0
