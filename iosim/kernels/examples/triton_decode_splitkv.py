@@ -76,4 +76,5 @@ def launch(N: int, d: int, Bc: int = 32, splits: int = 4, H: int = 1, dtype: str
     decode_split_kernel[(splits, H)](Q, K, V, lengths, O_part, L_part, chunk, d, sc, K.stride(0), K.stride(1), splits,
                                      BLOCK_N=Bc, BLOCK_D=BD)  # fmt: skip
     decode_combine_kernel[(H,)](O_part, L_part, O, d, splits, BLOCK_S=next_pow2(splits, 1), BLOCK_D=BD)
-    return {"Q": Q, "K": K, "V": V, "lengths": lengths, "O_part": O_part, "L_part": L_part, "O": O, "scale": sc}
+    return {"Q": Q, "K": K, "V": V, "lengths": lengths, "O_part": O_part, "L_part": L_part, "O": O, "scale": sc,
+            "Bc": Bc, "splits": splits, "H": H}  # fmt: skip

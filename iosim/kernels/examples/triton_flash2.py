@@ -72,4 +72,5 @@ def launch(N: int, d: int, Br: int = 64, Bc: int = 32, causal: bool = False, H: 
            seed: int = 0) -> dict:  # fmt: skip
     Q, K, V = inputs("QKV", (H, N, d), dtype, seed)
     O, L = run(Q, K, V, Br, Bc, causal)
-    return {"Q": Q, "K": K, "V": V, "O": O, "L": L, "scale": default_scale(d)}
+    return {"Q": Q, "K": K, "V": V, "O": O, "L": L, "scale": default_scale(d),
+            "Br": Br, "Bc": Bc, "causal": causal, "H": H}  # fmt: skip

@@ -93,7 +93,7 @@ def launch(N: int, d: int, Br: int = 32, Bc: int = 32, causal: bool = False, H: 
            seed: int = 0) -> dict:  # fmt: skip
     """The forward (not counted: ``forward=True`` counts it too) computes O and L; then the counted backward."""
     Q, K, V, dO = inputs(["Q", "K", "V", "dO"], (H, N, d), dtype, seed)
-    return _backward(Q, K, V, dO, Br, Bc, causal)
+    return {**_backward(Q, K, V, dO, Br, Bc, causal), "Br": Br, "Bc": Bc, "causal": causal, "H": H}
 
 
 def _backward(Q, K, V, dO, Br, Bc, causal):
