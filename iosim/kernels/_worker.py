@@ -80,7 +80,7 @@ def main(argv: list[str]) -> int:
 
         arrays = {}
         for k, v in result.items():
-            if k not in numbers and v is not None:
+            if k not in numbers and v is not None and k != "names":
                 a = mod.to_numpy(v)
                 if a is not None:
                     arrays[k] = a

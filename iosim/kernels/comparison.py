@@ -89,6 +89,12 @@ class Comparison:
         return all(r.model_reads is not None and r.reads == r.model_reads and r.writes == r.model_writes
                    for r in self.rows)  # fmt: skip
 
+    def equal_where_moved(self) -> bool:
+        """Every array the kernel moves and the model counts is equal to the word (arrays a kernel does not write,
+        such as L of a forward that keeps no residuals, left out), and the kernel moves no array the model lacks."""
+        return all(r.model_reads is not None and (r.reads, r.writes) in ((r.model_reads, r.model_writes), (0, 0))
+                   for r in self.rows)  # fmt: skip
+
     @property
     def model_total(self) -> int:
         return sum((r.model_reads or 0) + (r.model_writes or 0) for r in self.rows)
@@ -155,6 +161,8 @@ def _verdict(like: str, name: str, got: tuple[int, int], want: tuple[int, int] |
         return "not in the model" if sum(got) else "no traffic"
     if got == want:
         return f"equal to {like}'s closed form to the word"
+    if sum(got) == 0:
+        return f"{name}: not moved by the kernel (the closed form moves {sum(want):,} words)"
     if sum(want) == 0:
         return f"{name}: {sum(got):,} words the closed form does not move"
     parts = []

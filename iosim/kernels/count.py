@@ -311,15 +311,23 @@ def count(launch, backend: str = "triton") -> tuple[KernelCounts, dict]:
     out = {} if out is None else out
     if not isinstance(out, dict):
         raise InputError("launcher", "must return a dict of named arrays (or None)", type(out).__name__)
-    names = {}
+    names, rename = {}, out.get("names") or {}
+    if not isinstance(rename, dict):
+        raise InputError("launcher result 'names'", "must be a dict (kernel's name -> model's name)", rename)
     for name, x in out.items():
-        if isinstance(x, (int, float, bool, str)) or x is None:
+        if isinstance(x, (int, float, bool, str)) or x is None or name == "names":
             continue
         r = mod.array_range(x)
-        if r is None:
+        if r is None and not (hasattr(x, "shape") and hasattr(x, "dtype")):
             raise InputError(f"launcher result {name!r}", "must be an array or a number", type(x).__name__)
-        names[name] = r
-    return rec.result(backend, seconds, names), out
+        if r is not None:
+            names[name] = r
+    if hasattr(mod, "name_arrays"):
+        mod.name_arrays(rec, out)
+    counts = rec.result(backend, seconds, names)
+    if rename:
+        counts.per_array = {str(rename.get(k, k)): v for k, v in counts.per_array.items()}
+    return counts, out
 
 
 def detect_backend(path) -> str:
