@@ -3,7 +3,7 @@
 The file defines a launcher (``launch`` unless named after the colon) that builds its inputs, launches the kernel
 and returns a dict of its arrays by name (Q, K, V, O, L, ...; numbers such as ``scale``, ``Br`` may ride along).
 It runs in a fresh process with the backend's interpreter on (Triton's ``TRITON_INTERPRET=1``, Pallas interpret
-mode, numba-cuda's simulator); every global access is counted (see :mod:`iosim.kernels.count`). With ``--like``
+mode, numba-cuda's simulator); every global access is counted (see :mod:`iosim.kernels.counting`). With ``--like``
 the counts are printed beside that schedule's closed form, the lower bound at the working set its block sizes
 imply, a verdict per array, and the outputs' errors against the float64 reference with ``iosim.check``'s bound.
 """
@@ -52,7 +52,7 @@ def add_arguments(p) -> None:
 
 
 def command(args) -> int:
-    from iosim.kernels.count import count_file
+    from iosim.kernels.counting import count_file
 
     path, _, launcher = args.target.partition(":")
     if not path.endswith(".py"):

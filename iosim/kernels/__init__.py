@@ -5,14 +5,14 @@
 >>> counts, numbers, arrays = count_file("iosim/kernels/examples/triton_flash2.py", params=dict(N=256, d=64))
 >>> print(compare(counts, like="flash2", N=256, d=64, Br=64, Bc=32).table())
 
-The counting (``count``, ``count_file``) is in :mod:`iosim.kernels.count`, the model beside it (``compare``) in
+The counting (``count``, ``count_file``) is in :mod:`iosim.kernels.counting`, the model beside it (``compare``) in
 :mod:`iosim.kernels.comparison`, one module per backend (``triton_backend``, ``pallas_backend``,
 ``numba_cuda_backend``). They load on first use: importing iosim imports none of them.
 """
 
 _LAZY = {
-    "BACKENDS": "count", "ArrayTraffic": "count", "KernelCounts": "count", "count": "count", "count_file": "count",
-    "paused": "count", "LIKE": "comparison", "Comparison": "comparison", "compare": "comparison",
+    "BACKENDS": "counting", "ArrayTraffic": "counting", "KernelCounts": "counting", "count": "counting", "count_file": "counting",
+    "paused": "counting", "LIKE": "comparison", "Comparison": "comparison", "compare": "comparison",
 }  # fmt: skip
 __all__ = sorted(_LAZY)
 

@@ -42,7 +42,7 @@ def main(argv: list[str]) -> int:
     out = Path(argv[0])
     req = json.loads((out / "request.json").read_text())
     from iosim.errors import InputError
-    from iosim.kernels.count import backend_module, count
+    from iosim.kernels.counting import backend_module, count
 
     backend, params = req["backend"], req["params"]
     try:

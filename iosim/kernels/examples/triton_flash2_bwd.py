@@ -97,7 +97,7 @@ def launch(N: int, d: int, Br: int = 32, Bc: int = 32, causal: bool = False, H: 
 
 
 def _backward(Q, K, V, dO, Br, Bc, causal):
-    from iosim.kernels.count import paused
+    from iosim.kernels.counting import paused
 
     with paused():  # the forward's traffic is not the backward's
         O, L = forward(Q, K, V, Br, Bc, causal)
