@@ -138,9 +138,8 @@ def hooks(recorder):
         orig = saved_atomics[name]
 
         def wrapped(self, array, index, *rest):
-            a = _ndarray(array)
-            if a is not None:
-                note(a, index, "a")
+            if isinstance(array, W):  # a kernel argument: global memory (shared and local arrays are plain NumPy)
+                note(_ndarray(array), index, "a")
             quiet.on = True
             try:
                 return orig(self, array, index, *rest)
