@@ -68,9 +68,7 @@ def test_flash2_backward_with_atomics():
     Q, K, V, dO = _inputs(24, 4, k=4)
     fwd = flash.flash2_forward(Q, K, V, Br=8, Bc=8, causal=True)
     O, L = fwd.outputs["O"], fwd.outputs["L"]
-    counts, hand, auto = _both(
-        lambda: flash.flash2_backward(Q, K, V, O, dO, L, Br=8, Bc=8, causal=True, count=True)
-    )
+    counts, hand, auto = _both(lambda: flash.flash2_backward(Q, K, V, O, dO, L, Br=8, Bc=8, causal=True, count=True))
     _assert_equal(hand, auto)
     assert auto["dQ"].atomics == auto["dQ"].reads  # dQ += dS K_j: a read and a write per element, as atomics
 

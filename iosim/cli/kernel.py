@@ -27,7 +27,9 @@ def _timeout(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--timeout must be a number of seconds from 1 to 3600, got {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"--timeout must be a number of seconds from 1 to 3600, got {text!r}"
+        ) from None
     if not 1 <= value <= 3600:
         raise argparse.ArgumentTypeError(f"--timeout must be a number of seconds from 1 to 3600, got {text!r}")
     return value

@@ -11,8 +11,9 @@ The counting (``count``, ``count_file``) is in :mod:`iosim.kernels.counting`, th
 """
 
 _LAZY = {
-    "BACKENDS": "counting", "ArrayTraffic": "counting", "KernelCounts": "counting", "count": "counting", "count_file": "counting",
-    "paused": "counting", "LIKE": "comparison", "Comparison": "comparison", "compare": "comparison",
+    "BACKENDS": "counting", "ArrayTraffic": "counting", "KernelCounts": "counting", "count": "counting",
+    "count_file": "counting", "paused": "counting", "LIKE": "comparison", "Comparison": "comparison",
+    "compare": "comparison",
 }  # fmt: skip
 __all__ = sorted(_LAZY)
 

@@ -16,7 +16,9 @@ from pathlib import Path
 
 def _fail(out: Path, parameter: str, accepted: str, got=None) -> int:
     got = None if got is None else " ".join(str(got).split())[:300]
-    (out / "result.json").write_text(json.dumps({"ok": False, "parameter": parameter, "accepted": accepted, "got": got}))
+    (out / "result.json").write_text(
+        json.dumps({"ok": False, "parameter": parameter, "accepted": accepted, "got": got})
+    )
     return 2
 
 
@@ -59,10 +61,8 @@ def main(argv: list[str]) -> int:
     sig = inspect.signature(fn)
     takes_any = any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values())
     kw = {k: v for k, v in params.items() if v is not None and (takes_any or k in sig.parameters)}
-    missing = [
-        k for k, p in sig.parameters.items() if p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
-        and k not in kw
-    ]  # fmt: skip
+    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    missing = [k for k, p in sig.parameters.items() if p.default is p.empty and p.kind in named and k not in kw]
     if missing:
         return _fail(out, "launcher", f"needs {', '.join(missing)}: give them as options", fn.__name__)
     try:

@@ -115,11 +115,14 @@ class Comparison:
         body.append(["total (model's arrays)", reads, writes, sum(r.model_reads for r in inm),
                      sum(r.model_writes for r in inm), "", f"{total / max(self.model_total, 1):.4g}x the closed form, "
                      f"{total / self.lower_bound:.3g}x the lower bound"])  # fmt: skip
+        kernels = ", ".join(dict.fromkeys(self.counts.kernels))
         lines = [
-            f"{self.counts.backend}: {self.counts.launches} launch(es) ({', '.join(dict.fromkeys(self.counts.kernels))}),"
+            f"{self.counts.backend}: {self.counts.launches} launch(es) ({kernels}),"
             f" {self.counts.programs} programs, counted in {self.counts.seconds:.2f} s",
-            f"model: {self.like} N={self.N} d={self.d}" + (f" Br={self.Br}" if self.Br else "")
-            + (f" Bc={self.Bc}" if self.Bc else "") + f" causal={self.causal} heads={self.heads}; M = {self.M} words "
+            f"model: {self.like} N={self.N} d={self.d}"
+            + (f" Br={self.Br}" if self.Br else "")
+            + (f" Bc={self.Bc}" if self.Bc else "")
+            + f" causal={self.causal} heads={self.heads}; M = {self.M} words "
             f"(the working set of the block sizes); lower bound {self.lower_bound:,.0f} ({self.bound_name})",
             tabulate(body, head, tablefmt="simple", intfmt=","),
         ]
@@ -199,7 +202,17 @@ def compare(
         rows.append(Row(name, *got, *want, t.distinct_reads if t else 0, _verdict(like, name, got, want)))
     for name, t in counts.per_array.items():
         if name not in per:
-            rows.append(Row(name, t.reads, t.writes, None, None, t.distinct_reads, _verdict(like, name, (t.reads, t.writes), None)))
+            rows.append(
+                Row(
+                    name,
+                    t.reads,
+                    t.writes,
+                    None,
+                    None,
+                    t.distinct_reads,
+                    _verdict(like, name, (t.reads, t.writes), None),
+                )
+            )
     cmp = Comparison(like, N, d, Br, Bc, causal, heads, M, rows, lb * heads, bname, counts)
     reload = [r.array for r in rows if r.reads > r.distinct_reads]
     if reload:

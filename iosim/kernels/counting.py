@@ -381,13 +381,16 @@ def count_file(
             proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
             raise InputError(
-                "kernel", f"did not finish within {timeout:g} s (a program waiting on another never returns under "
-                "the interpreter, which runs programs one at a time; or raise --timeout)"
+                "kernel",
+                f"did not finish within {timeout:g} s (a program waiting on another never returns under "
+                "the interpreter, which runs programs one at a time; or raise --timeout)",
             ) from None
         res_file = Path(tmp, "result.json")
         if not res_file.exists():
             tail = (proc.stderr or proc.stdout or "").strip().splitlines()
-            raise InputError("kernel process", "ended without a result", tail[-1] if tail else f"exit {proc.returncode}")
+            raise InputError(
+                "kernel process", "ended without a result", tail[-1] if tail else f"exit {proc.returncode}"
+            )
         res = json.loads(res_file.read_text())
         if not res["ok"]:
             raise InputError(res["parameter"], res["accepted"], res.get("got"))

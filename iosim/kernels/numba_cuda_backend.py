@@ -100,7 +100,12 @@ def _addresses(a: np.ndarray, idx) -> np.ndarray | int | None:
 def hooks(recorder):
     require()
     kernel, kernelapi, devicearray = _sim()
-    W, K, BM, A = devicearray.FakeWithinKernelCUDAArray, kernel.FakeCUDAKernel, kernel.BlockManager, kernelapi.FakeCUDAAtomic
+    W, K, BM, A = (
+        devicearray.FakeWithinKernelCUDAArray,
+        kernel.FakeCUDAKernel,
+        kernel.BlockManager,
+        kernelapi.FakeCUDAAtomic,
+    )
     saved = {"get": W.__getitem__, "set": W.__setitem__, "call": K.__call__, "run": BM.run}
     saved_atomics = {a: getattr(A, a) for a in _ATOMICS if hasattr(A, a)}
     buf: dict = defaultdict(list)  # (kind, itemsize) -> byte addresses, flushed after every block

@@ -156,7 +156,6 @@ def hooks(recorder):
         finally:
             handing_back[0] = False
 
-
     def store(token, device_id, local_core_id, memory_space, buffer_id, *rest, **kw):
         name(memory_space, buffer_id, device_id, kw.get("output_name"))
         return saved_store(token, device_id, local_core_id, memory_space, buffer_id, *rest, **kw)

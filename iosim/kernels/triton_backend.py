@@ -41,7 +41,8 @@ def require() -> None:
         raise InputError("backend triton", 'needs the extra: pip install "iosim[triton]"', str(e)) from None
     if os.environ.get("TRITON_INTERPRET") != "1":
         raise InputError(
-            "backend triton", "needs TRITON_INTERPRET=1 set before triton is imported (iosim.kernels.count_file does it)"
+            "backend triton",
+            "needs TRITON_INTERPRET=1 set before triton is imported (iosim.kernels.count_file does it)",
         )
     from triton.runtime import interpreter
 
