@@ -231,12 +231,6 @@ class Recorder:
         return KernelCounts(backend, per, len(pp), self.launches, pp, seconds, list(self.kernels))
 
 
-def timed(fn):
-    t0 = time.perf_counter()
-    out = fn()
-    return out, time.perf_counter() - t0
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # Running a launcher: in this process (the backend's mode already on) or in a fresh one (count_file)
 # ---------------------------------------------------------------------------------------------------------------
@@ -349,16 +343,22 @@ def count_file(
     launcher: str | None = None,
     backend: str | None = None,
     params: dict | None = None,
-    timeout: float = 120.0,
+    timeout: float = 300.0,
     arrays: bool = True,
 ) -> tuple[KernelCounts, dict, dict]:
     """Count a launcher file's kernels in a fresh process with the backend's mode on.
 
     ``path`` defines the launcher (``launcher`` or ``launch``), called with the keywords of ``params`` it declares.
     Returns (counts, numbers the launcher returned, arrays it returned as float64 NumPy when ``arrays``). Raises
-    InputError (one line) for a missing file or launcher, a kernel that raises, a non-array result, a backend not
-    installed or not supported, or a run longer than ``timeout`` seconds.
+    InputError (one line) for a missing file or launcher, a kernel that raises, a non-array argument or result, a
+    backend not installed or not supported, or a run longer than ``timeout`` seconds.
     """
+    return count_batch([(path, launcher, params or {})], backend, timeout, arrays)[0]
+
+
+def count_batch(jobs, backend: str | None = None, timeout: float = 300.0, arrays: bool = True) -> list[tuple]:
+    """:func:`count_file` for several (path, launcher, params) jobs in one fresh process (one import of the backend's
+    packages): a list of (counts, numbers, arrays). ``timeout`` bounds the whole batch."""
     import json
     import os
     import subprocess
@@ -366,14 +366,16 @@ def count_file(
     import tempfile
     from pathlib import Path
 
-    p = Path(path)
-    if not p.is_file():
-        raise InputError("FILE", "must be an existing Python file defining a launcher", str(path))
-    backend = backend or detect_backend(p)
+    reqs = []
+    for path, launcher, params in jobs:
+        p = Path(path)
+        if not p.is_file():
+            raise InputError("FILE", "must be an existing Python file defining a launcher", str(path))
+        reqs.append({"path": str(p.resolve()), "launcher": launcher or None, "params": dict(params)})
+    backend = backend or detect_backend(reqs[0]["path"])
     require_extra(backend)
     with tempfile.TemporaryDirectory(prefix="iosim-kernel-") as tmp:
-        req = {"path": str(p.resolve()), "launcher": launcher, "backend": backend, "params": params or {}}
-        req["arrays"] = bool(arrays)
+        req = {"jobs": reqs, "backend": backend, "arrays": bool(arrays)}
         Path(tmp, "request.json").write_text(json.dumps(req))
         env = dict(os.environ, **ENV[backend])
         cmd = [sys.executable, "-m", "iosim.kernels._worker", tmp]
@@ -381,21 +383,22 @@ def count_file(
             proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
             raise InputError(
-                "kernel",
-                f"did not finish within {timeout:g} s (a program waiting on another never returns under "
-                "the interpreter, which runs programs one at a time; or raise --timeout)",
-            ) from None
-        res_file = Path(tmp, "result.json")
-        if not res_file.exists():
-            tail = (proc.stderr or proc.stdout or "").strip().splitlines()
-            raise InputError(
-                "kernel process", "ended without a result", tail[-1] if tail else f"exit {proc.returncode}"
-            )
-        res = json.loads(res_file.read_text())
-        if not res["ok"]:
-            raise InputError(res["parameter"], res["accepted"], res.get("got"))
-        out = {}
-        if arrays and Path(tmp, "arrays.npz").exists():
-            with np.load(Path(tmp, "arrays.npz")) as z:
-                out = {k: z[k] for k in z.files}
-        return KernelCounts.from_dict(res["counts"]), res["numbers"], out
+                "kernel", f"did not finish within {timeout:g} s (a program waiting on another never returns under "
+                "the interpreter, which runs programs one at a time; or raise --timeout)"
+            ) from None  # fmt: skip
+        results = []
+        for i in range(len(reqs)):
+            res_file = Path(tmp, f"result_{i}.json")
+            if not res_file.exists():
+                tail = (proc.stderr or proc.stdout or "").strip().splitlines()
+                got = tail[-1] if tail else f"exit {proc.returncode}"
+                raise InputError("kernel process", "ended without a result", got)
+            res = json.loads(res_file.read_text())
+            if not res["ok"]:
+                raise InputError(res["parameter"], res["accepted"], res.get("got"))
+            out = {}
+            if arrays and Path(tmp, f"arrays_{i}.npz").exists():
+                with np.load(Path(tmp, f"arrays_{i}.npz")) as z:
+                    out = {k: z[k] for k in z.files}
+            results.append((KernelCounts.from_dict(res["counts"]), res["numbers"], out))
+        return results
