@@ -373,7 +373,8 @@ _OPS = ("load", "load_vec", "store", "store_vec", "store_to", "free", "init_slow
 def _symbolic(session: _Session):
     """Patch the driver modules for the run: plain-Python functions, Value-aware math/max, object buffers and
     recorded memory ops; restored afterwards."""
-    from iosim.algorithms import _tiles, flash, masks, square_tiling, standard
+    from iosim.algorithms import _tiles, flash, square_tiling, standard
+    from iosim.algorithms import tile_masks as masks
 
     saved = []
     for mod in (_tiles, masks, flash, square_tiling, standard):
