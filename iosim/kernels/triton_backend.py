@@ -22,7 +22,7 @@ import numpy as np
 
 from iosim.errors import InputError
 
-SUPPORTED = "triton 3.6 to 3.x (hooks checked at run time; tested with 3.9)"
+SUPPORTED = "triton 3.9 to 3.x (tested with 3.9.0; the hooks are checked at run time)"
 # positional parameters (after self) each hook needs to see, by name
 _HOOKS = {
     "create_masked_load": ("ptrs", "mask"),
