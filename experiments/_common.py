@@ -21,7 +21,7 @@ from pathlib import Path
 from tabulate import tabulate
 
 RESULTS = Path("results")  # ./results of the current directory
-EXTRA_MODULES = {"plot": "matplotlib", "sweep": "pandas", "dask": "distributed", "triton": "triton", "pallas": "jax"}
+EXTRA_MODULES = {"plot": "matplotlib", "sweep": "pandas", "dask": "distributed"}
 
 
 class MissingExtra(Exception):  # noqa: N818 - it is not an error of the user's input
