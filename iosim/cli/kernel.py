@@ -49,6 +49,10 @@ def add_arguments(p) -> None:
     p.add_argument("--backend", choices=BACKENDS, default="auto", help="default: from what the file imports")
     p.add_argument("--timeout", type=_timeout, default=300.0, help="seconds before giving up (default 300)")
     p.add_argument("--no-numerics", action="store_true", help="skip the check against the float64 reference")
+    p.add_argument(
+        "--shared-memory", action="store_true",
+        help="triton: also compile each kernel for sm_90 (no GPU needed) and print the shared memory it allocates",
+    )  # fmt: skip
     p.add_argument("--format", choices=FORMATS, default="simple")
     p.add_argument("--json", action="store_true", help="print the counts (and the comparison) as JSON")
 
@@ -63,7 +67,8 @@ def command(args) -> int:
     params = {k: v for k, v in params.items() if v is not None}
     backend = None if args.backend == "auto" else args.backend
     counts, numbers, arrays = count_file(path, launcher or None, backend, params, args.timeout,
-                                         arrays=not args.no_numerics)  # fmt: skip
+                                         arrays=not args.no_numerics,
+                                         shared_memory=90 if args.shared_memory else None)  # fmt: skip
     cmp = None
     if args.like:
         from iosim.kernels.comparison import compare
@@ -90,6 +95,7 @@ def command(args) -> int:
         return 0
     if cmp is not None:
         print(cmp.table())
+        _print_shared(counts, cmp.M)
         return 0 if cmp.numerics_ok is not False else 1
     head = ["array", "reads", "writes", "read bytes", "write bytes", "atomics", "distinct reads", "distinct writes"]
     rows = [[k, *(fmt_int(x) for x in (a.reads, a.writes, a.read_bytes, a.write_bytes, a.atomics,
@@ -101,4 +107,15 @@ def command(args) -> int:
           f"writes max {int(pp[:, 1].max()) if len(pp) else 0:,}")  # fmt: skip
     print(tabulate(rows, head, tablefmt=args.format, disable_numparse=True))
     print(f"total: {counts.reads:,} reads, {counts.writes:,} writes (words: elements, whatever their dtype)")
+    _print_shared(counts, None)
     return 0
+
+
+def _print_shared(counts, M) -> None:
+    """The second figure: shared memory per program as Triton's compiler allocates it for sm_90."""
+    for name, b in counts.shared_memory.items():
+        if isinstance(b, int):
+            beside = f"; the model's working set M = {M:,} words" if M else ""
+            print(f"shared memory, Triton's compiler for sm_90: {name}: {b:,} bytes per program{beside}")
+        else:
+            print(f"shared memory, sm_90: {name}: {b}")

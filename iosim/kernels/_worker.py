@@ -95,6 +95,10 @@ def _one(out: Path, i: int, mod, backend: str, job: dict, want_arrays: bool) -> 
                     arrays[k] = a
         np.savez(out / f"arrays_{i}.npz", **arrays)
     doc = {"ok": True, "counts": counts.to_dict(), "numbers": numbers}
+    if job.get("shared_memory") and hasattr(mod, "launch_specs"):
+        from iosim.kernels.counting import LAST_RECORDER
+
+        doc["launch_specs"] = mod.launch_specs(LAST_RECORDER[0])
     (out / f"result_{i}.json").write_text(json.dumps(doc))
     return 0
 

@@ -69,6 +69,7 @@ class KernelCounts:
     per_program: np.ndarray  # (programs, 2): words read and written by each program, in launch order
     seconds: float = 0.0
     kernels: list[str] = field(default_factory=list)  # kernel name of each launch
+    shared_memory: dict = field(default_factory=dict)  # kernel -> bytes of shared memory its compiler allocates
 
     @property
     def reads(self) -> int:
@@ -88,6 +89,7 @@ class KernelCounts:
             "programs": self.programs,
             "launches": self.launches,
             "kernels": list(self.kernels),
+            "shared_memory": dict(self.shared_memory),
             "seconds": self.seconds,
             "per_array": {k: _asdict(v) for k, v in self.per_array.items()},
             "per_program": self.per_program.tolist(),
@@ -103,6 +105,7 @@ class KernelCounts:
             per_program=np.asarray(d["per_program"], dtype=np.int64).reshape(-1, 2),
             seconds=float(d["seconds"]),
             kernels=list(d.get("kernels", [])),
+            shared_memory=dict(d.get("shared_memory", {})),
         )
 
 
@@ -267,6 +270,7 @@ def require_extra(backend: str) -> None:
 
 
 _ACTIVE: list[Recorder] = []
+LAST_RECORDER: list[Recorder | None] = [None]  # the recorder of the last count() (its launches, for compiling)
 
 
 @contextlib.contextmanager
@@ -319,6 +323,7 @@ def count(launch, backend: str = "triton") -> tuple[KernelCounts, dict]:
     if hasattr(mod, "name_arrays"):
         mod.name_arrays(rec, out)
     counts = rec.result(backend, seconds, names)
+    LAST_RECORDER[0] = rec
     if rename:
         counts.per_array = {str(rename.get(k, k)): v for k, v in counts.per_array.items()}
     return counts, out
@@ -345,18 +350,23 @@ def count_file(
     params: dict | None = None,
     timeout: float = 300.0,
     arrays: bool = True,
+    shared_memory: int | None = None,
 ) -> tuple[KernelCounts, dict, dict]:
     """Count a launcher file's kernels in a fresh process with the backend's mode on.
 
     ``path`` defines the launcher (``launcher`` or ``launch``), called with the keywords of ``params`` it declares.
     Returns (counts, numbers the launcher returned, arrays it returned as float64 NumPy when ``arrays``). Raises
     InputError (one line) for a missing file or launcher, a kernel that raises, a non-array argument or result, a
-    backend not installed or not supported, or a run longer than ``timeout`` seconds.
+    backend not installed or not supported, or a run longer than ``timeout`` seconds. ``shared_memory=90``
+    (Triton only) also compiles each kernel for sm_90 with the real compiler (no GPU needed) and records the shared
+    memory it allocates per program in ``counts.shared_memory``.
     """
-    return count_batch([(path, launcher, params or {})], backend, timeout, arrays)[0]
+    return count_batch([(path, launcher, params or {})], backend, timeout, arrays, shared_memory)[0]
 
 
-def count_batch(jobs, backend: str | None = None, timeout: float = 300.0, arrays: bool = True) -> list[tuple]:
+def count_batch(
+    jobs, backend: str | None = None, timeout: float = 300.0, arrays: bool = True, shared_memory: int | None = None
+) -> list[tuple]:
     """:func:`count_file` for several (path, launcher, params) jobs in one fresh process (one import of the backend's
     packages): a list of (counts, numbers, arrays). ``timeout`` bounds the whole batch."""
     import json
@@ -371,7 +381,8 @@ def count_batch(jobs, backend: str | None = None, timeout: float = 300.0, arrays
         p = Path(path)
         if not p.is_file():
             raise InputError("FILE", "must be an existing Python file defining a launcher", str(path))
-        reqs.append({"path": str(p.resolve()), "launcher": launcher or None, "params": dict(params)})
+        reqs.append({"path": str(p.resolve()), "launcher": launcher or None, "params": dict(params),
+                     "shared_memory": shared_memory})  # fmt: skip
     backend = backend or detect_backend(reqs[0]["path"])
     require_extra(backend)
     with tempfile.TemporaryDirectory(prefix="iosim-kernel-") as tmp:
@@ -400,5 +411,28 @@ def count_batch(jobs, backend: str | None = None, timeout: float = 300.0, arrays
             if arrays and Path(tmp, f"arrays_{i}.npz").exists():
                 with np.load(Path(tmp, f"arrays_{i}.npz")) as z:
                     out = {k: z[k] for k in z.files}
-            results.append((KernelCounts.from_dict(res["counts"]), res["numbers"], out))
+            counts = KernelCounts.from_dict(res["counts"])
+            if shared_memory and res.get("launch_specs"):
+                counts.shared_memory = _compile_shared(res["launch_specs"], int(shared_memory), tmp, i, timeout)
+            results.append((counts, res["numbers"], out))
         return results
+
+
+def _compile_shared(specs: list[dict], cc: int, tmp: str, i: int, timeout: float) -> dict:
+    """Triton's compiler for sm_``cc``, in a process without TRITON_INTERPRET (the interpreter's patches of
+    triton.language would break it): shared memory per program of each kernel."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    path = Path(tmp, f"specs_{i}.json")
+    path.write_text(json.dumps(specs))
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    cmd = [sys.executable, "-m", "iosim.kernels.triton_backend", str(path), str(cc)]
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+    except Exception as e:  # a second figure only
+        return {s["kernel"]: f"not compiled: {type(e).__name__}" for s in specs}

@@ -135,6 +135,11 @@ def hooks(recorder):
                     f"argument {name}", "must be a torch tensor, a number or a constexpr", type(arg).__name__
                 )
         recorder.begin_launch(getattr(self.fn, "__name__", "kernel"))
+        if not recorder.paused:
+            specs = getattr(recorder, "launch_specs", None)
+            if specs is None:
+                specs = recorder.launch_specs = []
+            specs.append((self.fn, named, list(getattr(self, "constexprs", []))))
         return saved_call(self, *args, **kwargs)
 
     B.create_masked_load, B.create_masked_store = load, store
@@ -153,3 +158,81 @@ def to_numpy(x) -> np.ndarray | None:
     if hasattr(x, "detach") and hasattr(x, "float"):
         return x.detach().cpu().double().numpy()
     return None
+
+
+_TYPES = {"float16": "fp16", "float32": "fp32", "bfloat16": "bf16", "float64": "fp64", "int32": "i32",
+          "int64": "i64", "int16": "i16", "int8": "i8", "uint8": "u8", "bool": "i1"}  # fmt: skip
+
+
+def _type(x) -> str | None:
+    if hasattr(x, "data_ptr") and hasattr(x, "dtype"):
+        t = _TYPES.get(str(x.dtype).removeprefix("torch."))
+        return None if t is None else "*" + t
+    if isinstance(x, bool):
+        return "i1"
+    if isinstance(x, int):
+        return "i32" if -(2**31) <= x < 2**31 else "i64"
+    if isinstance(x, float):
+        return "fp32"
+    return None
+
+
+def launch_specs(recorder) -> list[dict]:
+    """What is needed to compile each kernel launched (not paused) again: its module and name, the signature and
+    the constexpr values of the launch (JSON)."""
+    out, seen = [], set()
+    for fn, named, constexprs in getattr(recorder, "launch_specs", []):
+        name = getattr(fn, "__name__", "kernel")
+        if name in seen:
+            continue
+        seen.add(name)
+        sig, consts = {}, {}
+        for k, v in named.items():
+            t = None if k in constexprs else _type(v)
+            sig[k] = t or "constexpr"
+            if t is None:
+                v = getattr(v, "value", v)
+                if not isinstance(v, (int, float, bool, str)) and v is not None:
+                    break  # a constexpr JSON cannot carry: leave this kernel out
+                consts[k] = v
+        else:
+            out.append({"kernel": name, "module": fn.__module__, "file": fn.__code__.co_filename, "signature": sig,
+                        "constexprs": consts})  # fmt: skip
+    return out
+
+
+def compile_shared_memory(specs: list[dict], cc: int = 90) -> dict[str, int | str]:
+    """Compile each kernel of ``specs`` for sm_``cc`` with Triton's real compiler (no GPU needed; run in a process
+    *without* TRITON_INTERPRET) and return the shared memory in bytes it allocates per program, or why not."""
+    import importlib
+    import importlib.util
+    import warnings
+
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource, compile
+
+    out: dict[str, int | str] = {}
+    for sp in specs:
+        try:
+            try:
+                module = importlib.import_module(sp["module"])
+            except ImportError:
+                spec = importlib.util.spec_from_file_location(f"iosim_compile_{sp['kernel']}", sp["file"])
+                module = importlib.util.module_from_spec(spec)
+                spec.loader.exec_module(module)
+            fn = getattr(module, sp["kernel"])
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                src = ASTSource(fn=fn, signature=sp["signature"], constexprs=sp["constexprs"])
+                out[sp["kernel"]] = int(compile(src, target=GPUTarget("cuda", cc, 32)).metadata.shared)
+        except Exception as e:  # a second figure only: say why it is missing
+            first = str(e).strip().splitlines()[-1][:120] if str(e).strip() else ""
+            out[sp["kernel"]] = f"not compiled: {type(e).__name__}: {first}"
+    return out
+
+
+if __name__ == "__main__":  # python -m iosim.kernels.triton_backend SPECS.json CC: print {kernel: bytes} as JSON
+    import json
+    import sys
+
+    print(json.dumps(compile_shared_memory(json.loads(open(sys.argv[1]).read()), int(sys.argv[2]))))
