@@ -95,7 +95,6 @@ def run(out: Path, quick: bool = False) -> Verdict:
             )  # fmt: skip
             inm = [r for r in cmp.rows if r.model_reads is not None]
             kernel_words = sum(r.reads + r.writes for r in inm)
-            worst = max(inm, key=lambda r: (r.reads + r.writes) / max(1, r.model_reads + r.model_writes))
             rows.append(
                 {
                     "kernel": f, "backend": backend, "like": like, "N": p["N"], "d": p["d"], "Br": p.get("Br", ""),
@@ -104,7 +103,7 @@ def run(out: Path, quick: bool = False) -> Verdict:
                     "ratio": kernel_words / cmp.model_total, "lower_bound": cmp.lower_bound,
                     "over_bound": kernel_words / cmp.lower_bound, "equal": cmp.equal,
                     "equal_where_moved": cmp.equal_where_moved(),
-                    "verdict": "equal per array" if cmp.equal else worst.verdict,
+                    "verdict": cmp.summary(),
                     "numerics_ok": cmp.numerics_ok, "programs": counts.programs, "seconds": round(counts.seconds, 3),
                 }
             )  # fmt: skip

@@ -85,15 +85,28 @@ class Comparison:
 
     @property
     def equal(self) -> bool:
-        """Every array the model counts moved exactly the model's words, and nothing else moved."""
-        return all(r.model_reads is not None and r.reads == r.model_reads and r.writes == r.model_writes
-                   for r in self.rows)  # fmt: skip
+        """Every array the model counts moved exactly the model's words (arrays the model does not have, such as a
+        kernel's counters or metadata, are reported beside it: :attr:`extra_words`)."""
+        return all(r.reads == r.model_reads and r.writes == r.model_writes for r in self.rows
+                   if r.model_reads is not None)  # fmt: skip
+
+    @property
+    def extra_words(self) -> int:
+        """Words the kernel moved in arrays the model does not have (metadata, counters)."""
+        return sum(r.reads + r.writes for r in self.rows if r.model_reads is None)
+
+    def summary(self) -> str:
+        """One line: equal per array, or the verdicts of the arrays that differ."""
+        off = [r.verdict for r in self.rows if r.model_reads is not None and (r.reads, r.writes) !=
+               (r.model_reads, r.model_writes)]  # fmt: skip
+        extra = f" (+{self.extra_words:,} words outside the model)" if self.extra_words else ""
+        return ("equal per array" if not off else "; ".join(off)) + extra
 
     def equal_where_moved(self) -> bool:
         """Every array the kernel moves and the model counts is equal to the word (arrays a kernel does not write,
         such as L of a forward that keeps no residuals, left out), and the kernel moves no array the model lacks."""
-        return all(r.model_reads is not None and (r.reads, r.writes) in ((r.model_reads, r.model_writes), (0, 0))
-                   for r in self.rows)  # fmt: skip
+        return all((r.reads, r.writes) in ((r.model_reads, r.model_writes), (0, 0)) for r in self.rows
+                   if r.model_reads is not None)  # fmt: skip
 
     @property
     def model_total(self) -> int:
