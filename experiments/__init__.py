@@ -124,6 +124,8 @@ def run_all(out: Path = RESULTS, quick: bool = False, echo=print) -> list[tuple[
             continue
         v = run(e, out, quick, command=f"iosim experiments run all{' --quick' if quick else ''}")
         echo(f"{e.name}: {v.line()} [{v.seconds:.1f} s]")
+        for f in v.failures:
+            echo(f"FAILED: {f}")
         done.append((e, v))
     write_index(out, done)
     return done

@@ -49,6 +49,7 @@ class Verdict:
     notes: list[str] = field(default_factory=list)
     files: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    failures: list[str] = field(default_factory=list)  # iosim's own checks that failed: the run exits 1
 
     @property
     def word(self) -> str:

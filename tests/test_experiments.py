@@ -139,3 +139,20 @@ def test_device_data_file_has_a_source_for_every_figure():
         assert int(r["smem_per_block_KiB"]) > 0 and "http" in r["source"], r["device"]
         if r["smem_per_sm_KiB"]:
             assert int(r["smem_per_sm_KiB"]) >= int(r["smem_per_block_KiB"])
+
+
+def test_a_count_that_differs_from_its_closed_form_fails_the_run(tmp_path, capsys):
+    """A row with exact = False is a defect of iosim, never a finding: the run prints FAILED and exits 1."""
+    from iosim.experiments import runner
+    from iosim.experiments._common import Verdict
+
+    def measure(g):
+        return [{"N": 1, "exact": True}, {"N": 2, "exact": False}]
+
+    def verdict(rows, g):
+        return runner.Summary(Verdict("fake", "a claim", "measured", "fig", True), [[1]], ["N"])
+
+    fake = {"__name__": "fake_experiment", "__file__": str(tmp_path / "99_fake.py"), "NAME": "fake", "TITLE": "t"}
+    fake.update(CLAIM="c", NEEDS=(), FULL={}, measure=measure, verdict=verdict)
+    assert runner.main(fake, ["--out", str(tmp_path / "r")]) == 1
+    assert "FAILED: 1 of 2 rows differ from their closed form" in capsys.readouterr().out

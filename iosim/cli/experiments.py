@@ -42,13 +42,13 @@ def command(args) -> int:
     try:
         if args.name == "all":
             t0 = time.perf_counter()
-            ex.run_all(out, quick=args.quick)
+            done = ex.run_all(out, quick=args.quick)
             print(f"all experiments in {time.perf_counter() - t0:.0f} s; wrote {out / 'index.md'}")
-            return 0
+            return 1 if any(v is not None and v.failures for _, v in done) else 0
         entry = ex.get(args.name)
         v = ex.run(entry, out, quick=args.quick, command=f"iosim experiments run {entry.name}{flags}")
     except ex.MissingExtra as e:
         print(e, file=sys.stderr)
         return 2
     ex.runner.report(v, out)
-    return 0
+    return 1 if v.failures else 0
