@@ -20,6 +20,7 @@ from iosim.cli import (
     experiments,
     gpu_resources,
     hierarchy,
+    kernel,
     listing,
     pebble,
     replay,
@@ -45,6 +46,7 @@ COMMANDS = {
     "sweep": (sweep, "count a grid of (algorithm, pass, N, d, M, causal, tiling) points"),
     "show": (show, "draw a schedule: tile heat maps, residency timeline, steps, GIF"),
     "replay": (replay, "replay a schedule's computation through an LRU/FIFO/OPT cache"),
+    "kernel": (kernel, "count a real kernel's I/O without a GPU (Triton, Pallas, numba.cuda) beside the closed form"),
     "hierarchy": (hierarchy, "a launch over many SMs, a shared L2 and DRAM: DRAM traffic per array and block order"),
 }
 
