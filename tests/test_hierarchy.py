@@ -323,3 +323,9 @@ def test_cli_hierarchy(capsys):
     assert d["dram"] == d["two_level"] and d["ratio"] == 1.0
     assert main(["hierarchy", "flash2", "--N", "64", "--d", "16", "--device", "nope"]) == 2
     assert "device must be one of" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("algorithm", "backward"), CASES)
+def test_the_compulsory_estimate_is_what_a_whole_problem_l2_moves(algorithm, backward):
+    r = hierarchy(algorithm, backward=backward, B=2, H_q=2, H_kv=1, P=2, C=1 << 30, L=8, **SMALL)
+    assert r.compulsory == r.dram

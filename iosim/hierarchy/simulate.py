@@ -70,6 +70,7 @@ class LevelCounts:
     l2_update: int = 0
     l2_fill: int = 0
     l2_writeback: int = 0
+    compulsory: int = 0  # every copy's lines once: fetched if first read, written back if ever written
 
     @property
     def dram_read(self) -> int:
@@ -143,6 +144,13 @@ class HierarchyResult:
         return self.dram * self.bytes_per_word
 
     @property
+    def compulsory(self) -> int:
+        """The compulsory DRAM words of a launch that touches every word of its arrays (a non-causal, unmasked
+        run): each copy's lines once, fetched where the array's first access reads it, written back where it is
+        ever written. What an L2 holding everything moves (tests/test_hierarchy.py checks the exact set version)."""
+        return self._sum("compulsory")
+
+    @property
     def ratio(self) -> float:
         """DRAM words over the two-level count."""
         return self.dram / self.two_level if self.two_level else float("nan")
@@ -197,6 +205,7 @@ class HierarchyResult:
             dram=self.dram,
             dram_bytes=self.dram_bytes,
             ratio=self.ratio,
+            compulsory=self.compulsory,
             per_array={
                 n: {**vars(c), "dram_read": c.dram_read, "dram_update": c.dram_update}
                 for n, c in self.per_array.items()
@@ -429,6 +438,11 @@ def hierarchy(
         _opt(rec_inst, rec_req, n_rec, inst, cut, lay, L, cap, fill, wb, opt_limit_bytes)
     per = {}
     copies = np.full(n_aids, B * H_q)  # every query head's schedule moves its own words (K, V included)
+    first_write = {}
+    for row in cut.requests:  # an array's first access in schedule order
+        first_write.setdefault(int(row[1]), bool(row[0]))
+    written = set(cut.requests[cut.requests[:, 0] == 1][:, 1].tolist())
+    array_copies = np.where(lay.kv == 1, B * H_kv, B * H_q)
     for a, name in enumerate(trace.names):
         c = stats.per_array.get(name)
         if c is None and not (fill[a] or wb[a] or l2_read[a] or l2_update[a]):
@@ -440,6 +454,7 @@ def hierarchy(
             int(l2_update[a]),
             int(fill[a]),
             int(wb[a]),
+            int(lay.nl[a] * L * array_copies[a]) * ((not first_write.get(a, True)) + (a in written)),
         )
     res = HierarchyResult(
         algorithm, bool(backward), B, H_q, H_kv, int(N), int(d), M, P, blocks_per_sm, C, L, bytes_per_word, order,
