@@ -16,7 +16,7 @@ import argparse
 import json
 from pathlib import Path
 
-from iosim.cli.options import positive
+from iosim.cli.options import add_yes, count, output_file, positive
 from iosim.errors import InputError
 from iosim.pebble import from_run, search
 from iosim.pebble.game import Game, IllegalMoveError, Outcome, format_moves, parse
@@ -58,8 +58,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mask", default=None, help="with --from-run: a mask, as iosim run --mask (window:3, ...)")
     p.add_argument("--kv-policy", choices=("paper", "skip"), default="paper", help="with --from-run: empty blocks")
     p.add_argument("--picture", metavar="FILE", help="draw the graph with its pebbles (PNG; needs iosim[plot])")
-    p.add_argument("--at", type=int, default=None, help="with --picture: the state after this many moves")
+    p.add_argument("--at", type=count("--at"), default=None, help="with --picture: the state after this many moves")
     p.add_argument("--json", action="store_true", help="print JSON")
+    add_yes(p, "a search (--max-states)")
 
 
 def _need(args, *names: str, why: str) -> None:
@@ -68,7 +69,12 @@ def _need(args, *names: str, why: str) -> None:
             raise InputError(name, f"is required {why}")
 
 
+PICTURES = (".png", ".pdf", ".svg")
+
+
 def command(args) -> int:
+    if args.picture is not None:  # before any work: nothing computed, nothing written
+        output_file("--picture", args.picture, PICTURES)
     if args.from_run is not None:
         if args.graph is not None:
             raise InputError("graph", "is not used with --from-run (the run's own graph is checked)", args.graph)
@@ -257,7 +263,7 @@ def _picture(args, graph: Graph, moves) -> int:
     fig.tight_layout()
     fig.savefig(args.picture, dpi=130)
     plt.close(fig)
-    if args.schedule is None:
+    if not args.json:
         print(f"wrote {args.picture}")
     return 0
 
