@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -82,10 +83,21 @@ def _standard_forward(mem, Q, K, V, N, d, t, scale, causal, dtype):
     return {"O": O, "S": S, "P": P}
 
 
+def _log(x):
+    """np.log, also of an object array (the pebble game's symbolic run) where a row that saw no key holds a plain
+    float 0.0 beside symbolic values: np.log would call ``0.0.log()``."""
+    if not (isinstance(x, np.ndarray) and x.dtype == object):
+        return np.log(x)
+    flat = [v.log() if hasattr(v, "log") else math.log(v) if v > 0 else -math.inf for v in x.ravel()]
+    out = np.empty(x.shape, dtype=object)
+    out.ravel()[:] = flat
+    return out
+
+
 def _flash1_forward(mem, Q, K, V, N, d, t, scale, causal, dtype):
     O, l_, m = flash.flash1_forward(mem, Q, K, V, N=N, d=d, Br=t.Br, Bc=t.Bc, scale=scale, causal=causal, dtype=dtype)
     with np.errstate(divide="ignore"):  # a fully masked row: l = 0, L = -inf
-        L = None if m is None else m + np.log(l_)  # computed outside the model, for checking only
+        L = None if m is None else m + _log(l_)  # computed outside the model, for checking only
     return {"O": O, "l": l_, "m": m, "L": L}
 
 

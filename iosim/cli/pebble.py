@@ -131,7 +131,7 @@ def _cmd_optimum(args, graph: Graph) -> int:
         opt = None
         moves = search.greedy(graph, args.M)
     else:
-        opt = search.optimum(graph, args.M, max_states=args.max_states)
+        opt = search.optimum(graph, args.M, max_states=args.max_states, allow_long=args.yes)
         moves = opt.moves
     if args.json:
         out = {"graph": graph.name, "M": args.M, "greedy_io": heuristic, "optimum_io": opt and opt.io}
@@ -171,7 +171,7 @@ def _cmd_from_run(args) -> int:
                 [
                     r.algorithm,
                     r.pass_,
-                    "yes" if r.legal and x["complete"] else "NO",
+                    ("yes" if r.legal_at_M else f"M'={r.M_prime}") if r.legal and x["complete"] else "NO",
                     x["pebble_io"],
                     x["sim_io"],
                     "yes" if r.io_matches else "NO",
@@ -210,7 +210,7 @@ def _print_run(r: from_run.PebbleRun) -> None:
     if not r.legal:
         print(f"  {r.illegal}")
         return
-    print(f"  legal: yes; every output blue: {'yes' if x['complete'] else 'no'}")
+    print(f"  {r.legality()}; every output blue: {'yes' if x['complete'] else 'no'}")
     print(
         f"  I/O: pebbling {x['pebble_io']} (R1 {x['pebble_reads']}, R2 {x['pebble_writes']}) vs iosim {x['sim_io']} "
         f"(reads {x['sim_reads']}, writes {x['sim_writes']} incl. {x['sim_init_writes']} initialisation): "
