@@ -135,6 +135,9 @@ class Dilated(Mask):
     def __post_init__(self):
         _pos("mask window", self.w)
         _pos("mask dilation", self.k)
+        if (self.w - 1) * self.k > 1 << 40:  # the reach (w - 1) k is an int64 offset of the tile oracle
+            raise InputError("mask dilation", f"times (window - 1) must be at most {1 << 40:,} (the reach in columns)",
+                             f"{self.w}:{self.k}")  # fmt: skip
 
     @property
     def label(self) -> str:
