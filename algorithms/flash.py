@@ -467,7 +467,7 @@ def flash1_backward(mem, Q, K, V, O, dO, l, m, *, N, d, Br, Bc, scale, causal=Fa
     zero-initialised in HBM (step 6), counted as initialisation writes.
     Count-only mode: pass every data array as None. Returns (dQ, dK, dV) (None each in count-only mode).
     Reads 2Nd + Tc(4Nd + 2N), writes 2Nd + Tc Nd plus 3Nd initialisation, total 4Nd + Tc(5Nd + 2N) + 3Nd
-    (papers.md B1): see :func:`iosim.theory.io_model.flash1_backward`.
+    (docs/theory.md B1): see :func:`iosim.theory.io_model.flash1_backward`.
     """
     Q, K, V = _inputs(Q, K, V, dtype)
     O, dO, l, m = (_vec(x, dtype) for x in (O, dO, l, m))  # noqa: E741
@@ -485,7 +485,7 @@ def flash2_backward(mem, Q, K, V, O, dO, L, *, N, d, Br, Bc, scale, causal=False
     Inputs: O and the logsumexp L of the forward. D = rowsum(dO o O) is computed once in its own pass and written
     to HBM (N words); the K/V-outer loop recomputes P_ij = exp(S_ij - L_i) and read-modify-writes dQ_i on every
     inner step. The paper's inner loop also loads O_i; it is unused once D exists and is not loaded here
-    (papers.md B2, "dropping it"). Count-only mode: every data array None. Returns (dQ, dK, dV).
+    (docs/theory.md B2, "dropping it"). Count-only mode: every data array None. Returns (dQ, dK, dV).
     Reads 4Nd + Tc(3Nd + 2N), writes 2Nd + N + Tc Nd plus Nd initialisation of dQ, total 6Nd + N + Tc(4Nd + 2N)
     + Nd: see :func:`iosim.theory.io_model.flash2_backward`.
     """

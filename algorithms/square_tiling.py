@@ -22,7 +22,7 @@ words (m_i and l_i instead of d_B[i]): 3B^2 + 2B <= 4B^2 <= M for the paper's B 
 
 Exact count (:func:`iosim.theory.io_model.square_tiling_forward`), non-causal, Tn = ceil(N/B), Td = ceil(d/B):
 reads Q, K, V: Nd Tn each; S: written N^2, read N^2 Td; L: N written, N read; O: Nd written. Total
-3 Nd Tn + N^2 (1 + Td) + Nd + 2N = papers.md S1 to the word. Causal masking skips tile (i, j) with j > i (square
+3 Nd Tn + N^2 (1 + Td) + Nd + 2N = docs/theory.md S1 to the word. Causal masking skips tile (i, j) with j > i (square
 tiles: exactly the tiles entirely above the diagonal) in both phases with one ``continue``; those S entries are
 never written or read. Any mask (:mod:`iosim.algorithms.tile_masks`) likewise: the tiles it empties are skipped in both
 phases (and in every product of the backward), the element mask applies inside partial tiles, and a row with no
@@ -34,7 +34,7 @@ Backward -- :func:`square_tiling_backward`
 A small-cache backward reaching Theta(N^2 d / sqrt(M)) I/O when M < d^2, the small-cache bound of Li, Liang, Shi,
 Song, Zhou, "Fine-grained Attention I/O Complexity" (arXiv 2410.09397, Theorems 4.3/4.4). **This is a
 construction in that paper's regime, not a transcription of its Algorithm 6**, whose pseudo-code is not
-available (../shared/spec/papers.md section 4 and B3). It follows papers.md's B3 (square tiles everywhere, the
+available (docs/theory.md and B3). It follows docs/theory.md's B3 (square tiles everywhere, the
 N x N intermediates materialised in slow memory, which is affordable because N^2 <= N^2 d / sqrt(M) when
 M <= d^2) with three changes:
 
@@ -59,7 +59,7 @@ Inputs in slow memory: Q, K, V, dO and the forward's O, L and S. Outputs: dQ, dK
   5. dQ = dS K; 6. dK = dS^T Q. Causal: the all-zero tiles above the diagonal are skipped with one ``continue``.
 
 Exact count (:func:`iosim.theory.io_model.square_tiling_backward`), non-causal:
-5 Nd Tn + 3 N^2 Td + 2 N^2 + N Tn Td + 5 Nd + N, against papers.md B3's 7 Nd Tn + 3 N^2 Td + 3 N^2 + 2 N Tn + 5 Nd
+5 Nd Tn + 3 N^2 Td + 2 N^2 + N Tn Td + 5 Nd + N, against docs/theory.md B3's 7 Nd Tn + 3 N^2 Td + 3 N^2 + 2 N Tn + 5 Nd
 + N. Working set: B^2 + 2B min(B, d) + 2B, the forward's.
 
 Both drivers take explicit (N, d); count-only mode (every data array None) runs the same loop nest without data.
@@ -355,7 +355,7 @@ def square_tiling_forward(mem, Q, K, V, *, N, d, B, scale, causal=False, dtype=n
 
     Count-only mode: pass Q = K = V = None. Returns (O, L, S): the output, the row logsumexp and the N x N
     exponent S = scale Q K^T left in slow memory (None each in count-only mode). Exact count:
-    :func:`iosim.theory.io_model.square_tiling_forward` (= papers.md S1 when non-causal).
+    :func:`iosim.theory.io_model.square_tiling_forward` (= docs/theory.md S1 when non-causal).
     """
     Q, K, V = _as_inputs(dtype, Q, K, V)
     S, O, L = _poisoned(Q is not None, dtype, (N, N), (N, d), (N,))

@@ -205,7 +205,7 @@ def standard_forward(mem, Q, K, V, *, N, d, B, scale, causal=False, dtype=np.flo
 # 2. dP = dO V^T: reads R(N, d, N) = 2 Nd ceil(N/B), writes N^2.
 # 3. dS_ij = P_ij (dP_ij - D_i) with D_i = sum_l P_il dP_il (Algorithm 3 reduces over the row of P o dP; it does
 #    not use D_i = dO_i . O_i). When a row of P and of dP fit together (2N + 1 <= M), blocks of
-#    R = floor((M - 1) / 2N) rows of each are loaded once: reads 2 N^2, writes N^2 (papers.md B0's 3N^2).
+#    R = floor((M - 1) / 2N) rows of each are loaded once: reads 2 N^2, writes N^2 (docs/theory.md B0's 3N^2).
 #    Otherwise each row is swept twice in chunks of floor((M - 1) / 2) columns of P and dP (pass 1: D_i,
 #    pass 2: dS and store): reads 4 N^2, writes N^2. D_i takes one word. The causal mask is applied here
 #    (masked dS = 0; P is already 0 there), which changes no count: the dense baseline computes every tile whatever
@@ -282,7 +282,7 @@ def standard_backward(mem, Q, K, V, P, dO, *, N, d, B, scale, causal=False, dtyp
     Inputs: Q, K, V, dO and the forward's P in slow memory. Count-only mode: every data array None (no N x N
     array is allocated). Returns (dQ, dK, dV) (None each in count-only mode).
     Reads 3 R(N, N, d) + R(N, d, N) + 2N^2 (4N^2 when a row of P and dP does not fit), writes 2N^2 + 3Nd; with one
-    tile covering everything (B >= N, d) that is papers.md B0, 7N^2 + 8Nd.
+    tile covering everything (B >= N, d) that is docs/theory.md B0, 7N^2 + 8Nd.
     See :func:`iosim.theory.io_model.standard_backward`.
     """
     if Q is None:

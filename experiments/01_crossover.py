@@ -25,7 +25,7 @@ Outputs in results/ (created if missing):
 What the plot shows (measured with the command above, N = 2048): square-tiling is below flash1 and flash2 at every
 M well below d^2 and above them well above d^2, in both passes and for every d. Measured crossovers M / d^2
 (square-tiling vs flash2 / vs flash1): forward 1.05-1.11 / 2.10-2.16, backward 2.31 / 5.78-5.89, the same for
-d = 64, 128, 256 (the theory's M = d^2, shifted by the algorithms' constants; papers.md estimates 1.67 for F1 vs
+d = 64, 128, 256 (the theory's M = d^2, shifted by the algorithms' constants; docs/theory.md estimates 1.67 for F1 vs
 S1 with the paper tilings). Tightness for M < d^2: square-tiling moves 3.74-4.46 times the Saha-Ye small-cache
 lower bound 2 N^2 d / sqrt(M) - 2M forward and 7.55-9.45 times it backward, a flat constant across 24 points,
 whereas flash2 ranges 5.2-32 (forward) and 17.8-76 (backward), growing as M shrinks. For M >= d^2 the provisional

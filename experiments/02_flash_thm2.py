@@ -3,7 +3,7 @@
 
 Claim (Dao et al., NeurIPS 2022, Theorem 2): for d <= M <= Nd, FlashAttention makes Theta(N^2 d^2 / M) HBM
 accesses (slope -1 in M, 2 in N, 2 in d) and standard attention Theta(Nd + N^2) (flat in M). Caveats
-(papers.md section 2): (b) standard attention with any standard matmul needs Omega(N^2 d / sqrt(M)) below d^2, so
+(docs/theory.md): (b) standard attention with any standard matmul needs Omega(N^2 d / sqrt(M)) below d^2, so
 it rises as M^(-1/2) there; (c) the FlashAttention bound omits a +Nd term, which is all that is left where Tc = 1.
 
 Run: ``iosim experiments run flash-thm2`` (or ``python experiments/02_flash_thm2.py``); count-only, fit tiling,

@@ -11,7 +11,7 @@ table multiplies by 64 x 16 = 1024 heads and 2 bytes per word (fp16). GB = 10^9 
 Fast memory M (words of fp16): the A100's largest shared memory per thread block, 163 KB (CUDA C++ Programming
 Guide, compute capability 8.0; experiments/data/devices.csv) = 83,456 words, and the paper's "192 KB per SM"
 (L1 and shared memory together) = 98,304 words. Tiling: ``fit`` (the largest blocks that fit M), and for
-flash1 also the blocks of FlashAttention's own CUDA kernels, 16 x 256 (v1.0.9 fmha kernels, papers.md section 8),
+flash1 also the blocks of FlashAttention's own CUDA kernels, 16 x 256 (v1.0.9 fmha kernels),
 counted with the io_model closed form (which the tests hold equal to the simulation). GPT-2 is a causal decoder,
 so both the non-causal and the causal (blocks above the diagonal skipped) counts are shown.
 
@@ -47,7 +47,7 @@ BUDGETS = {
     "A100 163 KB per block": 163 * 1024 // BYTES,
     "A100 192 KB per SM (paper)": 192 * 1024 // BYTES,
 }
-KERNEL_BLOCKS = (16, 256)  # Br x Bc of FlashAttention v1.0.9's fmha kernels (papers.md section 8)
+KERNEL_BLOCKS = (16, 256)  # Br x Bc of FlashAttention v1.0.9's fmha kernels
 
 
 def gb(words: int) -> float:

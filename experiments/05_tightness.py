@@ -8,7 +8,7 @@ it, forward and backward.
 Run: ``iosim experiments run tightness`` (count-only). Grid: N in {512, 2048, 8192}, d in {32, 64, 128, 256},
 M / d^2 in {1/16, 1/4, 1, 4, 16}; standard, flash1, flash2, square-tiling; forward and backward; fit tiling.
 Lower bounds (iosim/theory/bounds.py): trivial 4Nd forward / 7Nd backward; Saha & Ye small-cache 2N^2 d / sqrt(M) - 2M
-below d^2; the large-cache N^2 d^2 / (4(M + d^2)) - M above it, whose constant is derived in papers.md, not stated
+below d^2; the large-cache N^2 d^2 / (4(M + d^2)) - M above it, whose constant is derived in docs/theory.md, not stated
 by the authors (provisional); the any-matmul min(N^2 d^2 / (8M), N^2 / 8) - M (provisional).
 
 Where the ratio means nothing: a cell is marked "slack LB" when the largest lower bound that applies is less than a
@@ -134,7 +134,7 @@ def run(out: Path, quick: bool = False) -> Verdict:
     v.notes += [
         "Cells marked 'slack LB' (hatched in the heat map): the largest applicable lower bound is below a quarter of "
         "the Theta expression with constant 1. Above d^2 the best bound is then either the trivial 4Nd / 7Nd or "
-        "Saha & Ye's large-cache bound with the constant derived in papers.md, N^2 d^2 / (4(M + d^2)) - M, which is "
+        "Saha & Ye's large-cache bound (constant derived in docs/theory.md), N^2 d^2 / (4(M + d^2)) - M, which is "
         "N^2 d^2 / (8M) at M = d^2 and falls below 4Nd unless N >~ 16M/d: a ratio of 50-70 there is the bound's "
         "missing constant, not FlashAttention's distance from optimal. The ÷Θ column is the usable comparison.",
         "FlashAttention in the small-cache regime and square tiling in the large-cache regime are outside their own "

@@ -18,7 +18,7 @@ d = 64, M = d^2 / 2 (small cache) and 8 d^2 (large cache); densities s = 1/2 .. 
 * ``random``: each score kept independently with probability s.
 
 Algorithms: flash2 (policy skip), flash1 (paper and skip) and masked square tiling, against the provisional nnz
-lower bound of papers.md L6, min{Z_in^2 / M, Z_in sqrt(Z_QK / M)} with Z_in = Nd, Z_QK = nnz. The Prop. 4 fit is
+lower bound of docs/theory.md L6, min{Z_in^2 / M, Z_in sqrt(Z_QK / M)} with Z_in = Nd, Z_QK = nnz. The Prop. 4 fit is
 the least-squares fit of I/O = a Nd + b N^2 d^2 s / M over the block-aligned patterns (window, blockdiag,
 random-blocks), s = s_tiles measured on the algorithm's own tiling: Prop. 4 holds when the I/O is affine in s
 (R^2 >= 0.99) with an Nd-sized intercept a; ``floor`` in the CSV is the same algorithm's exact I/O under a mask
@@ -189,7 +189,7 @@ def run(out: Path, quick: bool = False) -> Verdict:
         "sparsity leaves almost every tile partial: the pattern, not the nnz, decides the I/O."
     )
     v.notes.append(
-        "The nnz lower bound (papers.md L6) is provisional (the fine-grained paper's sparse theorem was not "
+        "The nnz lower bound (docs/theory.md L6) is provisional (the fine-grained paper's sparse theorem was not "
         "readable); its regime switches at M = Z_in^2 / Z_QK, which is d^2 for dense masks."
     )
     v.notes.append(f"{len(rows)} runs, {inexact} differing from their closed form in iosim.theory.io_model.")

@@ -13,7 +13,7 @@ from iosim.kernels.check import CheckReport, check
 from iosim.memory_model import CapacityError, Memory, ScheduleError, Trace
 from iosim.registry import register, unregister
 from iosim.sweep import sweep
-from iosim.version import __version__
+from iosim.version import __version__ as __version__
 from iosim.views.replay import ReplayResult, replay
 
 __all__ = [

@@ -131,7 +131,7 @@ def test_standard_one_and_two_pass_dS_sweeps_are_exact():
 
 
 def test_closed_forms_reduce_to_the_papers_forms():
-    """papers.md B0, B1, B2 (B2 with the inner load of O_i dropped), initialisation writes included."""
+    """docs/theory.md B0, B1, B2 (B2 with the inner load of O_i dropped), initialisation writes included."""
     N, d = 1000, 64
     for Bc in (1, 7, 64, 333, 1000):
         Tc = io_model.cdiv(N, Bc)

@@ -70,7 +70,7 @@ def test_count_only_scales_to_a_million_rows():
 
 
 def test_flash_counts_match_the_papers_formulas():
-    """papers.md section 6: F1 = 2Nd + Tc(3Nd + 4N) (+ Nd + 2N init), F2 = 2Nd(1 + Tr) + N."""
+    """docs/theory.md: F1 = 2Nd + Tc(3Nd + 4N) (+ Nd + 2N init), F2 = 2Nd(1 + Tr) + N."""
     for N, d, M in [(1000, 64, 20000), (1023, 32, 5000), (4096, 128, 65536)]:
         f1 = iosim.run("flash1", N=N, d=d, M=M, count_only=True)
         Tc = -(-N // f1.tiling.Bc)
@@ -82,7 +82,7 @@ def test_flash_counts_match_the_papers_formulas():
 
 
 def test_standard_counts_match_S0_when_a_row_fits():
-    """papers.md S0: R(N,d,N) + N^2 + 2N^2 + R(N,N,d) + Nd with R(m,k,n) = mk ceil(n/B) + kn ceil(m/B)."""
+    """docs/theory.md S0: R(N,d,N) + N^2 + 2N^2 + R(N,N,d) + Nd with R(m,k,n) = mk ceil(n/B) + kn ceil(m/B)."""
     N, d, M = 300, 40, 3000
     r = iosim.run("standard", N=N, d=d, M=M, count_only=True)
     B = r.tiling.B

@@ -73,8 +73,7 @@ def test_resource_report_has_real_numbers_for_every_kernel():
     from iosim.algorithms.cuda import ptx
 
     Ms = (4096, 49152)
-    module = "iosim.gpu.resources"
-    cmd = [sys.executable, "-m", module, "--json", "--cc", "8.0", "9.0", "--M", *map(str, Ms)]
+    cmd = [sys.executable, "-m", "iosim.cli", "gpu-resources", "--json", "--cc", "8.0", "9.0", "--M", *map(str, Ms)]
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
     assert p.returncode == 0, p.stderr[-4000:]
@@ -120,13 +119,13 @@ WITHOUT_CUDA = {
     "iosim check": "from iosim.cli import main; sys.exit(main(['check', '--kernel', 'flash2', '--quick']))",
     "iosim gpu-resources": "from iosim.cli import main; sys.exit(main(['gpu-resources']))",
     "python -m ...ptx": "sys.argv = ['ptx']; runpy.run_module('iosim.algorithms.cuda.ptx', run_name='__main__')",
-    "python -m ...resources": (
-        "sys.argv = ['resources']; runpy.run_module('iosim.gpu.resources', run_name='__main__')"
+    "python -m iosim.cli": (
+        "sys.argv = ['iosim', 'gpu-resources']; runpy.run_module('iosim.cli', run_name='__main__')"
     ),
     "experiments/bench/gpu.py": (
         "sys.argv = ['gpu.py', '--quick']; runpy.run_path('experiments/bench/gpu.py', run_name='__main__')"
     ),
-    "iosim.gpu.forward": (
+    "iosim.gpu.launch.forward": (
         "import numpy as np\n"
         "from iosim.gpu import launch as gpu\n"
         "x = np.ones((4, 2), np.float32)\n"
@@ -146,5 +145,5 @@ def test_missing_cuda_extra_says_what_to_install(command):
     assert 'pip install "iosim[cuda]"' in p.stderr
     assert "Traceback" not in p.stderr + p.stdout
     assert len(p.stderr.strip().splitlines()) == 1, p.stderr
-    if command == "iosim.gpu.forward":
+    if command == "iosim.gpu.launch.forward":
         assert p.stderr.startswith("InputError: the cuda extra")

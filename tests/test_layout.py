@@ -56,7 +56,8 @@ def test_no_generic_top_level_imports():
         if ".venv" in path.parts or ".ci-venv" in path.parts:
             continue
         tops = {n.split(".")[0] for n in _imports(path)}
-        assert not tops & {"algorithms", "memory_model", "experiments"}, f"{path.relative_to(ROOT)} imports a bare folder name"
+        bare = tops & {"algorithms", "memory_model", "experiments"}
+        assert not bare, f"{path.relative_to(ROOT)} imports a bare folder name"
 
 
 def test_one_top_level_package():

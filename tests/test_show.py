@@ -8,7 +8,7 @@ from iosim.memory_model.core import LOAD, STORE
 import iosim
 from iosim import InputError
 from iosim.cli import main
-from iosim.cli import show as cli_show
+from iosim.cli import show as show_cmd
 from iosim.views import show
 
 
@@ -77,4 +77,4 @@ def test_bad_step_and_missing_output():
     assert main(["show", "flash2", "--N", "32", "--d", "4", "--M", "200", "--text", "--step", "100000"]) == 2
     assert main(["show", "flash2", "--N", "32", "--d", "4", "--M", "200"]) == 2
     with pytest.raises(InputError):
-        cli_show.command(type("A", (), {"text": False, "output": None})())
+        show_cmd.command(type("A", (), {"text": False, "output": None})())

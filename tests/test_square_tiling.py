@@ -105,7 +105,7 @@ def test_count_only_equals_numeric(N, causal):
 
 
 def test_closed_forms_are_the_papers_forms():
-    """Forward == papers.md S1 to the word; backward == B3 with the S reuse (see algorithms/square_tiling.py)."""
+    """Forward == docs/theory.md S1 to the word; backward == B3 with the S reuse (see algorithms/square_tiling.py)."""
     for N, d, B in [(2048, 128, 36), (1000, 64, 7), (257, 100, 1), (5, 3, 9)]:
         Tn, Td = math.ceil(N / B), math.ceil(d / B)
         assert io_model.square_tiling_forward(N, d, B).total == 3 * N * d * Tn + N * N * (1 + Td) + N * d + 2 * N

@@ -12,7 +12,7 @@ The schedule of :func:`iosim.algorithms.square_tiling.square_tiling_forward`, B 
 
 Causal masking skips tile (i, j) with j > i in both phases. Shared words: B^2 + 2 B min(B, d) + 2 B
 (io_model.square_tiling_peak; B = min(B, N) for one short tile). Words moved per (b, h):
-:func:`iosim.theory.io_model.square_tiling_forward` (= papers.md S1 when non-causal).
+:func:`iosim.theory.io_model.square_tiling_forward` (= docs/theory.md S1 when non-causal).
 """
 
 from __future__ import annotations

@@ -218,7 +218,7 @@ def bound_rows(graph: Graph, M: int) -> list[tuple[str, float, str]]:  # noqa: N
         m, k, n = dims
         return [
             ("trivial", m * k + k * n + m * n, "read A and B, write C"),
-            ("Hong-Kung", 2 * m * n * k / M**0.5 - 2 * M, "2mnk/sqrt(M) - 2M (tight constant; papers.md L2)"),
+            ("Hong-Kung", 2 * m * n * k / M**0.5 - 2 * M, "2mnk/sqrt(M) - 2M (tight constant; docs/theory.md L2)"),
         ]
     from iosim.theory import bounds
 

@@ -7,7 +7,7 @@ a schedule without a change here fails loudly. Causal variants are exact finite 
 of the skipped dimension: O(N / B) terms, never O(N^2).
 
 Notation: N rows, d head dimension, Br x Bc blocks, Tr = ceil(N/Br), Tc = ceil(N/Bc), B the square tile side.
-The papers' forms for comparison (../shared/spec/papers.md section 6): F1 = 2Nd + Tc(3Nd + 4N) (+ Nd + 2N
+The papers' forms for comparison (docs/theory.md): F1 = 2Nd + Tc(3Nd + 4N) (+ Nd + 2N
 init), F2 = 2Nd(1 + Tr) + N, S0 = R(N,d,N) + N^2 + 2N^2 + R(N,N,d) + Nd with R(m,k,n) = mk ceil(n/B) + kn ceil(m/B).
 """
 
@@ -259,7 +259,7 @@ def square_tiling_forward(N: int, d: int, B: int, causal: bool | TileMask = Fals
     """Saha & Ye Algorithm 1, stable form (algorithms/square_tiling.py); Tn = ceil(N/B), Td = ceil(d/B).
 
     Non-causal: Q, K, V read Nd Tn each; S written N^2 and read N^2 Td; L written N and read N; O written Nd:
-    3 Nd Tn + N^2 (1 + Td) + Nd + 2N, papers.md S1 to the word. Causal: Q is read d b_i per unskipped tile (i, j),
+    3 Nd Tn + N^2 (1 + Td) + Nd + 2N, docs/theory.md S1 to the word. Causal: Q is read d b_i per unskipped tile (i, j),
     K and V d (columns of row tile i's unskipped tiles) per row tile, S written / read on the unskipped tiles only.
     """
     Td = cdiv(d, B)
@@ -282,7 +282,7 @@ def square_tiling_backward(N: int, d: int, B: int, causal: bool | TileMask = Fal
     Non-causal: 5 Nd Tn + 3 N^2 Td + 2 N^2 + N Tn Td + 5 Nd + N. Per array: O Nd and dO Nd (D); dO Nd Tn and V
     Nd Tn (dP_ij); S N^2 (rows of S_ij for dS) + N^2 Td (dV = exp(S - L)^T dO); L N + N Tn Td (per A tile of dV);
     dS written N^2, read 2 N^2 Td (dQ, dK); dO Nd Tn (dV), K Nd Tn (dQ), Q Nd Tn (dK); dQ, dK, dV written Nd each.
-    Compare papers.md B3, 7 Nd Tn + 3 N^2 Td + 3 N^2 + 2 N Tn + 5 Nd + N, which recomputes P from Q and K.
+    Compare docs/theory.md B3, 7 Nd Tn + 3 N^2 Td + 3 N^2 + 2 N Tn + 5 Nd + N, which recomputes P from Q and K.
     Causal: the same sums over the unskipped tiles (row tiles i >= column tiles j).
     """
     Td = cdiv(d, B)
@@ -306,7 +306,7 @@ def square_tiling_backward(N: int, d: int, B: int, causal: bool | TileMask = Fal
 
 # ---------------------------------------------------------------------------------------------------------------
 # Backward passes of standard attention and FlashAttention 1/2 (algorithms/standard.py, algorithms/flash.py).
-# Papers' forms for comparison (papers.md section 6): B0 = 7N^2 + 8Nd, B1 = 4Nd + Tc(5Nd + 2N) (+ 3Nd init),
+# Papers' forms for comparison (docs/theory.md): B0 = 7N^2 + 8Nd, B1 = 4Nd + Tc(5Nd + 2N) (+ 3Nd init),
 # B2 = 6Nd + N + Tc(5Nd + 2N) (+ Nd init), or 6Nd + N + Tc(4Nd + 2N) with the redundant inner load of O_i
 # dropped, which is what flash2's backward does.
 # ---------------------------------------------------------------------------------------------------------------
@@ -340,7 +340,7 @@ def flash1_backward(N: int, d: int, Br: int, Bc: int, causal: bool | TileMask = 
 
     reads  K, V: Nd each; Q, O, dO, dQ: R d each; l, m: R each          = 2Nd + Tc(4Nd + 2N)
     writes dQ: R d; dK, dV: Nd each; initialisation of dQ, dK, dV: 3Nd  = 2Nd + Tc Nd + 3Nd
-    total 4Nd + Tc(5Nd + 2N) + 3Nd, i.e. papers.md B1 with its initialisation term.
+    total 4Nd + Tc(5Nd + 2N) + 3Nd, i.e. docs/theory.md B1 with its initialisation term.
     Causal: R = sum over column blocks j of the rows N - floor(j Bc / Br) Br of its unskipped row blocks.
     Any other mask: R from the tile summary; K_j, V_j loaded and dK_j, dV_j written for every loaded column block
     (``skip``: the all-empty ones keep their zero initialisation, nothing loaded or written).
@@ -372,7 +372,7 @@ def flash2_backward(N: int, d: int, Br: int, Bc: int, causal: bool | TileMask = 
 
     reads  O: Nd (D pass); dO: Nd + R d; K, V: Nd each; Q, dQ: R d each; L, D: R each  = 4Nd + Tc(3Nd + 2N)
     writes D: N; dQ: R d + Nd initialisation; dK, dV: Nd each                         = 2Nd + N + Tc Nd + Nd
-    total 6Nd + N + Tc(4Nd + 2N) + Nd (papers.md B2 without O_i in the inner loop, plus dQ's initialisation).
+    total 6Nd + N + Tc(4Nd + 2N) + Nd (docs/theory.md B2 without O_i in the inner loop, plus dQ's initialisation).
     Causal: R as in :func:`flash1_backward`; the D pass reads all of O and dO. Any other mask: R from the tile
     summary; dK_j, dV_j are always written (they are not initialised); ``skip`` writes an all-empty column block's
     zeros without loading K_j, V_j.
@@ -416,7 +416,7 @@ def standard_backward(N: int, d: int, M: int, B: int, causal: bool = False) -> P
 
     With R(m,k,n) = mk ceil(n/B) + kn ceil(m/B): reads R(N,N,d) [dV = P^T dO] + R(N,d,N) [dP = dO V^T]
     + 2N^2 (4N^2 when 2N + 1 > M) [dS] + 2 R(N,N,d) [dQ = dS K, dK = dS^T Q]; writes N^2 (dP) + N^2 (dS) + 3Nd.
-    Total 3N^2 ceil(d/B) + 5Nd ceil(N/B) + 4N^2 (6N^2) + 3Nd; B >= max(N, d) gives papers.md B0 = 7N^2 + 8Nd.
+    Total 3N^2 ceil(d/B) + 5Nd ceil(N/B) + 4N^2 (6N^2) + 3Nd; B >= max(N, d) gives docs/theory.md B0 = 7N^2 + 8Nd.
     """
     p1, do1 = matmul_reads(N, N, d, B)  # dV = P^T dO
     do2, v2 = matmul_reads(N, d, N, B)  # dP = dO V^T

@@ -7,10 +7,11 @@ Two rules:
   Br = min(Bc, d) (its I/O falls with Tc = ceil(N/Bc)); FlashAttention-2: maximise Br with Bc = min(Br, d) (its I/O
   falls with Tr). Standard attention: the largest square tile B whose products fit.
 * ``paper``: the published formula. FlashAttention: Bc = ceil(M/(4d)), Br = min(Bc, d); FlashAttention-2 has
-  no formula in its paper, so the mirror image Br = ceil(M/(4d)), Bc = min(Br, d) (papers.md, F2). Under this
-  model's accounting that working set exceeds M whenever M is below about 4d^2 (e.g. N=1024, d=64, M=4096 needs
-  4384 words), so with ``strict=True`` such a run raises CapacityError: a finding about the published constant 4,
-  not a bug. Standard attention has no published tiling; ``paper`` uses the same square tile as ``fit``.
+  no formula in its paper, so the mirror image Br = ceil(M/(4d)), Bc = min(Br, d) (docs/theory.md, F2). Under this
+  model's accounting that working set exceeds M for every M <= 4d^2 and first fits at M = 8d^2 + 8d (e.g. N=1024,
+  d=64, M=4096 needs 4384 words; docs/theory.md#tiling-rules-fit-and-paper), so with ``strict=True`` such a run
+  raises CapacityError: a finding about the published constant 4, not a bug. Standard attention has no published
+  tiling; ``paper`` uses the same square tile as ``fit``.
 
 Square tiling (Saha & Ye, :func:`saha_ye_tiling`): ``fit`` takes the largest B whose working set
 B^2 + 2B min(B, d) + 2B fits; ``paper`` takes their B = floor(sqrt(M/4)), which fits for B >= 2.
