@@ -52,6 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="iosim",
         description="Exact I/O counts of attention algorithms in a two-level memory with fast-memory size M words.",
     )
+    from iosim.version import __version__
+
+    parser.add_argument("--version", action="version", version=f"iosim {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (module, what) in COMMANDS.items():
         module.add_arguments(sub.add_parser(name, help=what))
