@@ -177,7 +177,7 @@ def point_seconds(p: dict) -> float:
     try:
         algo = registry.get(p["algorithm"])
         backward = p["pass"] == "backward"
-        N, d, M = p["N"], p["d"], p["M"]
+        N, d, M = (api._positive_int(k, p[k], lim) for k, lim in (("N", api.MAX_N), ("d", api.MAX_D), ("M", api.MAX_M)))
         t = algo.backward_tiling(N, d, M, p["tiling"]) if backward else algo.choose_tiling(N, d, M, p["tiling"])
         steps = api._estimated_steps(t, N, d, backward)
     except Exception:

@@ -48,14 +48,16 @@ COMMANDS = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    from iosim.cli.options import Parser
+
+    parser = Parser(
         prog="iosim",
         description="Exact I/O counts of attention algorithms in a two-level memory with fast-memory size M words.",
     )
     from iosim.version import __version__
 
     parser.add_argument("--version", action="version", version=f"iosim {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     for name, (module, what) in COMMANDS.items():
         module.add_arguments(sub.add_parser(name, help=what))
     return parser

@@ -174,3 +174,11 @@ def count(name: str, limit: int = 1 << 62):
 def add_yes(p: argparse.ArgumentParser, what: str) -> None:
     """``--yes``: consent to a run estimated at over a minute (iosim.estimate; over an hour is refused)."""
     p.add_argument("--yes", action="store_true", help=f"allow {what} estimated at over a minute (an hour: refused)")
+
+
+class Parser(argparse.ArgumentParser):
+    """An argparse parser whose errors are one line (``iosim run: error: ...; see iosim run --help``) and exit 2,
+    as every other bad input of the command line (the usage block is what --help is for)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")

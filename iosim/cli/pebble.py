@@ -16,14 +16,14 @@ import argparse
 import json
 from pathlib import Path
 
-from iosim.cli.options import add_yes, count, output_file, positive
+from iosim.cli.options import Parser, add_yes, count, output_file, positive
 from iosim.errors import InputError
 from iosim.pebble import from_run, search
 from iosim.pebble.game import Game, IllegalMoveError, Outcome, format_moves, parse
 from iosim.pebble.graph import SPEC_HELP, Graph, named
 
 
-class _Intermixed(argparse.ArgumentParser):
+class _Intermixed(Parser):
     """Options and the two positionals in any order (``GRAPH --M 4 SCHEDULE``): argparse's intermixed parsing."""
 
     _inside = False
