@@ -397,8 +397,9 @@ def run(
 
     ``trace=True`` records every load, store, alloc, free and initialisation of the requested pass
     (``result.trace``; :meth:`iosim.memory_model.Trace.replay` reproduces the counts). ``reference=False`` skips the
-    float64 reference (no ``errors``). A count-only run estimated at over a minute needs ``allow_long=True``; over
-    an hour, or a numeric run whose arrays would not fit in memory, is refused up front (:class:`InputError`).
+    float64 reference (no ``errors``). A run (count-only, or numeric with its reference) estimated at over a minute
+    needs ``allow_long=True``; over an hour, or a numeric run whose arrays would not fit in memory, is refused up
+    front (:class:`InputError`; the rule and its costs: :mod:`iosim.estimate`).
     Outputs that are not finite (finite inputs whose scores overflow) give a warning and ``result.finite`` False.
 
     ``mask`` (an :mod:`iosim.masks` pattern, a ``--mask`` string such as ``"window:128"``, or an N x N boolean array)

@@ -432,6 +432,8 @@ def compile_mask(mask, N: int, causal: bool = False, policy: str = "paper") -> T
     True is the causal mask (it cannot be combined with another mask)."""
     if not isinstance(policy, str) or policy not in POLICIES:
         raise InputError("kv_policy", f"must be one of {', '.join(POLICIES)}", policy)
+    if isinstance(N, bool) or not isinstance(N, numbers.Integral) or not 0 < N <= 1 << 26:
+        raise InputError("N", f"must be an integer from 1 to {1 << 26:,}", N)
     if mask is None or (isinstance(mask, str) and mask in ("none", "dense")):
         return (_m.causal_mask if causal else _m.dense_mask)(N, policy)
     if causal:

@@ -227,6 +227,13 @@ def test_masks_too_large_are_refused_up_front(argv, words, tmp_path, monkeypatch
     assert_refused(argv, words, tmp_path, monkeypatch, capsys)
 
 
+@pytest.mark.parametrize("N", [None, "", 0, -1, 2**70, 1.5, math.nan, [], True])
+def test_compile_mask_checks_n(N):
+    with pytest.raises(InputError) as e:
+        iosim.masks.compile_mask("window:3", N)
+    assert e.value.parameter == "N"
+
+
 @pytest.mark.parametrize("mask", BIG_MASKS)
 def test_api_masks_too_large(mask):
     with pytest.raises(InputError, match="GiB"):
@@ -410,6 +417,11 @@ CHECK_CASES = [
     (dict(distributions=["gauss"]), "distribution"),
     (dict(distributions=[]), "distributions"),
     (dict(causal_align="middle"), "causal_align"),
+    (dict(scale=0), "scale"),
+    (dict(scale=-0.5), "scale"),
+    (dict(scale=2**70 * 1.0 * math.inf), "scale"),
+    (dict(inputs=np.array([1, 2])), "inputs"),
+    (dict(distributions=5), "distributions"),
 ]
 
 

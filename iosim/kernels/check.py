@@ -92,6 +92,7 @@ True
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -299,6 +300,8 @@ def _need(module: str, parameter: str, value, how: str):
 def _converter(inputs) -> Callable[[np.ndarray], object]:
     if callable(inputs):
         return inputs
+    if not isinstance(inputs, str):
+        raise InputError("inputs", f"must be one of {', '.join(INPUT_KINDS)} or a callable", type(inputs).__name__)
     if inputs == "numpy":
         return lambda a: a
     if inputs == "numba":
@@ -546,6 +549,9 @@ def validate(dtype: str = "float32", layout: str = "BHND", distributions=None, c
     _choice("layout", layout, LAYOUTS)
     _choice("causal_align", causal_align, ALIGNS)
     if distributions is not None:
+        if not isinstance(distributions, str) and not isinstance(distributions, (list, tuple)):
+            raise InputError("distributions", f"must be a name or a list of names from {', '.join(DISTRIBUTIONS)}",
+                             distributions)  # fmt: skip
         distributions = (distributions,) if isinstance(distributions, str) else tuple(distributions)
         if not distributions:
             raise InputError("distributions", f"must name at least one of {', '.join(DISTRIBUTIONS)}", distributions)
@@ -603,8 +609,8 @@ def check(
     if scale is not None:
         if isinstance(scale, bool) or not isinstance(scale, (int, float, np.floating, np.integer)):
             raise InputError("scale", "must be None or a finite real number", scale)
-        if not np.isfinite(scale):
-            raise InputError("scale", "must be None or a finite real number", scale)
+        if not math.isfinite(float(scale)) or scale <= 0:
+            raise InputError("scale", "must be None or a positive finite number (default 1/sqrt(d))", scale)
         scale = float(scale)  # a plain Python float: a float32 kernel must stay float32 (NumPy 2 promotion)
     if name is not None and not isinstance(name, str):
         raise InputError("name", "must be None or a string", name)
