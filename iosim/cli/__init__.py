@@ -79,10 +79,15 @@ class _CompileNotice:
             )
 
 
-def _watch_compiles():
+def _watch_compiles(command: str = ""):
     from numba.core import event
 
+    from iosim import _numba_cache
+
     notice = _CompileNotice()
+    # an empty cache: say so at once (within 2 s), not only when the first compile starts
+    if command not in ("list", "experiments") and _numba_cache.cold():
+        notice()
 
     class Listener(event.Listener):
         def on_start(self, ev):
@@ -96,7 +101,7 @@ def _watch_compiles():
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    _watch_compiles()
+    _watch_compiles(args.command)
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", RuntimeWarning)
