@@ -74,10 +74,10 @@ def drop_stale() -> None:
 
 
 def cold() -> bool:
-    """True when a cache directory of iosim holds no compiled function yet (a first run: Numba will compile)."""
+    """True when no cache directory of iosim holds a compiled function yet (a first run: Numba will compile)."""
     if numba.config.DISABLE_JIT:
         return False
     try:
-        return any(not any(path.glob("*.nbi")) for path in _cache_dirs())
+        return not any(any(path.glob("*.nbi")) for path in _cache_dirs())
     except OSError:
         return False

@@ -84,3 +84,21 @@ def replay_seconds(accesses: int, policies) -> float:
 
 def pebble_seconds(max_states: int) -> float:
     return max_states * PEBBLE_STATE
+
+
+def available_bytes() -> int:
+    """Physical memory available now (Linux: MemAvailable), or all physical memory where that is not known; what
+    the up-front memory refusals (a mask's table, a check's arrays) compare with."""
+    import os
+
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return 1 << 62

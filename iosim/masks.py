@@ -194,9 +194,9 @@ def _fits(label: str, N: int, nbytes: int, what: str) -> None:
     """Refuse up front (one line naming the mask and the size) a mask whose tile oracle would not fit in memory:
     the random kinds and the block kinds hold a table of their whole pattern (O(N^2) words for random elements,
     O((N/h)(N/w)) for blocks), even in a count-only run."""
-    from iosim.api import _available_bytes
+    from iosim.estimate import available_bytes
 
-    have = _available_bytes()
+    have = available_bytes()
     if nbytes > 0.5 * have:
         raise InputError(
             "mask",

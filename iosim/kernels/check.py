@@ -638,7 +638,7 @@ def check(
     report.causal_align = causal_align
     rng = np.random.default_rng(seed)
     cases = _cases(Ns, ds, causals, distributions, quick, explicit, equal_lengths)
-    from iosim.api import _available_bytes
+    from iosim.estimate import available_bytes as _available_bytes
 
     need = max((_case_bytes(c, batch, heads, heads_kv, bwd is not None) for c in cases), default=0)
     have = _available_bytes()
