@@ -51,8 +51,9 @@ def rng():
 
 # CI installs every extra the suite uses (.ci/run: .[test,plot,cuda,sweep,dask,parquet]) and sets IOSIM_CI=1: there a
 # test skipped because one of them is missing is a failure, so the tests of every extra really run in CI. A skip for
-# something CI is not meant to have (torch, a real GPU) stays a skip.
-CI_EXTRAS = ("matplotlib", "pandas", "pyarrow", "distributed", "dask", "numba_cuda", "numba-cuda", "tabulate", "tqdm")
+# something CI is not meant to have (cupy, a real GPU) stays a skip.
+CI_EXTRAS = ("matplotlib", "pandas", "pyarrow", "distributed", "dask", "numba_cuda", "numba-cuda", "tabulate", "tqdm",
+             "triton", "torch", "jax")  # fmt: skip
 
 
 def ci_failure(reason: str) -> str | None:

@@ -619,7 +619,8 @@ def test_ci_turns_a_skip_for_a_missing_extra_into_a_failure(monkeypatch):
     monkeypatch.setenv("IOSIM_CI", "1")
     assert "pandas" in ci_failure("could not import 'pandas': No module named 'pandas'")
     assert "numba-cuda" in ci_failure("numba-cuda is not installed (pip install -e '.[cuda]')")
-    assert ci_failure("could not import 'torch': No module named 'torch'") is None  # not an extra CI installs
+    assert "torch" in ci_failure("could not import 'torch': No module named 'torch'")  # CI installs the CPU torch
+    assert ci_failure("could not import 'cupy': No module named 'cupy'") is None  # not an extra CI installs
     assert ci_failure("needs a CUDA GPU") is None
     monkeypatch.delenv("IOSIM_CI")
     assert ci_failure("could not import 'pandas'") is None
