@@ -25,6 +25,7 @@ __all__ = [
     "Memory",
     "ScheduleError",
     "Trace",
+    "__version__",
     "PassResult",
     "Result",
     "algorithm_names",

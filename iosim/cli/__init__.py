@@ -52,11 +52,16 @@ COMMANDS = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    from iosim.cli.options import Parser
+
+    parser = Parser(
         prog="iosim",
         description="Exact I/O counts of attention algorithms in a two-level memory with fast-memory size M words.",
     )
-    sub = parser.add_subparsers(dest="command", required=True)
+    from iosim.version import __version__
+
+    parser.add_argument("--version", action="version", version=f"iosim {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     for name, (module, what) in COMMANDS.items():
         module.add_arguments(sub.add_parser(name, help=what))
     return parser
@@ -78,10 +83,15 @@ class _CompileNotice:
             )
 
 
-def _watch_compiles():
+def _watch_compiles(command: str = ""):
     from numba.core import event
 
+    from iosim import _numba_cache
+
     notice = _CompileNotice()
+    # an empty cache: say so at once (within 2 s), not only when the first compile starts
+    if command not in ("list", "experiments") and _numba_cache.cold():
+        notice()
 
     class Listener(event.Listener):
         def on_start(self, ev):
@@ -95,7 +105,7 @@ def _watch_compiles():
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    _watch_compiles()
+    _watch_compiles(args.command)
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", RuntimeWarning)

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from iosim import api
-from iosim.cli.options import add_algorithm, add_run_options, add_sizes, fmt_int, run_kwargs
+from iosim.cli.options import add_algorithm, add_run_options, add_sizes, fmt_int, output_file, run_kwargs
 
 
 def add_arguments(p) -> None:
@@ -17,9 +15,11 @@ def add_arguments(p) -> None:
 
 def command(args) -> int:
     """Run one algorithm with the event trace on and write it (.csv, .npy or .parquet), then replay it."""
+    from iosim.views import trace_io
     from iosim.views.trace_io import write_trace
 
-    out = Path(args.output)
+    out = output_file("--output", args.output, trace_io.SUFFIXES)
+    trace_io._check(out)  # the parquet extra, before the run
     kwargs = run_kwargs(args)
     r = api.run(args.algorithm, **{**kwargs, "trace": True})
     write_trace(r.trace, out)  # checks the suffix and the parquet extra before anything is written
