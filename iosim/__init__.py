@@ -11,6 +11,7 @@ from iosim.api import PassResult, Result, algorithm_names, run
 from iosim.errors import InputError
 from iosim.kernels.check import CheckReport, check
 from iosim.memory_model import CapacityError, Memory, ScheduleError, Trace
+from iosim.problem import Problem
 from iosim.registry import register, unregister
 from iosim.sweep import sweep
 from iosim.version import __version__ as __version__
@@ -24,6 +25,7 @@ __all__ = [
     "ScheduleError",
     "Trace",
     "PassResult",
+    "Problem",
     "Result",
     "algorithm_names",
     "check",
