@@ -5,13 +5,21 @@ from __future__ import annotations
 from pathlib import Path
 
 from iosim import api
-from iosim.cli.options import add_algorithm, add_run_options, add_sizes, fmt_int, run_kwargs
+from iosim.cli.options import (
+    add_algorithm,
+    add_problem_options,
+    add_problem_sizes,
+    add_run_options,
+    fmt_int,
+    problem_run_kwargs,
+)
 
 
 def add_arguments(p) -> None:
     add_algorithm(p)
-    add_sizes(p)
+    add_problem_sizes(p)
     add_run_options(p)
+    add_problem_options(p)
     p.add_argument("-o", "--output", required=True, help="the trace file: .csv, .npy or .parquet (iosim[parquet])")
 
 
@@ -20,7 +28,7 @@ def command(args) -> int:
     from iosim.views.trace_io import write_trace
 
     out = Path(args.output)
-    kwargs = run_kwargs(args)
+    kwargs = problem_run_kwargs(args)
     r = api.run(args.algorithm, **{**kwargs, "trace": True})
     write_trace(r.trace, out)  # checks the suffix and the parquet extra before anything is written
     replayed = r.trace.replay(r.M, strict=False)
