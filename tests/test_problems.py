@@ -236,3 +236,38 @@ def test_explicit_tiles_one_head(algo, tiles):
     assert r.main.exact and all(getattr(r.tiling, k) == v for k, v in tiles.items())
     with pytest.raises(InputError):
         iosim.run(algo, N=50, d=8, M=30, **tiles)
+
+
+def _cli(*argv):
+    from iosim.cli import main
+
+    return main(list(argv))
+
+
+def test_cli_problem_run_and_bad_input(capsys):
+    args = ["--heads", "8", "--kv-heads", "2", "--Nq", "1", "--Nk", "300", "--d", "16", "--M", "3000"]
+    assert _cli("run", "flash2", *args, "--gqa", "packed", "--splits", "3", "--bytes", "--count-only") == 0
+    out = capsys.readouterr().out
+    assert "exact (per array and peak)" in out and "yes" in out and "bytes total" in out
+    assert _cli("compare", *args, "--dtype-kv", "fp8", "--count-only") == 0
+    assert "compulsory traffic" in capsys.readouterr().out
+    assert _cli(
+        "bounds", "--heads", "8", "--kv-heads", "2", "--Nq", "1", "--Nk", "300", "--d", "16", "--M", "3000"
+    ) in (0, None)
+    assert "compulsory" in capsys.readouterr().out
+    for bad in (["--kv-heads", "3"], ["--splits", "400"], ["--page-size", "0"], ["--dtype-kv", "fp7"]):
+        with pytest.raises(SystemExit) as e:
+            code = _cli("run", "flash2", *args, *bad, "--count-only")
+            raise SystemExit(code)
+        assert e.value.code == 2
+        last = capsys.readouterr().err.strip().splitlines()[-1]  # argparse prints its usage first
+        assert bad[0].lstrip("-").replace("-", "_")[:5].lower() in last.replace("-", "_").lower() or "H_kv" in last
+
+
+def test_sweep_problem_points():
+    recs = iosim.sweep(
+        {"algorithm": "flash2", "N": 64, "d": 16, "M": 4000, "N_q": 1, "heads": 4, "kv_heads": 2,
+         "gqa": ["per-head", "packed"], "splits": [1, 2]},
+        executor="serial", cache=None, as_frame=False,
+    )  # fmt: skip
+    assert [r["status"] for r in recs] == ["ok"] * 4 and all(r["exact"] for r in recs)
