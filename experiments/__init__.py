@@ -38,6 +38,7 @@ EXPERIMENTS: tuple[Entry, ...] = (
     ),
     Entry("devices", "07_devices", "reviewers' device question", "Device regime table: M vs d^2 per GPU and dtype"),
     Entry("replay", "08_replay", "issue 11 (reviewers' cache question)", "Explicit schedule vs LRU and OPT caches"),
+    Entry("kernels", "09_kernels", "issue 23 (real kernels)", "Triton, Pallas, numba.cuda kernels against the model"),
 )
 
 

@@ -33,7 +33,7 @@ def test_no_file_cites_the_design_notes():
 def test_theory_anchors_exist():
     known = anchors(ROOT / "docs" / "theory.md")
     for path in tracked():
-        if path.suffix not in (".py", ".md"):
+        if path.suffix not in (".py", ".md") or path == pathlib.Path(__file__):
             continue
         for a in re.findall(r"theory\.md#([a-z0-9_-]+)", path.read_text()):
             assert a in known, f"{path.relative_to(ROOT)} cites docs/theory.md#{a}, not a heading"

@@ -19,6 +19,7 @@ from iosim.cli import (
     compare,
     experiments,
     gpu_resources,
+    kernel,
     listing,
     pebble,
     replay,
@@ -44,6 +45,7 @@ COMMANDS = {
     "sweep": (sweep, "count a grid of (algorithm, pass, N, d, M, causal, tiling) points"),
     "show": (show, "draw a schedule: tile heat maps, residency timeline, steps, GIF"),
     "replay": (replay, "replay a schedule's computation through an LRU/FIFO/OPT cache"),
+    "kernel": (kernel, "count a real kernel's I/O without a GPU (Triton, Pallas, numba.cuda) beside the closed form"),
 }
 
 

@@ -1,0 +1,121 @@
+"""``iosim kernel FILE.py[:LAUNCHER] --N --d [--like flash2 --Br --Bc] [--backend]``: count a real kernel's I/O.
+
+The file defines a launcher (``launch`` unless named after the colon) that builds its inputs, launches the kernel
+and returns a dict of its arrays by name (Q, K, V, O, L, ...; numbers such as ``scale``, ``Br`` may ride along).
+It runs in a fresh process with the backend's interpreter on (Triton's ``TRITON_INTERPRET=1``, Pallas interpret
+mode, numba-cuda's simulator); every global access is counted (see :mod:`iosim.kernels.counting`). With ``--like``
+the counts are printed beside that schedule's closed form, the lower bound at the working set its block sizes
+imply, a verdict per array, and the outputs' errors against the float64 reference with ``iosim.check``'s bound.
+"""
+
+from __future__ import annotations
+
+import json
+
+from tabulate import tabulate
+
+from iosim.cli.options import FORMATS, LIMITS, fmt_int, positive
+from iosim.errors import InputError
+
+LIKE = ("flash2", "flash2-backward", "decode-splitkv")
+BACKENDS = ("auto", "triton", "pallas", "numba-cuda")
+
+
+def _timeout(text: str) -> float:
+    import argparse
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--timeout must be a number of seconds from 1 to 3600, got {text!r}"
+        ) from None
+    if not 1 <= value <= 3600:
+        raise argparse.ArgumentTypeError(f"--timeout must be a number of seconds from 1 to 3600, got {text!r}")
+    return value
+
+
+def add_arguments(p) -> None:
+    p.add_argument("target", metavar="FILE.py[:LAUNCHER]", help="a Python file defining a launcher (default: launch)")
+    p.add_argument("--N", type=positive("--N", 1 << 16), required=True, help="sequence length (keys)")
+    p.add_argument("--d", type=positive("--d", LIMITS["d"]), required=True, help="head dimension")
+    p.add_argument("--like", choices=LIKE, default=None, help="the schedule the kernel implements: its closed form")
+    p.add_argument("--Br", type=positive("--Br", 1 << 14), default=None, help="row block (BLOCK_M)")
+    p.add_argument("--Bc", type=positive("--Bc", 1 << 14), default=None, help="column block (BLOCK_N)")
+    p.add_argument("--splits", type=positive("--splits", 1 << 14), default=None, help="KV splits (decode-splitkv)")
+    p.add_argument("--H", type=positive("--H", 1 << 12), default=None, help="heads (batch x heads) of the launch")
+    p.add_argument("--causal", action="store_true", default=None, help="causal mask (passed to the launcher)")
+    p.add_argument("--dtype", default=None, help="input dtype passed to the launcher (e.g. float16, float32)")
+    p.add_argument("--backend", choices=BACKENDS, default="auto", help="default: from what the file imports")
+    p.add_argument("--timeout", type=_timeout, default=300.0, help="seconds before giving up (default 300)")
+    p.add_argument("--no-numerics", action="store_true", help="skip the check against the float64 reference")
+    p.add_argument(
+        "--shared-memory", action="store_true",
+        help="triton: also compile each kernel for sm_90 (no GPU needed) and print the shared memory it allocates",
+    )  # fmt: skip
+    p.add_argument("--format", choices=FORMATS, default="simple")
+    p.add_argument("--json", action="store_true", help="print the counts (and the comparison) as JSON")
+
+
+def command(args) -> int:
+    from iosim.kernels.counting import count_file
+
+    path, _, launcher = args.target.partition(":")
+    if not path.endswith(".py"):
+        raise InputError("FILE", "must be a Python file FILE.py[:LAUNCHER]", args.target)
+    params = {k: getattr(args, k) for k in ("N", "d", "Br", "Bc", "splits", "H", "causal", "dtype")}
+    params = {k: v for k, v in params.items() if v is not None}
+    backend = None if args.backend == "auto" else args.backend
+    counts, numbers, arrays = count_file(path, launcher or None, backend, params, args.timeout,
+                                         arrays=not args.no_numerics,
+                                         shared_memory=90 if args.shared_memory else None)  # fmt: skip
+    cmp = None
+    if args.like:
+        from iosim.kernels.comparison import compare
+
+        def pick(name, default=None):
+            v = getattr(args, name, None)
+            return v if v is not None else numbers.get(name, default)
+
+        cmp = compare(
+            counts, args.like, args.N, args.d, pick("Br"), pick("Bc"), bool(pick("causal", False)),
+            heads=int(pick("H", 1)), splits=pick("splits"), arrays=arrays or None, scale=numbers.get("scale"),
+            dtype=numbers.get("dtype"),
+        )  # fmt: skip
+    if args.json:
+        doc = {"counts": counts.to_dict(), "numbers": numbers}
+        doc["counts"].pop("per_program")
+        doc["counts"]["per_program_max"] = counts.per_program.max(axis=0).tolist() if counts.programs else [0, 0]
+        if cmp is not None:
+            doc["comparison"] = {
+                "like": cmp.like, "M": cmp.M, "lower_bound": cmp.lower_bound, "bound": cmp.bound_name,
+                "equal": cmp.equal, "rows": [vars(r) for r in cmp.rows], "numerics": cmp.numerics,
+            }  # fmt: skip
+        print(json.dumps(doc, indent=2))
+        return 0
+    if cmp is not None:
+        print(cmp.table())
+        _print_shared(counts, cmp.M)
+        return 0 if cmp.numerics_ok is not False else 1
+    head = ["array", "reads", "writes", "read bytes", "write bytes", "atomics", "distinct reads", "distinct writes"]
+    rows = [[k, *(fmt_int(x) for x in (a.reads, a.writes, a.read_bytes, a.write_bytes, a.atomics,
+                                       a.distinct_reads, a.distinct_writes))]
+            for k, a in counts.per_array.items()]  # fmt: skip
+    pp = counts.per_program
+    print(f"{counts.backend}: {counts.launches} launch(es), {counts.programs} programs, counted in "
+          f"{counts.seconds:.2f} s; words per program: reads max {int(pp[:, 0].max()) if len(pp) else 0:,}, "
+          f"writes max {int(pp[:, 1].max()) if len(pp) else 0:,}")  # fmt: skip
+    print(tabulate(rows, head, tablefmt=args.format, disable_numparse=True))
+    print(f"total: {counts.reads:,} reads, {counts.writes:,} writes (words: elements, whatever their dtype)")
+    _print_shared(counts, None)
+    return 0
+
+
+def _print_shared(counts, M) -> None:
+    """The second figure: shared memory per program as Triton's compiler allocates it for sm_90."""
+    for name, b in counts.shared_memory.items():
+        if isinstance(b, int):
+            beside = f"; the model's working set M = {M:,} words" if M else ""
+            print(f"shared memory, Triton's compiler for sm_90: {name}: {b:,} bytes per program{beside}")
+        else:
+            print(f"shared memory, sm_90: {name}: {b}")

@@ -1,0 +1,107 @@
+"""The counting subprocess of :func:`iosim.kernels.count_file`: ``python -m iosim.kernels._worker DIR``.
+
+Reads DIR/request.json, imports each job's launcher file (the backend's environment variable was set by the parent
+before this process imported anything), counts, and writes DIR/result_<i>.json (and DIR/arrays_<i>.npz) per job.
+Every failure is written as one line (parameter, accepted, got) for the parent to raise: never a traceback.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import json
+import sys
+from pathlib import Path
+
+
+def _fail(out: Path, parameter: str, accepted: str, got=None, i: int = 0) -> int:
+    got = None if got is None else " ".join(str(got).split())[:300]
+    doc = {"ok": False, "parameter": parameter, "accepted": accepted, "got": got}
+    (out / f"result_{i}.json").write_text(json.dumps(doc))
+    return 2
+
+
+def _launcher(path: Path, name: str | None):
+    spec = importlib.util.spec_from_file_location(f"iosim_launcher_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(path.parent))
+    spec.loader.exec_module(module)
+    if name:
+        fn = getattr(module, name, None)
+        if not callable(fn):
+            raise LookupError(f"{path.name} defines no launcher {name!r}")
+        return fn
+    if callable(getattr(module, "launch", None)):
+        return module.launch
+    found = [v for k, v in vars(module).items() if k.startswith("launch") and callable(v) and inspect.isfunction(v)]
+    if len(found) != 1:
+        raise LookupError(f"{path.name} defines no launcher (a function named launch, or name it: FILE.py:NAME)")
+    return found[0]
+
+
+def main(argv: list[str]) -> int:
+    out = Path(argv[0])
+    req = json.loads((out / "request.json").read_text())
+    from iosim.errors import InputError
+    from iosim.kernels.counting import backend_module
+
+    try:
+        mod = backend_module(req["backend"])
+        mod.require()
+    except InputError as e:
+        return _fail(out, e.parameter, e.accepted, e.got)
+    for i, job in enumerate(req["jobs"]):
+        rc = _one(out, i, mod, req["backend"], job, req.get("arrays"))
+        if rc:
+            return rc
+    return 0
+
+
+def _one(out: Path, i: int, mod, backend: str, job: dict, want_arrays: bool) -> int:
+    from iosim.errors import InputError
+    from iosim.kernels.counting import count
+
+    try:
+        fn = _launcher(Path(job["path"]), job["launcher"])
+    except LookupError as e:
+        return _fail(out, "launcher", "must be defined by the file", str(e), i)
+    except Exception as e:
+        return _fail(out, "launcher file", "must import cleanly", f"{type(e).__name__}: {e}", i)
+    sig = inspect.signature(fn)
+    takes_any = any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values())
+    kw = {k: v for k, v in job["params"].items() if v is not None and (takes_any or k in sig.parameters)}
+    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    missing = [k for k, p in sig.parameters.items() if p.default is p.empty and p.kind in named and k not in kw]
+    if missing:
+        return _fail(out, "launcher", f"needs {', '.join(missing)}: give them as options", fn.__name__, i)
+    try:
+        counts, result = count(lambda: fn(**kw), backend)
+    except InputError as e:
+        return _fail(out, e.parameter, e.accepted, e.got, i)
+    except Exception as e:
+        cause = e.__cause__ or e
+        return _fail(out, "kernel", "raised", f"{type(cause).__name__}: {cause}", i)
+    numbers = {k: v for k, v in result.items() if isinstance(v, (int, float, bool, str))}
+    if "dtype" not in numbers and getattr(result.get("Q"), "dtype", None) is not None:
+        numbers["dtype"] = str(result["Q"].dtype).removeprefix("torch.")  # the inputs' precision, for the numerics
+    if want_arrays:
+        import numpy as np
+
+        arrays = {}
+        for k, v in result.items():
+            if k not in numbers and v is not None and k != "names":
+                a = mod.to_numpy(v)
+                if a is not None:
+                    arrays[k] = a
+        np.savez(out / f"arrays_{i}.npz", **arrays)
+    doc = {"ok": True, "counts": counts.to_dict(), "numbers": numbers}
+    if job.get("shared_memory") and hasattr(mod, "launch_specs"):
+        from iosim.kernels.counting import LAST_RECORDER
+
+        doc["launch_specs"] = mod.launch_specs(LAST_RECORDER[0])
+    (out / f"result_{i}.json").write_text(json.dumps(doc))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

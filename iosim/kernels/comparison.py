@@ -1,0 +1,284 @@
+"""The model beside the kernel: a kernel's counts against the closed form of the schedule it implements, the lower
+bounds at the working set its block sizes imply, a verdict per array, and the numerics against float64.
+
+``like`` names the schedule:
+
+* ``flash2``: FlashAttention-2 forward, ``io_model.flash2_forward(N, d, Br, Bc, causal)``, M = its working set
+  ``flash_working_set(d, Br, Bc)`` (Q_i, O_i, K_j, V_j, S_ij, m_i, l_i);
+* ``flash2-backward``: ``io_model.flash2_backward`` with D precomputed (the D pass reads O and dO, writes D) and
+  dQ accumulated in global memory (its zero initialisation counted as writes), M = ``flash2_backward_working_set``;
+* ``decode-splitkv``: split-KV decoding (one query row per head, the keys cut into ``splits`` chunks, partial
+  results combined by a second kernel), :func:`decode_splitkv` below (derived here; no io_model entry yet).
+
+Every closed form is per head; a kernel over H heads (B x H) is compared with H x the per-head form.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from iosim.errors import InputError
+from iosim.kernels._theory import bounds, check, io_model
+from iosim.kernels.counting import KernelCounts
+from iosim.memory_model import ArrayCounts
+
+LIKE = ("flash2", "flash2-backward", "decode-splitkv")
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def decode_splitkv(N: int, d: int, splits: int) -> dict[str, ArrayCounts]:
+    """Split-KV decoding of one query row against N keys in ``splits`` chunks (per head).
+
+    Pass 1, one program per chunk: reads the length (metadata ``lengths``, 1 word), q (d words), its keys and values
+    (every key once over all chunks: N d each), writes its partial output and logsumexp (d + 1 words). Pass 2 reads
+    the splits' partials (splits (d + 1)) and writes O (d). Total: reads (2N + splits + splits) d + 2 splits, writes
+    splits (d + 1) + d.
+    """
+    return {
+        "lengths": ArrayCounts(splits, 0),
+        "Q": ArrayCounts(splits * d, 0),
+        "K": ArrayCounts(N * d, 0),
+        "V": ArrayCounts(N * d, 0),
+        "O_part": ArrayCounts(splits * d, splits * d),
+        "L_part": ArrayCounts(splits, splits),
+        "O": ArrayCounts(0, d),
+    }
+
+
+def decode_working_set(d: int, Bc: int) -> int:
+    """q, the output accumulator, K_j, V_j, the scores and m, l: 2d + 2 Bc d + Bc + 2 words."""
+    return 2 * d + 2 * Bc * d + Bc + 2
+
+
+@dataclass
+class Row:
+    array: str
+    reads: int
+    writes: int
+    model_reads: int | None
+    model_writes: int | None
+    distinct_reads: int
+    verdict: str
+
+
+@dataclass
+class Comparison:
+    like: str
+    N: int
+    d: int
+    Br: int | None
+    Bc: int | None
+    causal: bool
+    heads: int
+    M: int
+    rows: list[Row]
+    lower_bound: float
+    bound_name: str
+    counts: KernelCounts
+    numerics: list[dict] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def equal(self) -> bool:
+        """Every array the model counts moved exactly the model's words (arrays the model does not have, such as a
+        kernel's counters or metadata, are reported beside it: :attr:`extra_words`)."""
+        return all(r.reads == r.model_reads and r.writes == r.model_writes for r in self.rows
+                   if r.model_reads is not None)  # fmt: skip
+
+    @property
+    def extra_words(self) -> int:
+        """Words the kernel moved in arrays the model does not have (metadata, counters)."""
+        return sum(r.reads + r.writes for r in self.rows if r.model_reads is None)
+
+    def summary(self) -> str:
+        """One line: equal per array, or the verdicts of the arrays that differ."""
+        off = [r.verdict for r in self.rows if r.model_reads is not None and (r.reads, r.writes) !=
+               (r.model_reads, r.model_writes)]  # fmt: skip
+        extra = f" (+{self.extra_words:,} words outside the model)" if self.extra_words else ""
+        return ("equal per array" if not off else "; ".join(off)) + extra
+
+    def equal_where_moved(self) -> bool:
+        """Every array the kernel moves and the model counts is equal to the word (arrays a kernel does not write,
+        such as L of a forward that keeps no residuals, left out), and the kernel moves no array the model lacks."""
+        return all((r.reads, r.writes) in ((r.model_reads, r.model_writes), (0, 0)) for r in self.rows
+                   if r.model_reads is not None)  # fmt: skip
+
+    @property
+    def model_total(self) -> int:
+        return sum((r.model_reads or 0) + (r.model_writes or 0) for r in self.rows)
+
+    @property
+    def numerics_ok(self) -> bool | None:
+        return None if not self.numerics else all(n["ok"] for n in self.numerics)
+
+    def table(self) -> str:
+        from tabulate import tabulate
+
+        head = ["array", "reads", "writes", "model reads", "model writes", "distinct reads", "verdict"]
+        body = [[r.array, r.reads, r.writes, r.model_reads, r.model_writes, r.distinct_reads, r.verdict]
+                for r in self.rows]  # fmt: skip
+        inm = [r for r in self.rows if r.model_reads is not None]
+        reads, writes = sum(r.reads for r in inm), sum(r.writes for r in inm)
+        total = reads + writes
+        body.append(["total (model's arrays)", reads, writes, sum(r.model_reads for r in inm),
+                     sum(r.model_writes for r in inm), "", f"{total / max(self.model_total, 1):.4g}x the closed form, "
+                     f"{total / self.lower_bound:.3g}x the lower bound"])  # fmt: skip
+        kernels = ", ".join(dict.fromkeys(self.counts.kernels))
+        lines = [
+            f"{self.counts.backend}: {self.counts.launches} launch(es) ({kernels}),"
+            f" {self.counts.programs} programs, counted in {self.counts.seconds:.2f} s",
+            f"model: {self.like} N={self.N} d={self.d}"
+            + (f" Br={self.Br}" if self.Br else "")
+            + (f" Bc={self.Bc}" if self.Bc else "")
+            + f" causal={self.causal} heads={self.heads}; M = {self.M} words "
+            f"(the working set of the block sizes); lower bound {self.lower_bound:,.0f} ({self.bound_name})",
+            tabulate(body, head, tablefmt="simple", intfmt=","),
+        ]
+        for n in self.numerics:
+            lines.append(
+                f"numerics {n['output']}: max error {n['error']:.3g}, bound {n['bound']:.3g} "
+                f"({'within' if n['ok'] else 'OUTSIDE'} iosim.check's rule, {n['dtype']})"
+            )
+        lines += [f"note: {x}" for x in self.notes]
+        return "\n".join(lines)
+
+
+def model(like: str, N: int, d: int, Br: int | None, Bc: int | None, causal: bool, splits: int | None):
+    """(per-array closed form per head, M, lower bound, bound name)."""
+    if like == "flash2":
+        _need(Br=Br, Bc=Bc)
+        pred = io_model.flash2_forward(N, d, Br, Bc, causal)
+        M = io_model.flash_working_set(d, Br, Bc)
+        lb, name = bounds.lower_bound(N, d, M)
+        return dict(pred.per_array), M, lb, name
+    if like == "flash2-backward":
+        _need(Br=Br, Bc=Bc)
+        pred = io_model.flash2_backward(N, d, Br, Bc, causal)
+        M = io_model.flash2_backward_working_set(d, Br, Bc)
+        lb, name = bounds.lower_bound(N, d, M, backward=True)
+        return dict(pred.per_array), M, lb, name
+    if like == "decode-splitkv":
+        _need(Bc=Bc, splits=splits)
+        per = decode_splitkv(N, d, splits)
+        return per, decode_working_set(d, Bc), 2 * N * d + 2 * d, "compulsory (q, K, V read once, O written once)"
+    raise InputError("--like", f"must be one of {', '.join(LIKE)}", like)
+
+
+def _need(**given) -> None:
+    for k, v in given.items():
+        if v is None or int(v) < 1:
+            raise InputError(f"--{k}", "must be a positive integer for this model", v)
+
+
+def _verdict(like: str, name: str, got: tuple[int, int], want: tuple[int, int] | None) -> str:
+    if want is None:
+        return "not in the model" if sum(got) else "no traffic"
+    if got == want:
+        return f"equal to {like}'s closed form to the word"
+    if sum(got) == 0:
+        return f"{name}: not moved by the kernel (the closed form moves {sum(want):,} words)"
+    if sum(want) == 0:
+        return f"{name}: {sum(got):,} words the closed form does not move"
+    parts = []
+    for label, g, w in (("reads", got[0], want[0]), ("writes", got[1], want[1])):
+        if g != w:
+            parts.append(f"{label} {g / w:.3g}x" if w else f"{label} +{g:,}")
+    return f"{name}: {sum(got) / sum(want):.3g}x the closed form ({', '.join(parts)})"
+
+
+def compare(
+    counts: KernelCounts,
+    like: str,
+    N: int,
+    d: int,
+    Br: int | None = None,
+    Bc: int | None = None,
+    causal: bool = False,
+    heads: int = 1,
+    splits: int | None = None,
+    arrays: dict | None = None,
+    scale: float | None = None,
+    dtype: str | None = None,
+) -> Comparison:
+    """Counts beside ``like``'s closed form (x ``heads``), the lower bound, and (with ``arrays``) the numerics."""
+    per, M, lb, bname = model(like, N, d, Br, Bc, causal, splits)
+    rows = []
+    for name, c in per.items():
+        want = (c.reads * heads, c.writes * heads)
+        t = counts.per_array.get(name)
+        got = (t.reads, t.writes) if t else (0, 0)
+        rows.append(Row(name, *got, *want, t.distinct_reads if t else 0, _verdict(like, name, got, want)))
+    for name, t in counts.per_array.items():
+        if name not in per:
+            rows.append(
+                Row(
+                    name,
+                    t.reads,
+                    t.writes,
+                    None,
+                    None,
+                    t.distinct_reads,
+                    _verdict(like, name, (t.reads, t.writes), None),
+                )
+            )
+    cmp = Comparison(like, N, d, Br, Bc, causal, heads, M, rows, lb * heads, bname, counts)
+    reload = [r.array for r in rows if r.reads > r.distinct_reads]
+    if reload:
+        cmp.notes.append(f"re-loaded within a program (issued > distinct): {', '.join(reload)}")
+    if arrays:
+        cmp.numerics = numerics(like, arrays, causal, scale, dtype)
+    return cmp
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Numerics: the kernel's outputs against the float64 reference, with iosim.check's bound
+# ---------------------------------------------------------------------------------------------------------------
+def _bhnd(x: np.ndarray, vec: bool = False) -> np.ndarray:
+    x = np.asarray(x, dtype=np.float64)
+    want = 3 if vec else 4
+    while x.ndim < want:
+        x = x[None]
+    return x
+
+
+def numerics(like: str, arrays: dict, causal: bool, scale: float | None, dtype: str | None) -> list[dict]:
+    """Per output: the largest error against the golden and whether every element is within check's bound."""
+    need = {"flash2": ("Q", "K", "V", "O"), "decode-splitkv": ("Q", "K", "V", "O"),
+            "flash2-backward": ("Q", "K", "V", "O", "dO", "dQ", "dK", "dV")}[like]  # fmt: skip
+    if any(k not in arrays for k in need):
+        return []
+    Q, K, V = (_bhnd(arrays[k]) for k in "QKV")
+    if like == "decode-splitkv":
+        Q = Q.reshape(Q.shape[0], Q.shape[1], -1, Q.shape[-1])
+    d, N_q, N_k = Q.shape[-1], Q.shape[-2], K.shape[-2]
+    sc = float(scale) if scale is not None else 1.0 / np.sqrt(d)
+    name, np_dtype, u = check._dtype(dtype or "float32")
+    offset = N_k - N_q if causal else 0
+    bwd = like == "flash2-backward"
+    dO = _bhnd(arrays["dO"]) if bwd else np.zeros_like(Q)
+    H_kv = K.shape[1]
+    gold = check._golden(Q, K, V, dO, sc, causal, offset, H_kv, "float64", bwd)
+    with np.errstate(all="ignore"):
+        naive = check._naive(Q, K, V, dO, sc, causal, offset, H_kv, np_dtype, bwd)
+        v = u if np_dtype == np.float64 else check.ACCUMULATOR_U
+        floors = check._floors(Q, K, V, dO, gold, sc, causal, offset, H_kv, u, v, bwd)
+    out = []
+    outputs = ("dQ", "dK", "dV") if bwd else ("O", "L")
+    for key in outputs:
+        if key not in arrays:
+            continue
+        ref = gold[key]
+        got = np.asarray(arrays[key], dtype=np.float64).reshape(ref.shape)
+        factor = check.BACKWARD_FACTOR if bwd else check.FORWARD_FACTOR
+        baseline = float(np.max(check._abs_err(naive[key], ref)))
+        bound = np.maximum(factor * baseline if np.isfinite(baseline) else 0.0, floors[key])
+        err = check._abs_err(got, ref)
+        i = int(np.argmax(err / np.where(bound > 0, bound, 1)))
+        out.append(dict(output=key, error=float(err.flat[i]), bound=float(bound.flat[i]),
+                        ok=bool(np.all(err <= bound)), dtype=name))  # fmt: skip
+    return out
