@@ -138,7 +138,7 @@ def _finish_rows(Oi, l_i, m_i, br):
 
 @njit(cache=True)
 def _flash2_problem(  # noqa: N803
-    W, ids, Q, K, V, O, L, Op, Lp, table, B, Hkv, g, G, Nq, Nk, dqk, dv, Br, Bc, s, P, scale, causal, shared
+    W, ids, Q, K, V, O, L, Op, Lp, table, B, Hkv, g, G, Nq, Nk, dqk, dv, Br, Bc, s, P, scale, causal, shared, Bm
 ):
     iQ, iK, iV, iO, iL, im, iS, iOp, iLp, iT = ids
     R = Nq * (g // G)  # rows of one thread block: N_q (per-head, G = g) or g N_q (packed, G = 1)
@@ -214,6 +214,8 @@ def _flash2_problem(  # noqa: N803
                             free(W, hQ)
                         for hh in (hO, hl, hm):
                             free(W, hh)
+    if s > 1:  # the combine kernel, after every split has written its partials
+        _split_combine(W, (iOp, iLp, iO, iL), Op, Lp, O, L, Rtot, dv, s, Bm)
 
 
 @njit(cache=True)
@@ -394,12 +396,7 @@ def flash2_problem(mem, problem, Q, K, V, table, *, Br, Bc, gqa, splits, mla, co
     P = p.page_size or 0
     shared = p.latent and mla == "shared"
     args = (p.B, p.H_kv, p.g, G, p.N_q, p.N_k, p.d_qk, p.d_v, Br, Bc, s, P, float(scale), p.causal, shared)
-    mem.call(_flash2_problem, ids, Q, K, V, O, L, Op, Lp, table if numeric else None, *args)
-    if s > 1:
-        cids = (ids[7], ids[8], ids[3], ids[4])
-        mem.call(
-            _split_combine, cids, Op if numeric else None, Lp if numeric else None, O, L, Rtot, p.d_v, s, combine_rows
-        )
+    mem.call(_flash2_problem, ids, Q, K, V, O, L, Op, Lp, table if numeric else None, *args, combine_rows)
     return O, L
 
 

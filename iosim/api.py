@@ -752,9 +752,11 @@ def _run_problem(algo, p: Problem, M: int, gqa, splits, mla, Br, Bc, B, **o) -> 
     from iosim.theory.tiling import problem_tiling
 
     splits, mla = _problem_schedule(algo, p, gqa, splits, mla, B)
-    for flag in ("backward", "trace"):
-        if _flag(flag, o[flag]):
-            raise InputError(flag, "is not available for a problem beyond one head with N_q = N_k (forward only)", True)
+    if _flag("backward", o["backward"]):
+        raise InputError(
+            "backward", "is not available for a problem beyond one head with N_q = N_k (forward only)", True
+        )
+    trace = _flag("trace", o["trace"])
     if o["mask"] not in (None, "none", "dense"):
         raise InputError(
             "mask", "of a problem is its causal field (bottom-right); other masks take one head", o["mask"]
@@ -789,7 +791,7 @@ def _run_problem(algo, p: Problem, M: int, gqa, splits, mla, Br, Bc, B, **o) -> 
                 "count_only", f"must be True for this problem ({words * 8 / 2**30:.1f} GiB of arrays)", False
             )
     np_dtype = np.dtype(dtype)
-    mem = TwoLevelMemory(M, strict=strict, fast=count_only)
+    mem = TwoLevelMemory(M, strict=strict, trace=trace, fast=count_only and not trace)
     schedule = {
         "gqa": gqa,
         "splits": splits,
@@ -828,6 +830,6 @@ def _run_problem(algo, p: Problem, M: int, gqa, splits, mla, Br, Bc, B, **o) -> 
         count_only or _all_finite(outputs, ("O", "L")),
     )  # fmt: skip
     return Result(
-        algo.name, p.N_q, p.d_qk, M, p.causal, count_only, dtype, t, {"forward": fwd}, outputs, seed, scale, None,
-        "causal" if p.causal else "none", "paper", p, schedule,
+        algo.name, p.N_q, p.d_qk, M, p.causal, count_only, dtype, t, {"forward": fwd}, outputs, seed, scale,
+        mem.trace(), "causal" if p.causal else "none", "paper", p, schedule,
     )  # fmt: skip

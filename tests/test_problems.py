@@ -271,3 +271,14 @@ def test_sweep_problem_points():
         executor="serial", cache=None, as_frame=False,
     )  # fmt: skip
     assert [r["status"] for r in recs] == ["ok"] * 4 and all(r["exact"] for r in recs)
+
+
+@pytest.mark.parametrize("algo, splits", [("flash2", 3), ("flash1", 1)])
+def test_trace_of_a_problem_replays(algo, splits, tmp_path, capsys):
+    p = Problem(B=2, H_q=4, H_kv=2, N_q=2, N_k=23, d=8, page_size=5, causal=True)
+    r = iosim.run(algo, problem=p, M=600, gqa="packed", splits=splits, trace=True, count_only=True, Br=3, Bc=4)
+    assert r.trace is not None and r.trace.replay(r.M) == r.stats and r.main.exact
+    out = tmp_path / "t.npy"
+    argv = ["trace", algo, "--batch", "2", "--heads", "4", "--kv-heads", "2", "--Nq", "2", "--Nk", "23", "--d", "8"]
+    argv += ["--M", "600", "--splits", str(splits), "--page-size", "5", "--count-only", "-o", str(out)]
+    assert _cli(*argv) == 0 and "equal counts and peak" in capsys.readouterr().out
