@@ -282,3 +282,40 @@ def test_trace_of_a_problem_replays(algo, splits, tmp_path, capsys):
     argv = ["trace", algo, "--batch", "2", "--heads", "4", "--kv-heads", "2", "--Nq", "2", "--Nk", "23", "--d", "8"]
     argv += ["--M", "600", "--splits", str(splits), "--page-size", "5", "--count-only", "-o", str(out)]
     assert _cli(*argv) == 0 and "equal counts and peak" in capsys.readouterr().out
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    algo=st.sampled_from(["flash1", "flash2"]),
+    B=st.integers(1, 2),
+    Hkv=st.integers(1, 3),
+    g=st.integers(1, 4),
+    Nq=st.integers(1, 30),
+    Nk=st.integers(1, 60),
+    dqk=st.integers(1, 9),
+    dv=st.integers(1, 9),
+    causal=st.booleans(),
+    latent=st.booleans(),
+    page=st.one_of(st.none(), st.integers(1, 20)),
+    gqa=st.sampled_from(["per-head", "packed"]),
+    splits=st.integers(1, 9),
+    naive=st.booleans(),
+    Br=st.integers(1, 12),
+    Bc=st.integers(1, 12),
+)
+def test_counts_equal_closed_form_property(algo, B, Hkv, g, Nq, Nk, dqk, dv, causal, latent, page, gqa, splits,
+                                           naive, Br, Bc):  # fmt: skip
+    """Any problem, schedule and tiles: the simulation (counters-only memory) equals the closed form."""
+    if latent:
+        Hkv, dv = 1, min(dv, dqk)
+    page = None if page is None or page > Nk else page
+    splits = 1 if algo == "flash1" else min(splits, Nk)
+    p = Problem(B=B, H_q=Hkv * g, H_kv=Hkv, N_q=Nq, N_k=Nk, d_qk=dqk, d_v=dv, causal=causal, latent=latent,
+                page_size=page)  # fmt: skip
+    stats, pred, M = _count(algo, p, Br, Bc, gqa, splits, "naive" if latent and naive else "shared", fast=True)
+    assert stats.per_array == pred.per_array
+    assert stats.peak == pred.peak <= M
