@@ -665,11 +665,15 @@ def _explicit_tiling(algo, given: dict, t, t_bwd, N, d, M, causal_arg, strict: b
 
 def _problem_schedule(algo, p: Problem, gqa, splits, mla, B) -> tuple[int, str]:
     """Validate the schedule options against the algorithm and the problem: (splits, mla)."""
+    one_head = p.B == 1 and p.H_q == 1 and not p.latent and p.page_size is None and splits == 1
+    if algo.name == "standard" and one_head:
+        return 1, mla  # one head, N_q x N_k, d_qk and d_v: standard attention's products take any shapes
     if algo.name not in PROBLEM_ALGORITHMS:
         raise InputError(
             "algorithm",
             f"must be one of {', '.join(PROBLEM_ALGORITHMS)} for a problem beyond one head with N_q = N_k (batch, "
-            f"heads, decoding, split-KV, paged KV, MLA); {algo.name} takes one head with N_q = N_k",
+            f"heads, decoding, split-KV, paged KV, MLA); standard takes one head with any N_q, N_k, d_qk, d_v, "
+            f"{algo.name} one head with N_q = N_k",
             algo.name,
         )
     if gqa not in GQA_POLICIES:
@@ -678,8 +682,6 @@ def _problem_schedule(algo, p: Problem, gqa, splits, mla, B) -> tuple[int, str]:
         raise InputError("mla", f"must be one of {', '.join(MLA_POLICIES)}", mla)
     if mla == "naive" and not p.latent:
         raise InputError("mla", "naive applies to a latent (MLA) problem: Problem(latent=True)", mla)
-    if B is not None:
-        raise InputError("B", f"applies to standard and square-tiling; {algo.name} takes Br and Bc", B)
     splits = _positive_int("splits", splits, p.N_k) if not isinstance(splits, bool) else splits
     if isinstance(splits, bool):
         raise InputError("splits", f"must be an integer from 1 to N_k = {p.N_k:,}", splits)
@@ -772,6 +774,10 @@ def _run_problem(algo, p: Problem, M: int, gqa, splits, mla, Br, Bc, B, **o) -> 
     scale = _scale(o["scale"], p.d_qk)
     Br = None if Br is None else _positive_int("Br", Br, MAX_N)
     Bc = None if Bc is None else _positive_int("Bc", Bc, MAX_N)
+    if algo.name == "standard":
+        return _run_standard_problem(algo, p, M, B, count_only, strict, reference, dtype, seed, scale, o["tiling"])
+    if B is not None:
+        raise InputError("B", f"applies to standard and square-tiling; {algo.name} takes Br and Bc", B)
     G = p.g if gqa == "per-head" else 1
     rows = p.N_q * (p.g // G)
     shared = p.latent and mla == "shared"
@@ -832,4 +838,44 @@ def _run_problem(algo, p: Problem, M: int, gqa, splits, mla, Br, Bc, B, **o) -> 
     return Result(
         algo.name, p.N_q, p.d_qk, M, p.causal, count_only, dtype, t, {"forward": fwd}, outputs, seed, scale,
         mem.trace(), "causal" if p.causal else "none", "paper", p, schedule,
+    )  # fmt: skip
+
+
+def _run_standard_problem(algo, p: Problem, M, B, count_only, strict, reference, dtype, seed, scale, rule) -> Result:
+    """Standard attention (Algorithm 0) on one head of N_q rows against N_k keys, widths d_qk and d_v; causal
+    bottom-right. Exact count: :func:`iosim.theory.io_model.standard_forward` with N_k and d_v."""
+    from iosim.algorithms import standard
+    from iosim.theory import io_model
+    from iosim.theory.tiling import square_tiling
+
+    t = square_tiling("standard", p.N_q, p.d_qk, M, rule, p.N_k, p.d_v)
+    if B is not None:
+        t = Tiling("explicit", B=_positive_int("B", B, MAX_N))
+    predicted = io_model.standard_forward(p.N_q, p.d_qk, M, t.B, p.causal, p.N_k, p.d_v)
+    if B is not None and strict and predicted.peak > M:
+        raise InputError("B", f"gives a working set of {predicted.peak:,} words above M = {M:,}: choose a smaller B", B)
+    if not count_only:
+        words = 3 * p.N_q * p.N_k + 2 * (p.N_q + p.N_k) * (p.d_qk + p.d_v)
+        if words * 8 > 0.8 * _available_bytes():
+            raise InputError("count_only", f"must be True for this problem ({words * 8 / 2**30:.1f} GiB)", False)
+    mem = TwoLevelMemory(M, strict=strict, fast=count_only)
+    np_dtype = np.dtype(dtype)
+    if count_only:
+        Q = K = V = None
+    else:
+        Q, K, V, _, _, _ = _problem_inputs(p, np.random.default_rng(seed))
+    O, S, P = standard.standard_forward(
+        mem, Q, K, V, N=p.N_q, d=p.d_qk, B=t.B, scale=scale, causal=p.causal, dtype=np_dtype, N_k=p.N_k, d_v=p.d_v
+    )
+    errors: dict[str, float] = {}
+    if not count_only and reference:
+        O_ref, _ = problem_reference(p, Q, K, V, scale)
+        errors["O"] = float(np.max(np.abs(O - O_ref)))
+    fwd = PassResult(
+        "forward", mem.stats(), predicted, float(sum(p.compulsory().values())),
+        "compulsory (read Q, K/V once per KV head, write O)", errors, t, count_only or _all_finite({"O": O}, ("O",)),
+    )  # fmt: skip
+    return Result(
+        algo.name, p.N_q, p.d_qk, M, p.causal, count_only, dtype, t, {"forward": fwd}, {"O": O, "S": S, "P": P}, seed,
+        scale, None, "causal" if p.causal else "none", "paper", p, {"thread_blocks": None},
     )  # fmt: skip

@@ -184,33 +184,40 @@ def matmul_peak(m: int, k: int, n: int, T: int) -> int:
     return ti * tj + ti * tk + tk * tj
 
 
-def softmax_rows(N: int, M: int) -> int:
-    """Rows per block of the one-pass softmax (0 when a row does not fit and the two-pass sweep is used)."""
-    return min(N, (M - 2) // N) if N + 2 <= M else 0
+def softmax_rows(N: int, M: int, rows: int | None = None) -> int:
+    """Rows per block of the one-pass softmax over rows of N columns (``rows`` rows in all, default N; 0 when a
+    row does not fit and the two-pass sweep is used)."""
+    return min(N if rows is None else rows, (M - 2) // N) if N + 2 <= M else 0
 
 
-def softmax_peak(N: int, M: int) -> int:
-    R = softmax_rows(N, M)
+def softmax_peak(N: int, M: int, rows: int | None = None) -> int:
+    R = softmax_rows(N, M, rows)
     return 2 + (R * N if R else min(M - 2, N))
 
 
-def standard_forward(N: int, d: int, M: int, B: int, causal: bool = False) -> Prediction:
+def standard_forward(
+    N: int, d: int, M: int, B: int, causal: bool = False, N_k: int | None = None, d_v: int | None = None
+) -> Prediction:
     """Standard attention with tiled products (see algorithms/standard.py); the causal mask changes no count.
 
-    Reads R(N,d,N) + N^2 (or 2N^2 when a row of S does not fit) + R(N,N,d); writes N^2 + N^2 + Nd.
+    Reads R(N,d,N) + N^2 (or 2N^2 when a row of S does not fit) + R(N,N,d); writes N^2 + N^2 + Nd. With N_q = N
+    query rows against N_k keys and V, O of width d_v: R(N,d,N_k) + N N_k (or 2 N N_k) + R(N,N_k,d_v); writes
+    2 N N_k + N d_v.
     """
-    q_reads, k_reads = matmul_reads(N, d, N, B)
-    p_reads, v_reads = matmul_reads(N, N, d, B)
-    s_reads = N * N * (1 if softmax_rows(N, M) else 2)
-    peak = max(matmul_peak(N, d, N, B), softmax_peak(N, M), matmul_peak(N, N, d, B))
+    Nk = N if N_k is None else N_k
+    dv = d if d_v is None else d_v
+    q_reads, k_reads = matmul_reads(N, d, Nk, B)
+    p_reads, v_reads = matmul_reads(N, Nk, dv, B)
+    s_reads = N * Nk * (1 if softmax_rows(Nk, M, N) else 2)
+    peak = max(matmul_peak(N, d, Nk, B), softmax_peak(Nk, M, N), matmul_peak(N, Nk, dv, B))
     return _pred(
         peak,
         Q=(q_reads, 0),
         K=(k_reads, 0),
         V=(v_reads, 0),
-        S=(s_reads, N * N),
-        P=(p_reads, N * N),
-        O=(0, N * d),
+        S=(s_reads, N * Nk),
+        P=(p_reads, N * Nk),
+        O=(0, N * dv),
     )
 
 

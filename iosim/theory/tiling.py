@@ -89,16 +89,21 @@ def flash_tiling(algorithm: str, N: int, d: int, M: int, rule: str) -> Tiling:
     return Tiling(rule, Br=small, Bc=big) if outer_is_kv else Tiling(rule, Br=big, Bc=small)
 
 
-def square_tiling(algorithm: str, N: int, d: int, M: int, rule: str) -> Tiling:
-    """Square tile B for standard attention: both products and the softmax fit in M."""
+def square_tiling(
+    algorithm: str, N: int, d: int, M: int, rule: str, N_k: int | None = None, d_v: int | None = None
+) -> Tiling:
+    """Square tile B for standard attention: both products and the softmax fit in M (N_q = N rows against N_k
+    keys, V and O of width d_v, when given)."""
     _check_rule(rule)
     if M < 3:
         raise _too_small(algorithm, M, 3, "1x1 tiles of a product need 3 words")
+    Nk = N if N_k is None else N_k
+    dv = d if d_v is None else d_v
 
     def fits(b: int) -> bool:
-        return max(io_model.matmul_peak(N, d, N, b), io_model.matmul_peak(N, N, d, b)) <= M
+        return max(io_model.matmul_peak(N, d, Nk, b), io_model.matmul_peak(N, Nk, dv, b)) <= M
 
-    return Tiling(rule, B=_largest(1, max(N, d), fits))
+    return Tiling(rule, B=_largest(1, max(N, Nk, d, dv), fits))
 
 
 def saha_ye_tiling(N: int, d: int, M: int, rule: str) -> Tiling:
