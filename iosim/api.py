@@ -605,6 +605,7 @@ def run(
 # Whole problems (iosim.problem.Problem): batch, heads, GQA, N_q != N_k, split-KV, paged KV, MLA.
 # ---------------------------------------------------------------------------------------------------------------
 PROBLEM_ALGORITHMS = ("flash1", "flash2")
+ONE_HEAD_ALGORITHMS = ("standard", "square-tiling")  # one head, any N_q, N_k, d_qk, d_v
 
 
 def _problem_arg(problem, N, d, causal, Q, dtype) -> Problem:
@@ -666,14 +667,14 @@ def _explicit_tiling(algo, given: dict, t, t_bwd, N, d, M, causal_arg, strict: b
 def _problem_schedule(algo, p: Problem, gqa, splits, mla, B) -> tuple[int, str]:
     """Validate the schedule options against the algorithm and the problem: (splits, mla)."""
     one_head = p.B == 1 and p.H_q == 1 and not p.latent and p.page_size is None and splits == 1
-    if algo.name == "standard" and one_head:
-        return 1, mla  # one head, N_q x N_k, d_qk and d_v: standard attention's products take any shapes
+    if algo.name in ONE_HEAD_ALGORITHMS and one_head:
+        return 1, mla  # one head, N_q x N_k, d_qk and d_v: square tiles take any shapes
     if algo.name not in PROBLEM_ALGORITHMS:
         raise InputError(
             "algorithm",
             f"must be one of {', '.join(PROBLEM_ALGORITHMS)} for a problem beyond one head with N_q = N_k (batch, "
-            f"heads, decoding, split-KV, paged KV, MLA); standard takes one head with any N_q, N_k, d_qk, d_v, "
-            f"{algo.name} one head with N_q = N_k",
+            f"heads, decoding, split-KV, paged KV, MLA); {' and '.join(ONE_HEAD_ALGORITHMS)} take one head (any N_q, "
+            "N_k, d_qk, d_v)",
             algo.name,
         )
     if gqa not in GQA_POLICIES:
@@ -774,8 +775,8 @@ def _run_problem(algo, p: Problem, M: int, gqa, splits, mla, Br, Bc, B, **o) -> 
     scale = _scale(o["scale"], p.d_qk)
     Br = None if Br is None else _positive_int("Br", Br, MAX_N)
     Bc = None if Bc is None else _positive_int("Bc", Bc, MAX_N)
-    if algo.name == "standard":
-        return _run_standard_problem(algo, p, M, B, count_only, strict, reference, dtype, seed, scale, o["tiling"])
+    if algo.name in ONE_HEAD_ALGORITHMS:
+        return _run_one_head_problem(algo, p, M, B, count_only, strict, reference, dtype, seed, scale, o["tiling"])
     if B is not None:
         raise InputError("B", f"applies to standard and square-tiling; {algo.name} takes Br and Bc", B)
     G = p.g if gqa == "per-head" else 1
@@ -841,17 +842,25 @@ def _run_problem(algo, p: Problem, M: int, gqa, splits, mla, Br, Bc, B, **o) -> 
     )  # fmt: skip
 
 
-def _run_standard_problem(algo, p: Problem, M, B, count_only, strict, reference, dtype, seed, scale, rule) -> Result:
-    """Standard attention (Algorithm 0) on one head of N_q rows against N_k keys, widths d_qk and d_v; causal
-    bottom-right. Exact count: :func:`iosim.theory.io_model.standard_forward` with N_k and d_v."""
-    from iosim.algorithms import standard
+def _run_one_head_problem(algo, p: Problem, M, B, count_only, strict, reference, dtype, seed, scale, rule) -> Result:
+    """Standard attention (Algorithm 0) or square tiling on one head of N_q rows against N_k keys, widths d_qk and
+    d_v; causal bottom-right. Exact counts: :func:`iosim.theory.io_model.standard_forward` with N_k and d_v,
+    :func:`iosim.theory.io_model.square_tiling_problem`."""
+    from iosim.algorithms import square_tiling, standard
     from iosim.theory import io_model
-    from iosim.theory.tiling import square_tiling
+    from iosim.theory.tiling import saha_ye_problem_tiling
+    from iosim.theory.tiling import square_tiling as standard_tiling
 
-    t = square_tiling("standard", p.N_q, p.d_qk, M, rule, p.N_k, p.d_v)
+    if algo.name == "standard":
+        t = standard_tiling("standard", p.N_q, p.d_qk, M, rule, p.N_k, p.d_v)
+    else:
+        t = saha_ye_problem_tiling(p, M, rule)
     if B is not None:
         t = Tiling("explicit", B=_positive_int("B", B, MAX_N))
-    predicted = io_model.standard_forward(p.N_q, p.d_qk, M, t.B, p.causal, p.N_k, p.d_v)
+    if algo.name == "standard":
+        predicted = io_model.standard_forward(p.N_q, p.d_qk, M, t.B, p.causal, p.N_k, p.d_v)
+    else:
+        predicted = io_model.square_tiling_problem(p, t.B)
     if B is not None and strict and predicted.peak > M:
         raise InputError("B", f"gives a working set of {predicted.peak:,} words above M = {M:,}: choose a smaller B", B)
     if not count_only:
@@ -864,18 +873,24 @@ def _run_standard_problem(algo, p: Problem, M, B, count_only, strict, reference,
         Q = K = V = None
     else:
         Q, K, V, _, _, _ = _problem_inputs(p, np.random.default_rng(seed))
-    O, S, P = standard.standard_forward(
-        mem, Q, K, V, N=p.N_q, d=p.d_qk, B=t.B, scale=scale, causal=p.causal, dtype=np_dtype, N_k=p.N_k, d_v=p.d_v
-    )
+    kw = dict(N=p.N_q, d=p.d_qk, B=t.B, scale=scale, causal=p.causal, dtype=np_dtype, N_k=p.N_k, d_v=p.d_v)
+    if algo.name == "standard":
+        O, S, P = standard.standard_forward(mem, Q, K, V, **kw)
+        outputs = {"O": O, "S": S, "P": P}
+    else:
+        O, L, S = square_tiling.square_tiling_forward(mem, Q, K, V, **kw)
+        outputs = {"O": O, "L": L, "S": S}
     errors: dict[str, float] = {}
     if not count_only and reference:
-        O_ref, _ = problem_reference(p, Q, K, V, scale)
+        O_ref, L_ref = problem_reference(p, Q, K, V, scale)
         errors["O"] = float(np.max(np.abs(O - O_ref)))
+        if "L" in outputs:
+            errors["L"] = _logsumexp_error(outputs["L"], L_ref)
     fwd = PassResult(
         "forward", mem.stats(), predicted, float(sum(p.compulsory().values())),
         "compulsory (read Q, K/V once per KV head, write O)", errors, t, count_only or _all_finite({"O": O}, ("O",)),
     )  # fmt: skip
     return Result(
-        algo.name, p.N_q, p.d_qk, M, p.causal, count_only, dtype, t, {"forward": fwd}, {"O": O, "S": S, "P": P}, seed,
-        scale, None, "causal" if p.causal else "none", "paper", p, {"thread_blocks": None},
+        algo.name, p.N_q, p.d_qk, M, p.causal, count_only, dtype, t, {"forward": fwd}, outputs, seed, scale, None,
+        "causal" if p.causal else "none", "paper", p, {"thread_blocks": None},
     )  # fmt: skip

@@ -321,17 +321,19 @@ def test_counts_equal_closed_form_property(algo, B, Hkv, g, Nq, Nk, dqk, dv, cau
     assert stats.peak == pred.peak <= M
 
 
+@pytest.mark.parametrize("algo", ["standard", "square-tiling"])
 @pytest.mark.parametrize("causal", [False, True])
-def test_standard_rectangular_grid(causal):
-    """Standard attention on one head with N_q != N_k and d_qk != d_v: counts == closed form, including the
-    two-pass softmax (a row of S wider than M - 2) and explicit tiles."""
+def test_one_head_rectangular_grid(algo, causal):
+    """Standard attention and square tiling on one head with N_q != N_k and d_qk != d_v: counts == closed form per
+    array and in peak (standard: including the two-pass softmax, a row of S wider than M - 2), explicit tiles."""
     for (Nq, Nk), (dqk, dv), M in itertools.product(LENGTHS + [(5, 90)], [(6, 5), (3, 9)], [30, 64, 400]):
         p = Problem(N_q=Nq, N_k=Nk, d_qk=dqk, d_v=dv, causal=causal)
         if p.is_single:
             continue
-        r = iosim.run("standard", problem=p, M=M, count_only=True)
+        r = iosim.run(algo, problem=p, M=M, count_only=True)
         assert r.main.exact and r.stats.peak <= M, (p, M)
-        e = iosim.run("standard", problem=p, M=M, count_only=True, B=2)
+        e = iosim.run(algo, problem=p, M=M, count_only=True, B=2)
         assert e.main.exact and e.tiling.B == 2
-    r = iosim.run("standard", problem=Problem(N_q=23, N_k=11, d_qk=7, d_v=5, causal=causal), M=60, seed=2)
-    assert r.main.exact and r.errors["O"] <= 1e-12
+    for Nq, Nk in ((23, 11), (4, 30)):
+        r = iosim.run(algo, problem=Problem(N_q=Nq, N_k=Nk, d_qk=7, d_v=5, causal=causal), M=60, seed=2)
+        assert r.main.exact and r.errors["O"] <= 1e-12 and r.errors.get("L", 0.0) <= 1e-12

@@ -606,3 +606,44 @@ def flash1_problem(p, Br: int, Bc: int, gqa: str = "per-head", mla: str = "share
         m=(groups * rows, groups * rows + Rtot, Rtot),
     )
     return ProblemPrediction(pred.per_array, pred.peak, groups)
+
+
+def square_tiling_rect_peak(Nq: int, Nk: int, dqk: int, dv: int, B: int) -> int:
+    """Square tiling's working set on N_q x N_k (no mask), at the first tile: phase 1 m_i, l_i (2 b_i), the
+    accumulator b_i b_j and one slice of Q and K ((b_i + b_j) min(B, d_qk)); phase 2 L_i, the O tile, A_ik and a V
+    tile (b_i + b_i b_j + (b_i + b_j) min(B, d_v)). With N_q = N_k and d_qk = d_v: :func:`square_tiling_peak`."""
+    bi, bj, w, wv = min(B, Nq), min(B, Nk), min(B, dqk), min(B, dv)
+    return max(2 * bi + bi * bj + (bi + bj) * w, bi + bi * bj + (bi + bj) * wv)
+
+
+def square_tiling_problem(p, B: int) -> Prediction:
+    """Square tiling's forward on one head of N_q rows against N_k keys, widths d_qk and d_v (algorithms/
+    square_tiling.py), causal bottom-right. Row tile i (b_i rows, its last row r_i) meets the column tiles
+    j < ceil(hi_i / B), hi_i = min(N_k, r_i + N_k - N_q + 1) (N_k without the mask): C_i = min(N_k, that B) columns.
+    Q reads b_i d_qk and K b_j d_qk per nonempty tile (sum_i b_i count_i d_qk, sum_i C_i d_qk); S written on the
+    nonempty tiles (W = sum_i b_i C_i) and read ceil(d_v / B) times in phase 2, with V read C_i d_v per row tile;
+    L written and read N_q; O written N_q d_v. Peak: the largest nonempty row tile's working set, or an empty row
+    tile's m_i, l_i (2 b_i) and its phase 2 (L_i, an O tile)."""
+    Nq, Nk, dqk, dv = p.N_q, p.N_k, p.d_qk, p.d_v
+    i = np.arange(cdiv(Nq, B), dtype=np.int64)
+    b = np.minimum(B, Nq - i * B)
+    hi = np.minimum(Nk, np.maximum(0, i * B + b - 1 + (Nk - Nq) + 1)) if p.causal else np.full(i.size, Nk)
+    count = -(-hi // B)
+    cols = np.minimum(count * B, Nk)
+    rows, colsum, words = int((b * count).sum()), int(cols.sum()), int((b * cols).sum())
+    bj, w, wv = min(B, Nk), min(B, dqk), min(B, dv)
+    peak = 0
+    for bi, n in zip(b.tolist(), count.tolist(), strict=True):
+        if n:
+            peak = max(peak, 2 * bi + bi * bj + (bi + bj) * w, bi + bi * bj + (bi + bj) * wv)
+        else:
+            peak = max(peak, 2 * bi, bi * (1 + wv))
+    return _pred(
+        peak,
+        Q=(rows * dqk, 0),
+        K=(colsum * dqk, 0),
+        V=(colsum * dv, 0),
+        S=(words * cdiv(dv, B), words),
+        L=(Nq, Nq),
+        O=(0, Nq * dv),
+    )

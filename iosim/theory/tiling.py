@@ -215,3 +215,22 @@ def problem_tiling(algorithm: str, problem, M: int, rule: str, rows: int, shared
             (Br, Bc),
         )
     return Tiling("explicit" if explicit else rule, Br=br, Bc=bc)
+
+
+def saha_ye_problem_tiling(problem, M: int, rule: str) -> Tiling:
+    """Square tile B of square tiling on one head of N_q x N_k, widths d_qk and d_v: ``fit`` the largest B whose
+    working set :func:`io_model.square_tiling_rect_peak` fits; ``paper`` B = floor(sqrt(M/4))."""
+    _check_rule(rule)
+    p = problem
+    if rule == "paper":
+        B = math.isqrt(M // 4)
+        if B < 1:
+            raise _too_small("square-tiling", M, 4, "the paper's B = floor(sqrt(M/4)) must be at least 1")
+        return Tiling(rule, B=B)
+
+    def peak(b: int) -> int:
+        return io_model.square_tiling_rect_peak(p.N_q, p.N_k, p.d_qk, p.d_v, b)
+
+    if M < peak(1):
+        raise _too_small("square-tiling", M, peak(1), "a 1x1 accumulator, two 1x1 operand tiles and two row statistics")
+    return Tiling(rule, B=_largest(1, max(p.N_q, p.N_k, p.d_qk, p.d_v), lambda b: peak(b) <= M))
