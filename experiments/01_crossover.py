@@ -20,7 +20,8 @@ Outputs in results/ (created if missing):
   in their regimes and the line M = d^2 marked.
 * ``01_crossover.txt``: the crossover table (M / d^2 where square-tiling's total crosses flash2's and flash1's,
   log-interpolated between the two grid points that bracket it) and the tightness table (total / matching lower
-  bound, min and max over the sweep, per algorithm, pass and regime); both are printed as well.
+  bound, min and max over the sweep, per algorithm, pass and regime), and every skipped point.
+* ``01_crossover.tex`` / ``01_crossover.md``: the crossover table and the verdict.
 
 What the plot shows (measured with the command above, N = 2048): square-tiling is below flash1 and flash2 at every
 M well below d^2 and above them well above d^2, in both passes and for every d. Measured crossovers M / d^2
@@ -38,13 +39,10 @@ the tables.
 
 from __future__ import annotations
 
-import argparse
-import csv
 import math
-import sys
-from pathlib import Path
 
-from iosim.experiments import _common
+from iosim.experiments import runner
+from iosim.experiments._common import ALGORITHMS, PASSES, STYLE, Verdict, theta
 from iosim.memory_model import CapacityError
 from tabulate import tabulate
 
@@ -58,17 +56,10 @@ CLAIM = (
     "Saha & Ye Thm 3.1 / Li et al. Thm 1.1: I/O is Theta(min(N^2 d^2/M, N^2 d/sqrt(M))); square tiling wins below "
     "M ~ d^2, FlashAttention above."
 )
-NEEDS = ("plot",)
 
-ALGORITHMS = ("standard", "flash1", "flash2", "square-tiling")
-PASSES = ("forward", "backward")
-RESULTS = Path(__file__).resolve().parent.parent / "results"
-STYLE = {
-    "standard": ("tab:gray", "s"),
-    "flash1": ("tab:blue", "v"),
-    "flash2": ("tab:green", "^"),
-    "square-tiling": ("tab:red", "o"),
-}
+FULL = {"N": 2048, "ds": (64, 128, 256), "half": 8}  # M = d^2 2^(k/2), k = -half..half
+QUICK = {"N": 512, "ds": (32, 64), "half": 4}
+DPI = 120
 
 
 def m_grid(d: int, half_octaves: int = 8) -> list[int]:
@@ -83,14 +74,6 @@ def backward_available() -> bool:
     except (InputError, TypeError):
         return False
     return True
-
-
-def theta(N: int, d: int, M: int, backward: bool) -> float:
-    """The tight Theta-expression with constant 1: min(N^2 d^2 / M, N^2 d / sqrt(M)) forward (Saha & Ye Thm 3.1),
-    min((N^2 d^2 + N d^3) / M, (N^2 d + N d^2) / sqrt(M)) backward (Li et al. Thm 1.1)."""
-    if backward:
-        return min((N * N * d * d + N * d**3) / M, (N * N * d + N * d * d) / math.sqrt(M))
-    return min(N * N * d * d / M, N * N * d / math.sqrt(M))
 
 
 def sweep(N: int, ds, algorithms=ALGORITHMS, passes=PASSES, half_octaves: int = 8) -> tuple[list[dict], list[str]]:
@@ -221,10 +204,7 @@ def tightness(rows) -> list[list]:
     return table
 
 
-def plot(rows, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
+def plot(rows, g):
     import matplotlib.pyplot as plt
 
     ds = sorted({r["d"] for r in rows})
@@ -280,18 +260,18 @@ def plot(rows, path: Path) -> None:
                 ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0))
     fig.suptitle("Exact I/O vs fast-memory size: square tiling wins below M ≈ d², FlashAttention above")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    return fig
 
 
-def _write(N: int, ds, half: int, out: Path) -> tuple[list[dict], list[str], list[list], list[list], str]:
-    rows, skipped = sweep(N, ds, half_octaves=half)
-    out.mkdir(parents=True, exist_ok=True)
-    with open(out / "01_crossover.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-    plot(rows, out / "01_crossover.png")
+def measure(g) -> list[dict]:
+    rows, skipped = sweep(g.N, g.ds, half_octaves=g.half)
+    g.skipped += skipped
+    return rows
+
+
+def verdict(rows, g) -> runner.Summary:
+    """The crossover and tightness tables (also written to 01_crossover.txt) and the verdict."""
+    N, ds, half, skipped = g.N, g.ds, g.half, g.skipped
     inexact = [r for r in rows if not r["exact"]]
     cross, tight = crossovers(rows), tightness(rows)
     text = [
@@ -312,15 +292,6 @@ def _write(N: int, ds, half: int, out: Path) -> tuple[list[dict], list[str], lis
     ]
     if skipped:
         text += ["", f"Skipped ({len(skipped)}): no tiling fits (or the pass is not available)", *skipped]
-    out_text = "\n".join(text)
-    (out / "01_crossover.txt").write_text(out_text + "\n")
-    return rows, skipped, cross, tight, out_text
-
-
-def run(out: Path, quick: bool = False) -> _common.Verdict:
-    """The registry entry (``iosim experiments run crossover``): the sweep plus .tex / .md with the verdict."""
-    N, ds, half = (512, (32, 64), 4) if quick else (2048, (64, 128, 256), 8)
-    rows, skipped, cross, tight, _ = _write(N, ds, half, out)
     fwd = [c for c in cross if c[0] == "forward"]
     bwd = [c for c in cross if c[0] == "backward"]
 
@@ -330,7 +301,7 @@ def run(out: Path, quick: bool = False) -> _common.Verdict:
 
     sq = [t for t in tight if t[0] == "square-tiling" and t[2] == "M < d^2"]
     holds = all(span(x, 2) != "none" for x in (fwd, bwd))
-    v = _common.Verdict(
+    v = Verdict(
         NAME,
         CLAIM,
         measured=(
@@ -345,38 +316,11 @@ def run(out: Path, quick: bool = False) -> _common.Verdict:
     if skipped:
         v.notes.append(f"{len(skipped)} points skipped (no tiling fits): e.g. {skipped[0]}")
     table = [[*c] for c in cross]
-    v = _common.write_outputs(
-        out, "01_crossover_summary", rows, table, ["pass", "d", "vs flash2 (M/d^2)", "vs flash1 (M/d^2)"], v
-    )
-    # the registry's file names: 01_crossover.{csv,png} from the sweep, .tex/.md from the summary
-    for ext in ("tex", "md"):
-        (out / f"01_crossover_summary.{ext}").replace(out / f"01_crossover.{ext}")
-    (out / "01_crossover_summary.csv").unlink()
-    md = (out / "01_crossover.md").read_text().replace("01_crossover_summary", "01_crossover")
-    (out / "01_crossover.md").write_text(md + "\n![crossover](01_crossover.png)\n")
-    v.files = ["01_crossover.csv", "01_crossover.png", "01_crossover.tex", "01_crossover.md", "01_crossover.txt"]
-    return v
+    headers = ["pass", "d", "vs flash2 (M/d^2)", "vs flash1 (M/d^2)"]
+    return runner.Summary(v, table, headers, texts={"txt": "\n".join(text) + "\n"})
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="N=512, d in {32, 64}, 9 points: a smoke run")
-    ap.add_argument("--N", type=int, default=None, help="sequence length (default 2048; 512 with --quick)")
-    ap.add_argument("--out", type=Path, default=RESULTS, help="output folder (default results/)")
-    args = ap.parse_args(argv)
-    try:
-        _common.require(NEEDS)
-    except _common.MissingExtra as e:
-        print(e, file=sys.stderr)
-        return 2
-    N = args.N or (512 if args.quick else 2048)
-    ds = (32, 64) if args.quick else (64, 128, 256)
-    half = 4 if args.quick else 8
-    rows, _, _, _, out = _write(N, ds, half, args.out)
-    print(out)
-    print(f"\nwrote {args.out / '01_crossover.csv'}, {args.out / '01_crossover.png'}, {args.out / '01_crossover.txt'}")
-    return 1 if any(not r["exact"] for r in rows) else 0
-
+main = runner.script(globals())  # python experiments/NN_x.py [--quick] [--out DIR]
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

@@ -23,13 +23,9 @@ faster than M / d and the local slope is steeper than -1; the d fit uses d <= 64
 from __future__ import annotations
 
 import math
-import sys
-from pathlib import Path
 
-from iosim.experiments import _common
-from iosim.experiments._common import Verdict, fit_power
-
-from iosim.sweep import sweep
+from iosim.experiments import runner
+from iosim.experiments._common import Verdict, fit_power, records
 
 NAME = "flash-thm2"
 TITLE = "FlashAttention Theorem 2: I/O against M, N and d"
@@ -37,19 +33,27 @@ CLAIM = (
     "FlashAttention Thm 2: Theta(N^2 d^2 / M) HBM accesses for d <= M <= Nd (slope -1 in M, +2 in N, +2 in d); "
     "standard attention Theta(Nd + N^2), flat in M."
 )
-NEEDS = ("plot",)
 ALGORITHMS = ("flash1", "flash2", "standard")
 TOL = 0.1  # a fitted exponent within 0.1 of the claimed one counts as agreeing
+D0 = 64
+FULL = {
+    "d0": D0,
+    "NM": 65536,  # the M sweep: FlashAttention from d^2/2, standard attention also from d^2/16
+    "flash_M": sorted({round(D0 * D0 * 2 ** (k / 2)) for k in range(-2, 26)}),
+    "small_M": sorted({round(D0 * D0 * 2 ** (k / 2)) for k in range(-8, -2)}),
+    "Ns": [512, 1024, 2048, 4096, 8192, 16384, 32768],  # the N sweep at M = 4 d^2
+    "Nd": 32768,  # the d sweep
+    "Md": 65536,
+    "ds": [16, 24, 32, 48, 64, 96, 128],
+}
+QUICK = {**FULL, "NM": 16384, "Ns": [512, 1024, 2048, 4096]}
 
 
 def _rows(grid, axis: str) -> list[dict]:
     grids = grid if isinstance(grid, list) else [grid]
     grids = [{"algorithm": list(ALGORITHMS), **g, "pass": "forward"} for g in grids]
-    recs = sweep(grids, executor="serial", as_frame=False)
     out = []
-    for r in recs:
-        if r["status"] != "ok":
-            continue
+    for r in records(grids):
         blocks = dict(kv.split("=") for kv in r["blocks"].split(", ") if "=" in kv and not kv.startswith("rule"))
         Br, Bc = int(blocks.get("Br", 0)), int(blocks.get("Bc", 0))
         Tc = math.ceil(r["N"] / Bc) if Bc else None
@@ -80,19 +84,16 @@ def _sel(rows, axis, alg, pred=lambda r: True):
     return sorted((r for r in rows if r["sweep"] == axis and r["algorithm"] == alg and pred(r)), key=lambda r: r[axis])
 
 
-def run(out: Path, quick: bool = False) -> Verdict:
-    d0 = 64
-    NM = 16384 if quick else 65536
-    step = 1
-    flash_M = sorted({round(d0 * d0 * 2 ** (k / 2)) for k in range(-2, 26, step)})
-    small_M = sorted({round(d0 * d0 * 2 ** (k / 2)) for k in range(-8, -2, step)})
-    grid_M = [{"N": NM, "d": d0, "M": flash_M}, {"N": NM, "d": d0, "M": small_M, "algorithm": ["standard"]}]
-    rows = _rows(grid_M, "M")
-    Ns = [512, 1024, 2048, 4096] if quick else [512, 1024, 2048, 4096, 8192, 16384, 32768]
-    rows += _rows({"N": Ns, "d": d0, "M": 4 * d0 * d0}, "N")
-    Nd_, Md = 32768, 65536
-    rows += _rows({"N": Nd_, "d": [16, 24, 32, 48, 64, 96, 128], "M": Md}, "d")
+def measure(g) -> list[dict]:
+    rows = _rows(
+        [{"N": g.NM, "d": g.d0, "M": g.flash_M}, {"N": g.NM, "d": g.d0, "M": g.small_M, "algorithm": ["standard"]}], "M"
+    )
+    rows += _rows({"N": g.Ns, "d": g.d0, "M": 4 * g.d0 * g.d0}, "N")
+    rows += _rows({"N": g.Nd, "d": g.ds, "M": g.Md}, "d")
+    return rows
 
+
+def verdict(rows, g) -> runner.Summary:
     def flash_ok(r):  # the asymptotic regime: many outer blocks, and M well above the 2d^2 of the working set
         T = r["Tc"] if r["algorithm"] == "flash1" else r["Tr"]
         return T >= 8 and r["M"] >= 16 * r["d"] ** 2 if r["sweep"] == "M" else T >= 8
@@ -120,7 +121,7 @@ def run(out: Path, quick: bool = False) -> Verdict:
         table.append([label, axis, rng, f.n, f"{claim:+.1f}", str(f), "yes" if agree else "no"])
 
     # the +Nd term: flash1 / flash2 where Tc = 1 (flash1) or Tr = 1 (flash2) in the M sweep
-    N, d = NM, d0
+    N, d = g.NM, g.d0
     tc1 = {
         alg: [r for r in _sel(rows, "M", alg) if (r["Tc"] if alg == "flash1" else r["Tr"]) == 1]
         for alg in ("flash1", "flash2")
@@ -157,18 +158,15 @@ def run(out: Path, quick: bool = False) -> Verdict:
         "the fitted slope above -1/2 at d = 64; Thm 2's Nd + N^2 does not hold there."
     )
     v.notes.append(f"{len(rows)} runs, {inexact} differing from their closed form in iosim.theory.io_model.")
-    fig = _plot(rows, NM, d0, Nd_, Md)
     headers = ["algorithm", "sweep", "range", "points", "claimed", "fitted exponent [95% CI]", "within 0.1"]
-    return _common.write_outputs(out, "02_flash_thm2", rows, table, headers, v, fig=fig)
+    return runner.Summary(v, table, headers)
 
 
-def _plot(rows, NM, d0, Nd_, Md):
-    import matplotlib
-
-    matplotlib.use("Agg")
+def plot(rows, g):
     import matplotlib.pyplot as plt
 
     style = {"flash1": ("tab:blue", "v"), "flash2": ("tab:green", "^"), "standard": ("tab:gray", "s")}
+    NM, d0, Nd_, Md = g.NM, g.d0, g.Nd, g.Md
     fig, axes = plt.subplots(1, 3, figsize=(14, 4.2))
     titles = {
         "M": f"vs M (N={NM}, d={d0})",
@@ -199,9 +197,7 @@ def _plot(rows, NM, d0, Nd_, Md):
     return fig
 
 
-def main(argv: list[str] | None = None) -> int:
-    return _common.script_main(sys.modules[__name__], argv)
-
+main = runner.script(globals())  # python experiments/NN_x.py [--quick] [--out DIR]
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

@@ -25,10 +25,7 @@ sizes, the row statistics' fp32 storage (N words per head each), and whether HBM
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-from iosim.experiments import _common
+from iosim.experiments import runner
 from iosim.experiments._common import Verdict
 
 import iosim
@@ -40,7 +37,6 @@ CLAIM = (
     "FlashAttention Fig. 2 (left): GPT-2 medium attention (batch 64, 16 heads, N = 1024, d = 64), forward + backward "
     "on an A100: standard 40.3 GB of HBM traffic, FlashAttention 4.4 GB."
 )
-NEEDS = ("plot",)
 N, d, BATCH, HEADS, BYTES = 1024, 64, 64, 16, 2
 PAPER = {"standard": 40.3, "flash": 4.4}
 BUDGETS = {
@@ -48,13 +44,15 @@ BUDGETS = {
     "A100 192 KB per SM (paper)": 192 * 1024 // BYTES,
 }
 KERNEL_BLOCKS = (16, 256)  # Br x Bc of FlashAttention v1.0.9's fmha kernels
+MAIN_BUDGET = "A100 163 KB per block"
+FULL = QUICK = {}  # one configuration (N, d, the budgets above), seconds to count: the quick run is the full one
 
 
 def gb(words: int) -> float:
     return words * BATCH * HEADS * BYTES / 1e9
 
 
-def run(out: Path, quick: bool = False) -> Verdict:
+def measure(g) -> list[dict]:
     rows = []
     for budget, M in BUDGETS.items():
         for causal in (False, True):
@@ -107,11 +105,18 @@ def run(out: Path, quick: bool = False) -> Verdict:
                 "source": "io_model closed form",
             }
         )
+    return rows
 
+
+def _pick(rows, budget, causal, alg):
+    return next(r for r in rows if r["budget"] == budget and r["causal"] == causal and r["algorithm"] == alg)
+
+
+def verdict(rows, g) -> runner.Summary:
     def pick(budget, causal, alg):
-        return next(r for r in rows if r["budget"] == budget and r["causal"] == causal and r["algorithm"] == alg)
+        return _pick(rows, budget, causal, alg)
 
-    main_budget = "A100 163 KB per block"
+    main_budget = MAIN_BUDGET
     std, fl1 = pick(main_budget, True, "standard"), pick(main_budget, True, "flash1")
     gap_gb = PAPER["standard"] - std["GB"]
     pass_gb = gb(2 * N * N)  # one element-wise read + write of an N x N matrix, all heads
@@ -162,15 +167,13 @@ def run(out: Path, quick: bool = False) -> Verdict:
         f"All simulated runs equal their closed forms: {all(r['exact'] for r in rows)}.",
     ]
     headers = ["budget", "M (fp16 words)", "causal", "standard GB", "flash1 GB", "flash2 GB"]
-    return _common.write_outputs(out, "03_fig2_gpt2", rows, table, headers, v, fig=_plot(rows, std, fl1))
+    return runner.Summary(v, table, headers)
 
 
-def _plot(rows, std, fl1):
-    import matplotlib
-
-    matplotlib.use("Agg")
+def plot(rows, g):
     import matplotlib.pyplot as plt
 
+    std, fl1 = _pick(rows, MAIN_BUDGET, True, "standard"), _pick(rows, MAIN_BUDGET, True, "flash1")
     labels = ["paper", "model\n(causal)", "model\n(non-causal)"]
     nc_std = next(r for r in rows if r["budget"] == std["budget"] and not r["causal"] and r["algorithm"] == "standard")
     nc_fl = next(r for r in rows if r["budget"] == std["budget"] and not r["causal"] and r["algorithm"] == "flash1")
@@ -191,9 +194,7 @@ def _plot(rows, std, fl1):
     return fig
 
 
-def main(argv: list[str] | None = None) -> int:
-    return _common.script_main(sys.modules[__name__], argv)
-
+main = runner.script(globals())  # python experiments/NN_x.py [--quick] [--out DIR]
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

@@ -17,13 +17,9 @@ square-tiling with the fit tiling. Each count is divided by the Theta expression
 from __future__ import annotations
 
 import math
-import sys
-from pathlib import Path
 
-from iosim.experiments import _common
-from iosim.experiments._common import Verdict, fit_power
-
-from iosim.sweep import sweep
+from iosim.experiments import runner
+from iosim.experiments._common import ALGORITHMS, STYLE, Verdict, fit_power, records, theta
 
 NAME = "backward-thm11"
 TITLE = "Fine-grained backward, Theorem 1.1: I/O around M = d^2"
@@ -31,25 +27,13 @@ CLAIM = (
     "Li et al. Thm 1.1: backward I/O Theta(min{(N^2 d^2 + N d^3)/M, (N^2 d + N d^2)/sqrt(M)}); FlashAttention's "
     "backward attains it for M >= d^2 and lies above the small-cache algorithm below d^2 (their Fig. 1)."
 )
-NEEDS = ("plot",)
-ALGORITHMS = ("standard", "flash1", "flash2", "square-tiling")
-STYLE = {
-    "standard": ("tab:gray", "s"),
-    "flash1": ("tab:blue", "v"),
-    "flash2": ("tab:green", "^"),
-    "square-tiling": ("tab:red", "o"),
-}
 FLAT = 0.15  # |slope of measured / Theta against M| below this counts as flat
+FULL = {"N": 2048, "ds": (64, 128), "half": 8}  # M = d^2 2^(k/2), k = -half..half
+QUICK = {"N": 512, "ds": (32, 64), "half": 4}
 
 
-def theta(N: int, d: int, M: int) -> float:
-    return min((N * N * d * d + N * d**3) / M, (N * N * d + N * d * d) / math.sqrt(M))
-
-
-def run(out: Path, quick: bool = False) -> Verdict:
-    N = 512 if quick else 2048
-    ds = (32, 64) if quick else (64, 128)
-    half = 4 if quick else 8
+def measure(g) -> list[dict]:
+    N, ds, half = g.N, g.ds, g.half
     grid = [
         {
             "algorithm": list(ALGORITHMS),
@@ -60,13 +44,9 @@ def run(out: Path, quick: bool = False) -> Verdict:
         }
         for d in ds
     ]
-    recs = sweep(grid, executor="serial", as_frame=False)
-    rows, skipped = [], []
-    for r in recs:
-        if r["status"] != "ok":
-            skipped.append(f"d={r['d']} M={r['M']} {r['algorithm']}: {r['error']}")
-            continue
-        th = theta(r["N"], r["d"], r["M"])
+    rows = []
+    for r in records(grid, g.skipped):
+        th = theta(r["N"], r["d"], r["M"], backward=True)
         rows.append(
             {
                 "algorithm": r["algorithm"],
@@ -84,6 +64,11 @@ def run(out: Path, quick: bool = False) -> Verdict:
                 "exact": r["exact"],
             }
         )
+    return rows
+
+
+def verdict(rows, g) -> runner.Summary:
+    ds, skipped = g.ds, g.skipped
     table, slopes = [], {}
     for alg in ALGORITHMS:
         for regime, label in (("small", "M < d^2"), ("large", "M >= d^2")):
@@ -165,7 +150,7 @@ def run(out: Path, quick: bool = False) -> Verdict:
         v.notes.append(f"{len(skipped)} points not run (no tiling fits): " + "; ".join(skipped[:4]))
     v.notes.append(f"{len(rows)} runs, {sum(not r['exact'] for r in rows)} differing from their closed form.")
     headers = ["algorithm", "regime", "min ratio", "max ratio", "slope of ratio vs M [95% CI]", "shape"]
-    return _common.write_outputs(out, "04_backward_thm11", rows, table, headers, v, fig=_plot(rows, ds, N))
+    return runner.Summary(v, table, headers)
 
 
 def _crossing(rows, d: int) -> float:
@@ -181,12 +166,10 @@ def _crossing(rows, d: int) -> float:
     return math.nan
 
 
-def _plot(rows, ds, N):
-    import matplotlib
-
-    matplotlib.use("Agg")
+def plot(rows, g):
     import matplotlib.pyplot as plt
 
+    N, ds = g.N, g.ds
     fig, axes = plt.subplots(2, len(ds), figsize=(5.6 * len(ds), 7.6), squeeze=False, sharex="col")
     for j, d in enumerate(ds):
         top, bottom = axes[0][j], axes[1][j]
@@ -196,7 +179,7 @@ def _plot(rows, ds, N):
             top.plot([r["M"] for r in s], [r["total"] for r in s], marker=m, ms=4, color=c, label=alg)
             bottom.plot([r["M"] for r in s], [r["total_over_theta"] for r in s], marker=m, ms=4, color=c, label=alg)
         Ms = sorted({r["M"] for r in rows if r["d"] == d})
-        top.plot(Ms, [theta(N, d, M) for M in Ms], "k--", lw=1, label="Thm 1.1 (Θ, constant 1)")
+        top.plot(Ms, [theta(N, d, M, backward=True) for M in Ms], "k--", lw=1, label="Thm 1.1 (Θ, constant 1)")
         for ax in (top, bottom):
             ax.axvline(d * d, color="purple", lw=1, alpha=0.6)
             ax.set_xscale("log", base=2)
@@ -212,9 +195,7 @@ def _plot(rows, ds, N):
     return fig
 
 
-def main(argv: list[str] | None = None) -> int:
-    return _common.script_main(sys.modules[__name__], argv)
-
+main = runner.script(globals())  # python experiments/NN_x.py [--quick] [--out DIR]
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

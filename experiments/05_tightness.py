@@ -20,13 +20,9 @@ available: the ratio then measures the bound's missing constant, not the algorit
 from __future__ import annotations
 
 import math
-import sys
-from pathlib import Path
 
-from iosim.experiments import _common
-from iosim.experiments._common import Verdict
-
-from iosim.sweep import sweep
+from iosim.experiments import runner
+from iosim.experiments._common import ALGORITHMS, PASSES, Verdict, records, theta
 
 NAME = "tightness"
 TITLE = "Tightness: measured / lower bound over (N, d, M)"
@@ -34,22 +30,15 @@ CLAIM = (
     "Saha & Ye Thm 3.1 / Li et al. Thm 1.1: square tiling is within a constant factor of the lower bound below d^2, "
     "FlashAttention above it (forward and backward)."
 )
-NEEDS = ("plot",)
-ALGORITHMS = ("standard", "flash1", "flash2", "square-tiling")
-PASSES = ("forward", "backward")
 FRACTIONS = (1 / 16, 1 / 4, 1, 4, 16)
 OWN_REGIME = {"square-tiling": "small", "flash1": "large", "flash2": "large"}
+FULL = {"Ns": (512, 2048, 8192), "ds": (32, 64, 128, 256)}  # M = f d^2 for f in FRACTIONS
+QUICK = {"Ns": (256, 1024), "ds": (32, 64)}
+DPI = 75
 
 
-def theta(N: int, d: int, M: int, backward: bool) -> float:
-    if backward:
-        return min((N * N * d * d + N * d**3) / M, (N * N * d + N * d * d) / math.sqrt(M))
-    return min(N * N * d * d / M, N * N * d / math.sqrt(M))
-
-
-def run(out: Path, quick: bool = False) -> Verdict:
-    Ns = (256, 1024) if quick else (512, 2048, 8192)
-    ds = (32, 64) if quick else (32, 64, 128, 256)
+def measure(g) -> list[dict]:
+    Ns, ds = g.Ns, g.ds
     grid = [
         {
             "algorithm": list(ALGORITHMS),
@@ -60,12 +49,8 @@ def run(out: Path, quick: bool = False) -> Verdict:
         }
         for d in ds
     ]
-    recs = sweep(grid, executor="serial", as_frame=False)
-    rows, skipped = [], 0
-    for r in recs:
-        if r["status"] != "ok":
-            skipped += 1
-            continue
+    rows = []
+    for r in records(grid, g.skipped, label=("pass", "N", "d", "M")):
         th = theta(r["N"], r["d"], r["M"], r["pass"] == "backward")
         rows.append(
             {
@@ -86,6 +71,10 @@ def run(out: Path, quick: bool = False) -> Verdict:
                 "exact": r["exact"],
             }
         )
+    return rows
+
+
+def verdict(rows, g) -> runner.Summary:
     table = []
     for alg in ALGORITHMS:
         for pass_ in PASSES:
@@ -139,21 +128,18 @@ def run(out: Path, quick: bool = False) -> Verdict:
         "missing constant, not FlashAttention's distance from optimal. The ÷Θ column is the usable comparison.",
         "FlashAttention in the small-cache regime and square tiling in the large-cache regime are outside their own "
         "regimes: their ratios grow by design (experiment backward-thm11 fits the slopes).",
-        f"{len(rows)} runs, {skipped} points without a tiling (M below the algorithm's smallest working set), "
+        f"{len(rows)} runs, {len(g.skipped)} points without a tiling (M below the algorithm's smallest working set), "
         f"{sum(not r['exact'] for r in rows)} differing from their closed form.",
     ]
     headers = ["algorithm", "pass", "regime", "measured / LB (meaningful cells)", "slack-LB cells", "÷Θ range"]
-    return _common.write_outputs(out, "05_tightness", rows, table, headers, v, fig=_plot(rows, Ns, ds), dpi=75)
+    return runner.Summary(v, table, headers)
 
 
-def _plot(rows, Ns, ds):
-    import matplotlib
-
-    matplotlib.use("Agg")
+def plot(rows, g):
     import matplotlib.pyplot as plt
     import numpy as np
 
-    keys = [(N, d) for N in Ns for d in ds]
+    keys = [(N, d) for N in g.Ns for d in g.ds]
     fig, axes = plt.subplots(2, 4, figsize=(14, 8), squeeze=False)
     vmax = math.log10(max(r["ratio"] for r in rows))
     for i, pass_ in enumerate(PASSES):
@@ -188,9 +174,7 @@ def _plot(rows, Ns, ds):
     return fig
 
 
-def main(argv: list[str] | None = None) -> int:
-    return _common.script_main(sys.modules[__name__], argv)
-
+main = runner.script(globals())  # python experiments/NN_x.py [--quick] [--out DIR]
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

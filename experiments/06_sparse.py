@@ -28,10 +28,8 @@ that allows nothing (writing O and L, the initialisation writes and, policy ``pa
 from __future__ import annotations
 
 import math
-import sys
-from pathlib import Path
 
-from iosim.experiments import _common
+from iosim.experiments import runner
 from iosim.experiments._common import Verdict
 
 NAME = "sparse"
@@ -41,12 +39,14 @@ CLAIM = (
     "the fraction of nonzero blocks); at equal nnz, block-aligned patterns save in proportion, random element "
     "sparsity almost nothing."
 )
-NEEDS = ("plot",)
 R2 = 0.99  # the affine fit in s must explain this much of the variance
 RUNS = (("flash2", "skip"), ("flash1", "paper"), ("flash1", "skip"), ("square-tiling", "paper"))
 PATTERNS = ("window", "blockdiag", "random-blocks", "dilated", "random")
 ALIGNED = ("window", "blockdiag", "random-blocks")
 DILATION = 8
+DENSITIES = [2.0**-k for k in range(1, 7)]
+FULL = {"N": 4096, "d": 64}  # M = d^2 / 2 (small cache) and 8 d^2 (large cache)
+QUICK = {"N": 1024, "d": 64}
 
 
 def _mask(pattern: str, s: float, N: int):
@@ -64,7 +64,11 @@ def _mask(pattern: str, s: float, N: int):
     return masks.RandomElements(s, seed=1)
 
 
-def run(out: Path, quick: bool = False) -> Verdict:
+def _Ms(d: int) -> tuple[int, int]:
+    return d * d // 2, 8 * d * d
+
+
+def measure(g) -> list[dict]:
     import numpy as np
 
     import iosim
@@ -72,9 +76,7 @@ def run(out: Path, quick: bool = False) -> Verdict:
     from iosim.theory import bounds
     from iosim.theory.io_model import tile_sums
 
-    N, d = (1024, 64) if quick else (4096, 64)
-    Ms = (d * d // 2, 8 * d * d)
-    densities = [2.0**-k for k in range(1, 7)]
+    N, d, Ms, densities = g.N, g.d, _Ms(g.d), DENSITIES
     rows = []
     dense = {
         (a, M): iosim.run(a, N=N, d=d, M=M, count_only=True).stats.total for a, _ in RUNS for M in Ms
@@ -126,6 +128,11 @@ def run(out: Path, quick: bool = False) -> Verdict:
                             "exact": r.main.exact,
                         }
                     )
+    return rows
+
+
+def verdict(rows, g) -> runner.Summary:
+    N, d, Ms = g.N, g.d, _Ms(g.d)
     table, fits = [], {}
     for algo, policy in RUNS:
         for M in Ms:
@@ -193,9 +200,8 @@ def run(out: Path, quick: bool = False) -> Verdict:
         "readable); its regime switches at M = Z_in^2 / Z_QK, which is d^2 for dense masks."
     )
     v.notes.append(f"{len(rows)} runs, {inexact} differing from their closed form in iosim.theory.io_model.")
-    fig = _plot(rows, Ms, d, densities)
     headers = ["algorithm / pattern", "M", "points", "n", "claimed", "least-squares fit / measured", "holds"]
-    return _common.write_outputs(out, "06_sparse", rows, table, headers, v, fig=fig)
+    return runner.Summary(v, table, headers)
 
 
 def _affine(s, total, Nd: float, unit: float) -> tuple[float, float, float]:
@@ -208,12 +214,10 @@ def _affine(s, total, Nd: float, unit: float) -> tuple[float, float, float]:
     return a / Nd, b / unit, r2
 
 
-def _plot(rows, Ms, d, densities):
-    import matplotlib
-
-    matplotlib.use("Agg")
+def plot(rows, g):
     import matplotlib.pyplot as plt
 
+    d, Ms = g.d, _Ms(g.d)
     fig, axes = plt.subplots(2, 2, figsize=(12, 8.5))
     colors = dict(zip(PATTERNS, ("tab:blue", "tab:green", "tab:orange", "tab:purple", "tab:red"), strict=True))
     for row, M in enumerate(Ms):
@@ -252,9 +256,7 @@ def _plot(rows, Ms, d, densities):
     return fig
 
 
-def main(argv: list[str] | None = None) -> int:
-    return _common.script_main(sys.modules[__name__], argv)
-
+main = runner.script(globals())  # python experiments/NN_x.py [--quick] [--out DIR]
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

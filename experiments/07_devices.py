@@ -21,13 +21,11 @@ more likely small-cache than the table says.
 from __future__ import annotations
 
 import csv
-import sys
 from pathlib import Path
 
-from iosim.experiments import _common
-from iosim.experiments._common import Verdict
+from iosim.experiments import runner
+from iosim.experiments._common import ALGORITHMS, Verdict, records
 
-from iosim.sweep import sweep
 from iosim.theory import bounds
 
 NAME = "devices"
@@ -36,12 +34,11 @@ CLAIM = (
     "Reviewers of Li et al.: A100/H100/B200-class GPUs are large-cache (M >= d^2) for typical head dimensions; "
     "which devices and models, if any, land in the small-cache regime?"
 )
-NEEDS = ("plot",)
 DATA = Path(__file__).resolve().parent / "data" / "devices.csv"
 DTYPES = {"fp32": 4, "fp16/bf16": 2, "fp8": 1}
 HEAD_DIMS = (64, 80, 96, 128, 192, 256, 512, 576)
-ALGORITHMS = ("standard", "flash1", "flash2", "square-tiling")
-N = 8192
+FULL = {"N": 8192, "heads": HEAD_DIMS}
+QUICK = {"N": 2048, "heads": (64, 128, 576)}
 
 
 def devices() -> list[dict]:
@@ -49,18 +46,15 @@ def devices() -> list[dict]:
         return list(csv.DictReader(f))
 
 
-def run(out: Path, quick: bool = False) -> Verdict:
-    devs = devices()
-    n = 2048 if quick else N
-    heads = (64, 128, 576) if quick else HEAD_DIMS
+def measure(g) -> list[dict]:
+    devs, n, heads = devices(), g.N, g.heads
     configs = sorted(
         {(int(dev["smem_per_block_KiB"]) * 1024 // b, d) for dev in devs for b in DTYPES.values() for d in heads}
     )
     grid = [
         {"algorithm": list(ALGORITHMS), "pass": ["forward", "backward"], "N": n, "d": d, "M": M} for M, d in configs
     ]
-    recs = sweep(grid, executor="serial", as_frame=False)
-    totals = {(r["M"], r["d"], r["pass"], r["algorithm"]): r["total"] for r in recs if r["status"] == "ok"}
+    totals = {(r["M"], r["d"], r["pass"], r["algorithm"]): r["total"] for r in records(grid)}
 
     def pick(M, d, pass_):
         got = {a: totals[(M, d, pass_, a)] for a in ALGORITHMS if (M, d, pass_, a) in totals}
@@ -96,6 +90,11 @@ def run(out: Path, quick: bool = False) -> Verdict:
                         "N": n,
                     }
                 )
+    return rows
+
+
+def verdict(rows, g) -> runner.Summary:
+    devs, n, heads = devices(), g.N, g.heads
     small = [r for r in rows if r["regime"] == "small"]
     small_typical = [r for r in small if r["d"] <= 128]
     small_16 = [r for r in small if r["dtype"] == "fp16/bf16"]
@@ -171,18 +170,16 @@ def run(out: Path, quick: bool = False) -> Verdict:
         + ", ".join(f"d >= {v} in {k}" for k, v in big_from.items())
         + ": the reviewers' 'all large-cache' holds for today's d <= 128 heads, not for DeepSeek's MLA (512/576)."
     )
-    return _common.write_outputs(out, "07_devices", rows, table, headers, v, fig=_plot(rows, devs, heads))
+    return runner.Summary(v, table, headers)
 
 
-def _plot(rows, devs, heads):
-    import matplotlib
-
-    matplotlib.use("Agg")
+def plot(rows, g):
     import matplotlib.pyplot as plt
     import numpy as np
 
+    heads = g.heads
     fig, axes = plt.subplots(1, len(DTYPES), figsize=(15, 5), sharey=True)
-    names = [dev["device"] for dev in devs]
+    names = [dev["device"] for dev in devices()]
     for ax, dtype in zip(axes, DTYPES, strict=True):
         grid = np.zeros((len(names), len(heads)))
         for r in rows:
@@ -200,9 +197,7 @@ def _plot(rows, devs, heads):
     return fig
 
 
-def main(argv: list[str] | None = None) -> int:
-    return _common.script_main(sys.modules[__name__], argv)
-
+main = runner.script(globals())  # python experiments/NN_x.py [--quick] [--out DIR]
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

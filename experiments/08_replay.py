@@ -15,10 +15,8 @@ Run: ``iosim experiments run replay`` (or ``python experiments/08_replay.py``); 
 from __future__ import annotations
 
 import statistics
-import sys
-from pathlib import Path
 
-from iosim.experiments import _common
+from iosim.experiments import runner
 from iosim.experiments._common import Verdict
 
 import iosim
@@ -30,20 +28,16 @@ CLAIM = (
     "explicit schedule's words under LRU and within a few percent of it under Belady's OPT (issue 11, N = 512, "
     "d = 64, M = 8192, 1-word lines)."
 )
-NEEDS = ("plot",)
 ALGORITHMS = ("flash2", "flash1", "square-tiling", "standard")
 POLICIES = ("lru", "opt")
 
 
-def grid(quick: bool) -> tuple[int, int, list[int], list[int]]:
-    if quick:
-        return 64, 16, [128, 512, 1024], [1, 8]
-    d = 32
-    return 128, d, [d * d // 4, d * d // 2, d * d, 2 * d * d, 4 * d * d, 8 * d * d, 16 * d * d], [1, 8, 32]
+FULL = {"N": 128, "d": 32, "Ms": [256, 512, 1024, 2048, 4096, 8192, 16384], "lines": [1, 8, 32]}
+QUICK = {"N": 64, "d": 16, "Ms": [128, 512, 1024], "lines": [1, 8]}
 
 
-def run(out: Path, quick: bool = False) -> Verdict:
-    N, d, Ms, lines = grid(quick)  # noqa: N806
+def measure(g) -> list[dict]:
+    N, d, Ms, lines = g.N, g.d, g.Ms, g.lines  # noqa: N806
     rows = []
     for alg in ALGORITHMS:
         for M in Ms:  # noqa: N806
@@ -70,6 +64,11 @@ def run(out: Path, quick: bool = False) -> Verdict:
                             "accesses": res.accesses,
                         }
                     )
+    return rows
+
+
+def verdict(rows, g) -> runner.Summary:
+    N, d, lines = g.N, g.d, g.lines
 
     def ratios(alg, p, line, lo=0.0, hi=float("inf")):
         return [
@@ -128,21 +127,18 @@ def run(out: Path, quick: bool = False) -> Verdict:
         "encodes."
     )
     v.notes.append(f"{len(rows)} replays; OPT ratios below 1 mean the cache beat the explicit tiling's counts.")
-    fig = _plot(rows, lines, d)
     headers = ["algorithm", "line", "LRU/explicit range", "LRU median", "OPT/explicit range", "OPT median"]
-    return _common.write_outputs(out, "08_replay", rows, table, headers, v, fig=fig)
+    return runner.Summary(v, table, headers)
 
 
 def _sel(x, alg, p, line) -> bool:
     return x["algorithm"] == alg and x["policy"] == p and x["line"] == line
 
 
-def _plot(rows, lines, d):
-    import matplotlib
-
-    matplotlib.use("Agg")
+def plot(rows, g):
     import matplotlib.pyplot as plt
 
+    lines, d = g.lines, g.d
     colours = {1: "tab:blue", 8: "tab:orange", 32: "tab:red"}
     fig, axes = plt.subplots(1, len(ALGORITHMS), figsize=(15, 3.9), sharey=True)
     for ax, alg in zip(axes, ALGORITHMS, strict=True):
@@ -173,9 +169,7 @@ def _plot(rows, lines, d):
     return fig
 
 
-def main(argv: list[str] | None = None) -> int:
-    return _common.script_main(sys.modules[__name__], argv)
-
+main = runner.script(globals())  # python experiments/NN_x.py [--quick] [--out DIR]
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

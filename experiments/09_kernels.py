@@ -16,10 +16,9 @@ Pallas at N = 256, 512; numba.cuda at N = 48 (the simulator is slow). ``--quick`
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
-from iosim.experiments import _common
+from iosim.experiments import runner
 from iosim.experiments._common import Verdict
 
 NAME = "kernels"
@@ -35,6 +34,10 @@ if not EXAMPLES.is_dir():  # installed: the examples ship inside the package
     import iosim.kernels
 
     EXAMPLES = Path(iosim.kernels.__file__).parent / "examples"
+
+
+FULL: dict = {}
+QUICK: dict = {}  # the job lists below depend only on quick (Triton only, small N)
 
 
 def jobs(quick: bool) -> list[tuple[str, str, str, dict]]:
@@ -74,17 +77,18 @@ def _available(backend: str) -> bool:
     return True
 
 
-def run(out: Path, quick: bool = False) -> Verdict:
+def measure(g) -> list[dict]:
+    """Every job of every installed backend; a backend whose extra is missing goes to ``g.skipped``."""
     from iosim.kernels import compare, count_batch
 
-    rows, skipped = [], []
-    todo = jobs(quick)
+    rows = []
+    todo = jobs(g.quick)
     for backend in ("triton", "pallas", "numba-cuda"):
         mine = [j for j in todo if j[0] == backend]
         if not mine:
             continue
         if not _available(backend):
-            skipped.append(backend)
+            g.skipped.append(f'{backend}: extra not installed (pip install "iosim[{backend}]")')
             continue
         batch = [(EXAMPLES / f"{f}.py", None, p) for _, f, _, p in mine]
         for (_, f, like, p), (counts, numbers, arrays) in zip(mine, count_batch(batch, backend), strict=True):
@@ -107,10 +111,16 @@ def run(out: Path, quick: bool = False) -> Verdict:
                     "numerics_ok": cmp.numerics_ok, "programs": counts.programs, "seconds": round(counts.seconds, 3),
                 }
             )  # fmt: skip
+    return rows
+
+
+def verdict(rows, g) -> runner.Summary:
+    """Equal per array where the kernel implements the schedule; the masked kernel above it; numerics within
+    check's bound."""
     if not rows:
         v = Verdict(NAME, CLAIM, measured="no backend installed", figure="0 runs", holds=None)
-        v.notes.append(f'not run (extras not installed): {", ".join(skipped)}: pip install "iosim[triton,pallas]"')
-        return _common.write_outputs(out, "09_kernels", rows, [], ["kernel"], v, fig=_plot(rows))
+        v.notes += [f"not run: {s}" for s in g.skipped]
+        return runner.Summary(v, [], ["kernel"])
     implements = [r for r in rows if r["kernel"] != "triton_flash2_masked"]
     pallas_square = [r for r in implements if r["backend"] != "pallas" or r["Br"] == r["Bc"]]
     masked = [r for r in rows if r["kernel"] == "triton_flash2_masked"]
@@ -144,8 +154,7 @@ def run(out: Path, quick: bool = False) -> Verdict:
             "same last key block, and the pipeline does not copy a block whose index did not change between grid "
             "steps, so K_j stays resident from one row block to the next."
         )
-    if skipped:
-        v.notes.append(f"not run (extra not installed): {', '.join(skipped)}")
+    v.notes += [f"not run: {s}" for s in g.skipped]
     table = [
         [r["kernel"], r["backend"], r["N"], r["d"], f"{r['Br']}x{r['Bc']}" if r["Br"] else r["Bc"], r["causal"],
          f"{r['counted']:,}", f"{r['closed_form']:,}", f"{r['ratio']:.3f}", f"{r['over_bound']:.2f}", r["verdict"],
@@ -154,13 +163,10 @@ def run(out: Path, quick: bool = False) -> Verdict:
     ]  # fmt: skip
     headers = ["kernel", "backend", "N", "d", "blocks", "causal", "counted", "closed form", "ratio", "/ bound",
                "verdict", "numerics"]  # fmt: skip
-    return _common.write_outputs(out, "09_kernels", rows, table, headers, v, fig=_plot(rows))
+    return runner.Summary(v, table, headers)
 
 
-def _plot(rows):
-    import matplotlib
-
-    matplotlib.use("Agg")
+def plot(rows, g):
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6.5, 4))
@@ -181,5 +187,6 @@ def _plot(rows):
     return fig
 
 
+main = runner.script(globals())
 if __name__ == "__main__":
-    sys.exit(_common.script_main(sys.modules[__name__]))
+    raise SystemExit(main())

@@ -3,16 +3,56 @@
 ``iosim experiments list | run NAME | run all`` (iosim/cli/experiments.py) runs them; the folder installs as
 ``iosim.experiments`` (experiments sit on top of iosim: nothing else in iosim imports them). Each module
 writes results/<stem>.{csv,png,tex,md}; ``run_all`` also writes results/index.md, the gallery.
+
+Adding an experiment is one file and one registry entry:
+
+1. ``experiments/NN_short_name.py`` (NN the next number; the file name is the stem of its outputs) holding only
+   what is its own::
+
+       # ruff: noqa: N999 - numbered experiment scripts, loaded by file or by importlib
+       # (the module docstring: the claim, its source (paper, theorem), the grid, how the verdict is decided)
+       from iosim.experiments import runner
+       from iosim.experiments._common import Verdict, fit_power
+
+       NAME = "short-name"                  # what `iosim experiments run NAME` takes
+       TITLE = "One line for --help"
+       CLAIM = "What the paper says, with its source."
+       NEEDS = ("plot",)                    # extras it needs (the default); checked before anything runs
+       FULL = {"N": 4096, "ds": (64, 128)}  # the grid; g.N, g.ds in the functions below
+       QUICK = {"N": 512, "ds": (32, 64)}   # --quick: a smoke run of seconds
+
+       def measure(g) -> list[dict]:        # one dict per CSV row; g.skipped collects points that cannot run
+           ...
+
+       def verdict(rows, g) -> runner.Summary:
+           v = Verdict(NAME, CLAIM, measured="...", figure="the deciding number", holds=True)
+           return runner.Summary(v, table=[[...]], headers=[...])
+
+       def plot(rows, g):                   # a matplotlib figure (or None)
+           ...
+
+       main = runner.script(globals())      # python experiments/NN_x.py [--quick] [--out DIR]
+
+       if __name__ == "__main__":
+           raise SystemExit(main())
+
+2. an :class:`Entry` in ``EXPERIMENTS`` below: name, stem (the file name), the claim's source, a title.
+
+The runner (experiments/runner.py) does the rest: ``python experiments/NN_short_name.py [--quick] [--out DIR]``
+(and ``--KEY INT`` for each integer of the grid, e.g. ``--N 1024``),
+the extras and output-folder checks before any work, and the outputs with the verdict and the provenance (iosim
+version, command, date, quick or full grid). tests/test_experiments.py runs every registered experiment's QUICK
+grid and checks its four outputs.
 """
 
 from __future__ import annotations
 
 import importlib
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from iosim.experiments._common import RESULTS, MissingExtra, Verdict, require
+from iosim.experiments import runner
+from iosim.experiments._common import RESULTS, MissingExtra, Verdict
 
 
 @dataclass(frozen=True)
@@ -66,33 +106,32 @@ def load(entry: Entry):
     return importlib.import_module(f"{__name__}.{entry.stem}")
 
 
-def run(entry: Entry, out: Path = RESULTS, quick: bool = False) -> Verdict:
-    """Run one experiment (its extras are checked first: MissingExtra before anything is written)."""
+def run(entry: Entry, out: Path = RESULTS, quick: bool = False, command: str | None = None) -> Verdict:
+    """Run one experiment (extras and output folder checked first: MissingExtra or InputError before any work)."""
     if entry.pending:
         from iosim.errors import InputError
 
         raise InputError("experiment", f"{entry.name} cannot run yet: it {entry.pending}", entry.name)
-    mod = load(entry)
-    require(mod.NEEDS)
-    t0 = time.perf_counter()
-    v = mod.run(out, quick=quick)
-    v.seconds = time.perf_counter() - t0
-    return v
+    return runner.run(load(entry), Path(out), quick=quick, command=command)
 
 
 def run_all(out: Path = RESULTS, quick: bool = False, echo=print) -> list[tuple[Entry, Verdict | None]]:
-    """Run every experiment that can run (all extras checked first), then write out/index.md."""
+    """Run every experiment that can run (all extras and the output folder checked first), then write
+    out/index.md."""
+    out = Path(out)
     for e in EXPERIMENTS:
         if not e.pending:
-            require(load(e).NEEDS)
+            runner.prepare(load(e), out)
     done: list[tuple[Entry, Verdict | None]] = []
     for e in EXPERIMENTS:
         if e.pending:
             echo(f"{e.name}: skipped ({e.pending})")
             done.append((e, None))
             continue
-        v = run(e, out, quick)
+        v = run(e, out, quick, command=f"iosim experiments run all{' --quick' if quick else ''}")
         echo(f"{e.name}: {v.line()} [{v.seconds:.1f} s]")
+        for f in v.failures:
+            echo(f"FAILED: {f}")
         done.append((e, v))
     write_index(out, done)
     return done
@@ -127,4 +166,4 @@ def write_index(out: Path, done: list[tuple[Entry, Verdict | None]]) -> None:
     (out / "index.md").write_text("\n".join(lines) + "\n")
 
 
-__all__ = ["EXPERIMENTS", "Entry", "MissingExtra", "Verdict", "get", "load", "names", "run", "run_all"]
+__all__ = ["EXPERIMENTS", "Entry", "MissingExtra", "Verdict", "get", "load", "names", "run", "run_all", "runner"]

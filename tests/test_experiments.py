@@ -87,6 +87,47 @@ def test_missing_matplotlib_exits_2_before_writing(tmp_path, monkeypatch, capsys
     assert not (tmp_path / "r").exists()
 
 
+def test_an_unusable_output_folder_exits_2_before_any_work(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    for out in (blocker, blocker / "results"):
+        assert main(["experiments", "run", "flash-thm2", "--out", str(out)]) == 2
+        assert "--out must" in capsys.readouterr().err
+        assert EX.load(EX.get("flash-thm2")).main(["--out", str(out)]) == 2
+        assert "--out must" in capsys.readouterr().err
+    assert blocker.read_text() == "not a folder"
+
+
+def test_every_experiment_holds_only_its_claim_grid_and_verdict():
+    for e in EX.EXPERIMENTS:
+        if e.pending:
+            continue
+        mod = EX.load(e)
+        assert mod.NAME == e.name and mod.CLAIM and mod.TITLE
+        assert callable(mod.measure) and callable(mod.verdict) and callable(mod.plot), e.name
+        assert isinstance(getattr(mod, "FULL", {}), dict) and isinstance(getattr(mod, "QUICK", {}), dict), e.name
+        text = pathlib.Path(mod.__file__).read_text()
+        for setup in ("argparse", "write_text", "mkdir", "savefig", "def main", "def run("):
+            assert setup not in text, (e.name, setup)
+        assert "main = runner.script(globals())" in text and "raise SystemExit(main())" in text, e.name
+
+
+def test_run_by_path_and_provenance(tmp_path):
+    pytest.importorskip("matplotlib")
+    p = subprocess.run(
+        [sys.executable, str(ROOT / "experiments" / "07_devices.py"), "--quick", "--out", str(tmp_path / "a" / "b")],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.startswith("devices: see notes") and "07_devices.png" in p.stdout
+    md = (tmp_path / "a" / "b" / "07_devices.md").read_text()
+    assert "Provenance:" in md and "- quick: yes" in md and "python experiments/07_devices.py --quick --out" in md
+    assert "- iosim: " in md and " UTC" in md
+    assert "% iosim " in (tmp_path / "a" / "b" / "07_devices.tex").read_text()
+
+
 def test_device_data_file_has_a_source_for_every_figure():
     with open(ROOT / "experiments" / "data" / "devices.csv", newline="") as f:
         rows = list(csv.DictReader(f))
@@ -98,3 +139,20 @@ def test_device_data_file_has_a_source_for_every_figure():
         assert int(r["smem_per_block_KiB"]) > 0 and "http" in r["source"], r["device"]
         if r["smem_per_sm_KiB"]:
             assert int(r["smem_per_sm_KiB"]) >= int(r["smem_per_block_KiB"])
+
+
+def test_a_count_that_differs_from_its_closed_form_fails_the_run(tmp_path, capsys):
+    """A row with exact = False is a defect of iosim, never a finding: the run prints FAILED and exits 1."""
+    from iosim.experiments import runner
+    from iosim.experiments._common import Verdict
+
+    def measure(g):
+        return [{"N": 1, "exact": True}, {"N": 2, "exact": False}]
+
+    def verdict(rows, g):
+        return runner.Summary(Verdict("fake", "a claim", "measured", "fig", True), [[1]], ["N"])
+
+    fake = {"__name__": "fake_experiment", "__file__": str(tmp_path / "99_fake.py"), "NAME": "fake", "TITLE": "t"}
+    fake.update(CLAIM="c", NEEDS=(), FULL={}, measure=measure, verdict=verdict)
+    assert runner.main(fake, ["--out", str(tmp_path / "r")]) == 1
+    assert "FAILED: 1 of 2 rows differ from their closed form" in capsys.readouterr().out

@@ -38,18 +38,17 @@ def command(args) -> int:
     if not args.name:
         raise InputError("experiments run", f"needs a NAME: one of {', '.join(ex.names())} or all")
     out = Path(args.out)
+    flags = (" --quick" if args.quick else "") + (f" --out {args.out}" if args.out != "results" else "")
     try:
         if args.name == "all":
             t0 = time.perf_counter()
-            ex.run_all(out, quick=args.quick)
+            done = ex.run_all(out, quick=args.quick)
             print(f"all experiments in {time.perf_counter() - t0:.0f} s; wrote {out / 'index.md'}")
-            return 0
-        v = ex.run(ex.get(args.name), out, quick=args.quick)
+            return 1 if any(v is not None and v.failures for _, v in done) else 0
+        entry = ex.get(args.name)
+        v = ex.run(entry, out, quick=args.quick, command=f"iosim experiments run {entry.name}{flags}")
     except ex.MissingExtra as e:
         print(e, file=sys.stderr)
         return 2
-    print(f"{v.name}: {v.line()}")
-    for n in v.notes:
-        print(f"  - {n}")
-    print(f"wrote {', '.join(str(out / f) for f in v.files)} in {v.seconds:.1f} s")
-    return 0
+    ex.runner.report(v, out)
+    return 1 if v.failures else 0
