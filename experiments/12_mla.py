@@ -15,10 +15,9 @@ Run: ``iosim experiments run mla``.
 from __future__ import annotations
 
 import csv
-import sys
 from pathlib import Path
 
-from iosim.experiments import _common
+from iosim.experiments import runner
 from iosim.experiments._common import Verdict
 
 import iosim
@@ -31,10 +30,11 @@ CLAIM = (
     "1 + d_v / d_qk = 1.89x the cache words per pass over the cache (the size of the published byte-count error), "
     "and its larger working set shrinks the tiles, so the cache is passed over more often."
 )
-NEEDS = ("plot",)
 DATA = Path(__file__).resolve().parent / "data" / "devices.csv"
 DQK, DV, HQ = 576, 512, 128
 DTYPES = {"bf16": 2, "fp8": 1}
+FULL = {"N_k": 32768}
+QUICK = {"N_k": 4096}
 
 
 def devices() -> list[dict]:
@@ -42,8 +42,8 @@ def devices() -> list[dict]:
         return list(csv.DictReader(f))
 
 
-def run(out: Path, quick: bool = False) -> Verdict:
-    nk = 4096 if quick else 32768
+def measure(g) -> list[dict]:
+    nk = g.N_k
     rows = []
     for dev in devices():
         for dt, nbytes in DTYPES.items():
@@ -60,7 +60,7 @@ def run(out: Path, quick: bool = False) -> Verdict:
                         rec[f"{mla}_over_floor"] = None
                         rec[f"{mla}_tiling"] = "does not fit"
                         continue
-                    assert r.main.exact
+                    rec[f"{mla}_exact"] = r.main.exact
                     rec[f"{mla}_total"] = r.stats.total
                     rec[f"{mla}_over_floor"] = r.stats.total / floor
                     rec[f"{mla}_tiling"] = str(r.tiling).replace("rule=", "")
@@ -69,7 +69,12 @@ def run(out: Path, quick: bool = False) -> Verdict:
                     kv = r.stats.per_array["K"].reads + (r.stats.per_array["V"].reads if mla == "naive" else 0)
                     rec[f"{mla}_passes"] = passes
                     rec[f"{mla}_cache_words_per_pass"] = kv / passes
+                rec["exact"] = all(rec.get(f"{m}_exact", True) for m in ("shared", "naive"))
                 rows.append(rec)
+    return rows
+
+
+def verdict(rows, g) -> runner.Summary:
     table = [
         [x["device"], x["dtype"], f"{x['M']:,}", f"{x['M_over_dqk2']:.3f}", x["regime"], str(x["N_q"]),
          "-" if x["shared_over_floor"] is None else f"{x['shared_over_floor']:.2f}",
@@ -109,13 +114,10 @@ def run(out: Path, quick: bool = False) -> Verdict:
         for t, x in zip(table, rows, strict=True)
     ]
     headers += ["shared passes", "naive passes"]
-    return _common.write_outputs(out, "12_mla", rows, table, headers, v, fig=_plot(rows))
+    return runner.Summary(v, table, headers)
 
 
-def _plot(rows):
-    import matplotlib
-
-    matplotlib.use("Agg")
+def plot(rows, g):
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(10, 4))
@@ -133,9 +135,7 @@ def _plot(rows):
     return fig
 
 
-def main(argv: list[str] | None = None) -> int:
-    return _common.script_main(sys.modules[__name__], argv)
-
+main = runner.script(globals())  # python experiments/NN_x.py [--quick] [--out DIR]
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

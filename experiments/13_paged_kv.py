@@ -14,10 +14,7 @@ Run: ``iosim experiments run paged-kv``.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-from iosim.experiments import _common
+from iosim.experiments import runner
 from iosim.experiments._common import Verdict
 
 import iosim
@@ -31,30 +28,32 @@ CLAIM = (
     "transfers by B_c / P. A K/V-outer schedule (flash1) pays more: each piece is an outer step with its round "
     "trip of O, l, m."
 )
-NEEDS = ("plot",)
-BC, NK, M = 128, 32768, 65536
+FULL = {"Bc": 128, "N_k": 32768, "M": 65536, "pages": [1, 4, 16, 64, 128, 256, 1024]}
+QUICK = {"Bc": 128, "N_k": 32768, "M": 65536, "pages": [1, 16, 128, 1024]}
 
 
-def run(out: Path, quick: bool = False) -> Verdict:
-    pages = [1, 4, 16, 64, 128, 256, 1024] if not quick else [1, 16, 128, 1024]
-    base = Problem(B=8, H_q=32, H_kv=8, N_q=1, N_k=NK, d=128)
+def measure(g) -> list[dict]:
     rows = []
     for algo in ("flash2", "flash1"):
-        ref = iosim.run(algo, problem=base, M=M, gqa="packed", Bc=BC, count_only=True)
-        for P in [None, *pages]:
-            p = Problem(B=8, H_q=32, H_kv=8, N_q=1, N_k=NK, d=128, page_size=P)
-            r = iosim.run(algo, problem=p, M=M, gqa="packed", Bc=BC, count_only=True)
-            assert r.main.exact
+        base = Problem(B=8, H_q=32, H_kv=8, N_q=1, N_k=g.N_k, d=128)
+        ref = iosim.run(algo, problem=base, M=g.M, gqa="packed", Bc=g.Bc, count_only=True)
+        ref_kv = ref.stats.per_array["K"].reads + ref.stats.per_array["V"].reads
+        for P in [None, *g.pages]:
+            p = Problem(B=8, H_q=32, H_kv=8, N_q=1, N_k=g.N_k, d=128, page_size=P)
+            r = iosim.run(algo, problem=p, M=g.M, gqa="packed", Bc=g.Bc, count_only=True)
             pa = r.stats.per_array
             table_words = pa["page_table"].reads if "page_table" in pa else 0
             kv = pa["K"].reads + pa["V"].reads
             groups = p.B * p.H_kv
-            pieces = table_words // groups if P else -(-NK // BC)  # per group: transfers of K (and of V)
-            ref_kv = ref.stats.per_array["K"].reads + ref.stats.per_array["V"].reads
+            pieces = table_words // groups if P else -(-g.N_k // g.Bc)  # per group: transfers of K (and of V)
             rows.append(dict(algorithm=algo, P=P or 0, total=r.stats.total, kv_words=kv, table_words=table_words,
                              extra_over_contiguous=r.stats.total / ref.stats.total - 1, pieces_per_group=pieces,
-                             peak=r.stats.peak, same_kv=kv == ref_kv,
+                             peak=r.stats.peak, same_kv=kv == ref_kv, exact=r.main.exact,
                              only_table=r.stats.total - ref.stats.total == table_words))  # fmt: skip
+    return rows
+
+
+def verdict(rows, g) -> runner.Summary:
     table = [[x["algorithm"], str(x["P"] or "contiguous"), f"{x['total']:,}", f"{x['table_words']:,}",
               f"{100 * x['extra_over_contiguous']:.4f}%", f"{x['pieces_per_group']:,}", f"{x['peak']:,}"]
              for x in rows]  # fmt: skip
@@ -68,9 +67,9 @@ def run(out: Path, quick: bool = False) -> Verdict:
         measured=(
             f"K/V words equal the contiguous cache's at every P ({'yes' if same else 'NO'}); flash2 pays only the "
             f"table ({'yes' if only_table else 'NO'}), at most {100 * worst:.3f}% (P = 1); flash1 up to "
-            f"{100 * f1:.0f}% more; pieces per group from {NK:,} (P = 1) to {NK // BC} (P >= B_c)"
+            f"{100 * f1:.0f}% more; pieces per group from {g.N_k:,} (P = 1) to {g.N_k // g.Bc} (P >= B_c)"
         ),
-        figure=f"B_c = {BC}, N_k = {NK:,}",
+        figure=f"B_c = {g.Bc}, N_k = {g.N_k:,}",
         holds=same and only_table,
     )
     v.notes.append(
@@ -78,20 +77,17 @@ def run(out: Path, quick: bool = False) -> Verdict:
         "transfers (pieces); with P < B_c the inner steps are the pieces, so S_ij and the peak shrink with P."
     )
     headers = ["algorithm", "P", "words", "page-table words", "over contiguous", "pieces per group", "peak"]
-    return _common.write_outputs(out, "13_paged_kv", rows, table, headers, v, fig=_plot(rows))
+    return runner.Summary(v, table, headers)
 
 
-def _plot(rows):
-    import matplotlib
-
-    matplotlib.use("Agg")
+def plot(rows, g):
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for algo in ("flash2", "flash1"):
         sel = [x for x in rows if x["algorithm"] == algo and x["P"]]
         ax.plot([x["P"] for x in sel], [x["pieces_per_group"] for x in sel], marker="o", label=f"{algo}: pieces")
-    ax.axvline(BC, color="k", lw=0.8, ls="--", label=f"B_c = {BC}")
+    ax.axvline(g.Bc, color="k", lw=0.8, ls="--", label=f"B_c = {g.Bc}")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log", base=2)
     ax.set_xlabel("page size P (tokens)")
@@ -101,9 +97,7 @@ def _plot(rows):
     return fig
 
 
-def main(argv: list[str] | None = None) -> int:
-    return _common.script_main(sys.modules[__name__], argv)
-
+main = runner.script(globals())  # python experiments/NN_x.py [--quick] [--out DIR]
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())
