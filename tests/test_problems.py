@@ -337,3 +337,9 @@ def test_one_head_rectangular_grid(algo, causal):
     for Nq, Nk in ((23, 11), (4, 30)):
         r = iosim.run(algo, problem=Problem(N_q=Nq, N_k=Nk, d_qk=7, d_v=5, causal=causal), M=60, seed=2)
         assert r.main.exact and r.errors["O"] <= 1e-12 and r.errors.get("L", 0.0) <= 1e-12
+
+
+def test_show_text_of_a_problem(capsys):
+    argv = ["show", "flash2", "--heads", "4", "--kv-heads", "2", "--Nq", "2", "--Nk", "20", "--d", "4", "--M", "300"]
+    assert _cli(*argv, "--gqa", "packed", "--splits", "2", "--text", "--limit", "5") == 0
+    assert "load Q[0:4, 0:4]" in capsys.readouterr().out  # the 2 x 2 packed rows of a group: one row block
