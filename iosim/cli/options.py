@@ -141,7 +141,8 @@ def mask_words(args) -> str:
 # Whole problems (iosim.Problem): batch, heads, decoding, split-KV, paged KV, MLA, dtypes, explicit tiles.
 # ---------------------------------------------------------------------------------------------------------------
 PROBLEM_HELP = (
-    "A problem beyond one head (flash1, flash2): --batch B, --heads H_q, --kv-heads H_kv (GQA; 1 = MQA), --Nq and "
+    "A problem beyond one head (flash1, flash2; standard and square-tiling: one head, any N_q, N_k, d_qk, d_v): "
+    "--batch B, --heads H_q, --kv-heads H_kv (GQA; 1 = MQA), --Nq and "
     "--Nk (decoding: --Nq 1; chunked prefill: --Nq < --Nk; --causal aligns bottom-right), --dqk and --dv, "
     "--page-size P (paged KV), --mla shared|naive (one latent cache, V = first d_v columns of K), --dtype-q/kv/o "
     "(bytes). Schedule: --gqa per-head|packed, --splits S (split-KV, flash2). Tiles: --Br/--Bc (flash), --B (square)."
