@@ -85,6 +85,7 @@ EXPERIMENTS: tuple[Entry, ...] = (
     Entry("split-kv", "11_split_kv", "issue 22 (Flash-Decoding)", "Split-KV: I/O and thread blocks vs splits"),
     Entry("mla", "12_mla", "issue 22 (MLA, DeepSeek-V2/V3)", "MLA shared latent vs naive on every device"),
     Entry("paged-kv", "13_paged_kv", "issue 22 (vLLM paged KV)", "Paged KV: I/O against the page size"),
+    Entry("hierarchy", "14_hierarchy", "issue 24 (reviewers' L2 question)", "A shared L2: DRAM vs two-level, orders"),
 )
 
 

@@ -9,6 +9,7 @@ True
 from iosim import _numba_cache, masks
 from iosim.api import PassResult, Result, algorithm_names, run
 from iosim.errors import InputError
+from iosim.hierarchy import HierarchyResult, hierarchy
 from iosim.kernels.check import CheckReport, check
 from iosim.memory_model import CapacityError, Memory, ScheduleError, Trace
 from iosim.problem import Problem
@@ -20,15 +21,18 @@ from iosim.views.replay import ReplayResult, replay
 __all__ = [
     "CapacityError",
     "CheckReport",
+    "HierarchyResult",
     "InputError",
     "Memory",
     "ScheduleError",
     "Trace",
+    "__version__",
     "PassResult",
     "Problem",
     "Result",
     "algorithm_names",
     "check",
+    "hierarchy",
     "masks",
     "register",
     "replay",

@@ -71,3 +71,13 @@ def drop_stale() -> None:
             stamp.write_text(key)
         except OSError:  # a read-only or vanished cache: nothing to drop
             continue
+
+
+def cold() -> bool:
+    """True when no cache directory of iosim holds a compiled function yet (a first run: Numba will compile)."""
+    if numba.config.DISABLE_JIT:
+        return False
+    try:
+        return not any(any(path.glob("*.nbi")) for path in _cache_dirs())
+    except OSError:
+        return False

@@ -27,12 +27,6 @@ MAX_N = 1 << 26
 MAX_D = 1 << 16
 MAX_M = 1 << 40
 MAX_SEED = 1 << 64
-# Count-only cost per tile step on the 2-core development machine (a fast count-only flash1 step at N = 2^20 is
-# about 5 ns: experiments/bench/cpu.py), rounded up; what a run may take before it needs ``allow_long``, and the
-# hard limit.
-SECONDS_PER_STEP = 2e-8
-LONG_SECONDS = 60.0
-MAX_SECONDS = 3600.0
 
 
 @dataclass
@@ -312,21 +306,17 @@ def _estimated_steps(t: Tiling, N: int, d: int, backward: bool, mask=None) -> in
     return steps * (2 if backward else 1)
 
 
-def _check_time(t: Tiling, N: int, d: int, backward: bool, allow_long: bool, mask=None) -> None:
-    seconds = _estimated_steps(t, N, d, backward, mask) * SECONDS_PER_STEP
-    if seconds > MAX_SECONDS:
-        raise InputError(
-            "N",
-            f"gives a count-only run of about {seconds / 3600:.1f} hours with {t} (limit "
-            f"{MAX_SECONDS / 3600:.0f} hour); use a larger M or a smaller N",
-            N,
-        )
-    if seconds > LONG_SECONDS and not allow_long:
-        raise InputError(
-            "allow_long",
-            f"must be True (--yes) for a count-only run of about {seconds / 60:.0f} minutes with {t}",
-            allow_long,
-        )
+def _check_time(t: Tiling, N: int, d: int, backward: bool, allow_long: bool, mask=None, count_only=True) -> None:
+    """The long-run rule (:mod:`iosim.estimate`) for a count-only or a numeric run (with its reference)."""
+    from iosim import estimate
+
+    steps = _estimated_steps(t, N, d, backward, mask)
+    if count_only:
+        seconds, what = estimate.count_only_seconds(steps), f"a count-only run with {t}"
+    else:
+        seconds, what = estimate.numeric_seconds(N, d, steps, backward), f"a numeric run with {t}"
+    remedy = "use a larger M or a smaller N" + ("" if count_only else ", or count_only=True (--count-only)")
+    estimate.check(seconds, what, allow_long=allow_long, parameter="N", value=N, remedy=remedy)
 
 
 def _check_arrays(Q, K, V, N, d) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int]:
@@ -434,8 +424,9 @@ def run(
 
     ``trace=True`` records every load, store, alloc, free and initialisation of the requested pass
     (``result.trace``; :meth:`iosim.memory_model.Trace.replay` reproduces the counts). ``reference=False`` skips the
-    float64 reference (no ``errors``). A count-only run estimated at over a minute needs ``allow_long=True``; over
-    an hour, or a numeric run whose arrays would not fit in memory, is refused up front (:class:`InputError`).
+    float64 reference (no ``errors``). A run (count-only, or numeric with its reference) estimated at over a minute
+    needs ``allow_long=True``; over an hour, or a numeric run whose arrays would not fit in memory, is refused up
+    front (:class:`InputError`; the rule and its costs: :mod:`iosim.estimate`).
     Outputs that are not finite (finite inputs whose scores overflow) give a warning and ``result.finite`` False.
 
     ``mask`` (an :mod:`iosim.masks` pattern, a ``--mask`` string such as ``"window:128"``, or an N x N boolean array)
@@ -505,6 +496,7 @@ def run(
         _check_time(t_bwd or t, N, d, backward, allow_long, tmask if masked else None)
     else:
         _check_memory(algo, N, d, backward, reference, np_dtype.itemsize)
+        _check_time(t_bwd or t, N, d, backward, allow_long, tmask if masked else None, count_only=False)
         rng = np.random.default_rng(seed)
         if not given:
             Q, K, V = (rng.standard_normal((N, d)) for _ in range(3))
@@ -786,11 +778,16 @@ def _run_problem(algo, p: Problem, M: int, gqa, splits, mla, Br, Bc, B, **o) -> 
     bm = combine_rows(p, splits, M)
     groups = p.B * p.H_kv * G
     steps = groups * -(-rows // t.Br) * (-(-p.N_k // t.Bc) + p.pages + splits)
-    seconds = steps * SECONDS_PER_STEP
-    if seconds > MAX_SECONDS or (seconds > LONG_SECONDS and not allow_long):
-        raise InputError(
-            "allow_long", f"must be True (--yes) for a run of about {seconds / 60:.0f} minutes", allow_long
+    from iosim import estimate
+
+    # one head of N_q x N_k per group: the numeric estimate's arithmetic is per head (N_q N_k d), times the heads
+    if count_only:
+        seconds = estimate.count_only_seconds(steps)
+    else:
+        seconds = estimate.numeric_seconds(1, 1, steps, False) + estimate.NUMERIC_N2D * p.B * p.H_q * p.N_q * p.N_k * (
+            p.d_qk + p.d_v
         )
+    estimate.check(seconds, f"a run of {algo.name} over {p}", allow_long=allow_long, parameter="problem", value=str(p))
     if not count_only:
         words = (p.B * p.H_q * p.N_q * (p.d_qk + (splits + 1) * p.d_v)) + 3 * p.B * p.H_kv * p.N_k * (p.d_qk + p.d_v)
         if words * 8 > 0.8 * _available_bytes():

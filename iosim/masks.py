@@ -135,6 +135,9 @@ class Dilated(Mask):
     def __post_init__(self):
         _pos("mask window", self.w)
         _pos("mask dilation", self.k)
+        if (self.w - 1) * self.k > 1 << 40:  # the reach (w - 1) k is an int64 offset of the tile oracle
+            raise InputError("mask dilation", f"times (window - 1) must be at most {1 << 40:,} (the reach in columns)",
+                             f"{self.w}:{self.k}")  # fmt: skip
 
     @property
     def label(self) -> str:
@@ -187,6 +190,26 @@ class PrefixLM(Mask):
         return _m.tile_mask(_m.PREFIX, (self.p,), N=N, label=self.label, policy=policy)
 
 
+def _fits(label: str, N: int, nbytes: int, what: str) -> None:
+    """Refuse up front (one line naming the mask and the size) a mask whose tile oracle would not fit in memory:
+    the random kinds and the block kinds hold a table of their whole pattern (O(N^2) words for random elements,
+    O((N/h)(N/w)) for blocks), even in a count-only run."""
+    from iosim.estimate import available_bytes
+
+    have = available_bytes()
+    if nbytes > 0.5 * have:
+        raise InputError(
+            "mask",
+            f"{label} at N = {N:,} needs about {nbytes / 2**30:,.1f} GiB ({what}); {have / 2**30:.1f} GiB are "
+            "available: use a smaller N or larger blocks",
+        )
+
+
+def _blocks_bytes(n_rows: int, n_cols: int) -> int:
+    """A block pattern of n_rows x n_cols: the bool array, its int64 prefix table, and a draw's int64 indices."""
+    return n_rows * n_cols * (1 + 8 + 8) + (n_rows + n_cols + 1) * 8
+
+
 def _blocks_mask(blocks: np.ndarray, h: int, w: int, N: int, label: str, policy: str) -> TileMask:
     return _m.tile_mask(_m.BLOCKS, (h, w), _m.prefix_table(blocks), N=N, label=label, policy=policy)
 
@@ -234,6 +257,7 @@ class RandomBlocks(Mask):
     def compile(self, N: int, policy: str = "paper") -> TileMask:
         h, w = self.block
         shape = (-(-N // h), -(-N // w))
+        _fits(self.label, N, _blocks_bytes(*shape), f"a {shape[0]:,} x {shape[1]:,} block pattern and its table")
         n = shape[0] * shape[1]
         keep = max(1, round(self.density * n))
         flat = np.zeros(n, dtype=bool)
@@ -265,6 +289,7 @@ class BigBird(Mask):
 
     def compile(self, N: int, policy: str = "paper") -> TileMask:
         n = -(-N // self.b)
+        _fits(self.label, N, _blocks_bytes(n, n), f"a {n:,} x {n:,} block pattern and its table")
         i = np.arange(n)
         blocks = np.abs(i[:, None] - i[None, :]) <= self.wb
         blocks[: self.g, :] = True
@@ -322,6 +347,7 @@ class RandomElements(Mask):
         return f"random:{self.density:g}:{self.seed}"
 
     def compile(self, N: int, policy: str = "paper") -> TileMask:
+        _fits(self.label, N, N * N * 17 + (2 * N + 1) * 8, f"an N x N element pattern and its {N + 1:,}^2 table")
         allowed = np.random.default_rng(self.seed).random((N, N)) < self.density
         return _m.tile_mask(_m.ELEMENTS, (), _m.prefix_table(allowed), N=N, label=self.label, policy=policy)
 
@@ -406,6 +432,8 @@ def compile_mask(mask, N: int, causal: bool = False, policy: str = "paper") -> T
     True is the causal mask (it cannot be combined with another mask)."""
     if not isinstance(policy, str) or policy not in POLICIES:
         raise InputError("kv_policy", f"must be one of {', '.join(POLICIES)}", policy)
+    if isinstance(N, bool) or not isinstance(N, numbers.Integral) or not 0 < N <= 1 << 26:
+        raise InputError("N", f"must be an integer from 1 to {1 << 26:,}", N)
     if mask is None or (isinstance(mask, str) and mask in ("none", "dense")):
         return (_m.causal_mask if causal else _m.dense_mask)(N, policy)
     if causal:

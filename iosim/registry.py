@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -82,10 +83,21 @@ def _standard_forward(mem, Q, K, V, N, d, t, scale, causal, dtype):
     return {"O": O, "S": S, "P": P}
 
 
+def _log(x):
+    """np.log, also of an object array (the pebble game's symbolic run) where a row that saw no key holds a plain
+    float 0.0 beside symbolic values: np.log would call ``0.0.log()``."""
+    if not (isinstance(x, np.ndarray) and x.dtype == object):
+        return np.log(x)
+    flat = [v.log() if hasattr(v, "log") else math.log(v) if v > 0 else -math.inf for v in x.ravel()]
+    out = np.empty(x.shape, dtype=object)
+    out.ravel()[:] = flat
+    return out
+
+
 def _flash1_forward(mem, Q, K, V, N, d, t, scale, causal, dtype):
     O, l_, m = flash.flash1_forward(mem, Q, K, V, N=N, d=d, Br=t.Br, Bc=t.Bc, scale=scale, causal=causal, dtype=dtype)
     with np.errstate(divide="ignore"):  # a fully masked row: l = 0, L = -inf
-        L = None if m is None else m + np.log(l_)  # computed outside the model, for checking only
+        L = None if m is None else m + _log(l_)  # computed outside the model, for checking only
     return {"O": O, "l": l_, "m": m, "L": L}
 
 
@@ -196,6 +208,78 @@ def _user_tiling(N: int, d: int, M: int, rule: str) -> Tiling:
     return Tiling(rule)
 
 
+# Built-in algorithms replaced by register(replace=True): unregister puts them back.
+_REPLACED: dict[str, Algorithm] = {}
+FORWARD_ARGS = ("mem", "Q", "K", "V", "N", "d", "tiling", "scale", "causal", "dtype")
+BACKWARD_ARGS = ("mem", "Q", "K", "V", "dO", "fwd", "N", "d", "tiling", "scale", "causal", "dtype")
+
+
+def _arity(name: str, what: str, fn, params: tuple[str, ...]) -> None:
+    """``fn`` must accept ``params`` positionally (checked at registration, not deep inside a run)."""
+    import inspect
+
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return  # a builtin or C callable without a signature: checked at first use
+    try:
+        sig.bind(*params)
+    except TypeError as e:
+        raise InputError(
+            what, f"of algorithm {name} must accept ({', '.join(params)}) ({e})", getattr(fn, "__name__", fn)
+        ) from None
+
+
+def _checked(name: str, what: str, fn, keys: tuple[str, ...], inputs: int, outputs: int):
+    """Wrap a user's forward or backward: at every call, its result must be a dict holding ``keys`` (None in a
+    count-only run), no tile may be left resident (ScheduleError, as the README says) and it must move at least
+    the trivial words: read ``inputs`` N x d arrays and write ``outputs`` (else it cannot have read its inputs)."""
+    from iosim.memory_model import ScheduleError
+
+    def run(mem, *args):
+        out = fn(mem, *args)
+        N, d = (args[3], args[4]) if what == "forward" else (args[5], args[6])
+        if not isinstance(out, dict):
+            raise InputError(what, f"of algorithm {name} must return a dict with {', '.join(keys)}",
+                             f"{type(out).__name__} {str(out)[:40]}")  # fmt: skip
+        missing = [k for k in keys if k not in out]
+        if missing:
+            raise InputError(what, f"of algorithm {name} must return a dict with {', '.join(keys)}",
+                             f"a dict without {', '.join(missing)}")  # fmt: skip
+        data = args[0] is not None  # Q (count-only runs pass None)
+        for k in keys:
+            x = out[k]
+            if data and (not isinstance(x, np.ndarray) or x.shape != (N, d)):
+                shown = f"shape {x.shape}" if isinstance(x, np.ndarray) else type(x).__name__
+                raise InputError(what, f"of algorithm {name} must return {k} as an array of shape ({N}, {d})", shown)
+        mem.check()  # tiles left resident, a schedule error, a strict overflow
+        s = mem.stats()
+        if s.reads < inputs * N * d or s.writes < outputs * N * d:
+            raise ScheduleError(
+                f"algorithm {name} ({what}) moved {s.reads:,} reads and {s.writes:,} writes, fewer than the trivial "
+                f"{inputs} N d = {inputs * N * d:,} reads and {outputs} N d = {outputs * N * d:,} writes: it cannot "
+                "have read its inputs and written its outputs through the memory model"
+            )
+        return out
+
+    run.__wrapped__ = fn
+    return run
+
+
+def _checked_result(name: str, what: str, fn, kind, none_ok: bool):
+    """Wrap a user's tiling or prediction: its result must be a ``kind`` (or None where allowed)."""
+
+    def run(*args):
+        out = fn(*args)
+        if not (isinstance(out, kind) or (none_ok and out is None)):
+            accepted = f"an {kind.__module__}.{kind.__name__}" + (" or None" if none_ok else "")
+            raise InputError(what, f"of algorithm {name} must return {accepted}", type(out).__name__)
+        return out
+
+    run.__wrapped__ = fn
+    return run
+
+
 def register(
     name: str,
     forward: Callable[..., dict],
@@ -231,30 +315,66 @@ def register(
         raise InputError("name", "must be a non-empty algorithm name without spaces", name)
     if name in REGISTRY and not replace:
         raise InputError("name", f"is already registered ({name}); pass replace=True to replace it", name)
+    if not isinstance(replace, bool):
+        raise InputError("replace", "must be True or False", replace)
+    for what, text in (("title", title), ("citation", citation)):
+        if not isinstance(text, str):
+            raise InputError(what, "must be a string", text)
     if not callable(forward):
         raise InputError("forward", "must be callable: forward(mem, Q, K, V, N, d, tiling, scale, causal, dtype)")
-    for what, fn in (("tiling", tiling), ("predict", predict), ("backward", backward)):
+    for what, fn in (
+        ("tiling", tiling),
+        ("predict", predict),
+        ("backward", backward),
+        ("predict_backward", predict_backward),
+        ("backward_tiling", backward_tiling),
+    ):
         if fn is not None and not callable(fn):
-            raise InputError(what, "must be callable or None", fn)
+            raise InputError(what, f"of algorithm {name} must be callable or None", fn)
+    _arity(name, "forward", forward, FORWARD_ARGS)
+    if backward is not None:
+        _arity(name, "backward", backward, BACKWARD_ARGS)
+    for what, fn, params in (
+        ("tiling", tiling, ("N", "d", "M", "rule")),
+        ("backward_tiling", backward_tiling, ("N", "d", "M", "rule")),
+        ("predict", predict, ("N", "d", "M", "tiling", "causal")),
+        ("predict_backward", predict_backward, ("N", "d", "M", "tiling", "causal")),
+    ):
+        if fn is not None:
+            _arity(name, what, fn, params)
+    none = lambda N, d, M, t, causal: None  # noqa: E731
     algo = Algorithm(
         name,
         title or f"user algorithm {name}",
         citation or "registered with iosim.register",
-        tiling or _user_tiling,
-        forward,
-        predict or (lambda N, d, M, t, causal: None),
-        backward=backward,
-        predict_backward=(predict_backward or (lambda N, d, M, t, causal: None)) if backward else None,
-        choose_backward_tiling=backward_tiling,
+        _checked_result(name, "tiling", tiling, Tiling, False) if tiling else _user_tiling,
+        _checked(name, "forward", forward, ("O",), 3, 1),
+        _checked_result(name, "predict", predict, Prediction, True) if predict else none,
+        backward=_checked(name, "backward", backward, ("dQ", "dK", "dV"), 3, 3) if backward else None,
+        predict_backward=(
+            _checked_result(name, "predict_backward", predict_backward, Prediction, True) if predict_backward else none
+        )
+        if backward
+        else None,  # fmt: skip
+        choose_backward_tiling=_checked_result(name, "backward_tiling", backward_tiling, Tiling, False)
+        if backward_tiling
+        else None,
     )
+    if name in REGISTRY and REGISTRY[name].builtin and name not in _REPLACED:
+        _REPLACED[name] = REGISTRY[name]
     REGISTRY[name] = algo
     return algo
 
 
 def unregister(name: str) -> None:
-    """Remove a user-registered algorithm (built-in ones stay)."""
+    """Remove a user-registered algorithm; a built-in one it replaced (``register(replace=True)``) comes back, and
+    built-in ones stay."""
+    if not isinstance(name, str):
+        raise InputError("name", "must be an algorithm name", name)
     if name in REGISTRY and not REGISTRY[name].builtin:
         del REGISTRY[name]
+        if name in _REPLACED:
+            REGISTRY[name] = _REPLACED.pop(name)
 
 
 def _load_plugins() -> None:

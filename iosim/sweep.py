@@ -39,7 +39,7 @@ import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-from iosim import api, registry
+from iosim import api, outputs, registry
 from iosim.errors import InputError
 from iosim.memory_model import CapacityError
 
@@ -166,6 +166,7 @@ def run_point(p: dict) -> dict:
             tiling=p["tiling"],
             dtype=p["dtype"],
             seed=p["seed"],
+            allow_long=p.get("_allow_long", False),  # the sweep as a whole was estimated (and consented to)
         )
     except InputError as e:
         rec.update(status="invalid", error=str(e))
@@ -212,6 +213,34 @@ def _problem_of(p: dict):
         B=p["batch"], H_q=p["heads"], H_kv=p["kv_heads"], N_q=N_q, N_k=N_k, d_qk=p["d"], d_v=p["d_v"],
         causal=p["causal"], latent=p["latent"], page_size=p["page_size"],
     )  # fmt: skip
+
+
+def point_seconds(p: dict) -> float:
+    """The estimated time of one point (iosim.estimate; a mask counts as dense: an upper bound); 0 for a point
+    that is invalid (it will be reported, not run)."""
+    from iosim import estimate, registry
+
+    try:
+        algo = registry.get(p["algorithm"])
+        backward = p["pass"] == "backward"
+        N, d, M = (api._positive_int(k, p[k], lim) for k, lim in (("N", api.MAX_N), ("d", api.MAX_D), ("M", api.MAX_M)))
+        t = algo.backward_tiling(N, d, M, p["tiling"]) if backward else algo.choose_tiling(N, d, M, p["tiling"])
+        steps = api._estimated_steps(t, N, d, backward)
+    except Exception:
+        return 0.0
+    if p["count_only"] is not False:
+        return estimate.count_only_seconds(steps)
+    return estimate.numeric_seconds(N, d, steps, backward)
+
+
+def _check_duration(points: list[dict], workers: int, allow_long) -> None:
+    """The long-run rule for the sweep as a whole: the points' estimates summed, over the workers."""
+    from iosim import estimate
+
+    seconds = sum(point_seconds(p) for p in points) / max(1, workers)
+    what = f"a sweep of {len(points):,} points on {workers} worker(s)"
+    estimate.check(seconds, what, allow_long=allow_long, parameter="grid", value=f"{len(points):,} points",
+                   remedy="use fewer or smaller points, or more workers")  # fmt: skip
 
 
 def _run_chunk(points: list[dict]) -> list[dict]:
@@ -437,16 +466,22 @@ def sweep(
     chunk_size: int | None = None,
     dask_timeout: float = 10.0,
     stats: dict | None = None,
+    allow_long: bool = False,
 ):
     """Run every point of ``grid`` and return one record per point, in grid order (see the module docstring).
 
     ``stats``, when a dict is given, receives ``points``, ``computed``, ``cached`` and ``invalid`` counts.
+    The points still to compute are estimated first (:mod:`iosim.estimate`): over a minute in all needs
+    ``allow_long=True``, over an hour is refused.
     """
     if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1):
         raise InputError("jobs", "must be a positive integer", jobs)
     points = expand(grid)
     if out is not None:
         _check_out(Path(out))  # before any work: a missing extra or a bad suffix fails fast, nothing written
+        outputs.file("out", out, OUT_FORMATS, create_parent=True)
+    if cache is not None:
+        outputs.file("cache", cache, (".jsonl",), create_parent=True)
     if as_frame:
         try:
             import pandas  # noqa: F401
@@ -457,6 +492,12 @@ def sweep(
     keys = [point_key(p) for p in points] if cache_path else [None] * len(points)
     records: list[dict | None] = [cached.get(k) if k is not None else None for k in keys]
     todo = [i for i, r in enumerate(records) if r is None]
+    if todo:
+        workers = jobs or (os.cpu_count() or 1) if not isinstance(executor, str) or executor == "processes" else 1
+        _check_duration([points[i] for i in todo], workers, allow_long)
+        if allow_long:
+            for i in todo:
+                points[i]["_allow_long"] = True
 
     if todo:
         ex, close = _open_executor(executor, jobs, len(todo), dask_timeout)  # may raise: nothing written yet

@@ -79,6 +79,7 @@ def jitable(fn=None, *, nrt: bool = False):
 
 
 MAX_ARRAYS = 64
+MAX_M = 1 << 40  # the largest fast memory (words): counts stay int64 (iosim.api.MAX_M is the same)
 MAX_TILES = 64  # a power of two: handle & (MAX_TILES - 1) is the slot
 _SHIFT = 6  # log2(MAX_TILES)
 # W is one flat int64 array. The header:
@@ -647,8 +648,12 @@ class TwoLevelMemory:
     def __init__(  # noqa: N803
         self, M: int, strict: bool = True, trace: bool = False, fast: bool = False, trace_capacity: int = 1 << 16
     ) -> None:
-        if isinstance(M, bool) or not isinstance(M, (int, np.integer)) or M <= 0:
-            raise ValueError(f"M (fast-memory capacity in words) must be a positive integer, got {M!r}")
+        # ValueError (iosim.InputError is one): the memory model imports nothing of iosim
+        if isinstance(M, bool) or not isinstance(M, (int, np.integer)) or not 0 < M <= MAX_M:
+            raise ValueError(f"M (fast-memory capacity in words) must be an integer from 1 to {MAX_M:,}, got {M!r}")
+        for name, flag in (("strict", strict), ("trace", trace), ("fast", fast)):
+            if not isinstance(flag, (bool, np.bool_)):
+                raise ValueError(f"{name} must be True or False, got {flag!r}")
         self.M = int(M)
         self.strict = bool(strict)
         self.tracing = bool(trace)

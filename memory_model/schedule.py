@@ -149,6 +149,8 @@ class Memory:
         return self
 
     def _init(self, model: TwoLevelMemory, count_only: bool, dtype) -> None:
+        if not isinstance(count_only, (bool, np.bool_)):
+            raise ValueError(f"count_only must be True or False, got {count_only!r}")
         self.model = model
         self.count_only = bool(count_only)
         self.dtype = np.dtype(dtype)

@@ -19,6 +19,7 @@ from iosim.cli import (
     compare,
     experiments,
     gpu_resources,
+    hierarchy,
     kernel,
     listing,
     pebble,
@@ -46,15 +47,21 @@ COMMANDS = {
     "show": (show, "draw a schedule: tile heat maps, residency timeline, steps, GIF"),
     "replay": (replay, "replay a schedule's computation through an LRU/FIFO/OPT cache"),
     "kernel": (kernel, "count a real kernel's I/O without a GPU (Triton, Pallas, numba.cuda) beside the closed form"),
+    "hierarchy": (hierarchy, "a launch over many SMs, a shared L2 and DRAM: DRAM traffic per array and block order"),
 }
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    from iosim.cli.options import Parser
+
+    parser = Parser(
         prog="iosim",
         description="Exact I/O counts of attention algorithms in a two-level memory with fast-memory size M words.",
     )
-    sub = parser.add_subparsers(dest="command", required=True)
+    from iosim.version import __version__
+
+    parser.add_argument("--version", action="version", version=f"iosim {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     for name, (module, what) in COMMANDS.items():
         module.add_arguments(sub.add_parser(name, help=what))
     return parser
@@ -76,10 +83,15 @@ class _CompileNotice:
             )
 
 
-def _watch_compiles():
+def _watch_compiles(command: str = ""):
     from numba.core import event
 
+    from iosim import _numba_cache
+
     notice = _CompileNotice()
+    # an empty cache: say so at once (within 2 s), not only when the first compile starts
+    if command not in ("list", "experiments") and _numba_cache.cold():
+        notice()
 
     class Listener(event.Listener):
         def on_start(self, ev):
@@ -93,7 +105,7 @@ def _watch_compiles():
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    _watch_compiles()
+    _watch_compiles(args.command)
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", RuntimeWarning)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from iosim.cli.options import FORMATS, positive
+from iosim.cli.options import FORMATS, add_yes, positive, seed
 from iosim.errors import InputError
 
 
@@ -14,19 +14,21 @@ def add_arguments(p) -> None:
     p.add_argument("--M", type=positive("--M"), help="shared memory per block in words (default: ~N/3 blocks)")
     p.add_argument("--tiling", choices=("fit", "paper"), default="fit", help="block-size rule (default fit)")
     p.add_argument("--heads", type=positive("--heads"), default=2, help="heads per batch (default 2)")
-    p.add_argument("--seed", type=int, default=0, help="random seed of the inputs (default 0)")
+    p.add_argument("--seed", type=seed, default=0, help="random seed of the inputs (default 0)")
     p.add_argument("--format", choices=FORMATS, default="simple", help="table format")
     p.add_argument("--dtype", default="float32", help="float32 (default), float64, float16, bfloat16")
     p.add_argument("--layout", default="BHND", help="BHND (default; the kernels' layout) or BNHD")
     p.add_argument("--distribution", nargs="+", help="input distributions (default: all that apply)")
+    add_yes(p, "a check")
 
 
 def command(args) -> int:
     """Numerical check of a built-in GPU kernel; on a machine without a GPU it runs on the CUDA simulator, selected
     in this process before numba.cuda is imported (iosim.gpu.select_target). Exit code 1 when a check fails."""
+    from iosim import estimate
     from iosim.gpu import launch as gpu
     from iosim.kernels.check import check as run_check
-    from iosim.kernels.check import validate
+    from iosim.kernels.check import planned_cases, validate
 
     validate(args.dtype, args.layout, args.distribution)
     if args.kernel not in gpu.KERNELS:
@@ -40,6 +42,17 @@ def command(args) -> int:
             "(or small --N and --d) is needed on the CUDA simulator: the full grid of shapes "
             "up to N=1023, d=128 takes hours without a GPU",
             "no --quick",
+        )
+    if target == "simulator":  # the long-run rule: the simulator runs a kernel on the CPU, about 15 us per N^2 d
+        cases = planned_cases(args.N, args.d, args.quick, args.distribution)
+        backward = args.kernel in gpu.BACKWARD_KERNELS
+        estimate.check(
+            estimate.simulator_seconds(cases, args.heads, backward=backward),
+            f"a check of {args.kernel} on the CUDA simulator ({len(cases)} cases, {args.heads} heads)",
+            allow_long=args.yes,
+            parameter="--N",
+            value=args.N,
+            remedy="use --quick or smaller --N, --d, --heads",
         )
     where = "the CUDA simulator (no GPU found)" if target == "simulator" else "the GPU"
     memory = f"M = {args.M} words" if args.M else "M chosen for about 3 blocks along N"

@@ -26,7 +26,6 @@ def package():
 def command(args) -> int:
     """``iosim experiments list | run NAME | run all``: results/<stem>.{csv,png,tex,md}; ``all`` adds index.md."""
     import time
-    from pathlib import Path
 
     ex = package()
     if args.action == "list":
@@ -37,7 +36,9 @@ def command(args) -> int:
         return 0
     if not args.name:
         raise InputError("experiments run", f"needs a NAME: one of {', '.join(ex.names())} or all")
-    out = Path(args.out)
+    from iosim.cli.options import output_folder
+
+    out = output_folder("--out", args.out)
     flags = (" --quick" if args.quick else "") + (f" --out {args.out}" if args.out != "results" else "")
     try:
         if args.name == "all":

@@ -179,6 +179,40 @@ def dtype_choice(option: str):
     return parse
 
 
+# --- issue 21: shared validators (output paths, counts, the long-run consent) --------------------------------------
+
+
+def output_file(parameter: str, path, suffixes: tuple[str, ...], *, create_parent: bool = False):
+    """An output file checked before any work (:func:`iosim.outputs.file`): a supported suffix (listed in the
+    message), not an existing folder, in a writable folder. Every ``-o/--output/--out/--picture/--cache`` uses it."""
+    from iosim import outputs
+
+    return outputs.file(parameter, path, suffixes, create_parent=create_parent)
+
+
+def output_folder(parameter: str, path):
+    """An output folder (created if missing; not an existing file; writable)."""
+    from iosim import outputs
+
+    return outputs.folder(parameter, path)
+
+
+def count(name: str, limit: int = 1 << 62):
+    """An argparse type: an integer from 0 to ``limit`` (a count: never negative)."""
+    accepted = f"an integer from 0 to {limit:,}"
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be {accepted}, got {text!r}") from None
+        if not 0 <= value <= limit:
+            raise argparse.ArgumentTypeError(f"{name} must be {accepted}, got {value}")
+        return value
+
+    return parse
+
+
 def add_problem_options(p: argparse.ArgumentParser) -> None:
     """The problem and schedule options of run, compare, trace (:data:`PROBLEM_HELP`)."""
     from iosim.problem import GQA_POLICIES, MAX_BATCH, MAX_HEADS, MLA_POLICIES
@@ -247,3 +281,16 @@ def bytes_rows(r) -> list[list[str]]:
     rows.append(["bytes total", fmt_int(r.total_bytes)])
     rows.append(["compulsory bytes (Q, K/V once per KV head, O)", fmt_int(p.compulsory_bytes())])
     return rows
+
+
+def add_yes(p: argparse.ArgumentParser, what: str) -> None:
+    """``--yes``: consent to a run estimated at over a minute (iosim.estimate; over an hour is refused)."""
+    p.add_argument("--yes", action="store_true", help=f"allow {what} estimated at over a minute (an hour: refused)")
+
+
+class Parser(argparse.ArgumentParser):
+    """An argparse parser whose errors are one line (``iosim run: error: ...; see iosim run --help``) and exit 2,
+    as every other bad input of the command line (the usage block is what --help is for)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")

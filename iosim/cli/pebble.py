@@ -16,14 +16,14 @@ import argparse
 import json
 from pathlib import Path
 
-from iosim.cli.options import positive
+from iosim.cli.options import Parser, add_yes, count, output_file, positive
 from iosim.errors import InputError
 from iosim.pebble import from_run, search
 from iosim.pebble.game import Game, IllegalMoveError, Outcome, format_moves, parse
 from iosim.pebble.graph import SPEC_HELP, Graph, named
 
 
-class _Intermixed(argparse.ArgumentParser):
+class _Intermixed(Parser):
     """Options and the two positionals in any order (``GRAPH --M 4 SCHEDULE``): argparse's intermixed parsing."""
 
     _inside = False
@@ -58,8 +58,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mask", default=None, help="with --from-run: a mask, as iosim run --mask (window:3, ...)")
     p.add_argument("--kv-policy", choices=("paper", "skip"), default="paper", help="with --from-run: empty blocks")
     p.add_argument("--picture", metavar="FILE", help="draw the graph with its pebbles (PNG; needs iosim[plot])")
-    p.add_argument("--at", type=int, default=None, help="with --picture: the state after this many moves")
+    p.add_argument("--at", type=count("--at"), default=None, help="with --picture: the state after this many moves")
     p.add_argument("--json", action="store_true", help="print JSON")
+    add_yes(p, "a search (--max-states)")
 
 
 def _need(args, *names: str, why: str) -> None:
@@ -68,7 +69,12 @@ def _need(args, *names: str, why: str) -> None:
             raise InputError(name, f"is required {why}")
 
 
+PICTURES = (".png", ".pdf", ".svg")
+
+
 def command(args) -> int:
+    if args.picture is not None:  # before any work: nothing computed, nothing written
+        output_file("--picture", args.picture, PICTURES)
     if args.from_run is not None:
         if args.graph is not None:
             raise InputError("graph", "is not used with --from-run (the run's own graph is checked)", args.graph)
@@ -125,7 +131,7 @@ def _cmd_optimum(args, graph: Graph) -> int:
         opt = None
         moves = search.greedy(graph, args.M)
     else:
-        opt = search.optimum(graph, args.M, max_states=args.max_states)
+        opt = search.optimum(graph, args.M, max_states=args.max_states, allow_long=args.yes)
         moves = opt.moves
     if args.json:
         out = {"graph": graph.name, "M": args.M, "greedy_io": heuristic, "optimum_io": opt and opt.io}
@@ -165,7 +171,7 @@ def _cmd_from_run(args) -> int:
                 [
                     r.algorithm,
                     r.pass_,
-                    "yes" if r.legal and x["complete"] else "NO",
+                    ("yes" if r.legal_at_M else f"M'={r.M_prime}") if r.legal and x["complete"] else "NO",
                     x["pebble_io"],
                     x["sim_io"],
                     "yes" if r.io_matches else "NO",
@@ -204,7 +210,7 @@ def _print_run(r: from_run.PebbleRun) -> None:
     if not r.legal:
         print(f"  {r.illegal}")
         return
-    print(f"  legal: yes; every output blue: {'yes' if x['complete'] else 'no'}")
+    print(f"  {r.legality()}; every output blue: {'yes' if x['complete'] else 'no'}")
     print(
         f"  I/O: pebbling {x['pebble_io']} (R1 {x['pebble_reads']}, R2 {x['pebble_writes']}) vs iosim {x['sim_io']} "
         f"(reads {x['sim_reads']}, writes {x['sim_writes']} incl. {x['sim_init_writes']} initialisation): "
@@ -257,7 +263,7 @@ def _picture(args, graph: Graph, moves) -> int:
     fig.tight_layout()
     fig.savefig(args.picture, dpi=130)
     plt.close(fig)
-    if args.schedule is None:
+    if not args.json:
         print(f"wrote {args.picture}")
     return 0
 

@@ -7,7 +7,15 @@ from pathlib import Path
 import numpy as np
 
 from iosim import api
-from iosim.cli.options import add_algorithm, add_problem_options, add_problem_sizes, add_run_options, problem_run_kwargs
+from iosim.cli.options import (
+    add_algorithm,
+    add_problem_options,
+    add_problem_sizes,
+    add_run_options,
+    count,
+    output_file,
+    problem_run_kwargs,
+)
 from iosim.errors import InputError
 from iosim.views import show
 
@@ -19,9 +27,9 @@ def add_arguments(p) -> None:
     add_problem_options(p)
     p.add_argument("-o", "--output", help="the picture (.png; .gif for animate); with --view all, the stem of four")
     p.add_argument("--view", choices=show.VIEWS, default="tiles", help="which picture (default tiles)")
-    p.add_argument("--step", type=int, default=None, help="the event shown by the step view / --text (default: peak)")
+    p.add_argument("--step", type=count("--step"), default=None, help="the event of the step view (default: peak)")
     p.add_argument("--text", action="store_true", help="a plain-text step-through on stdout (no matplotlib needed)")
-    p.add_argument("--limit", type=int, default=200, help="events printed by --text (default 200)")
+    p.add_argument("--limit", type=count("--limit"), default=200, help="events printed by --text (default 200)")
 
 
 def _traced(args):
@@ -31,10 +39,28 @@ def _traced(args):
     return api.run(args.algorithm, **kw)
 
 
+def _output(args) -> Path:
+    """-o checked before any work: .png (.gif for animate); with --view all a stem (no suffix, or .png)."""
+    if args.view == "all":
+        out = Path(args.output)
+        if out.suffix.lower() not in ("", ".png"):
+            raise InputError(
+                "--output",
+                "with --view all must be a stem (no suffix, or .png): it writes STEM_tiles.png, STEM_timeline.png, "
+                "STEM_step.png and STEM_animate.gif",
+                str(out),
+            )
+        stem = out.with_suffix("") if out.suffix.lower() == ".png" else out
+        output_file("--output", stem.with_name(f"{stem.name}_tiles.png"), (".png",))
+        return stem
+    return output_file("--output", args.output, (".gif",) if args.view == "animate" else show.PICTURES)
+
+
 def command(args) -> int:
     if not args.text:
         if not args.output:
             raise InputError("--output", "is needed for a picture (or use --text)")
+        out = _output(args)  # before the run: a bad path is one line and exit 2, nothing computed or written
         show.pyplot()  # before the run: a missing matplotlib is one line and exit 2
     r = _traced(args)
     n = len(r.trace)
@@ -46,14 +72,11 @@ def command(args) -> int:
     if args.text:
         print(show.text(r, args.step, args.limit))
         return 0
-    out = Path(args.output)
-    if not out.parent.exists():
-        raise InputError("--output", "must be in an existing folder", str(out))
     views = ("tiles", "timeline", "step", "animate") if args.view == "all" else (args.view,)
     for v in views:
         path = out
         if args.view == "all":
-            path = out.with_name(f"{out.stem}_{v}{'.gif' if v == 'animate' else '.png'}")
+            path = out.with_name(f"{out.name}_{v}{'.gif' if v == 'animate' else '.png'}")
         if v == "tiles":
             show.draw_tiles(r, path)
         elif v == "timeline":
@@ -61,8 +84,6 @@ def command(args) -> int:
         elif v == "step":
             show.draw_step(r, path, step)
         else:
-            if path.suffix != ".gif":
-                raise InputError("--output", "of the animation must end in .gif", str(path))
             show.draw_animation(r, path)
         print(f"wrote {path}")
     return 0

@@ -8,7 +8,7 @@ import sys
 from tabulate import tabulate
 
 from iosim import masks, registry
-from iosim.cli.options import FORMATS, SIZES, positive
+from iosim.cli.options import FORMATS, SIZES, add_yes, output_file, positive
 from iosim.errors import InputError
 
 
@@ -47,11 +47,17 @@ def add_arguments(p) -> None:
     p.add_argument("--no-cache", action="store_true", help="recompute every point")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None, help="progress bar")
     p.add_argument("--format", choices=FORMATS, default="simple", help="table format")
+    add_yes(p, "a sweep")
 
 
 def command(args) -> int:
     """``iosim sweep``: every point of the grid; invalid points are listed on stderr (exit 2), the rest still run."""
-    from iosim.sweep import PASSES, sweep  # the module (iosim.sweep, the attribute, is the function)
+    from iosim.sweep import OUT_FORMATS, PASSES, sweep  # the module (iosim.sweep, the attribute, is the function)
+
+    if args.out is not None:  # before any work (sweep creates missing folders)
+        output_file("--out", args.out, OUT_FORMATS, create_parent=True)
+    if not args.no_cache:
+        output_file("--cache", args.cache, (".jsonl",), create_parent=True)
 
     for p_ in args.passes:
         if p_ not in PASSES:
@@ -83,6 +89,7 @@ def command(args) -> int:
         as_frame=False,
         progress=args.progress,
         stats=stats,
+        allow_long=args.yes,
     )
     ok = [r for r in recs if r["status"] == "ok"]
     if ok:

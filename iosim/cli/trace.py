@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from iosim import api
 from iosim.cli.options import (
     add_algorithm,
@@ -11,6 +9,7 @@ from iosim.cli.options import (
     add_problem_sizes,
     add_run_options,
     fmt_int,
+    output_file,
     problem_run_kwargs,
 )
 
@@ -25,9 +24,11 @@ def add_arguments(p) -> None:
 
 def command(args) -> int:
     """Run one algorithm with the event trace on and write it (.csv, .npy or .parquet), then replay it."""
+    from iosim.views import trace_io
     from iosim.views.trace_io import write_trace
 
-    out = Path(args.output)
+    out = output_file("--output", args.output, trace_io.SUFFIXES)
+    trace_io._check(out)  # the parquet extra, before the run
     kwargs = problem_run_kwargs(args)
     r = api.run(args.algorithm, **{**kwargs, "trace": True})
     write_trace(r.trace, out)  # checks the suffix and the parquet extra before anything is written

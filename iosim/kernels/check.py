@@ -92,6 +92,7 @@ True
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -286,9 +287,21 @@ def to_numpy(x) -> np.ndarray:
     return np.asarray(x)
 
 
+def _need(module: str, parameter: str, value, how: str):
+    """Import ``module`` or raise an InputError naming the package (not a ModuleNotFoundError traceback)."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise InputError(parameter, f"{value!r} needs the package {module}, which is not installed: {how}") from None
+
+
 def _converter(inputs) -> Callable[[np.ndarray], object]:
     if callable(inputs):
         return inputs
+    if not isinstance(inputs, str):
+        raise InputError("inputs", f"must be one of {', '.join(INPUT_KINDS)} or a callable", type(inputs).__name__)
     if inputs == "numpy":
         return lambda a: a
     if inputs == "numba":
@@ -296,11 +309,10 @@ def _converter(inputs) -> Callable[[np.ndarray], object]:
 
         return cuda.to_device
     if inputs == "cupy":
-        import cupy
-
+        cupy = _need("cupy", "inputs", "cupy", "pip install cupy-cuda12x (or the build for your CUDA)")
         return cupy.asarray
     if inputs == "torch":
-        import torch
+        torch = _need("torch", "inputs", "torch", "pip install torch")
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -477,17 +489,51 @@ def _abs_err(x: np.ndarray, ref: np.ndarray) -> np.ndarray:
 # --- the check --------------------------------------------------------------------------------------------------------
 
 
-def _positive_ints(label: str, values) -> tuple[int, ...]:
+MAX_SIZE = 1 << 20  # N, d, batch and heads of a check (the arrays are checked against memory as well)
+
+
+def _positive_ints(label: str, values, limit: int = MAX_SIZE) -> tuple[int, ...]:
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
+        values = (values,) if isinstance(values, (int, np.integer)) and not isinstance(values, bool) else None
+        if values is None:
+            raise InputError(label, f"must be one or more integers from 1 to {limit:,}", values)
     values = tuple(values)
-    if not values or any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v <= 0 for v in values):
-        raise InputError(label, "must be positive integers", values)
+    bad = [v for v in values if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 0 < v <= limit]
+    if not values or bad:
+        raise InputError(label, f"must be one or more integers from 1 to {limit:,}", values)
     return tuple(int(v) for v in values)
 
 
-def _positive_int(label: str, v) -> int:
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v <= 0:
-        raise InputError(label, "must be a positive integer", v)
+def _positive_int(label: str, v, limit: int = MAX_SIZE) -> int:
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 0 < v <= limit:
+        raise InputError(label, f"must be an integer from 1 to {limit:,}", v)
     return int(v)
+
+
+def _flag(label: str, v) -> bool:
+    if not isinstance(v, (bool, np.bool_)):
+        raise InputError(label, "must be True or False", v)
+    return bool(v)
+
+
+def _causals(causal) -> tuple[bool, ...]:
+    """``causal``: an iterable of True/False (a bare bool is the common mistake: say so, not 'not iterable')."""
+    if isinstance(causal, (bool, np.bool_)):
+        raise InputError("causal", f"must be an iterable of True/False, for example ({bool(causal)},)", causal)
+    if isinstance(causal, (str, bytes)) or not hasattr(causal, "__iter__"):
+        raise InputError("causal", "must be an iterable of True/False, for example (False, True)", causal)
+    values = tuple(causal)
+    if not values or not all(isinstance(c, (bool, np.bool_)) for c in values):
+        raise InputError("causal", "must be a non-empty iterable of True/False, for example (False, True)", causal)
+    return tuple(bool(c) for c in values)
+
+
+def _case_bytes(case, B: int, H: int, H_kv: int, with_bwd: bool) -> int:
+    """Memory a case holds at once (float64): inputs and their copies, golden, naive and floors (about 24 N x d
+    arrays per head) and the naive score matrices (a few N_q x N_k per head)."""
+    nd = (B * H * case.N_q + B * H_kv * case.N_k) * case.d
+    nn = B * H * case.N_q * max(case.N_k, 1)
+    return 8 * (24 * nd + (6 if with_bwd else 3) * nn)
 
 
 def _choice(label: str, value, accepted: tuple[str, ...]) -> str:
@@ -503,6 +549,9 @@ def validate(dtype: str = "float32", layout: str = "BHND", distributions=None, c
     _choice("layout", layout, LAYOUTS)
     _choice("causal_align", causal_align, ALIGNS)
     if distributions is not None:
+        if not isinstance(distributions, str) and not isinstance(distributions, (list, tuple)):
+            raise InputError("distributions", f"must be a name or a list of names from {', '.join(DISTRIBUTIONS)}",
+                             distributions)  # fmt: skip
         distributions = (distributions,) if isinstance(distributions, str) else tuple(distributions)
         if not distributions:
             raise InputError("distributions", f"must name at least one of {', '.join(DISTRIBUTIONS)}", distributions)
@@ -548,6 +597,23 @@ def check(
     :class:`CheckReport`; ``report.passed`` is the verdict.
     """
     validate(dtype, layout, distributions, causal_align)
+    if not callable(fn):
+        raise InputError("fn", "must be a callable fn(Q, K, V, *, causal, scale)", type(fn).__name__)
+    if not (backward is None or isinstance(backward, bool) or callable(backward)):
+        raise InputError("backward", "must be a callable, False, or None (use fn.backward if it exists)", backward)
+    quick = _flag("quick", quick)
+    if equal_lengths is not None:
+        equal_lengths = _flag("equal_lengths", equal_lengths)
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < 1 << 64:
+        raise InputError("seed", "must be an integer from 0 to 2^64 - 1", seed)
+    if scale is not None:
+        if isinstance(scale, bool) or not isinstance(scale, (int, float, np.floating, np.integer)):
+            raise InputError("scale", "must be None or a finite real number", scale)
+        if not math.isfinite(float(scale)) or scale <= 0:
+            raise InputError("scale", "must be None or a positive finite number (default 1/sqrt(d))", scale)
+        scale = float(scale)  # a plain Python float: a float32 kernel must stay float32 (NumPy 2 promotion)
+    if name is not None and not isinstance(name, str):
+        raise InputError("name", "must be None or a string", name)
     dtype_name, np_dtype, u = _dtype(dtype)
     if distributions is not None:
         distributions = (distributions,) if isinstance(distributions, str) else tuple(distributions)
@@ -558,9 +624,9 @@ def check(
     heads_kv = heads if heads_kv is None else _positive_int("heads_kv", heads_kv)
     if heads % heads_kv:
         raise InputError("heads_kv", f"must divide heads ({heads})", heads_kv)
-    if distributions is None:
-        distributions = ("normal",) if explicit else DISTRIBUTIONS
-    causals = tuple(bool(c) for c in causal)
+    if distributions is None:  # on the user's shapes too: "large" is what catches a softmax without max-subtraction
+        distributions = DISTRIBUTIONS
+    causals = _causals(causal)
     if equal_lengths is None:
         equal_lengths = bool(getattr(fn, "equal_lengths", False))
     bwd = getattr(fn, "backward", None) if backward is None else (backward or None)
@@ -571,7 +637,20 @@ def check(
     )
     report.causal_align = causal_align
     rng = np.random.default_rng(seed)
-    for case in _cases(Ns, ds, causals, distributions, quick, explicit, equal_lengths):
+    cases = _cases(Ns, ds, causals, distributions, quick, explicit, equal_lengths)
+    from iosim.estimate import available_bytes as _available_bytes
+
+    need = max((_case_bytes(c, batch, heads, heads_kv, bwd is not None) for c in cases), default=0)
+    have = _available_bytes()
+    if need > 0.8 * have:
+        big = max(cases, key=lambda c: _case_bytes(c, batch, heads, heads_kv, bwd is not None))
+        raise InputError(
+            "N",
+            f"and d give a case (N_q={big.N_q}, N_k={big.N_k}, d={big.d}, B={batch}, H={heads}) that needs about "
+            f"{need / 2**30:.1f} GiB; {have / 2**30:.1f} GiB are available: use smaller N, d or heads",
+            Ns,
+        )
+    for case in cases:
         if progress:
             progress(f"{case.distribution} N_q={case.N_q} N_k={case.N_k} d={case.d} causal={case.causal}")
         report.rows += _check_case(
@@ -580,10 +659,20 @@ def check(
     return report
 
 
+def planned_cases(N=None, d=None, quick: bool = False, distributions=None, causal=(False, True), equal_lengths=False):
+    """The cases :func:`check` would run with these arguments (for an estimate of its time before it starts)."""
+    explicit = N is not None or d is not None
+    Ns = _positive_ints("N", N) if N is not None else (QUICK_N if quick else DEFAULT_N)
+    ds = _positive_ints("d", d) if d is not None else (QUICK_D if quick else DEFAULT_D)
+    if distributions is not None:
+        distributions = (distributions,) if isinstance(distributions, str) else tuple(distributions)
+    return _cases(Ns, ds, _causals(causal), distributions or DISTRIBUTIONS, quick, explicit, equal_lengths)
+
+
 def _check_case(fn, bwd, case, rng, report, np_dtype, u, convert, scale, precision, layout, causal_align):
     """The rows of one case: forward outputs, then (if offered) gradients."""
     B, H, H_kv = report.batch, report.heads, report.heads_kv
-    sc = default_scale(case.d) if scale is None else float(scale)
+    sc = float(default_scale(case.d) if scale is None else scale)  # a Python float, as PyTorch passes it
     offset = case.N_k - case.N_q if causal_align == "bottom-right" else 0
     Q, K, V, dO = (x.astype(np_dtype) for x in _draw(case, rng, B, H, H_kv, sc, offset))
     Q64, K64, V64, dO64 = (x.astype(np.float64) for x in (Q, K, V, dO))  # the values fn sees, exactly
@@ -607,7 +696,14 @@ def _check_case(fn, bwd, case, rng, report, np_dtype, u, convert, scale, precisi
             return OutputCheck(
                 passname, case.N_q, case.d, case.causal, output, np.inf, baseline, rule, note=note, **base
             )
-        x = np.asarray(got, dtype=np.float64)
+        try:
+            x = np.asarray(got, dtype=np.float64)
+        except (TypeError, ValueError) as e:  # a string, an object: a failed row, never a crashed check
+            shown = f"{type(got).__name__} {str(got)[:40]!r}" if isinstance(got, (str, bytes)) else type(got).__name__
+            return OutputCheck(
+                passname, case.N_q, case.d, case.causal, output, np.inf, baseline, rule,
+                note=f"not an array of numbers: {shown} ({type(e).__name__})"[:200], **base,
+            )  # fmt: skip
         if output != "L" and layout == "BNHD" and x.ndim == 4:
             x = np.swapaxes(x, 1, 2)
         if x.shape != ref.shape:

@@ -497,6 +497,30 @@ class PebbleRun:
         return self.illegal is None
 
     @property
+    def M_prime(self) -> int | None:  # noqa: N802
+        """The red pebbles the pebbling needs: its red peak (M plus the per-row scalars and temporaries the memory
+        model does not count); None when a move is illegal."""
+        return None if self.outcome is None else self.outcome.peak
+
+    @property
+    def legal_at_M(self) -> bool:  # noqa: N802
+        """Legal in the red-blue game with M red pebbles: no illegal move and a red peak of at most M."""
+        return self.legal and self.outcome is not None and self.outcome.peak <= self.M
+
+    def legality(self) -> str:
+        """One phrase that says what is true: legal with M, or legal only with M' = the red peak (and by how much it
+        exceeds M), or the illegal move."""
+        if not self.legal:
+            return f"illegal: {self.illegal}"
+        if self.legal_at_M:
+            return f"legal with M = {self.M} red pebbles (red peak {self.M_prime})"
+        over = self.M_prime - self.M
+        return (
+            f"legal with M' = {self.M_prime} red pebbles, not with M = {self.M}: the red peak exceeds M by {over} "
+            "(per-row scalars and temporaries the memory model does not count)"
+        )
+
+    @property
     def io_matches(self) -> bool:
         return self.outcome is not None and self.outcome.io == self.sim_reads + self.sim_writes
 
@@ -513,6 +537,8 @@ class PebbleRun:
             "vertices": len(self.graph),
             "moves": len(self.moves),
             "legal": self.legal,
+            "legal_at_M": self.legal_at_M,
+            "M_prime": self.M_prime,
             "illegal": None if self.illegal is None else str(self.illegal),
             "pebble_reads": None if o is None else o.reads,
             "pebble_writes": None if o is None else o.writes,

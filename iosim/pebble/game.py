@@ -91,8 +91,12 @@ class Game:
     peak instead of refusing a move past M)."""
 
     def __init__(self, graph: Graph, M: int | None, strict: bool = True) -> None:  # noqa: N803
+        if not isinstance(graph, Graph):
+            raise InputError("graph", "must be an iosim.pebble Graph (iosim.pebble.named('matmul:2x2x2'), ...)", graph)
         if M is not None and (not isinstance(M, int) or isinstance(M, bool) or M < 1):
             raise InputError("M", "must be a positive integer (the number of red pebbles)", M)
+        if not isinstance(strict, bool):
+            raise InputError("strict", "must be True or False", strict)
         self.graph, self.M, self.strict = graph, M, strict
         self.red: set[int] = set()
         self.blue: set[int] = set(graph.inputs)
@@ -113,6 +117,8 @@ class Game:
     def move(self, rule: str, v: int, line: int | None = None) -> None:
         """Play one move (rule R1..R4 on vertex number v); IllegalMoveError if the rules forbid it."""
         g = self.graph
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < len(g):
+            raise InputError("vertex", f"must be a vertex number from 0 to {len(g) - 1} of graph {g.name}", v)
         if rule == "R1":
             if v not in self.blue:
                 raise self._illegal(rule, v, "it has no blue pebble (not in slow memory)", line)
@@ -142,10 +148,19 @@ class Game:
 
     def play(self, moves, stop: int | None = None) -> Outcome:
         """Play ``moves`` (Move objects or (rule, vertex name) pairs), the first ``stop`` of them if given."""
+        if isinstance(moves, (str, bytes)) or not hasattr(moves, "__iter__"):
+            raise InputError(
+                "moves", "must be a list of Move objects or (rule, vertex name) pairs (a schedule text: parse it "
+                "with iosim.pebble.game.parse)", type(moves).__name__,
+            )  # fmt: skip
+        if stop is not None and (isinstance(stop, bool) or not isinstance(stop, int) or stop < 0):
+            raise InputError("stop", "must be None or a non-negative integer (moves to play)", stop)
         for k, mv in enumerate(moves):
             if stop is not None and k >= stop:
                 break
             if not isinstance(mv, Move):
+                if not isinstance(mv, (tuple, list)) or len(mv) != 2 or not all(isinstance(x, str) for x in mv):
+                    raise InputError("moves", f"item {k} must be a Move or a (rule, vertex name) pair of strings", mv)
                 mv = Move(mv[0], self.graph.vertex(mv[1]))
             self.move(mv.rule, mv.vertex, mv.line)
         return self.outcome()
@@ -171,6 +186,10 @@ def _rule(word: str, where: str) -> str:
 def parse(text: str, graph: Graph, source: str = "schedule") -> list[Move]:
     """The moves of a schedule (text, one move a line, or JSON) on ``graph``; InputError with the line number and
     the reason for a line that does not parse or names no vertex of the graph."""
+    if not isinstance(text, str):
+        raise InputError("text", "must be a schedule as a string (one move a line, or JSON)", type(text).__name__)
+    if not isinstance(graph, Graph):
+        raise InputError("graph", "must be an iosim.pebble Graph (iosim.pebble.named('matmul:2x2x2'), ...)", graph)
     stripped = text.lstrip()
     if stripped.startswith(("[", "{")):
         return _parse_json(text, graph, source)

@@ -68,6 +68,8 @@ class Graph:
 
     def vertex(self, name: str) -> int:
         """The vertex called ``name``; InputError naming the graph when there is none."""
+        if not isinstance(name, str):
+            raise InputError("vertex", f"must be a vertex name of graph {self.name} (e.g. {self.names[0]})", name)
         v = self.index.get(name.strip())
         if v is None:
             raise InputError("vertex", f"must be a vertex of graph {self.name} (e.g. {self.names[0]})", name)
@@ -201,7 +203,9 @@ def _estimated_vertices(kind: str, s: list[int]) -> int:
 
 def named(spec: str) -> Graph:
     """The graph a name such as ``matmul:2x2x2`` or ``attention:4x2`` stands for (InputError naming ``graph``)."""
-    m = re.fullmatch(r"\s*([a-z-]+):(\d+(?:x\d+)*)\s*", spec or "")
+    if not isinstance(spec, str):
+        raise InputError("graph", f"must be {SPEC_HELP}", spec)
+    m = re.fullmatch(r"\s*([a-z-]+):(\d+(?:x\d+)*)\s*", spec)
     if m is None or m.group(1) not in BUILDERS:
         raise InputError("graph", f"must be {SPEC_HELP}", spec)
     kind, sizes = m.group(1), [int(x) for x in m.group(2).split("x")]

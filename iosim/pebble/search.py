@@ -52,8 +52,31 @@ def min_M(graph: Graph) -> int:
     return max([len(ps) + 1 for ps in graph.parents] + [1])
 
 
-def optimum(graph: Graph, M: int, max_vertices: int = MAX_VERTICES, max_states: int = MAX_STATES) -> Optimum:  # noqa: N803
-    """The exact minimum I/O of ``graph`` with ``M`` red pebbles (InputError past the search's limits)."""
+def optimum(
+    graph: Graph,
+    M: int,  # noqa: N803
+    max_vertices: int = MAX_VERTICES,
+    max_states: int = MAX_STATES,
+    allow_long: bool = False,
+) -> Optimum:
+    """The exact minimum I/O of ``graph`` with ``M`` red pebbles (InputError past the search's limits). A search
+    allowed over a minute (``max_states`` times the cost of a state, :mod:`iosim.estimate`) needs
+    ``allow_long=True``; over an hour is refused."""
+    from iosim import estimate
+
+    if not isinstance(graph, Graph):
+        raise InputError("graph", "must be an iosim.pebble Graph (iosim.pebble.named('matmul:2x2x2'), ...)", graph)
+    for name, v in (("max_vertices", max_vertices), ("max_states", max_states)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise InputError(name, "must be a positive integer", v)
+    estimate.check(
+        estimate.pebble_seconds(max_states),
+        f"a search of up to {max_states:,} states",
+        allow_long=allow_long,
+        parameter="max_states",
+        value=max_states,
+        remedy="use a smaller --max-states",
+    )
     n = len(graph)
     if n > max_vertices:
         raise InputError(

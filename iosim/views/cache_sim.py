@@ -20,7 +20,9 @@ is the word at ``base + i*s0 + j*s1``, so a transposed tile is its strides swapp
 
 Cache (the same for the three policies): C = capacity // L lines, fully associative; a line never straddles two
 arrays (:mod:`iosim.views.replay` aligns every array to L). A read miss fetches L words; a write miss fetches L words
-with write-allocate, and without it writes the one word through to slow memory and allocates nothing. A write hit
+with write-allocate, and without it writes the one word through to slow memory and allocates nothing; with
+``write_allocate=2`` (write-validate, a GPU L2's sector masks; :mod:`iosim.hierarchy`) it allocates the line dirty
+without fetching it. A write hit
 marks the line dirty; evicting a dirty line writes its L words back. Fetches and write-backs are counted per
 array (``aid_of[line]``). LRU evicts the least recently used line, FIFO the line resident longest, OPT the line
 whose next use is farthest in the future (Belady), ties among lines never used again broken arbitrarily.
@@ -93,7 +95,8 @@ def _lru_chunk(n, buf, wb, h, slot_of, line_of, dirty, prv, nxt, fetched, writte
             written[aid_of[line]] += 1
             lastres = 0
             continue
-        fetched[aid_of[line]] += L
+        if not (w and walloc == 2):  # walloc 2, write-validate: a write miss allocates the line without a fetch
+            fetched[aid_of[line]] += L
         if used < cap:
             s = used
             used += 1
@@ -144,7 +147,8 @@ def _fifo_chunk(n, buf, wb, h, slot_of, line_of, dirty, fetched, written, aid_of
             written[aid_of[line]] += 1
             lastres = 0
             continue
-        fetched[aid_of[line]] += L
+        if not (w and walloc == 2):
+            fetched[aid_of[line]] += L
         if used < cap:
             s = used
             used += 1
@@ -336,7 +340,8 @@ def opt(lines, flags, nxt, capacity, write_allocate, L, aid_of, n_lines, fetched
         if (f & 1) and not write_allocate:
             written[aid_of[line]] += 1
             continue
-        fetched[aid_of[line]] += L
+        if not ((f & 1) and write_allocate == 2):
+            fetched[aid_of[line]] += L
         if used < capacity:
             s = used
             heap[used] = s

@@ -463,6 +463,9 @@ class ReplayResult:
 
 def parse_policies(policy) -> tuple[str, ...]:
     """'lru,opt' or a sequence of names -> the tuple of known policy names (InputError naming the bad one)."""
+    listed = isinstance(policy, (list, tuple)) and all(isinstance(n, str) for n in policy)
+    if not isinstance(policy, str) and not listed:
+        raise InputError("policy", f"must be one or more of {', '.join(POLICIES)} (comma-separated)", policy)
     names = policy.split(",") if isinstance(policy, str) else list(policy)
     names = [str(n).strip().lower() for n in names if str(n).strip()]
     bad = [n for n in names if n not in POLICIES]
@@ -553,14 +556,24 @@ def replay(
     or a list; from lru, opt, fifo). The schedule itself runs count-only with a trace, at fast memory M; other
     keyword options go to :func:`iosim.run`. Returns a :class:`ReplayResult` (per-array words fetched and written
     per policy, beside the explicit schedule's counts)."""
-    from iosim import api
+    from iosim import api, estimate
 
     policies = parse_policies(policy)
-    if algorithm not in BASE_ALGORITHMS:
+    if not isinstance(write_allocate, (bool, np.bool_)):
+        raise InputError("write_allocate", "must be True or False", write_allocate)
+    if opt_limit_bytes is not None and (
+        isinstance(opt_limit_bytes, bool) or not isinstance(opt_limit_bytes, (int, np.integer)) or opt_limit_bytes <= 0
+    ):
+        raise InputError("opt_limit_bytes", "must be None or a positive integer (bytes)", opt_limit_bytes)
+    allow_long = run_options.get("allow_long", False)
+    if not isinstance(allow_long, bool):
+        raise InputError("allow_long", "must be True or False", allow_long)
+    if not isinstance(algorithm, str) or algorithm not in BASE_ALGORITHMS:
         raise InputError("algorithm", f"replay knows the compute steps of {', '.join(BASE_ALGORITHMS)}", algorithm)
     cache_words = M if cache_words is None else cache_words
-    if isinstance(cache_words, bool) or not isinstance(cache_words, (int, np.integer)) or cache_words <= 0:
-        raise InputError("cache_words", "must be a positive integer (words)", cache_words)
+    whole = isinstance(cache_words, (int, np.integer)) and not isinstance(cache_words, bool)
+    if not whole or not 0 < cache_words <= 1 << 40:
+        raise InputError("cache_words", f"must be an integer from 1 to {1 << 40:,} (words)", cache_words)
     if (
         isinstance(line, bool)
         or not isinstance(line, (int, np.integer))
@@ -574,6 +587,15 @@ def replay(
             f"and d give over N^2 d = {N * N * d:,} operand accesses, over the replay limit of {MAX_ACCESSES:,} "
             "(about 5 minutes of LRU); use a smaller N or d",
             N,
+        )
+    if isinstance(N, (int, np.integer)) and isinstance(d, (int, np.integer)):  # at least N^2 d accesses: up front
+        estimate.check(
+            estimate.replay_seconds(N * N * d, policies),
+            f"a replay through {', '.join(policies)} of at least {N * N * d:,} operand accesses",
+            allow_long=allow_long,
+            parameter="N",
+            value=N,
+            remedy="use a smaller N or d, or --policy lru,fifo",
         )
     r = api.run(
         algorithm,
@@ -594,6 +616,14 @@ def replay(
         raise InputError(
             "N", f"gives {accesses:,} operand accesses, over the replay limit of {MAX_ACCESSES:,}; use a smaller N", N
         )
+    estimate.check(  # the exact count, now that the schedule has run (its OPT trace included)
+        estimate.replay_seconds(accesses, policies),
+        f"a replay through {', '.join(policies)} of {accesses:,} operand accesses",
+        allow_long=allow_long,
+        parameter="N",
+        value=N,
+        remedy="use a smaller N or d, or --policy lru,fifo",
+    )
     explicit = {n: (c.reads, c.writes) for n, c in r.stats.per_array.items()}
     out = ReplayResult(
         algorithm, r.N, r.d, M, int(cache_words), int(line), bool(write_allocate), backward, causal, accesses, explicit

@@ -22,10 +22,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from iosim import outputs
 from iosim.errors import InputError
 from iosim.memory_model.core import ALLOC, FREE, INIT, LOAD, OPS, STORE
 
 VIEWS = ("tiles", "timeline", "step", "animate", "all")
+PICTURES = (".png", ".pdf", ".svg")  # what draw_tiles, draw_timeline and draw_step write (matplotlib by suffix)
 MAX_CELLS = 512  # cells per side of a drawn array
 MAX_FRAMES = 60
 MAX_TIMELINE_POINTS = 20_000
@@ -104,6 +106,7 @@ def _title(r) -> str:
 
 def draw_tiles(r, path) -> None:
     """The heat maps: reads (top) and writes (bottom) per word of every slow array."""
+    path = outputs.file("path", path, PICTURES)
     plt = pyplot()
     t = r.trace
     names = slow_arrays(t)
@@ -151,6 +154,7 @@ def residency(trace) -> tuple[list[str], np.ndarray]:
 
 def draw_timeline(r, path) -> None:
     """Resident words per array (stacked) over the events, with the line at M."""
+    path = outputs.file("path", path, PICTURES)
     plt = pyplot()
     names, res = residency(r.trace)
     step = max(1, len(res) // MAX_TIMELINE_POINTS)
@@ -232,6 +236,7 @@ def _draw_step(fig, r, st: Stepper, names) -> None:
 
 
 def draw_step(r, path, k: int) -> None:
+    path = outputs.file("path", path, PICTURES)
     plt = pyplot()
     st = Stepper(r.trace)
     st.advance(k)
@@ -245,6 +250,7 @@ def draw_step(r, path, k: int) -> None:
 
 def draw_animation(r, path) -> int:
     """The step view over the run as a GIF; returns the number of frames."""
+    path = outputs.file("path", path, (".gif",))
     plt = pyplot()
     from matplotlib.animation import FuncAnimation, PillowWriter
 

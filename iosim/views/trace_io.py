@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from iosim import outputs
 from iosim.errors import InputError
 from iosim.memory_model import Trace
 from iosim.memory_model.core import OPS, TRACE_COLUMNS
@@ -32,8 +33,7 @@ def _check(path: Path) -> None:
             raise InputError(
                 "output", 'as .parquet needs pyarrow: pip install "iosim[parquet]" (or use .csv or .npy)', str(path)
             ) from None
-    if not path.parent.exists():
-        raise InputError("output", "must be in an existing folder", str(path))
+    outputs.file("output", path, SUFFIXES)
 
 
 def _meta(trace: Trace) -> dict:

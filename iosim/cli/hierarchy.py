@@ -1,0 +1,95 @@
+"""``iosim hierarchy ALGO --N --d [--device H100 | --P --C --L] ...``: a launch over SMs, a shared L2 and DRAM."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from iosim.cli.options import FORMATS, add_algorithm, add_mask_options, positive
+
+
+def _nonnegative(name: str):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be a non-negative integer, got {text!r}") from None
+        if value < 0:
+            raise argparse.ArgumentTypeError(f"{name} must be a non-negative integer, got {value}")
+        return value
+
+    return parse
+
+
+def add_arguments(p) -> None:
+    """Sizes, the launch (B, H_q, H_kv), the machine (a device preset or P, C, L), block order and L2 policy."""
+    from iosim.hierarchy import ORDERS, POLICIES
+
+    add_algorithm(p)
+    p.add_argument("--N", type=positive("--N"), required=True, help="sequence length")
+    p.add_argument("--d", type=positive("--d"), required=True, help="head dimension")
+    p.add_argument(
+        "--M", type=positive("--M"), default=None, help="shared memory per block in words (default: the device's)"
+    )
+    p.add_argument("--B", type=positive("--B"), default=1, help="batch (default 1)")
+    p.add_argument("--H-q", dest="H_q", type=positive("--H-q"), default=1, help="query heads (default 1)")
+    p.add_argument("--H-kv", dest="H_kv", type=positive("--H-kv"), default=None, help="key/value heads (default H_q)")
+    p.add_argument("--device", default=None, help="a preset of the devices table (A100, H100, H200, RTX 4090, ...)")
+    p.add_argument("--P", type=positive("--P"), default=None, help="SMs (default: the device's, or 1)")
+    p.add_argument("--C", type=_nonnegative("--C"), default=None, help="L2 words (0: no L2; default: the device's)")
+    p.add_argument("--L", type=positive("--L"), default=None, help="L2 line in words (default: the device's, or 1)")
+    p.add_argument("--blocks-per-sm", type=positive("--blocks-per-sm"), default=None, help="default: what fits")
+    p.add_argument("--bytes-per-word", type=positive("--bytes-per-word"), default=2, help="default 2 (fp16/bf16)")
+    p.add_argument("--order", choices=ORDERS, default="head-grouped", help="block order (default head-grouped)")
+    p.add_argument("--policy", choices=POLICIES, default="lru", help="L2 replacement (default lru; opt = the floor)")
+    p.add_argument("--backward", action="store_true", help="the backward pass's launch")
+    add_mask_options(p)
+    p.add_argument("--tiling", choices=("fit", "paper"), default="fit", help="block-size rule (default fit)")
+    p.add_argument("--format", choices=FORMATS, default="simple", help="table format")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+
+
+def command(args) -> int:
+    from iosim.hierarchy import hierarchy
+
+    r = hierarchy(
+        args.algorithm,
+        N=args.N,
+        d=args.d,
+        M=args.M,
+        B=args.B,
+        H_q=args.H_q,
+        H_kv=args.H_kv,
+        device=args.device,
+        P=args.P,
+        C=args.C,
+        L=args.L,
+        blocks_per_sm=args.blocks_per_sm,
+        bytes_per_word=args.bytes_per_word,
+        order=args.order,
+        policy=args.policy,
+        backward=args.backward,
+        causal=args.causal,
+        mask=args.mask,
+        kv_policy=args.kv_policy,
+        tiling=args.tiling,
+    )
+    if args.json:
+        print(json.dumps(r.as_dict(), indent=2))
+        return 0
+    where = f"{r.device}: " if r.device else ""
+    print(
+        f"{r.algorithm} {'backward' if r.backward else 'forward'}: B={r.B}, H_q={r.H_q}, H_kv={r.H_kv}, N={r.N}, "
+        f"d={r.d}; {where}P={r.P} SMs x {r.blocks_per_sm} block(s) of M={r.M:,} words, L2 C={r.C:,} words "
+        f"({r.policy}), lines of L={r.L} words, {r.bytes_per_word} bytes per word; order {r.order}"
+    )
+    print(
+        f"{r.ctas:,} thread blocks in {len(r.launches)} launch(es) ({'; '.join(r.launches)}), waves "
+        f"{', '.join(map(str, r.waves))}; {r.requests:,} tile requests; {r.tiling}"
+    )
+    print(r.table(args.format))
+    print(
+        f"DRAM: {r.dram_read:,} words read + {r.dram_update:,} written = {r.dram:,} words = {r.dram_bytes:,} bytes; "
+        f"{r.ratio:.4f} of the two-level count {r.two_level:,}"
+    )
+    return 0

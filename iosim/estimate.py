@@ -1,0 +1,104 @@
+"""The long-run rule, in one place: every path that can run for a long time estimates its time first.
+
+A run estimated at over :data:`LONG_SECONDS` (a minute) needs the caller's consent (``allow_long=True`` in the API,
+``--yes`` on the command line); over :data:`MAX_SECONDS` (an hour) it is refused. The refusal is an
+:class:`~iosim.errors.InputError` naming the parameter that makes it long and the estimate, raised before any work.
+
+The costs per unit are measured on the 2-core development machine (rounded up, so an estimate errs long):
+
+- count-only schedule: about 5 ns per tile step (experiments/bench/cpu.py), taken as 20 ns;
+- numeric schedule plus its float64 reference: 1.2-8 ns per N^2 d of a forward (4-52 ns backward) and 1.2-2 us
+  per tile step at small M (flash1/flash2/standard/square-tiling, N = 1024, d = 64): taken as 1.5 ns per N^2 d
+  (three times that backward) plus 3 us per tile step;
+- a kernel on the CUDA simulator: 12 s at N = 256, d = 16 (about 12 us per N_q N_k d of one head), taken as 15 us;
+- a cache replay: 1e7 operand accesses a second per policy (Belady's OPT: half that), and at least N^2 d accesses;
+- the pebble search (A*): about 10 us per expanded state (measured 3-6 us on matmul and attention graphs).
+"""
+
+from __future__ import annotations
+
+from iosim.errors import InputError
+
+LONG_SECONDS = 60.0
+MAX_SECONDS = 3600.0
+
+COUNT_STEP = 2e-8
+NUMERIC_N2D = 1.5e-9
+NUMERIC_STEP = 3e-6
+SIMULATOR_N2D = 1.5e-5
+REPLAY_ACCESS = 1e-7
+PEBBLE_STATE = 1e-5
+
+
+def describe(seconds: float) -> str:
+    """``seconds`` in words: '40 s', '12 minutes', '3.5 hours'."""
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 2 * 3600:
+        return f"{seconds / 60:.0f} minutes"
+    if seconds < 48 * 3600:
+        return f"{seconds / 3600:.1f} hours"
+    return f"{seconds / 86400:,.0f} days"
+
+
+def check(seconds: float, what: str, *, allow_long, parameter: str, value=None, remedy: str = "") -> float:
+    """Apply the rule to ``what`` (a run described in words) estimated at ``seconds``: over an hour an InputError on
+    ``parameter`` (the size that makes it long); over a minute an InputError on ``allow_long`` unless it is True."""
+    if not isinstance(allow_long, bool):
+        raise InputError("allow_long", "must be True or False", allow_long)
+    tail = f"; {remedy}" if remedy else ""
+    if seconds > MAX_SECONDS:
+        raise InputError(
+            parameter,
+            f"gives {what} of about {describe(seconds)} (estimated; the limit is {MAX_SECONDS / 3600:.0f} hour){tail}",
+            value,
+        )
+    if seconds > LONG_SECONDS and not allow_long:
+        raise InputError(
+            "allow_long",
+            f"must be True (--yes) for {what} estimated at about {describe(seconds)} (over a minute){tail}",
+            allow_long,
+        )
+    return seconds
+
+
+def count_only_seconds(steps: int) -> float:
+    return steps * COUNT_STEP
+
+
+def numeric_seconds(N: int, d: int, steps: int, backward: bool) -> float:  # noqa: N803
+    """A numeric run and its float64 reference: arithmetic (N^2 d) plus per-tile overhead."""
+    return N * N * d * NUMERIC_N2D * (3 if backward else 1) + steps * NUMERIC_STEP
+
+
+def simulator_seconds(cases, heads: int, batch: int = 1, backward: bool = False) -> float:
+    """A kernel on the CUDA simulator over ``cases`` (objects with N_q, N_k, d)."""
+    work = sum(c.N_q * max(c.N_k, 1) * c.d for c in cases) * heads * batch
+    return work * SIMULATOR_N2D * (3 if backward else 1)
+
+
+def replay_seconds(accesses: int, policies) -> float:
+    per = {"opt": 2.0}
+    return sum(accesses * REPLAY_ACCESS * per.get(p, 1.0) for p in policies)
+
+
+def pebble_seconds(max_states: int) -> float:
+    return max_states * PEBBLE_STATE
+
+
+def available_bytes() -> int:
+    """Physical memory available now (Linux: MemAvailable), or all physical memory where that is not known; what
+    the up-front memory refusals (a mask's table, a check's arrays) compare with."""
+    import os
+
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return 1 << 62

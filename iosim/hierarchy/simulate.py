@@ -1,0 +1,499 @@
+"""Beyond two levels: thread blocks on P SMs, their shared memory (the explicit M words of the two-level model), one
+shared L2 of C words in front of DRAM. :func:`hierarchy` runs an algorithm's launch through it and counts every
+level in Timeloop's words.
+
+The launch
+----------
+``B`` batch elements x ``H_q`` query heads (``H_kv`` key/value heads, g = H_q / H_kv; the field names of
+:class:`iosim.Problem`), each head an independent copy of the single-head schedule at its own slow-memory
+addresses, except that query head h reads the K and V of KV head h // g (the same addresses: where an L2 helps
+GQA). Gradients dK, dV are per query head (FlashAttention-2's GQA backward accumulates them per query head and
+sums afterwards). The single-head schedule is cut into thread blocks (CTAs) and launches by
+:mod:`iosim.hierarchy.ctas`. Each CTA has M words of shared memory; an SM holds ``floor(smem_per_sm / (M x
+bytes_per_word + 1 KB))`` of them (at most 32; the 1 KB is the CUDA driver's reservation per block), so
+``P x blocks_per_sm`` CTAs are resident at once.
+
+**Block orders** (within each launch; p = the CTA's piece, the row block of flash2's forward):
+
+* ``grid``: heads fastest, for p, for b, for h (a grid with batch x heads as blockIdx.x);
+* ``head-grouped``: all CTAs of one head together, for b, for h, for p (FlashAttention-2's and Triton's launch
+  grid: the row block is blockIdx.x);
+* ``swizzled``: the g query heads that share a KV head interleaved at each piece, for b, for KV head, for p, for
+  the g heads (keeps the CTAs that read the same K_j, V_j together; the same as head-grouped when g = 1).
+
+**The clock** (:mod:`iosim.hierarchy.l2`): each resident CTA advances by the words it moves; the L2 sees the
+requests of all resident CTAs in the order of their clocks, ties by block id; a finished CTA's slot takes the
+next CTA in order; launches run one after another and the L2 keeps its contents across them.
+
+Counts (Timeloop's vocabulary: *fill* = words into a level from the level below, *read* = words read out of a
+level by the level above, *update* = words written into a level from above)
+----------------------------------------------------------------------------------------------------------------
+* shared memory: fill = the two-level reads (words loaded); its stores are the L2's updates;
+* L2: read = words the CTAs load, update = words the CTAs store (and the memsets write), fill = words brought
+  from DRAM (L per missed line), write-back = words of dirty lines evicted or flushed at the end;
+* DRAM: read = L2 fill, update = L2 write-back. With C = 0 (no L2) DRAM read and update are the two-level reads
+  and writes, word for word.
+
+Words are converted to bytes with ``bytes_per_word`` (default 2: fp16/bf16 operands).
+"""
+
+from __future__ import annotations
+
+import numbers
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from iosim.errors import InputError
+from iosim.hierarchy import ctas as ctas_mod
+from iosim.hierarchy import l2
+from iosim.hierarchy.devices import MAX_BLOCKS_PER_SM, RESERVED_SMEM_PER_BLOCK, Device
+from iosim.hierarchy.devices import device as _device
+
+ORDERS = ("grid", "head-grouped", "swizzled")
+POLICIES = ("lru", "opt")
+KV_ARRAYS = ("K", "V")
+MAX_P = 1 << 20
+MAX_C = 1 << 40
+MAX_HEADS = 1 << 16
+OPT_BYTES_PER_LINE = 9  # an int32 line, a flag byte and an int32 next use per line access (iosim.views.replay)
+
+
+@dataclass
+class LevelCounts:
+    """One array's words at each level (summed over every head)."""
+
+    two_level_reads: int = 0
+    two_level_writes: int = 0
+    l2_read: int = 0
+    l2_update: int = 0
+    l2_fill: int = 0
+    l2_writeback: int = 0
+    compulsory: int = 0  # every copy's lines once: fetched if first read, written back if ever written
+
+    @property
+    def dram_read(self) -> int:
+        return self.l2_fill
+
+    @property
+    def dram_update(self) -> int:
+        return self.l2_writeback
+
+    @property
+    def dram(self) -> int:
+        return self.l2_fill + self.l2_writeback
+
+    @property
+    def two_level(self) -> int:
+        return self.two_level_reads + self.two_level_writes
+
+
+@dataclass
+class HierarchyResult:
+    """What :func:`hierarchy` returns: the launch, the per-array counts at every level and the totals."""
+
+    algorithm: str
+    backward: bool
+    B: int
+    H_q: int
+    H_kv: int
+    N: int
+    d: int
+    M: int
+    P: int
+    blocks_per_sm: int
+    C: int
+    L: int
+    bytes_per_word: int
+    order: str
+    policy: str
+    device: str | None
+    tiling: str
+    ctas: int
+    launches: list[str]
+    waves: list[int]
+    per_array: dict[str, LevelCounts]
+    requests: int
+    seconds: float
+    clock: list[int] = field(default_factory=list)
+
+    def _sum(self, attr: str) -> int:
+        return sum(getattr(c, attr) for c in self.per_array.values())
+
+    @property
+    def two_level(self) -> int:
+        """The two-level count of the whole launch (every head's reads and writes)."""
+        return self._sum("two_level")
+
+    @property
+    def dram_read(self) -> int:
+        return self._sum("dram_read")
+
+    @property
+    def dram_update(self) -> int:
+        return self._sum("dram_update")
+
+    @property
+    def dram(self) -> int:
+        """DRAM words: L2 fills plus L2 write-backs."""
+        return self.dram_read + self.dram_update
+
+    @property
+    def dram_bytes(self) -> int:
+        return self.dram * self.bytes_per_word
+
+    @property
+    def compulsory(self) -> int:
+        """The compulsory DRAM words of a launch that touches every word of its arrays (a non-causal, unmasked
+        run): each copy's lines once, fetched where the array's first access reads it, written back where it is
+        ever written. What an L2 holding everything moves (tests/test_hierarchy.py checks the exact set version)."""
+        return self._sum("compulsory")
+
+    @property
+    def ratio(self) -> float:
+        """DRAM words over the two-level count."""
+        return self.dram / self.two_level if self.two_level else float("nan")
+
+    def table(self, fmt: str = "simple") -> str:
+        from tabulate import tabulate
+
+        head = ["array", "smem fill", "L2 read", "L2 update", "L2 fill", "L2 write-back", "DRAM / two-level"]
+        rows = []
+        for name, c in self.per_array.items():
+            rows.append(
+                [
+                    name,
+                    f"{c.two_level_reads:,}",
+                    f"{c.l2_read:,}",
+                    f"{c.l2_update:,}",
+                    f"{c.l2_fill:,}",
+                    f"{c.l2_writeback:,}",
+                    f"{c.dram / c.two_level:.3f}" if c.two_level else "-",
+                ]
+            )
+        rows.append(
+            [
+                "total",
+                f"{self._sum('two_level_reads'):,}",
+                f"{self._sum('l2_read'):,}",
+                f"{self._sum('l2_update'):,}",
+                f"{self._sum('l2_fill'):,}",
+                f"{self._sum('l2_writeback'):,}",
+                f"{self.ratio:.3f}",
+            ]
+        )
+        return tabulate(rows, headers=head, tablefmt=fmt, disable_numparse=True)
+
+    def as_dict(self) -> dict:
+        keys = ("algorithm", "backward", "B", "H_q", "H_kv", "N", "d", "M", "P", "blocks_per_sm", "C", "L")
+        out = {k: getattr(self, k) for k in keys}
+        out.update(
+            bytes_per_word=self.bytes_per_word,
+            order=self.order,
+            policy=self.policy,
+            device=self.device,
+            tiling=self.tiling,
+            ctas=self.ctas,
+            launches=list(self.launches),
+            waves=list(self.waves),
+            requests=self.requests,
+            seconds=self.seconds,
+            two_level=self.two_level,
+            dram_read=self.dram_read,
+            dram_update=self.dram_update,
+            dram=self.dram,
+            dram_bytes=self.dram_bytes,
+            ratio=self.ratio,
+            compulsory=self.compulsory,
+            per_array={
+                n: {**vars(c), "dram_read": c.dram_read, "dram_update": c.dram_update}
+                for n, c in self.per_array.items()
+            },
+        )
+        return out
+
+
+def _int(name: str, value, lo: int, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not lo <= value <= hi:
+        raise InputError(name, f"must be an integer from {lo:,} to {hi:,}", value)
+    return int(value)
+
+
+def block_order(order: str, pieces: np.ndarray, B: int, H_q: int, H_kv: int) -> np.ndarray:  # noqa: N803
+    """The CTAs of one launch in ``order``: rows (piece, query-head copy, KV copy)."""
+    g = H_q // H_kv
+    P = len(pieces)
+    if order == "grid":  # for p, b, h
+        p, b, h = np.meshgrid(np.arange(P), np.arange(B), np.arange(H_q), indexing="ij")
+    elif order == "head-grouped":  # for b, h, p
+        b, h, p = np.meshgrid(np.arange(B), np.arange(H_q), np.arange(P), indexing="ij")
+    else:  # swizzled: for b, kv, p, j (h = kv g + j)
+        b, kv, p, j = np.meshgrid(np.arange(B), np.arange(H_kv), np.arange(P), np.arange(g), indexing="ij")
+        h = kv * g + j
+    p, b, h = p.ravel(), b.ravel(), h.ravel()
+    return np.stack([pieces[p], b * H_q + h, b * H_kv + h // g], axis=1).astype(np.int64)
+
+
+@dataclass
+class _Layout:
+    """Where every array's copies and segments are (see :mod:`iosim.hierarchy.l2`)."""
+
+    kv: np.ndarray
+    cols: np.ndarray
+    nl: np.ndarray
+    nseg: np.ndarray
+    gbase: np.ndarray
+    lbase: np.ndarray
+    loff: np.ndarray
+    soff: np.ndarray
+    seg_of_line: np.ndarray
+    seg_start: np.ndarray
+    seg_aid: np.ndarray
+    n_segments: int
+    n_lines: int
+
+
+def _layout(trace, cut, B: int, H_q: int, H_kv: int, L: int) -> _Layout:  # noqa: N803
+    names = trace.names
+    n = len(names)
+    used = np.zeros(n, bool)
+    if len(cut.requests):
+        used[np.unique(cut.requests[:, 1])] = True
+    kv = np.array([nm in KV_ARRAYS for nm in names], np.int64)
+    rows = np.array([trace.shapes[nm][0] for nm in names], np.int64)
+    cols = np.array([trace.shapes[nm][1] for nm in names], np.int64)
+    nl = np.where(used, -(-(rows * cols) // L), 0).astype(np.int64)
+    copies = np.where(kv == 1, B * H_kv, B * H_q)
+    loff = np.concatenate(([0], np.cumsum(nl + 1)[:-1])).astype(np.int64)
+    mark = np.zeros(int(np.sum(nl + 1)) + 1, np.int8)
+    l2.mark_boundaries(cut.requests, 0, len(cut.requests), cols, loff, L, mark)
+    seg_of_line = np.zeros(max(int(np.sum(nl)), 1), np.int64)
+    starts, nseg, soff, lo_off = [], np.zeros(n, np.int64), np.zeros(n, np.int64), np.zeros(n, np.int64)
+    so = lo = 0
+    for a in range(n):
+        if not used[a]:
+            soff[a], lo_off[a] = so, lo
+            continue
+        m = mark[loff[a] : loff[a] + nl[a] + 1].copy()
+        m[0] = m[nl[a]] = 1
+        b = np.flatnonzero(m)
+        nseg[a] = len(b) - 1
+        soff[a], lo_off[a] = so, lo
+        starts.append(b)
+        seg_of_line[lo : lo + nl[a]] = np.cumsum(m[: nl[a]]) - 1
+        so += len(b)
+        lo += nl[a]
+    seg_start = np.concatenate(starts).astype(np.int64) if starts else np.zeros(1, np.int64)
+    per = nseg * copies
+    gbase = np.concatenate(([0], np.cumsum(per)[:-1])).astype(np.int64)
+    lbase = np.concatenate(([0], np.cumsum(nl * copies)[:-1])).astype(np.int64)
+    n_segments = int(np.sum(per))
+    seg_aid = np.repeat(np.arange(n, dtype=np.int16), per)
+    return _Layout(
+        kv, cols, nl, nseg, gbase, lbase, lo_off, soff, seg_of_line, seg_start, seg_aid, n_segments,
+        int(np.sum(nl * copies)),
+    )  # fmt: skip
+
+
+def hierarchy(
+    algorithm: str,
+    *,
+    N: int,
+    d: int,
+    M: int | None = None,
+    B: int = 1,
+    H_q: int = 1,
+    H_kv: int | None = None,
+    device: str | Device | None = None,
+    P: int | None = None,
+    C: int | None = None,
+    L: int | None = None,
+    blocks_per_sm: int | None = None,
+    bytes_per_word: int = 2,
+    order: str = "head-grouped",
+    policy: str = "lru",
+    backward: bool = False,
+    causal: bool = False,
+    mask=None,
+    kv_policy: str = "paper",
+    tiling: str = "fit",
+    record: bool = False,
+    opt_limit_bytes: int | None = None,
+    _trace=None,
+):
+    """Run ``algorithm``'s launch (forward, or the backward pass) over ``B`` x ``H_q`` heads through P SMs, an L2
+    of C words with lines of L words, and DRAM (module docstring); a :class:`HierarchyResult`.
+
+    ``device`` (a preset of the devices table: ``"H100"``, ``"A100"``, ...) gives P, C, L (bytes over
+    ``bytes_per_word``) and the default M (the largest shared memory a block may have); explicit P, C, L, M,
+    ``blocks_per_sm`` override it. Without a device: P defaults to 1, blocks_per_sm to 1, L to 1 word; C is
+    required (0: no L2). ``policy`` is ``lru`` or ``opt`` (Belady's, the floor: it needs the whole line stream in
+    memory). ``record=True`` keeps the order in which the L2 saw the requests (``result.record``: block, request
+    row) and the launch's blocks (``result.blocks``) and cut (``result.cut``)."""
+    from iosim import api
+
+    dev = None
+    if device is not None:
+        dev = device if isinstance(device, Device) else _device(device)
+    if not isinstance(order, str) or order not in ORDERS:
+        raise InputError("order", f"must be one of {', '.join(ORDERS)}", order)
+    if not isinstance(policy, str) or policy not in POLICIES:
+        raise InputError("policy", f"must be one of {', '.join(POLICIES)}", policy)
+    bytes_per_word = _int("bytes_per_word", bytes_per_word, 1, 64)
+    B = _int("B (batch)", B, 1, MAX_HEADS)
+    H_q = _int("H_q (query heads)", H_q, 1, MAX_HEADS)
+    H_kv = H_q if H_kv is None else _int("H_kv (key/value heads)", H_kv, 1, H_q)
+    if H_q % H_kv:
+        raise InputError("H_kv (key/value heads)", f"must divide H_q = {H_q}", H_kv)
+    if dev is not None:
+        P = dev.sms if P is None else P
+        C = dev.l2_bytes // bytes_per_word if C is None else C
+        L = max(dev.l2_line_bytes // bytes_per_word, 1) if L is None else L
+        M = dev.smem_per_block_bytes // bytes_per_word if M is None else M
+    P = _int("P (SMs)", 1 if P is None else P, 1, MAX_P)
+    if C is None:
+        raise InputError("C (L2 words)", "must be given (or a device): 0 for no L2", C)
+    C = _int("C (L2 words)", C, 0, MAX_C)
+    L = _int("L (line words)", 1 if L is None else L, 1, 1 << 20)
+    if L & (L - 1):
+        raise InputError("L (line words)", "must be a power of two", L)
+    if C and C < L:
+        raise InputError("C (L2 words)", f"must be 0 (no L2) or at least one line of L = {L} words", C)
+    if M is None:
+        raise InputError("M", "must be given (or a device)", M)
+    M = _int("M", M, 1, api.MAX_M)
+    block_bytes = M * bytes_per_word
+    if dev is not None:
+        if block_bytes > dev.smem_per_block_bytes:
+            raise InputError(
+                "M",
+                f"must fit the {dev.name}'s shared memory per block: {dev.smem_per_block_bytes:,} bytes = "
+                f"{dev.smem_per_block_bytes // bytes_per_word:,} words of {bytes_per_word} bytes",
+                M,
+            )
+        fit = min(dev.smem_per_sm_bytes // (block_bytes + RESERVED_SMEM_PER_BLOCK), MAX_BLOCKS_PER_SM)
+        if fit < 1:
+            raise InputError("M", f"gives blocks that do not fit an SM of the {dev.name}", M)
+        if blocks_per_sm is None:
+            blocks_per_sm = fit
+        elif blocks_per_sm > fit:
+            raise InputError(
+                "blocks_per_sm",
+                f"must be at most {fit} ({dev.name}: shared memory per SM / the block's)",
+                blocks_per_sm,
+            )
+    blocks_per_sm = _int("blocks_per_sm", 1 if blocks_per_sm is None else blocks_per_sm, 1, MAX_BLOCKS_PER_SM)
+
+    t0 = time.perf_counter()
+    if _trace is None:
+        r = api.run(
+            algorithm, N=N, d=d, M=M, backward=backward, causal=causal, mask=mask, kv_policy=kv_policy,
+            tiling=tiling, count_only=True, trace=True, reference=False, allow_long=True,
+        )  # fmt: skip
+        trace, stats, tiling_used = r.trace, r.stats, str(r.tiling)
+    else:
+        trace, stats, tiling_used = _trace, _trace.replay(), "given trace"
+    cut = ctas_mod.cut(trace)
+    lay = _layout(trace, cut, B, H_q, H_kv, L)
+    blocks = [block_order(order, np.arange(cut.launch_ptr[k], cut.launch_ptr[k + 1]), B, H_q, H_kv)
+              for k in range(cut.launches)]  # fmt: skip
+    inst = np.concatenate(blocks) if blocks else np.zeros((0, 3), np.int64)
+    launch_ptr = np.concatenate(([0], np.cumsum([len(b) for b in blocks]))).astype(np.int64)
+    slots = P * blocks_per_sm
+    n_aids = len(trace.names)
+    fill, wb = np.zeros(n_aids, np.int64), np.zeros(n_aids, np.int64)
+    l2_read, l2_update = np.zeros(n_aids, np.int64), np.zeros(n_aids, np.int64)
+    n_req_total = int(np.sum(np.diff(cut.piece_ptr)[inst[:, 0]])) if len(inst) else 0
+    need_record = record or policy == "opt"
+    cap = C // L
+    if policy == "opt" and cap > 0:
+        limit = opt_limit_bytes if opt_limit_bytes is not None else api._available_bytes() // 2
+        if lay.n_lines >= 1 << 31:
+            raise InputError("policy opt", "needs line numbers below 2^31: use a smaller launch or lru", policy)
+        need = n_req_total * 16
+        if need > limit:
+            raise InputError("policy opt", f"needs about {need / 2**30:.1f} GiB for its request record; use lru")
+    rec_inst = np.zeros(n_req_total if need_record else 0, np.int64)
+    rec_req = np.zeros(n_req_total if need_record else 0, np.int64)
+    clock = np.zeros(max(cut.launches, 1), np.int64)
+    lru_cap = cap if policy == "lru" else 0  # OPT: the clock run only records the order
+    st = (
+        np.array([-1, -1, 0], np.int64),
+        np.zeros(lay.n_segments if lru_cap else 1, np.int32),
+        np.zeros(lay.n_segments if lru_cap else 1, np.int8),
+        np.full(lay.n_segments if lru_cap else 1, -1, np.int32),
+        np.full(lay.n_segments if lru_cap else 1, -1, np.int32),
+        lay.seg_aid if lru_cap else np.zeros(1, np.int16),
+    )
+    f_lru, w_lru = (fill, wb) if policy == "lru" or cap == 0 else (np.zeros_like(fill), np.zeros_like(wb))
+    n_rec = l2.run_launches(
+        inst[:, 0].copy(), inst[:, 1:].copy(), launch_ptr, slots, cut.piece_ptr, cut.requests, lay.kv, lay.cols,
+        lay.nseg, lay.gbase, lay.loff, lay.soff, lay.seg_of_line, lay.seg_start, L, lru_cap, st, f_lru, w_lru,
+        l2_read, l2_update, need_record, rec_inst, rec_req, clock,
+    )  # fmt: skip
+    if policy == "lru" and cap > 0:
+        l2.flush(st, L, wb)
+    if policy == "opt" and cap > 0:
+        _opt(rec_inst, rec_req, n_rec, inst, cut, lay, L, cap, fill, wb, opt_limit_bytes)
+    per = {}
+    copies = np.full(n_aids, B * H_q)  # every query head's schedule moves its own words (K, V included)
+    first_write = {}
+    for row in cut.requests:  # an array's first access in schedule order
+        first_write.setdefault(int(row[1]), bool(row[0]))
+    written = set(cut.requests[cut.requests[:, 0] == 1][:, 1].tolist())
+    array_copies = np.where(lay.kv == 1, B * H_kv, B * H_q)
+    for a, name in enumerate(trace.names):
+        c = stats.per_array.get(name)
+        if c is None and not (fill[a] or wb[a] or l2_read[a] or l2_update[a]):
+            continue
+        per[name] = LevelCounts(
+            0 if c is None else c.reads * int(copies[a]),
+            0 if c is None else c.writes * int(copies[a]),
+            int(l2_read[a]),
+            int(l2_update[a]),
+            int(fill[a]),
+            int(wb[a]),
+            int(lay.nl[a] * L * array_copies[a]) * ((not first_write.get(a, True)) + (a in written)),
+        )
+    res = HierarchyResult(
+        algorithm, bool(backward), B, H_q, H_kv, int(N), int(d), M, P, blocks_per_sm, C, L, bytes_per_word, order,
+        policy, None if dev is None else dev.name, tiling_used, len(inst), list(cut.launch_writes),
+        [int(-(-(launch_ptr[k + 1] - launch_ptr[k]) // slots)) for k in range(cut.launches)], per, int(n_rec),
+        time.perf_counter() - t0, [int(x) for x in clock[: cut.launches]],
+    )  # fmt: skip
+    if record:
+        res.record = np.stack([rec_inst[:n_rec], rec_req[:n_rec]], axis=1)
+        res.blocks = inst
+        res.cut = cut
+        res.trace = trace
+    return res
+
+
+def _opt(rec_inst, rec_req, n_rec, inst, cut, lay, L, cap, fill, wb, opt_limit_bytes) -> None:  # noqa: N803
+    """Belady's OPT over the recorded line stream (:func:`iosim.views.cache_sim.opt`, write-validate)."""
+    from iosim import api
+    from iosim.views import cache_sim as cs
+
+    empty_l, empty_f = np.zeros(0, np.int64), np.zeros(0, np.int8)
+    args = (rec_inst, rec_req, n_rec, inst[:, 1:].copy(), cut.requests, lay.kv, lay.cols, lay.lbase, lay.nl, L)
+    n = l2.line_stream(*args, empty_l, empty_f)
+    limit = opt_limit_bytes if opt_limit_bytes is not None else api._available_bytes() // 2
+    if n * OPT_BYTES_PER_LINE > limit or n >= 1 << 31:
+        raise InputError(
+            "policy opt",
+            f"needs the whole line stream in memory: {n:,} line accesses, about {n * OPT_BYTES_PER_LINE / 2**30:.1f} "
+            f"GiB, over the limit of {limit / 2**30:.1f} GiB; use lru",
+            "opt",
+        )
+    lines, flags = np.empty(n, np.int64), np.empty(n, np.int8)
+    l2.line_stream(*args, lines, flags)
+    lines32 = lines.astype(np.int32)
+    aid_of = np.zeros(lay.n_lines, np.int32)
+    ends = np.append(lay.lbase[1:], lay.n_lines)
+    for a in range(len(lay.nl)):
+        aid_of[lay.lbase[a] : ends[a]] = a
+    nxt = cs.next_use(lines32, lay.n_lines)
+    left = cs.opt(lines32, flags, nxt, cap, 2, L, aid_of, lay.n_lines, fill, wb)
+    for line in left:
+        wb[aid_of[line]] += L

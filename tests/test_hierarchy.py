@@ -1,0 +1,331 @@
+"""The hierarchy (iosim.hierarchy): thread blocks cut from the schedules' own traces, a shared L2, DRAM.
+
+Exact sanity limits: C = 0 is the two-level count; an L2 that holds everything moves the compulsory traffic; one SM
+running one block at a time shows the L2 the single-head trace itself. The segment LRU equals a naive line LRU on
+random streams and cache_sim's line LRU on real launches; OPT (cache_sim's, write-validate) equals a naive Belady."""
+
+from collections import OrderedDict
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from iosim.memory_model.core import INIT, LOAD, STORE
+
+import iosim
+from iosim import InputError
+from iosim.hierarchy import ORDERS, ctas, device, hierarchy, l2, presets
+from iosim.views import cache_sim as cs
+
+CASES = [
+    ("flash2", False),
+    ("flash2", True),
+    ("flash1", False),
+    ("flash1", True),
+    ("square-tiling", False),
+    ("square-tiling", True),
+    ("standard", False),
+]
+SMALL = dict(N=96, d=16, M=1024)
+
+
+def traced(algorithm, backward, **kw):
+    args = {**SMALL, **kw}
+    return iosim.run(algorithm, backward=backward, count_only=True, trace=True, reference=False, **args)
+
+
+@pytest.mark.parametrize(("algorithm", "backward"), CASES)
+def test_pieces_re_add_to_the_two_level_count(algorithm, backward):
+    r = traced(algorithm, backward)
+    c = ctas.cut(r.trace)
+    reads = {n: 0 for n in r.trace.names}
+    writes = dict(reads)
+    for row in c.requests:
+        name = r.trace.names[int(row[1])]
+        (writes if row[0] else reads)[name] += int(row[6])
+    for name, counts in r.stats.per_array.items():
+        assert (reads[name], writes[name]) == (counts.reads, counts.writes), name
+    # every piece starts and ends with fast memory empty, and the pieces tile the events that move words
+    ev = r.trace.events
+    for start, stop in c.piece_events:
+        assert ev[stop - 1, 7] == 0 and (start == 0 or ev[start - 1, 7] == 0)
+
+
+def test_flash_cuts_are_the_outer_loops():
+    r = traced("flash2", False)
+    t = r.tiling
+    c = ctas.cut(r.trace)
+    assert c.launch_writes == ["L, O"] and c.pieces == -(-SMALL["N"] // t.Br)  # one CTA per row block i
+    r = traced("flash1", False)
+    c = ctas.cut(r.trace)
+    assert c.launch_writes == ["init", "O, l, m"]
+    assert c.pieces == 3 + -(-SMALL["N"] // r.tiling.Bc)  # the memsets of O, l, m; one CTA per column block j
+    r = traced("flash2", True)
+    c = ctas.cut(r.trace)
+    Tr, Tc = -(-SMALL["N"] // r.tiling.Br), -(-SMALL["N"] // r.tiling.Bc)
+    assert c.launch_writes == ["init", "D", "dK, dQ, dV"]
+    assert list(np.diff(c.launch_ptr)) == [1, Tr, Tc]
+
+
+@pytest.mark.parametrize(("algorithm", "backward"), CASES)
+@pytest.mark.parametrize("order", ORDERS)
+def test_no_l2_is_the_two_level_count(algorithm, backward, order):
+    r = hierarchy(algorithm, backward=backward, B=2, H_q=4, H_kv=2, P=3, C=0, L=4, order=order, **SMALL)
+    one = traced(algorithm, backward).stats
+    for name, c in r.per_array.items():
+        want = one.per_array[name]
+        assert (c.dram_read, c.dram_update) == (8 * want.reads, 8 * want.writes), name
+        assert (c.l2_read, c.l2_update) == (8 * want.reads, 8 * want.writes), name
+    assert r.dram == r.two_level == 8 * one.total and r.ratio == 1.0
+
+
+def compulsory(res):
+    """Naive: per line, L words fetched if its first access reads it, L written back if it is ever written."""
+    lay_lines, flags = line_stream(res)
+    first, written = {}, set()
+    for line, f in zip(lay_lines.tolist(), flags.tolist(), strict=True):
+        first.setdefault(line, f)
+        if f:
+            written.add(line)
+    return res.L * sum(1 for f in first.values() if f == 0), res.L * len(written)
+
+
+def line_stream(res):
+    """The recorded request order as a line stream (a second pass of l2.line_stream on the same layout)."""
+    from iosim.hierarchy.simulate import _layout
+
+    lay = _layout(res.trace, res.cut, res.B, res.H_q, res.H_kv, res.L)
+    rec = res.record
+    args = (rec[:, 0].copy(), rec[:, 1].copy(), len(rec), res.blocks[:, 1:].copy(), res.cut.requests, lay.kv)
+    args += (lay.cols, lay.lbase, lay.nl, res.L)
+    n = l2.line_stream(*args, np.zeros(0, np.int64), np.zeros(0, np.int8))
+    lines, flags = np.empty(n, np.int64), np.empty(n, np.int8)
+    l2.line_stream(*args, lines, flags)
+    return lines, flags
+
+
+@pytest.mark.parametrize(("algorithm", "backward"), CASES)
+@pytest.mark.parametrize("policy", ["lru", "opt"])
+def test_an_l2_holding_everything_moves_the_compulsory_traffic(algorithm, backward, policy):
+    r = hierarchy(
+        algorithm, backward=backward, B=2, H_q=2, H_kv=1, P=2, C=1 << 30, L=8, policy=policy, record=True, **SMALL
+    )
+    assert (r.dram_read, r.dram_update) == compulsory(r)
+
+
+@pytest.mark.parametrize(("algorithm", "backward"), CASES)
+def test_one_sm_one_block_at_a_time_sees_the_single_head_trace(algorithm, backward):
+    r = hierarchy(algorithm, backward=backward, P=1, blocks_per_sm=1, C=64, L=4, record=True, **SMALL)
+    ev = r.trace.events
+    moves = ev[(ev[:, 0] == LOAD) | (ev[:, 0] == STORE) | (ev[:, 0] == INIT)]
+    seen = r.cut.requests[r.record[:, 1]]
+    assert len(seen) == len(moves)
+    assert np.array_equal(seen[:, 0], (moves[:, 0] != LOAD).astype(np.int64))
+    assert np.array_equal(seen[:, 1:7], moves[:, 1:7])
+
+
+def cache_sim_lru(lines, flags, capacity, L, n_aids, aid_of):  # noqa: N803
+    """cache_sim's line LRU (write-validate) over a line stream, dirty lines flushed: (fetched, written) per aid."""
+    state = cs.new_state(cs.LRU, capacity, 2, int(lines.max()) + 1, L, n_aids)
+    h, _slot_of, line_of, dirty, prv, nxt, fetched, written = state
+    cs._lru_chunk(len(lines), lines, (flags & 1).astype(np.int8), *state, aid_of)
+    used = int(h[cs._USED])
+    for line in line_of[:used][dirty[:used] != 0]:
+        written[aid_of[line]] += L
+    return fetched, written
+
+
+@pytest.mark.parametrize(("algorithm", "backward"), CASES)
+@pytest.mark.parametrize("C", [16, 96, 400])
+def test_segment_lru_equals_cache_sim_line_lru_on_real_launches(algorithm, backward, C):  # noqa: N803
+    r = hierarchy(algorithm, backward=backward, B=1, H_q=4, H_kv=2, P=3, C=C, L=4, record=True, **SMALL)
+    lines, flags = line_stream(r)
+    names = r.trace.names
+    from iosim.hierarchy.simulate import _layout
+
+    lay = _layout(r.trace, r.cut, r.B, r.H_q, r.H_kv, r.L)
+    aid_of = np.zeros(lay.n_lines, np.int32)
+    ends = np.append(lay.lbase[1:], lay.n_lines)
+    for a in range(len(names)):
+        aid_of[lay.lbase[a] : ends[a]] = a
+    fetched, written = cache_sim_lru(lines, flags, C // 4, 4, len(names), aid_of)
+    for a, name in enumerate(names):
+        c = r.per_array.get(name)
+        got = (0, 0) if c is None else (c.l2_fill, c.l2_writeback)
+        assert got == (int(fetched[a]), int(written[a])), name
+
+
+def naive_line_cache(lines, writes, capacity, L, policy):  # noqa: N803
+    """A textbook fully associative write-back, write-validate cache of ``capacity`` lines: (fetched, written)."""
+    resident: OrderedDict[int, bool] = OrderedDict()
+    fetched = written = 0
+    for i, (line, w) in enumerate(zip(lines, writes, strict=True)):
+        if line in resident:
+            resident[line] = resident[line] or bool(w)
+            resident.move_to_end(line)
+            continue
+        if not w:
+            fetched += L
+        if len(resident) == capacity:
+            if policy == "lru":
+                victim = next(iter(resident))
+            else:
+
+                def next_use(x, i=i):
+                    return next((k for k in range(i + 1, len(lines)) if lines[k] == x), len(lines))
+
+                victim = max(resident, key=next_use)
+            written += L * resident.pop(victim)
+        resident[line] = bool(w)
+    return fetched, written + L * sum(resident.values())
+
+
+streams = st.integers(1, 40).flatmap(
+    lambda n_lines: st.tuples(
+        st.just(n_lines),
+        st.lists(st.booleans(), min_size=n_lines - 1, max_size=n_lines - 1),  # segment boundaries
+        st.lists(st.tuples(st.integers(0, n_lines - 1), st.integers(0, n_lines - 1), st.booleans()), max_size=60),
+    )
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(stream=streams, capacity=st.integers(1, 12), L=st.sampled_from([1, 2]))
+def test_segment_lru_equals_a_naive_line_lru_on_random_streams(stream, capacity, L):  # noqa: N803
+    n_lines, cuts, reqs = stream
+    starts = [0] + [i + 1 for i, c in enumerate(cuts) if c] + [n_lines]
+    seg_of = np.searchsorted(starts, np.arange(n_lines), side="right") - 1
+    h = np.array([-1, -1, 0], np.int64)
+    ns = len(starts) - 1
+    res, dirty = np.zeros(ns, np.int32), np.zeros(ns, np.int8)
+    prv, nxt = np.full(ns, -1, np.int32), np.full(ns, -1, np.int32)
+    seg_aid = np.zeros(ns, np.int16)
+    fill, wb = np.zeros(1, np.int64), np.zeros(1, np.int64)
+    lines, writes = [], []
+    for a, b, w in reqs:  # a request: whole segments from a's to b's, ascending
+        s0, s1 = sorted((seg_of[a], seg_of[b]))
+        for s in range(s0, s1 + 1):
+            k = starts[s + 1] - starts[s]
+            l2.access(s, k, int(w), 0, capacity, L, h, res, dirty, prv, nxt, seg_aid, fill, wb)
+            lines += list(range(starts[s], starts[s + 1]))
+            writes += [w] * k
+    l2.flush((h, res, dirty, prv, nxt, seg_aid), L, wb)
+    assert (int(fill[0]), int(wb[0])) == naive_line_cache(lines, writes, capacity, L, "lru")
+    assert int(res.sum()) == min(h[2], capacity) == h[2]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    trace=st.lists(st.tuples(st.integers(0, 30), st.booleans()), min_size=1, max_size=100),
+    capacity=st.integers(1, 9),
+    policy=st.sampled_from(["lru", "opt"]),
+)
+def test_cache_sim_write_validate_equals_a_naive_cache(trace, capacity, policy):
+    """The one addition to cache_sim (write_allocate=2: a write miss allocates without a fetch), LRU and OPT."""
+    addresses, writes = zip(*trace, strict=True)
+    assert cs.simulate(addresses, writes, policy, capacity, 1, 2) == naive_line_cache(
+        list(addresses), list(writes), capacity, 1, policy
+    )
+
+
+@pytest.mark.parametrize(("algorithm", "backward"), [("flash2", False), ("flash2", True), ("square-tiling", False)])
+def test_opt_is_a_floor_under_lru(algorithm, backward):
+    kw = dict(backward=backward, B=2, H_q=2, P=3, C=256, L=4, **SMALL)
+    lru, opt = hierarchy(algorithm, policy="lru", **kw), hierarchy(algorithm, policy="opt", **kw)
+    assert opt.dram_read <= lru.dram_read and opt.two_level == lru.two_level
+
+
+def test_gqa_shares_k_and_v_in_the_l2():
+    kw = dict(N=256, d=16, M=2048, P=8, C=1 << 20, L=8, order="swizzled")
+    mha = hierarchy("flash2", H_q=4, H_kv=4, **kw)
+    gqa = hierarchy("flash2", H_q=4, H_kv=1, **kw)
+    assert mha.two_level == gqa.two_level  # every query head loads its K/V tiles either way
+    assert gqa.per_array["K"].dram_read * 4 == mha.per_array["K"].dram_read  # compulsory: one KV head, not four
+
+
+def test_block_orders():
+    from iosim.hierarchy import block_order
+
+    pieces = np.arange(3)
+    g = block_order("grid", pieces, 1, 2, 1)
+    assert g[:, 0].tolist() == [0, 0, 1, 1, 2, 2] and g[:, 1].tolist() == [0, 1] * 3
+    hg = block_order("head-grouped", pieces, 1, 2, 1)
+    assert hg[:, 0].tolist() == [0, 1, 2] * 2 and hg[:, 1].tolist() == [0, 0, 0, 1, 1, 1]
+    sw = block_order("swizzled", pieces, 1, 4, 2)
+    assert sw[:4, 1].tolist() == [0, 1, 0, 1] and sw[:, 2].tolist() == [0] * 6 + [1] * 6
+    for order in ORDERS:
+        assert sorted(map(tuple, block_order(order, pieces, 2, 4, 2))) == sorted(
+            map(tuple, block_order("grid", pieces, 2, 4, 2))
+        )
+
+
+def test_device_presets_have_sourced_figures():
+    import csv
+
+    from iosim.hierarchy.devices import _table_path
+
+    table = presets()
+    for name in ("A100", "H100", "H200", "RTX 4090"):
+        assert name in table
+    assert (table["H100"].sms, table["H100"].l2_bytes) == (132, 50 * 1024 * 1024)
+    assert (table["A100"].sms, table["RTX 4090"].l2_bytes) == (108, 72 * 1024 * 1024)
+    with open(_table_path(), newline="") as f:
+        for row in csv.DictReader(f):
+            if row["sms"]:
+                for col in ("sms_source", "smem_bytes_source", "l2_source", "l2_line_source"):
+                    assert "http" in row[col], (row["device"], col)
+    assert device("h100") == table["H100"]
+
+
+def test_preset_launch_blocks_per_sm():
+    r = hierarchy("flash2", N=256, d=64, device="H100", M=16384)  # 32 KiB blocks: 228 KiB / 33 KiB = 6 per SM
+    assert (r.P, r.blocks_per_sm, r.C, r.L) == (132, 6, 50 * 1024 * 1024 // 2, 64)
+
+
+@pytest.mark.parametrize(
+    ("kw", "parameter"),
+    [
+        (dict(P=0, C=16), "P (SMs)"),
+        (dict(C=-1), "C (L2 words)"),
+        (dict(C=16, L=3), "L (line words)"),
+        (dict(C=2, L=4), "C (L2 words)"),
+        (dict(C=16, order="zigzag"), "order"),
+        (dict(C=16, policy="fifo"), "policy"),
+        (dict(device="Z80"), "device"),
+        (dict(device="H100", M=1 << 20), "M"),
+        (dict(C=16, H_q=4, H_kv=3), "H_kv (key/value heads)"),
+        (dict(device="A100", M=16384, blocks_per_sm=9), "blocks_per_sm"),
+        (dict(), "C (L2 words)"),
+    ],
+)
+def test_bad_input_names_the_parameter(kw, parameter):
+    args = dict(N=64, d=16, M=512)
+    args.update(kw)
+    with pytest.raises(InputError) as e:
+        hierarchy("flash2", **args)
+    assert e.value.parameter == parameter
+
+
+def test_cli_hierarchy(capsys):
+    from iosim.cli import main
+
+    assert (
+        main(["hierarchy", "flash2", "--N", "256", "--d", "64", "--device", "H100", "--H-q", "4", "--H-kv", "2"]) == 0
+    )
+    out = capsys.readouterr().out
+    assert "H100: P=132 SMs" in out and "DRAM:" in out and "L2 fill" in out
+    assert (
+        main(["hierarchy", "flash2", "--N", "256", "--d", "64", "--P", "2", "--C", "0", "--M", "4096", "--json"]) == 0
+    )
+    import json
+
+    d = json.loads(capsys.readouterr().out)
+    assert d["dram"] == d["two_level"] and d["ratio"] == 1.0
+    assert main(["hierarchy", "flash2", "--N", "64", "--d", "16", "--device", "nope"]) == 2
+    assert "device must be one of" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("algorithm", "backward"), CASES)
+def test_the_compulsory_estimate_is_what_a_whole_problem_l2_moves(algorithm, backward):
+    r = hierarchy(algorithm, backward=backward, B=2, H_q=2, H_kv=1, P=2, C=1 << 30, L=8, **SMALL)
+    assert r.compulsory == r.dram
