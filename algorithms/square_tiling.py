@@ -71,7 +71,17 @@ import math
 
 import numpy as np
 from iosim.algorithms._tiles import buffer, cdiv, tile
-from iosim.algorithms.tile_masks import apply_mask, block_range, mask_cols, mask_rows, resolve, tile_nnz
+from iosim.algorithms.tile_masks import (
+    BAND,
+    FAR,
+    apply_mask,
+    block_range,
+    mask_cols,
+    mask_rows,
+    resolve,
+    tile_mask,
+    tile_nnz,
+)
 from iosim.memory_model import alloc, alloc_vec, free, load, load_vec, store, store_to, store_vec
 from iosim.memory_model.core import jitable
 from numba import njit
@@ -108,10 +118,10 @@ def _normalised_probabilities(Sik, L_i):
 
 
 @njit(cache=True)
-def _square_forward(W, ids, Q, K, V, S, O, L, N, d, B, scale, mk, mp, mt):  # noqa: N803
+def _square_forward(W, ids, Q, K, V, S, O, L, N, Nk, d, dv, B, scale, mk, mp, mt):  # noqa: N803
     iQ, iK, iV, iS, iO, iL, im = ids
-    Tn = cdiv(N, B)  # tiles along N (rows of Q, rows of K)
-    Td = cdiv(d, B)  # tiles along the head dimension d
+    Tn = cdiv(N, B)  # tiles along N (rows of Q; N_k keys when N_q != N_k)
+    Td = cdiv(d, B)  # tiles along the head dimension d (of V and O: d_v)
     Qb, Kb, Sb = buffer(B * B, Q), buffer(B * B, Q), buffer(B * B, Q)
     mb, lb = buffer(B, Q), buffer(B, Q)
     # Phase 1: the N x N exponent S = scale Q K^T tile by tile, with the row statistics (d_B[i] in the paper).
@@ -123,11 +133,11 @@ def _square_forward(W, ids, Q, K, V, S, O, L, N, d, B, scale, mk, mp, mt):  # no
         if Q is not None:
             mb[:bi] = -np.inf
             lb[:bi] = 0.0
-        lo, hi = mask_cols(mk, mp, mt, r0, bi, N)
+        lo, hi = mask_cols(mk, mp, mt, r0, bi, Nk)
         j0, j1 = block_range(lo, hi, B)
         for j in range(j0, j1):
             c0 = j * B
-            bj = min(B, N - c0)
+            bj = min(B, Nk - c0)
             nnz = tile_nnz(mk, mp, mt, r0, bi, c0, bj)
             if nnz == 0:  # a tile the mask empties (causal: entirely above the diagonal)
                 continue
@@ -161,18 +171,18 @@ def _square_forward(W, ids, Q, K, V, S, O, L, N, d, B, scale, mk, mp, mt):  # no
         r0 = i * B
         bi = min(B, N - r0)
         hL = load_vec(W, iL, L, r0, bi, Lb)  # read d_B[i]
-        for c in range(Td):  # output column tile of d
+        for c in range(cdiv(dv, B)):  # output column tile of d (d_v)
             c0 = c * B
-            bc = min(B, d - c0)
+            bc = min(B, dv - c0)
             Oic = tile(Ob, bi, bc)
             hO = alloc(W, iO, r0, bi, c0, bc)  # O tile = 0
             if Q is not None:
                 Oic[:, :] = 0.0
-            lo, hi = mask_cols(mk, mp, mt, r0, bi, N)
+            lo, hi = mask_cols(mk, mp, mt, r0, bi, Nk)
             k0_, k1_ = block_range(lo, hi, B)
             for k in range(k0_, k1_):
                 k0 = k * B
-                bk = min(B, N - k0)
+                bk = min(B, Nk - k0)
                 if tile_nnz(mk, mp, mt, r0, bi, k0, bk) == 0:  # A_ik is all zero
                     continue
                 Aik, Vkc = tile(Pb, bi, bk), tile(Vb, bk, bc)
@@ -350,17 +360,25 @@ def _poisoned(numeric, dtype, *shapes):
     return tuple(np.full(shape, np.nan, dtype) if numeric else None for shape in shapes)
 
 
-def square_tiling_forward(mem, Q, K, V, *, N, d, B, scale, causal=False, dtype=np.float64):  # noqa: N803
+def square_tiling_forward(mem, Q, K, V, *, N, d, B, scale, causal=False, dtype=np.float64, N_k=None, d_v=None):  # noqa: N803
     """Saha & Ye Algorithm 1 (numerically stable form) on memory ``mem``; tile side ``B``.
 
     Count-only mode: pass Q = K = V = None. Returns (O, L, S): the output, the row logsumexp and the N x N
     exponent S = scale Q K^T left in slow memory (None each in count-only mode). Exact count:
-    :func:`iosim.theory.io_model.square_tiling_forward` (= docs/theory.md S1 when non-causal).
+    :func:`iosim.theory.io_model.square_tiling_forward` (= docs/theory.md S1 when non-causal). ``N_k`` keys
+    (default N; ``causal`` is then bottom-right: row r sees keys c <= r + N_k - N) and ``d_v`` the width of V and
+    O (default d): :func:`iosim.theory.io_model.square_tiling_problem`.
     """
+    Nk = N if N_k is None else N_k
+    dv = d if d_v is None else d_v
     Q, K, V = _as_inputs(dtype, Q, K, V)
-    S, O, L = _poisoned(Q is not None, dtype, (N, N), (N, d), (N,))
-    ids = mem.ids(Q=(N, d), K=(N, d), V=(N, d), S=(N, N), O=(N, d), L=(N,), m=(N,))
-    mem.call(_square_forward, ids, Q, K, V, S, O, L, N, d, B, float(scale), *resolve(causal, N).args[:3])
+    S, O, L = _poisoned(Q is not None, dtype, (N, Nk), (N, dv), (N,))
+    ids = mem.ids(Q=(N, d), K=(Nk, d), V=(Nk, dv), S=(N, Nk), O=(N, dv), L=(N,), m=(N,))
+    if Nk != N and causal is True:  # the bottom-right causal band: c - r <= N_k - N
+        mk = tile_mask(BAND, (-FAR, Nk - N), N=N, label="causal").args[:3]
+    else:
+        mk = resolve(causal, N).args[:3]
+    mem.call(_square_forward, ids, Q, K, V, S, O, L, N, Nk, d, dv, B, float(scale), *mk)
     return O, L, S
 
 

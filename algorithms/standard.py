@@ -24,7 +24,7 @@ import math
 
 import numpy as np
 from iosim.algorithms._tiles import buffer, cdiv, exp_nonpos, tile
-from iosim.algorithms.tile_masks import DENSE, mask_allows, resolve
+from iosim.algorithms.tile_masks import BAND, DENSE, FAR, mask_allows, resolve, tile_mask
 from iosim.memory_model import alloc, free, load, store, store_to
 from iosim.memory_model.core import jitable
 from numba import njit
@@ -122,15 +122,15 @@ def _mask_row(x, row, col0, mk, mp, mt, fill):
 
 
 @jitable(nrt=True)
-def _softmax(W, iS, S, iP, P, im, N, M, mk, mp, mt):
-    """P = softmax(S) row-wise, one pass when a row fits in fast memory, two passes otherwise."""
+def _softmax(W, iS, S, iP, P, im, Nr, N, M, mk, mp, mt):
+    """P = softmax(S) row-wise (Nr rows of N columns), one pass when a row fits in fast memory, two otherwise."""
     hm = alloc(W, im, 0, 1, 0, 2)  # the current row's max and sum
     if N + 2 <= M:
-        R = min(N, (M - 2) // N)
+        R = min(Nr, (M - 2) // N)
         Sb = buffer(R * N, S)
-        for i in range(cdiv(N, R)):
+        for i in range(cdiv(Nr, R)):
             r0 = i * R
-            br = min(R, N - r0)
+            br = min(R, Nr - r0)
             rows = tile(Sb, br, N)
             h = load(W, iS, S, r0, br, 0, N, rows)
             if S is not None:
@@ -145,7 +145,7 @@ def _softmax(W, iS, S, iP, P, im, N, M, mk, mp, mt):
     else:
         C = M - 2
         Sb = buffer(C, S)
-        for r in range(N):
+        for r in range(Nr):
             m_r, l_r = -np.inf, 0.0
             for p in range(2):  # pass 0: running max and sum; pass 1: normalise and store
                 for j in range(cdiv(N, C)):
@@ -171,27 +171,33 @@ def _softmax(W, iS, S, iP, P, im, N, M, mk, mp, mt):
 
 
 @njit(cache=True)
-def _standard_forward(W, ids, Q, K, V, S, P, O, N, d, M, B, scale, mk, mp, mt):  # noqa: N803
+def _standard_forward(W, ids, Q, K, V, S, P, O, N, Nk, d, dv, M, B, scale, mk, mp, mt):  # noqa: N803
     iQ, iK, iV, iS, iP, iO, im = ids
-    tiled_matmul(W, iQ, Q, iK, K, iS, S, N, d, N, B, False, True, scale)  # step 1: S = Q K^T
-    _softmax(W, iS, S, iP, P, im, N, M, mk, mp, mt)  # step 2: P = softmax(S), masked
-    tiled_matmul(W, iP, P, iV, V, iO, O, N, N, d, B, False, False, 1.0)  # step 3: O = P V
+    tiled_matmul(W, iQ, Q, iK, K, iS, S, N, d, Nk, B, False, True, scale)  # step 1: S = Q K^T
+    _softmax(W, iS, S, iP, P, im, N, Nk, M, mk, mp, mt)  # step 2: P = softmax(S), masked
+    tiled_matmul(W, iP, P, iV, V, iO, O, N, Nk, dv, B, False, False, 1.0)  # step 3: O = P V
 
 
-def standard_forward(mem, Q, K, V, *, N, d, B, scale, causal=False, dtype=np.float64):  # noqa: N803
+def standard_forward(mem, Q, K, V, *, N, d, B, scale, causal=False, dtype=np.float64, N_k=None, d_v=None):  # noqa: N803
     """Standard attention (Algorithm 0) with tiled products on memory ``mem``.
 
     Count-only mode: pass Q = K = V = None. Returns (O, S, P) from slow memory (None in count-only mode, where no
-    N x N array is allocated).
+    N x N array is allocated). ``N_k`` keys (default N: N_q = N rows of Q against N_k keys, S and P N x N_k;
+    ``causal`` is then bottom-right, row r seeing keys c <= r + N_k - N) and ``d_v`` (default d) the width of V, O.
     """
+    Nk = N if N_k is None else N_k
+    dv = d if d_v is None else d_v
     if Q is None:
         S = P = O = None
     else:
         Q, K, V = (np.ascontiguousarray(x, dtype=dtype) for x in (Q, K, V))
-        S, P, O = (np.full(shape, np.nan, dtype) for shape in ((N, N), (N, N), (N, d)))  # poisoned
-    ids = mem.ids(Q=(N, d), K=(N, d), V=(N, d), S=(N, N), P=(N, N), O=(N, d), m=(1, 2))
-    mk = resolve(causal, N).args[:3]
-    mem.call(_standard_forward, ids, Q, K, V, S, P, O, N, d, mem.M, B, float(scale), *mk)
+        S, P, O = (np.full(shape, np.nan, dtype) for shape in ((N, Nk), (N, Nk), (N, dv)))  # poisoned
+    ids = mem.ids(Q=(N, d), K=(Nk, d), V=(Nk, dv), S=(N, Nk), P=(N, Nk), O=(N, dv), m=(1, 2))
+    if Nk != N and causal is True:  # the bottom-right causal band: c - r <= N_k - N
+        mk = tile_mask(BAND, (-FAR, Nk - N), N=N, label="causal").args[:3]
+    else:
+        mk = resolve(causal, N).args[:3]
+    mem.call(_standard_forward, ids, Q, K, V, S, P, O, N, Nk, d, dv, mem.M, B, float(scale), *mk)
     return O, S, P
 
 

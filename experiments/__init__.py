@@ -79,6 +79,12 @@ EXPERIMENTS: tuple[Entry, ...] = (
     Entry("devices", "07_devices", "reviewers' device question", "Device regime table: M vs d^2 per GPU and dtype"),
     Entry("replay", "08_replay", "issue 11 (reviewers' cache question)", "Explicit schedule vs LRU and OPT caches"),
     Entry("kernels", "09_kernels", "issue 23 (real kernels)", "Triton, Pallas, numba.cuda kernels against the model"),
+    Entry(
+        "decoding-gqa", "10_decoding_gqa", "issue 22 (GQA decoding)", "Decoding I/O vs group size: per-head vs packed"
+    ),
+    Entry("split-kv", "11_split_kv", "issue 22 (Flash-Decoding)", "Split-KV: I/O and thread blocks vs splits"),
+    Entry("mla", "12_mla", "issue 22 (MLA, DeepSeek-V2/V3)", "MLA shared latent vs naive on every device"),
+    Entry("paged-kv", "13_paged_kv", "issue 22 (vLLM paged KV)", "Paged KV: I/O against the page size"),
     Entry("hierarchy", "14_hierarchy", "issue 24 (reviewers' L2 question)", "A shared L2: DRAM vs two-level, orders"),
 )
 

@@ -12,6 +12,7 @@ from iosim.errors import InputError
 from iosim.hierarchy import HierarchyResult, hierarchy
 from iosim.kernels.check import CheckReport, check
 from iosim.memory_model import CapacityError, Memory, ScheduleError, Trace
+from iosim.problem import Problem
 from iosim.registry import register, unregister
 from iosim.sweep import sweep
 from iosim.version import __version__ as __version__
@@ -27,6 +28,7 @@ __all__ = [
     "Trace",
     "__version__",
     "PassResult",
+    "Problem",
     "Result",
     "algorithm_names",
     "check",

@@ -14,6 +14,7 @@ from iosim import registry
 from iosim.algorithms.reference import attention_backward, attention_forward, default_scale
 from iosim.errors import InputError
 from iosim.memory_model import Stats, Trace, TwoLevelMemory
+from iosim.problem import GQA_POLICIES, MLA_POLICIES, Problem
 from iosim.theory import bounds
 from iosim.theory.io_model import Prediction
 from iosim.theory.tiling import RULES, Tiling
@@ -93,6 +94,18 @@ class Result:
     trace: Trace | None = None  # the requested pass's event trace (``trace=True``)
     mask: str = "none"  # the mask's label (``causal`` for the causal flag); see iosim.masks
     kv_policy: str = "paper"  # the empty-block policy (iosim.algorithms.tile_masks.POLICIES)
+    problem: Problem | None = None  # what was counted (provenance): B, heads, N_q, N_k, d_qk, d_v, dtypes
+    schedule: dict = field(default_factory=dict)  # GQA policy, splits, MLA read, thread blocks (problem runs)
+
+    @property
+    def bytes_per_array(self) -> dict[str, int]:
+        """Bytes moved per array (reads + writes), each array at its dtype (:meth:`iosim.problem.Problem.bytes_of`)."""
+        p = self.problem or Problem(N=self.N, d=self.d)
+        return {n: p.bytes_of(n, c.reads + c.writes) for n, c in self.stats.per_array.items()}
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(self.bytes_per_array.values())
 
     @property
     def finite(self) -> bool:
@@ -155,6 +168,13 @@ class Result:
             "max_abs_error": self.max_abs_error,
             "finite": self.finite,
         }
+        if self.problem is not None:
+            out["problem"] = self.problem.as_dict()
+            out["schedule"] = dict(self.schedule)
+            out["bytes_per_array"] = self.bytes_per_array
+            out["total_bytes"] = self.total_bytes
+            out["compulsory_words"] = sum(self.problem.compulsory().values())
+            out["compulsory_bytes"] = self.problem.compulsory_bytes()
         if len(self.passes) > 1:
             out["passes"] = {name: p.as_dict() for name, p in self.passes.items()}
             out["total_all_passes"] = sum(p.stats.total for p in self.passes.values())
@@ -382,6 +402,13 @@ def run(
     allow_long: bool = False,
     mask=None,
     kv_policy: str = "paper",
+    problem: Problem | None = None,
+    gqa: str = "per-head",
+    splits: int = 1,
+    mla: str = "shared",
+    Br: int | None = None,
+    Bc: int | None = None,
+    B: int | None = None,
 ) -> Result:
     """Run ``algorithm`` under a fast memory of ``M`` words and return counts, prediction, bounds and errors.
 
@@ -406,9 +433,25 @@ def run(
     masks the scores; ``causal=True`` is the causal mask. Built-in algorithms skip the tiles the mask empties;
     ``kv_policy`` ("paper" or "skip") decides whether the outer-loop operands (K_j, V_j; Q_i for flash2's forward)
     of a block whose tiles are all empty are loaded (FlashAttention Algorithm 5) or not (its CUDA kernel).
+
+    ``problem`` (an :class:`iosim.problem.Problem`: batch, query and key/value heads, N_q, N_k, d_qk, d_v, causal
+    bottom-right, MLA latent, page size, dtypes) replaces N and d; ``gqa`` ("per-head" or "packed"), ``splits``
+    (split-KV, flash2) and ``mla`` ("shared" or "naive", a latent problem) choose the schedule over it
+    (:mod:`iosim.algorithms.decoding`). A one-head problem with N_q = N_k and the default schedule runs the
+    algorithms above unchanged. ``Br``, ``Bc`` (flash1, flash2) and ``B`` (standard, square-tiling) fix the tiles
+    instead of the tiling rule; their working set must fit in M.
     """
     algo = registry.get(algorithm)
     M = _positive_int("M", M, MAX_M)
+    if problem is not None or gqa != "per-head" or splits != 1 or mla != "shared":
+        problem = _problem_arg(problem, N, d, causal, Q, dtype)
+        if not _is_plain(problem, gqa, splits, mla):
+            opts = dict(backward=backward, count_only=count_only, tiling=tiling, dtype=dtype, seed=seed, scale=scale)
+            opts.update(strict=strict, trace=trace, reference=reference, allow_long=allow_long, mask=mask)
+            opts.update(kv_policy=kv_policy, given=Q is not None or K is not None or V is not None or dO is not None)
+            return _run_problem(algo, problem, M, gqa, splits, mla, Br, Bc, B, **opts)
+        N, d, causal = problem.N_q, problem.d_qk, problem.causal
+    explicit = _explicit_tiles(algo, Br, Bc, B)
     backward, causal, count_only = _flag("backward", backward), _flag("causal", causal), _flag("count_only", count_only)
     strict, trace, reference = _flag("strict", strict), _flag("trace", trace), _flag("reference", reference)
     allow_long = _flag("allow_long", allow_long)
@@ -446,6 +489,8 @@ def run(
 
     t = algo.choose_tiling(N, d, M, tiling)
     t_bwd = algo.backward_tiling(N, d, M, tiling) if backward else None  # before any work: a too-small M fails fast
+    if explicit:
+        t, t_bwd = _explicit_tiling(algo, explicit, t, t_bwd, N, d, M, causal_arg, strict)
     np_dtype = np.dtype(dtype)
     if count_only:
         _check_time(t_bwd or t, N, d, backward, allow_long, tmask if masked else None)
@@ -533,6 +578,9 @@ def run(
         pass_trace,
         tmask.label,
         tmask.policy,
+        problem
+        if problem is not None
+        else Problem(N=N, d=d, causal=causal, dtype_q="fp64" if dtype == "float64" else "fp32"),
     )
     if not result.finite:
         bad = [name for name, p in passes.items() if not p.finite]
@@ -543,3 +591,303 @@ def run(
             stacklevel=2,
         )
     return result
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Whole problems (iosim.problem.Problem): batch, heads, GQA, N_q != N_k, split-KV, paged KV, MLA.
+# ---------------------------------------------------------------------------------------------------------------
+PROBLEM_ALGORITHMS = ("flash1", "flash2")
+ONE_HEAD_ALGORITHMS = ("standard", "square-tiling")  # one head, any N_q, N_k, d_qk, d_v
+
+
+def _problem_arg(problem, N, d, causal, Q, dtype) -> Problem:
+    """The problem of a run: the one given, or the one-head problem of N and d (schedule options without one)."""
+    if problem is None:
+        if N is None or d is None:
+            raise InputError("problem", "or N and d must be given with gqa, splits or mla")
+        return Problem(N=_positive_int("N", N, MAX_N), d=_positive_int("d", d, MAX_D), causal=bool(causal))
+    if not isinstance(problem, Problem):
+        raise InputError("problem", "must be an iosim.Problem", type(problem).__name__)
+    if N is not None or d is not None or Q is not None:
+        raise InputError("N, d", "must not be given with problem= (the problem holds N_q, N_k, d_qk, d_v)", (N, d))
+    if causal:
+        raise InputError("causal", "is a field of the problem (Problem(causal=True)) when problem= is given", causal)
+    return problem
+
+
+def _is_plain(p: Problem, gqa: str, splits, mla: str) -> bool:
+    """Whether a problem and its schedule are the seed papers' case (one head, N_q = N_k, no split, no latent)."""
+    return p.is_single and gqa == "per-head" and splits == 1 and mla == "shared"
+
+
+def _explicit_tiles(algo, Br, Bc, B) -> dict:
+    """The explicit tiles given (validated: positive, and of the algorithm's kind)."""
+    given = {k: _positive_int(k, v, MAX_N) for k, v in (("Br", Br), ("Bc", Bc), ("B", B)) if v is not None}
+    if not given:
+        return given
+    square = algo.name in ("standard", "square-tiling")
+    if not algo.builtin:
+        raise InputError(
+            ", ".join(given), f"apply to the built-in algorithms, not to {algo.name}", tuple(given.values())
+        )
+    if square and ("Br" in given or "Bc" in given):
+        raise InputError("Br, Bc", f"apply to flash1 and flash2; {algo.name} takes B (square tiles)", (Br, Bc))
+    if not square and "B" in given:
+        raise InputError("B", f"applies to standard and square-tiling; {algo.name} takes Br and Bc", B)
+    return given
+
+
+def _explicit_tiling(algo, given: dict, t, t_bwd, N, d, M, causal_arg, strict: bool):
+    """The rule's tiling with the given tiles in place; the forward's (and backward's) peak must fit in M."""
+    fields = {k: given.get(k, getattr(t, k)) for k in ("Br", "Bc", "B") if getattr(t, k) is not None}
+    t = Tiling("explicit", **fields)
+    checks = [("forward", algo.predict_forward(N, d, M, t, causal_arg))]
+    if t_bwd is not None:
+        t_bwd = t
+        checks.append(("backward", algo.predict_backward(N, d, M, t, causal_arg)))
+    for what, pred in checks:
+        if strict and pred is not None and pred.peak > M:
+            raise InputError(
+                ", ".join(given),
+                f"give a {what} working set of {pred.peak:,} words above M = {M:,}: choose smaller tiles "
+                "(or strict=False to record the overflow)",
+                tuple(given.values()),
+            )
+    return t, t_bwd
+
+
+def _problem_schedule(algo, p: Problem, gqa, splits, mla, B) -> tuple[int, str]:
+    """Validate the schedule options against the algorithm and the problem: (splits, mla)."""
+    one_head = p.B == 1 and p.H_q == 1 and not p.latent and p.page_size is None and splits == 1
+    if algo.name in ONE_HEAD_ALGORITHMS and one_head:
+        return 1, mla  # one head, N_q x N_k, d_qk and d_v: square tiles take any shapes
+    if algo.name not in PROBLEM_ALGORITHMS:
+        raise InputError(
+            "algorithm",
+            f"must be one of {', '.join(PROBLEM_ALGORITHMS)} for a problem beyond one head with N_q = N_k (batch, "
+            f"heads, decoding, split-KV, paged KV, MLA); {' and '.join(ONE_HEAD_ALGORITHMS)} take one head (any N_q, "
+            "N_k, d_qk, d_v)",
+            algo.name,
+        )
+    if gqa not in GQA_POLICIES:
+        raise InputError("gqa", f"must be one of {', '.join(GQA_POLICIES)}", gqa)
+    if mla not in MLA_POLICIES:
+        raise InputError("mla", f"must be one of {', '.join(MLA_POLICIES)}", mla)
+    if mla == "naive" and not p.latent:
+        raise InputError("mla", "naive applies to a latent (MLA) problem: Problem(latent=True)", mla)
+    splits = _positive_int("splits", splits, p.N_k) if not isinstance(splits, bool) else splits
+    if isinstance(splits, bool):
+        raise InputError("splits", f"must be an integer from 1 to N_k = {p.N_k:,}", splits)
+    if splits > 1 and algo.name != "flash2":
+        raise InputError(
+            "splits",
+            f"applies to flash2 (Flash-Decoding splits FlashAttention-2's key loop); {algo.name} takes 1",
+            splits,
+        )
+    return splits, mla
+
+
+def combine_rows(p: Problem, splits: int, M: int) -> int:
+    """Rows per block of the split-KV combine step: the most whose working set fits M (at most all rows)."""
+    from iosim.theory.io_model import combine_working_set
+
+    if splits == 1:
+        return 1
+    per_row = combine_working_set(p.d_v, splits, 1)
+    rows = min(p.B * p.H_q * p.N_q, M // per_row)
+    if rows < 1:
+        raise InputError(
+            "M", f"must be at least {per_row:,} words for the split-KV combine step (s + 2 d_v + 1 words per row)", M
+        )
+    return rows
+
+
+def _problem_inputs(p: Problem, rng):
+    """Standard-normal Q (B H_q N_q x d_qk), K and V (B H_kv N_k rows; the latent: V = K's first d_v columns) in
+    logical order, and the paged storage: (Q, K, V, K_stored, V_stored, table)."""
+    Q = rng.standard_normal((p.B * p.H_q * p.N_q, p.d_qk))
+    K = rng.standard_normal((p.B * p.H_kv * p.N_k, p.d_qk))
+    V = np.ascontiguousarray(K[:, : p.d_v]) if p.latent else rng.standard_normal((p.B * p.H_kv * p.N_k, p.d_v))
+    if p.page_size is None:
+        return Q, K, V, K, V, None
+    P, pages = p.page_size, p.pages
+    table = rng.permutation(p.B * pages).astype(np.int64)  # logical page t of batch item b -> physical page
+    Ks = np.full((p.B * pages * p.H_kv * P, p.d_qk), np.nan)  # unwritten rows stay NaN: a wrong load shows
+    Vs = np.full((p.B * pages * p.H_kv * P, p.d_v), np.nan)
+    for b in range(p.B):
+        for t in range(pages):
+            n = min(P, p.N_k - t * P)
+            for hk in range(p.H_kv):
+                src = (b * p.H_kv + hk) * p.N_k + t * P
+                dst = (int(table[b * pages + t]) * p.H_kv + hk) * P
+                Ks[dst : dst + n] = K[src : src + n]
+                Vs[dst : dst + n] = V[src : src + n]
+    return Q, K, V, Ks, Vs, table
+
+
+def problem_reference(p: Problem, Q, K, V, scale: float):
+    """The float64 reference of a problem, head by head: query head h uses key/value head h // g; causal is
+    bottom-right (offset N_k - N_q). Returns (O, L) in (b, h_q, r) row order."""
+    O = np.empty((Q.shape[0], p.d_v))
+    L = np.empty(Q.shape[0])
+    for b in range(p.B):
+        for h in range(p.H_q):
+            q = (b * p.H_q + h) * p.N_q
+            k = (b * p.H_kv + h // p.g) * p.N_k
+            O[q : q + p.N_q], L[q : q + p.N_q] = attention_forward(
+                Q[q : q + p.N_q], K[k : k + p.N_k], V[k : k + p.N_k], scale=scale, causal=p.causal, offset=p.offset
+            )
+    return O, L
+
+
+def _run_problem(algo, p: Problem, M: int, gqa, splits, mla, Br, Bc, B, **o) -> Result:
+    """:func:`run` over a whole problem (flash1, flash2; :mod:`iosim.algorithms.decoding`)."""
+    from iosim.algorithms import decoding
+    from iosim.theory import io_model
+    from iosim.theory.tiling import problem_tiling
+
+    splits, mla = _problem_schedule(algo, p, gqa, splits, mla, B)
+    if _flag("backward", o["backward"]):
+        raise InputError(
+            "backward", "is not available for a problem beyond one head with N_q = N_k (forward only)", True
+        )
+    trace = _flag("trace", o["trace"])
+    if o["mask"] not in (None, "none", "dense"):
+        raise InputError(
+            "mask", "of a problem is its causal field (bottom-right); other masks take one head", o["mask"]
+        )
+    if o["given"]:
+        raise InputError("Q, K, V", "are drawn from seed for a problem (give the arrays for one head with N and d)")
+    if not isinstance(o["tiling"], str) or o["tiling"] not in RULES:
+        raise InputError("tiling", f"must be one of {', '.join(RULES)}", o["tiling"])
+    count_only, strict = _flag("count_only", o["count_only"]), _flag("strict", o["strict"])
+    reference, allow_long = _flag("reference", o["reference"]), _flag("allow_long", o["allow_long"])
+    dtype = _dtype(o["dtype"])
+    seed = _seed(o["seed"])
+    scale = _scale(o["scale"], p.d_qk)
+    Br = None if Br is None else _positive_int("Br", Br, MAX_N)
+    Bc = None if Bc is None else _positive_int("Bc", Bc, MAX_N)
+    if algo.name in ONE_HEAD_ALGORITHMS:
+        return _run_one_head_problem(algo, p, M, B, count_only, strict, reference, dtype, seed, scale, o["tiling"])
+    if B is not None:
+        raise InputError("B", f"applies to standard and square-tiling; {algo.name} takes Br and Bc", B)
+    G = p.g if gqa == "per-head" else 1
+    rows = p.N_q * (p.g // G)
+    shared = p.latent and mla == "shared"
+    t = problem_tiling(algo.name, p, M, o["tiling"], rows, shared, Br, Bc)
+    bm = combine_rows(p, splits, M)
+    groups = p.B * p.H_kv * G
+    steps = groups * -(-rows // t.Br) * (-(-p.N_k // t.Bc) + p.pages + splits)
+    from iosim import estimate
+
+    # one head of N_q x N_k per group: the numeric estimate's arithmetic is per head (N_q N_k d), times the heads
+    if count_only:
+        seconds = estimate.count_only_seconds(steps)
+    else:
+        seconds = estimate.numeric_seconds(1, 1, steps, False) + estimate.NUMERIC_N2D * p.B * p.H_q * p.N_q * p.N_k * (
+            p.d_qk + p.d_v
+        )
+    estimate.check(seconds, f"a run of {algo.name} over {p}", allow_long=allow_long, parameter="problem", value=str(p))
+    if not count_only:
+        words = (p.B * p.H_q * p.N_q * (p.d_qk + (splits + 1) * p.d_v)) + 3 * p.B * p.H_kv * p.N_k * (p.d_qk + p.d_v)
+        if words * 8 > 0.8 * _available_bytes():
+            raise InputError(
+                "count_only", f"must be True for this problem ({words * 8 / 2**30:.1f} GiB of arrays)", False
+            )
+    np_dtype = np.dtype(dtype)
+    mem = TwoLevelMemory(M, strict=strict, trace=trace, fast=count_only and not trace)
+    schedule = {
+        "gqa": gqa,
+        "splits": splits,
+        "mla": mla if p.latent else None,
+        "combine_rows": bm if splits > 1 else None,
+    }
+    errors: dict[str, float] = {}
+    if count_only:
+        Q = K = V = Ks = Vs = table = None
+    else:
+        Q, K, V, Ks, Vs, table = _problem_inputs(p, np.random.default_rng(seed))
+    data = [None if x is None else np.ascontiguousarray(x, dtype=np_dtype) for x in (Q, Ks, Vs)]
+    if algo.name == "flash2":
+        O, L = decoding.flash2_problem(
+            mem, p, *data, table, Br=t.Br, Bc=t.Bc, gqa=gqa, splits=splits, mla=mla, combine_rows=bm, scale=scale,
+            dtype=np_dtype,
+        )  # fmt: skip
+        outputs = {"O": O, "L": L}
+        predicted = io_model.flash2_problem(p, t.Br, t.Bc, gqa, splits, mla, bm)
+    else:
+        O, l_, m = decoding.flash1_problem(
+            mem, p, *data, table, Br=t.Br, Bc=t.Bc, gqa=gqa, mla=mla, scale=scale, dtype=np_dtype
+        )
+        with np.errstate(divide="ignore"):
+            L = None if m is None else m + np.log(l_)
+        outputs = {"O": O, "l": l_, "m": m, "L": L}
+        predicted = io_model.flash1_problem(p, t.Br, t.Bc, gqa, mla)
+    schedule["thread_blocks"] = predicted.thread_blocks
+    if not count_only and reference:
+        O_ref, L_ref = problem_reference(p, Q, K, V, scale)
+        errors["O"] = float(np.max(np.abs(outputs["O"] - O_ref)))
+        errors["L"] = _logsumexp_error(outputs["L"], L_ref)
+    lb = float(sum(p.compulsory().values()))
+    fwd = PassResult(
+        "forward", mem.stats(), predicted, lb, "compulsory (read Q, K/V once per KV head, write O)", errors, t,
+        count_only or _all_finite(outputs, ("O", "L")),
+    )  # fmt: skip
+    return Result(
+        algo.name, p.N_q, p.d_qk, M, p.causal, count_only, dtype, t, {"forward": fwd}, outputs, seed, scale,
+        mem.trace(), "causal" if p.causal else "none", "paper", p, schedule,
+    )  # fmt: skip
+
+
+def _run_one_head_problem(algo, p: Problem, M, B, count_only, strict, reference, dtype, seed, scale, rule) -> Result:
+    """Standard attention (Algorithm 0) or square tiling on one head of N_q rows against N_k keys, widths d_qk and
+    d_v; causal bottom-right. Exact counts: :func:`iosim.theory.io_model.standard_forward` with N_k and d_v,
+    :func:`iosim.theory.io_model.square_tiling_problem`."""
+    from iosim.algorithms import square_tiling, standard
+    from iosim.theory import io_model
+    from iosim.theory.tiling import saha_ye_problem_tiling
+    from iosim.theory.tiling import square_tiling as standard_tiling
+
+    if algo.name == "standard":
+        t = standard_tiling("standard", p.N_q, p.d_qk, M, rule, p.N_k, p.d_v)
+    else:
+        t = saha_ye_problem_tiling(p, M, rule)
+    if B is not None:
+        t = Tiling("explicit", B=_positive_int("B", B, MAX_N))
+    if algo.name == "standard":
+        predicted = io_model.standard_forward(p.N_q, p.d_qk, M, t.B, p.causal, p.N_k, p.d_v)
+    else:
+        predicted = io_model.square_tiling_problem(p, t.B)
+    if B is not None and strict and predicted.peak > M:
+        raise InputError("B", f"gives a working set of {predicted.peak:,} words above M = {M:,}: choose a smaller B", B)
+    if not count_only:
+        words = 3 * p.N_q * p.N_k + 2 * (p.N_q + p.N_k) * (p.d_qk + p.d_v)
+        if words * 8 > 0.8 * _available_bytes():
+            raise InputError("count_only", f"must be True for this problem ({words * 8 / 2**30:.1f} GiB)", False)
+    mem = TwoLevelMemory(M, strict=strict, fast=count_only)
+    np_dtype = np.dtype(dtype)
+    if count_only:
+        Q = K = V = None
+    else:
+        Q, K, V, _, _, _ = _problem_inputs(p, np.random.default_rng(seed))
+    kw = dict(N=p.N_q, d=p.d_qk, B=t.B, scale=scale, causal=p.causal, dtype=np_dtype, N_k=p.N_k, d_v=p.d_v)
+    if algo.name == "standard":
+        O, S, P = standard.standard_forward(mem, Q, K, V, **kw)
+        outputs = {"O": O, "S": S, "P": P}
+    else:
+        O, L, S = square_tiling.square_tiling_forward(mem, Q, K, V, **kw)
+        outputs = {"O": O, "L": L, "S": S}
+    errors: dict[str, float] = {}
+    if not count_only and reference:
+        O_ref, L_ref = problem_reference(p, Q, K, V, scale)
+        errors["O"] = float(np.max(np.abs(O - O_ref)))
+        if "L" in outputs:
+            errors["L"] = _logsumexp_error(outputs["L"], L_ref)
+    fwd = PassResult(
+        "forward", mem.stats(), predicted, float(sum(p.compulsory().values())),
+        "compulsory (read Q, K/V once per KV head, write O)", errors, t, count_only or _all_finite({"O": O}, ("O",)),
+    )  # fmt: skip
+    return Result(
+        algo.name, p.N_q, p.d_qk, M, p.causal, count_only, dtype, t, {"forward": fwd}, outputs, seed, scale, None,
+        "causal" if p.causal else "none", "paper", p, {"thread_blocks": None},
+    )  # fmt: skip

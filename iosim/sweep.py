@@ -44,7 +44,26 @@ from iosim.errors import InputError
 from iosim.memory_model import CapacityError
 
 GRID_KEYS = ("algorithm", "pass", "N", "d", "M", "causal", "mask", "kv_policy", "tiling", "count_only", "dtype", "seed")
+# A problem beyond one head (iosim.Problem; flash1, flash2): N and d stand for N_q = N_k and d_qk unless N_q, N_k,
+# d_v are given; the schedule keys gqa, splits, mla and the explicit tiles Br, Bc, B.
+PROBLEM_KEYS = ("batch", "heads", "kv_heads", "N_q", "N_k", "d_v", "page_size", "latent", "gqa", "splits", "mla")
+TILE_KEYS = ("Br", "Bc", "B")
+GRID_KEYS = GRID_KEYS + PROBLEM_KEYS + TILE_KEYS
 DEFAULTS = {
+    "batch": 1,
+    "heads": 1,
+    "kv_heads": None,
+    "N_q": None,
+    "N_k": None,
+    "d_v": None,
+    "page_size": None,
+    "latent": False,
+    "gqa": "per-head",
+    "splits": 1,
+    "mla": "shared",
+    "Br": None,
+    "Bc": None,
+    "B": None,
     "pass": "forward",
     "causal": False,
     "mask": "none",  # a --mask string (iosim.masks.parse)
@@ -71,6 +90,8 @@ RESULT_FIELDS = (
     "lower_bound_name",
     "total_over_lb",
     "max_abs_error",
+    "total_bytes",
+    "thread_blocks",
 )
 FIELDS = GRID_KEYS + RESULT_FIELDS
 OUT_FORMATS = (".csv", ".jsonl", ".parquet")
@@ -124,13 +145,21 @@ def run_point(p: dict) -> dict:
     rec = {k: p[k] for k in GRID_KEYS} | {k: None for k in RESULT_FIELDS}
     try:
         _check_point(p)
+        problem = _problem_of(p)
         r = api.run(
             p["algorithm"],
             M=p["M"],
-            N=p["N"],
-            d=p["d"],
+            N=None if problem else p["N"],
+            d=None if problem else p["d"],
+            problem=problem,
+            gqa=p["gqa"],
+            splits=p["splits"],
+            mla=p["mla"],
+            Br=p["Br"],
+            Bc=p["Bc"],
+            B=p["B"],
             backward=p["pass"] == "backward",
-            causal=p["causal"],
+            causal=False if problem else p["causal"],
             mask=None if p["mask"] == "none" else p["mask"],
             kv_policy=p["kv_policy"],
             count_only=p["count_only"],
@@ -165,8 +194,25 @@ def run_point(p: dict) -> dict:
         lower_bound_name=m.lower_bound_name,
         total_over_lb=s.total / m.lower_bound if m.lower_bound > 0 else math.nan,
         max_abs_error=r.max_abs_error,
+        total_bytes=r.total_bytes,
+        thread_blocks=r.schedule.get("thread_blocks"),
     )
     return rec
+
+
+def _problem_of(p: dict):
+    """The iosim.Problem of a point that names one (any problem key off its default), else None."""
+    from iosim.problem import Problem
+
+    keys = ("batch", "heads", "kv_heads", "N_q", "N_k", "d_v", "page_size", "latent")
+    if all(p[k] == DEFAULTS[k] for k in keys):
+        return None
+    N_q = p["N"] if p["N_q"] is None else p["N_q"]
+    N_k = p["N"] if p["N_k"] is None else p["N_k"]
+    return Problem(
+        B=p["batch"], H_q=p["heads"], H_kv=p["kv_heads"], N_q=N_q, N_k=N_k, d_qk=p["d"], d_v=p["d_v"],
+        causal=p["causal"], latent=p["latent"], page_size=p["page_size"],
+    )  # fmt: skip
 
 
 def point_seconds(p: dict) -> float:

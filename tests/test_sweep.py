@@ -9,7 +9,7 @@ import pytest
 
 import iosim
 from iosim.cli import main
-from iosim.sweep import FIELDS, expand, sweep
+from iosim.sweep import DEFAULTS, FIELDS, PROBLEM_KEYS, TILE_KEYS, expand, sweep
 
 GRID = {"algorithm": ["flash2", "square-tiling"], "pass": ["forward", "backward"], "N": [64, 0], "d": 8, "M": [256, 4]}
 
@@ -35,6 +35,7 @@ def test_expand_is_the_product_in_order():
         "count_only": True,
         "dtype": "float64",
         "seed": 0,
+        **{k: DEFAULTS[k] for k in PROBLEM_KEYS + TILE_KEYS},  # a problem's keys (iosim.Problem) at their defaults
     }
     assert len(expand([GRID, {"N": 32, "d": 4, "M": 100}])) == 16 + len(iosim.algorithm_names())
 

@@ -10,12 +10,15 @@ from tabulate import tabulate
 
 from iosim import api, masks, registry, warmup
 from iosim.cli.options import (
+    add_problem_options,
     add_run_options,
     add_sizes,
     exact,
     fmt_err,
     fmt_int,
     mask_words,
+    problem_of,
+    problem_run_kwargs,
     run_kwargs,
 )
 from iosim.errors import InputError
@@ -28,6 +31,7 @@ DEFAULTS = {"N": 1024, "d": 64, "M": 16384}
 def add_arguments(p) -> None:
     add_sizes(p, DEFAULTS)
     add_run_options(p)
+    add_problem_options(p)
     out = p.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true", help="print the results (with provenance) as JSON")
     out.add_argument("--csv", action="store_true", help="print the results as CSV, one row per algorithm")
@@ -46,6 +50,8 @@ CSV_COLUMNS = (
 
 
 def command(args) -> int:
+    if problem_of(args) is not None or args.gqa != "per-head" or args.splits != 1 or args.Br or args.Bc or args.B:
+        return _compare_problem(args)
     results = []
     failures = []
     sparse = args.mask not in (None, "none", "dense") and args.mask != "causal"
@@ -146,3 +152,62 @@ def command(args) -> int:
     for f in failures:
         print(f"not run: {f}")
     return 0 if all(r.finite for r in results) else 1
+
+
+def _compare_problem(args) -> int:
+    """``iosim compare`` over a problem: the schedules that apply (flash1, flash2; GQA per-head and packed; the
+    requested splits; MLA shared and naive) side by side against the compulsory traffic."""
+    from iosim.problem import Problem
+
+    kw = problem_run_kwargs(args)
+    problem = kw.pop("problem", None) or Problem(N=args.N, d=args.d, causal=bool(args.causal))
+    for k in ("N", "d", "causal", "gqa", "splits", "mla"):
+        kw.pop(k, None)
+    mlas = ("shared", "naive") if problem.latent else ("shared",)
+    plans = [
+        (a, g, s, m)
+        for a in ("flash2", "flash1")
+        for g in (("per-head", "packed") if problem.g > 1 else ("packed",))
+        for s in sorted({1, args.splits} if a == "flash2" else {1})
+        for m in mlas
+    ]
+    results, failures = [], []
+    for a, g, s, m in plans:
+        try:
+            results.append(api.run(a, problem=problem, gqa=g, splits=s, mla=m, **kw))
+        except (CapacityError, InputError) as e:
+            if isinstance(e, InputError) and e.parameter not in ("M", "tiling", "Br, Bc"):
+                raise
+            failures.append(f"{a} gqa={g} splits={s}: {e}")
+    if not results:
+        raise InputError("M", f"is too small for every schedule of {problem}", args.M)
+    results.sort(key=lambda r: r.stats.total)
+    floor = sum(problem.compulsory().values())
+    if args.json or args.csv:
+        records = [{"rank": i + 1, **r.as_dict()} for i, r in enumerate(results)]
+        if args.json:
+            print(json.dumps({"compare": records, "not_run": failures, "compulsory": floor}, indent=2))
+        else:
+            cols = ("rank", "algorithm", "total", "total_bytes", "peak", "exact", "compulsory_words", "iosim_version")
+            writer = csv.DictWriter(sys.stdout, fieldnames=cols, extrasaction="ignore", lineterminator="\n")
+            writer.writeheader()
+            for rec in records:
+                writer.writerow(rec)
+        return 0
+    print(f"{problem}; M={args.M} words")
+    print(f"compulsory traffic (read Q, K/V once per KV head, write O): {fmt_int(floor)} words, "
+          f"{fmt_int(problem.compulsory_bytes())} bytes")  # fmt: skip
+    rows = [
+        [
+            i + 1, r.algorithm, r.schedule["gqa"], r.schedule["splits"], r.schedule["mla"] or "-",
+            str(r.tiling).replace("rule=", ""), fmt_int(r.stats.total), fmt_int(r.total_bytes),
+            f"{r.stats.total / floor:.2f}", fmt_int(r.schedule["thread_blocks"]), f"{r.stats.peak / r.M:.3f}",
+            exact(r.main.exact), fmt_err(r.max_abs_error),
+        ]
+        for i, r in enumerate(results)
+    ]  # fmt: skip
+    headers = ["rank", "algorithm", "gqa", "splits", "mla", "tiling", "words", "bytes", "/floor", "blocks", "peak/M"]
+    print(tabulate(rows, headers=[*headers, "exact", "max err"], tablefmt=args.format, disable_numparse=True))
+    for f in failures:
+        print(f"not run: {f}")
+    return 0

@@ -137,6 +137,48 @@ def mask_words(args) -> str:
     return "causal" if args.causal else "non-causal"
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# Whole problems (iosim.Problem): batch, heads, decoding, split-KV, paged KV, MLA, dtypes, explicit tiles.
+# ---------------------------------------------------------------------------------------------------------------
+PROBLEM_HELP = (
+    "A problem beyond one head (flash1, flash2; standard and square-tiling: one head, any N_q, N_k, d_qk, d_v): "
+    "--batch B, --heads H_q, --kv-heads H_kv (GQA; 1 = MQA), --Nq and "
+    "--Nk (decoding: --Nq 1; chunked prefill: --Nq < --Nk; --causal aligns bottom-right), --dqk and --dv, "
+    "--page-size P (paged KV), --mla shared|naive (one latent cache, V = first d_v columns of K), --dtype-q/kv/o "
+    "(bytes). Schedule: --gqa per-head|packed, --splits S (split-KV, flash2). Tiles: --Br/--Bc (flash), --B (square)."
+)
+
+
+def add_problem_sizes(p: argparse.ArgumentParser, defaults: dict | None = None) -> None:
+    """--N and --d (optional when --Nq/--Nk and --dqk give the problem) and --M."""
+    defaults = defaults or {}
+    for name, what in SIZES:
+        default = defaults.get(name)
+        optional = name in ("N", "d")
+        p.add_argument(
+            f"--{name}",
+            type=positive(f"--{name}", LIMITS[name]),
+            default=default,
+            required=default is None and not optional,
+            help=what
+            + ("" if default is None else f" (default {default})")
+            + (" (N_q = N_k = N)" if name == "N" else ""),
+        )
+
+
+def dtype_choice(option: str):
+    """An argparse type: a storage dtype name (iosim.problem.BYTES)."""
+    from iosim.problem import ALIASES, BYTES
+
+    def parse(text: str) -> str:
+        name = ALIASES.get(text, text)
+        if name not in BYTES:
+            raise argparse.ArgumentTypeError(f"{option} must be one of {', '.join(BYTES)}, got {text!r}")
+        return name
+
+    return parse
+
+
 # --- issue 21: shared validators (output paths, counts, the long-run consent) --------------------------------------
 
 
@@ -169,6 +211,76 @@ def count(name: str, limit: int = 1 << 62):
         return value
 
     return parse
+
+
+def add_problem_options(p: argparse.ArgumentParser) -> None:
+    """The problem and schedule options of run, compare, trace (:data:`PROBLEM_HELP`)."""
+    from iosim.problem import GQA_POLICIES, MAX_BATCH, MAX_HEADS, MLA_POLICIES
+
+    g = p.add_argument_group("problem (iosim.Problem)", PROBLEM_HELP)
+    g.add_argument("--batch", type=positive("--batch", MAX_BATCH), default=None, help="batch size B (default 1)")
+    g.add_argument("--heads", type=positive("--heads", MAX_HEADS), default=None, help="query heads H_q (default 1)")
+    g.add_argument("--kv-heads", type=positive("--kv-heads", MAX_HEADS), default=None, help="key/value heads H_kv")
+    g.add_argument("--Nq", type=positive("--Nq", api.MAX_N), default=None, help="query rows N_q (default N)")
+    g.add_argument("--Nk", type=positive("--Nk", api.MAX_N), default=None, help="keys N_k (default N)")
+    g.add_argument("--dqk", type=positive("--dqk", api.MAX_D), default=None, help="query/key width (default d)")
+    g.add_argument("--dv", type=positive("--dv", api.MAX_D), default=None, help="value width (default d_qk)")
+    g.add_argument("--page-size", type=positive("--page-size", api.MAX_N), default=None, help="paged KV: P tokens")
+    g.add_argument("--mla", choices=MLA_POLICIES, default=None, help="MLA latent cache; V read shared or naive")
+    g.add_argument("--dtype-q", type=dtype_choice("--dtype-q"), default=None, help="storage dtype of Q (bytes)")
+    g.add_argument("--dtype-kv", type=dtype_choice("--dtype-kv"), default=None, help="storage dtype of K, V")
+    g.add_argument("--dtype-o", type=dtype_choice("--dtype-o"), default=None, help="storage dtype of O")
+    g.add_argument("--gqa", choices=GQA_POLICIES, default="per-head", help="GQA schedule (default per-head)")
+    g.add_argument("--splits", type=positive("--splits", api.MAX_N), default=1, help="split-KV splits (flash2)")
+    g.add_argument("--Br", type=positive("--Br", api.MAX_N), default=None, help="row block (flash1, flash2)")
+    g.add_argument("--Bc", type=positive("--Bc", api.MAX_N), default=None, help="column block (flash1, flash2)")
+    g.add_argument("--B", type=positive("--B", api.MAX_N), default=None, help="square tile (standard, square-tiling)")
+    g.add_argument("--bytes", action="store_true", help="report bytes per array (at each array's dtype) too")
+
+
+PROBLEM_FIELDS = ("batch", "heads", "kv_heads", "Nq", "Nk", "dqk", "dv", "page_size", "mla", "dtype_q", "dtype_kv")
+
+
+def problem_of(args):
+    """The iosim.Problem the options describe, or None for today's one-head --N --d run."""
+    from iosim.errors import InputError
+    from iosim.problem import Problem
+
+    if not any(getattr(args, f, None) is not None for f in (*PROBLEM_FIELDS, "dtype_o")):
+        if args.N is None or args.d is None:
+            raise InputError("--N and --d", "are required (or --Nq, --Nk and --dqk for a problem)")
+        return None
+    Nq = args.Nq if args.Nq is not None else args.N
+    Nk = args.Nk if args.Nk is not None else args.N
+    dqk = args.dqk if args.dqk is not None else args.d
+    if Nq is None or Nk is None or dqk is None:
+        raise InputError("--Nq, --Nk, --dqk", "must be given (or --N and --d for both)", (Nq, Nk, dqk))
+    return Problem(
+        B=args.batch or 1, H_q=args.heads or 1, H_kv=args.kv_heads, N_q=Nq, N_k=Nk, d_qk=dqk, d_v=args.dv,
+        causal=bool(args.causal), latent=args.mla is not None, page_size=args.page_size,
+        dtype_q=args.dtype_q or "fp64", dtype_kv=args.dtype_kv, dtype_o=args.dtype_o,
+    )  # fmt: skip
+
+
+def problem_run_kwargs(args) -> dict:
+    """:func:`run_kwargs` with the problem, schedule and tile options (iosim.run's problem=, gqa=, ...)."""
+    kw = run_kwargs(args)
+    problem = problem_of(args)
+    if problem is not None:
+        kw.update(problem=problem, N=None, d=None, causal=False)
+    kw.update(gqa=args.gqa, splits=args.splits, Br=args.Br, Bc=args.Bc, B=args.B)
+    if args.mla is not None:
+        kw["mla"] = args.mla
+    return kw
+
+
+def bytes_rows(r) -> list[list[str]]:
+    """Table rows: bytes per array at each array's dtype, the total and the compulsory bytes."""
+    p = r.problem
+    rows = [[f"bytes {n} ({p.dtype_of(n)})", fmt_int(b)] for n, b in r.bytes_per_array.items()]
+    rows.append(["bytes total", fmt_int(r.total_bytes)])
+    rows.append(["compulsory bytes (Q, K/V once per KV head, O)", fmt_int(p.compulsory_bytes())])
+    return rows
 
 
 def add_yes(p: argparse.ArgumentParser, what: str) -> None:

@@ -7,18 +7,29 @@ import json
 from tabulate import tabulate
 
 from iosim import api
-from iosim.cli.options import add_algorithm, add_run_options, add_sizes, exact, fmt_err, fmt_int, run_kwargs
+from iosim.cli.options import (
+    add_algorithm,
+    add_problem_options,
+    add_problem_sizes,
+    add_run_options,
+    bytes_rows,
+    exact,
+    fmt_err,
+    fmt_int,
+    problem_run_kwargs,
+)
 
 
 def add_arguments(p) -> None:
     add_algorithm(p)
-    add_sizes(p)
+    add_problem_sizes(p)
     add_run_options(p)
+    add_problem_options(p)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
 
 def command(args) -> int:
-    r = api.run(args.algorithm, **run_kwargs(args))
+    r = api.run(args.algorithm, **problem_run_kwargs(args))
     if args.json:
         print(json.dumps(r.as_dict(), indent=2))
         return 0 if r.finite else 1
@@ -27,6 +38,8 @@ def command(args) -> int:
         ["algorithm", r.algorithm],
         ["pass", r.main.name],
         ["N, d, M", f"{r.N}, {r.d}, {r.M}"],
+        *([["problem", str(r.problem)]] if not r.problem.is_single else []),
+        *([["schedule", ", ".join(f"{k} {v}" for k, v in r.schedule.items() if v is not None)]] if r.schedule else []),
         ["regime", r.regime],
         ["mask", r.mask if r.mask in ("none", "causal") else f"{r.mask} (kv policy {r.kv_policy})"],
         ["tiling", str(r.tiling)],
@@ -52,6 +65,8 @@ def command(args) -> int:
             ["forward exact", exact(f.exact)],
             ["total, both passes", fmt_int(f.stats.total + s.total)],
         ]
+    if args.bytes:
+        rows += bytes_rows(r)
     print(tabulate(rows, tablefmt=args.format))
     per = [[n, fmt_int(c.reads), fmt_int(c.writes), fmt_int(c.init_writes)] for n, c in s.per_array.items()]
     print()

@@ -7,15 +7,24 @@ from pathlib import Path
 import numpy as np
 
 from iosim import api
-from iosim.cli.options import add_algorithm, add_run_options, add_sizes, count, output_file, run_kwargs
+from iosim.cli.options import (
+    add_algorithm,
+    add_problem_options,
+    add_problem_sizes,
+    add_run_options,
+    count,
+    output_file,
+    problem_run_kwargs,
+)
 from iosim.errors import InputError
 from iosim.views import show
 
 
 def add_arguments(p) -> None:
     add_algorithm(p)
-    add_sizes(p)
+    add_problem_sizes(p)
     add_run_options(p)
+    add_problem_options(p)
     p.add_argument("-o", "--output", help="the picture (.png; .gif for animate); with --view all, the stem of four")
     p.add_argument("--view", choices=show.VIEWS, default="tiles", help="which picture (default tiles)")
     p.add_argument("--step", type=count("--step"), default=None, help="the event of the step view (default: peak)")
@@ -24,7 +33,7 @@ def add_arguments(p) -> None:
 
 
 def _traced(args):
-    kw = run_kwargs(args)
+    kw = problem_run_kwargs(args)
     kw.update(count_only=True, reference=False, trace=True)
     kw.pop("dtype", None)
     return api.run(args.algorithm, **kw)

@@ -21,6 +21,22 @@ def add_arguments(p) -> None:
     p.add_argument("--mask", nargs="+", default=["none"], help=f"masks (default none): {masks.FORMS}")
     p.add_argument("--kv-policy", nargs="+", default=["paper"], help="empty-block policies: paper and/or skip")
     p.add_argument("--tiling", nargs="+", default=["fit"], help="block-size rules: fit and/or paper (default fit)")
+    for opt, key, kind, what in (
+        ("--batch", "batch", int, "batch sizes"),
+        ("--heads", "heads", int, "query heads H_q"),
+        ("--kv-heads", "kv_heads", int, "key/value heads H_kv"),
+        ("--Nq", "N_q", int, "query rows N_q (default N)"),
+        ("--Nk", "N_k", int, "keys N_k (default N)"),
+        ("--dv", "d_v", int, "value widths (default d)"),
+        ("--page-size", "page_size", int, "paged KV page sizes"),
+        ("--gqa", "gqa", str, "GQA schedules: per-head and/or packed"),
+        ("--splits", "splits", int, "split-KV splits (flash2)"),
+        ("--mla", "mla", str, "MLA latent cache read: shared and/or naive"),
+        ("--Br", "Br", int, "explicit row blocks"),
+        ("--Bc", "Bc", int, "explicit column blocks"),
+        ("--B", "B", int, "explicit square tiles"),
+    ):
+        p.add_argument(opt, dest=f"grid_{key}", type=kind, nargs="+", default=None, help=what + " (one or more)")
     p.add_argument("--numeric", action="store_true", help="run the arithmetic too (default: count-only)")
     p.add_argument("--jobs", type=positive("--jobs"), help="worker processes (default: all cores)")
     p.add_argument("--executor", default="processes", help="processes (default), serial, dask:ADDRESS or dask:local")
@@ -58,6 +74,11 @@ def command(args) -> int:
         "tiling": args.tiling,
         "count_only": not args.numeric,
     }
+    for key, values in vars(args).items():
+        if key.startswith("grid_") and values is not None:
+            grid[key[5:]] = values
+    if args.grid_mla is not None:
+        grid["latent"] = True
     stats: dict = {}
     recs = sweep(
         grid,
@@ -73,6 +94,10 @@ def command(args) -> int:
     ok = [r for r in recs if r["status"] == "ok"]
     if ok:
         cols = ["algorithm", "pass", "N", "d", "M", "causal", "tiling", "total", "exact", "total_over_lb"]
+        given = [k[5:] for k, v in vars(args).items() if k.startswith("grid_") and v is not None]
+        if given:  # a problem sweep: its keys, the bytes and the thread blocks beside the counts
+            cols[6:6] = given
+            cols += ["total_bytes", "thread_blocks"]
         rows = [[r[c] if c != "total_over_lb" else f"{r[c]:.2f}" for c in cols] for r in ok]
         print(tabulate(rows, headers=cols, tablefmt=args.format, intfmt=","))
     bad = [r for r in recs if r["status"] != "ok"]

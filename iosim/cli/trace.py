@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 from iosim import api
-from iosim.cli.options import add_algorithm, add_run_options, add_sizes, fmt_int, output_file, run_kwargs
+from iosim.cli.options import (
+    add_algorithm,
+    add_problem_options,
+    add_problem_sizes,
+    add_run_options,
+    fmt_int,
+    output_file,
+    problem_run_kwargs,
+)
 
 
 def add_arguments(p) -> None:
     add_algorithm(p)
-    add_sizes(p)
+    add_problem_sizes(p)
     add_run_options(p)
+    add_problem_options(p)
     p.add_argument("-o", "--output", required=True, help="the trace file: .csv, .npy or .parquet (iosim[parquet])")
 
 
@@ -20,7 +29,7 @@ def command(args) -> int:
 
     out = output_file("--output", args.output, trace_io.SUFFIXES)
     trace_io._check(out)  # the parquet extra, before the run
-    kwargs = run_kwargs(args)
+    kwargs = problem_run_kwargs(args)
     r = api.run(args.algorithm, **{**kwargs, "trace": True})
     write_trace(r.trace, out)  # checks the suffix and the parquet extra before anything is written
     replayed = r.trace.replay(r.M, strict=False)

@@ -253,3 +253,28 @@ def sparse_bounds(N: int, d: int, M: int, mask, tilings: dict | None = None) -> 
             )
         )
     return out
+
+
+PROBLEM_NOTE = (
+    "the papers' bounds (Dao et al. Theorem 2, Saha & Ye, Li et al.) are stated for one head with N_q = N_k = N "
+    "and d_qk = d_v = d; for any other problem only the compulsory traffic is a bound here"
+)
+
+
+def problem_bounds(problem, M: int) -> list[Bound]:
+    """The bounds that apply to a problem (an :class:`iosim.problem.Problem`): the compulsory traffic always (read
+    Q, the KV cache once per key/value head, write O: the floor decoding kernels aim for; MLA's latent is one
+    cache), and the papers' forward bounds only for one head with N_q = N_k and d_qk = d_v (:data:`PROBLEM_NOTE`)."""
+    p = problem
+    floor = Bound(
+        "compulsory",
+        "lower",
+        float(sum(p.compulsory().values())),
+        "B H_q N_q (d_qk + d_v) + B H_kv N_k (d_qk + d_v)" if not p.latent else "B H_q N_q (d_qk + d_v) + B N_k d_qk",
+        "every input word read once and every output word written once (spec section 10: decoding's floor)",
+        "any M",
+        True,
+    )
+    if p.B == 1 and p.H_q == 1 and p.N_q == p.N_k and p.d_qk == p.d_v and not p.latent:
+        return [floor] + [b for b in forward_bounds(p.N_q, p.d_qk, M) if b.applies and b.name != "trivial"]
+    return [floor]

@@ -184,33 +184,40 @@ def matmul_peak(m: int, k: int, n: int, T: int) -> int:
     return ti * tj + ti * tk + tk * tj
 
 
-def softmax_rows(N: int, M: int) -> int:
-    """Rows per block of the one-pass softmax (0 when a row does not fit and the two-pass sweep is used)."""
-    return min(N, (M - 2) // N) if N + 2 <= M else 0
+def softmax_rows(N: int, M: int, rows: int | None = None) -> int:
+    """Rows per block of the one-pass softmax over rows of N columns (``rows`` rows in all, default N; 0 when a
+    row does not fit and the two-pass sweep is used)."""
+    return min(N if rows is None else rows, (M - 2) // N) if N + 2 <= M else 0
 
 
-def softmax_peak(N: int, M: int) -> int:
-    R = softmax_rows(N, M)
+def softmax_peak(N: int, M: int, rows: int | None = None) -> int:
+    R = softmax_rows(N, M, rows)
     return 2 + (R * N if R else min(M - 2, N))
 
 
-def standard_forward(N: int, d: int, M: int, B: int, causal: bool = False) -> Prediction:
+def standard_forward(
+    N: int, d: int, M: int, B: int, causal: bool = False, N_k: int | None = None, d_v: int | None = None
+) -> Prediction:
     """Standard attention with tiled products (see algorithms/standard.py); the causal mask changes no count.
 
-    Reads R(N,d,N) + N^2 (or 2N^2 when a row of S does not fit) + R(N,N,d); writes N^2 + N^2 + Nd.
+    Reads R(N,d,N) + N^2 (or 2N^2 when a row of S does not fit) + R(N,N,d); writes N^2 + N^2 + Nd. With N_q = N
+    query rows against N_k keys and V, O of width d_v: R(N,d,N_k) + N N_k (or 2 N N_k) + R(N,N_k,d_v); writes
+    2 N N_k + N d_v.
     """
-    q_reads, k_reads = matmul_reads(N, d, N, B)
-    p_reads, v_reads = matmul_reads(N, N, d, B)
-    s_reads = N * N * (1 if softmax_rows(N, M) else 2)
-    peak = max(matmul_peak(N, d, N, B), softmax_peak(N, M), matmul_peak(N, N, d, B))
+    Nk = N if N_k is None else N_k
+    dv = d if d_v is None else d_v
+    q_reads, k_reads = matmul_reads(N, d, Nk, B)
+    p_reads, v_reads = matmul_reads(N, Nk, dv, B)
+    s_reads = N * Nk * (1 if softmax_rows(Nk, M, N) else 2)
+    peak = max(matmul_peak(N, d, Nk, B), softmax_peak(Nk, M, N), matmul_peak(N, Nk, dv, B))
     return _pred(
         peak,
         Q=(q_reads, 0),
         K=(k_reads, 0),
         V=(v_reads, 0),
-        S=(s_reads, N * N),
-        P=(p_reads, N * N),
-        O=(0, N * d),
+        S=(s_reads, N * Nk),
+        P=(p_reads, N * Nk),
+        O=(0, N * dv),
     )
 
 
@@ -436,4 +443,207 @@ def standard_backward(N: int, d: int, M: int, B: int, causal: bool = False) -> P
         dQ=(0, Nd),
         dK=(0, Nd),
         dV=(0, Nd),
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Whole problems (iosim.problem.Problem): batch and heads, GQA per-head / packed, N_q != N_k with the bottom-right
+# causal mask, split-KV with its combine step, paged KV, MLA shared / naive (algorithms/decoding.py).
+# Notation: G thread-block groups per key/value head (g per-head, 1 packed), R = N_q g / G rows per group,
+# T_r = ceil(R / B_r), T_c = ceil(N_k / B_c), s splits of ceil(T_c / s) column blocks, P the page size. Every
+# group is the same schedule, so the counts are groups = B H_kv G times one group's sums; the sums run over the
+# row blocks and splits (T_r s terms) with the columns of a split's unskipped blocks in closed form, and over the
+# page pieces of the column tiling (T_c + pages terms, vectorised) when the cache is paged.
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def problem_working_set(dqk: int, dv: int, Br: int, Bc: int, shared: bool = False) -> int:
+    """Words of one inner step over a problem: Q_i (Br d_qk), O_i (Br d_v), l_i, m_i (2 Br), K_j (Bc d_qk),
+    V_j (Bc d_v; none under MLA shared, V read from the resident K_j) and S_ij (Br Bc). With d_qk = d_v = d and
+    no sharing it is :func:`flash_working_set`."""
+    return Br * (dqk + dv + 2) + Bc * (dqk + (0 if shared else dv)) + Br * Bc
+
+
+def combine_working_set(dv: int, s: int, rows: int) -> int:
+    """Words of the split-KV combine step on a block of ``rows`` rows: the s logsumexps (rows x s), O_i and one
+    partial O tile (2 rows d_v) and L_i (rows)."""
+    return rows * (s + 2 * dv + 1)
+
+
+def row_limits(r0: int, br: int, Nq: int, off: int, Nk: int, causal: bool) -> tuple[int, int]:
+    """(lo, hi): every row of [r0, r0 + br) sees keys [0, lo), none sees a key >= hi (algorithms/decoding.py)."""
+    from iosim.algorithms.decoding import row_limits as _limits
+
+    return _limits.py_func(r0, br, Nq, off, Nk, causal)
+
+
+def _pieces(Nk: int, Bc: int, P: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The column tiling cut at page boundaries: for each column block j, its number of pieces, its longest piece;
+    and the starts of all pieces in order (P = 0: one piece per block)."""
+    Tc = cdiv(Nk, Bc)
+    c0 = np.arange(Tc, dtype=np.int64) * Bc
+    c1 = np.minimum(c0 + Bc, Nk)
+    if not P:
+        return np.ones(Tc, dtype=np.int64), c1 - c0, c0
+    n = (c1 - 1) // P - c0 // P + 1
+    first = np.minimum(c1, (c0 // P + 1) * P) - c0  # the first piece; the middle ones are P; the last ends at c1
+    last = c1 - np.maximum(c0, ((c1 - 1) // P) * P)
+    longest = np.where(n == 1, c1 - c0, np.maximum(np.maximum(first, last), np.where(n > 2, P, 0)))
+    bounds = np.union1d(np.arange(0, Nk, P, dtype=np.int64), c0)
+    return n, longest, bounds
+
+
+@dataclass(frozen=True)
+class ProblemPrediction(Prediction):
+    """A problem's prediction: the counts, the peak and the thread blocks the schedule launches."""
+
+    thread_blocks: int = 0
+
+
+def _groups(p, gqa: str) -> tuple[int, int]:
+    G = p.g if gqa == "per-head" else 1
+    return p.B * p.H_kv * G, p.N_q * (p.g // G)
+
+
+def flash2_problem(p, Br: int, Bc: int, gqa: str = "per-head", splits: int = 1, mla: str = "shared",
+                   combine_rows: int = 1) -> ProblemPrediction:  # fmt: skip
+    """FlashAttention-2's forward over a problem (algorithms/decoding.py), per group of R rows:
+
+    for each row block i (R_i rows, keys [0, hi_i) possible) and split k (column blocks [j0, j1) cut at
+    ceil(hi_i / B_c)): Q reads R_i d_qk if the split has a block; K reads C d_qk and V C d_v (none under MLA
+    shared) with C the keys of its blocks; the page table one word per page piece; O and L (s = 1) or Opart and
+    Lpart (s > 1) R_i d_v and R_i words written. Times groups = B H_kv G. Split-KV adds the combine step: Lpart
+    read s B H_q N_q, Opart read s B H_q N_q d_v, O and L written B H_q N_q (d_v + 1).
+    Peak: the largest inner step, R_i (d_qk + d_v + 2) + n (d_qk + d_v') + R_i n for the longest piece n of a
+    split's blocks, or a split with no block (O_i, l_i, m_i), or the combine step's block.
+    """
+    groups, R = _groups(p, gqa)
+    s, P = int(splits), p.page_size or 0
+    shared = p.latent and mla == "shared"
+    dv_load = 0 if shared else p.d_v
+    Tr, Tc = cdiv(R, Br), cdiv(p.N_k, Bc)
+    per_split = cdiv(Tc, s)
+    npieces, longest, _ = _pieces(p.N_k, Bc, P)
+    pre = np.concatenate(([0], np.cumsum(npieces)))
+    off = p.N_k - p.N_q
+    q = kv = table = out_rows = 0
+    peak = 0
+    for i in range(Tr):
+        r0 = i * Br
+        br = min(Br, R - r0)
+        _, hi = row_limits(r0, br, p.N_q, off, p.N_k, p.causal)
+        j_end = cdiv(hi, Bc)
+        for k in range(s):
+            j0, j1 = k * per_split, min(j_end, (k + 1) * per_split)
+            out_rows += br
+            if j0 >= j1:
+                peak = max(peak, br * (p.d_v + 2))
+                continue
+            q += br
+            kv += min(j1 * Bc, p.N_k) - j0 * Bc
+            table += int(pre[j1] - pre[j0]) if P else 0
+            n = int(longest[j0:j1].max())
+            peak = max(peak, problem_working_set(p.d_qk, p.d_v, br, n, shared))
+    Rtot = p.B * p.H_q * p.N_q
+    arrays = {
+        "Q": (groups * q * p.d_qk, 0),
+        "K": (groups * kv * p.d_qk, 0),
+        "V": (groups * kv * dv_load, 0),
+        "page_table": (groups * table, 0),
+    }
+    blocks = groups * Tr * s
+    if s == 1:
+        arrays.update(O=(0, groups * out_rows * p.d_v), L=(0, groups * out_rows))
+    else:
+        bm = min(combine_rows, Rtot)
+        arrays.update(
+            Opart=(s * Rtot * p.d_v, groups * out_rows * p.d_v),
+            Lpart=(s * Rtot, groups * out_rows),
+            O=(0, Rtot * p.d_v),
+            L=(0, Rtot),
+        )
+        peak = max(peak, combine_working_set(p.d_v, s, bm))
+        blocks += cdiv(Rtot, bm)
+    pred = _pred(peak, **arrays)
+    return ProblemPrediction(pred.per_array, pred.peak, blocks)
+
+
+def flash1_problem(p, Br: int, Bc: int, gqa: str = "per-head", mla: str = "shared") -> ProblemPrediction:
+    """FlashAttention Algorithm 1 over a problem (algorithms/decoding.py), per group of R rows: K read N_k d_qk and
+    V N_k d_v (none under MLA shared) once; for each page piece (a column block when contiguous) starting at key
+    c and each row block i with c < hi_i: Q_i, O_i read (R_i d_qk, R_i d_v), l_i, m_i read, O_i, l_i, m_i written;
+    one page-table word per piece. Times groups; plus the initialisation of O, l, m (B H_q N_q (d_v + 2)).
+    Peak: the largest inner step over the longest piece that a row block meets."""
+    groups, R = _groups(p, gqa)
+    P = p.page_size or 0
+    shared = p.latent and mla == "shared"
+    npieces, _, starts = _pieces(p.N_k, Bc, P)
+    ends = np.append(starts[1:], p.N_k)
+    lengths = ends - starts
+    longest_before = np.maximum.accumulate(lengths)  # the longest piece among the first k + 1
+    Tr = cdiv(R, Br)
+    off = p.N_k - p.N_q
+    rows = 0
+    peak = int(lengths.max()) * (p.d_qk + (0 if shared else p.d_v)) + (1 if P else 0)
+    for i in range(Tr):
+        r0 = i * Br
+        br = min(Br, R - r0)
+        _, hi = row_limits(r0, br, p.N_q, off, p.N_k, p.causal)
+        met = int(np.searchsorted(starts, hi, side="left"))  # pieces starting before hi
+        rows += br * met
+        if met:
+            peak = max(peak, problem_working_set(p.d_qk, p.d_v, br, int(longest_before[met - 1]), shared))
+    Rtot = p.B * p.H_q * p.N_q
+    kvrows = groups * p.N_k
+    pred = _pred(
+        peak,
+        Q=(groups * rows * p.d_qk, 0),
+        K=(kvrows * p.d_qk, 0),
+        V=(kvrows * (0 if shared else p.d_v), 0),
+        page_table=(groups * int(npieces.sum()) if P else 0, 0),
+        O=(groups * rows * p.d_v, groups * rows * p.d_v + Rtot * p.d_v, Rtot * p.d_v),
+        l=(groups * rows, groups * rows + Rtot, Rtot),
+        m=(groups * rows, groups * rows + Rtot, Rtot),
+    )
+    return ProblemPrediction(pred.per_array, pred.peak, groups)
+
+
+def square_tiling_rect_peak(Nq: int, Nk: int, dqk: int, dv: int, B: int) -> int:
+    """Square tiling's working set on N_q x N_k (no mask), at the first tile: phase 1 m_i, l_i (2 b_i), the
+    accumulator b_i b_j and one slice of Q and K ((b_i + b_j) min(B, d_qk)); phase 2 L_i, the O tile, A_ik and a V
+    tile (b_i + b_i b_j + (b_i + b_j) min(B, d_v)). With N_q = N_k and d_qk = d_v: :func:`square_tiling_peak`."""
+    bi, bj, w, wv = min(B, Nq), min(B, Nk), min(B, dqk), min(B, dv)
+    return max(2 * bi + bi * bj + (bi + bj) * w, bi + bi * bj + (bi + bj) * wv)
+
+
+def square_tiling_problem(p, B: int) -> Prediction:
+    """Square tiling's forward on one head of N_q rows against N_k keys, widths d_qk and d_v (algorithms/
+    square_tiling.py), causal bottom-right. Row tile i (b_i rows, its last row r_i) meets the column tiles
+    j < ceil(hi_i / B), hi_i = min(N_k, r_i + N_k - N_q + 1) (N_k without the mask): C_i = min(N_k, that B) columns.
+    Q reads b_i d_qk and K b_j d_qk per nonempty tile (sum_i b_i count_i d_qk, sum_i C_i d_qk); S written on the
+    nonempty tiles (W = sum_i b_i C_i) and read ceil(d_v / B) times in phase 2, with V read C_i d_v per row tile;
+    L written and read N_q; O written N_q d_v. Peak: the largest nonempty row tile's working set, or an empty row
+    tile's m_i, l_i (2 b_i) and its phase 2 (L_i, an O tile)."""
+    Nq, Nk, dqk, dv = p.N_q, p.N_k, p.d_qk, p.d_v
+    i = np.arange(cdiv(Nq, B), dtype=np.int64)
+    b = np.minimum(B, Nq - i * B)
+    hi = np.minimum(Nk, np.maximum(0, i * B + b - 1 + (Nk - Nq) + 1)) if p.causal else np.full(i.size, Nk)
+    count = -(-hi // B)
+    cols = np.minimum(count * B, Nk)
+    rows, colsum, words = int((b * count).sum()), int(cols.sum()), int((b * cols).sum())
+    bj, w, wv = min(B, Nk), min(B, dqk), min(B, dv)
+    peak = 0
+    for bi, n in zip(b.tolist(), count.tolist(), strict=True):
+        if n:
+            peak = max(peak, 2 * bi + bi * bj + (bi + bj) * w, bi + bi * bj + (bi + bj) * wv)
+        else:
+            peak = max(peak, 2 * bi, bi * (1 + wv))
+    return _pred(
+        peak,
+        Q=(rows * dqk, 0),
+        K=(colsum * dqk, 0),
+        V=(colsum * dv, 0),
+        S=(words * cdiv(dv, B), words),
+        L=(Nq, Nq),
+        O=(0, Nq * dv),
     )

@@ -89,16 +89,21 @@ def flash_tiling(algorithm: str, N: int, d: int, M: int, rule: str) -> Tiling:
     return Tiling(rule, Br=small, Bc=big) if outer_is_kv else Tiling(rule, Br=big, Bc=small)
 
 
-def square_tiling(algorithm: str, N: int, d: int, M: int, rule: str) -> Tiling:
-    """Square tile B for standard attention: both products and the softmax fit in M."""
+def square_tiling(
+    algorithm: str, N: int, d: int, M: int, rule: str, N_k: int | None = None, d_v: int | None = None
+) -> Tiling:
+    """Square tile B for standard attention: both products and the softmax fit in M (N_q = N rows against N_k
+    keys, V and O of width d_v, when given)."""
     _check_rule(rule)
     if M < 3:
         raise _too_small(algorithm, M, 3, "1x1 tiles of a product need 3 words")
+    Nk = N if N_k is None else N_k
+    dv = d if d_v is None else d_v
 
     def fits(b: int) -> bool:
-        return max(io_model.matmul_peak(N, d, N, b), io_model.matmul_peak(N, N, d, b)) <= M
+        return max(io_model.matmul_peak(N, d, Nk, b), io_model.matmul_peak(N, Nk, dv, b)) <= M
 
-    return Tiling(rule, B=_largest(1, max(N, d), fits))
+    return Tiling(rule, B=_largest(1, max(N, Nk, d, dv), fits))
 
 
 def saha_ye_tiling(N: int, d: int, M: int, rule: str) -> Tiling:
@@ -152,3 +157,80 @@ def flash_backward_tiling(algorithm: str, N: int, d: int, M: int, rule: str) -> 
 
     Bc = _largest(1, N, fits)
     return Tiling(rule, Br=min(Bc, d, N), Bc=Bc)
+
+
+def problem_tiling(algorithm: str, problem, M: int, rule: str, rows: int, shared: bool = False,
+                   Br: int | None = None, Bc: int | None = None) -> Tiling:  # fmt: skip
+    """Tiling of flash1 / flash2 over a problem whose thread blocks hold ``rows`` query rows (N_q per-head, g N_q
+    packed) against N_k keys, under the working set :func:`io_model.problem_working_set` (d_qk, d_v; no V tile
+    under MLA shared).
+
+    ``fit``: the rule of :func:`flash_tiling` with the rows and keys in place of N (flash1 maximises B_c with
+    B_r = min(B_c, d_qk, rows); flash2 maximises B_r <= rows with B_c = min(B_r, d_qk, N_k)); when flash2's row
+    blocks hold every row and the rows are fewer than the keys (decoding), B_c then grows to the largest that
+    fits: the square shape would leave fast memory idle (one key per step at N_q = 1). For one head with
+    N_q = N_k this is :func:`flash_tiling` exactly. ``paper``: B_c = ceil(M / 4 d_qk), B_r = min(B_c, d_qk) (flash2:
+    mirrored). Explicit ``Br`` / ``Bc`` replace the rule's (the other is chosen by it) and must fit in M.
+    """
+    from iosim.errors import InputError
+
+    _check_rule(rule)
+    p = problem
+    dqk, dv, Nk = p.d_qk, p.d_v, p.N_k
+
+    def ws(br: int, bc: int) -> int:
+        return io_model.problem_working_set(dqk, dv, br, bc, shared)
+
+    kv_outer = algorithm.startswith("flash1")
+    if Br is not None and Bc is not None:
+        br, bc = Br, Bc
+    elif rule == "paper" and Br is None and Bc is None:
+        big = io_model.cdiv(M, 4 * dqk)
+        br, bc = (min(big, dqk), big) if kv_outer else (big, min(big, dqk))
+    elif Br is not None:  # the rule picks Bc for the given Br: the largest that fits
+        br = Br
+        bc = _largest(1, Nk, lambda b: ws(br, b) <= M) or 1
+    elif Bc is not None:
+        bc = Bc
+        br = _largest(1, rows, lambda b: ws(b, bc) <= M) or 1
+    else:
+        if ws(1, 1) > M:
+            raise _too_small(
+                algorithm, M, ws(1, 1), "Br = Bc = 1 needs 2 d_qk + 2 d_v + 3 (MLA shared: 2 d_qk + d_v + 3)"
+            )
+        if kv_outer:
+            bc = _largest(1, Nk, lambda b: ws(min(b, dqk, rows), b) <= M)
+            br = min(bc, dqk, rows)
+        else:
+            br = _largest(1, rows, lambda b: ws(b, min(b, dqk, Nk)) <= M)
+            bc = min(br, dqk, Nk)
+            if br == rows and rows < Nk:
+                bc = _largest(bc, Nk, lambda b: ws(br, b) <= M)
+    explicit = Br is not None or Bc is not None
+    if explicit and ws(min(br, rows), min(bc, Nk)) > M:
+        raise InputError(
+            "Br, Bc",
+            f"give a working set of {ws(min(br, rows), min(bc, Nk)):,} words (Br (d_qk + d_v + 2) + Bc (d_qk"
+            f"{'' if shared else ' + d_v'}) + Br Bc) above M = {M:,}: choose smaller tiles",
+            (Br, Bc),
+        )
+    return Tiling("explicit" if explicit else rule, Br=br, Bc=bc)
+
+
+def saha_ye_problem_tiling(problem, M: int, rule: str) -> Tiling:
+    """Square tile B of square tiling on one head of N_q x N_k, widths d_qk and d_v: ``fit`` the largest B whose
+    working set :func:`io_model.square_tiling_rect_peak` fits; ``paper`` B = floor(sqrt(M/4))."""
+    _check_rule(rule)
+    p = problem
+    if rule == "paper":
+        B = math.isqrt(M // 4)
+        if B < 1:
+            raise _too_small("square-tiling", M, 4, "the paper's B = floor(sqrt(M/4)) must be at least 1")
+        return Tiling(rule, B=B)
+
+    def peak(b: int) -> int:
+        return io_model.square_tiling_rect_peak(p.N_q, p.N_k, p.d_qk, p.d_v, b)
+
+    if M < peak(1):
+        raise _too_small("square-tiling", M, peak(1), "a 1x1 accumulator, two 1x1 operand tiles and two row statistics")
+    return Tiling(rule, B=_largest(1, max(p.N_q, p.N_k, p.d_qk, p.d_v), lambda b: peak(b) <= M))

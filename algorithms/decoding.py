@@ -1,0 +1,424 @@
+"""FlashAttention over a whole problem: batch and heads, GQA / MQA, N_q != N_k, split-KV, paged KV, MLA.
+
+The drivers here run FlashAttention-2's forward (:func:`flash2_problem`, Q outer) and FlashAttention's Algorithm 1
+(:func:`flash1_problem`, K/V outer) on a :class:`iosim.problem.Problem`: B batch items, H_q query heads sharing
+H_kv key/value heads (g = H_q / H_kv), N_q query rows against N_k keys (decoding: N_q = 1; chunked prefill:
+N_q < N_k; causal aligned bottom-right, row r sees key c <= r + N_k - N_q), widths d_qk and d_v. The loops over
+batch and heads are part of the schedule, outermost, and what sits inside them decides what is shared:
+
+* **GQA** ``per-head`` (G = g thread-block groups per key/value head, R = N_q rows each): every query head is its
+  own problem and loads every K_j, V_j of its key/value head: g loads per KV head. ``packed`` (G = 1, R = g N_q
+  rows): the g query heads of a group are packed into the row dimension of one row block (FlashAttention-3's
+  ``pack_gqa``, FlashDecoding, FlashMLA), so one load of K_j, V_j serves all of them while the packed rows fit in
+  one row block. Packed row r' is query row r' mod N_q of head r' div N_q (the causal limit follows the row).
+* **Split-KV** (Flash-Decoding, Dao, Haziza, Massa, Sizov 2023): the column blocks of a row block are divided into
+  s splits of ceil(T_c / s) blocks (flash-attn's ``num_splits``); each (row block, split) is a thread block that
+  writes a partial O_i (fp32, d_v per row) and its logsumexp into Opart, Lpart; a split the mask empties writes
+  O = 0, lse = -inf without loading Q_i. The combine step (:func:`_split_combine`, a second kernel) reads, per
+  block of rows, the s logsumexps (one R x s tile) and the s partial outputs one after another and writes O, L.
+* **Paged KV** (vLLM): K and V live in pages of P tokens located through a page table (one int32 entry per page
+  of a sequence; pages are shared by the key/value heads of a batch item, as vLLM's cache is). A key tile is
+  processed page piece by page piece: for each piece of the B_c-key grid cut at page boundaries the kernel reads
+  its page-table entry (one word), loads the piece of K (and V) from the page, and updates the row statistics
+  (the same online softmax over pieces). A tile inside one page is one piece; a tile straddling pages costs one
+  load (and one table read) per page piece.
+* **MLA** (DeepSeek-V2/V3, absorbed form): the cache is one latent per token, K = [c_KV, k_rope] (d_qk wide) and
+  V = c_KV, its first d_v columns. ``shared`` (FlashMLA, ``Share_KV``): V_j is read from the resident K_j tile,
+  no V load and no V tile in fast memory. ``naive``: V_j is loaded separately (the latent's first d_v columns a
+  second time, counted as array V).
+
+Heads and batch items with the same shape are independent copies of one schedule; the drivers still run every
+one of them (a count-only step costs nanoseconds, so a decoding batch of 2,048 heads x T_c tiles is a few
+milliseconds), which keeps the peak, the counts and the thread-block count literal. Slow-memory layout: Q, O, L
+rows in (b, h_q, r) order, (b, h_kv, g, r) = (b, h_q, r) since h_q = h_kv g + (its index in the group); K, V rows
+in (b, h_kv, c) order, or paged: the rows of physical page p for key/value head h_kv are
+[(p H_kv + h_kv) P, ... + P).
+
+Exact counts: :func:`iosim.theory.io_model.flash2_problem` and :func:`iosim.theory.io_model.flash1_problem`.
+Working set of an inner step (R_i rows, a piece of n keys): Q_i (R_i d_qk) + O_i (R_i d_v) + l_i, m_i (2 R_i)
++ K piece (n d_qk) + V piece (n d_v; 0 under MLA shared) + S (R_i n); the page-table word is freed before S.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from iosim.algorithms._tiles import buffer, cdiv, exp_nonpos, score_tile, tile
+from iosim.memory_model import alloc, alloc_vec, free, init_slow, load, load_vec, store, store_vec
+from numba import njit, types
+from numba.extending import overload
+
+
+@njit(cache=True)
+def row_limits(r0, br, Nq, off, Nk, causal):  # noqa: N803
+    """Keys that the rows [r0, r0 + br) of a thread block see: (lo, hi) such that every row sees keys [0, lo) at
+    least and no row sees a key >= hi. Row r' is query row r' mod N_q; under the bottom-right causal mask it sees
+    keys c <= r' mod N_q + off (off = N_k - N_q). A block of packed rows that crosses a head boundary holds both
+    row 0 and row N_q - 1 of a head."""
+    if not causal:
+        return Nk, Nk
+    q0 = r0 % Nq
+    if q0 + br <= Nq:
+        rmin, rmax = q0, q0 + br - 1
+    else:
+        rmin, rmax = 0, Nq - 1
+    return min(Nk, max(0, rmin + off + 1)), min(Nk, max(0, rmax + off + 1))
+
+
+@njit(cache=True)
+def piece_end(p0, c1, P):  # noqa: N803
+    """The end of the page piece that starts at key p0 of a tile ending at c1 (P = 0: contiguous, one piece)."""
+    return c1 if P == 0 else min(c1, (p0 // P + 1) * P)
+
+
+def _page_of(tb, logical):
+    """The physical page of a piece: the page-table entry just loaded (numeric run), or, in a count-only run where
+    nothing is copied, the logical page (the region it names has the same shape, so the counts are the same)."""
+    return logical if tb is None else tb[0]
+
+
+@overload(_page_of, jit_options={"cache": True})
+def _ol_page_of(tb, logical):
+    if isinstance(tb, types.NoneType):
+        return lambda tb, logical: logical
+    return lambda tb, logical: tb[0]
+
+
+@njit(cache=True)
+def _mask_bottom_right(S, r0, c0, Nq, off):  # noqa: N803
+    """S[r, c] = -inf where key c0 + c is after the last key row r0 + r sees (bottom-right causal, packed rows)."""
+    br, bc = S.shape
+    for r in range(br):
+        last = (r0 + r) % Nq + off
+        for c in range(bc):
+            if c0 + c > last:
+                S[r, c] = -np.inf
+
+
+@njit(cache=True)
+def _online_update(S, Vs, Oi, l_i, m_i):
+    """FlashAttention-2's on-chip step with explicit loops: P~ = exp(S - m_new) in place, l_i, m_i, O_i += P~ V.
+    ``Vs`` may be wider than O_i (MLA shared: the resident K tile, whose first d_v columns are V)."""
+    br, bc = S.shape
+    dv = Oi.shape[1]
+    for r in range(br):
+        S_r = S[r]
+        m_tilde = -np.inf
+        for c in range(bc):
+            m_tilde = max(m_tilde, S_r[c])
+        m_new = max(m_i[r], m_tilde)
+        if m_new == -np.inf:
+            continue
+        alpha = math.exp(m_i[r] - m_new)
+        s = 0.0
+        for k in range(dv):
+            Oi[r, k] *= alpha
+        for c in range(bc):
+            p = exp_nonpos(S_r[c] - m_new)
+            s += p
+            if p != 0.0:
+                for k in range(dv):
+                    Oi[r, k] += p * Vs[c, k]
+        l_i[r] = alpha * l_i[r] + s
+        m_i[r] = m_new
+
+
+@njit(cache=True)
+def _finish_rows(Oi, l_i, m_i, br):
+    """O_i /= l_i, l_i <- L_i = m_i + log l_i in place; a row that saw no key keeps O = 0 and gets L = -inf."""
+    for r in range(br):
+        if l_i[r] == 0.0:
+            l_i[r] = -np.inf
+            continue
+        for k in range(Oi.shape[1]):
+            Oi[r, k] /= l_i[r]
+        l_i[r] = m_i[r] + math.log(l_i[r])
+
+
+@njit(cache=True)
+def _flash2_problem(  # noqa: N803
+    W, ids, Q, K, V, O, L, Op, Lp, table, B, Hkv, g, G, Nq, Nk, dqk, dv, Br, Bc, s, P, scale, causal, shared, Bm
+):
+    iQ, iK, iV, iO, iL, im, iS, iOp, iLp, iT = ids
+    R = Nq * (g // G)  # rows of one thread block: N_q (per-head, G = g) or g N_q (packed, G = 1)
+    Rtot = B * Hkv * g * Nq
+    off = Nk - Nq
+    Tr, Tc = cdiv(R, Br), cdiv(Nk, Bc)
+    per_split = cdiv(Tc, s)  # column blocks per split (flash-attn's num_splits)
+    pages = cdiv(Nk, P) if P > 0 else 0
+    Qb, Ob = buffer(Br * dqk, Q), buffer(Br * dv, Q)
+    lb, mb = buffer(Br, Q), buffer(Br, Q)
+    Kb, Vb, Sb = buffer(Bc * dqk, Q), buffer(Bc * dv, Q), buffer(Br * Bc, Q)
+    tb = buffer(1, table)
+    Out = O if s == 1 else Op  # split-KV: each split writes a partial O_i and its lse (Opart, Lpart)
+    for b in range(B):  # batch items, key/value heads and (per-head) query heads: outermost
+        for hk in range(Hkv):
+            kv = (b * Hkv + hk) * Nk
+            for h in range(G):
+                qbase = ((b * Hkv + hk) * g + h) * Nq
+                for i in range(Tr):  # row blocks of the thread block's R rows
+                    r0 = i * Br
+                    br = min(Br, R - r0)
+                    lo, hi = row_limits(r0, br, Nq, off, Nk, causal)
+                    j_end = cdiv(hi, Bc)  # column blocks past the mask's last key are skipped
+                    for k in range(s):  # one thread block per (row block, split)
+                        j0, j1 = k * per_split, min(j_end, (k + 1) * per_split)
+                        out = qbase + r0 if s == 1 else k * Rtot + qbase + r0
+                        Qi, Oi = tile(Qb, br, dqk), tile(Ob, br, dv)
+                        hQ = load(W, iQ, Q, qbase + r0, br, 0, dqk, Qi) if j0 < j1 else -1
+                        hO = alloc(W, iO if s == 1 else iOp, out, br, 0, dv)  # on-chip O_i = 0
+                        hl = alloc_vec(W, iL, out, br) if s == 1 else alloc(W, iLp, qbase + r0, br, k, 1)
+                        hm = alloc_vec(W, im, r0, br)
+                        if Q is not None:
+                            Oi[:, :] = 0.0
+                            lb[:br] = 0.0
+                            mb[:br] = -np.inf
+                        for j in range(j0, j1):
+                            c0 = j * Bc
+                            c1 = min(c0 + Bc, Nk)
+                            p0 = c0
+                            while p0 < c1:  # the tile's page pieces (one piece when contiguous)
+                                p1 = piece_end(p0, c1, P)
+                                n = p1 - p0
+                                row = kv + p0
+                                if P > 0:  # read the page's table entry, then load the piece from its page
+                                    hT = load_vec(W, iT, table, b * pages + p0 // P, 1, tb)
+                                    row = (_page_of(tb, b * pages + p0 // P) * Hkv + hk) * P + p0 % P
+                                Kj = tile(Kb, n, dqk)
+                                hK = load(W, iK, K, row, n, 0, dqk, Kj)
+                                Vj = tile(Vb, n, dv)
+                                hV = -1 if shared else load(W, iV, V, row, n, 0, dv, Vj)
+                                if P > 0:
+                                    free(W, hT)
+                                Sij = tile(Sb, br, n)
+                                hS = alloc(W, iS, r0, br, p0, n)
+                                if Q is not None:
+                                    score_tile(Qi, Kj, Sij, scale)
+                                    if causal and p1 > lo:  # a partial block: the element mask
+                                        _mask_bottom_right(Sij, r0, p0, Nq, off)
+                                    _online_update(Sij, Kj if shared else Vj, Oi, lb[:br], mb[:br])
+                                free(W, hS)
+                                free(W, hK)
+                                if not shared:
+                                    free(W, hV)
+                                p0 = p1
+                        if Q is not None:
+                            _finish_rows(Oi, lb, mb, br)
+                        store(W, hO, Oi, Out)
+                        if s == 1:
+                            store_vec(W, hl, lb, L)
+                        else:
+                            store(W, hl, tile(lb, br, 1), Lp)
+                        if j0 < j1:
+                            free(W, hQ)
+                        for hh in (hO, hl, hm):
+                            free(W, hh)
+    if s > 1:  # the combine kernel, after every split has written its partials
+        _split_combine(W, (iOp, iLp, iO, iL), Op, Lp, O, L, Rtot, dv, s, Bm)
+
+
+@njit(cache=True)
+def _split_combine(W, ids, Op, Lp, O, L, Rtot, dv, s, Bm):  # noqa: N803
+    """Flash-Decoding's combine kernel: per block of Bm rows, load the s logsumexps (one Bm x s tile), L_i =
+    logsumexp over the splits, then O_i = sum_k exp(lse_k - L_i) Opart_k, loading the s partial tiles in turn."""
+    iOp, iLp, iO, iL = ids
+    Ob, Pb, lsb, Lb = buffer(Bm * dv, Op), buffer(Bm * dv, Op), buffer(Bm * s, Op), buffer(Bm, Op)
+    for i in range(cdiv(Rtot, Bm)):
+        r0 = i * Bm
+        br = min(Bm, Rtot - r0)
+        lse = tile(lsb, br, s)
+        hl = load(W, iLp, Lp, r0, br, 0, s, lse)
+        hO = alloc(W, iO, r0, br, 0, dv)
+        hL = alloc_vec(W, iL, r0, br)
+        Oi = tile(Ob, br, dv)
+        if Op is not None:
+            Oi[:, :] = 0.0
+            for r in range(br):
+                mx = -np.inf
+                for k in range(s):
+                    mx = max(mx, lse[r, k])
+                if mx == -np.inf:
+                    Lb[r] = -np.inf
+                    continue
+                t = 0.0
+                for k in range(s):
+                    t += math.exp(lse[r, k] - mx)
+                Lb[r] = mx + math.log(t)
+        for k in range(s):
+            Pk = tile(Pb, br, dv)
+            hP = load(W, iOp, Op, k * Rtot + r0, br, 0, dv, Pk)
+            if Op is not None:
+                for r in range(br):
+                    if Lb[r] == -np.inf:
+                        continue
+                    w = math.exp(lse[r, k] - Lb[r])
+                    for c in range(dv):
+                        Oi[r, c] += w * Pk[r, c]
+            free(W, hP)
+        store(W, hO, Oi, O)
+        store_vec(W, hL, Lb, L)
+        for hh in (hl, hO, hL):
+            free(W, hh)
+
+
+@njit(cache=True)
+def _flash1_problem(W, ids, Q, K, V, O, l, m, table, B, Hkv, g, G, Nq, Nk, dqk, dv, Br, Bc, P, scale, causal, shared):  # noqa: E741, N803
+    iQ, iK, iV, iO, il, im, iS, iT = ids
+    R = Nq * (g // G)
+    Rtot = B * Hkv * g * Nq
+    off = Nk - Nq
+    Tr, Tc = cdiv(R, Br), cdiv(Nk, Bc)
+    pages = cdiv(Nk, P) if P > 0 else 0
+    # Step 2: initialise O = (0), l = (0), m = (-inf) in HBM, for every row of the problem.
+    init_slow(W, iO, Rtot * dv)
+    init_slow(W, il, Rtot)
+    init_slow(W, im, Rtot)
+    if Q is not None:
+        O[:, :] = 0.0
+        l[:] = 0.0
+        m[:] = -np.inf
+    Kb, Vb = buffer(Bc * dqk, Q), buffer(Bc * dv, Q)
+    Qb, Ob = buffer(Br * dqk, Q), buffer(Br * dv, Q)
+    lb, mb, Sb = buffer(Br, Q), buffer(Br, Q), buffer(Br * Bc, Q)
+    tb = buffer(1, table)
+    for b in range(B):
+        for hk in range(Hkv):
+            kv = (b * Hkv + hk) * Nk
+            for h in range(G):
+                qbase = ((b * Hkv + hk) * g + h) * Nq
+                for j in range(Tc):  # step 5 (paged: each page piece of K_j, V_j is an outer step of its own)
+                    c0 = j * Bc
+                    c1 = min(c0 + Bc, Nk)
+                    p0 = c0
+                    while p0 < c1:
+                        p1 = piece_end(p0, c1, P)
+                        n = p1 - p0
+                        row = kv + p0
+                        if P > 0:
+                            hT = load_vec(W, iT, table, b * pages + p0 // P, 1, tb)
+                            row = (_page_of(tb, b * pages + p0 // P) * Hkv + hk) * P + p0 % P
+                        Kj, Vj = tile(Kb, n, dqk), tile(Vb, n, dv)
+                        hK = load(W, iK, K, row, n, 0, dqk, Kj)  # step 6
+                        hV = -1 if shared else load(W, iV, V, row, n, 0, dv, Vj)
+                        if P > 0:
+                            free(W, hT)
+                        for i in range(Tr):  # step 7
+                            r0 = i * Br
+                            br = min(Br, R - r0)
+                            lo, hi = row_limits(r0, br, Nq, off, Nk, causal)
+                            if p0 >= hi:  # a zero block is skipped
+                                continue
+                            Qi, Oi, Sij = tile(Qb, br, dqk), tile(Ob, br, dv), tile(Sb, br, n)
+                            hQ = load(W, iQ, Q, qbase + r0, br, 0, dqk, Qi)  # step 8
+                            hO = load(W, iO, O, qbase + r0, br, 0, dv, Oi)
+                            hl = load_vec(W, il, l, qbase + r0, br, lb)
+                            hm = load_vec(W, im, m, qbase + r0, br, mb)
+                            hS = alloc(W, iS, r0, br, p0, n)
+                            if Q is not None:
+                                score_tile(Qi, Kj, Sij, scale)  # step 9
+                                if causal and p1 > lo:
+                                    _mask_bottom_right(Sij, r0, p0, Nq, off)
+                                _flash1_rows(Sij, Kj if shared else Vj, Oi, lb[:br], mb[:br])  # steps 10-11
+                            store(W, hO, Oi, O)  # step 12
+                            store_vec(W, hl, lb, l)  # step 13
+                            store_vec(W, hm, mb, m)
+                            for hh in (hS, hQ, hO, hl, hm):
+                                free(W, hh)
+                        free(W, hK)
+                        if not shared:
+                            free(W, hV)
+                        p0 = p1
+
+
+@njit(cache=True)
+def _flash1_rows(S, Vs, Oi, l_i, m_i):
+    """Algorithm 1, steps 10-13, one row at a time (``Vs`` may be the wider resident K tile: MLA shared)."""
+    br, bc = S.shape
+    dv = Oi.shape[1]
+    for r in range(br):
+        m_tilde = -np.inf
+        for c in range(bc):
+            m_tilde = max(m_tilde, S[r, c])
+        if m_tilde == -np.inf:
+            continue
+        l_tilde = 0.0
+        for c in range(bc):
+            p = math.exp(S[r, c] - m_tilde)
+            S[r, c] = p
+            l_tilde += p
+        m_new = max(m_i[r], m_tilde)
+        a = l_i[r] * math.exp(m_i[r] - m_new) if m_i[r] != -np.inf else 0.0
+        bb = math.exp(m_tilde - m_new)
+        l_new = a + bb * l_tilde
+        for k in range(dv):
+            Oi[r, k] *= a
+        for c in range(bc):
+            w = bb * S[r, c]
+            for k in range(dv):
+                Oi[r, k] += w * Vs[c, k]
+        for k in range(dv):
+            Oi[r, k] /= l_new
+        m_i[r] = m_new
+        l_i[r] = l_new
+
+
+def kv_rows(problem) -> int:
+    """Rows of the K (and V) slow arrays: B H_kv N_k, or paged: every page of every batch item, P rows per head."""
+    p = problem
+    if p.page_size is None:
+        return p.B * p.H_kv * p.N_k
+    return p.B * p.pages * p.H_kv * p.page_size
+
+
+def flash2_problem(mem, problem, Q, K, V, table, *, Br, Bc, gqa, splits, mla, combine_rows, scale, dtype=np.float64):  # noqa: N803
+    """FlashAttention-2's forward over ``problem`` (module docstring); count-only: Q = K = V = table = None.
+
+    Returns (O, L) with O of shape (B H_q N_q, d_v) in (b, h_q, r) row order (None each in count-only mode).
+    ``combine_rows``: the combine step's rows per block (split-KV only). Exact counts:
+    :func:`iosim.theory.io_model.flash2_problem`.
+    """
+    p = problem
+    G = p.g if gqa == "per-head" else 1
+    Rtot = p.B * p.H_q * p.N_q
+    R = p.N_q * (p.g // G)
+    numeric = Q is not None
+    O = np.full((Rtot, p.d_v), np.nan, dtype) if numeric else None
+    L = np.full(Rtot, np.nan, dtype) if numeric else None
+    s = int(splits)
+    Op = np.full((s * Rtot, p.d_v), np.nan, dtype) if numeric and s > 1 else (O if numeric else None)
+    Lp = np.full((Rtot, s), np.nan, dtype) if numeric and s > 1 else (np.zeros((1, 1), dtype) if numeric else None)
+    rows = kv_rows(p)
+    ids = mem.ids(
+        Q=(Rtot, p.d_qk), K=(rows, p.d_qk), V=(rows, p.d_v), O=(Rtot, p.d_v), L=(Rtot,), m=(R,), S=(R, p.N_k),
+        Opart=(s * Rtot, p.d_v), Lpart=(Rtot, s), page_table=(max(1, p.B * p.pages),),
+    )  # fmt: skip
+    P = p.page_size or 0
+    shared = p.latent and mla == "shared"
+    args = (p.B, p.H_kv, p.g, G, p.N_q, p.N_k, p.d_qk, p.d_v, Br, Bc, s, P, float(scale), p.causal, shared)
+    mem.call(_flash2_problem, ids, Q, K, V, O, L, Op, Lp, table if numeric else None, *args, combine_rows)
+    return O, L
+
+
+def flash1_problem(mem, problem, Q, K, V, table, *, Br, Bc, gqa, mla, scale, dtype=np.float64):  # noqa: N803
+    """FlashAttention Algorithm 1 over ``problem`` (module docstring); count-only: Q = K = V = table = None.
+
+    Returns (O, l, m) in (b, h_q, r) row order. Exact counts: :func:`iosim.theory.io_model.flash1_problem`."""
+    p = problem
+    G = p.g if gqa == "per-head" else 1
+    Rtot = p.B * p.H_q * p.N_q
+    R = p.N_q * (p.g // G)
+    numeric = Q is not None
+    O = np.full((Rtot, p.d_v), np.nan, dtype) if numeric else None
+    l_ = np.full(Rtot, np.nan, dtype) if numeric else None
+    m = np.full(Rtot, np.nan, dtype) if numeric else None
+    rows = kv_rows(p)
+    ids = mem.ids(
+        Q=(Rtot, p.d_qk), K=(rows, p.d_qk), V=(rows, p.d_v), O=(Rtot, p.d_v), l=(Rtot,), m=(Rtot,), S=(R, p.N_k),
+        page_table=(max(1, p.B * p.pages),),
+    )  # fmt: skip
+    P = p.page_size or 0
+    shared = p.latent and mla == "shared"
+    args = (p.B, p.H_kv, p.g, G, p.N_q, p.N_k, p.d_qk, p.d_v, Br, Bc, P, float(scale), p.causal, shared)
+    mem.call(_flash1_problem, ids, Q, K, V, O, l_, m, table if numeric else None, *args)
+    return O, l_, m
