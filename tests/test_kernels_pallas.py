@@ -89,6 +89,9 @@ def test_gpu_mha_equals_flash2s_closed_form_array_by_array(gpu_results):
         assert set(counts.per_array) == {"Q", "K", "V", "O"}
         assert counts.programs == (p["N"] // p["Br"]) * H and counts.launches == 1
         assert counts.per_array["K"].reads == counts.per_array["K"].distinct_reads  # no re-loads within a program
+        if not p["causal"]:  # each program: its Q_i, all of K and V, its O_i (the grid steps are the programs)
+            N, d, Br = p["N"], p["d"], p["Br"]
+            assert counts.per_program.tolist() == [[Br * d + 2 * N * d, Br * d]] * counts.programs
         assert all(n["ok"] for n in cmp.numerics)
 
 

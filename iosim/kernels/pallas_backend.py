@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import re
+import threading
 
 import numpy as np
 
@@ -345,8 +346,18 @@ def gpu_hooks(recorder):
             recorder.register(name, bases[name], nbytes, itemsize)
         return bases[name]
 
+    lock = threading.Lock()  # XLA runs host callbacks on several threads: one at a time into the recorder
+
     def mark(lid, k, *vals):
         """The interpreter copied operand k's block of this grid step (its start), before the kernel ran."""
+        with lock:
+            return _mark(lid, k, *vals)
+
+    def host(lid, k, kind, _dep, idx, mask):
+        with lock:
+            _host(lid, k, kind, idx, mask)
+
+    def _mark(lid, k, *vals):
         *start, block = vals
         L = launches[lid]
         nb = len(L.names)
@@ -359,7 +370,7 @@ def gpu_hooks(recorder):
         L.cur[k] = tuple(int(x) for x in start)
         return block
 
-    def host(lid, k, kind, _dep, idx, mask):
+    def _host(lid, k, kind, idx, mask):
         L = launches[lid]
         idx = np.asarray(idx, dtype=np.int64)
         if mask is not None:
