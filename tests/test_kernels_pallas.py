@@ -138,3 +138,15 @@ def test_gpu_hooks_leave_jax_as_they_found_it():
     after = (hi.pallas_call_hlo_interpret, hi.kernel_to_hlo_jaxpr, hi._dynamic_slice, sd.discharge_state,
              dict(sd._discharge_rules))  # fmt: skip
     assert before == after
+
+
+def test_gpu_internals_that_differ_fail_with_one_line_naming_the_supported_jax(monkeypatch):
+    from jax._src.pallas import hlo_interpreter as hi
+
+    from iosim.errors import InputError
+    from iosim.kernels.pallas_backend import require_gpu
+
+    require_gpu()
+    monkeypatch.delattr(hi, "_dynamic_slice")
+    with pytest.raises(InputError, match="jax 0.10"):
+        require_gpu()

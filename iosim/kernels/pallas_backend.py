@@ -199,8 +199,16 @@ def hooks(recorder):
     ipc.get, ipc.store = get, store
     saved_call = ipc.interpret_pallas_call
 
+    try:
+        require_gpu()
+        gpu_error = None
+    except InputError as e:  # TPU kernels are still counted; a GPU kernel then fails with this one line
+        gpu_error = e
+
     def interpret_pallas_call(*args, interpret_params=None, **params):
         if _is_gpu_call(params):  # a kernel for GPUs: the generic interpreter (counted by gpu_hooks)
+            if gpu_error is not None:
+                raise gpu_error
             from jax._src.pallas import hlo_interpreter as hi
 
             return hi.pallas_call_hlo_interpret(*args, **params)
@@ -208,7 +216,8 @@ def hooks(recorder):
 
     ipc.interpret_pallas_call = interpret_pallas_call
     try:
-        with gpu_hooks(recorder), pltpu.force_tpu_interpret_mode(pltpu.InterpretParams(grid_point_recorder=grid_point)):
+        gpu = gpu_hooks(recorder) if gpu_error is None else contextlib.nullcontext()
+        with gpu, pltpu.force_tpu_interpret_mode(pltpu.InterpretParams(grid_point_recorder=grid_point)):
             yield
     finally:
         for m, fn in saved.items():
