@@ -150,3 +150,28 @@ def test_gpu_internals_that_differ_fail_with_one_line_naming_the_supported_jax(m
     monkeypatch.delattr(hi, "_dynamic_slice")
     with pytest.raises(InputError, match="jax 0.10"):
         require_gpu()
+
+
+def test_a_gpu_launch_run_twice_counts_twice():
+    import jax
+    from jax.experimental.pallas.ops.gpu import attention
+
+    from iosim.kernels import count
+
+    def launch():
+        q, k, v = (jax.random.normal(key, (1, 128, 1, 32)) for key in jax.random.split(jax.random.PRNGKey(0), 3))
+        sizes = attention.BlockSizes(block_q=64, block_k=32)
+        for _ in range(2):
+            attention.mha(q, k, v, segment_ids=None, block_sizes=sizes, interpret=True).block_until_ready()
+        return {"names": {"q": "Q", "k": "K", "v": "V", "o": "O"}}
+
+    counts, _ = count(launch, "pallas")
+    assert (counts.launches, counts.programs) == (2, 4)
+    a = counts.per_array
+    assert (a["Q"].reads, a["K"].reads, a["V"].reads, a["O"].writes) == (
+        2 * 128 * 32,
+        4 * 128 * 32,
+        4 * 128 * 32,
+        2 * 128 * 32,
+    )
+    assert a["K"].distinct_reads == a["K"].reads

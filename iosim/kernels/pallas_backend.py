@@ -370,7 +370,8 @@ def gpu_hooks(recorder):
         *start, block = vals
         L = launches[lid]
         nb = len(L.names)
-        if state["last"] != lid:
+        steps = int(np.prod([int(g) for g in L.gm.grid]))  # one execution of the launch: its grid's steps
+        if state["last"] != lid or L.marks % (nb * max(steps, 1)) == 0:
             recorder.begin_launch(L.name)
             state["last"], L.marks = lid, 0
         if L.marks % nb == 0:  # a grid step's n block copies all come after the previous step's accesses
