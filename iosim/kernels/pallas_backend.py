@@ -289,8 +289,6 @@ def _tag_refs(jaxpr, tag_of_var: dict, tags: dict) -> None:
         tags[id(v.aval)] = t
     for eqn in jaxpr.eqns:
         ins = list(eqn.invars)
-        if not any(isinstance(v, jc.Var) and v in tag_of_var for v in ins):
-            continue
         for name, sub in _sub_jaxprs(eqn):
             n = len(sub.invars)
             if eqn.primitive.name == "while":
@@ -305,10 +303,16 @@ def _tag_refs(jaxpr, tag_of_var: dict, tags: dict) -> None:
             sub_tags = {
                 s: tag_of_var[o]
                 for s, o in zip(sub.invars, outer, strict=False)
-                if isinstance(o, jc.Var) and o in tag_of_var
+                if isinstance(o, jc.Var) and o in tag_of_var and _same_type(s.aval, o.aval)
             }
-            if sub_tags:
-                _tag_refs(sub, sub_tags, tags)
+            if eqn.primitive.name == "run_scoped":  # its own binders are scratch allocations: not global memory
+                for s in sub.invars:
+                    sub_tags.setdefault(s, -1)
+            _tag_refs(sub, sub_tags, tags)
+
+
+def _same_type(a, b) -> bool:
+    return getattr(a, "shape", None) == getattr(b, "shape", None) and getattr(a, "dtype", 0) == getattr(b, "dtype", 0)
 
 
 class _Launch:
@@ -412,9 +416,13 @@ def gpu_hooks(recorder):
         """In the discharge trace: a callback with the block-local element of each lane and the mask; it takes one
         element of the ref's value too, so that it runs after this grid step's block copy (``mark``)."""
         tags, L = state["tags"], state["launch"]
-        k = tags.get(id(in_avals[0])) if tags is not None else None
-        if k is None or L is None:
-            return  # scratch or a ref of no operand: not global memory
+        if L is None or tags is None:
+            return
+        k = tags.get(id(in_avals[0]))
+        if k == -1:
+            return  # scratch (the kernel's scratch operands, run_scoped allocations): not global memory
+        if k is None:  # no silent undercount: an access the counter cannot place fails the count
+            raise InputError("pallas kernel", "loads/stores on refs traced to a pallas_call operand", str(in_avals[0]))
         dep = jnp.ravel(ref)[:1]
         m = None if mask is None else jnp.broadcast_to(mask, jnp.shape(block_index))
         jax.debug.callback(functools.partial(host, L.lid, k, kind), dep, block_index, m)
@@ -467,7 +475,9 @@ def gpu_hooks(recorder):
             n0, nb = gm.num_index_operands, len(gm.block_mappings)
             state["tags"] = {}
             invars = closed.jaxpr.invars
-            _tag_refs(closed.jaxpr, {invars[n0 + k]: k for k in range(nb)}, state["tags"])
+            top = {v: -1 for v in invars[n0 + nb :]}  # scratch operands
+            top.update({invars[n0 + k]: k for k in range(nb)})
+            _tag_refs(closed.jaxpr, top, state["tags"])
         return saved_dis(closed, *a, **kw)
 
     def kernel_to_hlo_jaxpr(jaxpr, consts, grid_mapping):
