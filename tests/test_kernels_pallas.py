@@ -206,3 +206,28 @@ def test_a_small_gpu_kernel_counted_by_hand():
     a = counts.per_array
     assert (a["X"].reads, a["X"].distinct_reads, a["Y"].writes, a["Y"].distinct_writes) == (35, 20, 29, 20)
     assert a["Y"].reads == 3 and a["X"].writes == 0
+
+
+def test_tritons_atomics_in_a_gpu_kernel_are_a_read_and_a_write_per_lane():
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import triton as plgpu
+
+    from iosim.kernels import count
+
+    def kernel(x_ref, acc_ref):
+        plgpu.atomic_add(acc_ref, pl.ds(0, 4), x_ref[...])
+
+    def launch():
+        x = jnp.ones((12,), jnp.float32)
+        acc = pl.pallas_call(kernel, grid=(3,), in_specs=[pl.BlockSpec((4,), lambda i: (i,))],
+                             out_specs=pl.BlockSpec((4,), lambda i: (0,)), interpret=True,
+                             out_shape=jax.ShapeDtypeStruct((4,), jnp.float32),
+                             compiler_params=plgpu.CompilerParams())(x)  # fmt: skip
+        return {"names": {"x": "X", "acc": "A"}, "A": acc}
+
+    counts, _ = count(launch, "pallas")
+    a = counts.per_array
+    assert (a["A"].reads, a["A"].writes, a["A"].atomics, a["X"].reads) == (12, 12, 12, 12)
+    assert counts.per_program.tolist() == [[8, 4]] * 3

@@ -24,7 +24,8 @@ index array of the block's shape, giving the block-local element of each lane, a
 a ``jax.debug.callback``; the interpreter's block copy of each grid step reports the block's start (an
 ``io_callback`` the kernel's accesses depend on), so each element is placed in its whole array and each grid step
 is one program. Operands are named after the kernel's parameters (``q_ref`` -> ``q``; the launcher's ``"names"``
-renames them). Not supported: scalar prefetch, dynamic grids, atomics (``atomic_rmw``), strided slices.
+renames them). Triton's atomics (``atomic_rmw``, ``atomic_cas``) are a read and a write per lane. Not
+supported: scalar prefetch, dynamic grids, strided slices.
 """
 
 from __future__ import annotations
@@ -349,6 +350,13 @@ def gpu_hooks(recorder):
     saved_call, saved_k2h, saved_dis = hi.pallas_call_hlo_interpret, hi.kernel_to_hlo_jaxpr, sd.discharge_state
     saved_ds = hi._dynamic_slice
     rules = {p: sd._discharge_rules[p] for p in (pp.load_p, pp.swap_p, sp.get_p, sp.swap_p)}
+    try:  # Triton's atomics: a read and a write per lane
+        from jax._src.pallas.triton import primitives as tp
+
+        atomics = [p for p in (getattr(tp, "atomic_rmw_p", None), getattr(tp, "atomic_cas_p", None)) if p is not None]
+    except ImportError:
+        atomics = []
+    rules.update({p: sd._discharge_rules[p] for p in atomics if p in sd._discharge_rules})
     launches: list[_Launch] = []
     bases: dict[str, int] = {}
     state = {"launch": None, "tags": None, "top": False, "last": None}
@@ -462,6 +470,17 @@ def gpu_hooks(recorder):
         report(in_avals, "r", x, where, None)
         return rules[sp.get_p](in_avals, out_avals, x, *idx, tree=tree, **kw)
 
+    def atomic_rmw_rule(in_avals, out_avals, *args, args_tree, **kw):
+        ref, transforms, val, mask = args_tree.unflatten(args)
+        flat, tree = jax.tree_util.tree_flatten((iota(in_avals[0]), transforms, None, None))
+        _, where = rules[pp.load_p](in_avals, out_avals, *flat, args_tree=tree)
+        report(in_avals, "a", ref, where, mask)
+        return rules[atomics[0]](in_avals, out_avals, *args, args_tree=args_tree, **kw)
+
+    def atomic_cas_rule(in_avals, out_avals, ref, cmp, val):
+        report(in_avals, "a", ref, iota(in_avals[0]), None)
+        return rules[atomics[1]](in_avals, out_avals, ref, cmp, val)
+
     def state_swap_rule(in_avals, out_avals, x, val, *idx, tree, **kw):
         zeros = jnp.zeros(jnp.shape(val), jnp.int32)
         _, where = rules[sp.swap_p](in_avals, out_avals, iota(in_avals[0]), zeros, *idx, tree=tree, **kw)
@@ -515,6 +534,9 @@ def gpu_hooks(recorder):
     hi._dynamic_slice = dynamic_slice
     sd.discharge_state = discharge_state
     new_rules = {pp.load_p: load_rule, pp.swap_p: swap_rule, sp.get_p: get_rule, sp.swap_p: state_swap_rule}
+    for p, rule in zip(atomics, (atomic_rmw_rule, atomic_cas_rule), strict=False):
+        if p in rules:
+            new_rules[p] = rule
     sd._discharge_rules.update(new_rules)
     jax.clear_caches()  # a launch compiled before (without the callbacks) must be lowered again
     try:
