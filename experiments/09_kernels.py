@@ -61,6 +61,10 @@ def jobs(quick: bool) -> list[tuple[str, str, str, dict]]:
     if not quick:
         for N, Br, Bc, causal in [(256, 128, 128, False), (512, 128, 128, True), (512, 64, 128, True)]:
             out.append(("pallas", "pallas_tpu_flash", "flash2", dict(N=N, d=64, Br=Br, Bc=Bc, causal=causal)))
+        for N, Br, Bc, causal in [(256, 64, 64, False), (512, 64, 64, True), (512, 64, 32, True)]:
+            out.append(("pallas", "pallas_gpu_mha", "flash2", dict(N=N, d=64, Br=Br, Bc=Bc, causal=causal)))
+        for N, S in [(1024, 4), (1024, 8)]:
+            out.append(("pallas", "pallas_gpu_decode", "decode-splitkv", dict(N=N, d=64, Bc=64, splits=S)))
         for causal in (False, True):
             out.append(("numba-cuda", "numba_cuda_flash2", "flash2", dict(N=48, d=8, Br=16, Bc=16, causal=causal)))
     return out
