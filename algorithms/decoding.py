@@ -45,6 +45,7 @@ import math
 
 import numpy as np
 from iosim.algorithms._tiles import buffer, cdiv, exp_nonpos, score_tile, tile
+from iosim.algorithms.flash import flash1_row_update
 from iosim.memory_model import alloc, alloc_vec, free, init_slow, load, load_vec, store, store_vec
 from numba import njit, types
 from numba.extending import overload
@@ -319,7 +320,7 @@ def _flash1_problem(W, ids, Q, K, V, O, l, m, table, B, Hkv, g, G, Nq, Nk, dqk, 
                                 score_tile(Qi, Kj, Sij, scale)  # step 9
                                 if causal and p1 > lo:
                                     _mask_bottom_right(Sij, r0, p0, Nq, off)
-                                _flash1_rows(Sij, Kj if shared else Vj, Oi, lb[:br], mb[:br])  # steps 10-11
+                                flash1_row_update(Sij, Kj if shared else Vj, Oi, lb[:br], mb[:br])  # steps 10-11
                             store(W, hO, Oi, O)  # step 12
                             store_vec(W, hl, lb, l)  # step 13
                             store_vec(W, hm, mb, m)
@@ -329,38 +330,6 @@ def _flash1_problem(W, ids, Q, K, V, O, l, m, table, B, Hkv, g, G, Nq, Nk, dqk, 
                         if not shared:
                             free(W, hV)
                         p0 = p1
-
-
-@njit(cache=True)
-def _flash1_rows(S, Vs, Oi, l_i, m_i):
-    """Algorithm 1, steps 10-13, one row at a time (``Vs`` may be the wider resident K tile: MLA shared)."""
-    br, bc = S.shape
-    dv = Oi.shape[1]
-    for r in range(br):
-        m_tilde = -np.inf
-        for c in range(bc):
-            m_tilde = max(m_tilde, S[r, c])
-        if m_tilde == -np.inf:
-            continue
-        l_tilde = 0.0
-        for c in range(bc):
-            p = math.exp(S[r, c] - m_tilde)
-            S[r, c] = p
-            l_tilde += p
-        m_new = max(m_i[r], m_tilde)
-        a = l_i[r] * math.exp(m_i[r] - m_new) if m_i[r] != -np.inf else 0.0
-        bb = math.exp(m_tilde - m_new)
-        l_new = a + bb * l_tilde
-        for k in range(dv):
-            Oi[r, k] *= a
-        for c in range(bc):
-            w = bb * S[r, c]
-            for k in range(dv):
-                Oi[r, k] += w * Vs[c, k]
-        for k in range(dv):
-            Oi[r, k] /= l_new
-        m_i[r] = m_new
-        l_i[r] = l_new
 
 
 def kv_rows(problem) -> int:

@@ -45,8 +45,9 @@ from numba import njit
 
 
 @njit(cache=True)
-def _flash1_row_update(S, Vj, Oi, l_i, m_i):
-    """On-chip update of Algorithm 1, steps 10-13, one row at a time (P~ overwrites S in place)."""
+def flash1_row_update(S, Vj, Oi, l_i, m_i):
+    """On-chip update of Algorithm 1, steps 10-13, one row at a time (P~ overwrites S in place). ``Vj`` may be wider
+    than O_i: its first columns are used (MLA's shared latent, algorithms/decoding.py)."""
     br, bc = S.shape
     d = Oi.shape[1]
     for r in range(br):
@@ -118,7 +119,7 @@ def _flash1_forward(W, ids, Q, K, V, O, l, m, N, d, Br, Bc, scale, mk, mp, mt, s
                 score_tile(Qi, Kj, Sij, scale)  # step 9
                 if nnz < br * bc:  # a partial block: the element mask
                     apply_mask(Sij, mk, mp, mt, r0, c0)
-                _flash1_row_update(Sij, Vj, Oi, lb[:br], mb[:br])  # steps 10-11
+                flash1_row_update(Sij, Vj, Oi, lb[:br], mb[:br])  # steps 10-11
             store(W, hO, Oi, O)  # step 12
             store_vec(W, hl, lb, l)  # step 13
             store_vec(W, hm, mb, m)

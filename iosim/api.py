@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import math
 import numbers
-import os
 import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from iosim import registry
+from iosim import estimate, registry
 from iosim.algorithms.reference import attention_backward, attention_forward, default_scale
 from iosim.errors import InputError
 from iosim.memory_model import Stats, Trace, TwoLevelMemory
@@ -227,27 +226,12 @@ def _is_dtype(x) -> bool:
     return True
 
 
-def _available_bytes() -> int:
-    """Physical memory available now (Linux: MemAvailable), or all physical memory where that is not known."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return 1 << 62
-
-
 def _check_memory(algo, N: int, d: int, backward: bool, reference: bool, itemsize: int) -> None:
     """Refuse up front a numeric run whose arrays would not fit in this machine's memory, naming the sizes."""
     nd = (9 if backward else 5) * N * d  # inputs, dO, outputs and gradients, the forward's outputs
     nn = algo.square_arrays[1 if backward else 0] * N * N  # N x N slow arrays the schedule materialises
     need = (nd + nn) * itemsize + (nd * 8 if reference else 0) + (ref_bytes(N, d, backward) if reference else 0)
-    have = _available_bytes()
+    have = estimate.available_bytes()
     if need > 0.8 * have:
         raise InputError(
             "N",
@@ -280,7 +264,8 @@ class _OutOfMemory:
             raise InputError(
                 "N",
                 f"ran out of memory in the {self.what} of a numeric run of {self.algorithm} at N={self.N:,}, "
-                f"d={self.d} ({error or 'MemoryError'}; {_available_bytes() / 2**30:.1f} GiB available now): use "
+                f"d={self.d} ({error or 'MemoryError'}; {estimate.available_bytes() / 2**30:.1f} GiB available now): "
+                "use "
                 "count_only=True (--count-only), reference=False (--no-reference) or a smaller N",
                 self.N,
             ) from None
@@ -308,8 +293,6 @@ def _estimated_steps(t: Tiling, N: int, d: int, backward: bool, mask=None) -> in
 
 def _check_time(t: Tiling, N: int, d: int, backward: bool, allow_long: bool, mask=None, count_only=True) -> None:
     """The long-run rule (:mod:`iosim.estimate`) for a count-only or a numeric run (with its reference)."""
-    from iosim import estimate
-
     steps = _estimated_steps(t, N, d, backward, mask)
     if count_only:
         seconds, what = estimate.count_only_seconds(steps), f"a count-only run with {t}"
@@ -523,7 +506,7 @@ def run(
         errors["O"] = float(np.max(np.abs(outputs["O"] - O_ref)))
         if outputs.get("L") is not None:
             errors["L"] = _logsumexp_error(outputs["L"], L_ref)
-    lb, lb_name = bounds.lower_bound(N, d, M, mask=tmask if masked else None)
+    lb, lb_name = bounds.lower_bound(N, d, M, mask=tmask if masked else None, causal=causal)
     fwd = PassResult(
         "forward",
         mem.stats(),
@@ -549,7 +532,7 @@ def run(
                 refs = attention_backward(Q, K, V, dO, scale=scale, causal=causal, mask=allowed)
             for name, ref in zip(("dQ", "dK", "dV"), refs, strict=True):
                 errors_bwd[name] = float(np.max(np.abs(grads[name] - ref)))
-        lb_bwd, lb_bwd_name = bounds.lower_bound(N, d, M, backward=True, mask=tmask if masked else None)
+        lb_bwd, lb_bwd_name = bounds.lower_bound(N, d, M, backward=True, mask=tmask if masked else None, causal=causal)
         passes["backward"] = PassResult(
             "backward",
             mem_bwd.stats(),
@@ -778,8 +761,6 @@ def _run_problem(algo, p: Problem, M: int, gqa, splits, mla, Br, Bc, B, **o) -> 
     bm = combine_rows(p, splits, M)
     groups = p.B * p.H_kv * G
     steps = groups * -(-rows // t.Br) * (-(-p.N_k // t.Bc) + p.pages + splits)
-    from iosim import estimate
-
     # one head of N_q x N_k per group: the numeric estimate's arithmetic is per head (N_q N_k d), times the heads
     if count_only:
         seconds = estimate.count_only_seconds(steps)
@@ -790,7 +771,7 @@ def _run_problem(algo, p: Problem, M: int, gqa, splits, mla, Br, Bc, B, **o) -> 
     estimate.check(seconds, f"a run of {algo.name} over {p}", allow_long=allow_long, parameter="problem", value=str(p))
     if not count_only:
         words = (p.B * p.H_q * p.N_q * (p.d_qk + (splits + 1) * p.d_v)) + 3 * p.B * p.H_kv * p.N_k * (p.d_qk + p.d_v)
-        if words * 8 > 0.8 * _available_bytes():
+        if words * 8 > 0.8 * estimate.available_bytes():
             raise InputError(
                 "count_only", f"must be True for this problem ({words * 8 / 2**30:.1f} GiB of arrays)", False
             )
@@ -862,7 +843,7 @@ def _run_one_head_problem(algo, p: Problem, M, B, count_only, strict, reference,
         raise InputError("B", f"gives a working set of {predicted.peak:,} words above M = {M:,}: choose a smaller B", B)
     if not count_only:
         words = 3 * p.N_q * p.N_k + 2 * (p.N_q + p.N_k) * (p.d_qk + p.d_v)
-        if words * 8 > 0.8 * _available_bytes():
+        if words * 8 > 0.8 * estimate.available_bytes():
             raise InputError("count_only", f"must be True for this problem ({words * 8 / 2**30:.1f} GiB)", False)
     mem = TwoLevelMemory(M, strict=strict, fast=count_only)
     np_dtype = np.dtype(dtype)

@@ -56,7 +56,8 @@ def command(args) -> int:
     failures = []
     sparse = args.mask not in (None, "none", "dense") and args.mask != "causal"
     mask = masks.compile_mask(args.mask, args.N) if sparse else None
-    lb, lb_name = bounds.lower_bound(args.N, args.d, args.M, backward=args.backward, mask=mask)
+    causal = args.causal or args.mask == "causal"
+    lb, lb_name = bounds.lower_bound(args.N, args.d, args.M, backward=args.backward, mask=mask, causal=causal)
     kwargs = run_kwargs(args)
     names = [n for n in registry.algorithms() if not args.backward or registry.get(n).has_backward]
     failures += [f"{n}: no backward pass" for n in registry.algorithms() if n not in names]

@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from iosim import estimate
 from iosim.errors import InputError
 from iosim.hierarchy import ctas as ctas_mod
 from iosim.hierarchy import l2
@@ -408,7 +409,7 @@ def hierarchy(
     need_record = record or policy == "opt"
     cap = C // L
     if policy == "opt" and cap > 0:
-        limit = opt_limit_bytes if opt_limit_bytes is not None else api._available_bytes() // 2
+        limit = opt_limit_bytes if opt_limit_bytes is not None else estimate.available_bytes() // 2
         if lay.n_lines >= 1 << 31:
             raise InputError("policy opt", "needs line numbers below 2^31: use a smaller launch or lru", policy)
         need = n_req_total * 16
@@ -472,13 +473,12 @@ def hierarchy(
 
 def _opt(rec_inst, rec_req, n_rec, inst, cut, lay, L, cap, fill, wb, opt_limit_bytes) -> None:  # noqa: N803
     """Belady's OPT over the recorded line stream (:func:`iosim.views.cache_sim.opt`, write-validate)."""
-    from iosim import api
     from iosim.views import cache_sim as cs
 
     empty_l, empty_f = np.zeros(0, np.int64), np.zeros(0, np.int8)
     args = (rec_inst, rec_req, n_rec, inst[:, 1:].copy(), cut.requests, lay.kv, lay.cols, lay.lbase, lay.nl, L)
     n = l2.line_stream(*args, empty_l, empty_f)
-    limit = opt_limit_bytes if opt_limit_bytes is not None else api._available_bytes() // 2
+    limit = opt_limit_bytes if opt_limit_bytes is not None else estimate.available_bytes() // 2
     if n * OPT_BYTES_PER_LINE > limit or n >= 1 << 31:
         raise InputError(
             "policy opt",

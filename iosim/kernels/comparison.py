@@ -154,13 +154,13 @@ def model(like: str, N: int, d: int, Br: int | None, Bc: int | None, causal: boo
         _need(Br=Br, Bc=Bc)
         pred = io_model.flash2_forward(N, d, Br, Bc, causal)
         M = io_model.flash_working_set(d, Br, Bc)
-        lb, name = bounds.lower_bound(N, d, M)
+        lb, name = bounds.lower_bound(N, d, M, causal=causal)
         return dict(pred.per_array), M, lb, name
     if like == "flash2-backward":
         _need(Br=Br, Bc=Bc)
         pred = io_model.flash2_backward(N, d, Br, Bc, causal)
         M = io_model.flash2_backward_working_set(d, Br, Bc)
-        lb, name = bounds.lower_bound(N, d, M, backward=True)
+        lb, name = bounds.lower_bound(N, d, M, backward=True, causal=causal)
         return dict(pred.per_array), M, lb, name
     if like == "decode-splitkv":
         _need(Bc=Bc, splits=splits)

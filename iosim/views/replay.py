@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from iosim import estimate
 from iosim.errors import InputError
 from iosim.memory_model.core import ALLOC, FREE, LOAD, STORE
 from iosim.views import cache_sim as cs
@@ -474,12 +475,6 @@ def parse_policies(policy) -> tuple[str, ...]:
     return tuple(dict.fromkeys(names))
 
 
-def _available_bytes() -> int:
-    from iosim.api import _available_bytes as available
-
-    return available()
-
-
 def replay_ops(
     ops: np.ndarray,
     x: _Deriver,
@@ -497,7 +492,7 @@ def replay_ops(
     if policy == "opt":
         upper = cs.access_count(ops)
         need = upper * OPT_BYTES_PER_ACCESS + 4 * x.n_lines
-        limit = opt_limit_bytes if opt_limit_bytes is not None else _available_bytes() // 2
+        limit = opt_limit_bytes if opt_limit_bytes is not None else estimate.available_bytes() // 2
         if need > limit or upper >= 1 << 31:
             raise InputError(
                 "policy opt",
@@ -556,7 +551,7 @@ def replay(
     or a list; from lru, opt, fifo). The schedule itself runs count-only with a trace, at fast memory M; other
     keyword options go to :func:`iosim.run`. Returns a :class:`ReplayResult` (per-array words fetched and written
     per policy, beside the explicit schedule's counts)."""
-    from iosim import api, estimate
+    from iosim import api
 
     policies = parse_policies(policy)
     if not isinstance(write_allocate, (bool, np.bool_)):
