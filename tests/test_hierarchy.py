@@ -329,3 +329,22 @@ def test_cli_hierarchy(capsys):
 def test_the_compulsory_estimate_is_what_a_whole_problem_l2_moves(algorithm, backward):
     r = hierarchy(algorithm, backward=backward, B=2, H_q=2, H_kv=1, P=2, C=1 << 30, L=8, **SMALL)
     assert r.compulsory == r.dram
+
+
+def test_a_problem_gives_the_launch():
+    """iosim.hierarchy(problem=Problem(...)) equals the same launch given field by field; problems it cannot run
+    (decoding, MLA, pages) and N beside a problem are one InputError each."""
+    import iosim
+
+    p = iosim.Problem(B=2, H_q=4, H_kv=2, N=96, d=16, causal=True, dtype_q="fp16")
+    kw = dict(M=2048, P=4, C=4096, L=8, order="swizzled")
+    a = iosim.hierarchy("flash2", problem=p, **kw)
+    b = iosim.hierarchy("flash2", N=96, d=16, B=2, H_q=4, H_kv=2, causal=True, bytes_per_word=2, **kw)
+    assert {**a.as_dict(), "seconds": 0} == {**b.as_dict(), "seconds": 0}
+    for bad in (iosim.Problem(N_q=1, N_k=64, d=16), iosim.Problem(N=64, d_qk=24, d_v=16, latent=True)):
+        with pytest.raises(iosim.InputError) as e:
+            iosim.hierarchy("flash2", problem=bad, **kw)
+        assert e.value.parameter == "problem"
+    with pytest.raises(iosim.InputError) as e:
+        iosim.hierarchy("flash2", problem=p, N=96, **kw)
+    assert e.value.parameter == "N"

@@ -297,11 +297,31 @@ def _layout(trace, cut, B: int, H_q: int, H_kv: int, L: int) -> _Layout:  # noqa
     )  # fmt: skip
 
 
+def _from_problem(problem, N, d) -> tuple:
+    """(N, d, B, H_q, H_kv, causal, bytes per word) of an :class:`iosim.Problem` the hierarchy can run."""
+    from iosim.problem import Problem
+
+    if not isinstance(problem, Problem):
+        raise InputError("problem", "must be an iosim.Problem", type(problem).__name__)
+    if N is not None or d is not None:
+        raise InputError("N" if N is not None else "d", "must not be given beside a problem (it has its own)", N or d)
+    if problem.N_q != problem.N_k or problem.d_qk != problem.d_v or problem.latent or problem.page_size:
+        raise InputError(
+            "problem",
+            "must have N_q = N_k, d_qk = d_v, no latent and no pages for the hierarchy (decoding, MLA and paged "
+            "problems run through iosim.run)",
+            problem,
+        )
+    word = problem.bytes_of("K", 1)  # one word of the K/V cache, which dominates the traffic
+    return problem.N_q, problem.d_qk, problem.B, problem.H_q, problem.H_kv, problem.causal, word
+
+
 def hierarchy(
     algorithm: str,
     *,
-    N: int,
-    d: int,
+    N: int | None = None,
+    d: int | None = None,
+    problem=None,
     M: int | None = None,
     B: int = 1,
     H_q: int = 1,
@@ -331,8 +351,17 @@ def hierarchy(
     ``blocks_per_sm`` override it. Without a device: P defaults to 1, blocks_per_sm to 1, L to 1 word; C is
     required (0: no L2). ``policy`` is ``lru`` or ``opt`` (Belady's, the floor: it needs the whole line stream in
     memory). ``record=True`` keeps the order in which the L2 saw the requests (``result.record``: block, request
-    row) and the launch's blocks (``result.blocks``) and cut (``result.cut``)."""
+    row) and the launch's blocks (``result.blocks``) and cut (``result.cut``).
+
+    ``problem`` (an :class:`iosim.Problem`) gives N, d, B, H_q, H_kv, causal and the bytes per word (of its K/V
+    cache's dtype) in place of those arguments; the hierarchy runs problems with N_q = N_k, d_qk = d_v, no latent
+    and no pages (the per-head schedule of each head, as the launch runs it)."""
     from iosim import api
+
+    if problem is not None:
+        N, d, B, H_q, H_kv, causal, bytes_per_word = _from_problem(problem, N, d)
+    if N is None or d is None:
+        raise InputError("N" if N is None else "d", "must be given (or a problem)", None)
 
     dev = None
     if device is not None:
