@@ -22,7 +22,7 @@ def pytest_configure(config):
         config.addinivalue_line("filterwarnings", f"error::numba.core.errors.{category}")
 
 
-# Odd shapes, not just powers of two (design.md): N not a multiple of any block, d odd.
+# Odd shapes, not just powers of two: N not a multiple of any block, d odd.
 ODD_N = (1, 17, 113, 203)
 ODD_D = (1, 16, 59)
 

@@ -1,4 +1,4 @@
-"""Imports flow one way: memory_model -> algorithms -> iosim -> experiments (design.md), and iosim installs one
+"""Imports flow one way: memory_model -> algorithms -> iosim -> experiments (README, "Layout"), and iosim installs one
 top-level package."""
 
 import ast

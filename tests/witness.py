@@ -53,7 +53,7 @@ ALGORITHMS = ("standard", "flash1", "flash2", "square-tiling")
 OPS = ("load", "load_vec", "alloc", "alloc_vec", "store", "store_to", "store_vec", "free", "init_slow")
 POISON_BITS = 0x7FF4DEADBEEF0001  # a signalling NaN with a payload: arithmetic never produces it
 POISON = np.array([POISON_BITS], dtype=np.uint64).view(np.float64)[0]
-TOLERANCE = 1e-9  # float64 drivers match the reference to about 1e-12 (design.md)
+TOLERANCE = 1e-9  # float64 drivers match the reference to about 1e-12
 
 # Kinds of violation.
 SLOW = "slow-access"  # (a) a slow array touched outside load/store/init

@@ -281,7 +281,7 @@ def problem_bounds(problem, M: int) -> list[Bound]:
         "lower",
         float(sum(p.compulsory().values())),
         "B H_q N_q (d_qk + d_v) + B H_kv N_k (d_qk + d_v)" if not p.latent else "B H_q N_q (d_qk + d_v) + B N_k d_qk",
-        "every input word read once and every output word written once (spec section 10: decoding's floor)",
+        "every input word read once and every output word written once (docs/theory.md#problems-batch-heads-decoding)",
         "any M",
         True,
     )
