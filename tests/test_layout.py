@@ -64,3 +64,18 @@ def test_one_top_level_package():
     text = (ROOT / "pyproject.toml").read_text()
     listed = re.search(r"^packages = \[(.*?)\]", text, flags=re.M | re.S).group(1)
     assert {p.strip(' "\n').split(".")[0] for p in listed.split(",") if p.strip()} == {"iosim"}
+
+
+def test_every_package_folder_is_installed():
+    """A wheel holds only the packages pyproject.toml lists: every folder with an __init__.py is among them."""
+    text = (ROOT / "pyproject.toml").read_text()
+    listed = {p.strip(' "\n') for p in re.search(r"^packages = \[(.*?)\]", text, flags=re.M | re.S).group(1).split(",")}
+    roots = {"iosim": "iosim", "algorithms": "iosim.algorithms", "memory_model": "iosim.memory_model"}
+    roots["experiments"] = "iosim.experiments"
+    for folder, package in roots.items():
+        for init in (ROOT / folder).rglob("__init__.py"):
+            rel = init.parent.relative_to(ROOT / folder).parts
+            if "bench" in rel:
+                continue
+            name = ".".join([package, *rel])
+            assert name in listed, f"{name} ({init.parent.relative_to(ROOT)}) is not in pyproject.toml's packages"
