@@ -33,6 +33,7 @@ import hashlib
 import itertools
 import json
 import math
+import multiprocessing
 import os
 import sys
 import tempfile
@@ -348,7 +349,11 @@ def _open_executor(executor, jobs: int | None, n_points: int, timeout: float):
         workers = min(jobs or os.cpu_count() or 1, n_points)
         if workers <= 1:
             return None, lambda: None
-        pool = cf.ProcessPoolExecutor(max_workers=workers)
+        # Fork is the fast start (workers inherit the compiled kernels), but forking a process that runs threads of
+        # its own (JAX, PyTorch: imported by iosim.kernels or the caller) can deadlock the child: spawn there.
+        threaded = any(m in sys.modules for m in ("jax", "torch", "tensorflow"))
+        context = multiprocessing.get_context("spawn" if threaded or os.name != "posix" else "fork")
+        pool = cf.ProcessPoolExecutor(max_workers=workers, mp_context=context)
         return pool, pool.shutdown
     if executor.startswith("dask:") and len(executor) > 5:
         d = _DaskExecutor(executor[5:], jobs, timeout)

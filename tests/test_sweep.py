@@ -157,3 +157,19 @@ def test_cli_sweep(tmp_path, capsys):
     assert "invalid point" in captured.err and "N must be an integer from 1 to" in captured.err
     assert "Traceback" not in captured.err
     assert main(["sweep", "--N", "64", "--d", "8", "--M", "256", "--pass", "sideways", "--no-cache"]) == 2
+
+
+def test_worker_processes_are_spawned_when_a_threaded_library_is_loaded(monkeypatch):
+    """Forking a process that runs JAX's or PyTorch's threads can deadlock the child: the pool spawns then."""
+    import sys
+    import types
+
+    sweep_mod = sys.modules["iosim.sweep"]  # the module (iosim.sweep, the attribute, is the function)
+    pool, close = sweep_mod._open_executor("processes", 2, 4, 60.0)
+    expected = "spawn" if any(m in sys.modules for m in ("jax", "torch", "tensorflow")) else "fork"
+    assert pool._mp_context.get_start_method() == expected
+    close()
+    monkeypatch.setitem(sys.modules, "jax", types.ModuleType("jax"))
+    pool, close = sweep_mod._open_executor("processes", 2, 4, 60.0)
+    assert pool._mp_context.get_start_method() == "spawn"
+    close()
