@@ -348,9 +348,8 @@ def flash2_problem(mem, problem, Q, K, V, table, *, Br, Bc, gqa, splits, mla, co
     :func:`iosim.theory.io_model.flash2_problem`.
     """
     p = problem
-    G = p.g if gqa == "per-head" else 1
+    G, _, R = p.groups(gqa)
     Rtot = p.B * p.H_q * p.N_q
-    R = p.N_q * (p.g // G)
     numeric = Q is not None
     O = np.full((Rtot, p.d_v), np.nan, dtype) if numeric else None
     L = np.full(Rtot, np.nan, dtype) if numeric else None
@@ -374,9 +373,8 @@ def flash1_problem(mem, problem, Q, K, V, table, *, Br, Bc, gqa, mla, scale, dty
 
     Returns (O, l, m) in (b, h_q, r) row order. Exact counts: :func:`iosim.theory.io_model.flash1_problem`."""
     p = problem
-    G = p.g if gqa == "per-head" else 1
+    G, _, R = p.groups(gqa)
     Rtot = p.B * p.H_q * p.N_q
-    R = p.N_q * (p.g // G)
     numeric = Q is not None
     O = np.full((Rtot, p.d_v), np.nan, dtype) if numeric else None
     l_ = np.full(Rtot, np.nan, dtype) if numeric else None

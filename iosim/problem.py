@@ -171,6 +171,13 @@ class Problem:
         dt = self.dtype_of(array)
         return int(words) * (INT_BYTES[dt] if dt in INT_BYTES else BYTES[dt])
 
+    def groups(self, gqa: str) -> tuple[int, int, int]:
+        """How a schedule groups the rows: (G, groups, R). ``per-head`` runs each query head alone (G = g query heads
+        per key/value head, R = N_q rows per group); ``packed`` packs a key/value head's g query heads into one
+        group (G = 1, R = g N_q). groups = B H_kv G."""
+        G = self.g if gqa == "per-head" else 1
+        return G, self.B * self.H_kv * G, self.N_q * (self.g // G)
+
     def compulsory(self) -> dict[str, int]:
         """The compulsory traffic in words: read Q, the KV cache once per key/value head, write O (and nothing
         else). MLA's latent is one cache: V is inside K, so only K counts."""

@@ -500,11 +500,6 @@ class ProblemPrediction(Prediction):
     thread_blocks: int = 0
 
 
-def _groups(p, gqa: str) -> tuple[int, int]:
-    G = p.g if gqa == "per-head" else 1
-    return p.B * p.H_kv * G, p.N_q * (p.g // G)
-
-
 def flash2_problem(p, Br: int, Bc: int, gqa: str = "per-head", splits: int = 1, mla: str = "shared",
                    combine_rows: int = 1) -> ProblemPrediction:  # fmt: skip
     """FlashAttention-2's forward over a problem (algorithms/decoding.py), per group of R rows:
@@ -517,7 +512,7 @@ def flash2_problem(p, Br: int, Bc: int, gqa: str = "per-head", splits: int = 1, 
     Peak: the largest inner step, R_i (d_qk + d_v + 2) + n (d_qk + d_v') + R_i n for the longest piece n of a
     split's blocks, or a split with no block (O_i, l_i, m_i), or the combine step's block.
     """
-    groups, R = _groups(p, gqa)
+    _, groups, R = p.groups(gqa)
     s, P = int(splits), p.page_size or 0
     shared = p.latent and mla == "shared"
     dv_load = 0 if shared else p.d_v
@@ -574,7 +569,7 @@ def flash1_problem(p, Br: int, Bc: int, gqa: str = "per-head", mla: str = "share
     c and each row block i with c < hi_i: Q_i, O_i read (R_i d_qk, R_i d_v), l_i, m_i read, O_i, l_i, m_i written;
     one page-table word per piece. Times groups; plus the initialisation of O, l, m (B H_q N_q (d_v + 2)).
     Peak: the largest inner step over the longest piece that a row block meets."""
-    groups, R = _groups(p, gqa)
+    _, groups, R = p.groups(gqa)
     P = p.page_size or 0
     shared = p.latent and mla == "shared"
     npieces, _, starts = _pieces(p.N_k, Bc, P)
