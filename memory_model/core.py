@@ -52,8 +52,11 @@ assignment, seconds of first-run compile time).
 
 from __future__ import annotations
 
+import contextlib
+import os
 from dataclasses import dataclass, field
 
+import numba
 import numpy as np
 from numba import njit, types
 from numba.extending import overload, register_jitable
@@ -490,6 +493,27 @@ def init_slow(W, aid, words):
         _event(W, INIT, aid, 0, W[a + _ROWS], 0, W[a + _COLS], words, -1)
 
 
+# LLVM's optimisation level for the numeric drivers when they compile. A numeric driver spends its time in the
+# arithmetic of its tiles (NumPy's dot, exp) and runs within a few per cent as fast at -O1 as at Numba's default
+# -O3, while -O1 compiles about a fifth faster: the first ``iosim compare`` on an empty cache is mostly that
+# compilation. The count-only variants, whose cost is the ops themselves, keep -O3. Measured with
+# experiments/bench/cpu.py (see its docstring). A user's NUMBA_OPT is left alone.
+NUMERIC_OPT_LEVEL = 1
+
+
+@contextlib.contextmanager
+def _numeric_opt_level():
+    if "NUMBA_OPT" in os.environ:
+        yield
+        return
+    saved = numba.config.OPT
+    numba.config.OPT = type(saved)(NUMERIC_OPT_LEVEL)
+    try:
+        yield
+    finally:
+        numba.config.OPT = saved
+
+
 @njit(cache=True)
 def _replay(W, events):
     """Apply a trace's events to a fresh memory (count-only): the handles it issues are the trace's own."""
@@ -705,9 +729,11 @@ class TwoLevelMemory:
         A count-only call (no data array among ``args``: integer arrays are descriptors, such as a mask's
         parameters and table, not data) runs the driver's count-only variant (:func:`count_only_variant`): the
         same loop nest without Numba's runtime, checked or, on a fast memory, counters only and inlined."""
-        if not any(isinstance(a, np.ndarray) and a.dtype.kind not in "iub" for a in args):
+        numeric = any(isinstance(a, np.ndarray) and a.dtype.kind not in "iub" for a in args)
+        if not numeric:
             driver = count_only_variant(driver, self.fast)
-        out = driver(self.W, *args)
+        with _numeric_opt_level() if numeric else contextlib.nullcontext():
+            out = driver(self.W, *args)
         if self.tracing and self.W[_NEV] > self.W[_TCAP]:
             self._reset(int(self.W[_NEV]))
             out = driver(self.W, *args)

@@ -61,10 +61,10 @@ def command(args) -> int:
     kwargs = run_kwargs(args)
     names = [n for n in registry.algorithms() if not args.backward or registry.get(n).has_backward]
     failures += [f"{n}: no backward pass" for n in registry.algorithms() if n not in names]
-    # On a cold Numba cache, a second process compiles standard attention and FlashAttention-1 (about half the
+    # On a cold Numba cache, a second process compiles standard attention and square tiling (about half the
     # first run's compile time) while this one runs the others: iosim.warmup.
     key = f"compare-{args.dtype}-{'b' if args.backward else 'f'}-{'c' if args.count_only else 'n'}"
-    later = [n for n in names if n in ("standard", "flash1")]
+    later = [n for n in names if n in ("standard", "square-tiling")]
     worker = warmup.start(later, kwargs, key) if len(names) > 1 else None
     order = [n for n in names if n not in later] + later if worker else names
     for name in order:
