@@ -31,6 +31,17 @@ from numba import njit
 
 
 @jitable(nrt=True)
+def _transposed(A):
+    """A^T as a new C-contiguous array (a temporary, as np.dot's result is)."""
+    n, m = A.shape
+    T = np.empty((m, n), dtype=A.dtype)
+    for r in range(n):
+        for c in range(m):
+            T[c, r] = A[r, c]
+    return T
+
+
+@jitable(nrt=True)
 def tiled_matmul(W, iA, A, iB, B, iC, C, m, k, n, T, a_transposed, b_transposed, scale):
     """C = scale * op(A) op(B) with square tiles of side T; C is m x n and the inner dimension is k.
 
@@ -64,9 +75,9 @@ def tiled_matmul(W, iA, A, iB, B, iC, C, m, k, n, T, a_transposed, b_transposed,
                 else:
                     hB = load(W, iB, B, k0, tk, c0, tj, Bblk)
                 if C is not None:  # one branch per layout keeps every np.dot on contiguous views
-                    if a_transposed:  # (A^T B^T is never needed: three layouts compile, not four)
-                        Cij += np.dot(Ablk.T, Bblk)
-                    elif b_transposed:
+                    if a_transposed:  # a transposed temporary: the (C, C) product, no third layout to compile
+                        Cij += np.dot(_transposed(Ablk), Bblk)
+                    elif b_transposed:  # (A^T B^T is never needed)
                         Cij += np.dot(Ablk, Bblk.T)
                     else:
                         Cij += np.dot(Ablk, Bblk)
