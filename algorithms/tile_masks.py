@@ -13,6 +13,14 @@ O(diagonals met / dilation) for dilated windows, O(blocks met) for a block mask 
 table for an element mask (a user's array, random elements). ``mask_cols`` / ``mask_rows`` bound the columns a row
 block (rows a column block) can touch, so a schedule visits O(nonzero tiles) tiles for structured masks.
 
+Random kinds (``random:S``, ``random-blocks``, ``bigbird``) hold no table: whether an element or a block is allowed
+is a pure function of (seed, position), a counter-based generator (SplitMix64's finaliser applied to the seed and
+the coordinates, :func:`_draw`), so any tile is reproducible on its own, whatever the tiling, and counting a tile's
+nonzeros needs only that tile: O(its elements) for random elements, O(its blocks) for random blocks and O(its
+blocks x r^2) for BigBird's r random blocks per block row. Nothing of size N x N (or blocks x blocks) is ever
+allocated; counting a whole mask still visits every element (or block), which the long-run rule of
+:mod:`iosim.estimate` prices up front (:attr:`TileMask.scan_tests`).
+
 Representation (one compiled driver serves every kind): ``kind`` (an int code), ``params`` (int64 1-D) and
 ``table`` (int64 2-D; 1 x 1 when unused). A run without a mask passes None for both, and its driver compiles
 without any mask code (the helpers at the end of this module). The mask is schedule metadata, like N or the
@@ -30,7 +38,7 @@ from iosim.algorithms._tiles import cdiv
 from numba import njit, types
 from numba.extending import overload
 
-DENSE, BAND, DILATED, BLOCKDIAG, PREFIX, ELEMENTS, BLOCKS = 0, 1, 2, 3, 4, 5, 6
+DENSE, BAND, DILATED, BLOCKDIAG, PREFIX, ELEMENTS, BLOCKS, RANDOM, RANDOM_BLOCKS, BIGBIRD = range(10)
 FAR = 1 << 40  # a diagonal offset beyond any N: BAND(-FAR, 0) is the causal mask
 # What a K/V-outer schedule does with K_j, V_j of a column block whose tiles are all empty (and a Q-outer one with
 # Q_i of an all-empty row block): "paper" loads them before testing the mask (FlashAttention Algorithm 5, line 6
@@ -74,6 +82,24 @@ class TileMask:
 
     def nnz(self) -> int:
         return int(mask_nnz(self.kind, self.params, self.table, 0, self.N, 0, self.N))
+
+    @property
+    def scan_tests(self) -> int:
+        """About how many generator draws one count of the whole mask makes, on any tiling (0 for the kinds counted
+        in closed form or from a table): what a run, a closed form or a bound over a random mask costs beyond its
+        tiles. A block is weighted as 16 draws for random blocks (the blocks a tile meets are tested again by its
+        neighbours when tiles and blocks do not align; measured 9 ns a block) and as 12 + 3 r(r+1)/2 draws for
+        BigBird (its r random blocks are redrawn, with their duplicate tests, at each test)."""
+        N = self.N
+        if self.kind == RANDOM:
+            return N * N
+        if self.kind == RANDOM_BLOCKS:
+            return -(-N // int(self.params[0])) * -(-N // int(self.params[1])) * 16
+        if self.kind == BIGBIRD:
+            n = int(self.params[6])
+            r = min(int(self.params[5]), n)
+            return n * n * (12 + 3 * r * (r + 1) // 2)
+        return 0
 
 
 _NO_TABLE = np.zeros((1, 1), dtype=np.int64)
@@ -148,6 +174,81 @@ def _rect(P, r0, r1, c0, c1):
     return P[r1, c1] - P[r0, c1] - P[r1, c0] + P[r0, c0]
 
 
+_MASK64 = (1 << 64) - 1
+_ONE = 1 << 53  # a draw is uniform on [0, 2^53): allowed when below round(density 2^53)
+
+
+def threshold(density: float) -> int:
+    """The integer threshold of a density for :func:`_draw`: a draw is allowed with probability threshold / 2^53."""
+    return int(round(float(density) * _ONE))
+
+
+def seed_word(seed: int) -> int:
+    """A seed in [0, 2^64) as the int64 with the same 64 bits (what a mask's int64 params hold)."""
+    return seed - (1 << 64) if seed >= 1 << 63 else seed
+
+
+def _splitmix(x):
+    x &= _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def _draw(seed, a, b):
+    """A uniform integer on [0, 2^53) that depends only on (seed, a, b): SplitMix64's finaliser applied in turn
+    to the seed and the two coordinates (Python integers here; 64-bit unsigned arithmetic when compiled)."""
+    return _splitmix(_splitmix(_splitmix(int(seed) + 0x9E3779B97F4A7C15) + int(a)) + int(b)) >> 11
+
+
+@overload(_draw, jit_options={"cache": True})
+def _ol_draw(seed, a, b):
+    def impl(seed, a, b):
+        x = np.uint64(seed) + np.uint64(0x9E3779B97F4A7C15)
+        for v in (np.uint64(0), np.uint64(a), np.uint64(b)):
+            x += v
+            x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+            x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+            x = x ^ (x >> np.uint64(31))
+        return np.int64(x >> np.uint64(11))
+
+    return impl
+
+
+@njit(cache=True)
+def _bigbird_random(seed, bi, bj, n, r):
+    """Whether block column bj is one of block row bi's r random blocks: draws k = 0, 1, ... of (seed, bi, k) mod n,
+    each kept unless an earlier draw gave the same column, until min(r, n) distinct columns are kept."""
+    if r >= n:
+        return True
+    kept = 0
+    k = 0
+    while kept < r:
+        col = _draw(seed, bi, k) % n
+        fresh = True
+        for j in range(k):
+            if _draw(seed, bi, j) % n == col:
+                fresh = False
+                break
+        if fresh:
+            if col == bj:
+                return True
+            kept += 1
+        k += 1
+    return False
+
+
+@njit(cache=True)
+def _block_allowed(kind, p, bi, bj):
+    """Whether block (bi, bj) of a random block kind is allowed. RANDOM_BLOCKS p = (h, w, seed, threshold);
+    BIGBIRD p = (b, b, seed, g, wb, r, n)."""
+    if kind == RANDOM_BLOCKS:
+        return _draw(p[2], bi, bj) < p[3]
+    if bi < p[3] or bj < p[3] or abs(bi - bj) <= p[4]:
+        return True
+    return _bigbird_random(p[2], bi, bj, p[6], p[5])
+
+
 @njit(cache=True)
 def _mask_allows(kind, p, T, r, c):
     """Whether score (r, c) is allowed."""
@@ -164,6 +265,10 @@ def _mask_allows(kind, p, T, r, c):
         return c < p[0] or c <= r
     if kind == ELEMENTS:
         return _rect(T, r, r + 1, c, c + 1) != 0
+    if kind == RANDOM:  # p = (seed, threshold)
+        return _draw(p[0], r, c) < p[1]
+    if kind == RANDOM_BLOCKS or kind == BIGBIRD:
+        return _block_allowed(kind, p, r // p[0], c // p[1])
     # BLOCKS: p = (h, w); T = prefix sums of the block mask
     br, bc = r // p[0], c // p[1]
     return _rect(T, br, br + 1, bc, bc + 1) != 0
@@ -200,12 +305,18 @@ def mask_nnz(kind, p, T, r0, nr, c0, nc):
         return nr * (split - c0) + _band_count(r0, nr, split, c1 - split, -FAR, 0)
     if kind == ELEMENTS:
         return _rect(T, r0, r1, c0, c1)
+    if kind == RANDOM:
+        s = 0
+        for r in range(r0, r1):
+            for c in range(c0, c1):
+                s += _draw(p[0], r, c) < p[1]
+        return s
     h, w = p[0], p[1]
     s = 0
     for bi in range(r0 // h, (r1 - 1) // h + 1):
         rows = min(r1, (bi + 1) * h) - max(r0, bi * h)
         for bj in range(c0 // w, (c1 - 1) // w + 1):
-            if _rect(T, bi, bi + 1, bj, bj + 1) != 0:
+            if _block_allowed(kind, p, bi, bj) if kind != BLOCKS else _rect(T, bi, bi + 1, bj, bj + 1) != 0:
                 s += rows * (min(c1, (bj + 1) * w) - max(c0, bj * w))
     return s
 

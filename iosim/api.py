@@ -293,11 +293,14 @@ def _estimated_steps(t: Tiling, N: int, d: int, backward: bool, mask=None) -> in
 
 def _check_time(t: Tiling, N: int, d: int, backward: bool, allow_long: bool, mask=None, count_only=True) -> None:
     """The long-run rule (:mod:`iosim.estimate`) for a count-only or a numeric run (with its reference)."""
+    # a random mask is counted by the estimate below, the closed form and the run: that alone may be too long
+    counting = estimate.check_mask(mask, passes=3, allow_long=allow_long) if mask is not None else 0.0
     steps = _estimated_steps(t, N, d, backward, mask)
     if count_only:
         seconds, what = estimate.count_only_seconds(steps), f"a count-only run with {t}"
     else:
         seconds, what = estimate.numeric_seconds(N, d, steps, backward), f"a numeric run with {t}"
+    seconds += counting
     remedy = "use a larger M or a smaller N" + ("" if count_only else ", or count_only=True (--count-only)")
     estimate.check(seconds, what, allow_long=allow_long, parameter="N", value=N, remedy=remedy)
 
@@ -641,19 +644,28 @@ def _explicit_tiling(algo, given: dict, t, t_bwd, N, d, M, causal_arg, strict: b
 
 def _problem_schedule(algo, p: Problem, gqa, splits, mla, B) -> tuple[int, str]:
     """Validate the schedule options against the algorithm and the problem: (splits, mla)."""
-    one_head = p.B == 1 and p.H_q == 1 and not p.latent and p.page_size is None and splits == 1
-    if algo.name in ONE_HEAD_ALGORITHMS and one_head:
-        return 1, mla  # one head, N_q x N_k, d_qk and d_v: square tiles take any shapes
+    if gqa not in GQA_POLICIES:
+        raise InputError("gqa", f"must be one of {', '.join(GQA_POLICIES)}", gqa)
+    if algo.name in ONE_HEAD_ALGORITHMS:
+        # heads one after another, each its own schedule: batch, heads, GQA per-head, any N_q, N_k, d_qk, d_v
+        for name, value, given in (("gqa", gqa, gqa != "per-head"), ("splits", splits, splits != 1),
+                                   ("page_size", p.page_size, p.page_size is not None),
+                                   ("latent", True, p.latent)):  # fmt: skip
+            if given:
+                raise InputError(
+                    name,
+                    f"applies to {' and '.join(PROBLEM_ALGORITHMS)}; {algo.name} runs each query head as its own "
+                    "problem (--gqa per-head, no splits, pages or MLA latent)",
+                    value,
+                )
+        return 1, mla
     if algo.name not in PROBLEM_ALGORITHMS:
         raise InputError(
             "algorithm",
-            f"must be one of {', '.join(PROBLEM_ALGORITHMS)} for a problem beyond one head with N_q = N_k (batch, "
-            f"heads, decoding, split-KV, paged KV, MLA); {' and '.join(ONE_HEAD_ALGORITHMS)} take one head (any N_q, "
-            "N_k, d_qk, d_v)",
+            f"must be one of {', '.join(PROBLEM_ALGORITHMS + ONE_HEAD_ALGORITHMS)} for a problem beyond one head "
+            "with N_q = N_k",
             algo.name,
         )
-    if gqa not in GQA_POLICIES:
-        raise InputError("gqa", f"must be one of {', '.join(GQA_POLICIES)}", gqa)
     if mla not in MLA_POLICIES:
         raise InputError("mla", f"must be one of {', '.join(MLA_POLICIES)}", mla)
     if mla == "naive" and not p.latent:
@@ -751,7 +763,9 @@ def _run_problem(algo, p: Problem, M: int, gqa, splits, mla, Br, Bc, B, **o) -> 
     Br = None if Br is None else _positive_int("Br", Br, MAX_N)
     Bc = None if Bc is None else _positive_int("Bc", Bc, MAX_N)
     if algo.name in ONE_HEAD_ALGORITHMS:
-        return _run_one_head_problem(algo, p, M, B, count_only, strict, reference, dtype, seed, scale, o["tiling"])
+        return _run_one_head_problem(
+            algo, p, M, B, count_only, strict, reference, dtype, seed, scale, o["tiling"], allow_long
+        )
     if B is not None:
         raise InputError("B", f"applies to standard and square-tiling; {algo.name} takes Br and Bc", B)
     G = p.g if gqa == "per-head" else 1
@@ -820,10 +834,14 @@ def _run_problem(algo, p: Problem, M: int, gqa, splits, mla, Br, Bc, B, **o) -> 
     )  # fmt: skip
 
 
-def _run_one_head_problem(algo, p: Problem, M, B, count_only, strict, reference, dtype, seed, scale, rule) -> Result:
-    """Standard attention (Algorithm 0) or square tiling on one head of N_q rows against N_k keys, widths d_qk and
-    d_v; causal bottom-right. Exact counts: :func:`iosim.theory.io_model.standard_forward` with N_k and d_v,
-    :func:`iosim.theory.io_model.square_tiling_problem`."""
+def _run_one_head_problem(
+    algo, p: Problem, M, B, count_only, strict, reference, dtype, seed, scale, rule, allow_long
+) -> Result:
+    """Standard attention (Algorithm 0) or square tiling over a problem: each of the B H_q query heads in turn, its
+    own schedule of N_q rows against its key/value head's N_k keys (GQA ``per-head``), widths d_qk and d_v; causal
+    bottom-right. Exact counts: :func:`iosim.theory.io_model.standard_forward` with N_k and d_v or
+    :func:`iosim.theory.io_model.square_tiling_problem` for one head, times the heads
+    (:func:`iosim.theory.io_model.heads_problem`)."""
     from iosim.algorithms import square_tiling, standard
     from iosim.theory import io_model
     from iosim.theory.tiling import saha_ye_problem_tiling
@@ -836,28 +854,50 @@ def _run_one_head_problem(algo, p: Problem, M, B, count_only, strict, reference,
     if B is not None:
         t = Tiling("explicit", B=_positive_int("B", B, MAX_N))
     if algo.name == "standard":
-        predicted = io_model.standard_forward(p.N_q, p.d_qk, M, t.B, p.causal, p.N_k, p.d_v)
+        one = io_model.standard_forward(p.N_q, p.d_qk, M, t.B, p.causal, p.N_k, p.d_v)
     else:
-        predicted = io_model.square_tiling_problem(p, t.B)
+        one = io_model.square_tiling_problem(p, t.B)
+    heads = p.B * p.H_q
+    predicted = io_model.heads_problem(one, heads)
     if B is not None and strict and predicted.peak > M:
         raise InputError("B", f"gives a working set of {predicted.peak:,} words above M = {M:,}: choose a smaller B", B)
+    Tq, Tk = -(-p.N_q // t.B), -(-p.N_k // t.B)
+    steps = heads * (Tq * Tk * (-(-p.d_qk // t.B) + -(-p.d_v // t.B)) + p.N_q)  # the products' tile steps, rows
+    if count_only:
+        seconds = estimate.count_only_seconds(steps)
+    else:
+        seconds = estimate.numeric_seconds(1, 1, steps, False) + estimate.NUMERIC_N2D * heads * p.N_q * p.N_k * (
+            p.d_qk + p.d_v
+        )
+    estimate.check(seconds, f"a run of {algo.name} over {p}", allow_long=allow_long, parameter="problem", value=str(p))
     if not count_only:
-        words = 3 * p.N_q * p.N_k + 2 * (p.N_q + p.N_k) * (p.d_qk + p.d_v)
+        words = 3 * p.N_q * p.N_k + 3 * heads * (p.N_q + p.N_k) * (p.d_qk + p.d_v)
         if words * 8 > 0.8 * estimate.available_bytes():
             raise InputError("count_only", f"must be True for this problem ({words * 8 / 2**30:.1f} GiB)", False)
     mem = TwoLevelMemory(M, strict=strict, fast=count_only)
     np_dtype = np.dtype(dtype)
+    kw = dict(N=p.N_q, d=p.d_qk, B=t.B, scale=scale, causal=p.causal, dtype=np_dtype, N_k=p.N_k, d_v=p.d_v)
     if count_only:
-        Q = K = V = None
+        Q = K = V = O = L = None
+        for _ in range(heads):  # every head is simulated (its counts add to the same arrays' tallies)
+            if algo.name == "standard":
+                standard.standard_forward(mem, None, None, None, **kw)
+            else:
+                square_tiling.square_tiling_forward(mem, None, None, None, **kw)
     else:
         Q, K, V, _, _, _ = _problem_inputs(p, np.random.default_rng(seed))
-    kw = dict(N=p.N_q, d=p.d_qk, B=t.B, scale=scale, causal=p.causal, dtype=np_dtype, N_k=p.N_k, d_v=p.d_v)
-    if algo.name == "standard":
-        O, S, P = standard.standard_forward(mem, Q, K, V, **kw)
-        outputs = {"O": O, "S": S, "P": P}
-    else:
-        O, L, S = square_tiling.square_tiling_forward(mem, Q, K, V, **kw)
-        outputs = {"O": O, "L": L, "S": S}
+        O = np.empty((heads * p.N_q, p.d_v), dtype=np_dtype)
+        L = np.empty(heads * p.N_q, dtype=np_dtype) if algo.name == "square-tiling" else None
+        for b in range(p.B):
+            for h in range(p.H_q):  # query head h reads key/value head h // g (GQA per-head)
+                q = (b * p.H_q + h) * p.N_q
+                k = (b * p.H_kv + h // p.g) * p.N_k
+                args = (Q[q : q + p.N_q], K[k : k + p.N_k], V[k : k + p.N_k])
+                if algo.name == "standard":
+                    O[q : q + p.N_q] = standard.standard_forward(mem, *args, **kw)[0]
+                else:
+                    O[q : q + p.N_q], L[q : q + p.N_q], _ = square_tiling.square_tiling_forward(mem, *args, **kw)
+    outputs = {"O": O} if algo.name == "standard" else {"O": O, "L": L}
     errors: dict[str, float] = {}
     if not count_only and reference:
         O_ref, L_ref = problem_reference(p, Q, K, V, scale)
@@ -870,5 +910,6 @@ def _run_one_head_problem(algo, p: Problem, M, B, count_only, strict, reference,
     )  # fmt: skip
     return Result(
         algo.name, p.N_q, p.d_qk, M, p.causal, count_only, dtype, t, {"forward": fwd}, outputs, seed, scale, None,
-        "causal" if p.causal else "none", "paper", p, {"thread_blocks": None},
+        "causal" if p.causal else "none", "paper", p,
+        {"gqa": "per-head", "splits": 1, "mla": None, "thread_blocks": None} if heads > 1 else {"thread_blocks": None},
     )  # fmt: skip

@@ -12,7 +12,10 @@ The costs per unit are measured on the 2-core development machine (rounded up, s
   (three times that backward) plus 3 us per tile step;
 - a kernel on the CUDA simulator: 12 s at N = 256, d = 16 (about 12 us per N_q N_k d of one head), taken as 15 us;
 - a cache replay: 1e7 operand accesses a second per policy (Belady's OPT: half that), and at least N^2 d accesses;
-- the pebble search (A*): about 10 us per expanded state (measured 3-6 us on matmul and attention graphs).
+- the pebble search (A*): about 10 us per expanded state (measured 3-6 us on matmul and attention graphs);
+- counting a random mask (``random:S``, ``random-blocks``, ``bigbird``): about 0.6 ns per generator draw (2^32
+  elements of ``random:0.01`` in 2.7 s, compile included), taken as 2 ns; a run, its closed form and its time
+  estimate each count the mask once.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ NUMERIC_STEP = 3e-6
 SIMULATOR_N2D = 1.5e-5
 REPLAY_ACCESS = 1e-7
 PEBBLE_STATE = 1e-5
+MASK_DRAW = 2e-9
 
 
 def describe(seconds: float) -> str:
@@ -84,6 +88,23 @@ def replay_seconds(accesses: int, policies) -> float:
 
 def pebble_seconds(max_states: int) -> float:
     return max_states * PEBBLE_STATE
+
+
+def mask_seconds(mask, passes: int = 1) -> float:
+    """Counting a mask ``passes`` times: its generator draws (0 for the masks counted in closed form or from a
+    table) at :data:`MASK_DRAW` each."""
+    return getattr(mask, "scan_tests", 0) * MASK_DRAW * passes
+
+
+def check_mask(mask, *, passes: int, allow_long) -> float:
+    """The rule for the time spent counting a random mask (the parameter named is the mask)."""
+    tests = getattr(mask, "scan_tests", 0)
+    if not tests:
+        return 0.0
+    what = f"a count of the mask {mask.label} at N = {mask.N:,} ({passes} x {tests:,} generator draws)"
+    remedy = "use a smaller N, larger blocks or a structured mask"
+    return check(mask_seconds(mask, passes), what, allow_long=allow_long, parameter="mask", value=mask.label,
+                 remedy=remedy)  # fmt: skip
 
 
 def available_bytes() -> int:

@@ -190,26 +190,6 @@ class PrefixLM(Mask):
         return _m.tile_mask(_m.PREFIX, (self.p,), N=N, label=self.label, policy=policy)
 
 
-def _fits(label: str, N: int, nbytes: int, what: str) -> None:
-    """Refuse up front (one line naming the mask and the size) a mask whose tile oracle would not fit in memory:
-    the random kinds and the block kinds hold a table of their whole pattern (O(N^2) words for random elements,
-    O((N/h)(N/w)) for blocks), even in a count-only run."""
-    from iosim.estimate import available_bytes
-
-    have = available_bytes()
-    if nbytes > 0.5 * have:
-        raise InputError(
-            "mask",
-            f"{label} at N = {N:,} needs about {nbytes / 2**30:,.1f} GiB ({what}); {have / 2**30:.1f} GiB are "
-            "available: use a smaller N or larger blocks",
-        )
-
-
-def _blocks_bytes(n_rows: int, n_cols: int) -> int:
-    """A block pattern of n_rows x n_cols: the bool array, its int64 prefix table, and a draw's int64 indices."""
-    return n_rows * n_cols * (1 + 8 + 8) + (n_rows + n_cols + 1) * 8
-
-
 def _blocks_mask(blocks: np.ndarray, h: int, w: int, N: int, label: str, policy: str) -> TileMask:
     return _m.tile_mask(_m.BLOCKS, (h, w), _m.prefix_table(blocks), N=N, label=label, policy=policy)
 
@@ -237,7 +217,9 @@ class FromBlocks(Mask):
 
 @dataclass(frozen=True)
 class RandomBlocks(Mask):
-    """Random block sparsity: round(s x blocks) of the h x w blocks (at least one) allowed, drawn from ``seed``.
+    """Random block sparsity: each h x w block allowed with probability s, independently, decided by a counter-based
+    generator keyed by (seed, block) (:mod:`iosim.algorithms.tile_masks`), so a tile's blocks are known without
+    the rest of the pattern.
 
     FlashAttention's block-sparse tests draw (N/16) x (N/256) block masks: ``block=(16, 256)``."""
 
@@ -256,19 +238,18 @@ class RandomBlocks(Mask):
 
     def compile(self, N: int, policy: str = "paper") -> TileMask:
         h, w = self.block
-        shape = (-(-N // h), -(-N // w))
-        _fits(self.label, N, _blocks_bytes(*shape), f"a {shape[0]:,} x {shape[1]:,} block pattern and its table")
-        n = shape[0] * shape[1]
-        keep = max(1, round(self.density * n))
-        flat = np.zeros(n, dtype=bool)
-        flat[np.random.default_rng(self.seed).choice(n, keep, replace=False)] = True
-        return _blocks_mask(flat.reshape(shape), h, w, N, self.label, policy)
+        p = (h, w, _m.seed_word(self.seed), _m.threshold(self.density))
+        return _m.tile_mask(_m.RANDOM_BLOCKS, p, N=N, label=self.label, policy=policy)
+
+
+MAX_RANDOM_BLOCKS = 256  # BigBird's random blocks per block row: testing a block costs O(r^2) draws
 
 
 @dataclass(frozen=True)
 class BigBird(Mask):
     """BigBird-like block pattern (Zaheer et al. 2020) on blocks of b x b: g global block rows and columns, a window
-    of wb blocks each side of the diagonal block, and r random blocks per block row (drawn from ``seed``)."""
+    of wb blocks each side of the diagonal block, and r distinct random blocks per block row, drawn by a
+    counter-based generator keyed by (seed, block row) (:mod:`iosim.algorithms.tile_masks`)."""
 
     b: int
     g: int = 1
@@ -278,9 +259,10 @@ class BigBird(Mask):
 
     def __post_init__(self):
         _pos("mask block", self.b)
-        for name, v in (("mask global blocks", self.g), ("mask window blocks", self.wb), ("mask random", self.r)):
-            if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 0:
-                raise InputError(name, "must be a non-negative integer", v)
+        for name, v, hi in (("mask global blocks", self.g, 1 << 40), ("mask window blocks", self.wb, 1 << 40),
+                            ("mask random", self.r, MAX_RANDOM_BLOCKS)):  # fmt: skip
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral) or not 0 <= v <= hi:
+                raise InputError(name, f"must be an integer from 0 to {hi:,}", v)
         _seed(self.seed)
 
     @property
@@ -289,15 +271,8 @@ class BigBird(Mask):
 
     def compile(self, N: int, policy: str = "paper") -> TileMask:
         n = -(-N // self.b)
-        _fits(self.label, N, _blocks_bytes(n, n), f"a {n:,} x {n:,} block pattern and its table")
-        i = np.arange(n)
-        blocks = np.abs(i[:, None] - i[None, :]) <= self.wb
-        blocks[: self.g, :] = True
-        blocks[:, : self.g] = True
-        rng = np.random.default_rng(self.seed)
-        for row in range(n):
-            blocks[row, rng.choice(n, min(self.r, n), replace=False)] = True
-        return _blocks_mask(blocks, self.b, self.b, N, self.label, policy)
+        p = (self.b, self.b, _m.seed_word(self.seed), self.g, self.wb, self.r, n)
+        return _m.tile_mask(_m.BIGBIRD, p, N=N, label=self.label, policy=policy)
 
 
 def _bool_array(name: str, a) -> np.ndarray:
@@ -333,7 +308,8 @@ class FromArray(Mask):
 
 @dataclass(frozen=True)
 class RandomElements(Mask):
-    """Random element sparsity: each score allowed independently with probability ``density`` (from ``seed``)."""
+    """Random element sparsity: each score allowed independently with probability ``density``, decided by a
+    counter-based generator keyed by (seed, row, column) (:mod:`iosim.algorithms.tile_masks`): no N x N table."""
 
     density: float
     seed: int = 0
@@ -347,9 +323,8 @@ class RandomElements(Mask):
         return f"random:{self.density:g}:{self.seed}"
 
     def compile(self, N: int, policy: str = "paper") -> TileMask:
-        _fits(self.label, N, N * N * 17 + (2 * N + 1) * 8, f"an N x N element pattern and its {N + 1:,}^2 table")
-        allowed = np.random.default_rng(self.seed).random((N, N)) < self.density
-        return _m.tile_mask(_m.ELEMENTS, (), _m.prefix_table(allowed), N=N, label=self.label, policy=policy)
+        p = (_m.seed_word(self.seed), _m.threshold(self.density))
+        return _m.tile_mask(_m.RANDOM, p, N=N, label=self.label, policy=policy)
 
 
 def _int(name: str, text: str) -> int:

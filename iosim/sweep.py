@@ -227,11 +227,16 @@ def point_seconds(p: dict) -> float:
         N, d, M = (api._positive_int(k, p[k], lim) for k, lim in (("N", api.MAX_N), ("d", api.MAX_D), ("M", api.MAX_M)))
         t = algo.backward_tiling(N, d, M, p["tiling"]) if backward else algo.choose_tiling(N, d, M, p["tiling"])
         steps = api._estimated_steps(t, N, d, backward)
+        counting = 0.0
+        if p.get("mask") not in (None, "none", "dense", "causal"):  # a random mask: counted three times
+            from iosim.masks import compile_mask
+
+            counting = estimate.mask_seconds(compile_mask(p["mask"], N), passes=3)
     except Exception:
         return 0.0
     if p["count_only"] is not False:
-        return estimate.count_only_seconds(steps)
-    return estimate.numeric_seconds(N, d, steps, backward)
+        return estimate.count_only_seconds(steps) + counting
+    return estimate.numeric_seconds(N, d, steps, backward) + counting
 
 
 def _check_duration(points: list[dict], workers: int, allow_long) -> None:

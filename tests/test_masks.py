@@ -127,3 +127,58 @@ def test_mask_files(tmp_path):
         with pytest.raises(InputError) as e:
             im.parse(f"file:{tmp_path / name}")
         assert e.value.parameter == parameter
+
+
+# ------------------------------------------------------------------------------- random masks: no table, per tile
+RANDOM_SPECS = ["random:0.3:7", "random-blocks:0.4:3x5:2", "bigbird:4:1:1:2:5", "random:0.5:18446744073709551615"]
+
+
+@pytest.mark.parametrize("spec", RANDOM_SPECS)
+def test_random_masks_hold_no_table_and_answer_per_tile(spec):
+    """Any tile is reproducible on its own: the nnz of a tiling's tiles, each counted alone, sum to the whole mask's
+    on every tiling; the compiled generator equals its plain-Python form element by element."""
+    t = im.compile_mask(spec, N)
+    assert t.table.size == 1  # nothing of N x N (or blocks x blocks) is held
+    A = t.dense()
+    for Br, Bc in ((5, 7), (13, 2), (N, 1)):
+        total = sum(
+            am.mask_nnz(t.kind, t.params, t.table, r0, min(Br, N - r0), c0, min(Bc, N - c0))
+            for r0 in range(0, N, Br)
+            for c0 in range(0, N, Bc)
+        )
+        assert total == A.sum() == t.nnz()
+    plain = am._mask_allows.py_func
+    assert all(plain(t.kind, t.params, t.table, r, c) == A[r, c] for r in range(N) for c in range(N))
+
+
+@pytest.mark.parametrize("spec", ["random:0.3", "random-blocks:0.4:3x5"])
+def test_random_pattern_depends_on_position_not_on_n(spec):
+    """An element's (a block's) draw is keyed by (seed, position): the top-left corner of the mask at N = 2^20 is
+    the mask at N = 53, and compiling at 2^20 allocates nothing of that size."""
+    big = im.compile_mask(spec, 2**20)
+    assert (big.rows(0, N)[:, :N] == im.compile_mask(spec, N).dense()).all()
+
+
+def test_random_seeds_reproduce_and_differ():
+    a, b, c = (im.compile_mask(f"random:0.5:{s}", 64).dense() for s in (1, 1, 2))
+    assert (a == b).all() and (a != c).any()
+
+
+@pytest.mark.parametrize(("spec", "n", "density"), [("random:0.1", 2048, 0.1), ("random:0.73", 1024, 0.73),
+                                                    ("random-blocks:0.25:4x4", 4096, 0.25)])  # fmt: skip
+def test_random_density(spec, n, density):
+    """Bernoulli(density) per element (per block): the share allowed is within 5 standard deviations."""
+    t = im.compile_mask(spec, n)
+    draws = n * n if spec.startswith("random:") else (n // 4) ** 2
+    sd = (density * (1 - density) / draws) ** 0.5
+    assert abs(t.nnz() / (n * n) - density) < 5 * sd
+
+
+def test_bigbird_draws_r_distinct_random_blocks_per_block_row():
+    """With no global blocks and no window beyond the diagonal, a block row holds its r random blocks (distinct)
+    and the diagonal block, which may be one of them: r or r + 1 blocks."""
+    b, r, n = 4, 3, 40
+    blocks = im.compile_mask(f"bigbird:{b}:0:0:{r}:9", b * n).dense()[::b, ::b]
+    per_row = blocks.sum(axis=1)
+    assert ((per_row == r) | (per_row == r + 1)).all() and (per_row == r + 1).any()
+    assert blocks.diagonal().all()

@@ -215,7 +215,8 @@ def test_bad_problem_is_one_line(kwargs, parameter):
         ("flash1", dict(splits=2), "splits"),
         ("flash2", dict(gqa="grouped"), "gqa"),
         ("flash2", dict(mla="naive"), "mla"),
-        ("standard", dict(gqa="packed"), "algorithm"),
+        ("standard", dict(gqa="packed"), "gqa"),
+        ("square-tiling", dict(splits=2), "splits"),
         ("flash2", dict(Br=2, Bc=8), "Br, Bc"),
         ("flash2", dict(B=4), "B"),
     ],
@@ -337,6 +338,38 @@ def test_one_head_rectangular_grid(algo, causal):
     for Nq, Nk in ((23, 11), (4, 30)):
         r = iosim.run(algo, problem=Problem(N_q=Nq, N_k=Nk, d_qk=7, d_v=5, causal=causal), M=60, seed=2)
         assert r.main.exact and r.errors["O"] <= 1e-12 and r.errors.get("L", 0.0) <= 1e-12
+
+
+@pytest.mark.parametrize("algo", ["standard", "square-tiling"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_heads_one_after_another(algo, causal):
+    """Standard attention and square tiling over batch and heads (GQA per-head: each query head reads its key/value
+    head's K and V itself): every head simulated, counts == B H_q times one head's closed form per array, the peak
+    one head's; numerics against the float64 problem reference with query head h on key/value head h // g."""
+    for B, Hq, Hkv, Nq, Nk in ((2, 4, 2, 7, 13), (1, 3, 1, 9, 4), (3, 2, 2, 5, 5)):
+        p = Problem(B=B, H_q=Hq, H_kv=Hkv, N_q=Nq, N_k=Nk, d_qk=6, d_v=4, causal=causal)
+        one = iosim.run(algo, problem=Problem(N_q=Nq, N_k=Nk, d_qk=6, d_v=4, causal=causal), M=90, count_only=True)
+        r = iosim.run(algo, problem=p, M=90, count_only=True)
+        assert r.main.exact and r.stats.peak == one.stats.peak <= 90
+        for name, c in one.stats.per_array.items():
+            assert r.stats.per_array[name].reads == B * Hq * c.reads
+            assert r.stats.per_array[name].writes == B * Hq * c.writes
+        n = iosim.run(algo, problem=p, M=90, seed=4)
+        assert n.main.exact and n.stats.per_array == r.stats.per_array
+        assert n.errors["O"] <= 1e-12 and n.errors.get("L", 0.0) <= 1e-12 and n.outputs["O"].shape == (B * Hq * Nq, 4)
+
+
+@pytest.mark.parametrize("algo", ["standard", "square-tiling"])
+@pytest.mark.parametrize(
+    "kwargs, problem, parameter",
+    [(dict(gqa="packed"), {}, "gqa"), (dict(splits=2), {}, "splits"), ({}, dict(page_size=4), "page_size"),
+     (dict(mla="naive"), dict(latent=True, d_v=4), "latent")],
+)  # fmt: skip
+def test_heads_schedule_options_that_do_not_apply(algo, kwargs, problem, parameter):
+    p = Problem(B=2, H_q=4, H_kv=2, N_q=3, N_k=8, d=8, **problem)
+    with pytest.raises(InputError) as e:
+        iosim.run(algo, problem=p, M=400, count_only=True, **kwargs)
+    assert e.value.parameter == parameter and "flash1 and flash2" in str(e.value) and "\n" not in str(e.value)
 
 
 def test_show_text_of_a_problem(capsys):

@@ -152,3 +152,61 @@ def test_flash2_operand_trace_has_the_documented_accesses():
             expected += br * bc * (2 * d + 1) + br * (bc + 1 + 2 * bc + 2 + 1 + 2 * d) + br * d * (2 * bc + 2)
         expected += br * (1 + 2 * d + 1 + 2)
     assert cs.access_count(ops) == expected
+
+
+# ------------------------------------------------------------------------------------------- replay over a problem
+@pytest.mark.parametrize("algorithm", ["flash2", "flash1"])
+@pytest.mark.parametrize("gqa", ["per-head", "packed"])
+def test_replay_over_a_problem(algorithm, gqa):
+    """flash1 and flash2 over a problem (GQA, N_q != N_k, causal bottom-right, d_qk != d_v): the explicit column is
+    the problem run's counts; OPT moves no more than LRU; a cache that holds everything fetches each touched word
+    of the slow arrays once, so at most their explicit reads."""
+    p = iosim.Problem(B=2, H_q=4, H_kv=2, N_q=9, N_k=23, d_qk=6, d_v=5, causal=True)
+    r = iosim.replay(algorithm, problem=p, M=500, gqa=gqa)
+    run = iosim.run(algorithm, problem=p, M=500, gqa=gqa, count_only=True)
+    assert r.problem == p and r.explicit_total == run.stats.total
+    assert r.policies["opt"].total <= r.policies["lru"].total
+    big = iosim.replay(algorithm, problem=p, M=500, gqa=gqa, cache_words=1 << 16, policy="lru")
+    fetched = big.policies["lru"].fetched
+    assert fetched["Q"] == p.B * p.H_q * p.N_q * p.d_qk
+    assert fetched["K"] == p.B * p.H_kv * p.N_k * p.d_qk and fetched["V"] == p.B * p.H_kv * p.N_k * p.d_v
+
+
+def test_replay_of_a_batch_is_the_sum_of_its_items():
+    """Two independent batch items replayed through LRU fetch, per slow array, twice what one item fetches: the
+    second item's words are at addresses of their own, and LRU evicts the first item's lines before any of its."""
+    one = iosim.replay("flash2", N=40, d=8, M=700, policy="lru", Br=9, Bc=7)
+    two = iosim.replay("flash2", problem=iosim.Problem(B=2, N=40, d=8), M=700, policy="lru", Br=9, Bc=7)
+    for name in ("Q", "K", "V", "O", "L"):
+        assert two.policies["lru"].fetched[name] == 2 * one.policies["lru"].fetched[name]
+        assert two.policies["lru"].written[name] == 2 * one.policies["lru"].written[name]
+        assert two.explicit[name] == tuple(2 * x for x in one.explicit[name])
+
+
+@pytest.mark.parametrize(
+    "algorithm, problem, kwargs, parameter",
+    [
+        ("standard", dict(), {}, "algorithm"),
+        ("square-tiling", dict(), {}, "algorithm"),
+        ("flash2", dict(page_size=4), {}, "page_size"),
+        ("flash2", dict(), dict(splits=2), "splits"),
+        ("flash2", dict(latent=True, d_v=4), {}, "mla"),
+        ("flash2", dict(), dict(backward=True), "backward"),
+        ("flash2", dict(), dict(N=8, d=8), "N, d"),
+    ],
+)  # fmt: skip
+def test_replay_over_a_problem_refuses_what_it_does_not_derive(algorithm, problem, kwargs, parameter):
+    p = iosim.Problem(B=2, H_q=2, H_kv=1, N_q=3, N_k=9, d=8, **problem)
+    with pytest.raises(InputError) as e:
+        iosim.replay(algorithm, problem=p, M=400, **kwargs)
+    assert e.value.parameter == parameter and "\n" not in str(e.value)
+
+
+def test_cli_replay_over_a_problem(capsys):
+    argv = ["replay", "flash2", "--heads", "4", "--kv-heads", "1", "--Nq", "1", "--Nk", "64", "--d", "8", "--M", "600"]
+    assert main([*argv, "--gqa", "packed", "--policy", "lru"]) == 0
+    out = capsys.readouterr().out
+    assert "H_q=4, H_kv=1, N_q=1, N_k=64" in out and "lru / explicit" in out
+    assert main([*argv, "--page-size", "16"]) == 2
+    err = capsys.readouterr().err
+    assert "page_size" in err and len(err.strip().splitlines()) == 1

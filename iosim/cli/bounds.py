@@ -8,7 +8,7 @@ from tabulate import tabulate
 
 from iosim import masks
 from iosim.cli.compare import theory_line
-from iosim.cli.options import FORMATS, add_problem_sizes, fmt_int
+from iosim.cli.options import FORMATS, add_problem_sizes, add_yes, fmt_int
 from iosim.theory import bounds
 
 
@@ -24,6 +24,7 @@ def add_arguments(p) -> None:
     p.add_argument("--mask", default=None, help=f"sparse bounds for a mask: {masks.FORMS}")
     p.add_argument("--format", choices=FORMATS, default="simple")
     p.add_argument("--json", action="store_true", help="print the bounds as JSON")
+    add_yes(p, "counting a random mask")
 
 
 def _problem(args):
@@ -69,6 +70,12 @@ def command(args) -> None:
     if p is not None:
         return _problem_command(args, p)
     N, d, M = args.N, args.d, args.M
+    mask = None
+    if args.mask is not None:  # the nnz bound and Proposition 4 on two tilings each count the mask
+        from iosim import estimate
+
+        mask = masks.compile_mask(args.mask, N)
+        estimate.check_mask(mask, passes=3, allow_long=args.yes)
     if args.json:
         from iosim.version import __version__
 
@@ -78,7 +85,7 @@ def command(args) -> None:
         groups = [("forward", bounds.forward_bounds(N, d, M)), ("backward", bounds.backward_bounds(N, d, M))]
         if args.mask is not None:
             doc["mask"] = args.mask
-            groups.append(("sparse", bounds.sparse_bounds(N, d, M, masks.compile_mask(args.mask, N))))
+            groups.append(("sparse", bounds.sparse_bounds(N, d, M, mask)))
         for title, bs in groups:
             doc[title] = [
                 {k: getattr(b, k) for k in ("name", "kind", "value", "formula", "regime", "applies", "citation")}
@@ -90,7 +97,7 @@ def command(args) -> None:
     print(theory_line(d, M))
     groups = [("forward", bounds.forward_bounds(N, d, M)), ("backward", bounds.backward_bounds(N, d, M))]
     if args.mask is not None:
-        groups.append((f"sparse, mask {args.mask}", bounds.sparse_bounds(N, d, M, masks.compile_mask(args.mask, N))))
+        groups.append((f"sparse, mask {args.mask}", bounds.sparse_bounds(N, d, M, mask)))
         sparse_note = f"note: the sparse nnz lower bound is {bounds.SPARSE_NOTE}"
     else:
         sparse_note = None

@@ -56,6 +56,10 @@ def command(args) -> int:
     failures = []
     sparse = args.mask not in (None, "none", "dense") and args.mask != "causal"
     mask = masks.compile_mask(args.mask, args.N) if sparse else None
+    if mask is not None:  # the lower bound, then each algorithm's estimate, closed form and run count the mask
+        from iosim import estimate
+
+        estimate.check_mask(mask, passes=1 + 3 * len(registry.algorithms()), allow_long=args.yes)
     causal = args.causal or args.mask == "causal"
     lb, lb_name = bounds.lower_bound(args.N, args.d, args.M, backward=args.backward, mask=mask, causal=causal)
     kwargs = run_kwargs(args)
@@ -155,9 +159,15 @@ def command(args) -> int:
     return 0 if all(r.finite for r in results) else 1
 
 
+def _blocks(r) -> str:
+    """The thread blocks of a problem run ('-' for the head-by-head schedules, which launch no kernel grid)."""
+    return fmt_int(r.schedule["thread_blocks"]) if r.schedule["thread_blocks"] else "-"
+
+
 def _compare_problem(args) -> int:
     """``iosim compare`` over a problem: the schedules that apply (flash1, flash2; GQA per-head and packed; the
-    requested splits; MLA shared and naive) side by side against the compulsory traffic."""
+    requested splits; MLA shared and naive; standard attention and square tiling head by head where no split,
+    page or latent is asked for) side by side against the compulsory traffic."""
     from iosim.problem import Problem
 
     kw = problem_run_kwargs(args)
@@ -172,6 +182,8 @@ def _compare_problem(args) -> int:
         for s in sorted({1, args.splits} if a == "flash2" else {1})
         for m in mlas
     ]
+    if not problem.latent and problem.page_size is None and args.splits == 1:  # each query head its own problem
+        plans += [(a, "per-head", 1, "shared") for a in ("standard", "square-tiling")]
     results, failures = [], []
     for a, g, s, m in plans:
         try:
@@ -202,7 +214,7 @@ def _compare_problem(args) -> int:
         [
             i + 1, r.algorithm, r.schedule["gqa"], r.schedule["splits"], r.schedule["mla"] or "-",
             str(r.tiling).replace("rule=", ""), fmt_int(r.stats.total), fmt_int(r.total_bytes),
-            f"{r.stats.total / floor:.2f}", fmt_int(r.schedule["thread_blocks"]), f"{r.stats.peak / r.M:.3f}",
+            f"{r.stats.total / floor:.2f}", _blocks(r), f"{r.stats.peak / r.M:.3f}",
             exact(r.main.exact), fmt_err(r.max_abs_error),
         ]
         for i, r in enumerate(results)

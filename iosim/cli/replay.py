@@ -5,15 +5,24 @@ from __future__ import annotations
 import argparse
 import json
 
-from iosim.cli.options import add_algorithm, add_run_options, add_sizes, positive, run_kwargs
+from iosim.cli.options import (
+    add_algorithm,
+    add_problem_options,
+    add_problem_sizes,
+    add_run_options,
+    positive,
+    problem_run_kwargs,
+)
 from iosim.views import replay
 
 
 def add_arguments(p) -> None:
-    """``iosim replay ALGO --N --d --M [--policy lru,opt,fifo] [--line WORDS] [--no-write-allocate]``."""
+    """``iosim replay ALGO --N --d --M [--policy lru,opt,fifo] [--line WORDS] [--no-write-allocate]``, or a problem
+    (``--batch --heads --kv-heads --Nq --Nk --dqk --dv --gqa``: flash1 and flash2)."""
     add_algorithm(p)
-    add_sizes(p)
+    add_problem_sizes(p)
     add_run_options(p)
+    add_problem_options(p)
     p.add_argument("--policy", default="lru,opt,fifo", help="replacement policies, comma-separated (lru, opt, fifo)")
     p.add_argument(
         "--line",
@@ -32,9 +41,11 @@ def add_arguments(p) -> None:
 
 
 def command(args) -> int:
-    kw = run_kwargs(args)
+    kw = problem_run_kwargs(args)
     for k in ("count_only", "reference", "dtype"):
         kw.pop(k, None)
+    if kw.get("problem") is not None:
+        kw.pop("causal", None)
     r = replay.replay(
         args.algorithm,
         policy=args.policy,
@@ -47,8 +58,9 @@ def command(args) -> int:
         print(json.dumps(r.as_dict(), indent=2))
         return 0
     wa = "write-allocate" if r.write_allocate else "no write-allocate"
+    shape = str(r.problem) if r.problem is not None else f"N={r.N}, d={r.d}"
     print(
-        f"{r.algorithm} {'backward' if r.backward else 'forward'}{', causal' if r.causal else ''}: N={r.N}, d={r.d}, "
+        f"{r.algorithm} {'backward' if r.backward else 'forward'}{', causal' if r.causal else ''}: {shape}, "
         f"M={r.M} words; cache {r.cache_words:,} words, fully associative, line {r.line} word(s), {wa}; "
         f"{r.accesses:,} operand accesses"
     )

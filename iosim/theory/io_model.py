@@ -611,6 +611,15 @@ def square_tiling_rect_peak(Nq: int, Nk: int, dqk: int, dv: int, B: int) -> int:
     return max(2 * bi + bi * bj + (bi + bj) * w, bi + bi * bj + (bi + bj) * wv)
 
 
+def heads_problem(one: Prediction, heads: int) -> Prediction:
+    """A problem whose heads run one after another, each its own one-head schedule (standard attention and square
+    tiling over batch and heads, GQA ``per-head``: each query head reads its key/value head's K and V itself):
+    every array's counts times the B H_q heads; the peak is one head's, since a head frees its tiles before the
+    next starts."""
+    per = {n: ArrayCounts(c.reads * heads, c.writes * heads, c.init_writes * heads) for n, c in one.per_array.items()}
+    return Prediction(per, one.peak)
+
+
 def square_tiling_problem(p, B: int) -> Prediction:
     """Square tiling's forward on one head of N_q rows against N_k keys, widths d_qk and d_v (algorithms/
     square_tiling.py), causal bottom-right. Row tile i (b_i rows, its last row r_i) meets the column tiles

@@ -402,6 +402,7 @@ class ReplayResult:
     explicit: dict[str, tuple[int, int]]  # array -> (reads, writes) of the explicit schedule
     policies: dict[str, PolicyResult] = field(default_factory=dict)
     rows: list[str] = field(default_factory=list)
+    problem: object = None  # the iosim.Problem replayed (None: one head, N and d)
 
     @property
     def explicit_total(self) -> int:
@@ -443,6 +444,7 @@ class ReplayResult:
             "M": self.M,
             "pass": "backward" if self.backward else "forward",
             "causal": self.causal,
+            **({"problem": self.problem.as_dict()} if self.problem is not None else {}),
             "cache_words": self.cache_words,
             "line": self.line,
             "write_allocate": self.write_allocate,
@@ -530,11 +532,39 @@ def replay_ops(
     )
 
 
+PROBLEM_ALGORITHMS = ("flash1", "flash2")
+
+
+def _problem_scope(algorithm, problem, run_options) -> None:
+    """What a replay over a problem covers: flash1 and flash2 with GQA per-head or packed, any N_q, N_k, d_qk, d_v,
+    causal or not, and MLA's latent read naively (V as its own tile). The compute steps of split-KV's partials,
+    of page pieces and of V read from the resident K tile are not derived: each is refused in one line."""
+    from iosim.problem import Problem
+
+    if not isinstance(problem, Problem):
+        raise InputError("problem", "must be an iosim.Problem", type(problem).__name__)
+    if algorithm not in PROBLEM_ALGORITHMS:
+        raise InputError(
+            "algorithm",
+            f"replay over a problem knows the compute steps of {' and '.join(PROBLEM_ALGORITHMS)} (standard attention "
+            "and square tiling: one head, N and d)",
+            algorithm,
+        )
+    if problem.page_size is not None:
+        raise InputError("page_size", "replay over a problem takes a contiguous KV cache (no pages)", problem.page_size)
+    if run_options.get("splits", 1) != 1:
+        raise InputError(
+            "splits", "replay over a problem takes one split (no split-KV partials)", run_options["splits"]
+        )
+    if problem.latent and run_options.get("mla", "shared") == "shared":
+        raise InputError("mla", "replay over an MLA problem takes naive (V loaded as its own tile)", "shared")
+
+
 def replay(
     algorithm: str,
     *,
-    N: int,  # noqa: N803
-    d: int,
+    N: int | None = None,  # noqa: N803
+    d: int | None = None,
     M: int,  # noqa: N803
     policy="lru,opt,fifo",
     line: int = 1,
@@ -549,9 +579,12 @@ def replay(
     """Replay ``algorithm``'s computation (forward, or the backward pass) through a fully associative cache of
     ``cache_words`` words (default M) with lines of ``line`` words, under each policy of ``policy`` (``"lru,opt"``
     or a list; from lru, opt, fifo). The schedule itself runs count-only with a trace, at fast memory M; other
-    keyword options go to :func:`iosim.run`. Returns a :class:`ReplayResult` (per-array words fetched and written
-    per policy, beside the explicit schedule's counts)."""
+    keyword options go to :func:`iosim.run`, ``problem=`` (an :class:`iosim.Problem`, in place of N and d) with
+    ``gqa=`` among them (:func:`_problem_scope` says what a problem's replay covers). Returns a
+    :class:`ReplayResult` (per-array words fetched and written per policy, beside the explicit schedule's counts)."""
     from iosim import api
+
+    problem = run_options.pop("problem", None)
 
     policies = parse_policies(policy)
     if not isinstance(write_allocate, (bool, np.bool_)):
@@ -565,6 +598,19 @@ def replay(
         raise InputError("allow_long", "must be True or False", allow_long)
     if not isinstance(algorithm, str) or algorithm not in BASE_ALGORITHMS:
         raise InputError("algorithm", f"replay knows the compute steps of {', '.join(BASE_ALGORITHMS)}", algorithm)
+    if problem is not None:
+        _problem_scope(algorithm, problem, run_options)
+        if N is not None or d is not None:
+            raise InputError("N, d", "must not be given with problem= (the problem holds N_q, N_k, d_qk)", (N, d))
+        if backward:
+            raise InputError("backward", "is not available for a problem (forward only)", True)
+        N, d = problem.N_q, problem.d_qk
+        heads = problem.B * problem.H_q  # every head forms its N_q x N_k scores: B H_q N_q N_k d_qk accesses at least
+        work = heads * problem.N_q * problem.N_k * problem.d_qk
+    elif N is None or d is None:
+        raise InputError("N and d", "must be given (or problem=)", (N, d))
+    else:
+        work = N * N * d if isinstance(N, (int, np.integer)) and isinstance(d, (int, np.integer)) else None
     cache_words = M if cache_words is None else cache_words
     whole = isinstance(cache_words, (int, np.integer)) and not isinstance(cache_words, bool)
     if not whole or not 0 < cache_words <= 1 << 40:
@@ -576,29 +622,29 @@ def replay(
         or line & (line - 1)
     ):
         raise InputError("line", f"must be a power of two from 1 to the cache size {cache_words:,} (words)", line)
-    if isinstance(N, (int, np.integer)) and isinstance(d, (int, np.integer)) and N * N * d > MAX_ACCESSES:
+    parameter, value = ("problem", str(problem)) if problem is not None else ("N", N)
+    if work is not None and work > MAX_ACCESSES:
         raise InputError(  # every algorithm touches at least N^2 d operand words (S = Q K^T); checked up front
-            "N",
-            f"and d give over N^2 d = {N * N * d:,} operand accesses, over the replay limit of {MAX_ACCESSES:,} "
-            "(about 5 minutes of LRU); use a smaller N or d",
-            N,
+            parameter,
+            f"gives over {work:,} operand accesses (the scores' N^2 d at least), over the replay limit of "
+            f"{MAX_ACCESSES:,} (about 5 minutes of LRU); use a smaller N or d",
+            value,
         )
-    if isinstance(N, (int, np.integer)) and isinstance(d, (int, np.integer)):  # at least N^2 d accesses: up front
+    if work is not None:  # at least N^2 d accesses: up front
         estimate.check(
-            estimate.replay_seconds(N * N * d, policies),
-            f"a replay through {', '.join(policies)} of at least {N * N * d:,} operand accesses",
+            estimate.replay_seconds(work, policies),
+            f"a replay through {', '.join(policies)} of at least {work:,} operand accesses",
             allow_long=allow_long,
-            parameter="N",
-            value=N,
+            parameter=parameter,
+            value=value,
             remedy="use a smaller N or d, or --policy lru,fifo",
         )
+    shape = dict(problem=problem) if problem is not None else dict(N=N, d=d, causal=causal)
     r = api.run(
         algorithm,
-        N=N,
-        d=d,
+        **shape,
         M=M,
         backward=backward,
-        causal=causal,
         tiling=tiling,
         count_only=True,
         trace=True,
@@ -609,20 +655,23 @@ def replay(
     accesses = cs.access_count(ops)
     if accesses > MAX_ACCESSES:
         raise InputError(
-            "N", f"gives {accesses:,} operand accesses, over the replay limit of {MAX_ACCESSES:,}; use a smaller N", N
+            parameter,
+            f"gives {accesses:,} operand accesses, over the replay limit of {MAX_ACCESSES:,}; use a smaller N",
+            value,
         )
     estimate.check(  # the exact count, now that the schedule has run (its OPT trace included)
         estimate.replay_seconds(accesses, policies),
         f"a replay through {', '.join(policies)} of {accesses:,} operand accesses",
         allow_long=allow_long,
-        parameter="N",
-        value=N,
+        parameter=parameter,
+        value=value,
         remedy="use a smaller N or d, or --policy lru,fifo",
     )
     explicit = {n: (c.reads, c.writes) for n, c in r.stats.per_array.items()}
     out = ReplayResult(
-        algorithm, r.N, r.d, M, int(cache_words), int(line), bool(write_allocate), backward, causal, accesses, explicit
-    )
+        algorithm, r.N, r.d, M, int(cache_words), int(line), bool(write_allocate), backward, r.causal, accesses,
+        explicit, problem=problem,
+    )  # fmt: skip
     out.rows = list(x.report) + [n for n in explicit if n not in x.report]
     for p in policies:
         out.policies[p] = replay_ops(ops, x, p, int(cache_words), int(line), bool(write_allocate), opt_limit_bytes)
