@@ -74,10 +74,16 @@ def drop_stale() -> None:
 
 
 def cold() -> bool:
-    """True when no cache directory of iosim holds a compiled function yet (a first run: Numba will compile)."""
+    """True when the algorithms' cache directory holds no compiled function yet (a first run: Numba will compile
+    the drivers). Only that directory is asked: a command that loaded no algorithm yet (the pebble game, whose
+    own modules cache nothing) is not a first run for that reason."""
     if numba.config.DISABLE_JIT:
         return False
+    from numba.core.caching import FunctionCache
+
+    from iosim.algorithms import flash
+
     try:
-        return not any(any(path.glob("*.nbi")) for path in _cache_dirs())
-    except OSError:
+        return not any(Path(FunctionCache(flash.flash1_row_update)._cache_path).glob("*.nbi"))
+    except Exception:  # no writable cache location: Numba does not cache there either
         return False

@@ -741,16 +741,11 @@ def _run_problem(algo, p: Problem, M: int, gqa, splits, mla, Br, Bc, B, **o) -> 
     from iosim.theory import io_model
     from iosim.theory.tiling import problem_tiling
 
+    masked = not (o["mask"] is None or (isinstance(o["mask"], str) and o["mask"] in ("none", "dense")))
+    if _flag("backward", o["backward"]) or masked:
+        return _run_by_heads(algo, p, M, gqa, splits, mla, Br, Bc, B, masked, o)
     splits, mla = _problem_schedule(algo, p, gqa, splits, mla, B)
-    if _flag("backward", o["backward"]):
-        raise InputError(
-            "backward", "is not available for a problem beyond one head with N_q = N_k (forward only)", True
-        )
     trace = _flag("trace", o["trace"])
-    if o["mask"] not in (None, "none", "dense"):
-        raise InputError(
-            "mask", "of a problem is its causal field (bottom-right); other masks take one head", o["mask"]
-        )
     if o["given"]:
         raise InputError("Q, K, V", "are drawn from seed for a problem (give the arrays for one head with N and d)")
     if not isinstance(o["tiling"], str) or o["tiling"] not in RULES:
@@ -832,6 +827,152 @@ def _run_problem(algo, p: Problem, M: int, gqa, splits, mla, Br, Bc, B, **o) -> 
         algo.name, p.N_q, p.d_qk, M, p.causal, count_only, dtype, t, {"forward": fwd}, outputs, seed, scale,
         mem.trace(), "causal" if p.causal else "none", "paper", p, schedule,
     )  # fmt: skip
+
+
+def _run_by_heads(algo, p: Problem, M: int, gqa, splits, mla, Br, Bc, B, masked: bool, o: dict) -> Result:
+    """A mask or a backward pass over a problem: the B H_q query heads one after another, each the one-head
+    schedule of :func:`run` on its own rows against its key/value head (GQA ``per-head``), so every array's counts
+    are the heads' sum and the peak one head's (:func:`iosim.theory.io_model.heads_problem`). The backward of a
+    group of g > 1 query heads writes each head's dK, dV as partials (``dK_part``, ``dV_part``: FlashAttention-2's
+    GQA backward writes them expanded, one per query head) and a reduction sums the g partials of each key/value
+    head into dK, dV (:func:`iosim.theory.io_model.gqa_reduction`). Every head is simulated; nothing is multiplied."""
+    from iosim.theory import io_model
+
+    what = "a mask" if masked else "the backward pass"
+    need = (("N_q = N_k", p.N_q == p.N_k), ("d_qk = d_v", p.d_qk == p.d_v), ("no page_size", p.page_size is None),
+            ("no latent", not p.latent), ("splits = 1", splits == 1), ("gqa per-head", gqa == "per-head"))  # fmt: skip
+    missing = [k for k, ok in need if not ok]
+    if missing:
+        parameter = "mask" if masked else "backward"
+        raise InputError(
+            parameter,
+            f"over a problem runs the heads one after another and needs {', '.join(k for k, _ in need)} "
+            f"(this problem or schedule has not {', '.join(missing)})",
+            o["mask"] if masked else True,
+        )
+    if o["given"]:
+        raise InputError("Q, K, V", "are drawn from seed for a problem (give the arrays for one head with N and d)")
+    if _flag("trace", o["trace"]):
+        raise InputError("trace", f"is not recorded for {what} over a problem (one head: N and d)", True)
+    backward, count_only = _flag("backward", o["backward"]), _flag("count_only", o["count_only"])
+    allow_long = _flag("allow_long", o["allow_long"])
+    N, d, heads = p.N_q, p.d_qk, p.B * p.H_q
+    algo_t = algo.backward_tiling(N, d, M, o["tiling"]) if backward else algo.choose_tiling(N, d, M, o["tiling"])
+    steps = heads * _estimated_steps(algo_t, N, d, backward) + (heads * N if backward else 0)
+    seconds = estimate.count_only_seconds(steps) if count_only else estimate.numeric_seconds(N, d, steps, backward)
+    estimate.check(seconds, f"{what} of {algo.name} over {p}", allow_long=allow_long, parameter="problem",
+                   value=str(p))  # fmt: skip
+    if backward and p.g > 1 and M < 2 * d:
+        raise InputError("M", f"must be at least 2 d = {2 * d} words for the GQA backward's dK, dV reduction", M)
+    seed = _seed(o["seed"])
+    one = dict(M=M, causal=p.causal, mask=o["mask"], kv_policy=o["kv_policy"], backward=backward, tiling=o["tiling"],
+               dtype=o["dtype"], scale=o["scale"], strict=o["strict"], reference=o["reference"], allow_long=True,
+               Br=Br, Bc=Bc, B=B)  # fmt: skip
+    if not count_only:
+        rng = np.random.default_rng(seed)
+        Q, K, V = _problem_inputs(p, rng)[:3]
+        dO = rng.standard_normal((heads * N, d)) if backward else None
+    runs = []
+    for b in range(p.B):
+        for h in range(p.H_q):  # query head h reads key/value head h // g
+            if count_only:
+                runs.append(run(algo.name, N=N, d=d, count_only=True, **one))
+                continue
+            q, k = (b * p.H_q + h) * N, (b * p.H_kv + h // p.g) * N
+            grad = dict(dO=dO[q : q + N]) if backward else {}
+            runs.append(run(algo.name, Q=Q[q : q + N], K=K[k : k + N], V=V[k : k + N], **grad, **one))
+    first = runs[0]
+    passes: dict[str, PassResult] = {}
+    for name, ps in first.passes.items():
+        stats = runs[0].passes[name].stats
+        for r in runs[1:]:
+            stats = stats + r.passes[name].stats
+        predicted = None if ps.predicted is None else io_model.heads_problem(ps.predicted, heads)
+        errors = {e: max(r.passes[name].errors.get(e, 0.0) for r in runs) for e in ps.errors}
+        finite = all(r.passes[name].finite for r in runs)
+        floor = p.compulsory_backward() if name == "backward" else p.compulsory()
+        passes[name] = PassResult(name, stats, predicted, float(sum(floor.values())),
+                                  f"compulsory ({'backward: ' if name == 'backward' else ''}read the inputs, "
+                                  "K/V once per KV head, write the outputs)", errors, ps.tiling, finite)  # fmt: skip
+    outputs: dict[str, np.ndarray | None] = {}
+    for key in first.outputs:
+        parts = [r.outputs.get(key) for r in runs]
+        outputs[key] = None if any(x is None for x in parts) else np.concatenate(parts)
+    if backward and p.g > 1:
+        passes["backward"], outputs = _gqa_reduction(p, M, passes["backward"], outputs, count_only)
+        if not count_only and _flag("reference", o["reference"]):  # the summed dK, dV against the float64 sums
+            from iosim.masks import compile_mask
+
+            tm = compile_mask(o["mask"] if masked else None, N, p.causal)
+            ref_mask = None if tm.is_causal or tm.label == "none" else tm
+            dK_ref, dV_ref = np.zeros((p.B * p.H_kv * N, d)), np.zeros((p.B * p.H_kv * N, d))
+            for b in range(p.B):
+                for h in range(p.H_q):
+                    q, k = (b * p.H_q + h) * N, (b * p.H_kv + h // p.g) * N
+                    _, dk, dv = attention_backward(Q[q : q + N], K[k : k + N], V[k : k + N], dO[q : q + N],
+                                                   scale=first.scale, causal=tm.is_causal, mask=ref_mask)  # fmt: skip
+                    dK_ref[k : k + N] += dk
+                    dV_ref[k : k + N] += dv
+            errs = passes["backward"].errors
+            errs["dK"] = float(np.max(np.abs(outputs["dK"] - dK_ref)))
+            errs["dV"] = float(np.max(np.abs(outputs["dV"] - dV_ref)))
+    schedule = {"gqa": "per-head", "splits": 1, "mla": None, "thread_blocks": None}
+    return Result(
+        algo.name, N, d, M, p.causal, count_only, first.dtype, first.tiling, passes, outputs, seed, first.scale, None,
+        first.mask, first.kv_policy, p, schedule,
+    )  # fmt: skip
+
+
+def _gqa_reduction(p: Problem, M: int, bwd: PassResult, outputs: dict, count_only: bool):
+    """The backward's dK, dV of g > 1 query heads per key/value head: the per-head passes wrote them as partials
+    (renamed ``dK_part``, ``dV_part``), and this pass reads the g partials of each key/value head, rows of
+    ``R = min(N_k, floor(M / 2 d))`` at a time (an accumulator and one partial tile), and writes dK, dV."""
+    from iosim.memory_model.schedule import Memory
+    from iosim.theory import io_model
+
+    def renamed(per: dict) -> dict:
+        return {{"dK": "dK_part", "dV": "dV_part"}.get(n, n): c for n, c in per.items()}
+
+    d, N, R = p.d_qk, p.N_k, io_model.gqa_reduction_rows(p, M)
+    dtype = np.float64 if count_only else outputs["dK"].dtype
+    mem = Memory(M, count_only=count_only, fast=count_only, dtype=dtype)
+    parts = {
+        n: mem.slow(f"{n}_part", None if count_only else outputs[n], shape=(p.B * p.H_q * N, d)) for n in ("dK", "dV")
+    }
+    sums = {n: mem.slow(n, shape=(p.B * p.H_kv * N, d)) for n in ("dK", "dV")}
+    for name in ("dK", "dV"):
+        for b in range(p.B):
+            for hk in range(p.H_kv):
+                for r0 in range(0, N, R):
+                    r1 = min(N, r0 + R)
+                    out = (b * p.H_kv + hk) * N
+                    acc = mem.alloc(sums[name], rows=(out + r0, out + r1))
+                    for j in range(p.g):  # the g query heads of key/value head hk
+                        src = (b * p.H_q + hk * p.g + j) * N
+                        tile = mem.load(parts[name], rows=(src + r0, src + r1))
+                        if acc.data is not None:
+                            acc.data += tile.data
+                        mem.free(tile)
+                    mem.store(acc)
+                    mem.free(acc)
+    red = mem.finish()
+    stats = Stats(M=bwd.stats.M, peak=bwd.stats.peak, overflowed=bwd.stats.overflowed,
+                  per_array=renamed(bwd.stats.per_array), at_peak=bwd.stats.at_peak) + red  # fmt: skip
+    predicted = None
+    if bwd.predicted is not None:
+        pr = io_model.gqa_reduction(p, M)
+        predicted = io_model.Prediction(
+            {**renamed(bwd.predicted.per_array), **{n: c for n, c in pr.per_array.items() if n in ("dK", "dV")}},
+            max(bwd.predicted.peak, pr.peak),
+        )
+        for n in ("dK_part", "dV_part"):
+            c, extra = predicted.per_array[n], pr.per_array[n]
+            predicted.per_array[n] = io_model.ArrayCounts(c.reads + extra.reads, c.writes + extra.writes, c.init_writes)
+    out = dict(outputs)
+    if not count_only:
+        out["dK"], out["dV"] = sums["dK"].data, sums["dV"].data
+    return PassResult(bwd.name, stats, predicted, bwd.lower_bound, bwd.lower_bound_name, bwd.errors, bwd.tiling,
+                      bwd.finite), out  # fmt: skip
 
 
 def _run_one_head_problem(

@@ -187,6 +187,14 @@ class Problem:
             out["V"] = rows_k * self.d_v
         return out
 
+    def compulsory_backward(self) -> dict[str, int]:
+        """The backward's compulsory traffic in words: read Q, O, dO and the logsumexp L, the KV cache once per
+        key/value head, and write dQ, dK, dV once (dK, dV once per key/value head)."""
+        rows_q, rows_k = self.B * self.H_q * self.N_q, self.B * self.H_kv * self.N_k
+        return {"Q": rows_q * self.d_qk, "O": rows_q * self.d_v, "dO": rows_q * self.d_v, "L": rows_q,
+                "K": rows_k * self.d_qk, "V": rows_k * self.d_v, "dQ": rows_q * self.d_qk,
+                "dK": rows_k * self.d_qk, "dV": rows_k * self.d_v}  # fmt: skip
+
     def compulsory_bytes(self) -> int:
         return sum(self.bytes_of(a, w) for a, w in self.compulsory().items())
 

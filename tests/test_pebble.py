@@ -265,3 +265,57 @@ def test_cli_picture(tmp_path):
     sched = str(DOCS / "pebble" / "matmul-2x2x2-M4.txt")
     assert main(["pebble", "matmul:2x2x2", "--M", "4", sched, "--picture", str(png), "--at", "10"]) == 0
     assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+# ----------------------------------------------------------------------------------------- a problem as a pebbling
+@pytest.mark.parametrize("algorithm", ["flash1", "flash2"])
+@pytest.mark.parametrize("gqa", ["per-head", "packed"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_problem_run_as_a_pebbling(algorithm, gqa, causal):
+    """flash1 and flash2 over a problem (batch, GQA, N_q != N_k, d_qk != d_v, bottom-right causal), run through the
+    problem drivers as a pebbling: legal, complete, its I/O equal to the simulator's and to the run's, every score's
+    products Q[i,k] K[j,k] of the matching heads in the DAG, outputs equal to the float64 problem reference."""
+    import iosim
+    from iosim.pebble.from_run import pebble_run
+
+    p = iosim.Problem(B=2, H_q=2, H_kv=1, N_q=2, N_k=5, d_qk=3, d_v=2, causal=causal)
+    r = pebble_run(algorithm, problem=p, M=60, gqa=gqa)
+    assert r.legal and r.outcome.complete and r.io_matches
+    assert r.sim_reads + r.sim_writes == iosim.run(algorithm, problem=p, M=60, gqa=gqa, count_only=True).stats.total
+    assert r.level1 == r.level1_total == 2 * 2 * 2 * 5 * 3
+    assert r.max_error < 1e-12 and r.problem == p
+
+
+@pytest.mark.parametrize(
+    "kwargs, parameter",
+    [
+        (dict(algorithm="standard"), "algorithm"),
+        (dict(pass_="backward"), "pass"),
+        (dict(problem=dict(page_size=2)), "problem"),
+        (dict(problem=dict(N_k=200)), "problem"),
+        (dict(gqa="grouped"), "gqa"),
+        (dict(N=4), "N, d, causal, mask"),
+    ],
+)  # fmt: skip
+def test_problem_pebbling_bad_input(kwargs, parameter):
+    import iosim
+    from iosim.pebble.from_run import pebble_run
+
+    fields = {**dict(B=1, H_q=2, H_kv=1, N_q=2, N_k=5, d=3), **kwargs.pop("problem", {})}
+    algorithm = kwargs.pop("algorithm", "flash2")
+    with pytest.raises(iosim.InputError) as e:
+        pebble_run(algorithm, M=60, problem=iosim.Problem(**fields), **kwargs)
+    assert e.value.parameter == parameter and "\n" not in str(e.value)
+
+
+def test_cli_problem_pebbling(capsys):
+    from iosim.cli import main
+
+    argv = ["pebble", "--from-run", "all", "--batch", "2", "--heads", "2", "--Nq", "2", "--Nk", "5", "--d", "2"]
+    assert main([*argv, "--M", "60"]) == 0
+    out = capsys.readouterr().out
+    assert "B=2, H_q=2, H_kv=2, N_q=2, N_k=5" in out and out.count("yes") >= 4 and "80/80" in out
+    assert main([*argv, "--M", "60", "--backward"]) == 2
+    assert main([*argv, "--M", "60", "--mask", "window:2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and "--backward" in err[0] and "--mask" in err[1]

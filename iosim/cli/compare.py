@@ -167,7 +167,8 @@ def _blocks(r) -> str:
 def _compare_problem(args) -> int:
     """``iosim compare`` over a problem: the schedules that apply (flash1, flash2; GQA per-head and packed; the
     requested splits; MLA shared and naive; standard attention and square tiling head by head where no split,
-    page or latent is asked for) side by side against the compulsory traffic."""
+    page or latent is asked for; with a mask or the backward, every algorithm head by head) side by side against
+    the compulsory traffic."""
     from iosim.problem import Problem
 
     kw = problem_run_kwargs(args)
@@ -184,6 +185,8 @@ def _compare_problem(args) -> int:
     ]
     if not problem.latent and problem.page_size is None and args.splits == 1:  # each query head its own problem
         plans += [(a, "per-head", 1, "shared") for a in ("standard", "square-tiling")]
+    if kw.get("backward") or kw.get("mask") not in (None, "none", "dense"):  # heads one after another, per-head
+        plans = [(a, "per-head", 1, "shared") for a in ("flash2", "flash1", "square-tiling", "standard")]
     results, failures = [], []
     for a, g, s, m in plans:
         try:
@@ -195,7 +198,9 @@ def _compare_problem(args) -> int:
     if not results:
         raise InputError("M", f"is too small for every schedule of {problem}", args.M)
     results.sort(key=lambda r: r.stats.total)
-    floor = sum(problem.compulsory().values())
+    backward = bool(kw.get("backward"))
+    need = problem.compulsory_backward() if backward else problem.compulsory()
+    floor = sum(need.values())
     if args.json or args.csv:
         records = [{"rank": i + 1, **r.as_dict()} for i, r in enumerate(results)]
         if args.json:
@@ -208,8 +213,13 @@ def _compare_problem(args) -> int:
                 writer.writerow(rec)
         return 0
     print(f"{problem}; M={args.M} words")
-    print(f"compulsory traffic (read Q, K/V once per KV head, write O): {fmt_int(floor)} words, "
-          f"{fmt_int(problem.compulsory_bytes())} bytes")  # fmt: skip
+    what = (
+        "read Q, O, dO, L, K/V once per KV head, write dQ, dK, dV"
+        if backward
+        else "read Q, K/V once per KV head, write O"
+    )
+    print(f"compulsory traffic ({what}): {fmt_int(floor)} words, "
+          f"{fmt_int(sum(problem.bytes_of(a, w) for a, w in need.items()))} bytes")  # fmt: skip
     rows = [
         [
             i + 1, r.algorithm, r.schedule["gqa"], r.schedule["splits"], r.schedule["mla"] or "-",

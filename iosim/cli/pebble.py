@@ -57,6 +57,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--causal", action="store_true", help="with --from-run: causal masking")
     p.add_argument("--mask", default=None, help="with --from-run: a mask, as iosim run --mask (window:3, ...)")
     p.add_argument("--kv-policy", choices=("paper", "skip"), default="paper", help="with --from-run: empty blocks")
+    g = p.add_argument_group(
+        "a problem (with --from-run flash1|flash2|all, forward)",
+        "batch, heads and GQA, N_q against N_k, d_qk and d_v (iosim.Problem; --causal is bottom-right)",
+    )
+    g.add_argument("--batch", type=positive("--batch", from_run.MAX_N), default=None, help="batch size B")
+    g.add_argument("--heads", type=positive("--heads", from_run.MAX_N), default=None, help="query heads H_q")
+    g.add_argument("--kv-heads", type=positive("--kv-heads", from_run.MAX_N), default=None, help="key/value heads")
+    g.add_argument("--Nq", type=positive("--Nq", from_run.MAX_N), default=None, help="query rows N_q")
+    g.add_argument("--Nk", type=positive("--Nk", from_run.MAX_N), default=None, help="keys N_k")
+    g.add_argument("--dqk", type=positive("--dqk", from_run.MAX_D), default=None, help="query/key width")
+    g.add_argument("--dv", type=positive("--dv", from_run.MAX_D), default=None, help="value width")
+    g.add_argument("--gqa", choices=("per-head", "packed"), default="per-head", help="GQA schedule")
     p.add_argument("--picture", metavar="FILE", help="draw the graph with its pebbles (PNG; needs iosim[plot])")
     p.add_argument("--at", type=count("--at"), default=None, help="with --picture: the state after this many moves")
     p.add_argument("--json", action="store_true", help="print JSON")
@@ -150,13 +162,43 @@ def _cmd_optimum(args, graph: Graph) -> int:
     return 0
 
 
+_PROBLEM_FIELDS = ("batch", "heads", "kv_heads", "Nq", "Nk", "dqk", "dv")
+
+
+def _problem(args):
+    """The iosim.Problem of --batch/--heads/--kv-heads/--Nq/--Nk/--dqk/--dv (None when none is given)."""
+    if all(getattr(args, f) is None for f in _PROBLEM_FIELDS) and args.gqa == "per-head":
+        return None
+    from iosim.problem import Problem
+
+    if args.mask is not None:
+        raise InputError("--mask", "is not used with a problem (its mask is --causal, bottom-right)", args.mask)
+    Nq, Nk, dqk = args.Nq or args.N, args.Nk or args.N, args.dqk or args.d
+    if Nq is None or Nk is None or dqk is None:
+        raise InputError("--Nq, --Nk, --dqk", "must be given (or --N and --d for both)", (Nq, Nk, dqk))
+    return Problem(B=args.batch or 1, H_q=args.heads or 1, H_kv=args.kv_heads, N_q=Nq, N_k=Nk, d_qk=dqk,
+                   d_v=args.dv, causal=bool(args.causal))  # fmt: skip
+
+
 def _cmd_from_run(args) -> int:
+    problem = _problem(args)
+    if problem is not None:
+        _need(args, "--M", why="with --from-run")
+        if args.backward:
+            raise InputError("--backward", "is not available for a problem as a pebbling (forward only)", True)
+        algos = ["flash1", "flash2"] if args.from_run == "all" else [args.from_run]
+        runs = [from_run.pebble_run(a, M=args.M, problem=problem, gqa=args.gqa) for a in algos]
+        return _report(args, runs)
     _need(args, "--N", "--d", "--M", why="with --from-run")
     algos = from_run.registry.algorithms() if args.from_run == "all" else [args.from_run]
     algos = [a for a in algos if from_run.registry.get(a).builtin]
     passes = ["forward", "backward"] if args.from_run == "all" else ["backward" if args.backward else "forward"]
     masking = dict(mask=args.mask, kv_policy=args.kv_policy)
     runs = [from_run.pebble_run(a, args.N, args.d, args.M, p, args.causal, **masking) for a in algos for p in passes]
+    return _report(args, runs)
+
+
+def _report(args, runs) -> int:
     if args.json:
         print(json.dumps([r.as_dict() for r in runs]))
     elif len(runs) == 1:
@@ -177,12 +219,13 @@ def _cmd_from_run(args) -> int:
                     "yes" if r.io_matches else "NO",
                     x["red_peak"],
                     x["model_peak"],
-                    f"{r.level1}/{r.N * r.N * r.d}",
+                    f"{r.level1}/{r.level1_total}",
                 ]
             )
+        shape = str(runs[0].problem) if runs[0].problem is not None else f"N={args.N} d={args.d}"
         print(
-            f"iosim runs as red-blue pebblings: N={args.N} d={args.d} M={args.M}"
-            f" causal={'yes' if args.causal else 'no'}"
+            f"iosim runs as red-blue pebblings: {shape} M={args.M}"
+            f"{f' gqa={args.gqa}' if runs[0].problem is not None else ''} causal={'yes' if args.causal else 'no'}"
             f"{f' mask={runs[0].mask} ({args.kv_policy})' if args.mask else ''}"
         )
         heads = [
@@ -205,7 +248,8 @@ def _print_run(r: from_run.PebbleRun) -> None:
     x = r.as_dict()
     masked = f" mask {r.mask}" if r.mask not in ("none", "causal") else ""
     causal = " causal" if r.causal else ""
-    print(f"{r.algorithm} {r.pass_}, N={r.N} d={r.d} M={r.M}{causal}{masked}: the run as a pebbling")
+    shape = f"{r.problem}, gqa {r.gqa}" if r.problem is not None else f"N={r.N} d={r.d}"
+    print(f"{r.algorithm} {r.pass_}, {shape} M={r.M}{causal}{masked}: the run as a pebbling")
     print(f"  its DAG: {x['vertices']:,} vertices; {x['moves']:,} moves")
     if not r.legal:
         print(f"  {r.illegal}")
@@ -219,7 +263,8 @@ def _print_run(r: from_run.PebbleRun) -> None:
     over = x["over_M"]
     note = f", {over} above M: per-row scalars and temporaries the model does not count" if over else ""
     print(f"  red peak {x['red_peak']} vs M = {r.M} (the model's peak {x['model_peak']}){note}")
-    print(f"  level-1 products Q[i,k] K[j,k] of the papers' graph: {r.level1} of N^2 d = {r.N * r.N * r.d}")
+    whole = "N^2 d" if r.problem is None else "B H_q N_q N_k d_qk"
+    print(f"  level-1 products Q[i,k] K[j,k] of the papers' graph: {r.level1} of {whole} = {r.level1_total}")
 
 
 def _picture(args, graph: Graph, moves) -> int:

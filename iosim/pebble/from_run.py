@@ -373,11 +373,11 @@ _OPS = ("load", "load_vec", "store", "store_vec", "store_to", "free", "init_slow
 def _symbolic(session: _Session):
     """Patch the driver modules for the run: plain-Python functions, Value-aware math/max, object buffers and
     recorded memory ops; restored afterwards."""
-    from iosim.algorithms import _tiles, flash, square_tiling, standard
+    from iosim.algorithms import _tiles, decoding, flash, square_tiling, standard
     from iosim.algorithms import tile_masks as masks
 
     saved = []
-    for mod in (_tiles, masks, flash, square_tiling, standard):
+    for mod in (_tiles, masks, flash, square_tiling, standard, decoding):
         for name, obj in list(vars(mod).items()):
             new = None
             if isinstance(obj, Dispatcher):  # an @njit function: its plain Python
@@ -491,6 +491,14 @@ class PebbleRun:
     level1: int  # level-1 product vertices Q[i,k] K[j,k] of the papers' graph found in the run's DAG
     max_error: float  # outputs of the symbolic run vs the float64 reference
     mask: str = "none"  # the mask's label (iosim.masks), "causal" for the causal flag
+    problem: object = None  # the iosim.Problem run (None: one head, N and d)
+    gqa: str = "per-head"
+
+    @property
+    def level1_total(self) -> int:
+        """The level-1 products Q[i,k] K[j,k] a dense run forms: N^2 d, or B H_q N_q N_k d_qk over a problem."""
+        p = self.problem
+        return self.N * self.N * self.d if p is None else p.B * p.H_q * p.N_q * p.N_k * p.d_qk
 
     @property
     def legal(self) -> bool:
@@ -534,6 +542,7 @@ class PebbleRun:
             "M": self.M,
             "causal": self.causal,
             "mask": self.mask,
+            **({"problem": self.problem.as_dict(), "gqa": self.gqa} if self.problem is not None else {}),
             "vertices": len(self.graph),
             "moves": len(self.moves),
             "legal": self.legal,
@@ -557,14 +566,17 @@ class PebbleRun:
         }
 
 
-def level1_products(graph: Graph) -> int:
-    """How many product vertices with parents exactly {Q[i,k], K[j,k]} the graph has (N^2 d when all are there)."""
+def level1_products(graph: Graph, pairs=None) -> int:
+    """How many product vertices with parents exactly {Q[i,k], K[j,k]} the graph has (N^2 d when all are there).
+    ``pairs(i, j)``: whether query row i meets key row j (a problem: only rows of one batch item, query head h with
+    key/value head h // g); by default every pair."""
     found = set()
     for v, ps in enumerate(graph.parents):
         if graph.ops[v] == "mul" and len(ps) == 2:
             a, b = sorted(graph.names[p] for p in ps)
             if a.startswith("K[") and b.startswith("Q[") and a.split(",")[1] == b.split(",")[1]:
-                found.add((a, b))
+                if pairs is None or pairs(int(b[2:].split(",")[0]), int(a[2:].split(",")[0])):
+                    found.add((a, b))
     return len(found)
 
 
@@ -589,22 +601,113 @@ def _leaves(rec: _Recorder, name: str, data: np.ndarray) -> np.ndarray:
     return out
 
 
+def _played(rec: _Recorder, name: str, outputs, M: int):  # noqa: N803
+    """The recorded run's graph (its outputs: the vertices of the ``outputs`` arrays), its moves and the game's
+    verdict with M red pebbles: (graph, moves, outcome or None, the illegal move or None)."""
+    graph = Graph(name)
+    graph.names, graph.ops, graph.parents = rec.names, rec.ops, rec.parents
+    graph.index = {n: v for v, n in enumerate(rec.names)}
+    graph.outputs = list(
+        dict.fromkeys(x.v for a in outputs if a is not None for x in np.ravel(a) if isinstance(x, Value))
+    )
+    moves = _moves(rec.log)
+    try:
+        return graph, moves, Game(graph, M, strict=False).play(moves), None
+    except IllegalMoveError as e:
+        return graph, moves, None, e
+
+
+MAX_PROBLEM_SCORES = MAX_N * MAX_N  # a problem's scores B H_q N_q N_k, at most one largest one-head run's
+
+
+def _problem_run(algorithm: str, problem, M: int, pass_: str, gqa: str, seed: int, scale) -> PebbleRun:  # noqa: N803
+    """:func:`pebble_run` over an :class:`iosim.Problem`: flash1 or flash2 over batch and heads (GQA per-head or
+    packed), N_q against N_k keys, d_qk and d_v, causal bottom-right, run symbolically through the problem drivers
+    of :mod:`iosim.algorithms.decoding` (a contiguous cache, one split, no latent)."""
+    from iosim.algorithms import decoding
+    from iosim.api import problem_reference
+    from iosim.problem import GQA_POLICIES, Problem
+    from iosim.theory.tiling import problem_tiling
+
+    if not isinstance(problem, Problem):
+        raise InputError("problem", "must be an iosim.Problem", type(problem).__name__)
+    if algorithm not in ("flash1", "flash2"):
+        raise InputError("algorithm", "of a problem as a pebbling must be flash1 or flash2", algorithm)
+    if pass_ != "forward":
+        raise InputError("pass", "of a problem as a pebbling must be forward", pass_)
+    if problem.page_size is not None or problem.latent:
+        raise InputError("problem", "as a pebbling takes a contiguous KV cache without an MLA latent", str(problem))
+    if gqa not in GQA_POLICIES:
+        raise InputError("gqa", f"must be one of {', '.join(GQA_POLICIES)}", gqa)
+    p = problem
+    scores = p.B * p.H_q * p.N_q * p.N_k
+    if scores > MAX_PROBLEM_SCORES or max(p.d_qk, p.d_v) > MAX_D:
+        raise InputError(
+            "problem",
+            f"as a pebbling must have at most {MAX_PROBLEM_SCORES} scores (B H_q N_q N_k) and widths at most {MAX_D} "
+            "(moves per element)",
+            str(p),
+        )
+    if not isinstance(M, int) or isinstance(M, bool) or M < 1:
+        raise InputError("M", "must be a positive integer", M)
+    G, _, rows = p.groups(gqa)
+    t = problem_tiling(algorithm, p, M, "fit", rows, False, None, None)
+    scale = 1.0 / math.sqrt(p.d_qk) if scale is None else float(scale)
+    rng = np.random.default_rng(seed)
+    Q = rng.standard_normal((p.B * p.H_q * p.N_q, p.d_qk))
+    K = rng.standard_normal((p.B * p.H_kv * p.N_k, p.d_qk))
+    V = rng.standard_normal((p.B * p.H_kv * p.N_k, p.d_v))
+    rec = _Recorder()
+    _REC.append(rec)
+    try:
+        ins = [_leaves(rec, n, a) for n, a in (("Q", Q), ("K", K), ("V", V))]
+        mem = _RecordingMemory(M, rec)
+        kw = dict(Br=t.Br, Bc=t.Bc, gqa=gqa, mla="shared", scale=scale, dtype=np.dtype(object))
+        with _symbolic(_Session(rec, mem.names)):
+            if algorithm == "flash2":
+                O, _ = decoding.flash2_problem(mem, p, *ins, None, splits=1, combine_rows=1, **kw)
+            else:
+                O = decoding.flash1_problem(mem, p, *ins, None, **kw)[0]
+    finally:
+        _REC.pop()
+    graph, moves, outcome, illegal = _played(rec, f"{algorithm}-forward-{gqa}:{p},M={M}", [O], M)
+    stats = mem.stats()
+    O_ref, _ = problem_reference(p, Q, K, V, scale)
+    err = float(np.max(np.abs(np.vectorize(_x, otypes=[float])(O) - O_ref)))
+
+    def pairs(i: int, j: int) -> bool:  # query row i (b, h, r) meets key row j (b, h_kv, c): same b, h_kv = h // g
+        b, h = divmod(i // p.N_q, p.H_q)
+        return j // p.N_k == b * p.H_kv + h // p.g
+
+    return PebbleRun(
+        algorithm, "forward", p.N_q, p.d_qk, M, p.causal, graph, moves, outcome, illegal, stats.reads, stats.writes,
+        stats.init_writes, stats.peak, level1_products(graph, pairs), err, "causal" if p.causal else "none", p, gqa,
+    )  # fmt: skip
+
+
 def pebble_run(
     algorithm: str,
-    N: int,  # noqa: N803
-    d: int,
-    M: int,  # noqa: N803
+    N: int | None = None,  # noqa: N803
+    d: int | None = None,
+    M: int | None = None,  # noqa: N803
     pass_: str = "forward",
     causal: bool = False,
     seed: int = 0,
     scale: float | None = None,
     mask=None,
     kv_policy: str = "paper",
+    problem=None,
+    gqa: str = "per-head",
 ) -> PebbleRun:
     """Run ``algorithm``'s ``pass_`` at (N, d, M) as a pebbling (tiling rule ``fit``) and check it. ``mask`` (an
-    :mod:`iosim.masks` pattern or ``--mask`` string) and ``kv_policy`` are those of :func:`iosim.run`."""
+    :mod:`iosim.masks` pattern or ``--mask`` string) and ``kv_policy`` are those of :func:`iosim.run`. ``problem``
+    (an :class:`iosim.Problem`, in place of N and d) with ``gqa``: flash1 or flash2's forward over the problem."""
     from iosim.masks import compile_mask
 
+    if problem is not None:
+        if N is not None or d is not None or causal or mask is not None:
+            raise InputError("N, d, causal, mask", "are fields of the problem when problem= is given", (N, d))
+        return _problem_run(algorithm, problem, M, pass_, gqa, seed, scale)
     _check_sizes(algorithm, pass_, N, d, M)
     algo = registry.get(algorithm)
     tmask = compile_mask(mask, N, causal, kv_policy)  # what the built-in drivers take as their ``causal`` argument
@@ -638,19 +741,7 @@ def pebble_run(
     finally:
         _REC.pop()
     masked = f"-{tmask.label}" if causal or allowed is not None else ""
-    graph = Graph(f"{algorithm}-{pass_}{masked}:{N}x{d},M={M}")
-    graph.names, graph.ops, graph.parents = rec.names, rec.ops, rec.parents
-    graph.index = {n: v for v, n in enumerate(rec.names)}
-    graph.outputs = list(
-        dict.fromkeys(x.v for a in outputs.values() if a is not None for x in np.ravel(a) if isinstance(x, Value))
-    )
-    moves = _moves(rec.log)
-    game = Game(graph, M, strict=False)
-    illegal = None
-    try:
-        outcome = game.play(moves)
-    except IllegalMoveError as e:
-        illegal, outcome = e, None
+    graph, moves, outcome, illegal = _played(rec, f"{algorithm}-{pass_}{masked}:{N}x{d},M={M}", outputs.values(), M)
     stats = mem.stats()
     err = _max_error(algorithm, pass_, outputs, Q, K, V, dO, scale, causal, allowed)
     return PebbleRun(

@@ -620,6 +620,20 @@ def heads_problem(one: Prediction, heads: int) -> Prediction:
     return Prediction(per, one.peak)
 
 
+def gqa_reduction_rows(p, M: int) -> int:
+    """Rows per step of the GQA backward's reduction: an accumulator and one partial tile of R x d_qk words fit."""
+    return max(1, min(p.N_k, M // (2 * p.d_qk)))
+
+
+def gqa_reduction(p, M: int) -> Prediction:
+    """The GQA backward's reduction (g > 1 query heads per key/value head; see iosim.api's ``_gqa_reduction``): the
+    g partials of each key/value head's dK (and dV) read once, B H_q N_k d words, and dK, dV written once, B H_kv N_k
+    d words; the peak is two tiles of R rows (:func:`gqa_reduction_rows`)."""
+    d, R = p.d_qk, gqa_reduction_rows(p, M)
+    part, whole = p.B * p.H_q * p.N_k * d, p.B * p.H_kv * p.N_k * d
+    return _pred(2 * min(R, p.N_k) * d, dK_part=(part, 0), dV_part=(part, 0), dK=(0, whole), dV=(0, whole))
+
+
 def square_tiling_problem(p, B: int) -> Prediction:
     """Square tiling's forward on one head of N_q rows against N_k keys, widths d_qk and d_v (algorithms/
     square_tiling.py), causal bottom-right. Row tile i (b_i rows, its last row r_i) meets the column tiles
