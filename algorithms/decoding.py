@@ -45,7 +45,7 @@ import math
 
 import numpy as np
 from iosim.algorithms._tiles import buffer, cdiv, exp_nonpos, score_tile, tile
-from iosim.algorithms.flash import flash1_row_update
+from iosim.algorithms.flash import _backward_tile, _probabilities_from_stats, _rowsum_product, flash1_row_update
 from iosim.memory_model import alloc, alloc_vec, free, init_slow, load, load_vec, store, store_vec
 from numba import njit, types
 from numba.extending import overload
@@ -389,3 +389,138 @@ def flash1_problem(mem, problem, Q, K, V, table, *, Br, Bc, gqa, mla, scale, dty
     args = (p.B, p.H_kv, p.g, G, p.N_q, p.N_k, p.d_qk, p.d_v, Br, Bc, P, float(scale), p.causal, shared)
     mem.call(_flash1_problem, ids, Q, K, V, O, l_, m, table if numeric else None, *args)
     return O, l_, m
+
+
+@njit(cache=True)
+def _flash2_backward_problem(  # noqa: N803
+    W, ids, Q, K, V, O, dO, L, D, dQ, dK, dV, dKp, dVp, B, Hkv, g, G, Nq, Nk, dqk, dv, Br, Bc, scale, causal
+):
+    iQ, iK, iV, iO, idO, iL, iD, idQ, idK, idV, idKp, idVp, iS, idP = ids
+    R = Nq * (g // G)  # rows of one thread block's row loop: N_q (per-head) or g N_q (packed)
+    Rtot = B * Hkv * g * Nq
+    off = Nk - Nq
+    Tr, Tc = cdiv(R, Br), cdiv(Nk, Bc)
+    expand = G > 1  # per-head GQA: dK, dV written per query head (expanded), summed over the group afterwards
+    # Step 3: dQ = 0 in HBM (every query row of every head).
+    init_slow(W, idQ, Rtot * dqk)
+    if Q is not None:
+        dQ[:, :] = 0.0
+    Qb, dOb, dQb, Ob = buffer(Br * dqk, Q), buffer(Br * dv, Q), buffer(Br * dqk, Q), buffer(Br * dv, Q)
+    Lb, Db = buffer(Br, Q), buffer(Br, Q)
+    # Step 4: D = rowsum(dO o O), its own pass over all B H_q N_q rows in blocks of Br (flash-attn's preprocess).
+    for i in range(cdiv(Rtot, Br)):
+        r0 = i * Br
+        br = min(Br, Rtot - r0)
+        dOi, Oi = tile(dOb, br, dv), tile(Ob, br, dv)
+        hdO = load(W, idO, dO, r0, br, 0, dv, dOi)
+        hO = load(W, iO, O, r0, br, 0, dv, Oi)
+        hD = alloc_vec(W, iD, r0, br)
+        if Q is not None:
+            _rowsum_product(dOi, Oi, Db[:br])
+        store_vec(W, hD, Db, D)
+        for h in (hdO, hO, hD):
+            free(W, h)
+    Kb, Vb, dKb, dVb = buffer(Bc * dqk, Q), buffer(Bc * dv, Q), buffer(Bc * dqk, Q), buffer(Bc * dv, Q)
+    Sb, dPb = buffer(Br * Bc, Q), buffer(Br * Bc, Q)
+    for b in range(B):  # batch items, key/value heads and (per-head) query heads: outermost
+        for hk in range(Hkv):
+            kv = (b * Hkv + hk) * Nk
+            for h in range(G):
+                qbase = ((b * Hkv + hk) * g + h) * Nq
+                part = ((b * Hkv + hk) * G + h) * Nk  # this query head's rows of the expanded dK, dV
+                for j in range(Tc):  # step 5: one thread block per column block
+                    c0 = j * Bc
+                    bc = min(Bc, Nk - c0)
+                    Kj, Vj, dKj, dVj = tile(Kb, bc, dqk), tile(Vb, bc, dv), tile(dKb, bc, dqk), tile(dVb, bc, dv)
+                    hK = load(W, iK, K, kv + c0, bc, 0, dqk, Kj)  # step 6
+                    hV = load(W, iV, V, kv + c0, bc, 0, dv, Vj)
+                    hdK = alloc(W, idKp if expand else idK, part + c0 if expand else kv + c0, bc, 0, dqk)  # step 7
+                    hdV = alloc(W, idVp if expand else idV, part + c0 if expand else kv + c0, bc, 0, dv)
+                    if Q is not None:
+                        dKj[:, :] = 0.0
+                        dVj[:, :] = 0.0
+                    for i in range(Tr):  # step 8: row blocks (packed: the g heads' rows one after another)
+                        r0 = i * Br
+                        br = min(Br, R - r0)
+                        lo, hi = row_limits(r0, br, Nq, off, Nk, causal)
+                        if c0 >= hi:  # no row of the block sees a key of K_j: skipped
+                            continue
+                        Qi, dOi, dQi = tile(Qb, br, dqk), tile(dOb, br, dv), tile(dQb, br, dqk)
+                        Sij, dPij = tile(Sb, br, bc), tile(dPb, br, bc)
+                        hQ = load(W, iQ, Q, qbase + r0, br, 0, dqk, Qi)  # step 9 (O_i not loaded: D exists)
+                        hdO = load(W, idO, dO, qbase + r0, br, 0, dv, dOi)
+                        hdQ = load(W, idQ, dQ, qbase + r0, br, 0, dqk, dQi)
+                        hL = load_vec(W, iL, L, qbase + r0, br, Lb)
+                        hD = load_vec(W, iD, D, qbase + r0, br, Db)
+                        hS = alloc(W, iS, r0, br, c0, bc)
+                        hdP = alloc(W, idP, r0, br, c0, bc)
+                        if Q is not None:
+                            score_tile(Qi, Kj, Sij, scale)  # step 10
+                            if causal and c0 + bc > lo:  # a partial block: the element mask
+                                _mask_bottom_right(Sij, r0, c0, Nq, off)
+                            _probabilities_from_stats(Sij, Lb[:br], None)  # step 11
+                            _backward_tile(Sij, dPij, Qi, Kj, Vj, dOi, dQi, dKj, dVj, Db[:br], scale)  # 12-16
+                        store(W, hdQ, dQi, dQ)  # step 15: dQ_i back to HBM
+                        for hh in (hS, hdP, hQ, hdO, hdQ, hL, hD):
+                            free(W, hh)
+                    store(W, hdK, dKj, dKp if expand else dK)  # step 18: dK_j, dV_j written once
+                    store(W, hdV, dVj, dVp if expand else dV)
+                    for hh in (hK, hV, hdK, hdV):
+                        free(W, hh)
+    if expand:  # the group sum: dK = sum over the g query heads of their expanded partials (and dV)
+        _sum_group(W, (idKp, idK), dKp, dK, B * Hkv, g, Nk, dqk, Bc, Kb, dKb)
+        _sum_group(W, (idVp, idV), dVp, dV, B * Hkv, g, Nk, dv, Bc, Vb, dVb)
+
+
+@njit(cache=True)
+def _sum_group(W, ids, part, out, heads, g, Nk, d, Bc, accb, tb):  # noqa: N803
+    """Per key/value head and block of Bc keys: read the g partials (Bc d each) one after another into a resident
+    accumulator, write the sum once: reads g, writes 1 words per word of dK (dV)."""
+    ip, io = ids
+    for hk in range(heads):
+        for j in range(cdiv(Nk, Bc)):
+            c0 = j * Bc
+            bc = min(Bc, Nk - c0)
+            acc, t = tile(accb, bc, d), tile(tb, bc, d)
+            ha = alloc(W, io, hk * Nk + c0, bc, 0, d)
+            if part is not None:
+                acc[:, :] = 0.0
+            for h in range(g):
+                hp = load(W, ip, part, (hk * g + h) * Nk + c0, bc, 0, d, t)
+                if part is not None:
+                    acc += t
+                free(W, hp)
+            store(W, ha, acc, out)
+            free(W, ha)
+
+
+def flash2_backward_problem(mem, problem, Q, K, V, O, dO, L, *, Br, Bc, gqa, scale, dtype=np.float64):  # noqa: N803
+    """FlashAttention-2's backward over ``problem`` (docs/theory.md, backward over problems); count-only: every
+    data array None. K/V outer per (b, key/value head[, query head]); ``per-head`` GQA (g > 1) writes dK, dV expanded
+    to H_q heads (dKpart, dVpart) and sums each group afterwards (flash-attn's GQA backward); ``packed`` loops over
+    the g N_q packed rows of the group with dK_j, dV_j on chip, written once. Returns (dQ, dK, dV) in (b, h, row)
+    order. Exact counts: :func:`iosim.theory.io_model.flash2_backward_problem`."""
+    p = problem
+    G, _, R = p.groups(gqa)
+    Rtot = p.B * p.H_q * p.N_q
+    numeric = Q is not None
+    cast = (lambda x: np.ascontiguousarray(x, dtype=dtype)) if numeric else (lambda x: None)
+    Q, K, V, O, dO, L = (cast(x) for x in (Q, K, V, O, dO, L))
+    kvr = p.B * p.H_kv * p.N_k
+    expand = G > 1
+    parts = p.B * p.H_q * p.N_k
+
+    def full(shape):
+        return np.full(shape, np.nan, dtype) if numeric else None
+
+    D, dQ, dK, dV = full(Rtot), full((Rtot, p.d_qk)), full((kvr, p.d_qk)), full((kvr, p.d_v))
+    dKp = full((parts, p.d_qk)) if expand else (dK if numeric else None)
+    dVp = full((parts, p.d_v)) if expand else (dV if numeric else None)
+    ids = mem.ids(
+        Q=(Rtot, p.d_qk), K=(kvr, p.d_qk), V=(kvr, p.d_v), O=(Rtot, p.d_v), dO=(Rtot, p.d_v), L=(Rtot,), D=(Rtot,),
+        dQ=(Rtot, p.d_qk), dK=(kvr, p.d_qk), dV=(kvr, p.d_v), dKpart=(parts, p.d_qk), dVpart=(parts, p.d_v),
+        S=(R, p.N_k), dP=(R, p.N_k),
+    )  # fmt: skip
+    args = (p.B, p.H_kv, p.g, G, p.N_q, p.N_k, p.d_qk, p.d_v, Br, Bc, float(scale), p.causal)
+    mem.call(_flash2_backward_problem, ids, Q, K, V, O, dO, L, D, dQ, dK, dV, dKp, dVp, *args)
+    return dQ, dK, dV

@@ -735,6 +735,43 @@ def problem_reference(p: Problem, Q, K, V, scale: float):
     return O, L
 
 
+def problem_reference_backward(p: Problem, Q, K, V, dO, scale: float):
+    """The float64 reference gradients of a problem, head by head (as :func:`problem_reference`): dQ in (b, h_q, r)
+    row order; dK, dV in (b, h_kv, c) order, each key/value head's the sum over its g query heads."""
+    dQ = np.empty_like(Q, dtype=np.float64)
+    dK = np.zeros(K.shape)
+    dV = np.zeros(V.shape)
+    for b in range(p.B):
+        for h in range(p.H_q):
+            q = slice((b * p.H_q + h) * p.N_q, (b * p.H_q + h + 1) * p.N_q)
+            k0 = (b * p.H_kv + h // p.g) * p.N_k
+            k = slice(k0, k0 + p.N_k)
+            dq, dk, dv = attention_backward(Q[q], K[k], V[k], dO[q], scale=scale, causal=p.causal, offset=p.offset)
+            dQ[q] = dq
+            dK[k] += dk
+            dV[k] += dv
+    return dQ, dK, dV
+
+
+def _problem_backward_check(algo, p: Problem, splits: int) -> None:
+    """The backward over a problem: flash2 (batch, heads, GQA, N_q != N_k, d_qk != d_v); the inference options
+    (split-KV, paged KV, MLA latent) have none."""
+    if algo.name != "flash2":
+        raise InputError(
+            "backward",
+            f"over a problem beyond one head with N_q = N_k is implemented for flash2, not {algo.name}",
+            True,
+        )
+    for name, value, given in (("splits", splits, splits != 1), ("page_size", p.page_size, p.page_size is not None),
+                               ("latent", True, p.latent)):  # fmt: skip
+        if given:
+            raise InputError(
+                name,
+                "is an inference option with no backward: use splits 1, no pages, no MLA latent with backward",
+                value,
+            )
+
+
 def _run_problem(algo, p: Problem, M: int, gqa, splits, mla, Br, Bc, B, **o) -> Result:
     """:func:`run` over a whole problem (flash1, flash2; :mod:`iosim.algorithms.decoding`)."""
     from iosim.algorithms import decoding
@@ -742,10 +779,9 @@ def _run_problem(algo, p: Problem, M: int, gqa, splits, mla, Br, Bc, B, **o) -> 
     from iosim.theory.tiling import problem_tiling
 
     splits, mla = _problem_schedule(algo, p, gqa, splits, mla, B)
-    if _flag("backward", o["backward"]):
-        raise InputError(
-            "backward", "is not available for a problem beyond one head with N_q = N_k (forward only)", True
-        )
+    backward = _flag("backward", o["backward"])
+    if backward:
+        _problem_backward_check(algo, p, splits)
     trace = _flag("trace", o["trace"])
     if o["mask"] not in (None, "none", "dense"):
         raise InputError(
@@ -828,9 +864,73 @@ def _run_problem(algo, p: Problem, M: int, gqa, splits, mla, Br, Bc, B, **o) -> 
         "forward", mem.stats(), predicted, lb, "compulsory (read Q, K/V once per KV head, write O)", errors, t,
         count_only or _all_finite(outputs, ("O", "L")),
     )  # fmt: skip
+    passes = {"forward": fwd}
+    if backward:
+        passes["backward"] = _problem_backward_pass(
+            p, M, gqa, rows, o["tiling"], Br, Bc, strict, count_only, reference, np_dtype, seed, scale, outputs,
+            (Q, K, V), schedule,
+        )  # fmt: skip
     return Result(
-        algo.name, p.N_q, p.d_qk, M, p.causal, count_only, dtype, t, {"forward": fwd}, outputs, seed, scale,
+        algo.name, p.N_q, p.d_qk, M, p.causal, count_only, dtype, passes["backward"].tiling if backward else t,
+        passes, outputs, seed, scale,
         mem.trace(), "causal" if p.causal else "none", "paper", p, schedule,
+    )  # fmt: skip
+
+
+def _problem_backward_pass(
+    p: Problem,
+    M,
+    gqa,
+    rows,
+    rule,
+    Br,
+    Bc,
+    strict,
+    count_only,
+    reference,
+    np_dtype,
+    seed,
+    scale,
+    outputs,
+    inputs,
+    schedule,
+) -> PassResult:
+    """FlashAttention-2's backward over a problem on a fresh memory of M words, reading the forward's O and L;
+    dO is drawn from ``seed`` after Q, K, V. Fills ``outputs`` with dQ, dK, dV (and dO)."""
+    from iosim.algorithms import decoding
+    from iosim.theory import io_model
+    from iosim.theory.tiling import problem_backward_tiling
+
+    t = problem_backward_tiling(p, M, rule, rows, Br, Bc)
+    predicted = io_model.flash2_backward_problem(p, t.Br, t.Bc, gqa)
+    if (Br is not None or Bc is not None) and strict and predicted.peak > M:
+        raise InputError(
+            "Br, Bc", f"give a backward working set of {predicted.peak:,} words above M = {M:,}: choose smaller tiles",
+            (Br, Bc),
+        )  # fmt: skip
+    mem = TwoLevelMemory(M, strict=strict, fast=count_only)
+    Rtot = p.B * p.H_q * p.N_q
+    errors: dict[str, float] = {}
+    if count_only:
+        dO = None
+        data = (None,) * 6
+    else:
+        rng = np.random.default_rng(seed)
+        _problem_inputs(p, rng)  # the same draws as the forward's, then dO
+        dO = rng.standard_normal((Rtot, p.d_v))
+        data = (*inputs, outputs["O"], dO, outputs["L"])
+    dQ, dK, dV = decoding.flash2_backward_problem(mem, p, *data, Br=t.Br, Bc=t.Bc, gqa=gqa, scale=scale, dtype=np_dtype)
+    outputs.update(dQ=dQ, dK=dK, dV=dV)
+    schedule["backward_thread_blocks"] = predicted.thread_blocks
+    if not count_only and reference:
+        refs = problem_reference_backward(p, *inputs, dO, scale)
+        for name, x, ref in zip(("dQ", "dK", "dV"), (dQ, dK, dV), refs, strict=True):
+            errors[name] = float(np.max(np.abs(x - ref)))
+    q, k = Rtot, p.B * p.H_kv * p.N_k
+    lb = float(2 * q * p.d_qk + 2 * q * p.d_v + 2 * k * (p.d_qk + p.d_v))
+    return PassResult(
+        "backward", mem.stats(), predicted, lb, "compulsory (read Q, K, V, dO; write dQ, dK, dV)", errors, t,
+        count_only or _all_finite(outputs, ("dQ", "dK", "dV")),
     )  # fmt: skip
 
 

@@ -603,6 +603,67 @@ def flash1_problem(p, Br: int, Bc: int, gqa: str = "per-head", mla: str = "share
     return ProblemPrediction(pred.per_array, pred.peak, groups)
 
 
+def flash2_backward_problem_working_set(dqk: int, dv: int, Br: int, Bc: int) -> int:
+    """Words of one inner step of FlashAttention-2's backward over a problem: K_j, dK_j (2 Bc d_qk), V_j, dV_j
+    (2 Bc d_v), Q_i, dQ_i (2 Br d_qk), dO_i (Br d_v), L_i, D_i (2 Br), S_ij/P_ij and dP_ij/dS_ij (2 Br Bc). With
+    d_qk = d_v = d it is :func:`flash2_backward_working_set`."""
+    return 2 * Bc * (dqk + dv) + Br * (2 * dqk + dv + 2) + 2 * Br * Bc
+
+
+def flash2_backward_problem(p, Br: int, Bc: int, gqa: str = "per-head") -> ProblemPrediction:
+    """FlashAttention-2's backward over a problem (algorithms/decoding.py), per group of R rows (groups = B H_kv G):
+
+    K_j, V_j read once per group (N_k d_qk, N_k d_v); for each column block j (starting at key c_j) and each row
+    block i (R_i rows) with c_j < hi_i (some row sees a key of the block): Q_i, dQ_i read (R_i d_qk each), dO_i
+    read (R_i d_v), L_i, D_i read (R_i each), dQ_i written (R_i d_qk). With rows = the sum of those R_i over
+    (i, j), per group. Before the loop, over all B H_q N_q = R_tot rows: dQ initialised (R_tot d_qk), D pass
+    reading O and dO (R_tot d_v each) and writing D (R_tot). dK_j, dV_j written once per group (N_k d_qk, N_k d_v):
+    to dK, dV (``packed``, or g = 1) or to the expanded dKpart, dVpart (``per-head``, g > 1), then the group sum
+    reads dKpart, dVpart (B H_q N_k (d_qk, d_v)) and writes dK, dV (B H_kv N_k (d_qk, d_v)).
+    A one-head problem with N_q = N_k and d_qk = d_v is :func:`flash2_backward` word for word.
+    """
+    G, groups, R = p.groups(gqa)
+    Tr, Tc = cdiv(R, Br), cdiv(p.N_k, Bc)
+    off = p.N_k - p.N_q
+    rows = 0
+    peak = 0
+    for i in range(Tr):
+        r0 = i * Br
+        br = min(Br, R - r0)
+        _, hi = row_limits(r0, br, p.N_q, off, p.N_k, p.causal)
+        met = cdiv(hi, Bc)  # column blocks starting before hi
+        rows += br * met
+        if met:
+            peak = max(peak, flash2_backward_problem_working_set(p.d_qk, p.d_v, br, min(Bc, p.N_k)))
+    Rtot = p.B * p.H_q * p.N_q
+    kvrows = groups * p.N_k
+    br0 = min(Br, Rtot)
+    peak = max(peak, 2 * br0 * p.d_v + br0)  # the D pass: dO_i, O_i, D_i
+    arrays = {
+        "Q": (groups * rows * p.d_qk, 0),
+        "K": (kvrows * p.d_qk, 0),
+        "V": (kvrows * p.d_v, 0),
+        "O": (Rtot * p.d_v, 0),
+        "dO": (Rtot * p.d_v + groups * rows * p.d_v, 0),
+        "L": (groups * rows, 0),
+        "D": (groups * rows, Rtot),
+        "dQ": (groups * rows * p.d_qk, groups * rows * p.d_qk + Rtot * p.d_qk, Rtot * p.d_qk),
+    }
+    kv_out = p.B * p.H_kv * p.N_k
+    if G > 1:
+        arrays.update(
+            dKpart=(kvrows * p.d_qk, kvrows * p.d_qk),
+            dVpart=(kvrows * p.d_v, kvrows * p.d_v),
+            dK=(0, kv_out * p.d_qk),
+            dV=(0, kv_out * p.d_v),
+        )
+        peak = max(peak, 2 * min(Bc, p.N_k) * max(p.d_qk, p.d_v))  # the group sum: accumulator and one partial
+    else:
+        arrays.update(dK=(0, kv_out * p.d_qk), dV=(0, kv_out * p.d_v))
+    pred = _pred(peak, **arrays)
+    return ProblemPrediction(pred.per_array, pred.peak, groups * Tc + (2 * p.B * p.H_kv * Tc if G > 1 else 0))
+
+
 def square_tiling_rect_peak(Nq: int, Nk: int, dqk: int, dv: int, B: int) -> int:
     """Square tiling's working set on N_q x N_k (no mask), at the first tile: phase 1 m_i, l_i (2 b_i), the
     accumulator b_i b_j and one slice of Q and K ((b_i + b_j) min(B, d_qk)); phase 2 L_i, the O tile, A_ik and a V
