@@ -161,7 +161,8 @@ def command(args) -> int:
 
 def _blocks(r) -> str:
     """The thread blocks of a problem run ('-' for the head-by-head schedules, which launch no kernel grid)."""
-    return fmt_int(r.schedule["thread_blocks"]) if r.schedule["thread_blocks"] else "-"
+    blocks = r.schedule.get("backward_thread_blocks") if "backward" in r.passes else r.schedule["thread_blocks"]
+    return fmt_int(blocks) if blocks else "-"
 
 
 def _compare_problem(args) -> int:
@@ -199,6 +200,12 @@ def _compare_problem(args) -> int:
         raise InputError("M", f"is too small for every schedule of {problem}", args.M)
     results.sort(key=lambda r: r.stats.total)
     floor = sum(problem.compulsory().values())
+    floor_what, floor_bytes = "read Q, K/V once per KV head, write O", problem.compulsory_bytes()
+    if kw.get("backward"):  # the backward's floor: read Q, K, V, dO once, write dQ, dK, dV once
+        floor, floor_what = int(results[0].main.lower_bound), "backward: read Q, K, V, dO, write dQ, dK, dV"
+        q, k = problem.B * problem.H_q * problem.N_q, problem.B * problem.H_kv * problem.N_k
+        floor_bytes = 2 * (problem.bytes_of("Q", q * problem.d_qk) + problem.bytes_of("O", q * problem.d_v))
+        floor_bytes += 2 * (problem.bytes_of("K", k * problem.d_qk) + problem.bytes_of("V", k * problem.d_v))
     if args.json or args.csv:
         records = [{"rank": i + 1, **r.as_dict()} for i, r in enumerate(results)]
         if args.json:
@@ -211,8 +218,7 @@ def _compare_problem(args) -> int:
                 writer.writerow(rec)
         return 0
     print(f"{problem}; M={args.M} words")
-    print(f"compulsory traffic (read Q, K/V once per KV head, write O): {fmt_int(floor)} words, "
-          f"{fmt_int(problem.compulsory_bytes())} bytes")  # fmt: skip
+    print(f"compulsory traffic ({floor_what}): {fmt_int(floor)} words, {fmt_int(floor_bytes)} bytes")
     rows = [
         [
             i + 1, r.algorithm, r.schedule["gqa"], r.schedule["splits"], r.schedule["mla"] or "-",
