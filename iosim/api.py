@@ -753,6 +753,117 @@ def problem_reference_backward(p: Problem, Q, K, V, dO, scale: float):
     return dQ, dK, dV
 
 
+def _run_masked_problem(algo, p: Problem, M: int, gqa, splits, Br, Bc, B, **o) -> Result:
+    """A mask (other than the causal field) over a problem: every (b, query head) runs the one-head masked schedule
+    of its N x N block (GQA ``per-head``, query head h reads key/value head h // g), on one memory, one head after
+    another; each array's words are B H_q times one head's closed form (:func:`io_model.heads_problem`) and the
+    peak is one head's. Applies where a query head is the one-head problem: N_q = N_k, d_qk = d_v, per-head, no
+    split, page or latent; the backward also needs H_q = H_kv (with g > 1 dK, dV would need the group sum)."""
+    from iosim.masks import compile_mask
+    from iosim.theory import io_model
+
+    mask, backward = o["mask"], _flag("backward", o["backward"])
+    for name, value, bad, why in (
+        ("gqa", gqa, gqa != "per-head", "per-head (a mask over packed rows is not modelled)"),
+        ("N_q", p.N_q, p.N_q != p.N_k, f"N_k = {p.N_k} (a mask is N x N)"),
+        ("d_v", p.d_v, p.d_v != p.d_qk, f"d_qk = {p.d_qk}"),
+        ("splits", splits, splits != 1, "1"),
+        ("page_size", p.page_size, p.page_size is not None, "none"),
+        ("latent", True, p.latent, "no MLA latent"),
+        ("backward", True, backward and p.g > 1, "False when H_q > H_kv (dK, dV would need the group sum)"),
+        ("backward", True, backward and not algo.has_backward, f"False for {algo.name}"),
+    ):
+        if bad:
+            raise InputError(name, f"must be {why} with mask= over a problem (each head its one-head schedule)", value)
+    if _flag("trace", o["trace"]):
+        raise InputError("trace", "is not recorded for a masked problem (trace one head: N and d)", True)
+    if o["given"]:
+        raise InputError("Q, K, V", "are drawn from seed for a problem (give the arrays for one head with N and d)")
+    N, d = p.N_q, p.d_qk
+    count_only, strict = _flag("count_only", o["count_only"]), _flag("strict", o["strict"])
+    reference, allow_long = _flag("reference", o["reference"]), _flag("allow_long", o["allow_long"])
+    dtype, seed, scale = _dtype(o["dtype"]), _seed(o["seed"]), _scale(o["scale"], d)
+    tmask = compile_mask(mask, N, p.causal, o["kv_policy"])
+    explicit = _explicit_tiles(algo, Br, Bc, B)
+    t = algo.choose_tiling(N, d, M, o["tiling"])
+    t_bwd = algo.backward_tiling(N, d, M, o["tiling"]) if backward else None
+    if explicit:
+        t, t_bwd = _explicit_tiling(algo, explicit, t, t_bwd, N, d, M, tmask, strict)
+    heads = p.B * p.H_q
+    steps = heads * _estimated_steps(t_bwd or t, N, d, backward, tmask)
+    seconds = estimate.count_only_seconds(steps) if count_only else estimate.numeric_seconds(N, d, steps, backward)
+    estimate.check(seconds, f"a run of {algo.name} over {p}", allow_long=allow_long, parameter="problem", value=str(p))
+    np_dtype = np.dtype(dtype)
+    fast = count_only and algo.builtin
+    mem, mem_bwd = TwoLevelMemory(M, strict=strict, fast=fast), TwoLevelMemory(M, strict=strict, fast=fast)
+    outputs: dict = {}
+    errors: dict[str, float] = {}
+    errors_bwd: dict[str, float] = {}
+    finite = True
+    if not count_only:
+        rng = np.random.default_rng(seed)
+        Q, K, V, _, _, _ = _problem_inputs(p, rng)
+        dO = rng.standard_normal((heads * N, d)) if backward else None
+        outputs = {"O": np.empty((heads * N, d)), "dQ": None, "dK": None, "dV": None}
+        if backward:
+            outputs.update(dQ=np.empty((heads * N, d)), dK=np.empty((heads * N, d)), dV=np.empty((heads * N, d)))
+    for b in range(p.B):
+        for h in range(p.H_q):
+            if count_only:
+                fwd_out = algo.forward(mem, None, None, None, N, d, t, scale, tmask, np_dtype)
+                if backward:
+                    algo.backward(mem_bwd, None, None, None, None, fwd_out, N, d, t_bwd, scale, tmask, np_dtype)
+                continue
+            q = slice((b * p.H_q + h) * N, (b * p.H_q + h + 1) * N)
+            k0 = (b * p.H_kv + h // p.g) * N
+            k = slice(k0, k0 + N)
+            fwd_out = algo.forward(mem, Q[q], K[k], V[k], N, d, t, scale, tmask, np_dtype)
+            outputs["O"][q] = fwd_out["O"]
+            finite = finite and _all_finite(fwd_out, ("O", "L"))
+            if reference:
+                with np.errstate(all="ignore"):
+                    O_ref, L_ref = attention_forward(Q[q], K[k], V[k], scale=scale, mask=tmask)
+                errors["O"] = max(errors.get("O", 0.0), float(np.max(np.abs(fwd_out["O"] - O_ref))))
+                if fwd_out.get("L") is not None:
+                    errors["L"] = max(errors.get("L", 0.0), _logsumexp_error(fwd_out["L"], L_ref))
+            if backward:
+                grads = algo.backward(mem_bwd, Q[q], K[k], V[k], dO[q], fwd_out, N, d, t_bwd, scale, tmask, np_dtype)
+                for name in ("dQ", "dK", "dV"):
+                    outputs[name][q if name == "dQ" else k] = grads[name]
+                finite = finite and _all_finite(grads, ("dQ", "dK", "dV"))
+                if reference:
+                    with np.errstate(all="ignore"):
+                        refs = attention_backward(Q[q], K[k], V[k], dO[q], scale=scale, mask=tmask)
+                    for name, ref in zip(("dQ", "dK", "dV"), refs, strict=True):
+                        errors_bwd[name] = max(errors_bwd.get(name, 0.0), float(np.max(np.abs(grads[name] - ref))))
+    predicted = io_model.heads_problem(algo.predict_forward(N, d, M, t, tmask), heads)
+    lb = float(sum(p.compulsory().values()))
+    passes = {
+        "forward": PassResult(
+            "forward",
+            mem.stats(),
+            predicted,
+            lb,
+            "compulsory (read Q, K/V once per KV head, write O)",
+            errors,
+            t,
+            count_only or finite,
+        )  # fmt: skip
+    }
+    if backward:
+        pred_bwd = io_model.heads_problem(algo.predict_backward(N, d, M, t_bwd, tmask), heads)
+        lb_bwd = float(3 * heads * N * d + 4 * p.B * p.H_kv * N * d)  # Q, dO read, dQ written; K, V, dK, dV
+        passes["backward"] = PassResult(
+            "backward", mem_bwd.stats(), pred_bwd, lb_bwd, "compulsory (read Q, K, V, dO; write dQ, dK, dV)",
+            errors_bwd, t_bwd, count_only or finite,
+        )  # fmt: skip
+    schedule = {"gqa": "per-head", "splits": 1, "mla": None, "thread_blocks": None}
+    return Result(
+        algo.name, N, d, M, p.causal, count_only, dtype, t_bwd or t, passes, outputs, seed, scale, None,
+        tmask.label, tmask.policy, p, schedule,
+    )  # fmt: skip
+
+
 def _problem_backward_check(algo, p: Problem, splits: int) -> None:
     """The backward over a problem: flash2 (batch, heads, GQA, N_q != N_k, d_qk != d_v); the inference options
     (split-KV, paged KV, MLA latent) have none."""
@@ -780,13 +891,11 @@ def _run_problem(algo, p: Problem, M: int, gqa, splits, mla, Br, Bc, B, **o) -> 
 
     splits, mla = _problem_schedule(algo, p, gqa, splits, mla, B)
     backward = _flag("backward", o["backward"])
+    if o["mask"] not in (None, "none", "dense"):
+        return _run_masked_problem(algo, p, M, gqa, splits, Br, Bc, B, **o)
     if backward:
         _problem_backward_check(algo, p, splits)
     trace = _flag("trace", o["trace"])
-    if o["mask"] not in (None, "none", "dense"):
-        raise InputError(
-            "mask", "of a problem is its causal field (bottom-right); other masks take one head", o["mask"]
-        )
     if o["given"]:
         raise InputError("Q, K, V", "are drawn from seed for a problem (give the arrays for one head with N and d)")
     if not isinstance(o["tiling"], str) or o["tiling"] not in RULES:

@@ -138,3 +138,54 @@ def test_cli_backward_over_a_problem(capsys):
     out = capsys.readouterr().out
     assert "packed" in out and "not run: flash1" in out
     assert main(["run", "flash1", *args, "--M", "2000"]) == 2
+
+
+# --- masks other than the causal field over a problem: each (b, query head) runs the one-head masked schedule ---
+MASKS = ["window:5", "blockdiag:7,9,7", "prefix:6", "dilated:4:2", "random:0.3"]
+
+
+@pytest.mark.parametrize("mask", MASKS)
+@pytest.mark.parametrize("algo", ["flash1", "flash2"])
+def test_masked_problem_is_heads_times_one_head(algo, mask):
+    p = Problem(B=2, H_q=3, H_kv=1, N_q=23, N_k=23, d_qk=6, d_v=6)
+    r = iosim.run(algo, M=500, problem=p, mask=mask, seed=1)
+    one = iosim.run(algo, M=500, N=23, d=6, mask=mask, count_only=True)
+    fwd = r.passes["forward"]
+    assert fwd.exact and max(fwd.errors.values()) < 1e-10
+    assert fwd.stats.peak == one.stats.peak
+    assert fwd.stats.per_array == {
+        n: type(c)(c.reads * 6, c.writes * 6, c.init_writes * 6) for n, c in one.stats.per_array.items()
+    }
+    q = Problem(B=2, H_q=2, H_kv=2, N_q=23, N_k=23, d_qk=6, d_v=6)
+    rb = iosim.run(algo, M=500, problem=q, mask=mask, backward=True, seed=2)
+    bwd = rb.passes["backward"]
+    assert bwd.exact and max(bwd.errors.values()) < 1e-10
+    count = iosim.run(algo, M=500, problem=q, mask=mask, backward=True, count_only=True)
+    assert count.passes["backward"].stats.per_array == bwd.stats.per_array
+
+
+def test_masked_problem_file_mask(tmp_path):
+    allowed = np.random.default_rng(0).random((19, 19)) < 0.4
+    path = tmp_path / "m.npy"
+    np.save(path, allowed)
+    r = iosim.run("flash2", M=400, problem=Problem(B=1, H_q=2, H_kv=2, N_q=19, N_k=19, d_qk=5, d_v=5),
+                  mask=f"file:{path}", backward=True)  # fmt: skip
+    assert r.passes["forward"].exact and r.passes["backward"].exact
+    assert max(r.passes["backward"].errors.values()) < 1e-10
+
+
+@pytest.mark.parametrize(
+    "fields, kw, parameter",
+    [
+        (dict(H_q=4, H_kv=2), dict(gqa="packed"), "gqa"),
+        (dict(N_q=10), {}, "N_q"),
+        (dict(d_v=4), {}, "d_v"),
+        (dict(H_q=4, H_kv=2), dict(backward=True), "backward"),
+    ],
+)
+def test_masked_problem_refusals_are_one_line(fields, kw, parameter):
+    p = Problem(**{"B": 1, "H_q": 2, "H_kv": 2, "N_q": 20, "N_k": 20, "d_qk": 8, "d_v": 8, **fields})
+    with pytest.raises(InputError) as e:
+        iosim.run("flash2", M=5000, problem=p, mask="window:4", count_only=True, **kw)
+    assert e.value.parameter == parameter
+    assert "\n" not in str(e.value)
