@@ -865,12 +865,12 @@ def _run_masked_problem(algo, p: Problem, M: int, gqa, splits, Br, Bc, B, **o) -
 
 
 def _problem_backward_check(algo, p: Problem, splits: int) -> None:
-    """The backward over a problem: flash2 (batch, heads, GQA, N_q != N_k, d_qk != d_v); the inference options
-    (split-KV, paged KV, MLA latent) have none."""
-    if algo.name != "flash2":
+    """The backward over a problem: flash1, flash2 (batch, heads, GQA, N_q != N_k, d_qk != d_v); the inference
+    options (split-KV, paged KV, MLA latent) have none."""
+    if algo.name not in PROBLEM_ALGORITHMS:
         raise InputError(
             "backward",
-            f"over a problem beyond one head with N_q = N_k is implemented for flash2, not {algo.name}",
+            f"over a problem beyond one head with N_q = N_k is implemented for flash1 and flash2, not {algo.name}",
             True,
         )
     for name, value, given in (("splits", splits, splits != 1), ("page_size", p.page_size, p.page_size is not None),
@@ -976,8 +976,8 @@ def _run_problem(algo, p: Problem, M: int, gqa, splits, mla, Br, Bc, B, **o) -> 
     passes = {"forward": fwd}
     if backward:
         passes["backward"] = _problem_backward_pass(
-            p, M, gqa, rows, o["tiling"], Br, Bc, strict, count_only, reference, np_dtype, seed, scale, outputs,
-            (Q, K, V), schedule,
+            algo.name, p, M, gqa, rows, o["tiling"], Br, Bc, strict, count_only, reference, np_dtype, seed, scale,
+            outputs, (Q, K, V), schedule,
         )  # fmt: skip
     return Result(
         algo.name, p.N_q, p.d_qk, M, p.causal, count_only, dtype, passes["backward"].tiling if backward else t,
@@ -986,32 +986,17 @@ def _run_problem(algo, p: Problem, M: int, gqa, splits, mla, Br, Bc, B, **o) -> 
     )  # fmt: skip
 
 
-def _problem_backward_pass(
-    p: Problem,
-    M,
-    gqa,
-    rows,
-    rule,
-    Br,
-    Bc,
-    strict,
-    count_only,
-    reference,
-    np_dtype,
-    seed,
-    scale,
-    outputs,
-    inputs,
-    schedule,
-) -> PassResult:
-    """FlashAttention-2's backward over a problem on a fresh memory of M words, reading the forward's O and L;
-    dO is drawn from ``seed`` after Q, K, V. Fills ``outputs`` with dQ, dK, dV (and dO)."""
+def _problem_backward_pass(name: str, p: Problem, M, gqa, rows, rule, Br, Bc, strict, count_only, reference, np_dtype,
+                           seed, scale, outputs, inputs, schedule) -> PassResult:  # fmt: skip
+    """The flash2 (flash1) backward over a problem on a fresh memory of M words, reading the forward's O and L (O,
+    l and m); dO is drawn from ``seed`` after Q, K, V. Fills ``outputs`` with dQ, dK, dV (and dO)."""
     from iosim.algorithms import decoding
     from iosim.theory import io_model
     from iosim.theory.tiling import problem_backward_tiling
 
-    t = problem_backward_tiling(p, M, rule, rows, Br, Bc)
-    predicted = io_model.flash2_backward_problem(p, t.Br, t.Bc, gqa)
+    t = problem_backward_tiling(p, M, rule, rows, Br, Bc, name)
+    predict = io_model.flash1_backward_problem if name == "flash1" else io_model.flash2_backward_problem
+    predicted = predict(p, t.Br, t.Bc, gqa)
     if (Br is not None or Bc is not None) and strict and predicted.peak > M:
         raise InputError(
             "Br, Bc", f"give a backward working set of {predicted.peak:,} words above M = {M:,}: choose smaller tiles",
@@ -1022,13 +1007,15 @@ def _problem_backward_pass(
     errors: dict[str, float] = {}
     if count_only:
         dO = None
-        data = (None,) * 6
+        data = (None,) * (7 if name == "flash1" else 6)
     else:
         rng = np.random.default_rng(seed)
         _problem_inputs(p, rng)  # the same draws as the forward's, then dO
         dO = rng.standard_normal((Rtot, p.d_v))
-        data = (*inputs, outputs["O"], dO, outputs["L"])
-    dQ, dK, dV = decoding.flash2_backward_problem(mem, p, *data, Br=t.Br, Bc=t.Bc, gqa=gqa, scale=scale, dtype=np_dtype)
+        stats = (outputs["l"], outputs["m"]) if name == "flash1" else (outputs["L"],)
+        data = (*inputs, outputs["O"], dO, *stats)
+    run_backward = decoding.flash1_backward_problem if name == "flash1" else decoding.flash2_backward_problem
+    dQ, dK, dV = run_backward(mem, p, *data, Br=t.Br, Bc=t.Bc, gqa=gqa, scale=scale, dtype=np_dtype)
     outputs.update(dQ=dQ, dK=dK, dV=dV)
     schedule["backward_thread_blocks"] = predicted.thread_blocks
     if not count_only and reference:

@@ -186,9 +186,10 @@ def _compare_problem(args) -> int:
     if not problem.latent and problem.page_size is None and args.splits == 1:  # each query head its own problem
         plans += [(a, "per-head", 1, "shared") for a in ("standard", "square-tiling")]
     results, failures = [], []
-    if kw.get("backward"):  # the backward over a problem: flash2's schedules (split-KV, pages, MLA have none)
-        failures = [f"{a}: no backward over a problem" for a in dict.fromkeys(a for a, *_ in plans) if a != "flash2"]
-        plans = [(a, g, s, m) for a, g, s, m in plans if a == "flash2" and s == 1]
+    if kw.get("backward"):  # the backward over a problem: flash1, flash2 (split-KV, pages, MLA have none)
+        flash = ("flash1", "flash2")
+        failures = [f"{a}: no backward over a problem" for a in dict.fromkeys(a for a, *_ in plans) if a not in flash]
+        plans = [(a, g, s, m) for a, g, s, m in plans if a in flash and s == 1]
     for a, g, s, m in plans:
         try:
             results.append(api.run(a, problem=problem, gqa=g, splits=s, mla=m, **kw))

@@ -610,57 +610,107 @@ def flash2_backward_problem_working_set(dqk: int, dv: int, Br: int, Bc: int) -> 
     return 2 * Bc * (dqk + dv) + Br * (2 * dqk + dv + 2) + 2 * Br * Bc
 
 
+def flash1_backward_problem_working_set(dqk: int, dv: int, Br: int, Bc: int) -> int:
+    """Words of one inner step of Algorithm 4 over a problem: K_j, dK_j (2 Bc d_qk), V_j, dV_j (2 Bc d_v), Q_i, dQ_i
+    (2 Br d_qk), O_i, dO_i (2 Br d_v), l_i, m_i, D_i (3 Br), S_ij, dP_ij (2 Br Bc). With d_qk = d_v = d it is
+    :func:`flash1_backward_working_set`."""
+    return 2 * Bc * (dqk + dv) + 2 * Br * (dqk + dv) + 3 * Br + 2 * Br * Bc
+
+
+def _backward_problem_rows(p, Br: int, Bc: int, gqa: str) -> tuple[int, int, int, int]:
+    """(G, groups, rho, widest): rho = the rows streamed past the column blocks per group, the sum over row blocks
+    i of R_i times the column blocks starting before hi_i (those the block meets; K/V outer, so the sum over (i, j)
+    with c_j < hi_i); widest = the largest R_i of a row block that meets one."""
+    G, groups, R = p.groups(gqa)
+    off = p.N_k - p.N_q
+    rows = widest = 0
+    for i in range(cdiv(R, Br)):
+        r0 = i * Br
+        br = min(Br, R - r0)
+        _, hi = row_limits(r0, br, p.N_q, off, p.N_k, p.causal)
+        met = cdiv(hi, Bc)
+        rows += br * met
+        if met:
+            widest = max(widest, br)
+    return G, groups, rows, widest
+
+
+def _backward_problem_kv(p, G: int, groups: int, Bc: int, init: bool) -> tuple[dict, int]:
+    """dK, dV (and the expanded dKpart, dVpart of per-head GQA with their group sum) and the sum's peak."""
+    kvrows, kv_out = groups * p.N_k, p.B * p.H_kv * p.N_k
+    if G == 1:
+        n = kv_out if init else 0
+        return {
+            "dK": (0, kv_out * p.d_qk + n * p.d_qk, n * p.d_qk),
+            "dV": (0, kv_out * p.d_v + n * p.d_v, n * p.d_v),
+        }, 0
+    n = kvrows if init else 0
+    arrays = {
+        "dKpart": (kvrows * p.d_qk, kvrows * p.d_qk + n * p.d_qk, n * p.d_qk),
+        "dVpart": (kvrows * p.d_v, kvrows * p.d_v + n * p.d_v, n * p.d_v),
+        "dK": (0, kv_out * p.d_qk),
+        "dV": (0, kv_out * p.d_v),
+    }
+    return arrays, 2 * min(Bc, p.N_k) * max(p.d_qk, p.d_v)  # the group sum: accumulator and one partial
+
+
 def flash2_backward_problem(p, Br: int, Bc: int, gqa: str = "per-head") -> ProblemPrediction:
     """FlashAttention-2's backward over a problem (algorithms/decoding.py), per group of R rows (groups = B H_kv G):
 
     K_j, V_j read once per group (N_k d_qk, N_k d_v); for each column block j (starting at key c_j) and each row
     block i (R_i rows) with c_j < hi_i (some row sees a key of the block): Q_i, dQ_i read (R_i d_qk each), dO_i
-    read (R_i d_v), L_i, D_i read (R_i each), dQ_i written (R_i d_qk). With rows = the sum of those R_i over
+    read (R_i d_v), L_i, D_i read (R_i each), dQ_i written (R_i d_qk). With rho = the sum of those R_i over
     (i, j), per group. Before the loop, over all B H_q N_q = R_tot rows: dQ initialised (R_tot d_qk), D pass
     reading O and dO (R_tot d_v each) and writing D (R_tot). dK_j, dV_j written once per group (N_k d_qk, N_k d_v):
     to dK, dV (``packed``, or g = 1) or to the expanded dKpart, dVpart (``per-head``, g > 1), then the group sum
     reads dKpart, dVpart (B H_q N_k (d_qk, d_v)) and writes dK, dV (B H_kv N_k (d_qk, d_v)).
     A one-head problem with N_q = N_k and d_qk = d_v is :func:`flash2_backward` word for word.
     """
-    G, groups, R = p.groups(gqa)
-    Tr, Tc = cdiv(R, Br), cdiv(p.N_k, Bc)
-    off = p.N_k - p.N_q
-    rows = 0
-    peak = 0
-    for i in range(Tr):
-        r0 = i * Br
-        br = min(Br, R - r0)
-        _, hi = row_limits(r0, br, p.N_q, off, p.N_k, p.causal)
-        met = cdiv(hi, Bc)  # column blocks starting before hi
-        rows += br * met
-        if met:
-            peak = max(peak, flash2_backward_problem_working_set(p.d_qk, p.d_v, br, min(Bc, p.N_k)))
+    G, groups, rows, widest = _backward_problem_rows(p, Br, Bc, gqa)
     Rtot = p.B * p.H_q * p.N_q
-    kvrows = groups * p.N_k
+    peak = flash2_backward_problem_working_set(p.d_qk, p.d_v, widest, min(Bc, p.N_k)) if widest else 0
     br0 = min(Br, Rtot)
     peak = max(peak, 2 * br0 * p.d_v + br0)  # the D pass: dO_i, O_i, D_i
-    arrays = {
-        "Q": (groups * rows * p.d_qk, 0),
-        "K": (kvrows * p.d_qk, 0),
-        "V": (kvrows * p.d_v, 0),
-        "O": (Rtot * p.d_v, 0),
-        "dO": (Rtot * p.d_v + groups * rows * p.d_v, 0),
-        "L": (groups * rows, 0),
-        "D": (groups * rows, Rtot),
-        "dQ": (groups * rows * p.d_qk, groups * rows * p.d_qk + Rtot * p.d_qk, Rtot * p.d_qk),
-    }
-    kv_out = p.B * p.H_kv * p.N_k
-    if G > 1:
-        arrays.update(
-            dKpart=(kvrows * p.d_qk, kvrows * p.d_qk),
-            dVpart=(kvrows * p.d_v, kvrows * p.d_v),
-            dK=(0, kv_out * p.d_qk),
-            dV=(0, kv_out * p.d_v),
-        )
-        peak = max(peak, 2 * min(Bc, p.N_k) * max(p.d_qk, p.d_v))  # the group sum: accumulator and one partial
-    else:
-        arrays.update(dK=(0, kv_out * p.d_qk), dV=(0, kv_out * p.d_v))
-    pred = _pred(peak, **arrays)
+    kv, sum_peak = _backward_problem_kv(p, G, groups, Bc, init=False)
+    pred = _pred(
+        max(peak, sum_peak),
+        Q=(groups * rows * p.d_qk, 0),
+        K=(groups * p.N_k * p.d_qk, 0),
+        V=(groups * p.N_k * p.d_v, 0),
+        O=(Rtot * p.d_v, 0),
+        dO=(Rtot * p.d_v + groups * rows * p.d_v, 0),
+        L=(groups * rows, 0),
+        D=(groups * rows, Rtot),
+        dQ=(groups * rows * p.d_qk, groups * rows * p.d_qk + Rtot * p.d_qk, Rtot * p.d_qk),
+        **kv,
+    )
+    Tc = cdiv(p.N_k, Bc)
+    return ProblemPrediction(pred.per_array, pred.peak, groups * Tc + (2 * p.B * p.H_kv * Tc if G > 1 else 0))
+
+
+def flash1_backward_problem(p, Br: int, Bc: int, gqa: str = "per-head") -> ProblemPrediction:
+    """FlashAttention's Algorithm 4 over a problem: the rows rho of :func:`flash2_backward_problem`, with Q_i, O_i,
+    dO_i, dQ_i read (R_i d_qk, R_i d_v, R_i d_v, R_i d_qk), l_i, m_i read (R_i each) and dQ_i written per inner
+    step, no D pass (D_i computed on chip), and dQ and the arrays the loop writes dK_j, dV_j into (dK, dV, or
+    the expanded dKpart, dVpart) zero-initialised in HBM. A one-head problem with N_q = N_k and d_qk = d_v is
+    :func:`flash1_backward` word for word."""
+    G, groups, rows, widest = _backward_problem_rows(p, Br, Bc, gqa)
+    Rtot = p.B * p.H_q * p.N_q
+    peak = flash1_backward_problem_working_set(p.d_qk, p.d_v, widest, min(Bc, p.N_k)) if widest else 0
+    kv, sum_peak = _backward_problem_kv(p, G, groups, Bc, init=True)
+    pred = _pred(
+        max(peak, sum_peak),
+        Q=(groups * rows * p.d_qk, 0),
+        K=(groups * p.N_k * p.d_qk, 0),
+        V=(groups * p.N_k * p.d_v, 0),
+        O=(groups * rows * p.d_v, 0),
+        dO=(groups * rows * p.d_v, 0),
+        l=(groups * rows, 0),
+        m=(groups * rows, 0),
+        dQ=(groups * rows * p.d_qk, groups * rows * p.d_qk + Rtot * p.d_qk, Rtot * p.d_qk),
+        **kv,
+    )
+    Tc = cdiv(p.N_k, Bc)
     return ProblemPrediction(pred.per_array, pred.peak, groups * Tc + (2 * p.B * p.H_kv * Tc if G > 1 else 0))
 
 

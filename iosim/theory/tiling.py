@@ -160,9 +160,10 @@ def flash_backward_tiling(algorithm: str, N: int, d: int, M: int, rule: str) -> 
 
 
 def problem_backward_tiling(problem, M: int, rule: str, rows: int, Br: int | None = None,
-                            Bc: int | None = None) -> Tiling:  # fmt: skip
-    """Tiling of FlashAttention-2's backward over a problem (K/V outer, thread blocks of ``rows`` query rows against
-    N_k keys) under :func:`io_model.flash2_backward_problem_working_set`. ``fit``: the largest B_c <= N_k with
+                            Bc: int | None = None, algorithm: str = "flash2") -> Tiling:  # fmt: skip
+    """Tiling of the flash2 (flash1) backward over a problem (K/V outer, thread blocks of ``rows`` query rows against
+    N_k keys) under :func:`io_model.flash2_backward_problem_working_set` (``flash1_...``). ``fit``: the largest
+    B_c <= N_k with
     B_r = min(B_c, d_qk, rows), as :func:`flash_backward_tiling` (which it is for one head with N_q = N_k and
     d_qk = d_v); ``paper``: B_c = ceil(M / 4 d_qk), B_r = min(B_c, d_qk). One explicit block: the other is the
     largest that fits."""
@@ -170,6 +171,8 @@ def problem_backward_tiling(problem, M: int, rule: str, rows: int, Br: int | Non
     p = problem
 
     def ws(br: int, bc: int) -> int:
+        if algorithm == "flash1":
+            return io_model.flash1_backward_problem_working_set(p.d_qk, p.d_v, br, bc)
         return io_model.flash2_backward_problem_working_set(p.d_qk, p.d_v, br, bc)
 
     if Br is not None and Bc is not None:
@@ -182,7 +185,8 @@ def problem_backward_tiling(problem, M: int, rule: str, rows: int, Br: int | Non
         big = io_model.cdiv(M, 4 * p.d_qk)
         return Tiling(rule, Br=min(big, p.d_qk), Bc=big)
     if ws(1, 1) > M:
-        raise _too_small("flash2 backward", M, ws(1, 1), "Br = Bc = 1 needs 4 d_qk + 3 d_v + 4")
+        need = "4 d_qk + 4 d_v + 5" if algorithm == "flash1" else "4 d_qk + 3 d_v + 4"
+        raise _too_small(f"{algorithm} backward", M, ws(1, 1), f"Br = Bc = 1 needs {need}")
     bc = _largest(1, p.N_k, lambda b: ws(min(b, p.d_qk, rows), b) <= M)
     return Tiling(rule, Br=min(bc, p.d_qk, rows), Bc=bc)
 
