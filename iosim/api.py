@@ -935,7 +935,7 @@ def _run_problem(algo, p: Problem, M: int, gqa, splits, mla, Br, Bc, B, **o) -> 
                 "count_only", f"must be True for this problem ({words * 8 / 2**30:.1f} GiB of arrays)", False
             )
     np_dtype = np.dtype(dtype)
-    mem = TwoLevelMemory(M, strict=strict, trace=trace, fast=count_only and not trace)
+    mem = TwoLevelMemory(M, strict=strict, trace=trace and not backward, fast=count_only and not trace)
     schedule = {
         "gqa": gqa,
         "splits": splits,
@@ -975,21 +975,22 @@ def _run_problem(algo, p: Problem, M: int, gqa, splits, mla, Br, Bc, B, **o) -> 
     )  # fmt: skip
     passes = {"forward": fwd}
     if backward:
-        passes["backward"] = _problem_backward_pass(
+        passes["backward"], bwd_trace = _problem_backward_pass(
             algo.name, p, M, gqa, rows, o["tiling"], Br, Bc, strict, count_only, reference, np_dtype, seed, scale,
-            outputs, (Q, K, V), schedule,
+            outputs, (Q, K, V), schedule, trace,
         )  # fmt: skip
     return Result(
         algo.name, p.N_q, p.d_qk, M, p.causal, count_only, dtype, passes["backward"].tiling if backward else t,
         passes, outputs, seed, scale,
-        mem.trace(), "causal" if p.causal else "none", "paper", p, schedule,
+        bwd_trace if backward else mem.trace(), "causal" if p.causal else "none", "paper", p, schedule,
     )  # fmt: skip
 
 
 def _problem_backward_pass(name: str, p: Problem, M, gqa, rows, rule, Br, Bc, strict, count_only, reference, np_dtype,
-                           seed, scale, outputs, inputs, schedule) -> PassResult:  # fmt: skip
+                           seed, scale, outputs, inputs, schedule, trace=False) -> tuple:  # fmt: skip
     """The flash2 (flash1) backward over a problem on a fresh memory of M words, reading the forward's O and L (O,
-    l and m); dO is drawn from ``seed`` after Q, K, V. Fills ``outputs`` with dQ, dK, dV (and dO)."""
+    l and m); dO is drawn from ``seed`` after Q, K, V. Fills ``outputs`` with dQ, dK, dV.
+    Returns the pass and its trace (the run's trace, as for one head)."""
     from iosim.algorithms import decoding
     from iosim.theory import io_model
     from iosim.theory.tiling import problem_backward_tiling
@@ -1002,7 +1003,7 @@ def _problem_backward_pass(name: str, p: Problem, M, gqa, rows, rule, Br, Bc, st
             "Br, Bc", f"give a backward working set of {predicted.peak:,} words above M = {M:,}: choose smaller tiles",
             (Br, Bc),
         )  # fmt: skip
-    mem = TwoLevelMemory(M, strict=strict, fast=count_only)
+    mem = TwoLevelMemory(M, strict=strict, trace=trace, fast=count_only and not trace)
     Rtot = p.B * p.H_q * p.N_q
     errors: dict[str, float] = {}
     if count_only:
@@ -1024,10 +1025,11 @@ def _problem_backward_pass(name: str, p: Problem, M, gqa, rows, rule, Br, Bc, st
             errors[name] = float(np.max(np.abs(x - ref)))
     q, k = Rtot, p.B * p.H_kv * p.N_k
     lb = float(2 * q * p.d_qk + 2 * q * p.d_v + 2 * k * (p.d_qk + p.d_v))
-    return PassResult(
+    result = PassResult(
         "backward", mem.stats(), predicted, lb, "compulsory (read Q, K, V, dO; write dQ, dK, dV)", errors, t,
         count_only or _all_finite(outputs, ("dQ", "dK", "dV")),
     )  # fmt: skip
+    return result, mem.trace()
 
 
 def _run_one_head_problem(

@@ -196,3 +196,10 @@ def test_masked_problem_refusals_are_one_line(fields, kw, parameter):
         iosim.run("flash2", M=5000, problem=p, mask="window:4", count_only=True, **kw)
     assert e.value.parameter == parameter
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("algo", ["flash1", "flash2"])
+def test_backward_trace_replays_to_the_counts(algo):
+    p = Problem(B=2, H_q=4, H_kv=2, N_q=5, N_k=30, d_qk=8, d_v=6, causal=True)
+    r = iosim.run(algo, M=2000, problem=p, backward=True, trace=True, count_only=True)
+    assert r.trace.replay().per_array == r.passes["backward"].stats.per_array
