@@ -920,16 +920,18 @@ def _run_problem(algo, p: Problem, M: int, gqa, splits, mla, Br, Bc, B, **o) -> 
     bm = combine_rows(p, splits, M)
     groups = p.B * p.H_kv * G
     steps = groups * -(-rows // t.Br) * (-(-p.N_k // t.Bc) + p.pages + splits)
+    passes_n = 3 if backward else 1  # the backward: about twice the forward's tile steps and arithmetic
     # one head of N_q x N_k per group: the numeric estimate's arithmetic is per head (N_q N_k d), times the heads
     if count_only:
-        seconds = estimate.count_only_seconds(steps)
+        seconds = estimate.count_only_seconds(steps * passes_n)
     else:
-        seconds = estimate.numeric_seconds(1, 1, steps, False) + estimate.NUMERIC_N2D * p.B * p.H_q * p.N_q * p.N_k * (
-            p.d_qk + p.d_v
-        )
+        flops = estimate.NUMERIC_N2D * p.B * p.H_q * p.N_q * p.N_k * (p.d_qk + p.d_v)
+        seconds = (estimate.numeric_seconds(1, 1, steps, False) + flops) * passes_n
     estimate.check(seconds, f"a run of {algo.name} over {p}", allow_long=allow_long, parameter="problem", value=str(p))
     if not count_only:
         words = (p.B * p.H_q * p.N_q * (p.d_qk + (splits + 1) * p.d_v)) + 3 * p.B * p.H_kv * p.N_k * (p.d_qk + p.d_v)
+        if backward:  # dO, dQ, D and the reference's; dK, dV and the expanded partials
+            words += 3 * p.B * p.H_q * (p.N_q + p.N_k) * (p.d_qk + p.d_v)
         if words * 8 > 0.8 * estimate.available_bytes():
             raise InputError(
                 "count_only", f"must be True for this problem ({words * 8 / 2**30:.1f} GiB of arrays)", False
