@@ -45,7 +45,7 @@ import math
 
 import numpy as np
 from iosim.algorithms._tiles import buffer, cdiv, exp_nonpos, score_tile, tile
-from iosim.algorithms.flash import flash1_row_update
+from iosim.algorithms.flash import _backward_tile, _probabilities_from_stats, _rowsum_product, d_pass, flash1_row_update
 from iosim.memory_model import alloc, alloc_vec, free, init_slow, load, load_vec, store, store_vec
 from numba import njit, types
 from numba.extending import overload
@@ -389,3 +389,164 @@ def flash1_problem(mem, problem, Q, K, V, table, *, Br, Bc, gqa, mla, scale, dty
     args = (p.B, p.H_kv, p.g, G, p.N_q, p.N_k, p.d_qk, p.d_v, Br, Bc, P, float(scale), p.causal, shared)
     mem.call(_flash1_problem, ids, Q, K, V, O, l_, m, table if numeric else None, *args)
     return O, l_, m
+
+
+@njit(cache=True)
+def _backward_problem(  # noqa: N803
+    W, ids, Q, K, V, O, dO, L, l, m, D, dQ, dK, dV, dKp, dVp, B, Hkv, g, G, Nq, Nk, dqk, dv, Br, Bc, scale, causal, alg1
+):
+    """The K/V-outer backward over a problem: FlashAttention-2 (alg1 False: D pass, P from L) or Algorithm 4 (alg1
+    True: dK, dV zero-initialised in HBM, P from l and m, O_i loaded and D_i recomputed on every inner step)."""
+    iQ, iK, iV, iO, idO, iL, il, im, iD, idQ, idK, idV, idKp, idVp, iS, idP = ids
+    R = Nq * (g // G)  # rows of one thread block's row loop: N_q (per-head) or g N_q (packed)
+    Rtot = B * Hkv * g * Nq
+    off = Nk - Nq
+    Tr, Tc = cdiv(R, Br), cdiv(Nk, Bc)
+    expand = G > 1  # per-head GQA: dK, dV written per query head (expanded), summed over the group afterwards
+    # Step 3: dQ = 0 in HBM (every query row of every head).
+    init_slow(W, idQ, Rtot * dqk)
+    if alg1:  # Algorithm 4, step 6: dK, dV (the expanded partials under per-head GQA) zero in HBM too
+        kvw = (B * Hkv * G if expand else B * Hkv) * Nk
+        init_slow(W, idKp if expand else idK, kvw * dqk)
+        init_slow(W, idVp if expand else idV, kvw * dv)
+    if Q is not None:
+        dQ[:, :] = 0.0
+    Qb, dOb, dQb, Ob = buffer(Br * dqk, Q), buffer(Br * dv, Q), buffer(Br * dqk, Q), buffer(Br * dv, Q)
+    Lb, Db, lb, mb = buffer(Br, Q), buffer(Br, Q), buffer(Br, Q), buffer(Br, Q)
+    if not alg1:  # step 4: D = rowsum(dO o O), its own pass over all B H_q N_q rows (flash-attn's preprocess)
+        d_pass(W, (idO, iO, iD), dO, O, D, Rtot, dv, Br, dOb, Ob, Db)
+    Kb, Vb, dKb, dVb = buffer(Bc * dqk, Q), buffer(Bc * dv, Q), buffer(Bc * dqk, Q), buffer(Bc * dv, Q)
+    Sb, dPb = buffer(Br * Bc, Q), buffer(Br * Bc, Q)
+    for b in range(B):  # batch items, key/value heads and (per-head) query heads: outermost
+        for hk in range(Hkv):
+            kv = (b * Hkv + hk) * Nk
+            for h in range(G):
+                qbase = ((b * Hkv + hk) * g + h) * Nq
+                part = ((b * Hkv + hk) * G + h) * Nk  # this query head's rows of the expanded dK, dV
+                for j in range(Tc):  # step 5: one thread block per column block
+                    c0 = j * Bc
+                    bc = min(Bc, Nk - c0)
+                    Kj, Vj, dKj, dVj = tile(Kb, bc, dqk), tile(Vb, bc, dv), tile(dKb, bc, dqk), tile(dVb, bc, dv)
+                    hK = load(W, iK, K, kv + c0, bc, 0, dqk, Kj)  # step 6
+                    hV = load(W, iV, V, kv + c0, bc, 0, dv, Vj)
+                    hdK = alloc(W, idKp if expand else idK, part + c0 if expand else kv + c0, bc, 0, dqk)  # step 7
+                    hdV = alloc(W, idVp if expand else idV, part + c0 if expand else kv + c0, bc, 0, dv)
+                    if Q is not None:
+                        dKj[:, :] = 0.0
+                        dVj[:, :] = 0.0
+                    for i in range(Tr):  # step 8: row blocks (packed: the g heads' rows one after another)
+                        r0 = i * Br
+                        br = min(Br, R - r0)
+                        lo, hi = row_limits(r0, br, Nq, off, Nk, causal)
+                        if c0 >= hi:  # no row of the block sees a key of K_j: skipped
+                            continue
+                        Qi, dOi, dQi = tile(Qb, br, dqk), tile(dOb, br, dv), tile(dQb, br, dqk)
+                        Sij, dPij = tile(Sb, br, bc), tile(dPb, br, bc)
+                        Oi = tile(Ob, br, dv)
+                        hQ = load(W, iQ, Q, qbase + r0, br, 0, dqk, Qi)  # step 9 (flash2: O_i not loaded, D exists)
+                        hO = load(W, iO, O, qbase + r0, br, 0, dv, Oi) if alg1 else -1
+                        hdO = load(W, idO, dO, qbase + r0, br, 0, dv, dOi)
+                        hdQ = load(W, idQ, dQ, qbase + r0, br, 0, dqk, dQi)
+                        if alg1:  # Algorithm 4: l_i, m_i read; D_i computed on chip
+                            hL = load_vec(W, il, l, qbase + r0, br, lb)
+                            hm = load_vec(W, im, m, qbase + r0, br, mb)
+                        else:
+                            hL = load_vec(W, iL, L, qbase + r0, br, Lb)
+                            hm = -1
+                        hS = alloc(W, iS, r0, br, c0, bc)
+                        hdP = alloc(W, idP, r0, br, c0, bc)
+                        hD = alloc_vec(W, iD, qbase + r0, br) if alg1 else load_vec(W, iD, D, qbase + r0, br, Db)
+                        if Q is not None:
+                            score_tile(Qi, Kj, Sij, scale)  # step 10
+                            if causal and c0 + bc > lo:  # a partial block: the element mask
+                                _mask_bottom_right(Sij, r0, c0, Nq, off)
+                            if alg1:
+                                _probabilities_from_stats(Sij, mb[:br], lb[:br])
+                                _rowsum_product(dOi, Oi, Db[:br])  # D_i recomputed on every step
+                            else:
+                                _probabilities_from_stats(Sij, Lb[:br], None)  # step 11
+                            _backward_tile(Sij, dPij, Qi, Kj, Vj, dOi, dQi, dKj, dVj, Db[:br], scale)  # 12-16
+                        store(W, hdQ, dQi, dQ)  # step 15: dQ_i back to HBM
+                        for hh in (hS, hdP, hQ, hdO, hdQ, hL, hD):
+                            free(W, hh)
+                        if alg1:
+                            free(W, hO)
+                            free(W, hm)
+                    store(W, hdK, dKj, dKp if expand else dK)  # step 18: dK_j, dV_j written once
+                    store(W, hdV, dVj, dVp if expand else dV)
+                    for hh in (hK, hV, hdK, hdV):
+                        free(W, hh)
+    if expand:  # the group sum: dK = sum over the g query heads of their expanded partials (and dV)
+        sum_group(W, (idKp, idK), dKp, dK, B * Hkv, g, Nk, dqk, Bc, Kb, dKb)
+        sum_group(W, (idVp, idV), dVp, dV, B * Hkv, g, Nk, dv, Bc, Vb, dVb)
+
+
+@njit(cache=True)
+def sum_group(W, ids, part, out, heads, g, Nk, d, Bc, accb, tb):  # noqa: N803
+    """Per key/value head and block of Bc keys: read the g partials (Bc d each) one after another into a resident
+    accumulator, write the sum once: reads g, writes 1 words per word of dK (dV)."""
+    ip, io = ids
+    for hk in range(heads):
+        for j in range(cdiv(Nk, Bc)):
+            c0 = j * Bc
+            bc = min(Bc, Nk - c0)
+            acc, t = tile(accb, bc, d), tile(tb, bc, d)
+            ha = alloc(W, io, hk * Nk + c0, bc, 0, d)
+            if part is not None:
+                acc[:, :] = 0.0
+            for h in range(g):
+                hp = load(W, ip, part, (hk * g + h) * Nk + c0, bc, 0, d, t)
+                if part is not None:
+                    acc += t
+                free(W, hp)
+            store(W, ha, acc, out)
+            free(W, ha)
+
+
+def _backward_problem_call(mem, p, Q, K, V, O, dO, L, l, m, Br, Bc, gqa, scale, dtype, alg1):  # noqa: E741, N803
+    G, _, R = p.groups(gqa)
+    Rtot = p.B * p.H_q * p.N_q
+    numeric = Q is not None
+    cast = (lambda x: np.ascontiguousarray(x, dtype=dtype)) if numeric else (lambda x: None)
+    Q, K, V, O, dO = (cast(x) for x in (Q, K, V, O, dO))
+    unused = np.zeros(1, dtype) if numeric else None  # the other algorithm's row statistics: one type per branch
+    L, l, m = (unused if x is None else cast(x) for x in (L, l, m))  # noqa: E741
+    kvr = p.B * p.H_kv * p.N_k
+    expand = G > 1
+    parts = p.B * p.H_q * p.N_k
+
+    def full(shape):
+        return np.full(shape, np.nan, dtype) if numeric else None
+
+    D, dQ, dK, dV = full(Rtot), full((Rtot, p.d_qk)), full((kvr, p.d_qk)), full((kvr, p.d_v))
+    dKp = full((parts, p.d_qk)) if expand else (dK if numeric else None)
+    dVp = full((parts, p.d_v)) if expand else (dV if numeric else None)
+    if alg1 and numeric:  # step 6's zeros: an all-masked column block keeps them (none under bottom-right causal)
+        dKp[:] = 0.0
+        dVp[:] = 0.0
+    ids = mem.ids(
+        Q=(Rtot, p.d_qk), K=(kvr, p.d_qk), V=(kvr, p.d_v), O=(Rtot, p.d_v), dO=(Rtot, p.d_v), L=(Rtot,), l=(Rtot,),
+        m=(Rtot,), D=(Rtot,), dQ=(Rtot, p.d_qk), dK=(kvr, p.d_qk), dV=(kvr, p.d_v), dKpart=(parts, p.d_qk),
+        dVpart=(parts, p.d_v), S=(R, p.N_k), dP=(R, p.N_k),
+    )  # fmt: skip
+    args = (p.B, p.H_kv, p.g, G, p.N_q, p.N_k, p.d_qk, p.d_v, Br, Bc, float(scale), p.causal, alg1)
+    mem.call(_backward_problem, ids, Q, K, V, O, dO, L, l, m, D, dQ, dK, dV, dKp, dVp, *args)
+    return dQ, dK, dV
+
+
+def flash2_backward_problem(mem, problem, Q, K, V, O, dO, L, *, Br, Bc, gqa, scale, dtype=np.float64):  # noqa: N803
+    """FlashAttention-2's backward over ``problem`` (docs/theory.md, "The backward over a problem"); count-only:
+    every data array None. K/V outer per (b, key/value head[, query head]); ``per-head`` GQA (g > 1) writes dK, dV
+    expanded to H_q heads (dKpart, dVpart) and sums each group afterwards (flash-attn's GQA backward); ``packed``
+    loops over the g N_q packed rows of the group with dK_j, dV_j on chip, written once. D = rowsum(dO o O) in a
+    pass of its own; dQ_i read-modify-written on every inner step. Returns (dQ, dK, dV) with dQ in (b, h_q, r) and
+    dK, dV in (b, h_kv, c) row order. Exact counts: :func:`iosim.theory.io_model.flash2_backward_problem`."""
+    return _backward_problem_call(mem, problem, Q, K, V, O, dO, L, None, None, Br, Bc, gqa, scale, dtype, False)
+
+
+def flash1_backward_problem(mem, problem, Q, K, V, O, dO, l, m, *, Br, Bc, gqa, scale, dtype=np.float64):  # noqa: E741, N803
+    """FlashAttention's Algorithm 4 over ``problem``: the schedule of :func:`flash2_backward_problem` with
+    Algorithm 4's steps: dQ, dK, dV (the expanded partials under per-head GQA) zero-initialised in HBM, P_ij from
+    l_i and m_i, O_i loaded and D_i recomputed on every inner step, no D pass. Exact counts:
+    :func:`iosim.theory.io_model.flash1_backward_problem`."""
+    return _backward_problem_call(mem, problem, Q, K, V, O, dO, None, l, m, Br, Bc, gqa, scale, dtype, True)

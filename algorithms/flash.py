@@ -369,9 +369,27 @@ def _flash1_backward(W, ids, Q, K, V, O, dO, l, m, dQ, dK, dV, N, d, Br, Bc, sca
 
 
 @njit(cache=True)
+def d_pass(W, ids, dO, O, D, R, d, Br, dOb, Ob, Db):  # noqa: N803
+    """FlashAttention-2's backward, step 4: D = rowsum(dO o O) in one pass over the R rows in blocks of Br, each
+    block's dO_i and O_i read (d words a row each) and D_i written to HBM (flash-attn's preprocessing kernel)."""
+    idO, iO, iD = ids
+    for i in range(cdiv(R, Br)):
+        r0 = i * Br
+        br = min(Br, R - r0)
+        dOi, Oi = tile(dOb, br, d), tile(Ob, br, d)
+        hdO = load(W, idO, dO, r0, br, 0, d, dOi)
+        hO = load(W, iO, O, r0, br, 0, d, Oi)
+        hD = alloc_vec(W, iD, r0, br)
+        if dO is not None:
+            _rowsum_product(dOi, Oi, Db[:br])
+        store_vec(W, hD, Db, D)
+        for h in (hdO, hO, hD):
+            free(W, h)
+
+
+@njit(cache=True)
 def _flash2_backward(W, ids, Q, K, V, O, dO, L, D, dQ, dK, dV, N, d, Br, Bc, scale, mk, mp, mt, skip):  # noqa: N803
     iQ, iK, iV, iO, idO, iL, iD, idQ, idK, idV, iS, idP = ids
-    Tr = cdiv(N, Br)
     Tc = cdiv(N, Bc)
     # Step 3: initialise dQ = (0)_{N x d} in HBM (dK and dV are written once, step 18, and need no initialisation).
     init_slow(W, idQ, N * d)
@@ -379,19 +397,7 @@ def _flash2_backward(W, ids, Q, K, V, O, dO, L, D, dQ, dK, dV, N, d, Br, Bc, sca
         dQ[:, :] = 0.0
     Qb, Ob, dOb, dQb = buffer(Br * d, Q), buffer(Br * d, Q), buffer(Br * d, Q), buffer(Br * d, Q)
     Lb, Db = buffer(Br, Q), buffer(Br, Q)
-    # Step 4: D = rowsum(dO o O), one pass over row blocks, written to HBM. This is the only read of O.
-    for i in range(Tr):
-        r0 = i * Br
-        br = min(Br, N - r0)
-        dOi, Oi = tile(dOb, br, d), tile(Ob, br, d)
-        hdO = load(W, idO, dO, r0, br, 0, d, dOi)
-        hO = load(W, iO, O, r0, br, 0, d, Oi)
-        hD = alloc_vec(W, iD, r0, br)
-        if Q is not None:
-            _rowsum_product(dOi, Oi, Db[:br])
-        store_vec(W, hD, Db, D)
-        for h in (hdO, hO, hD):
-            free(W, h)
+    d_pass(W, (idO, iO, iD), dO, O, D, N, d, Br, dOb, Ob, Db)  # step 4: D = rowsum(dO o O), the only read of O
     Kb, Vb, dKb, dVb = buffer(Bc * d, Q), buffer(Bc * d, Q), buffer(Bc * d, Q), buffer(Bc * d, Q)
     Sb, dPb = buffer(Br * Bc, Q), buffer(Br * Bc, Q)
     for j in range(Tc):  # step 5

@@ -583,6 +583,7 @@ def run(
 # Whole problems (iosim.problem.Problem): batch, heads, GQA, N_q != N_k, split-KV, paged KV, MLA.
 # ---------------------------------------------------------------------------------------------------------------
 PROBLEM_ALGORITHMS = ("flash1", "flash2")
+BACKWARD_FLOOR = "compulsory (read Q, O, dO, L, K/V once per KV head; write dQ, dK, dV)"
 ONE_HEAD_ALGORITHMS = ("standard", "square-tiling")  # one head, any N_q, N_k, d_qk, d_v
 
 
@@ -735,6 +736,41 @@ def problem_reference(p: Problem, Q, K, V, scale: float):
     return O, L
 
 
+def problem_reference_backward(p: Problem, Q, K, V, dO, scale: float, mask=None):
+    """The float64 reference gradients of a problem, head by head (as :func:`problem_reference`): dQ in (b, h_q, r)
+    row order; dK, dV in (b, h_kv, c) order, each key/value head's the sum over its g query heads. ``mask``: a
+    TileMask applied to every head (N_q = N_k) in place of the causal field."""
+    dQ = np.empty_like(Q, dtype=np.float64)
+    dK = np.zeros(K.shape)
+    dV = np.zeros(V.shape)
+    for b in range(p.B):
+        for h in range(p.H_q):
+            q = slice((b * p.H_q + h) * p.N_q, (b * p.H_q + h + 1) * p.N_q)
+            k0 = (b * p.H_kv + h // p.g) * p.N_k
+            k = slice(k0, k0 + p.N_k)
+            if mask is None:
+                dq, dk, dv = attention_backward(Q[q], K[k], V[k], dO[q], scale=scale, causal=p.causal, offset=p.offset)
+            else:
+                dq, dk, dv = attention_backward(Q[q], K[k], V[k], dO[q], scale=scale, mask=mask)
+            dQ[q] = dq
+            dK[k] += dk
+            dV[k] += dv
+    return dQ, dK, dV
+
+
+def _problem_backward_check(algo, p: Problem, splits: int) -> None:
+    """The backward over a problem of flash1, flash2 (batch, heads, GQA, N_q != N_k, d_qk != d_v): the inference
+    options (split-KV, paged KV, MLA latent) have none."""
+    for name, value, given in (("splits", splits, splits != 1), ("page_size", p.page_size, p.page_size is not None),
+                               ("latent", True, p.latent)):  # fmt: skip
+        if given:
+            raise InputError(
+                name,
+                "is an inference option with no backward: use splits 1, no pages, no MLA latent with backward",
+                value,
+            )
+
+
 def _run_problem(algo, p: Problem, M: int, gqa, splits, mla, Br, Bc, B, **o) -> Result:
     """:func:`run` over a whole problem (flash1, flash2; :mod:`iosim.algorithms.decoding`)."""
     from iosim.algorithms import decoding
@@ -742,9 +778,12 @@ def _run_problem(algo, p: Problem, M: int, gqa, splits, mla, Br, Bc, B, **o) -> 
     from iosim.theory.tiling import problem_tiling
 
     masked = not (o["mask"] is None or (isinstance(o["mask"], str) and o["mask"] in ("none", "dense")))
-    if _flag("backward", o["backward"]) or masked:
+    backward = _flag("backward", o["backward"])
+    if masked or (backward and algo.name not in PROBLEM_ALGORITHMS):
         return _run_by_heads(algo, p, M, gqa, splits, mla, Br, Bc, B, masked, o)
     splits, mla = _problem_schedule(algo, p, gqa, splits, mla, B)
+    if backward:
+        _problem_backward_check(algo, p, splits)
     trace = _flag("trace", o["trace"])
     if o["given"]:
         raise InputError("Q, K, V", "are drawn from seed for a problem (give the arrays for one head with N and d)")
@@ -770,22 +809,24 @@ def _run_problem(algo, p: Problem, M: int, gqa, splits, mla, Br, Bc, B, **o) -> 
     bm = combine_rows(p, splits, M)
     groups = p.B * p.H_kv * G
     steps = groups * -(-rows // t.Br) * (-(-p.N_k // t.Bc) + p.pages + splits)
+    passes_n = 3 if backward else 1  # the backward: about twice the forward's tile steps and arithmetic
     # one head of N_q x N_k per group: the numeric estimate's arithmetic is per head (N_q N_k d), times the heads
     if count_only:
-        seconds = estimate.count_only_seconds(steps)
+        seconds = estimate.count_only_seconds(steps * passes_n)
     else:
-        seconds = estimate.numeric_seconds(1, 1, steps, False) + estimate.NUMERIC_N2D * p.B * p.H_q * p.N_q * p.N_k * (
-            p.d_qk + p.d_v
-        )
+        flops = estimate.NUMERIC_N2D * p.B * p.H_q * p.N_q * p.N_k * (p.d_qk + p.d_v)
+        seconds = (estimate.numeric_seconds(1, 1, steps, False) + flops) * passes_n
     estimate.check(seconds, f"a run of {algo.name} over {p}", allow_long=allow_long, parameter="problem", value=str(p))
     if not count_only:
         words = (p.B * p.H_q * p.N_q * (p.d_qk + (splits + 1) * p.d_v)) + 3 * p.B * p.H_kv * p.N_k * (p.d_qk + p.d_v)
+        if backward:  # dO, dQ, D and the reference's; dK, dV and the expanded partials
+            words += 3 * p.B * p.H_q * (p.N_q + p.N_k) * (p.d_qk + p.d_v)
         if words * 8 > 0.8 * estimate.available_bytes():
             raise InputError(
                 "count_only", f"must be True for this problem ({words * 8 / 2**30:.1f} GiB of arrays)", False
             )
     np_dtype = np.dtype(dtype)
-    mem = TwoLevelMemory(M, strict=strict, trace=trace, fast=count_only and not trace)
+    mem = TwoLevelMemory(M, strict=strict, trace=trace and not backward, fast=count_only and not trace)
     schedule = {
         "gqa": gqa,
         "splits": splits,
@@ -823,19 +864,28 @@ def _run_problem(algo, p: Problem, M: int, gqa, splits, mla, Br, Bc, B, **o) -> 
         "forward", mem.stats(), predicted, lb, "compulsory (read Q, K/V once per KV head, write O)", errors, t,
         count_only or _all_finite(outputs, ("O", "L")),
     )  # fmt: skip
+    passes = {"forward": fwd}
+    if backward:
+        passes["backward"], bwd_trace = _problem_backward_pass(
+            algo.name, p, M, gqa, rows, o["tiling"], Br, Bc, strict, count_only, reference, np_dtype, seed, scale,
+            outputs, (Q, K, V), schedule, trace,
+        )  # fmt: skip
     return Result(
-        algo.name, p.N_q, p.d_qk, M, p.causal, count_only, dtype, t, {"forward": fwd}, outputs, seed, scale,
-        mem.trace(), "causal" if p.causal else "none", "paper", p, schedule,
+        algo.name, p.N_q, p.d_qk, M, p.causal, count_only, dtype, passes["backward"].tiling if backward else t,
+        passes, outputs, seed, scale,
+        bwd_trace if backward else mem.trace(), "causal" if p.causal else "none", "paper", p, schedule,
     )  # fmt: skip
 
 
 def _run_by_heads(algo, p: Problem, M: int, gqa, splits, mla, Br, Bc, B, masked: bool, o: dict) -> Result:
-    """A mask or a backward pass over a problem: the B H_q query heads one after another, each the one-head
-    schedule of :func:`run` on its own rows against its key/value head (GQA ``per-head``), so every array's counts
-    are the heads' sum and the peak one head's (:func:`iosim.theory.io_model.heads_problem`). The backward of a
-    group of g > 1 query heads writes each head's dK, dV as partials (``dK_part``, ``dV_part``: FlashAttention-2's
-    GQA backward writes them expanded, one per query head) and a reduction sums the g partials of each key/value
-    head into dK, dV (:func:`iosim.theory.io_model.gqa_reduction`). Every head is simulated; nothing is multiplied."""
+    """A mask over a problem (any algorithm, forward or backward), or the backward of standard attention and square
+    tiling (flash1 and flash2 have their own problem backward, :mod:`iosim.algorithms.decoding`): the B H_q query
+    heads one after another, each the one-head schedule of :func:`run` on its own rows against its key/value head
+    (GQA ``per-head``), so every array's counts are the heads' sum and the peak one head's
+    (:func:`iosim.theory.io_model.heads_problem`). In the backward of a group of g > 1 query heads each head writes
+    its dK, dV as partials (``dKpart``, ``dVpart``, as FlashAttention-2's GQA backward writes them expanded) and
+    the group sum of :mod:`iosim.algorithms.decoding` adds the g partials of each key/value head into dK, dV
+    (:func:`iosim.theory.io_model.group_sum`). Every head is simulated; nothing is multiplied."""
     from iosim.theory import io_model
 
     what = "a mask" if masked else "the backward pass"
@@ -863,7 +913,7 @@ def _run_by_heads(algo, p: Problem, M: int, gqa, splits, mla, Br, Bc, B, masked:
     estimate.check(seconds, f"{what} of {algo.name} over {p}", allow_long=allow_long, parameter="problem",
                    value=str(p))  # fmt: skip
     if backward and p.g > 1 and M < 2 * d:
-        raise InputError("M", f"must be at least 2 d = {2 * d} words for the GQA backward's dK, dV reduction", M)
+        raise InputError("M", f"must be at least 2 d = {2 * d} words for the GQA backward's group sum of dK, dV", M)
     seed = _seed(o["seed"])
     one = dict(M=M, causal=p.causal, mask=o["mask"], kv_policy=o["kv_policy"], backward=backward, tiling=o["tiling"],
                dtype=o["dtype"], scale=o["scale"], strict=o["strict"], reference=o["reference"], allow_long=True,
@@ -891,9 +941,8 @@ def _run_by_heads(algo, p: Problem, M: int, gqa, splits, mla, Br, Bc, B, masked:
         errors = {e: max(r.passes[name].errors.get(e, 0.0) for r in runs) for e in ps.errors}
         finite = all(r.passes[name].finite for r in runs)
         floor = p.compulsory_backward() if name == "backward" else p.compulsory()
-        passes[name] = PassResult(name, stats, predicted, float(sum(floor.values())),
-                                  f"compulsory ({'backward: ' if name == 'backward' else ''}read the inputs, "
-                                  "K/V once per KV head, write the outputs)", errors, ps.tiling, finite)  # fmt: skip
+        what = BACKWARD_FLOOR if name == "backward" else "compulsory (read Q, K/V once per KV head, write O)"
+        passes[name] = PassResult(name, stats, predicted, float(sum(floor.values())), what, errors, ps.tiling, finite)
     outputs: dict[str, np.ndarray | None] = {}
     for key in first.outputs:
         parts = [r.outputs.get(key) for r in runs]
@@ -905,14 +954,7 @@ def _run_by_heads(algo, p: Problem, M: int, gqa, splits, mla, Br, Bc, B, masked:
 
             tm = compile_mask(o["mask"] if masked else None, N, p.causal)
             ref_mask = None if tm.is_causal or tm.label == "none" else tm
-            dK_ref, dV_ref = np.zeros((p.B * p.H_kv * N, d)), np.zeros((p.B * p.H_kv * N, d))
-            for b in range(p.B):
-                for h in range(p.H_q):
-                    q, k = (b * p.H_q + h) * N, (b * p.H_kv + h // p.g) * N
-                    _, dk, dv = attention_backward(Q[q : q + N], K[k : k + N], V[k : k + N], dO[q : q + N],
-                                                   scale=first.scale, causal=tm.is_causal, mask=ref_mask)  # fmt: skip
-                    dK_ref[k : k + N] += dk
-                    dV_ref[k : k + N] += dv
+            _, dK_ref, dV_ref = problem_reference_backward(p, Q, K, V, dO, first.scale, ref_mask)
             errs = passes["backward"].errors
             errs["dK"] = float(np.max(np.abs(outputs["dK"] - dK_ref)))
             errs["dV"] = float(np.max(np.abs(outputs["dV"] - dV_ref)))
@@ -924,55 +966,82 @@ def _run_by_heads(algo, p: Problem, M: int, gqa, splits, mla, Br, Bc, B, masked:
 
 
 def _gqa_reduction(p: Problem, M: int, bwd: PassResult, outputs: dict, count_only: bool):
-    """The backward's dK, dV of g > 1 query heads per key/value head: the per-head passes wrote them as partials
-    (renamed ``dK_part``, ``dV_part``), and this pass reads the g partials of each key/value head, rows of
-    ``R = min(N_k, floor(M / 2 d))`` at a time (an accumulator and one partial tile), and writes dK, dV."""
-    from iosim.memory_model.schedule import Memory
+    """The group sum after a head-by-head backward of g > 1 query heads per key/value head: the per-head passes
+    wrote dK, dV (renamed ``dKpart``, ``dVpart``); :func:`iosim.algorithms.decoding.sum_group` reads the g partials
+    of each key/value head, R = :func:`iosim.theory.io_model.group_sum_rows` keys at a time, and writes dK, dV."""
+    from iosim.algorithms import decoding
     from iosim.theory import io_model
 
     def renamed(per: dict) -> dict:
-        return {{"dK": "dK_part", "dV": "dV_part"}.get(n, n): c for n, c in per.items()}
+        return {{"dK": "dKpart", "dV": "dVpart"}.get(n, n): c for n, c in per.items()}
 
-    d, N, R = p.d_qk, p.N_k, io_model.gqa_reduction_rows(p, M)
-    dtype = np.float64 if count_only else outputs["dK"].dtype
-    mem = Memory(M, count_only=count_only, fast=count_only, dtype=dtype)
-    parts = {
-        n: mem.slow(f"{n}_part", None if count_only else outputs[n], shape=(p.B * p.H_q * N, d)) for n in ("dK", "dV")
-    }
-    sums = {n: mem.slow(n, shape=(p.B * p.H_kv * N, d)) for n in ("dK", "dV")}
+    R = io_model.group_sum_rows(p, M)
+    mem = TwoLevelMemory(M, fast=count_only)
+    out = dict(outputs)
     for name in ("dK", "dV"):
-        for b in range(p.B):
-            for hk in range(p.H_kv):
-                for r0 in range(0, N, R):
-                    r1 = min(N, r0 + R)
-                    out = (b * p.H_kv + hk) * N
-                    acc = mem.alloc(sums[name], rows=(out + r0, out + r1))
-                    for j in range(p.g):  # the g query heads of key/value head hk
-                        src = (b * p.H_q + hk * p.g + j) * N
-                        tile = mem.load(parts[name], rows=(src + r0, src + r1))
-                        if acc.data is not None:
-                            acc.data += tile.data
-                        mem.free(tile)
-                    mem.store(acc)
-                    mem.free(acc)
-    red = mem.finish()
+        d = p.d_qk if name == "dK" else p.d_v
+        ids = mem.ids(**{f"{name}part": (p.B * p.H_q * p.N_k, d), name: (p.B * p.H_kv * p.N_k, d)})
+        part = None if count_only else np.ascontiguousarray(outputs[name])
+        total = None if count_only else np.empty((p.B * p.H_kv * p.N_k, d), dtype=part.dtype)
+        bufs = (None, None) if count_only else (np.empty(R * d, part.dtype), np.empty(R * d, part.dtype))
+        mem.call(decoding.sum_group, ids, part, total, p.B * p.H_kv, p.g, p.N_k, d, R, *bufs)
+        out[name] = total
     stats = Stats(M=bwd.stats.M, peak=bwd.stats.peak, overflowed=bwd.stats.overflowed,
-                  per_array=renamed(bwd.stats.per_array), at_peak=bwd.stats.at_peak) + red  # fmt: skip
+                  per_array=renamed(bwd.stats.per_array), at_peak=bwd.stats.at_peak) + mem.stats()  # fmt: skip
     predicted = None
     if bwd.predicted is not None:
-        pr = io_model.gqa_reduction(p, M)
-        predicted = io_model.Prediction(
-            {**renamed(bwd.predicted.per_array), **{n: c for n, c in pr.per_array.items() if n in ("dK", "dV")}},
-            max(bwd.predicted.peak, pr.peak),
-        )
-        for n in ("dK_part", "dV_part"):
-            c, extra = predicted.per_array[n], pr.per_array[n]
-            predicted.per_array[n] = io_model.ArrayCounts(c.reads + extra.reads, c.writes + extra.writes, c.init_writes)
-    out = dict(outputs)
-    if not count_only:
-        out["dK"], out["dV"] = sums["dK"].data, sums["dV"].data
+        arrays, peak = io_model.group_sum(p, R)
+        per = renamed(bwd.predicted.per_array)
+        for n, (reads, writes) in arrays.items():
+            c = per.get(n, io_model.ArrayCounts())
+            per[n] = io_model.ArrayCounts(c.reads + reads, c.writes + writes, c.init_writes)
+        predicted = io_model.Prediction(per, max(bwd.predicted.peak, peak))
     return PassResult(bwd.name, stats, predicted, bwd.lower_bound, bwd.lower_bound_name, bwd.errors, bwd.tiling,
                       bwd.finite), out  # fmt: skip
+
+
+def _problem_backward_pass(name: str, p: Problem, M, gqa, rows, rule, Br, Bc, strict, count_only, reference, np_dtype,
+                           seed, scale, outputs, inputs, schedule, trace=False) -> tuple:  # fmt: skip
+    """The flash2 (flash1) backward over a problem on a fresh memory of M words, reading the forward's O and L (O,
+    l and m); dO is drawn from ``seed`` after Q, K, V. Fills ``outputs`` with dQ, dK, dV.
+    Returns the pass and its trace (the run's trace, as for one head)."""
+    from iosim.algorithms import decoding
+    from iosim.theory import io_model
+    from iosim.theory.tiling import problem_backward_tiling
+
+    t = problem_backward_tiling(p, M, rule, rows, Br, Bc, name)
+    predict = io_model.flash1_backward_problem if name == "flash1" else io_model.flash2_backward_problem
+    predicted = predict(p, t.Br, t.Bc, gqa)
+    if (Br is not None or Bc is not None) and strict and predicted.peak > M:
+        raise InputError(
+            "Br, Bc", f"give a backward working set of {predicted.peak:,} words above M = {M:,}: choose smaller tiles",
+            (Br, Bc),
+        )  # fmt: skip
+    mem = TwoLevelMemory(M, strict=strict, trace=trace, fast=count_only and not trace)
+    Rtot = p.B * p.H_q * p.N_q
+    errors: dict[str, float] = {}
+    if count_only:
+        dO = None
+        data = (None,) * (7 if name == "flash1" else 6)
+    else:
+        rng = np.random.default_rng(seed)
+        _problem_inputs(p, rng)  # the same draws as the forward's, then dO
+        dO = rng.standard_normal((Rtot, p.d_v))
+        stats = (outputs["l"], outputs["m"]) if name == "flash1" else (outputs["L"],)
+        data = (*inputs, outputs["O"], dO, *stats)
+    run_backward = decoding.flash1_backward_problem if name == "flash1" else decoding.flash2_backward_problem
+    dQ, dK, dV = run_backward(mem, p, *data, Br=t.Br, Bc=t.Bc, gqa=gqa, scale=scale, dtype=np_dtype)
+    outputs.update(dQ=dQ, dK=dK, dV=dV)
+    schedule["backward_thread_blocks"] = predicted.thread_blocks
+    if not count_only and reference:
+        refs = problem_reference_backward(p, *inputs, dO, scale)
+        for name, x, ref in zip(("dQ", "dK", "dV"), (dQ, dK, dV), refs, strict=True):
+            errors[name] = float(np.max(np.abs(x - ref)))
+    result = PassResult(
+        "backward", mem.stats(), predicted, float(sum(p.compulsory_backward().values())), BACKWARD_FLOOR, errors, t,
+        count_only or _all_finite(outputs, ("dQ", "dK", "dV")),
+    )  # fmt: skip
+    return result, mem.trace()
 
 
 def _run_one_head_problem(

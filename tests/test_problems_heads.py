@@ -1,5 +1,7 @@
-"""Masks and backward passes over a problem: the heads one after another (GQA per-head), each the one-head
-schedule; with g > 1 the backward's dK, dV partials summed by the GQA reduction (iosim.api._run_by_heads)."""
+"""Masks over a problem (every algorithm) and the backward of standard attention and square tiling over a problem:
+the heads one after another (GQA per-head), each the one-head schedule; with g > 1 the backward's dK, dV partials
+summed by the group sum (iosim.api._run_by_heads). flash1 and flash2 have their own problem backward
+(tests/test_problems_backward.py); here they must agree with the head-by-head view where both apply."""
 
 import pytest
 
@@ -28,12 +30,12 @@ def test_backward_over_a_problem(algo, shape):
     one = iosim.run(algo, N=N, d=d, M=500, backward=True, causal=causal, count_only=True)
     heads, g = B * Hq, Hq // Hkv
     for name, cnt in one.stats.per_array.items():
-        key = f"{name}_part" if g > 1 and name in ("dK", "dV") else name
+        key = f"{name}part" if g > 1 and name in ("dK", "dV") else name
         assert c.stats.per_array[key].writes == heads * cnt.writes
-    if g > 1:  # the reduction reads every partial once and writes dK, dV once per key/value head
-        red = io_model.gqa_reduction(p, 500)
-        assert c.stats.per_array["dK"].writes == red.per_array["dK"].writes == B * Hkv * N * d
-        assert c.stats.per_array["dK_part"].reads == B * Hq * N * d
+    if g > 1:  # the group sum reads every partial once and writes dK, dV once per key/value head
+        arrays, _ = io_model.group_sum(p, io_model.group_sum_rows(p, 500))
+        assert c.stats.per_array["dK"].writes == arrays["dK"][1] == B * Hkv * N * d
+        assert c.stats.per_array["dKpart"].reads == arrays["dKpart"][0] == B * Hq * N * d
 
 
 @pytest.mark.parametrize("algo", ALGORITHMS)
@@ -61,21 +63,22 @@ def test_mask_over_a_problem(algo, mask):
     ],
 )  # fmt: skip
 def test_by_heads_refusals_are_one_line(problem, kwargs, parameter):
+    """Standard attention's backward over a problem runs head by head: what it needs, refused in one line."""
     p = Problem(B=1, H_q=4, H_kv=2, **problem)
     kwargs = {"M": 400, **kwargs}
     with pytest.raises(InputError) as e:
-        iosim.run("flash2", problem=p, count_only=True, **kwargs)
+        iosim.run("standard", problem=p, count_only=True, **kwargs)
     assert e.value.parameter == parameter and "\n" not in str(e.value)
 
 
 def test_cli_backward_and_mask_over_a_problem(capsys):
     argv = ["--heads", "4", "--kv-heads", "2", "--N", "32", "--d", "8", "--M", "1000", "--count-only"]
-    assert main(["run", "flash2", "--backward", *argv]) == 0
+    assert main(["run", "square-tiling", "--backward", *argv]) == 0
     out = capsys.readouterr().out
-    assert "dK_part" in out and "exact (per array and peak)" in out and "write dQ, dK, dV" not in out
+    assert "dKpart" in out and "exact (per array and peak)" in out
     assert main(["compare", "--backward", *argv]) == 0
     out = capsys.readouterr().out
     assert "write dQ, dK, dV" in out and out.count(" yes ") >= 4
     assert main(["compare", "--mask", "window:4", *argv]) == 0
-    assert main(["run", "flash2", "--backward", *argv, "--gqa", "packed"]) == 2
+    assert main(["run", "standard", "--backward", *argv, "--gqa", "packed"]) == 2
     assert "gqa per-head" in capsys.readouterr().err

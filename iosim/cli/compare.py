@@ -159,9 +159,13 @@ def command(args) -> int:
     return 0 if all(r.finite for r in results) else 1
 
 
+ONE_HEAD = ("standard", "square-tiling")
+
+
 def _blocks(r) -> str:
     """The thread blocks of a problem run ('-' for the head-by-head schedules, which launch no kernel grid)."""
-    return fmt_int(r.schedule["thread_blocks"]) if r.schedule["thread_blocks"] else "-"
+    blocks = r.schedule.get("backward_thread_blocks") if "backward" in r.passes else r.schedule["thread_blocks"]
+    return fmt_int(blocks) if blocks else "-"
 
 
 def _compare_problem(args) -> int:
@@ -185,9 +189,16 @@ def _compare_problem(args) -> int:
     ]
     if not problem.latent and problem.page_size is None and args.splits == 1:  # each query head its own problem
         plans += [(a, "per-head", 1, "shared") for a in ("standard", "square-tiling")]
-    if kw.get("backward") or kw.get("mask") not in (None, "none", "dense"):  # heads one after another, per-head
-        plans = [(a, "per-head", 1, "shared") for a in ("flash2", "flash1", "square-tiling", "standard")]
     results, failures = [], []
+    square = problem.N_q == problem.N_k and problem.d_qk == problem.d_v  # a query head is the one-head problem
+    if kw.get("mask") not in (None, "none", "dense"):  # a mask: every algorithm, heads one after another
+        plans = [(a, "per-head", 1, "shared") for a in ("flash2", "flash1", "square-tiling", "standard")]
+    elif kw.get("backward"):  # flash1, flash2's problem backward; standard, square tiling head by head
+        plans = [(a, g, s, m) for a, g, s, m in plans if a in ("flash1", "flash2") and s == 1]
+        if square and not problem.latent and problem.page_size is None:
+            plans += [(a, "per-head", 1, "shared") for a in ("standard", "square-tiling")]
+        else:
+            failures = [f"{a}: a backward over a problem needs N_q = N_k, d_qk = d_v" for a in ONE_HEAD]
     for a, g, s, m in plans:
         try:
             results.append(api.run(a, problem=problem, gqa=g, splits=s, mla=m, **kw))

@@ -603,6 +603,133 @@ def flash1_problem(p, Br: int, Bc: int, gqa: str = "per-head", mla: str = "share
     return ProblemPrediction(pred.per_array, pred.peak, groups)
 
 
+def flash2_backward_problem_working_set(dqk: int, dv: int, Br: int, Bc: int) -> int:
+    """Words of one inner step of FlashAttention-2's backward over a problem: K_j, dK_j (2 Bc d_qk), V_j, dV_j
+    (2 Bc d_v), Q_i, dQ_i (2 Br d_qk), dO_i (Br d_v), L_i, D_i (2 Br), S_ij/P_ij and dP_ij/dS_ij (2 Br Bc). With
+    d_qk = d_v = d it is :func:`flash2_backward_working_set`."""
+    return 2 * Bc * (dqk + dv) + Br * (2 * dqk + dv + 2) + 2 * Br * Bc
+
+
+def flash1_backward_problem_working_set(dqk: int, dv: int, Br: int, Bc: int) -> int:
+    """Words of one inner step of Algorithm 4 over a problem: K_j, dK_j (2 Bc d_qk), V_j, dV_j (2 Bc d_v), Q_i, dQ_i
+    (2 Br d_qk), O_i, dO_i (2 Br d_v), l_i, m_i, D_i (3 Br), S_ij, dP_ij (2 Br Bc). With d_qk = d_v = d it is
+    :func:`flash1_backward_working_set`."""
+    return 2 * Bc * (dqk + dv) + 2 * Br * (dqk + dv) + 3 * Br + 2 * Br * Bc
+
+
+def _backward_problem_rows(p, Br: int, Bc: int, gqa: str) -> tuple[int, int, int, int]:
+    """(G, groups, rho, widest): rho = the rows streamed past the column blocks per group, the sum over row blocks
+    i of R_i times the column blocks starting before hi_i (those the block meets; K/V outer, so the sum over (i, j)
+    with c_j < hi_i); widest = the largest R_i of a row block that meets one."""
+    G, groups, R = p.groups(gqa)
+    off = p.N_k - p.N_q
+    rows = widest = 0
+    for i in range(cdiv(R, Br)):
+        r0 = i * Br
+        br = min(Br, R - r0)
+        _, hi = row_limits(r0, br, p.N_q, off, p.N_k, p.causal)
+        met = cdiv(hi, Bc)
+        rows += br * met
+        if met:
+            widest = max(widest, br)
+    return G, groups, rows, widest
+
+
+def _backward_problem_kv(p, G: int, groups: int, Bc: int, init: bool) -> tuple[dict, int]:
+    """dK, dV (and the expanded dKpart, dVpart of per-head GQA with their group sum) and the sum's peak."""
+    kvrows, kv_out = groups * p.N_k, p.B * p.H_kv * p.N_k
+    if G == 1:
+        n = kv_out if init else 0
+        return {
+            "dK": (0, kv_out * p.d_qk + n * p.d_qk, n * p.d_qk),
+            "dV": (0, kv_out * p.d_v + n * p.d_v, n * p.d_v),
+        }, 0
+    n = kvrows if init else 0
+    summed, peak = group_sum(p, Bc)
+    arrays = {
+        "dKpart": (summed["dKpart"][0], kvrows * p.d_qk + n * p.d_qk, n * p.d_qk),
+        "dVpart": (summed["dVpart"][0], kvrows * p.d_v + n * p.d_v, n * p.d_v),
+        "dK": summed["dK"],
+        "dV": summed["dV"],
+    }
+    return arrays, peak
+
+
+def group_sum_rows(p, M: int) -> int:
+    """Keys per step of a group sum that fits M: an accumulator and one partial of R x max(d_qk, d_v) words."""
+    return max(1, min(p.N_k, M // (2 * max(p.d_qk, p.d_v))))
+
+
+def group_sum(p, rows: int) -> tuple[dict, int]:
+    """The GQA backward's group sum (algorithms/decoding.py ``sum_group``: per key/value head and block of ``rows``
+    keys, the g partials read one after another into a resident accumulator, the sum written once): dKpart,
+    dVpart read once (B H_q N_k d_qk, d_v words), dK, dV written once (B H_kv N_k d_qk, d_v); peak an accumulator
+    and one partial of the wider array. Returns ({array: (reads, writes)}, peak)."""
+    q, k = p.B * p.H_q * p.N_k, p.B * p.H_kv * p.N_k
+    arrays = {"dKpart": (q * p.d_qk, 0), "dVpart": (q * p.d_v, 0), "dK": (0, k * p.d_qk), "dV": (0, k * p.d_v)}
+    return arrays, 2 * min(rows, p.N_k) * max(p.d_qk, p.d_v)
+
+
+def flash2_backward_problem(p, Br: int, Bc: int, gqa: str = "per-head") -> ProblemPrediction:
+    """FlashAttention-2's backward over a problem (algorithms/decoding.py), per group of R rows (groups = B H_kv G):
+
+    K_j, V_j read once per group (N_k d_qk, N_k d_v); for each column block j (starting at key c_j) and each row
+    block i (R_i rows) with c_j < hi_i (some row sees a key of the block): Q_i, dQ_i read (R_i d_qk each), dO_i
+    read (R_i d_v), L_i, D_i read (R_i each), dQ_i written (R_i d_qk). With rho = the sum of those R_i over
+    (i, j), per group. Before the loop, over all B H_q N_q = R_tot rows: dQ initialised (R_tot d_qk), D pass
+    reading O and dO (R_tot d_v each) and writing D (R_tot). dK_j, dV_j written once per group (N_k d_qk, N_k d_v):
+    to dK, dV (``packed``, or g = 1) or to the expanded dKpart, dVpart (``per-head``, g > 1), then the group sum
+    reads dKpart, dVpart (B H_q N_k (d_qk, d_v)) and writes dK, dV (B H_kv N_k (d_qk, d_v)).
+    A one-head problem with N_q = N_k and d_qk = d_v is :func:`flash2_backward` word for word.
+    """
+    G, groups, rows, widest = _backward_problem_rows(p, Br, Bc, gqa)
+    Rtot = p.B * p.H_q * p.N_q
+    peak = flash2_backward_problem_working_set(p.d_qk, p.d_v, widest, min(Bc, p.N_k)) if widest else 0
+    br0 = min(Br, Rtot)
+    peak = max(peak, 2 * br0 * p.d_v + br0)  # the D pass: dO_i, O_i, D_i
+    kv, sum_peak = _backward_problem_kv(p, G, groups, Bc, init=False)
+    pred = _pred(
+        max(peak, sum_peak),
+        Q=(groups * rows * p.d_qk, 0),
+        K=(groups * p.N_k * p.d_qk, 0),
+        V=(groups * p.N_k * p.d_v, 0),
+        O=(Rtot * p.d_v, 0),
+        dO=(Rtot * p.d_v + groups * rows * p.d_v, 0),
+        L=(groups * rows, 0),
+        D=(groups * rows, Rtot),
+        dQ=(groups * rows * p.d_qk, groups * rows * p.d_qk + Rtot * p.d_qk, Rtot * p.d_qk),
+        **kv,
+    )
+    Tc = cdiv(p.N_k, Bc)
+    return ProblemPrediction(pred.per_array, pred.peak, groups * Tc + (2 * p.B * p.H_kv * Tc if G > 1 else 0))
+
+
+def flash1_backward_problem(p, Br: int, Bc: int, gqa: str = "per-head") -> ProblemPrediction:
+    """FlashAttention's Algorithm 4 over a problem: the rows rho of :func:`flash2_backward_problem`, with Q_i, O_i,
+    dO_i, dQ_i read (R_i d_qk, R_i d_v, R_i d_v, R_i d_qk), l_i, m_i read (R_i each) and dQ_i written per inner
+    step, no D pass (D_i computed on chip), and dQ and the arrays the loop writes dK_j, dV_j into (dK, dV, or
+    the expanded dKpart, dVpart) zero-initialised in HBM. A one-head problem with N_q = N_k and d_qk = d_v is
+    :func:`flash1_backward` word for word."""
+    G, groups, rows, widest = _backward_problem_rows(p, Br, Bc, gqa)
+    Rtot = p.B * p.H_q * p.N_q
+    peak = flash1_backward_problem_working_set(p.d_qk, p.d_v, widest, min(Bc, p.N_k)) if widest else 0
+    kv, sum_peak = _backward_problem_kv(p, G, groups, Bc, init=True)
+    pred = _pred(
+        max(peak, sum_peak),
+        Q=(groups * rows * p.d_qk, 0),
+        K=(groups * p.N_k * p.d_qk, 0),
+        V=(groups * p.N_k * p.d_v, 0),
+        O=(groups * rows * p.d_v, 0),
+        dO=(groups * rows * p.d_v, 0),
+        l=(groups * rows, 0),
+        m=(groups * rows, 0),
+        dQ=(groups * rows * p.d_qk, groups * rows * p.d_qk + Rtot * p.d_qk, Rtot * p.d_qk),
+        **kv,
+    )
+    Tc = cdiv(p.N_k, Bc)
+    return ProblemPrediction(pred.per_array, pred.peak, groups * Tc + (2 * p.B * p.H_kv * Tc if G > 1 else 0))
+
+
 def square_tiling_rect_peak(Nq: int, Nk: int, dqk: int, dv: int, B: int) -> int:
     """Square tiling's working set on N_q x N_k (no mask), at the first tile: phase 1 m_i, l_i (2 b_i), the
     accumulator b_i b_j and one slice of Q and K ((b_i + b_j) min(B, d_qk)); phase 2 L_i, the O tile, A_ik and a V
@@ -618,20 +745,6 @@ def heads_problem(one: Prediction, heads: int) -> Prediction:
     next starts."""
     per = {n: ArrayCounts(c.reads * heads, c.writes * heads, c.init_writes * heads) for n, c in one.per_array.items()}
     return Prediction(per, one.peak)
-
-
-def gqa_reduction_rows(p, M: int) -> int:
-    """Rows per step of the GQA backward's reduction: an accumulator and one partial tile of R x d_qk words fit."""
-    return max(1, min(p.N_k, M // (2 * p.d_qk)))
-
-
-def gqa_reduction(p, M: int) -> Prediction:
-    """The GQA backward's reduction (g > 1 query heads per key/value head; see iosim.api's ``_gqa_reduction``): the
-    g partials of each key/value head's dK (and dV) read once, B H_q N_k d words, and dK, dV written once, B H_kv N_k
-    d words; the peak is two tiles of R rows (:func:`gqa_reduction_rows`)."""
-    d, R = p.d_qk, gqa_reduction_rows(p, M)
-    part, whole = p.B * p.H_q * p.N_k * d, p.B * p.H_kv * p.N_k * d
-    return _pred(2 * min(R, p.N_k) * d, dK_part=(part, 0), dV_part=(part, 0), dK=(0, whole), dV=(0, whole))
 
 
 def square_tiling_problem(p, B: int) -> Prediction:

@@ -159,6 +159,38 @@ def flash_backward_tiling(algorithm: str, N: int, d: int, M: int, rule: str) -> 
     return Tiling(rule, Br=min(Bc, d, N), Bc=Bc)
 
 
+def problem_backward_tiling(problem, M: int, rule: str, rows: int, Br: int | None = None,
+                            Bc: int | None = None, algorithm: str = "flash2") -> Tiling:  # fmt: skip
+    """Tiling of the flash2 (flash1) backward over a problem (K/V outer, thread blocks of ``rows`` query rows against
+    N_k keys) under :func:`io_model.flash2_backward_problem_working_set` (``flash1_...``). ``fit``: the largest
+    B_c <= N_k with
+    B_r = min(B_c, d_qk, rows), as :func:`flash_backward_tiling` (which it is for one head with N_q = N_k and
+    d_qk = d_v); ``paper``: B_c = ceil(M / 4 d_qk), B_r = min(B_c, d_qk). One explicit block: the other is the
+    largest that fits."""
+    _check_rule(rule)
+    p = problem
+
+    def ws(br: int, bc: int) -> int:
+        if algorithm == "flash1":
+            return io_model.flash1_backward_problem_working_set(p.d_qk, p.d_v, br, bc)
+        return io_model.flash2_backward_problem_working_set(p.d_qk, p.d_v, br, bc)
+
+    if Br is not None and Bc is not None:
+        return Tiling("explicit", Br=Br, Bc=Bc)
+    if Br is not None:
+        return Tiling("explicit", Br=Br, Bc=_largest(1, p.N_k, lambda b: ws(min(Br, rows), b) <= M) or 1)
+    if Bc is not None:
+        return Tiling("explicit", Br=_largest(1, rows, lambda b: ws(b, min(Bc, p.N_k)) <= M) or 1, Bc=Bc)
+    if rule == "paper":
+        big = io_model.cdiv(M, 4 * p.d_qk)
+        return Tiling(rule, Br=min(big, p.d_qk), Bc=big)
+    if ws(1, 1) > M:
+        need = "4 d_qk + 4 d_v + 5" if algorithm == "flash1" else "4 d_qk + 3 d_v + 4"
+        raise _too_small(f"{algorithm} backward", M, ws(1, 1), f"Br = Bc = 1 needs {need}")
+    bc = _largest(1, p.N_k, lambda b: ws(min(b, p.d_qk, rows), b) <= M)
+    return Tiling(rule, Br=min(bc, p.d_qk, rows), Bc=bc)
+
+
 def problem_tiling(algorithm: str, problem, M: int, rule: str, rows: int, shared: bool = False,
                    Br: int | None = None, Bc: int | None = None) -> Tiling:  # fmt: skip
     """Tiling of flash1 / flash2 over a problem whose thread blocks hold ``rows`` query rows (N_q per-head, g N_q
