@@ -603,7 +603,7 @@ def replay(
         if N is not None or d is not None:
             raise InputError("N, d", "must not be given with problem= (the problem holds N_q, N_k, d_qk)", (N, d))
         if backward:
-            raise InputError("backward", "is not available for a problem (forward only)", True)
+            raise InputError("backward", "of a problem is not replayed (replay derives a problem's forward only)", True)
         N, d = problem.N_q, problem.d_qk
         heads = problem.B * problem.H_q  # every head forms its N_q x N_k scores: B H_q N_q N_k d_qk accesses at least
         work = heads * problem.N_q * problem.N_k * problem.d_qk
