@@ -87,9 +87,10 @@ class TileMask:
     def scan_tests(self) -> int:
         """About how many generator draws one count of the whole mask makes, on any tiling (0 for the kinds counted
         in closed form or from a table): what a run, a closed form or a bound over a random mask costs beyond its
-        tiles. A block is weighted as 16 draws for random blocks (the blocks a tile meets are tested again by its
-        neighbours when tiles and blocks do not align; measured 9 ns a block) and as 12 + 3 r(r+1)/2 draws for
-        BigBird (its r random blocks are redrawn, with their duplicate tests, at each test)."""
+        tiles. An element of ``random:S`` is one draw (measured 0.6 ns); a block of random blocks is weighted as 16
+        draws (the blocks a tile meets are tested again by its neighbours when tiles and blocks do not align;
+        measured 4-9 ns a block); BigBird is weighted as 4 + r draws per block (a tile pays O(r) per block row it
+        meets, and a row of tiles draws each block row's r columns once; measured 3-35 ns a tile)."""
         N = self.N
         if self.kind == RANDOM:
             return N * N
@@ -97,8 +98,7 @@ class TileMask:
             return -(-N // int(self.params[0])) * -(-N // int(self.params[1])) * 16
         if self.kind == BIGBIRD:
             n = int(self.params[6])
-            r = min(int(self.params[5]), n)
-            return n * n * (12 + 3 * r * (r + 1) // 2)
+            return n * n * (4 + min(int(self.params[5]), n))
         return 0
 
 
@@ -201,18 +201,46 @@ def _draw(seed, a, b):
     return _splitmix(_splitmix(_splitmix(int(seed) + 0x9E3779B97F4A7C15) + int(a)) + int(b)) >> 11
 
 
-@overload(_draw, jit_options={"cache": True})
-def _ol_draw(seed, a, b):
-    def impl(seed, a, b):
+def _row_key(seed, a):
+    """The generator's state after the seed and the first coordinate: ``_draw(seed, a, b) == _draw_at(_row_key(seed,
+    a), b)``, so a row's (a block row's) draws share one key and cost one SplitMix64 round each."""
+    return _splitmix(_splitmix(int(seed) + 0x9E3779B97F4A7C15) + int(a))
+
+
+def _draw_at(key, b):
+    """The draw of coordinate b under a key from :func:`_row_key`."""
+    return _splitmix(int(key) + int(b)) >> 11
+
+
+@overload(_row_key, jit_options={"cache": True})
+def _ol_row_key(seed, a):
+    def impl(seed, a):
         x = np.uint64(seed) + np.uint64(0x9E3779B97F4A7C15)
-        for v in (np.uint64(0), np.uint64(a), np.uint64(b)):
+        for v in (np.uint64(0), np.uint64(a)):
             x += v
             x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
             x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
             x = x ^ (x >> np.uint64(31))
+        return x
+
+    return impl
+
+
+@overload(_draw_at, jit_options={"cache": True})
+def _ol_draw_at(key, b):
+    def impl(key, b):
+        x = np.uint64(key) + np.uint64(b)
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        x = x ^ (x >> np.uint64(31))
         return np.int64(x >> np.uint64(11))
 
     return impl
+
+
+@overload(_draw, jit_options={"cache": True})
+def _ol_draw(seed, a, b):
+    return lambda seed, a, b: _draw_at(_row_key(seed, a), b)
 
 
 @njit(cache=True)
@@ -221,13 +249,14 @@ def _bigbird_random(seed, bi, bj, n, r):
     each kept unless an earlier draw gave the same column, until min(r, n) distinct columns are kept."""
     if r >= n:
         return True
+    key = _row_key(seed, bi)
     kept = 0
     k = 0
     while kept < r:
-        col = _draw(seed, bi, k) % n
+        col = _draw_at(key, k) % n
         fresh = True
         for j in range(k):
-            if _draw(seed, bi, j) % n == col:
+            if _draw_at(key, j) % n == col:
                 fresh = False
                 break
         if fresh:
@@ -236,6 +265,77 @@ def _bigbird_random(seed, bi, bj, n, r):
             kept += 1
         k += 1
     return False
+
+
+@njit(cache=True)
+def _overlap(a0, a1, c0, c1):
+    """The length of [a0, a1) within [c0, c1)."""
+    return max(0, min(a1, c1) - max(a0, c0))
+
+
+@njit(cache=True)
+def _bigbird_draw(p, bi, out):
+    """Block row bi's r random block columns (BIGBIRD p = (b, b, seed, g, wb, r, n), r < n) into out[:r]: the draws
+    of :func:`_bigbird_random`, each compared with the columns kept so far (O(r^2) comparisons, one draw each)."""
+    n, r = p[6], p[5]
+    key = _row_key(p[2], bi)
+    kept = 0
+    k = 0
+    while kept < r:
+        bj = _draw_at(key, k) % n
+        fresh = True
+        for j in range(kept):
+            if out[j] == bj:
+                fresh = False
+                break
+        if fresh:
+            out[kept] = bj
+            kept += 1
+        k += 1
+
+
+@njit(cache=True)
+def _bigbird_row_nnz(p, bi, c0, c1, cols):
+    """Allowed columns of [c0, c1) in a row of block row bi (BIGBIRD p = (b, b, seed, g, wb, r, n)), its random
+    block columns ``cols`` drawn by :func:`_bigbird_draw`: the global columns and the window in closed form, then
+    the random blocks outside them, O(r) whatever the width of [c0, c1)."""
+    b, g, wb, r, n = p[0], p[3], p[4], p[5], p[6]
+    if bi < g or r >= n:
+        return c1 - c0
+    ge = min(g, n) * b  # global columns [0, ge)
+    w0, w1 = max(0, bi - wb) * b, (min(n - 1, bi + wb) + 1) * b  # the window's columns [w0, w1)
+    s = _overlap(0, ge, c0, c1) + _overlap(w0, w1, c0, c1) - _overlap(w0, min(ge, w1), c0, c1)
+    for k in range(r):
+        bj = cols[k]
+        if bj >= g and abs(bi - bj) > wb:
+            s += _overlap(bj * b, (bj + 1) * b, c0, c1)
+    return s
+
+
+@njit(cache=True)
+def _bigbird_nnz(p, r0, r1, c0, c1, cols, bi0):
+    """Allowed entries of [r0, r1) x [c0, c1) for BIGBIRD, row k of ``cols`` holding block row bi0 + k's random
+    columns."""
+    b = p[0]
+    s = 0
+    for bi in range(r0 // b, (r1 - 1) // b + 1):
+        rows = min(r1, (bi + 1) * b) - max(r0, bi * b)
+        s += rows * _bigbird_row_nnz(p, bi, c0, c1, cols[bi - bi0])
+    return s
+
+
+@njit(cache=True)
+def _bigbird_cols(p, r0, r1):
+    """The random block columns of the block rows that rows [r0, r1) meet (one row of the result each; 1 column
+    when the block rows need none: r >= n)."""
+    b, r, n = p[0], p[5], p[6]
+    bi0, bi1 = r0 // b, (r1 - 1) // b + 1
+    cols = np.zeros((bi1 - bi0, r if r < n else 1), dtype=np.int64)
+    if r < n:
+        for bi in range(bi0, bi1):
+            if bi >= p[3]:
+                _bigbird_draw(p, bi, cols[bi - bi0])
+    return cols
 
 
 @njit(cache=True)
@@ -305,18 +405,22 @@ def mask_nnz(kind, p, T, r0, nr, c0, nc):
         return nr * (split - c0) + _band_count(r0, nr, split, c1 - split, -FAR, 0)
     if kind == ELEMENTS:
         return _rect(T, r0, r1, c0, c1)
-    if kind == RANDOM:
+    if kind == RANDOM:  # one key per row, one SplitMix64 round per element
         s = 0
         for r in range(r0, r1):
+            key = _row_key(p[0], r)
             for c in range(c0, c1):
-                s += _draw(p[0], r, c) < p[1]
+                s += _draw_at(key, c) < p[1]
         return s
+    if kind == BIGBIRD:  # each block row's random columns drawn once: O(block rows x r^2), not O(blocks x r^2)
+        return _bigbird_nnz(p, r0, r1, c0, c1, _bigbird_cols(p, r0, r1), r0 // p[0])
     h, w = p[0], p[1]
     s = 0
     for bi in range(r0 // h, (r1 - 1) // h + 1):
         rows = min(r1, (bi + 1) * h) - max(r0, bi * h)
+        key = _row_key(p[2], bi) if kind == RANDOM_BLOCKS else np.uint64(0)
         for bj in range(c0 // w, (c1 - 1) // w + 1):
-            if _block_allowed(kind, p, bi, bj) if kind != BLOCKS else _rect(T, bi, bi + 1, bj, bj + 1) != 0:
+            if _draw_at(key, bj) < p[3] if kind == RANDOM_BLOCKS else _rect(T, bi, bi + 1, bj, bj + 1) != 0:
                 s += rows * (min(c1, (bj + 1) * w) - max(c0, bj * w))
     return s
 
@@ -402,15 +506,21 @@ def tile_summary(kind, p, T, N, Br, Bc):
     row_ne = np.zeros(Tr, dtype=np.bool_)
     col_ne = np.zeros(Tc, dtype=np.bool_)
     sums = np.zeros(7, dtype=np.int64)
+    # BigBird: a row block's random columns are drawn once for all its tiles (unless that table would be large)
+    shared = kind == BIGBIRD and (Br // p[0] + 2) * min(p[5], p[6]) <= 1 << 20
     for i in range(Tr):
         r0 = i * Br
         br = min(Br, N - r0)
         lo, hi = _mask_cols(kind, p, T, r0, br, N)
         j0, j1 = block_range(lo, hi, Bc)
+        cols = _bigbird_cols(p, r0, r0 + br) if shared else np.zeros((1, 1), dtype=np.int64)
         for j in range(j0, j1):
             c0 = j * Bc
             bc = min(Bc, N - c0)
-            nz = mask_nnz(kind, p, T, r0, br, c0, bc)
+            if shared:
+                nz = _bigbird_nnz(p, r0, r0 + br, c0, c0 + bc, cols, r0 // p[0])
+            else:
+                nz = mask_nnz(kind, p, T, r0, br, c0, bc)
             if nz == 0:
                 continue
             row_ne[i] = True

@@ -4,7 +4,18 @@ Semantics (:mod:`iosim.algorithms.tile_masks`): a mask allows or forbids each sc
 before the softmax; a row with no allowed entry has O = 0, L = -inf and zero gradients. Every pattern below is
 independent of N until :meth:`Mask.compile` fixes N; the compiled :class:`~iosim.algorithms.tile_masks.TileMask`
 answers "empty, full or partial, and how many nonzeros" for any tile without materialising N x N (except
-:class:`FromArray` and :class:`RandomElements`, whose tile answers come from a 2-D prefix-sum table of the array).
+:class:`FromArray`, whose tile answers come from a 2-D prefix-sum table of the user's array, and :class:`FromBlocks`,
+which holds one of the block array; both are refused in one line, naming the mask and the size, when that table
+would not fit in memory).
+
+Random masks (:class:`RandomElements`, :class:`RandomBlocks`, :class:`BigBird`) hold no table: an element's (a
+block's) draw is a pure function of (seed, position), SplitMix64's finaliser applied in turn to the seed and the
+coordinates (:mod:`iosim.algorithms.tile_masks`), so any tile is reproducible on its own, on any tiling and at any
+N. ``random:S`` and ``random-blocks:S`` are Bernoulli(S) per element / per block (the draw, uniform on [0, 2^53),
+below round(S 2^53)): the density is S in expectation, not exactly S nnz. BigBird's r random blocks of a block row
+are the first r distinct columns among the draws keyed by (seed, block row, k), k = 0, 1, ... Counting a tile
+costs one draw per element (random elements), one per block it meets (random blocks) or O(r^2) per block row it
+meets (BigBird).
 
 ``--mask`` strings (:func:`parse`): ``none``, ``causal``, ``window:W``, ``window:W:causal``, ``dilated:W:K``
 (``dilated:W:K:causal``), ``blockdiag:L1,L2,...``, ``prefix:P``, ``bigbird:B:G:W:R[:SEED]``,
@@ -19,6 +30,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from iosim import estimate
 from iosim.algorithms import tile_masks as _m
 from iosim.algorithms.tile_masks import POLICIES, TileMask
 from iosim.errors import InputError
@@ -190,7 +202,19 @@ class PrefixLM(Mask):
         return _m.tile_mask(_m.PREFIX, (self.p,), N=N, label=self.label, policy=policy)
 
 
+def _table_fits(shape: tuple[int, int], label: str) -> None:
+    """Refuse up front, in one line naming the mask and the size, a 2-D prefix-sum table that would not fit in
+    memory (int64, (rows + 1) x (columns + 1), with the cumulative sum's temporary of the same size)."""
+    need = 16 * (shape[0] + 1) * (shape[1] + 1)
+    have = estimate.available_bytes()
+    if need > 0.8 * have:
+        raise InputError("mask", f"needs {need / 2**30:.1f} GiB for the prefix-sum table of its {shape[0]:,} x "
+                         f"{shape[1]:,} array ({have / 2**30:.1f} GiB available); use a block mask (file:X.npy:HxW), "
+                         "a random or a structured mask", label)  # fmt: skip
+
+
 def _blocks_mask(blocks: np.ndarray, h: int, w: int, N: int, label: str, policy: str) -> TileMask:
+    _table_fits(blocks.shape, label)
     return _m.tile_mask(_m.BLOCKS, (h, w), _m.prefix_table(blocks), N=N, label=label, policy=policy)
 
 
@@ -303,6 +327,7 @@ class FromArray(Mask):
     def compile(self, N: int, policy: str = "paper") -> TileMask:
         if self.allowed.shape != (N, N):
             raise InputError("mask", f"must have shape ({N}, {N})", f"shape {self.allowed.shape}")
+        _table_fits(self.allowed.shape, self.label)
         return _m.tile_mask(_m.ELEMENTS, (), _m.prefix_table(self.allowed), N=N, label=self.label, policy=policy)
 
 
