@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 from iosim.algorithms import tile_masks as am
 
+import iosim
 from iosim import InputError
 from iosim import masks as im
 
@@ -182,3 +183,119 @@ def test_bigbird_draws_r_distinct_random_blocks_per_block_row():
     per_row = blocks.sum(axis=1)
     assert ((per_row == r) | (per_row == r + 1)).all() and (per_row == r + 1).any()
     assert blocks.diagonal().all()
+
+
+# --------------------------------------------------------------- BigBird per block row; random masks at N = 2^20
+BIGBIRD_SPECS = [
+    "bigbird:5:0:0:3:1",  # random blocks only (and the diagonal)
+    "bigbird:4:2:1:2:4",
+    "bigbird:7:0:2:6:2",  # r close to the n = 8 block columns: many repeated draws
+    "bigbird:2:0:0:26:8",  # r = n - 1
+    "bigbird:1:0:0:50:5",  # one-element blocks
+    "bigbird:3:20:0:1",  # more global blocks than blocks: all allowed
+    "bigbird:6:1:0:9:3",  # r >= n: all allowed
+]
+
+
+@pytest.mark.parametrize("spec", BIGBIRD_SPECS)
+def test_bigbird_counts_per_block_row_equal_the_element_test(spec):
+    """A tile's BigBird count (global columns and window in closed form, the block row's r random columns drawn
+    once) equals the element test summed over the tile, on random tiles and on whole tilings."""
+    t = im.compile_mask(spec, N)
+    A = brute(im.parse(spec))
+    assert (t.dense() == A).all()
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        r0, c0 = rng.integers(0, N, 2)
+        nr, nc = rng.integers(1, N - r0 + 1), rng.integers(1, N - c0 + 1)
+        assert am.mask_nnz(t.kind, t.params, t.table, r0, nr, c0, nc) == A[r0 : r0 + nr, c0 : c0 + nc].sum()
+    for Br, Bc in ((1, 1), (5, 7), (N, N), (2, 64), (64, 3)):
+        sums, _, _ = am.tile_summary(t.kind, t.params, t.table, N, Br, Bc)
+        assert sums[4] == A.sum()
+        assert sums[0] == sum(A[i : i + Br, j : j + Bc].any() for i in range(0, N, Br) for j in range(0, N, Bc))
+
+
+def test_bigbird_summary_with_and_without_a_row_blocks_shared_draws():
+    """tile_summary draws a row block's random columns once for its tiles unless that table is large (here 4202
+    block rows x 256 columns); both ways give the same sums."""
+    n = 4200
+    t = im.compile_mask("bigbird:1:0:0:256:1", n)
+    a, _, _ = am.tile_summary(t.kind, t.params, t.table, n, n, 1400)  # 4202 x 256 > 2^20: tile by tile
+    b, _, _ = am.tile_summary(t.kind, t.params, t.table, n, 2100, 1400)  # drawn once per row block
+    assert a[4] == b[4] == t.nnz() == n * 257 - sum(_random_hit(t, r) for r in range(n))
+
+
+def _random_hit(t, r):
+    """Whether row r's own (diagonal) block is one of its random blocks (then it is counted once, not twice)."""
+    return am._bigbird_random(t.params[2], r, r, t.params[6], t.params[5])
+
+
+BIG = 2**20
+BIG_SPECS = ["random:0.01:3", "random-blocks:0.1:16x16:3", "bigbird:16:1:1:3:3", "bigbird:1:0:0:2:3"]
+
+
+@pytest.mark.parametrize("spec", BIG_SPECS)
+def test_random_masks_at_n_2_20_answer_per_tile(spec):
+    """At N = 2^20 nothing of N x N (or blocks x blocks) is allocated: a tile anywhere is counted on its own, its
+    count equals its rows' element test, and sub-tiles on two tilings sum to it."""
+    t = im.compile_mask(spec, BIG)
+    assert t.table.size == 1 and t.params.size <= 8
+    for r0, c0 in ((0, 0), (BIG // 2 + 5, 12345), (BIG - 40, BIG - 300)):
+        nnz = am.mask_nnz(t.kind, t.params, t.table, r0, 40, c0, 300)
+        for Br, Bc in ((7, 13), (40, 1)):
+            parts = sum(
+                am.mask_nnz(t.kind, t.params, t.table, r, min(Br, r0 + 40 - r), c, min(Bc, c0 + 300 - c))
+                for r in range(r0, r0 + 40, Br)
+                for c in range(c0, c0 + 300, Bc)
+            )
+            assert parts == nnz
+        top = am.mask_nnz(t.kind, t.params, t.table, r0, 4, c0, 300)
+        assert top == t.rows(r0, r0 + 4)[:, c0 : c0 + 300].sum()  # 4 x 2^20 booleans: 4 MiB
+
+
+def test_bigbird_tile_summary_at_n_2_20():
+    """BigBird at N = 2^20 on 16 x 16 blocks (65,536 block rows): the whole-mask count and a tile summary on a
+    coarse tiling, in closed form per block row (3 random blocks, one global block row and column, a window of
+    one block each side: at most 1 + 3 + 3 blocks a block row)."""
+    t = im.compile_mask("bigbird:16:1:1:3:3", BIG)
+    n = BIG // 16
+    nnz = t.nnz()
+    sums, row_ne, col_ne = am.tile_summary(t.kind, t.params, t.table, BIG, 1 << 16, 1 << 17)
+    assert sums[4] == nnz and row_ne.all() and col_ne.all()
+    blocks, base = nnz // 256, 3 + 4 * (n - 3) + 3  # block row 0 is global; then column 0 and the window
+    assert nnz % 256 == 0 and n + base <= blocks <= n + base + 3 * (n - 1)
+    for bi in (1, n // 3, n - 1):  # a block row's count is its rows' element test
+        rows = t.rows(16 * bi, 16 * bi + 16)
+        assert am.mask_nnz(t.kind, t.params, t.table, 16 * bi, 16, 0, BIG) == rows.sum()
+
+
+def test_a_count_only_run_with_a_random_mask_at_an_allowed_size():
+    """random:0.01 at N = 2^14 (2^28 draws a count, under a second): the run's counts equal the closed form."""
+    r = iosim.run("flash2", N=2**14, d=64, M=16384, mask="random:0.01", count_only=True)
+    p = r.passes["forward"]
+    assert p.stats.per_array == p.predicted.per_array and p.stats.peak == p.predicted.peak
+
+
+@pytest.mark.parametrize("kind", ["random:0.5:{}", "random-blocks:0.5:3x2:{}", "bigbird:4:0:0:3:{}"])
+def test_every_random_kind_seeds_reproduce_and_differ(kind):
+    a, b, c = (im.compile_mask(kind.format(s), 64).dense() for s in (11, 11, 12))
+    assert (a == b).all() and (a != c).any()
+    assert (im.compile_mask(kind.format(11), 64).dense() == a).all()
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: im.FromArray(np.ones((N, N), bool)).compile(N),
+        lambda: im.FromBlocks(np.ones((14, 6), bool), (4, 9)).compile(N),
+    ],
+)
+def test_a_table_that_does_not_fit_is_refused_in_one_line(make, monkeypatch):
+    """A user's array (or block array) is answered from a 2-D prefix-sum table; one that would not fit in memory is
+    refused up front, naming the mask and the size."""
+    from iosim import estimate
+
+    monkeypatch.setattr(estimate, "available_bytes", lambda: 1000)
+    with pytest.raises(InputError) as e:
+        make()
+    assert e.value.parameter == "mask" and "GiB" in str(e.value) and "\n" not in str(e.value)

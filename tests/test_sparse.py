@@ -25,6 +25,7 @@ def patterns(n=N):
         "blockdiag": "blockdiag:7,1,20,17",
         "prefix": "prefix:5",
         "bigbird": "bigbird:5:1:1:1",
+        "bigbird-random": "bigbird:4:0:1:3:2",  # no global blocks: three random blocks a block row, 2-3 per tile row
         "random-blocks": "random-blocks:0.2:3x7",
         "random": "random:0.05",
         "holes": holes,
