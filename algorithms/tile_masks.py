@@ -426,13 +426,36 @@ def mask_nnz(kind, p, T, r0, nr, c0, nc):
 
 
 @njit(cache=True)
+def _random_class(p, r0, nr, c0, nc):
+    """A random-element tile's class for the drivers: 0 (empty), nr nc (full) or 1 < nr nc (partial, found as soon
+    as one allowed and one forbidden element are met: about 1 / min(S, 1 - S) draws, not nr nc)."""
+    seen_in = seen_out = False
+    for r in range(r0, r0 + nr):
+        key = _row_key(p[0], r)
+        for c in range(c0, c0 + nc):
+            if _draw_at(key, c) < p[1]:
+                seen_in = True
+            else:
+                seen_out = True
+            if seen_in and seen_out:
+                return 1
+    return nr * nc if seen_in else 0
+
+
 def _tile_nnz(kind, p, T, r0, nr, c0, nc):
     """:func:`mask_nnz` for the drivers' inner loops: inlined, so band (causal, sliding window) tiles cost no call
-    (a count-only step takes a few nanoseconds, and a call would double it)."""
+    (a count-only step takes a few nanoseconds, and a call would double it). A plain function, not a dispatcher of
+    its own: the inlined overload caches its compiled forms under this function's name and line, and a cached
+    dispatcher of the same name loaded them as its own (a segmentation fault when called from Python after a
+    masked run had filled the cache). The drivers ask only whether a tile is
+    empty (0), full (its area) or partial (anything between): a random-element tile answers that from its first
+    allowed and first forbidden element (:func:`_random_class`) instead of counting every element."""
     if kind == DENSE:
         return max(nr, 0) * max(nc, 0)
     if kind == BAND:
         return _band_count(r0, nr, c0, nc, p[0], p[1])
+    if kind == RANDOM and nr > 0 and nc > 0:
+        return _random_class(p, r0, nr, c0, nc)
     return mask_nnz(kind, p, T, r0, nr, c0, nc)
 
 
@@ -559,7 +582,9 @@ def _block_nonempty(kind, p, T, N, B, x0, bx, column):
 
 
 def tile_nnz(kind, p, T, r0, nr, c0, nc):
-    """Allowed entries of the tile [r0, r0 + nr) x [c0, c0 + nc) (0: the tile is skipped)."""
+    """What a driver needs of the tile [r0, r0 + nr) x [c0, c0 + nc): 0 when it is empty (skipped), nr nc when it is
+    full (no element test), otherwise a number in between (its allowed entries, except for random elements, where
+    it is 1: counting them all is left to :func:`mask_nnz`)."""
     return max(nr, 0) * max(nc, 0) if p is None else _tile_nnz(kind, p, T, r0, nr, c0, nc)
 
 
@@ -598,7 +623,7 @@ def _dense(p) -> bool:
 def _ol_tile_nnz(kind, p, T, r0, nr, c0, nc):
     if _dense(p):
         return lambda kind, p, T, r0, nr, c0, nc: max(nr, 0) * max(nc, 0)
-    return _tile_nnz.py_func  # inlined itself (one level: an inline inside an inline trips Numba's SSA pass)
+    return _tile_nnz  # inlined itself (one level: an inline inside an inline trips Numba's SSA pass)
 
 
 @overload(mask_cols, jit_options={"cache": True})

@@ -299,3 +299,17 @@ def test_a_table_that_does_not_fit_is_refused_in_one_line(make, monkeypatch):
     with pytest.raises(InputError) as e:
         make()
     assert e.value.parameter == "mask" and "GiB" in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("spec", ["random:0.01:1", "random:0.5:2", "random:0.995:3", "random-blocks:0.4:3x5:2"])
+def test_drivers_tile_answer_is_empty_full_or_partial(spec):
+    """What a driver asks of a tile (tile_nnz) is 0 exactly when the tile is empty, its area exactly when it is full
+    and a number in between otherwise (random elements stop at the first allowed and forbidden element)."""
+    t = im.compile_mask(spec, N)
+    rng = np.random.default_rng(4)
+    for _ in range(400):
+        r0, c0 = rng.integers(0, N, 2)
+        nr, nc = rng.integers(1, min(8, N - r0) + 1), rng.integers(1, min(8, N - c0) + 1)
+        exact = am.mask_nnz(t.kind, t.params, t.table, r0, nr, c0, nc)
+        got = am._tile_nnz(t.kind, t.params, t.table, r0, nr, c0, nc)
+        assert (got == 0) == (exact == 0) and (got == nr * nc) == (exact == nr * nc) and 0 <= got <= nr * nc
