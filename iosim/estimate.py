@@ -14,8 +14,10 @@ The costs per unit are measured on the 2-core development machine (rounded up, s
 - a cache replay: 1e7 operand accesses a second per policy (Belady's OPT: half that), and at least N^2 d accesses;
 - the pebble search (A*): about 10 us per expanded state (measured 3-6 us on matmul and attention graphs);
 - counting a random mask (``random:S``, ``random-blocks``, ``bigbird``): about 0.6 ns per generator draw (2^32
-  elements of ``random:0.01`` in 2.7 s, compile included), taken as 2 ns; a run, its closed form and its time
-  estimate each count the mask once.
+  elements of ``random:0.01`` in 2.7 s, compile included), taken as 2 ns, :attr:`TileMask.scan_tests` draws a
+  count. A run is priced as three counts (its time estimate, its closed form and the run), which errs long: the
+  estimate and the closed form summarise the same tiling and share one count (the summary is kept), and a run's
+  random-element tiles stop at their first allowed and first forbidden element.
 """
 
 from __future__ import annotations
