@@ -294,7 +294,7 @@ def _estimated_steps(t: Tiling, N: int, d: int, backward: bool, mask=None) -> in
 def _check_time(t: Tiling, N: int, d: int, backward: bool, allow_long: bool, mask=None, count_only=True) -> None:
     """The long-run rule (:mod:`iosim.estimate`) for a count-only or a numeric run (with its reference)."""
     # a random mask is counted by the estimate below, the closed form and the run: that alone may be too long
-    counting = estimate.check_mask(mask, passes=3, allow_long=allow_long) if mask is not None else 0.0
+    counting = estimate.check_mask(mask, passes=3, allow_long=allow_long, tiling=t) if mask is not None else 0.0
     steps = _estimated_steps(t, N, d, backward, mask)
     if count_only:
         seconds, what = estimate.count_only_seconds(steps), f"a count-only run with {t}"

@@ -92,20 +92,36 @@ def pebble_seconds(max_states: int) -> float:
     return max_states * PEBBLE_STATE
 
 
-def mask_seconds(mask, passes: int = 1) -> float:
-    """Counting a mask ``passes`` times: its generator draws (0 for the masks counted in closed form or from a
-    table) at :data:`MASK_DRAW` each."""
-    return getattr(mask, "scan_tests", 0) * MASK_DRAW * passes
+def _mask_tests(mask, passes: int, tiling=None) -> int:
+    """Generator draws of ``passes`` counts of ``mask`` (:attr:`TileMask.scan_tests` each) plus, with a tiling (an
+    object with Br and Bc, or B), the tests of its tiles (:meth:`TileMask.visit_tests`): a random mask's schedule
+    tests every tile, empty or not, and so does its tile summary (the estimate's and the closed form's, shared):
+    two visits of every tile whatever ``passes``."""
+    scan = getattr(mask, "scan_tests", 0)
+    tests = scan * passes
+    if scan and tiling is not None:
+        Br = getattr(tiling, "Br", None) or getattr(tiling, "B", None)
+        Bc = getattr(tiling, "Bc", None) or getattr(tiling, "B", None)
+        if Br and Bc:
+            tests += 2 * -(-mask.N // Br) * -(-mask.N // Bc) * mask.visit_tests(Br, Bc)
+    return tests
 
 
-def check_mask(mask, *, passes: int, allow_long) -> float:
-    """The rule for the time spent counting a random mask (the parameter named is the mask)."""
-    tests = getattr(mask, "scan_tests", 0)
+def mask_seconds(mask, passes: int = 1, tiling=None) -> float:
+    """Counting a mask ``passes`` times (and testing the tiles of ``tiling``, when given): its generator draws (0
+    for the masks counted in closed form or from a table) at :data:`MASK_DRAW` each."""
+    return _mask_tests(mask, passes, tiling) * MASK_DRAW
+
+
+def check_mask(mask, *, passes: int, allow_long, tiling=None) -> float:
+    """The rule for the time spent counting a random mask (the parameter named is the mask), ``passes`` times and,
+    with ``tiling``, testing its tiles."""
+    tests = _mask_tests(mask, passes, tiling)
     if not tests:
         return 0.0
-    what = f"a count of the mask {mask.label} at N = {mask.N:,} ({passes} x {tests:,} generator draws)"
+    what = f"a count of the mask {mask.label} at N = {mask.N:,} ({tests:,} generator draws)"
     remedy = "use a smaller N, larger blocks or a structured mask"
-    return check(mask_seconds(mask, passes), what, allow_long=allow_long, parameter="mask", value=mask.label,
+    return check(tests * MASK_DRAW, what, allow_long=allow_long, parameter="mask", value=mask.label,
                  remedy=remedy)  # fmt: skip
 
 

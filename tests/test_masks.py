@@ -313,3 +313,50 @@ def test_drivers_tile_answer_is_empty_full_or_partial(spec):
         exact = am.mask_nnz(t.kind, t.params, t.table, r0, nr, c0, nc)
         got = am._tile_nnz(t.kind, t.params, t.table, r0, nr, c0, nc)
         assert (got == 0) == (exact == 0) and (got == nr * nc) == (exact == nr * nc) and 0 <= got <= nr * nc
+
+
+def _cli(argv, capsys):
+    from iosim.cli import main
+
+    try:
+        rc = main(argv)
+    except SystemExit as e:
+        rc = e.code
+    out = capsys.readouterr()
+    return rc, out.out, [x for x in out.err.splitlines() if x.strip() and not x.startswith("iosim: compiling")]
+
+
+def test_bounds_of_random_elements_at_n_2_20_are_priced_not_allocated(capsys):
+    """random:0.01 at N = 2^20 holds no table; counting it three times (the nnz bound and Proposition 4 on two
+    tilings) is 3 x 2^40 draws: refused up front in one line naming the mask, never a MemoryError."""
+    rc, _, err = _cli(["bounds", "--N", "1048576", "--d", "64", "--M", "65536", "--mask", "random:0.01"], capsys)
+    assert rc == 2 and len(err) == 1, err
+    assert "mask" in err[0] and "random:0.01" in err[0] and "hour" in err[0] and "Memory" not in err[0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mask", ["bigbird:256:1:1:3", "random-blocks:0.1:256x256"])
+def test_bounds_of_block_masks_at_n_2_20_run(mask, capsys):
+    """BigBird and random blocks at N = 2^20 (4,096 block rows): the sparse bounds are computed (5-7 s) with no
+    N x N or blocks x blocks array; the process stays far below N^2 bytes."""
+    import resource
+
+    rc, out, err = _cli(["bounds", "--N", "1048576", "--d", "64", "--M", "65536", "--mask", mask], capsys)
+    assert rc == 0, err
+    assert "sparse nnz lower bound" in out and "Proposition 4 (flash2)" in out
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 < 2**33  # N^2 bytes would be 2^40
+
+
+def test_the_long_run_rule_prices_a_random_masks_tile_tests():
+    """A random mask leaves no tile out of a schedule's ranges: at N = 2^24 BigBird with 4096-wide blocks has only
+    4,096 block rows to draw, but a count-only run tests ~10^10 tiles. The rule prices those tests and refuses up
+    front, in one line naming the mask, before any tile is visited."""
+    from iosim import estimate
+    from iosim.theory.tiling import Tiling
+
+    t = im.compile_mask("bigbird:4096:1:1:3", 2**24)
+    assert estimate.mask_seconds(t, 3) < 2  # the draws alone
+    assert estimate.mask_seconds(t, 3, Tiling("fit", 295, 64)) > estimate.MAX_SECONDS
+    with pytest.raises(InputError) as e:
+        iosim.run("flash2", N=2**24, d=64, M=65536, mask=t, count_only=True, allow_long=True)
+    assert e.value.parameter == "mask" and "hour" in str(e.value)
