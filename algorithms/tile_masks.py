@@ -340,6 +340,21 @@ def _bigbird_nnz(p, r0, r1, c0, c1, cols, bi0):
 
 
 @njit(cache=True)
+def _bigbird_rows_nnz(p, r0, r1, c0, c1):
+    """:func:`_bigbird_nnz` drawing each block row's random columns into one buffer of r (a whole-mask count holds
+    r columns, not block rows x r)."""
+    b, r, n = p[0], p[5], p[6]
+    buf = np.zeros(r if r < n else 1, dtype=np.int64)
+    s = 0
+    for bi in range(r0 // b, (r1 - 1) // b + 1):
+        if r < n and bi >= p[3]:
+            _bigbird_draw(p, bi, buf)
+        rows = min(r1, (bi + 1) * b) - max(r0, bi * b)
+        s += rows * _bigbird_row_nnz(p, bi, c0, c1, buf)
+    return s
+
+
+@njit(cache=True)
 def _bigbird_cols(p, r0, r1):
     """The random block columns of the block rows that rows [r0, r1) meet (one row of the result each; 1 column
     when the block rows need none: r >= n)."""
@@ -428,7 +443,7 @@ def mask_nnz(kind, p, T, r0, nr, c0, nc):
                 s += _draw_at(key, c) < p[1]
         return s
     if kind == BIGBIRD:  # each block row's random columns drawn once: O(block rows x r^2), not O(blocks x r^2)
-        return _bigbird_nnz(p, r0, r1, c0, c1, _bigbird_cols(p, r0, r1), r0 // p[0])
+        return _bigbird_rows_nnz(p, r0, r1, c0, c1)
     h, w = p[0], p[1]
     s = 0
     for bi in range(r0 // h, (r1 - 1) // h + 1):
