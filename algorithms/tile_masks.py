@@ -10,16 +10,21 @@ A tile [r0, r0 + nr) x [c0, c0 + nc) is *empty* (nnz 0: an algorithm skips it, l
 (nnz = nr nc: no element test) or *partial* (the element test applies inside). ``mask_nnz`` answers in O(1) for
 the structured kinds (band: causal and sliding windows; prefix-LM), O(documents met) for block-diagonal,
 O(diagonals met / dilation) for dilated windows, O(blocks met) for a block mask and O(1) from a 2-D prefix-sum
-table for an element mask (a user's array, random elements). ``mask_cols`` / ``mask_rows`` bound the columns a row
+table for an element mask (a user's array). ``mask_cols`` / ``mask_rows`` bound the columns a row
 block (rows a column block) can touch, so a schedule visits O(nonzero tiles) tiles for structured masks.
 
 Random kinds (``random:S``, ``random-blocks``, ``bigbird``) hold no table: whether an element or a block is allowed
 is a pure function of (seed, position), a counter-based generator (SplitMix64's finaliser applied to the seed and
-the coordinates, :func:`_draw`), so any tile is reproducible on its own, whatever the tiling, and counting a tile's
-nonzeros needs only that tile: O(its elements) for random elements, O(its blocks) for random blocks and O(its
-blocks x r^2) for BigBird's r random blocks per block row. Nothing of size N x N (or blocks x blocks) is ever
-allocated; counting a whole mask still visits every element (or block), which the long-run rule of
-:mod:`iosim.estimate` prices up front (:attr:`TileMask.scan_tests`).
+the coordinates, :func:`_draw`; a row's first two rounds are shared, :func:`_row_key`), so any tile is reproducible
+on its own, whatever the tiling and whatever N, and counting a tile's nonzeros needs only that tile. ``random:S``
+and ``random-blocks`` are Bernoulli(S) per element / per block (draw < round(S 2^53)); BigBird's r random blocks of
+a block row are the first r distinct draws (seed, block row, k) mod n. Cost of counting a tile: one generator round
+per element (random elements), one per block it meets (random blocks), and for BigBird O(r^2) comparisons to draw a
+block row's columns plus O(r) per block row it meets (global columns and the window in closed form; a tile summary
+draws a row block's columns once for all its tiles). A driver asks only empty / full / partial: a random-element
+tile stops at its first allowed and first forbidden element. Nothing of size N x N (or blocks x blocks) is ever
+allocated; counting a whole mask still visits every element (or block) and a schedule tests every tile, which the
+long-run rule of :mod:`iosim.estimate` prices up front (:attr:`TileMask.scan_tests`, :meth:`TileMask.visit_tests`).
 
 Representation (one compiled driver serves every kind): ``kind`` (an int code), ``params`` (int64 1-D) and
 ``table`` (int64 2-D; 1 x 1 when unused). A run without a mask passes None for both, and its driver compiles
