@@ -46,25 +46,10 @@ import math
 import numpy as np
 from iosim.algorithms._tiles import buffer, cdiv, exp_nonpos, score_tile, tile
 from iosim.algorithms.flash import _backward_tile, _probabilities_from_stats, _rowsum_product, d_pass, flash1_row_update
+from iosim.algorithms.tile_masks import block_range, causal_mask, cols_rows, dense_mask, rows_apply, rows_cols, rows_nnz
 from iosim.memory_model import alloc, alloc_vec, free, init_slow, load, load_vec, store, store_vec
 from numba import njit, types
 from numba.extending import overload
-
-
-@njit(cache=True)
-def row_limits(r0, br, Nq, off, Nk, causal):  # noqa: N803
-    """Keys that the rows [r0, r0 + br) of a thread block see: (lo, hi) such that every row sees keys [0, lo) at
-    least and no row sees a key >= hi. Row r' is query row r' mod N_q; under the bottom-right causal mask it sees
-    keys c <= r' mod N_q + off (off = N_k - N_q). A block of packed rows that crosses a head boundary holds both
-    row 0 and row N_q - 1 of a head."""
-    if not causal:
-        return Nk, Nk
-    q0 = r0 % Nq
-    if q0 + br <= Nq:
-        rmin, rmax = q0, q0 + br - 1
-    else:
-        rmin, rmax = 0, Nq - 1
-    return min(Nk, max(0, rmin + off + 1)), min(Nk, max(0, rmax + off + 1))
 
 
 @njit(cache=True)
@@ -84,17 +69,6 @@ def _ol_page_of(tb, logical):
     if isinstance(tb, types.NoneType):
         return lambda tb, logical: logical
     return lambda tb, logical: tb[0]
-
-
-@njit(cache=True)
-def _mask_bottom_right(S, r0, c0, Nq, off):  # noqa: N803
-    """S[r, c] = -inf where key c0 + c is after the last key row r0 + r sees (bottom-right causal, packed rows)."""
-    br, bc = S.shape
-    for r in range(br):
-        last = (r0 + r) % Nq + off
-        for c in range(bc):
-            if c0 + c > last:
-                S[r, c] = -np.inf
 
 
 @njit(cache=True)
@@ -138,10 +112,30 @@ def _finish_rows(Oi, l_i, m_i, br):
 
 
 @njit(cache=True)
+def _load_piece(W, ids, K, V, table, tb, Kj, Vj, at, p0, n, dqk, dv, shared):  # noqa: N803
+    """Algorithm 1's step 6 for a page piece: its page-table entry (paged), then K_j and V_j (none under MLA
+    shared) from the piece's rows; ``at`` = (the head's first K/V row, batch item, pages per item, key/value head,
+    H_kv, P). Returns the handles (hK, hV)."""
+    iK, iV, iT = ids
+    kv, b, pages, hk, Hkv, P = at
+    row = kv + p0
+    if P > 0:  # the page's table entry, then the piece from its page
+        hT = load_vec(W, iT, table, b * pages + p0 // P, 1, tb)
+        row = (_page_of(tb, b * pages + p0 // P) * Hkv + hk) * P + p0 % P
+    hK = load(W, iK, K, row, n, 0, dqk, Kj)
+    hV = -1 if shared else load(W, iV, V, row, n, 0, dv, Vj)
+    if P > 0:
+        free(W, hT)
+    return hK, hV
+
+
+@njit(cache=True)
 def _flash2_problem(  # noqa: N803
-    W, ids, Q, K, V, O, L, Op, Lp, table, B, Hkv, g, G, Nq, Nk, dqk, dv, Br, Bc, s, P, scale, causal, shared, Bm
-):
+    W, ids, Q, K, V, O, L, Op, Lp, table, B, Hkv, g, G, Nq, Nk, dqk, dv, Br, Bc, s, P, scale, shared, Bm, mk, mp, mt,
+    skip,
+):  # fmt: skip
     iQ, iK, iV, iO, iL, im, iS, iOp, iLp, iT = ids
+    pids = (iK, iV, iT)
     R = Nq * (g // G)  # rows of one thread block: N_q (per-head, G = g) or g N_q (packed, G = 1)
     Rtot = B * Hkv * g * Nq
     off = Nk - Nq
@@ -156,21 +150,24 @@ def _flash2_problem(  # noqa: N803
     for b in range(B):  # batch items, key/value heads and (per-head) query heads: outermost
         for hk in range(Hkv):
             kv = (b * Hkv + hk) * Nk
+            at = (kv, b, pages, hk, Hkv, P)
             for h in range(G):
                 qbase = ((b * Hkv + hk) * g + h) * Nq
                 for i in range(Tr):  # row blocks of the thread block's R rows
                     r0 = i * Br
                     br = min(Br, R - r0)
-                    lo, hi = row_limits(r0, br, Nq, off, Nk, causal)
-                    j_end = cdiv(hi, Bc)  # column blocks past the mask's last key are skipped
+                    lo, hi = rows_cols(mk, mp, mt, r0, br, Nq, off, Nk)
+                    j_lo, j_hi = block_range(lo, hi, Bc)  # column blocks outside the mask's range are not visited
                     for k in range(s):  # one thread block per (row block, split)
-                        j0, j1 = k * per_split, min(j_end, (k + 1) * per_split)
+                        j0, j1 = max(j_lo, k * per_split), min(j_hi, (k + 1) * per_split)
                         out = qbase + r0 if s == 1 else k * Rtot + qbase + r0
                         Qi, Oi = tile(Qb, br, dqk), tile(Ob, br, dv)
-                        hQ = load(W, iQ, Q, qbase + r0, br, 0, dqk, Qi) if j0 < j1 else -1
                         hO = alloc(W, iO if s == 1 else iOp, out, br, 0, dv)  # on-chip O_i = 0
                         hl = alloc_vec(W, iL, out, br) if s == 1 else alloc(W, iLp, qbase + r0, br, k, 1)
                         hm = alloc_vec(W, im, r0, br)
+                        hQ = -1  # skip: Q_i loaded at the block's first nonempty tile (none: O = 0, lse = -inf)
+                        if not skip and k * per_split < Tc:  # paper: Q_i loaded before the mask is tested
+                            hQ = load(W, iQ, Q, qbase + r0, br, 0, dqk, Qi)
                         if Q is not None:
                             Oi[:, :] = 0.0
                             lb[:br] = 0.0
@@ -178,26 +175,23 @@ def _flash2_problem(  # noqa: N803
                         for j in range(j0, j1):
                             c0 = j * Bc
                             c1 = min(c0 + Bc, Nk)
+                            nnz = rows_nnz(mk, mp, mt, r0, br, c0, c1 - c0, Nq, off)
+                            if nnz == 0:  # a zero block is skipped
+                                continue
+                            if hQ < 0:
+                                hQ = load(W, iQ, Q, qbase + r0, br, 0, dqk, Qi)
                             p0 = c0
                             while p0 < c1:  # the tile's page pieces (one piece when contiguous)
                                 p1 = piece_end(p0, c1, P)
                                 n = p1 - p0
-                                row = kv + p0
-                                if P > 0:  # read the page's table entry, then load the piece from its page
-                                    hT = load_vec(W, iT, table, b * pages + p0 // P, 1, tb)
-                                    row = (_page_of(tb, b * pages + p0 // P) * Hkv + hk) * P + p0 % P
-                                Kj = tile(Kb, n, dqk)
-                                hK = load(W, iK, K, row, n, 0, dqk, Kj)
-                                Vj = tile(Vb, n, dv)
-                                hV = -1 if shared else load(W, iV, V, row, n, 0, dv, Vj)
-                                if P > 0:
-                                    free(W, hT)
+                                Kj, Vj = tile(Kb, n, dqk), tile(Vb, n, dv)  # the piece (paged: its table entry first)
+                                hK, hV = _load_piece(W, pids, K, V, table, tb, Kj, Vj, at, p0, n, dqk, dv, shared)
                                 Sij = tile(Sb, br, n)
                                 hS = alloc(W, iS, r0, br, p0, n)
                                 if Q is not None:
                                     score_tile(Qi, Kj, Sij, scale)
-                                    if causal and p1 > lo:  # a partial block: the element mask
-                                        _mask_bottom_right(Sij, r0, p0, Nq, off)
+                                    if nnz < br * (c1 - c0):  # a partial block: the element mask
+                                        rows_apply(Sij, mk, mp, mt, r0, p0, Nq, off)
                                     _online_update(Sij, Kj if shared else Vj, Oi, lb[:br], mb[:br])
                                 free(W, hS)
                                 free(W, hK)
@@ -211,7 +205,7 @@ def _flash2_problem(  # noqa: N803
                             store_vec(W, hl, lb, L)
                         else:
                             store(W, hl, tile(lb, br, 1), Lp)
-                        if j0 < j1:
+                        if hQ >= 0:
                             free(W, hQ)
                         for hh in (hO, hl, hm):
                             free(W, hh)
@@ -264,12 +258,15 @@ def _split_combine(W, ids, Op, Lp, O, L, Rtot, dv, s, Bm):  # noqa: N803
 
 
 @njit(cache=True)
-def _flash1_problem(W, ids, Q, K, V, O, l, m, table, B, Hkv, g, G, Nq, Nk, dqk, dv, Br, Bc, P, scale, causal, shared):  # noqa: E741, N803
+def _flash1_problem(  # noqa: N803
+    W, ids, Q, K, V, O, l, m, table, B, Hkv, g, G, Nq, Nk, dqk, dv, Br, Bc, P, scale, shared, mk, mp, mt, skip  # noqa: E741
+):  # fmt: skip
     iQ, iK, iV, iO, il, im, iS, iT = ids
+    pids = (iK, iV, iT)
     R = Nq * (g // G)
     Rtot = B * Hkv * g * Nq
     off = Nk - Nq
-    Tr, Tc = cdiv(R, Br), cdiv(Nk, Bc)
+    Tc = cdiv(Nk, Bc)
     pages = cdiv(Nk, P) if P > 0 else 0
     # Step 2: initialise O = (0), l = (0), m = (-inf) in HBM, for every row of the problem.
     init_slow(W, iO, Rtot * dv)
@@ -286,6 +283,7 @@ def _flash1_problem(W, ids, Q, K, V, O, l, m, table, B, Hkv, g, G, Nq, Nk, dqk, 
     for b in range(B):
         for hk in range(Hkv):
             kv = (b * Hkv + hk) * Nk
+            at = (kv, b, pages, hk, Hkv, P)
             for h in range(G):
                 qbase = ((b * Hkv + hk) * g + h) * Nq
                 for j in range(Tc):  # step 5 (paged: each page piece of K_j, V_j is an outer step of its own)
@@ -295,21 +293,20 @@ def _flash1_problem(W, ids, Q, K, V, O, l, m, table, B, Hkv, g, G, Nq, Nk, dqk, 
                     while p0 < c1:
                         p1 = piece_end(p0, c1, P)
                         n = p1 - p0
-                        row = kv + p0
-                        if P > 0:
-                            hT = load_vec(W, iT, table, b * pages + p0 // P, 1, tb)
-                            row = (_page_of(tb, b * pages + p0 // P) * Hkv + hk) * P + p0 % P
                         Kj, Vj = tile(Kb, n, dqk), tile(Vb, n, dv)
-                        hK = load(W, iK, K, row, n, 0, dqk, Kj)  # step 6
-                        hV = -1 if shared else load(W, iV, V, row, n, 0, dv, Vj)
-                        if P > 0:
-                            free(W, hT)
-                        for i in range(Tr):  # step 7
+                        hK = hV = -1  # paper: K_j, V_j loaded first (step 6); skip: at the first row block that
+                        lo, hi = cols_rows(mk, mp, mt, p0, n, Nq, off, R)  # sees one of their keys
+                        i0, i1 = block_range(lo, hi, Br)
+                        if not skip:
+                            hK, hV = _load_piece(W, pids, K, V, table, tb, Kj, Vj, at, p0, n, dqk, dv, shared)
+                        for i in range(i0, i1):  # step 7
                             r0 = i * Br
                             br = min(Br, R - r0)
-                            lo, hi = row_limits(r0, br, Nq, off, Nk, causal)
-                            if p0 >= hi:  # a zero block is skipped
+                            nnz = rows_nnz(mk, mp, mt, r0, br, p0, n, Nq, off)
+                            if nnz == 0:  # a zero block is skipped
                                 continue
+                            if hK < 0:
+                                hK, hV = _load_piece(W, pids, K, V, table, tb, Kj, Vj, at, p0, n, dqk, dv, shared)
                             Qi, Oi, Sij = tile(Qb, br, dqk), tile(Ob, br, dv), tile(Sb, br, n)
                             hQ = load(W, iQ, Q, qbase + r0, br, 0, dqk, Qi)  # step 8
                             hO = load(W, iO, O, qbase + r0, br, 0, dv, Oi)
@@ -318,16 +315,17 @@ def _flash1_problem(W, ids, Q, K, V, O, l, m, table, B, Hkv, g, G, Nq, Nk, dqk, 
                             hS = alloc(W, iS, r0, br, p0, n)
                             if Q is not None:
                                 score_tile(Qi, Kj, Sij, scale)  # step 9
-                                if causal and p1 > lo:
-                                    _mask_bottom_right(Sij, r0, p0, Nq, off)
+                                if nnz < br * n:  # a partial block: the element mask
+                                    rows_apply(Sij, mk, mp, mt, r0, p0, Nq, off)
                                 flash1_row_update(Sij, Kj if shared else Vj, Oi, lb[:br], mb[:br])  # steps 10-11
                             store(W, hO, Oi, O)  # step 12
                             store_vec(W, hl, lb, l)  # step 13
                             store_vec(W, hm, mb, m)
                             for hh in (hS, hQ, hO, hl, hm):
                                 free(W, hh)
-                        free(W, hK)
-                        if not shared:
+                        if hK >= 0:
+                            free(W, hK)
+                        if hV >= 0:
                             free(W, hV)
                         p0 = p1
 
@@ -340,7 +338,25 @@ def kv_rows(problem) -> int:
     return p.B * p.pages * p.H_kv * p.page_size
 
 
-def flash2_problem(mem, problem, Q, K, V, table, *, Br, Bc, gqa, splits, mla, combine_rows, scale, dtype=np.float64):  # noqa: N803
+def problem_mask(problem, mask=None):
+    """The driver's mask arguments (kind, params, table, skip) of a problem: ``mask`` (a TileMask over the whole
+    sequence, N_k x N_k, whose last N_q rows are the queries' rows; its policy: skip loads no operand of a block the
+    mask empties, paper loads a thread block's outer operand before testing), or the problem's causal field."""
+    if mask is None:  # the causal field: no block is tested empty, and split-KV's splits past the diagonal are skipped
+        mask = (causal_mask if problem.causal else dense_mask)(problem.N_k, "skip")
+    if mask.N != problem.N_k:
+        raise ValueError(f"a problem's mask is compiled for N_k = {problem.N_k}, not {mask.N}")
+    kind, params, table, skip = mask.args
+    if params is not None:  # compiled here first, with Numba's runtime (a mask's helpers may allocate): a count-only
+        # variant (no runtime) that calls them then reuses these compilations instead of compiling its own
+        rows_nnz(kind, params, table, 0, 1, 0, 1, 1, 0)
+        rows_cols(kind, params, table, 0, 1, 1, 0, 1)
+        cols_rows(kind, params, table, 0, 1, 1, 0, 1)
+    return kind, params, table, skip
+
+
+def flash2_problem(mem, problem, Q, K, V, table, *, Br, Bc, gqa, splits, mla, combine_rows, scale, dtype=np.float64,
+                   mask=None):  # noqa: N803  # fmt: skip
     """FlashAttention-2's forward over ``problem`` (module docstring); count-only: Q = K = V = table = None.
 
     Returns (O, L) with O of shape (B H_q N_q, d_v) in (b, h_q, r) row order (None each in count-only mode).
@@ -363,12 +379,12 @@ def flash2_problem(mem, problem, Q, K, V, table, *, Br, Bc, gqa, splits, mla, co
     )  # fmt: skip
     P = p.page_size or 0
     shared = p.latent and mla == "shared"
-    args = (p.B, p.H_kv, p.g, G, p.N_q, p.N_k, p.d_qk, p.d_v, Br, Bc, s, P, float(scale), p.causal, shared)
-    mem.call(_flash2_problem, ids, Q, K, V, O, L, Op, Lp, table if numeric else None, *args, combine_rows)
+    args = (p.B, p.H_kv, p.g, G, p.N_q, p.N_k, p.d_qk, p.d_v, Br, Bc, s, P, float(scale), shared, combine_rows)
+    mem.call(_flash2_problem, ids, Q, K, V, O, L, Op, Lp, table if numeric else None, *args, *problem_mask(p, mask))
     return O, L
 
 
-def flash1_problem(mem, problem, Q, K, V, table, *, Br, Bc, gqa, mla, scale, dtype=np.float64):  # noqa: N803
+def flash1_problem(mem, problem, Q, K, V, table, *, Br, Bc, gqa, mla, scale, dtype=np.float64, mask=None):  # noqa: N803
     """FlashAttention Algorithm 1 over ``problem`` (module docstring); count-only: Q = K = V = table = None.
 
     Returns (O, l, m) in (b, h_q, r) row order. Exact counts: :func:`iosim.theory.io_model.flash1_problem`."""
@@ -386,22 +402,23 @@ def flash1_problem(mem, problem, Q, K, V, table, *, Br, Bc, gqa, mla, scale, dty
     )  # fmt: skip
     P = p.page_size or 0
     shared = p.latent and mla == "shared"
-    args = (p.B, p.H_kv, p.g, G, p.N_q, p.N_k, p.d_qk, p.d_v, Br, Bc, P, float(scale), p.causal, shared)
-    mem.call(_flash1_problem, ids, Q, K, V, O, l_, m, table if numeric else None, *args)
+    args = (p.B, p.H_kv, p.g, G, p.N_q, p.N_k, p.d_qk, p.d_v, Br, Bc, P, float(scale), shared)
+    mem.call(_flash1_problem, ids, Q, K, V, O, l_, m, table if numeric else None, *args, *problem_mask(p, mask))
     return O, l_, m
 
 
 @njit(cache=True)
 def _backward_problem(  # noqa: N803
-    W, ids, Q, K, V, O, dO, L, l, m, D, dQ, dK, dV, dKp, dVp, B, Hkv, g, G, Nq, Nk, dqk, dv, Br, Bc, scale, causal, alg1
-):
+    W, ids, Q, K, V, O, dO, L, l, m, D, dQ, dK, dV, dKp, dVp, B, Hkv, g, G, Nq, Nk, dqk, dv, Br, Bc, scale, alg1,
+    mk, mp, mt, skip,
+):  # fmt: skip
     """The K/V-outer backward over a problem: FlashAttention-2 (alg1 False: D pass, P from L) or Algorithm 4 (alg1
     True: dK, dV zero-initialised in HBM, P from l and m, O_i loaded and D_i recomputed on every inner step)."""
     iQ, iK, iV, iO, idO, iL, il, im, iD, idQ, idK, idV, idKp, idVp, iS, idP = ids
     R = Nq * (g // G)  # rows of one thread block's row loop: N_q (per-head) or g N_q (packed)
     Rtot = B * Hkv * g * Nq
     off = Nk - Nq
-    Tr, Tc = cdiv(R, Br), cdiv(Nk, Bc)
+    Tc = cdiv(Nk, Bc)
     expand = G > 1  # per-head GQA: dK, dV written per query head (expanded), summed over the group afterwards
     # Step 3: dQ = 0 in HBM (every query row of every head).
     init_slow(W, idQ, Rtot * dqk)
@@ -427,19 +444,26 @@ def _backward_problem(  # noqa: N803
                     c0 = j * Bc
                     bc = min(Bc, Nk - c0)
                     Kj, Vj, dKj, dVj = tile(Kb, bc, dqk), tile(Vb, bc, dv), tile(dKb, bc, dqk), tile(dVb, bc, dv)
-                    hK = load(W, iK, K, kv + c0, bc, 0, dqk, Kj)  # step 6
-                    hV = load(W, iV, V, kv + c0, bc, 0, dv, Vj)
                     hdK = alloc(W, idKp if expand else idK, part + c0 if expand else kv + c0, bc, 0, dqk)  # step 7
                     hdV = alloc(W, idVp if expand else idV, part + c0 if expand else kv + c0, bc, 0, dv)
+                    hK = hV = -1  # paper: K_j, V_j loaded here (step 6); skip: at the first row block that sees them
+                    if not skip:
+                        hK = load(W, iK, K, kv + c0, bc, 0, dqk, Kj)
+                        hV = load(W, iV, V, kv + c0, bc, 0, dv, Vj)
                     if Q is not None:
                         dKj[:, :] = 0.0
                         dVj[:, :] = 0.0
-                    for i in range(Tr):  # step 8: row blocks (packed: the g heads' rows one after another)
+                    lo, hi = cols_rows(mk, mp, mt, c0, bc, Nq, off, R)
+                    i0, i1 = block_range(lo, hi, Br)
+                    for i in range(i0, i1):  # step 8: row blocks (packed: the g heads' rows one after another)
                         r0 = i * Br
                         br = min(Br, R - r0)
-                        lo, hi = row_limits(r0, br, Nq, off, Nk, causal)
-                        if c0 >= hi:  # no row of the block sees a key of K_j: skipped
+                        nnz = rows_nnz(mk, mp, mt, r0, br, c0, bc, Nq, off)
+                        if nnz == 0:  # no row of the block sees a key of K_j: skipped
                             continue
+                        if hK < 0:
+                            hK = load(W, iK, K, kv + c0, bc, 0, dqk, Kj)  # step 6
+                            hV = load(W, iV, V, kv + c0, bc, 0, dv, Vj)
                         Qi, dOi, dQi = tile(Qb, br, dqk), tile(dOb, br, dv), tile(dQb, br, dqk)
                         Sij, dPij = tile(Sb, br, bc), tile(dPb, br, bc)
                         Oi = tile(Ob, br, dv)
@@ -458,8 +482,8 @@ def _backward_problem(  # noqa: N803
                         hD = alloc_vec(W, iD, qbase + r0, br) if alg1 else load_vec(W, iD, D, qbase + r0, br, Db)
                         if Q is not None:
                             score_tile(Qi, Kj, Sij, scale)  # step 10
-                            if causal and c0 + bc > lo:  # a partial block: the element mask
-                                _mask_bottom_right(Sij, r0, c0, Nq, off)
+                            if nnz < br * bc:  # a partial block: the element mask
+                                rows_apply(Sij, mk, mp, mt, r0, c0, Nq, off)
                             if alg1:
                                 _probabilities_from_stats(Sij, mb[:br], lb[:br])
                                 _rowsum_product(dOi, Oi, Db[:br])  # D_i recomputed on every step
@@ -472,10 +496,14 @@ def _backward_problem(  # noqa: N803
                         if alg1:
                             free(W, hO)
                             free(W, hm)
-                    store(W, hdK, dKj, dKp if expand else dK)  # step 18: dK_j, dV_j written once
-                    store(W, hdV, dVj, dVp if expand else dV)
-                    for hh in (hK, hV, hdK, hdV):
+                    if hK >= 0 or not alg1:  # step 18: dK_j, dV_j written once (Algorithm 4: unseen keys keep 0)
+                        store(W, hdK, dKj, dKp if expand else dK)
+                        store(W, hdV, dVj, dVp if expand else dV)
+                    for hh in (hdK, hdV):
                         free(W, hh)
+                    if hK >= 0:
+                        free(W, hK)
+                        free(W, hV)
     if expand:  # the group sum: dK = sum over the g query heads of their expanded partials (and dV)
         sum_group(W, (idKp, idK), dKp, dK, B * Hkv, g, Nk, dqk, Bc, Kb, dKb)
         sum_group(W, (idVp, idV), dVp, dV, B * Hkv, g, Nk, dv, Bc, Vb, dVb)
@@ -503,7 +531,7 @@ def sum_group(W, ids, part, out, heads, g, Nk, d, Bc, accb, tb):  # noqa: N803
             free(W, ha)
 
 
-def _backward_problem_call(mem, p, Q, K, V, O, dO, L, l, m, Br, Bc, gqa, scale, dtype, alg1):  # noqa: E741, N803
+def _backward_problem_call(mem, p, Q, K, V, O, dO, L, l, m, Br, Bc, gqa, scale, dtype, alg1, mask):  # noqa: E741, N803
     G, _, R = p.groups(gqa)
     Rtot = p.B * p.H_q * p.N_q
     numeric = Q is not None
@@ -521,7 +549,7 @@ def _backward_problem_call(mem, p, Q, K, V, O, dO, L, l, m, Br, Bc, gqa, scale, 
     D, dQ, dK, dV = full(Rtot), full((Rtot, p.d_qk)), full((kvr, p.d_qk)), full((kvr, p.d_v))
     dKp = full((parts, p.d_qk)) if expand else (dK if numeric else None)
     dVp = full((parts, p.d_v)) if expand else (dV if numeric else None)
-    if alg1 and numeric:  # step 6's zeros: an all-masked column block keeps them (none under bottom-right causal)
+    if alg1 and numeric:  # step 6's zeros: a column block no row sees keeps them
         dKp[:] = 0.0
         dVp[:] = 0.0
     ids = mem.ids(
@@ -529,24 +557,24 @@ def _backward_problem_call(mem, p, Q, K, V, O, dO, L, l, m, Br, Bc, gqa, scale, 
         m=(Rtot,), D=(Rtot,), dQ=(Rtot, p.d_qk), dK=(kvr, p.d_qk), dV=(kvr, p.d_v), dKpart=(parts, p.d_qk),
         dVpart=(parts, p.d_v), S=(R, p.N_k), dP=(R, p.N_k),
     )  # fmt: skip
-    args = (p.B, p.H_kv, p.g, G, p.N_q, p.N_k, p.d_qk, p.d_v, Br, Bc, float(scale), p.causal, alg1)
+    args = (p.B, p.H_kv, p.g, G, p.N_q, p.N_k, p.d_qk, p.d_v, Br, Bc, float(scale), alg1, *problem_mask(p, mask))
     mem.call(_backward_problem, ids, Q, K, V, O, dO, L, l, m, D, dQ, dK, dV, dKp, dVp, *args)
     return dQ, dK, dV
 
 
-def flash2_backward_problem(mem, problem, Q, K, V, O, dO, L, *, Br, Bc, gqa, scale, dtype=np.float64):  # noqa: N803
+def flash2_backward_problem(mem, problem, Q, K, V, O, dO, L, *, Br, Bc, gqa, scale, dtype=np.float64, mask=None):  # noqa: N803
     """FlashAttention-2's backward over ``problem`` (docs/theory.md, "The backward over a problem"); count-only:
     every data array None. K/V outer per (b, key/value head[, query head]); ``per-head`` GQA (g > 1) writes dK, dV
     expanded to H_q heads (dKpart, dVpart) and sums each group afterwards (flash-attn's GQA backward); ``packed``
     loops over the g N_q packed rows of the group with dK_j, dV_j on chip, written once. D = rowsum(dO o O) in a
     pass of its own; dQ_i read-modify-written on every inner step. Returns (dQ, dK, dV) with dQ in (b, h_q, r) and
     dK, dV in (b, h_kv, c) row order. Exact counts: :func:`iosim.theory.io_model.flash2_backward_problem`."""
-    return _backward_problem_call(mem, problem, Q, K, V, O, dO, L, None, None, Br, Bc, gqa, scale, dtype, False)
+    return _backward_problem_call(mem, problem, Q, K, V, O, dO, L, None, None, Br, Bc, gqa, scale, dtype, False, mask)
 
 
-def flash1_backward_problem(mem, problem, Q, K, V, O, dO, l, m, *, Br, Bc, gqa, scale, dtype=np.float64):  # noqa: E741, N803
+def flash1_backward_problem(mem, problem, Q, K, V, O, dO, l, m, *, Br, Bc, gqa, scale, dtype=np.float64, mask=None):  # noqa: E741, N803
     """FlashAttention's Algorithm 4 over ``problem``: the schedule of :func:`flash2_backward_problem` with
     Algorithm 4's steps: dQ, dK, dV (the expanded partials under per-head GQA) zero-initialised in HBM, P_ij from
     l_i and m_i, O_i loaded and D_i recomputed on every inner step, no D pass. Exact counts:
     :func:`iosim.theory.io_model.flash1_backward_problem`."""
-    return _backward_problem_call(mem, problem, Q, K, V, O, dO, None, l, m, Br, Bc, gqa, scale, dtype, True)
+    return _backward_problem_call(mem, problem, Q, K, V, O, dO, None, l, m, Br, Bc, gqa, scale, dtype, True, mask)

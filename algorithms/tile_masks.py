@@ -121,6 +121,16 @@ class TileMask:
             return 50 + (min(Br, self.N) // int(self.params[0]) + 2) * (15 + r * r // 4)
         return 0
 
+    def tile_tests(self, Br: int, Bc: int) -> int:
+        """About how many generator draws a driver's empty / full / partial test of one Br x Bc tile makes: what a
+        problem's schedule (algorithms/decoding.py), which never counts the whole mask, pays per tile it visits.
+        Random elements: until the first allowed and first forbidden element, about 2 / min(S, 1 - S) draws (at
+        most the tile's area); the other random kinds: :meth:`visit_tests`."""
+        if self.kind == RANDOM:
+            S = int(self.params[1]) / _ONE
+            return min(Br * Bc, int(2 / max(min(S, 1 - S), 1 / _ONE)) + 1)
+        return self.visit_tests(Br, Bc)
+
 
 _NO_TABLE = np.zeros((1, 1), dtype=np.int64)
 
@@ -711,3 +721,170 @@ def _ol_block_nonempty(kind, p, T, N, B, x0, bx, column):
     if _dense(p):
         return lambda kind, p, T, N, B, x0, bx, column: bx > 0 and N > 0
     return lambda kind, p, T, N, B, x0, bx, column: _block_nonempty(kind, p, T, N, B, x0, bx, bool(column))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A problem's rows (algorithms/decoding.py). A problem of N_q query rows against N_k keys takes its mask over the
+# whole sequence, N_k x N_k: query row q is the mask's row q + off (off = N_k - N_q; the queries are the last N_q
+# positions, so every mask is aligned bottom-right as the causal one is). A thread block of packed GQA rows holds
+# several heads' rows, packed row r being query row r mod N_q: its rows are at most three runs of the mask's rows
+# (the end of a head, whole heads, the start of a head). Rows q + off < 0 (N_q > N_k) see no key. Without a mask
+# (p None) every row sees every key.
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@njit(cache=True)
+def _runs(r0, nr, Nq, off):  # noqa: N803
+    """The packed rows [r0, r0 + nr) as mask rows: (a, n, heads, m): a first run [a, a + n), ``heads`` whole heads
+    (mask rows [off, off + N_q)) and a last run [off, off + m)."""
+    q0 = r0 % Nq
+    if q0 + nr <= Nq:
+        return q0 + off, nr, 0, 0
+    rest = nr - (Nq - q0)
+    return q0 + off, Nq - q0, rest // Nq, rest % Nq
+
+
+@njit(cache=True)
+def _run_nnz(kind, p, T, a, n, c0, nc):
+    """tile_nnz of the mask rows [a, a + n) (rows below 0 see nothing)."""
+    a1 = max(a, 0)
+    if a + n <= a1:
+        return 0
+    v = tile_nnz(kind, p, T, a1, a + n - a1, c0, nc)
+    return v
+
+
+@njit(cache=True)
+def rows_nnz(kind, p, T, r0, nr, c0, nc, Nq, off):  # noqa: N803
+    """:func:`tile_nnz` of a problem's packed rows [r0, r0 + nr) against keys [c0, c0 + nc): 0 empty, nr nc full,
+    anything between partial."""
+    if p is None:
+        return max(nr, 0) * max(nc, 0)
+    a, n, heads, m = _runs(r0, nr, Nq, off)
+    s = _run_nnz(kind, p, T, a, n, c0, nc)
+    if heads > 0:
+        s += heads * _run_nnz(kind, p, T, off, Nq, c0, nc)
+    if m > 0:
+        s += _run_nnz(kind, p, T, off, m, c0, nc)
+    return s
+
+
+@njit(cache=True)
+def _run_cols(kind, p, T, a, n, Nk, lo, hi):  # noqa: N803
+    a1 = max(a, 0)
+    if a + n <= a1:
+        return lo, hi
+    x, y = mask_cols(kind, p, T, a1, a + n - a1, Nk)
+    return (min(lo, x), max(hi, y)) if x < y else (lo, hi)
+
+
+@njit(cache=True)
+def rows_cols(kind, p, T, r0, nr, Nq, off, Nk):  # noqa: N803
+    """A key range [lo, hi) outside which a problem's packed rows [r0, r0 + nr) see nothing ((0, 0): none)."""
+    if p is None:
+        return 0, Nk
+    a, n, heads, m = _runs(r0, nr, Nq, off)
+    lo, hi = _run_cols(kind, p, T, a, n, Nk, Nk, 0)
+    if heads > 0:
+        lo, hi = _run_cols(kind, p, T, off, Nq, Nk, lo, hi)
+    if m > 0:
+        lo, hi = _run_cols(kind, p, T, off, m, Nk, lo, hi)
+    return (lo, hi) if lo < hi else (0, 0)
+
+
+@njit(cache=True)
+def cols_rows(kind, p, T, c0, nc, Nq, off, R):  # noqa: N803
+    """A packed-row range [lo, hi) of a group's R rows outside which no row sees a key of [c0, c0 + nc)."""
+    if p is None:
+        return 0, R
+    a, b = mask_rows(kind, p, T, c0, nc, Nq + off)
+    qa, qb = max(0, a - off), min(Nq, b - off)
+    if qa >= qb:
+        return 0, 0
+    return qa, (R // Nq - 1) * Nq + qb
+
+
+@njit(cache=True)
+def rows_apply(S, kind, p, T, r0, c0, Nq, off):  # noqa: N803
+    """The element mask on a partial tile of packed rows starting at r0 and keys starting at c0: S = -inf where
+    the row's mask row does not allow the key (rows below the mask's first row: every key)."""
+    if p is None:
+        return
+    nr = S.shape[0]
+    r = 0
+    while r < nr:
+        q = (r0 + r) % Nq
+        n = min(nr - r, Nq - q)
+        below = min(n, max(0, -(q + off)))
+        for k in range(r, r + below):
+            S[k, :] = -np.inf
+        if n > below:
+            apply_mask(S[r + below : r + n], kind, p, T, q + off + below, c0)
+        r += n
+
+
+@njit(cache=True)
+def q_outer_summary(kind, p, T, Nq, off, Nk, R, Br, Bc, s, npieces, longest):  # noqa: N803
+    """A Q-outer schedule's tiles over a group's R packed rows (flash2's forward over a problem): for row block i
+    and split k (ceil(T_c / s) column blocks each), out[i, k] = (nonempty tiles, their keys, their page pieces,
+    their longest piece); npieces and longest are per column block."""
+    Tr, Tc = cdiv(R, Br), cdiv(Nk, Bc)
+    per = cdiv(Tc, s)
+    out = np.zeros((Tr, s, 4), dtype=np.int64)
+    for i in range(Tr):
+        r0 = i * Br
+        br = min(Br, R - r0)
+        lo, hi = rows_cols(kind, p, T, r0, br, Nq, off, Nk)
+        j0, j1 = block_range(lo, hi, Bc)
+        for j in range(j0, j1):
+            c0 = j * Bc
+            bc = min(Bc, Nk - c0)
+            if rows_nnz(kind, p, T, r0, br, c0, bc, Nq, off) == 0:
+                continue
+            k = j // per
+            out[i, k, 0] += 1
+            out[i, k, 1] += bc
+            out[i, k, 2] += npieces[j]
+            out[i, k, 3] = max(out[i, k, 3], longest[j])
+    return out
+
+
+@njit(cache=True)
+def kv_outer_summary(kind, p, T, starts, ends, Nq, off, R, Br):  # noqa: N803
+    """A K/V-outer schedule's tiles over a group's R packed rows (flash1's forward over page pieces, the backward
+    over column blocks): for the keys [starts[t], ends[t]), out[t] = (row blocks with a nonempty tile, their rows,
+    the widest of them)."""
+    out = np.zeros((starts.size, 3), dtype=np.int64)
+    for t in range(starts.size):
+        c0 = starts[t]
+        n = ends[t] - c0
+        lo, hi = cols_rows(kind, p, T, c0, n, Nq, off, R)
+        i0, i1 = block_range(lo, hi, Br)
+        for i in range(i0, i1):
+            r0 = i * Br
+            br = min(Br, R - r0)
+            if rows_nnz(kind, p, T, r0, br, c0, n, Nq, off) == 0:
+                continue
+            out[t, 0] += 1
+            out[t, 1] += br
+            out[t, 2] = max(out[t, 2], br)
+    return out
+
+
+@njit(cache=True)
+def seen_counts(kind, p, T, Nq, off, Nk):  # noqa: N803
+    """(query rows that see a key, keys that some query row sees) of a problem's mask rows [off, off + N_q): what
+    its compulsory traffic must read. One test per row and per key (a random element's stops at its first allowed
+    element)."""
+    a = max(off, 0)
+    rows = keys = 0
+    for r in range(a, off + Nq):
+        lo, hi = mask_cols(kind, p, T, r, 1, Nk)
+        if lo < hi and tile_nnz(kind, p, T, r, 1, lo, hi - lo) > 0:
+            rows += 1
+    for c in range(Nk):
+        lo, hi = mask_rows(kind, p, T, c, 1, Nk)
+        lo, hi = max(lo, a), min(hi, off + Nq)
+        if lo < hi and tile_nnz(kind, p, T, lo, hi - lo, c, 1) > 0:
+            keys += 1
+    return rows, keys

@@ -95,6 +95,7 @@ class Result:
     kv_policy: str = "paper"  # the empty-block policy (iosim.algorithms.tile_masks.POLICIES)
     problem: Problem | None = None  # what was counted (provenance): B, heads, N_q, N_k, d_qk, d_v, dtypes
     schedule: dict = field(default_factory=dict)  # GQA policy, splits, MLA read, thread blocks (problem runs)
+    seen: tuple[int, int] | None = None  # a mask over a problem: (rows that see a key, keys seen), per head
 
     @property
     def bytes_per_array(self) -> dict[str, int]:
@@ -172,8 +173,8 @@ class Result:
             out["schedule"] = dict(self.schedule)
             out["bytes_per_array"] = self.bytes_per_array
             out["total_bytes"] = self.total_bytes
-            out["compulsory_words"] = sum(self.problem.compulsory().values())
-            out["compulsory_bytes"] = self.problem.compulsory_bytes()
+            out["compulsory_words"] = sum(self.problem.compulsory(self.seen).values())
+            out["compulsory_bytes"] = self.problem.compulsory_bytes(self.seen)
         if len(self.passes) > 1:
             out["passes"] = {name: p.as_dict() for name, p in self.passes.items()}
             out["total_all_passes"] = sum(p.stats.total for p in self.passes.values())
@@ -387,7 +388,7 @@ def run(
     reference: bool = True,
     allow_long: bool = False,
     mask=None,
-    kv_policy: str = "paper",
+    kv_policy: str | None = None,
     problem: Problem | None = None,
     gqa: str = "per-head",
     splits: int = 1,
@@ -418,7 +419,8 @@ def run(
     ``mask`` (an :mod:`iosim.masks` pattern, a ``--mask`` string such as ``"window:128"``, or an N x N boolean array)
     masks the scores; ``causal=True`` is the causal mask. Built-in algorithms skip the tiles the mask empties;
     ``kv_policy`` ("paper" or "skip") decides whether the outer-loop operands (K_j, V_j; Q_i for flash2's forward)
-    of a block whose tiles are all empty are loaded (FlashAttention Algorithm 5) or not (its CUDA kernel).
+    of a block whose tiles are all empty are loaded (FlashAttention Algorithm 5) or not (its CUDA kernel); None is
+    paper for one head and skip over a problem (flash1, flash2), whose schedules skip as the kernels do.
 
     ``problem`` (an :class:`iosim.problem.Problem`: batch, query and key/value heads, N_q, N_k, d_qk, d_v, causal
     bottom-right, MLA latent, page size, dtypes) replaces N and d; ``gqa`` ("per-head" or "packed"), ``splits``
@@ -721,9 +723,22 @@ def _problem_inputs(p: Problem, rng):
     return Q, K, V, Ks, Vs, table
 
 
-def problem_reference(p: Problem, Q, K, V, scale: float):
+class _QueryRows:
+    """A mask over the whole sequence (N_k x N_k) as a problem's queries see it: query row q is its row q + offset
+    (the reference's ``rows(r0, r1)``)."""
+
+    def __init__(self, mask, offset: int) -> None:
+        self.mask, self.offset = mask, offset
+
+    def rows(self, r0: int, r1: int) -> np.ndarray:
+        return self.mask.rows(r0 + self.offset, r1 + self.offset)
+
+
+def problem_reference(p: Problem, Q, K, V, scale: float, mask=None):
     """The float64 reference of a problem, head by head: query head h uses key/value head h // g; causal is
-    bottom-right (offset N_k - N_q). Returns (O, L) in (b, h_q, r) row order."""
+    bottom-right (offset N_k - N_q); ``mask``: a TileMask over N_k x N_k whose last N_q rows are the queries'.
+    Returns (O, L) in (b, h_q, r) row order."""
+    shape = dict(causal=p.causal, offset=p.offset) if mask is None else dict(mask=_QueryRows(mask, p.offset))
     O = np.empty((Q.shape[0], p.d_v))
     L = np.empty(Q.shape[0])
     for b in range(p.B):
@@ -731,15 +746,16 @@ def problem_reference(p: Problem, Q, K, V, scale: float):
             q = (b * p.H_q + h) * p.N_q
             k = (b * p.H_kv + h // p.g) * p.N_k
             O[q : q + p.N_q], L[q : q + p.N_q] = attention_forward(
-                Q[q : q + p.N_q], K[k : k + p.N_k], V[k : k + p.N_k], scale=scale, causal=p.causal, offset=p.offset
+                Q[q : q + p.N_q], K[k : k + p.N_k], V[k : k + p.N_k], scale=scale, **shape
             )
     return O, L
 
 
 def problem_reference_backward(p: Problem, Q, K, V, dO, scale: float, mask=None):
     """The float64 reference gradients of a problem, head by head (as :func:`problem_reference`): dQ in (b, h_q, r)
-    row order; dK, dV in (b, h_kv, c) order, each key/value head's the sum over its g query heads. ``mask``: a
-    TileMask applied to every head (N_q = N_k) in place of the causal field."""
+    row order; dK, dV in (b, h_kv, c) order, each key/value head's the sum over its g query heads. ``mask``: as
+    :func:`problem_reference`, in place of the causal field."""
+    shape = dict(causal=p.causal, offset=p.offset) if mask is None else dict(mask=_QueryRows(mask, p.offset))
     dQ = np.empty_like(Q, dtype=np.float64)
     dK = np.zeros(K.shape)
     dV = np.zeros(V.shape)
@@ -748,10 +764,7 @@ def problem_reference_backward(p: Problem, Q, K, V, dO, scale: float, mask=None)
             q = slice((b * p.H_q + h) * p.N_q, (b * p.H_q + h + 1) * p.N_q)
             k0 = (b * p.H_kv + h // p.g) * p.N_k
             k = slice(k0, k0 + p.N_k)
-            if mask is None:
-                dq, dk, dv = attention_backward(Q[q], K[k], V[k], dO[q], scale=scale, causal=p.causal, offset=p.offset)
-            else:
-                dq, dk, dv = attention_backward(Q[q], K[k], V[k], dO[q], scale=scale, mask=mask)
+            dq, dk, dv = attention_backward(Q[q], K[k], V[k], dO[q], scale=scale, **shape)
             dQ[q] = dq
             dK[k] += dk
             dV[k] += dv
@@ -771,6 +784,46 @@ def _problem_backward_check(algo, p: Problem, splits: int) -> None:
             )
 
 
+def _seen(p: Problem, tmask) -> tuple[int, int] | None:
+    """Per head, (query rows that see a key, keys some query row sees) under ``tmask`` (a TileMask over N_k x N_k
+    or None for the problem's causal field); None when every row sees every key."""
+    from iosim.algorithms.tile_masks import seen_counts
+
+    if tmask is None:
+        return (p.N_k, p.N_k) if p.causal and p.N_q > p.N_k else None
+    return tuple(int(x) for x in seen_counts(*tmask.args[:3], p.N_q, p.N_k - p.N_q, p.N_k))
+
+
+def problem_seen(p: Problem, mask) -> tuple[int, int] | None:
+    """:func:`_seen` of a ``mask`` argument (a ``--mask`` string, a Mask, an array or None) over problem ``p``: what
+    its compulsory traffic reads (:meth:`iosim.problem.Problem.compulsory`)."""
+    if mask is None or (isinstance(mask, str) and mask in ("none", "dense")):
+        return _seen(p, None)
+    from iosim.algorithms.tile_masks import DENSE
+    from iosim.masks import compile_mask
+
+    tm = compile_mask(mask, p.N_k, p.causal)
+    return None if tm.kind == DENSE else _seen(p, tm)
+
+
+def _problem_mask(p: Problem, mask, policy):
+    """The mask of a flash schedule over a problem: a TileMask over the whole sequence (N_k x N_k) whose last N_q
+    rows are the queries' (aligned bottom-right, as the causal field is), or None for the dense mask. ``policy``
+    None is skip: a problem's schedules load no operand of a block the mask empties, as FlashAttention's kernels."""
+    from iosim.algorithms.tile_masks import DENSE
+    from iosim.masks import compile_mask
+
+    if p.N_q > p.N_k:
+        raise InputError(
+            "mask",
+            f"over a problem needs N_q <= N_k (the queries are the last N_q of the N_k positions the mask covers); "
+            f"N_q = {p.N_q:,}, N_k = {p.N_k:,}",
+            mask if isinstance(mask, str) else type(mask).__name__,
+        )
+    tm = compile_mask(mask, p.N_k, p.causal, "skip" if policy is None else policy)
+    return None if tm.kind == DENSE else tm
+
+
 def _run_problem(algo, p: Problem, M: int, gqa, splits, mla, Br, Bc, B, **o) -> Result:
     """:func:`run` over a whole problem (flash1, flash2; :mod:`iosim.algorithms.decoding`)."""
     from iosim.algorithms import decoding
@@ -779,9 +832,10 @@ def _run_problem(algo, p: Problem, M: int, gqa, splits, mla, Br, Bc, B, **o) -> 
 
     masked = not (o["mask"] is None or (isinstance(o["mask"], str) and o["mask"] in ("none", "dense")))
     backward = _flag("backward", o["backward"])
-    if masked or (backward and algo.name not in PROBLEM_ALGORITHMS):
+    if algo.name not in PROBLEM_ALGORITHMS and (masked or backward):
         return _run_by_heads(algo, p, M, gqa, splits, mla, Br, Bc, B, masked, o)
     splits, mla = _problem_schedule(algo, p, gqa, splits, mla, B)
+    tmask = _problem_mask(p, o["mask"], o["kv_policy"]) if masked and algo.name in PROBLEM_ALGORITHMS else None
     if backward:
         _problem_backward_check(algo, p, splits)
     trace = _flag("trace", o["trace"])
@@ -810,12 +864,19 @@ def _run_problem(algo, p: Problem, M: int, gqa, splits, mla, Br, Bc, B, **o) -> 
     groups = p.B * p.H_kv * G
     steps = groups * -(-rows // t.Br) * (-(-p.N_k // t.Bc) + p.pages + splits)
     passes_n = 3 if backward else 1  # the backward: about twice the forward's tile steps and arithmetic
+    # a random mask: every tile of every group is tested by the run, and once more by the closed form's summary
+    draws = (groups + 1) * -(-rows // t.Br) * -(-p.N_k // t.Bc) * (tmask.tile_tests(t.Br, t.Bc) if tmask else 0)
     # one head of N_q x N_k per group: the numeric estimate's arithmetic is per head (N_q N_k d), times the heads
     if count_only:
         seconds = estimate.count_only_seconds(steps * passes_n)
     else:
         flops = estimate.NUMERIC_N2D * p.B * p.H_q * p.N_q * p.N_k * (p.d_qk + p.d_v)
         seconds = (estimate.numeric_seconds(1, 1, steps, False) + flops) * passes_n
+    if draws:
+        estimate.check(draws * passes_n * estimate.MASK_DRAW, f"the tile tests of the mask {tmask.label} over {p}",
+                       allow_long=allow_long, parameter="mask", value=tmask.label,
+                       remedy="use fewer heads, larger blocks or a structured mask")  # fmt: skip
+    seconds += draws * passes_n * estimate.MASK_DRAW
     estimate.check(seconds, f"a run of {algo.name} over {p}", allow_long=allow_long, parameter="problem", value=str(p))
     if not count_only:
         words = (p.B * p.H_q * p.N_q * (p.d_qk + (splits + 1) * p.d_v)) + 3 * p.B * p.H_kv * p.N_k * (p.d_qk + p.d_v)
@@ -842,24 +903,25 @@ def _run_problem(algo, p: Problem, M: int, gqa, splits, mla, Br, Bc, B, **o) -> 
     if algo.name == "flash2":
         O, L = decoding.flash2_problem(
             mem, p, *data, table, Br=t.Br, Bc=t.Bc, gqa=gqa, splits=splits, mla=mla, combine_rows=bm, scale=scale,
-            dtype=np_dtype,
+            dtype=np_dtype, mask=tmask,
         )  # fmt: skip
         outputs = {"O": O, "L": L}
-        predicted = io_model.flash2_problem(p, t.Br, t.Bc, gqa, splits, mla, bm)
+        predicted = io_model.flash2_problem(p, t.Br, t.Bc, gqa, splits, mla, bm, tmask)
     else:
         O, l_, m = decoding.flash1_problem(
-            mem, p, *data, table, Br=t.Br, Bc=t.Bc, gqa=gqa, mla=mla, scale=scale, dtype=np_dtype
+            mem, p, *data, table, Br=t.Br, Bc=t.Bc, gqa=gqa, mla=mla, scale=scale, dtype=np_dtype, mask=tmask
         )
         with np.errstate(divide="ignore"):
             L = None if m is None else m + np.log(l_)
         outputs = {"O": O, "l": l_, "m": m, "L": L}
-        predicted = io_model.flash1_problem(p, t.Br, t.Bc, gqa, mla)
+        predicted = io_model.flash1_problem(p, t.Br, t.Bc, gqa, mla, tmask)
     schedule["thread_blocks"] = predicted.thread_blocks
     if not count_only and reference:
-        O_ref, L_ref = problem_reference(p, Q, K, V, scale)
+        O_ref, L_ref = problem_reference(p, Q, K, V, scale, tmask)
         errors["O"] = float(np.max(np.abs(outputs["O"] - O_ref)))
         errors["L"] = _logsumexp_error(outputs["L"], L_ref)
-    lb = float(sum(p.compulsory().values()))
+    seen = _seen(p, tmask)
+    lb = float(sum(p.compulsory(seen).values()))
     fwd = PassResult(
         "forward", mem.stats(), predicted, lb, "compulsory (read Q, K/V once per KV head, write O)", errors, t,
         count_only or _all_finite(outputs, ("O", "L")),
@@ -868,12 +930,13 @@ def _run_problem(algo, p: Problem, M: int, gqa, splits, mla, Br, Bc, B, **o) -> 
     if backward:
         passes["backward"], bwd_trace = _problem_backward_pass(
             algo.name, p, M, gqa, rows, o["tiling"], Br, Bc, strict, count_only, reference, np_dtype, seed, scale,
-            outputs, (Q, K, V), schedule, trace,
+            outputs, (Q, K, V), schedule, trace, tmask, seen,
         )  # fmt: skip
     return Result(
         algo.name, p.N_q, p.d_qk, M, p.causal, count_only, dtype, passes["backward"].tiling if backward else t,
         passes, outputs, seed, scale,
-        bwd_trace if backward else mem.trace(), "causal" if p.causal else "none", "paper", p, schedule,
+        bwd_trace if backward else mem.trace(), tmask.label if tmask else "causal" if p.causal else "none",
+        tmask.policy if tmask else "skip", p, schedule, seen,
     )  # fmt: skip
 
 
@@ -932,6 +995,7 @@ def _run_by_heads(algo, p: Problem, M: int, gqa, splits, mla, Br, Bc, B, masked:
             grad = dict(dO=dO[q : q + N]) if backward else {}
             runs.append(run(algo.name, Q=Q[q : q + N], K=K[k : k + N], V=V[k : k + N], **grad, **one))
     first = runs[0]
+    seen = problem_seen(p, o["mask"] if masked else None)
     passes: dict[str, PassResult] = {}
     for name, ps in first.passes.items():
         stats = runs[0].passes[name].stats
@@ -940,7 +1004,7 @@ def _run_by_heads(algo, p: Problem, M: int, gqa, splits, mla, Br, Bc, B, masked:
         predicted = None if ps.predicted is None else io_model.heads_problem(ps.predicted, heads)
         errors = {e: max(r.passes[name].errors.get(e, 0.0) for r in runs) for e in ps.errors}
         finite = all(r.passes[name].finite for r in runs)
-        floor = p.compulsory_backward() if name == "backward" else p.compulsory()
+        floor = p.compulsory_backward(seen) if name == "backward" else p.compulsory(seen)
         what = BACKWARD_FLOOR if name == "backward" else "compulsory (read Q, K/V once per KV head, write O)"
         passes[name] = PassResult(name, stats, predicted, float(sum(floor.values())), what, errors, ps.tiling, finite)
     outputs: dict[str, np.ndarray | None] = {}
@@ -961,7 +1025,7 @@ def _run_by_heads(algo, p: Problem, M: int, gqa, splits, mla, Br, Bc, B, masked:
     schedule = {"gqa": "per-head", "splits": 1, "mla": None, "thread_blocks": None}
     return Result(
         algo.name, N, d, M, p.causal, count_only, first.dtype, first.tiling, passes, outputs, seed, first.scale, None,
-        first.mask, first.kv_policy, p, schedule,
+        first.mask, first.kv_policy, p, schedule, seen,
     )  # fmt: skip
 
 
@@ -1001,7 +1065,8 @@ def _gqa_reduction(p: Problem, M: int, bwd: PassResult, outputs: dict, count_onl
 
 
 def _problem_backward_pass(name: str, p: Problem, M, gqa, rows, rule, Br, Bc, strict, count_only, reference, np_dtype,
-                           seed, scale, outputs, inputs, schedule, trace=False) -> tuple:  # fmt: skip
+                           seed, scale, outputs, inputs, schedule, trace=False, mask=None,
+                           seen=None) -> tuple:  # fmt: skip
     """The flash2 (flash1) backward over a problem on a fresh memory of M words, reading the forward's O and L (O,
     l and m); dO is drawn from ``seed`` after Q, K, V. Fills ``outputs`` with dQ, dK, dV.
     Returns the pass and its trace (the run's trace, as for one head)."""
@@ -1011,7 +1076,7 @@ def _problem_backward_pass(name: str, p: Problem, M, gqa, rows, rule, Br, Bc, st
 
     t = problem_backward_tiling(p, M, rule, rows, Br, Bc, name)
     predict = io_model.flash1_backward_problem if name == "flash1" else io_model.flash2_backward_problem
-    predicted = predict(p, t.Br, t.Bc, gqa)
+    predicted = predict(p, t.Br, t.Bc, gqa, mask)
     if (Br is not None or Bc is not None) and strict and predicted.peak > M:
         raise InputError(
             "Br, Bc", f"give a backward working set of {predicted.peak:,} words above M = {M:,}: choose smaller tiles",
@@ -1030,15 +1095,15 @@ def _problem_backward_pass(name: str, p: Problem, M, gqa, rows, rule, Br, Bc, st
         stats = (outputs["l"], outputs["m"]) if name == "flash1" else (outputs["L"],)
         data = (*inputs, outputs["O"], dO, *stats)
     run_backward = decoding.flash1_backward_problem if name == "flash1" else decoding.flash2_backward_problem
-    dQ, dK, dV = run_backward(mem, p, *data, Br=t.Br, Bc=t.Bc, gqa=gqa, scale=scale, dtype=np_dtype)
+    dQ, dK, dV = run_backward(mem, p, *data, Br=t.Br, Bc=t.Bc, gqa=gqa, scale=scale, dtype=np_dtype, mask=mask)
     outputs.update(dQ=dQ, dK=dK, dV=dV)
     schedule["backward_thread_blocks"] = predicted.thread_blocks
     if not count_only and reference:
-        refs = problem_reference_backward(p, *inputs, dO, scale)
+        refs = problem_reference_backward(p, *inputs, dO, scale, mask)
         for name, x, ref in zip(("dQ", "dK", "dV"), (dQ, dK, dV), refs, strict=True):
             errors[name] = float(np.max(np.abs(x - ref)))
     result = PassResult(
-        "backward", mem.stats(), predicted, float(sum(p.compulsory_backward().values())), BACKWARD_FLOOR, errors, t,
+        "backward", mem.stats(), predicted, float(sum(p.compulsory_backward(seen).values())), BACKWARD_FLOOR, errors, t,
         count_only or _all_finite(outputs, ("dQ", "dK", "dV")),
     )  # fmt: skip
     return result, mem.trace()

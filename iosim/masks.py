@@ -427,9 +427,10 @@ def _from_file(path: str, block: tuple[int, int] | None) -> Mask:
     return FromBlocks(a, block, label=f"file:{path}:{block[0]}x{block[1]}")
 
 
-def compile_mask(mask, N: int, causal: bool = False, policy: str = "paper") -> TileMask:
+def compile_mask(mask, N: int, causal: bool = False, policy: str | None = "paper") -> TileMask:
     """The tile oracle of ``mask`` (a :class:`Mask`, a ``--mask`` string, a TileMask or None) for N; ``causal``
     True is the causal mask (it cannot be combined with another mask)."""
+    policy = "paper" if policy is None else policy
     if not isinstance(policy, str) or policy not in POLICIES:
         raise InputError("kv_policy", f"must be one of {', '.join(POLICIES)}", policy)
     if isinstance(N, bool) or not isinstance(N, numbers.Integral) or not 0 < N <= 1 << 26:

@@ -178,25 +178,33 @@ class Problem:
         G = self.g if gqa == "per-head" else 1
         return G, self.B * self.H_kv * G, self.N_q * (self.g // G)
 
-    def compulsory(self) -> dict[str, int]:
+    def compulsory(self, seen: tuple[int, int] | None = None) -> dict[str, int]:
         """The compulsory traffic in words: read Q, the KV cache once per key/value head, write O (and nothing
-        else). MLA's latent is one cache: V is inside K, so only K counts."""
-        rows_q, rows_k = self.B * self.H_q * self.N_q, self.B * self.H_kv * self.N_k
-        out = {"Q": rows_q * self.d_qk, "K": rows_k * self.d_qk, "O": rows_q * self.d_v}
+        else). MLA's latent is one cache: V is inside K, so only K counts. ``seen`` = (query rows that see a key,
+        keys that some query row sees), per head, under a mask (default: N_q, N_k): a row that sees no key need not
+        be read (its O = 0 is still written), a key no row sees need not be read."""
+        rows_q, rows_k = self._seen(seen)
+        out = {"Q": rows_q * self.d_qk, "K": rows_k * self.d_qk, "O": self.B * self.H_q * self.N_q * self.d_v}
         if not self.latent:
             out["V"] = rows_k * self.d_v
         return out
 
-    def compulsory_backward(self) -> dict[str, int]:
+    def compulsory_backward(self, seen: tuple[int, int] | None = None) -> dict[str, int]:
         """The backward's compulsory traffic in words: read Q, O, dO and the logsumexp L, the KV cache once per
-        key/value head, and write dQ, dK, dV once (dK, dV once per key/value head)."""
-        rows_q, rows_k = self.B * self.H_q * self.N_q, self.B * self.H_kv * self.N_k
+        key/value head, and write dQ, dK, dV once (dK, dV once per key/value head); ``seen`` as in
+        :meth:`compulsory` (dQ, dK, dV are written whole)."""
+        rows_q, rows_k = self._seen(seen)
+        all_q, all_k = self.B * self.H_q * self.N_q, self.B * self.H_kv * self.N_k
         return {"Q": rows_q * self.d_qk, "O": rows_q * self.d_v, "dO": rows_q * self.d_v, "L": rows_q,
-                "K": rows_k * self.d_qk, "V": rows_k * self.d_v, "dQ": rows_q * self.d_qk,
-                "dK": rows_k * self.d_qk, "dV": rows_k * self.d_v}  # fmt: skip
+                "K": rows_k * self.d_qk, "V": rows_k * self.d_v, "dQ": all_q * self.d_qk,
+                "dK": all_k * self.d_qk, "dV": all_k * self.d_v}  # fmt: skip
 
-    def compulsory_bytes(self) -> int:
-        return sum(self.bytes_of(a, w) for a, w in self.compulsory().items())
+    def _seen(self, seen) -> tuple[int, int]:
+        q, k = (self.N_q, self.N_k) if seen is None else seen
+        return self.B * self.H_q * q, self.B * self.H_kv * k
+
+    def compulsory_bytes(self, seen: tuple[int, int] | None = None) -> int:
+        return sum(self.bytes_of(a, w) for a, w in self.compulsory(seen).items())
 
     def as_dict(self) -> dict:
         out = {k: v for k, v in asdict(self).items() if not k.startswith("_")}

@@ -44,7 +44,9 @@ def _problem(args):
 
 
 def _problem_command(args, p) -> None:
-    bs = bounds.problem_bounds(p, args.M)
+    from iosim import api
+
+    bs = bounds.problem_bounds(p, args.M, api.problem_seen(p, args.mask))
     if args.json:
         from iosim.version import __version__
 

@@ -191,14 +191,17 @@ def _compare_problem(args) -> int:
         plans += [(a, "per-head", 1, "shared") for a in ("standard", "square-tiling")]
     results, failures = [], []
     square = problem.N_q == problem.N_k and problem.d_qk == problem.d_v  # a query head is the one-head problem
-    if kw.get("mask") not in (None, "none", "dense"):  # a mask: every algorithm, heads one after another
-        plans = [(a, "per-head", 1, "shared") for a in ("flash2", "flash1", "square-tiling", "standard")]
-    elif kw.get("backward"):  # flash1, flash2's problem backward; standard, square tiling head by head
-        plans = [(a, g, s, m) for a, g, s, m in plans if a in ("flash1", "flash2") and s == 1]
-        if square and not problem.latent and problem.page_size is None:
+    masked = kw.get("mask") not in (None, "none", "dense")
+    backward = bool(kw.get("backward"))
+    if masked or backward:  # flash1, flash2's own problem schedules; standard, square tiling head by head
+        plans = [(a, g, s, m) for a, g, s, m in plans if a in ("flash1", "flash2") and (s == 1 or not backward)]
+        if square and not problem.latent and problem.page_size is None and (backward or args.splits == 1):
             plans += [(a, "per-head", 1, "shared") for a in ("standard", "square-tiling")]
-        else:
+        elif backward:
             failures = [f"{a}: a backward over a problem needs N_q = N_k, d_qk = d_v" for a in ONE_HEAD]
+        else:
+            failures = [f"{a}: a mask over a problem runs head by head and needs N_q = N_k, d_qk = d_v, no split, "
+                        "page or latent" for a in ONE_HEAD]  # fmt: skip
     for a, g, s, m in plans:
         try:
             results.append(api.run(a, problem=problem, gqa=g, splits=s, mla=m, **kw))
@@ -209,8 +212,8 @@ def _compare_problem(args) -> int:
     if not results:
         raise InputError("M", f"is too small for every schedule of {problem}", args.M)
     results.sort(key=lambda r: r.stats.total)
-    backward = bool(kw.get("backward"))
-    need = problem.compulsory_backward() if backward else problem.compulsory()
+    seen = api.problem_seen(problem, kw.get("mask"))
+    need = problem.compulsory_backward(seen) if backward else problem.compulsory(seen)
     floor = sum(need.values())
     if args.json or args.csv:
         records = [{"rank": i + 1, **r.as_dict()} for i, r in enumerate(results)]

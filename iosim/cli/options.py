@@ -83,8 +83,9 @@ def add_mask_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--kv-policy",
         choices=masks.POLICIES,
-        default="paper",
-        help="K_j, V_j (flash2 forward: Q_i) of an all-empty block: paper loads them (Algorithm 5), skip does not",
+        default=None,
+        help="K_j, V_j (flash2 forward: Q_i) of an all-empty block: paper loads them (Algorithm 5), skip does not "
+        "(default: paper for one head; over a problem flash1 and flash2 skip, as the kernels do)",
     )
 
 
@@ -133,7 +134,7 @@ def run_kwargs(args) -> dict:
 
 def mask_words(args) -> str:
     if args.mask not in (None, "none", "dense"):
-        return f"mask {args.mask} (kv policy {args.kv_policy})"
+        return f"mask {args.mask} (kv policy {args.kv_policy or 'paper'})"
     return "causal" if args.causal else "non-causal"
 
 

@@ -271,7 +271,7 @@ PROBLEM_NOTE = (
 )
 
 
-def problem_bounds(problem, M: int) -> list[Bound]:
+def problem_bounds(problem, M: int, seen: tuple[int, int] | None = None) -> list[Bound]:
     """The bounds that apply to a problem (an :class:`iosim.problem.Problem`): the compulsory traffic always (read
     Q, the KV cache once per key/value head, write O: the floor decoding kernels aim for; MLA's latent is one
     cache), and the papers' forward bounds only for one head with N_q = N_k and d_qk = d_v (:data:`PROBLEM_NOTE`)."""
@@ -279,12 +279,14 @@ def problem_bounds(problem, M: int) -> list[Bound]:
     floor = Bound(
         "compulsory",
         "lower",
-        float(sum(p.compulsory().values())),
-        "B H_q N_q (d_qk + d_v) + B H_kv N_k (d_qk + d_v)" if not p.latent else "B H_q N_q (d_qk + d_v) + B N_k d_qk",
+        float(sum(p.compulsory(seen).values())),
+        ("B H_q N_q (d_qk + d_v) + B H_kv N_k (d_qk + d_v)" if not p.latent else "B H_q N_q (d_qk + d_v) + B N_k d_qk")
+        if seen is None
+        else "B H_q (N_q' d_qk + N_q d_v) + B H_kv N_k' (d_qk + d_v), N_q' rows see a key, N_k' keys are seen",
         "every input word read once and every output word written once (docs/theory.md#problems-batch-heads-decoding)",
         "any M",
         True,
     )
-    if p.B == 1 and p.H_q == 1 and p.N_q == p.N_k and p.d_qk == p.d_v and not p.latent:
+    if p.B == 1 and p.H_q == 1 and p.N_q == p.N_k and p.d_qk == p.d_v and not p.latent and seen is None:
         return [floor] + [b for b in forward_bounds(p.N_q, p.d_qk, M) if b.applies and b.name != "trivial"]
     return [floor]

@@ -470,11 +470,78 @@ def combine_working_set(dv: int, s: int, rows: int) -> int:
     return rows * (s + 2 * dv + 1)
 
 
-def row_limits(r0: int, br: int, Nq: int, off: int, Nk: int, causal: bool) -> tuple[int, int]:
-    """(lo, hi): every row of [r0, r0 + br) sees keys [0, lo), none sees a key >= hi (algorithms/decoding.py)."""
-    from iosim.algorithms.decoding import row_limits as _limits
+def _causal_hi(r0: int, br: int, Nq: int, off: int, Nk: int) -> int:
+    """The keys [0, hi) the packed rows [r0, r0 + br) can see under the bottom-right causal mask: packed row r is
+    query row r mod N_q and sees keys c <= r mod N_q + off; a block crossing a head boundary holds row N_q - 1."""
+    q0 = r0 % Nq
+    last = q0 + br - 1 if q0 + br <= Nq else Nq - 1
+    return min(Nk, max(0, last + off + 1))
 
-    return _limits.py_func(r0, br, Nq, off, Nk, causal)
+
+def _structured(p, mask) -> bool | None:
+    """A problem's mask in closed form: None for a mask summarised tile by tile, else the causal flag (no mask or
+    the dense one: False; the causal mask, the problem's field or given as a mask: True)."""
+    if mask is None:
+        return p.causal
+    if mask.kind == _masks.DENSE or mask.is_causal:
+        return mask.is_causal
+    return None
+
+
+def _paper(mask) -> bool:
+    """Whether a problem's schedule loads a thread block's outer operand before testing the mask (policy paper;
+    the causal field and policy skip load none for a block the mask empties)."""
+    return mask is not None and mask.policy == "paper"
+
+
+def _q_outer_blocks(p, R: int, Br: int, Bc: int, s: int, npieces, longest, mask):
+    """For each row block i of a group's R packed rows and split k (ceil(T_c / s) column blocks each): (k, R_i, the
+    nonempty tiles, their keys, their page pieces, their longest piece). Causal or none: the blocks before
+    ceil(hi_i / B_c); any other mask: its tile summary (:func:`iosim.algorithms.tile_masks.q_outer_summary`)."""
+    Tr, Tc = cdiv(R, Br), cdiv(p.N_k, Bc)
+    off = p.N_k - p.N_q
+    causal = _structured(p, mask)
+    if causal is None:
+        summary = _masks.q_outer_summary(*mask.args[:3], p.N_q, off, p.N_k, R, Br, Bc, s, npieces, longest)
+    per_split = cdiv(Tc, s)
+    pre = np.concatenate(([0], np.cumsum(npieces)))
+    for i in range(Tr):
+        r0 = i * Br
+        br = min(Br, R - r0)
+        j_end = cdiv(_causal_hi(r0, br, p.N_q, off, p.N_k), Bc) if causal else Tc
+        for k in range(s):
+            if causal is None:
+                yield (k, br, *(int(x) for x in summary[i, k]))
+                continue
+            j0, j1 = k * per_split, min(j_end, (k + 1) * per_split)
+            if j0 >= j1:
+                yield k, br, 0, 0, 0, 0
+            else:
+                yield k, br, j1 - j0, min(j1 * Bc, p.N_k) - j0 * Bc, int(pre[j1] - pre[j0]), int(longest[j0:j1].max())
+
+
+def _kv_outer_met(p, R: int, Br: int, starts, ends, mask) -> np.ndarray:
+    """For each piece of keys [starts[t], ends[t]) of a K/V-outer schedule over a group's R packed rows: (row blocks
+    that see a key of it, their rows, the widest). Causal or none: the row blocks i with starts[t] < hi_i; any
+    other mask: its tile summary (:func:`iosim.algorithms.tile_masks.kv_outer_summary`)."""
+    off = p.N_k - p.N_q
+    causal = _structured(p, mask)
+    if causal is None:
+        return _masks.kv_outer_summary(*mask.args[:3], starts, ends, p.N_q, off, R, Br)
+    n = len(starts)
+    count, rows, widest = np.zeros(n + 1, np.int64), np.zeros(n + 1, np.int64), np.zeros(n, np.int64)
+    for i in range(cdiv(R, Br)):  # row block i meets the pieces [0, met): differences, summed below
+        r0 = i * Br
+        br = min(Br, R - r0)
+        met = int(np.searchsorted(starts, _causal_hi(r0, br, p.N_q, off, p.N_k), side="left")) if causal else n
+        count[0] += 1
+        count[met] -= 1
+        rows[0] += br
+        rows[met] -= br
+        if met:
+            widest[met - 1] = max(widest[met - 1], br)
+    widest = np.maximum.accumulate(widest[::-1])[::-1]  # the widest block among those meeting piece t or later
+    return np.stack([np.cumsum(count)[:n], np.cumsum(rows)[:n], widest], axis=1)
 
 
 def _pieces(Nk: int, Bc: int, P: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -501,44 +568,39 @@ class ProblemPrediction(Prediction):
 
 
 def flash2_problem(p, Br: int, Bc: int, gqa: str = "per-head", splits: int = 1, mla: str = "shared",
-                   combine_rows: int = 1) -> ProblemPrediction:  # fmt: skip
+                   combine_rows: int = 1, mask: TileMask | None = None) -> ProblemPrediction:  # fmt: skip
     """FlashAttention-2's forward over a problem (algorithms/decoding.py), per group of R rows:
 
-    for each row block i (R_i rows, keys [0, hi_i) possible) and split k (column blocks [j0, j1) cut at
-    ceil(hi_i / B_c)): Q reads R_i d_qk if the split has a block; K reads C d_qk and V C d_v (none under MLA
-    shared) with C the keys of its blocks; the page table one word per page piece; O and L (s = 1) or Opart and
-    Lpart (s > 1) R_i d_v and R_i words written. Times groups = B H_kv G. Split-KV adds the combine step: Lpart
-    read s B H_q N_q, Opart read s B H_q N_q d_v, O and L written B H_q N_q (d_v + 1).
+    for each row block i (R_i rows) and split k: the nonempty tiles among the split's column blocks (causal: those
+    before ceil(hi_i / B_c), keys [0, hi_i) possible; any other ``mask``, a TileMask over N_k x N_k whose last N_q
+    rows are the queries': its tile summary). If there is one, Q reads R_i d_qk; K reads C d_qk and V C d_v (none
+    under MLA shared) with C the keys of those tiles; the page table one word per page piece of them. Every split
+    writes O and L (s = 1) or Opart and Lpart (s > 1), R_i d_v and R_i words. Times groups = B H_kv G. Split-KV
+    adds the combine step: Lpart read s B H_q N_q, Opart read s B H_q N_q d_v, O and L written B H_q N_q (d_v + 1).
     Peak: the largest inner step, R_i (d_qk + d_v + 2) + n (d_qk + d_v') + R_i n for the longest piece n of a
-    split's blocks, or a split with no block (O_i, l_i, m_i), or the combine step's block.
+    split's nonempty tiles, or a split with none (O_i, l_i, m_i), or the combine step's block.
     """
     _, groups, R = p.groups(gqa)
     s, P = int(splits), p.page_size or 0
     shared = p.latent and mla == "shared"
     dv_load = 0 if shared else p.d_v
-    Tr, Tc = cdiv(R, Br), cdiv(p.N_k, Bc)
-    per_split = cdiv(Tc, s)
+    Tr = cdiv(R, Br)
     npieces, longest, _ = _pieces(p.N_k, Bc, P)
-    pre = np.concatenate(([0], np.cumsum(npieces)))
-    off = p.N_k - p.N_q
     q = kv = table = out_rows = 0
     peak = 0
-    for i in range(Tr):
-        r0 = i * Br
-        br = min(Br, R - r0)
-        _, hi = row_limits(r0, br, p.N_q, off, p.N_k, p.causal)
-        j_end = cdiv(hi, Bc)
-        for k in range(s):
-            j0, j1 = k * per_split, min(j_end, (k + 1) * per_split)
-            out_rows += br
-            if j0 >= j1:
-                peak = max(peak, br * (p.d_v + 2))
-                continue
-            q += br
-            kv += min(j1 * Bc, p.N_k) - j0 * Bc
-            table += int(pre[j1] - pre[j0]) if P else 0
-            n = int(longest[j0:j1].max())
-            peak = max(peak, problem_working_set(p.d_qk, p.d_v, br, n, shared))
+    paper = _paper(mask)
+    per_split = cdiv(cdiv(p.N_k, Bc), s)
+    for k, br, tiles, keys, pieces, n in _q_outer_blocks(p, R, Br, Bc, s, npieces, longest, mask):
+        out_rows += br
+        if not tiles:  # O = 0, lse = -inf written; paper: Q_i loaded first if the split has a column block
+            loaded = paper and k * per_split < cdiv(p.N_k, Bc)
+            q += br if loaded else 0
+            peak = max(peak, br * (p.d_v + 2 + (p.d_qk if loaded else 0)))
+            continue
+        q += br
+        kv += keys
+        table += pieces if P else 0
+        peak = max(peak, problem_working_set(p.d_qk, p.d_v, br, n, shared))
     Rtot = p.B * p.H_q * p.N_q
     arrays = {
         "Q": (groups * q * p.d_qk, 0),
@@ -563,39 +625,34 @@ def flash2_problem(p, Br: int, Bc: int, gqa: str = "per-head", splits: int = 1, 
     return ProblemPrediction(pred.per_array, pred.peak, blocks)
 
 
-def flash1_problem(p, Br: int, Bc: int, gqa: str = "per-head", mla: str = "shared") -> ProblemPrediction:
-    """FlashAttention Algorithm 1 over a problem (algorithms/decoding.py), per group of R rows: K read N_k d_qk and
-    V N_k d_v (none under MLA shared) once; for each page piece (a column block when contiguous) starting at key
-    c and each row block i with c < hi_i: Q_i, O_i read (R_i d_qk, R_i d_v), l_i, m_i read, O_i, l_i, m_i written;
-    one page-table word per piece. Times groups; plus the initialisation of O, l, m (B H_q N_q (d_v + 2)).
-    Peak: the largest inner step over the longest piece that a row block meets."""
+def flash1_problem(p, Br: int, Bc: int, gqa: str = "per-head", mla: str = "shared",
+                   mask: TileMask | None = None) -> ProblemPrediction:  # fmt: skip
+    """FlashAttention Algorithm 1 over a problem (algorithms/decoding.py), per group of R rows: for each page piece
+    (a column block when contiguous) of n keys and each row block i whose tile with it is nonempty (causal: the
+    piece starts before hi_i; any other ``mask``: its tile summary): Q_i, O_i read (R_i d_qk, R_i d_v), l_i, m_i
+    read, O_i, l_i, m_i written. A piece some row block sees is loaded once: K n d_qk, V n d_v (none under MLA
+    shared), one page-table word. Times groups; plus the initialisation of O, l, m (B H_q N_q (d_v + 2)).
+    Peak: the largest inner step, the widest row block that meets a piece with that piece."""
     _, groups, R = p.groups(gqa)
     P = p.page_size or 0
     shared = p.latent and mla == "shared"
-    npieces, _, starts = _pieces(p.N_k, Bc, P)
+    dv_load = 0 if shared else p.d_v
+    _, _, starts = _pieces(p.N_k, Bc, P)
     ends = np.append(starts[1:], p.N_k)
     lengths = ends - starts
-    longest_before = np.maximum.accumulate(lengths)  # the longest piece among the first k + 1
-    Tr = cdiv(R, Br)
-    off = p.N_k - p.N_q
-    rows = 0
-    peak = int(lengths.max()) * (p.d_qk + (0 if shared else p.d_v)) + (1 if P else 0)
-    for i in range(Tr):
-        r0 = i * Br
-        br = min(Br, R - r0)
-        _, hi = row_limits(r0, br, p.N_q, off, p.N_k, p.causal)
-        met = int(np.searchsorted(starts, hi, side="left"))  # pieces starting before hi
-        rows += br * met
-        if met:
-            peak = max(peak, problem_working_set(p.d_qk, p.d_v, br, int(longest_before[met - 1]), shared))
+    met = _kv_outer_met(p, R, Br, starts, ends, mask)
+    seen = (met[:, 0] > 0) | _paper(mask)  # paper: every piece loaded before the mask is tested
+    rows, keys = int(met[:, 1].sum()), int(lengths[seen].sum())
+    w, n = met[met[:, 0] > 0, 2], lengths[met[:, 0] > 0]
+    steps = problem_working_set(p.d_qk, p.d_v, w, n, shared)  # piece by piece (arrays)
+    peak = max(int(steps.max(initial=0)), int(lengths[seen].max(initial=0)) * (p.d_qk + dv_load) + (1 if P else 0))
     Rtot = p.B * p.H_q * p.N_q
-    kvrows = groups * p.N_k
     pred = _pred(
         peak,
         Q=(groups * rows * p.d_qk, 0),
-        K=(kvrows * p.d_qk, 0),
-        V=(kvrows * (0 if shared else p.d_v), 0),
-        page_table=(groups * int(npieces.sum()) if P else 0, 0),
+        K=(groups * keys * p.d_qk, 0),
+        V=(groups * keys * dv_load, 0),
+        page_table=(groups * int(seen.sum()) if P else 0, 0),
         O=(groups * rows * p.d_v, groups * rows * p.d_v + Rtot * p.d_v, Rtot * p.d_v),
         l=(groups * rows, groups * rows + Rtot, Rtot),
         m=(groups * rows, groups * rows + Rtot, Rtot),
@@ -617,34 +674,30 @@ def flash1_backward_problem_working_set(dqk: int, dv: int, Br: int, Bc: int) -> 
     return 2 * Bc * (dqk + dv) + 2 * Br * (dqk + dv) + 3 * Br + 2 * Br * Bc
 
 
-def _backward_problem_rows(p, Br: int, Bc: int, gqa: str) -> tuple[int, int, int, int]:
-    """(G, groups, rho, widest): rho = the rows streamed past the column blocks per group, the sum over row blocks
-    i of R_i times the column blocks starting before hi_i (those the block meets; K/V outer, so the sum over (i, j)
-    with c_j < hi_i); widest = the largest R_i of a row block that meets one."""
+def _backward_problem_rows(p, Br: int, Bc: int, gqa: str, mask=None) -> tuple[int, int, int, int, int]:
+    """(G, groups, rho, widest, seen): rho = the rows streamed past the column blocks per group, the sum over the
+    nonempty tiles (i, j) of R_i (causal: c_j < hi_i; K/V outer); widest = the largest R_i of a row block with a
+    nonempty tile; seen = the keys of the column blocks some row sees (K_j, V_j loaded; N_k unless a mask leaves a
+    column block unseen)."""
     G, groups, R = p.groups(gqa)
-    off = p.N_k - p.N_q
-    rows = widest = 0
-    for i in range(cdiv(R, Br)):
-        r0 = i * Br
-        br = min(Br, R - r0)
-        _, hi = row_limits(r0, br, p.N_q, off, p.N_k, p.causal)
-        met = cdiv(hi, Bc)
-        rows += br * met
-        if met:
-            widest = max(widest, br)
-    return G, groups, rows, widest
+    starts = np.arange(0, p.N_k, Bc, dtype=np.int64)
+    ends = np.minimum(starts + Bc, p.N_k)
+    met = _kv_outer_met(p, R, Br, starts, ends, mask)
+    seen = (met[:, 0] > 0) | _paper(mask)  # paper: K_j, V_j loaded before the mask is tested
+    return G, groups, int(met[:, 1].sum()), int(met[:, 2].max(initial=0)), int((ends - starts)[seen].sum())
 
 
-def _backward_problem_kv(p, G: int, groups: int, Bc: int, init: bool) -> tuple[dict, int]:
-    """dK, dV (and the expanded dKpart, dVpart of per-head GQA with their group sum) and the sum's peak."""
-    kvrows, kv_out = groups * p.N_k, p.B * p.H_kv * p.N_k
+def _backward_problem_kv(p, G: int, groups: int, Bc: int, init: bool, stored: int) -> tuple[dict, int]:
+    """dK, dV (and the expanded dKpart, dVpart of per-head GQA with their group sum) and the sum's peak; ``stored``
+    keys per group are written by the loop (the others keep the initialisation's zeros)."""
+    kvrows, kv_out = groups * stored, p.B * p.H_kv * p.N_k
     if G == 1:
         n = kv_out if init else 0
         return {
-            "dK": (0, kv_out * p.d_qk + n * p.d_qk, n * p.d_qk),
-            "dV": (0, kv_out * p.d_v + n * p.d_v, n * p.d_v),
+            "dK": (0, kvrows * p.d_qk + n * p.d_qk, n * p.d_qk),
+            "dV": (0, kvrows * p.d_v + n * p.d_v, n * p.d_v),
         }, 0
-    n = kvrows if init else 0
+    n = groups * p.N_k if init else 0
     summed, peak = group_sum(p, Bc)
     arrays = {
         "dKpart": (summed["dKpart"][0], kvrows * p.d_qk + n * p.d_qk, n * p.d_qk),
@@ -670,7 +723,9 @@ def group_sum(p, rows: int) -> tuple[dict, int]:
     return arrays, 2 * min(rows, p.N_k) * max(p.d_qk, p.d_v)
 
 
-def flash2_backward_problem(p, Br: int, Bc: int, gqa: str = "per-head") -> ProblemPrediction:
+def flash2_backward_problem(
+    p, Br: int, Bc: int, gqa: str = "per-head", mask: TileMask | None = None
+) -> ProblemPrediction:
     """FlashAttention-2's backward over a problem (algorithms/decoding.py), per group of R rows (groups = B H_kv G):
 
     K_j, V_j read once per group (N_k d_qk, N_k d_v); for each column block j (starting at key c_j) and each row
@@ -682,17 +737,18 @@ def flash2_backward_problem(p, Br: int, Bc: int, gqa: str = "per-head") -> Probl
     reads dKpart, dVpart (B H_q N_k (d_qk, d_v)) and writes dK, dV (B H_kv N_k (d_qk, d_v)).
     A one-head problem with N_q = N_k and d_qk = d_v is :func:`flash2_backward` word for word.
     """
-    G, groups, rows, widest = _backward_problem_rows(p, Br, Bc, gqa)
+    G, groups, rows, widest, seen = _backward_problem_rows(p, Br, Bc, gqa, mask)
     Rtot = p.B * p.H_q * p.N_q
     peak = flash2_backward_problem_working_set(p.d_qk, p.d_v, widest, min(Bc, p.N_k)) if widest else 0
     br0 = min(Br, Rtot)
-    peak = max(peak, 2 * br0 * p.d_v + br0)  # the D pass: dO_i, O_i, D_i
-    kv, sum_peak = _backward_problem_kv(p, G, groups, Bc, init=False)
+    alone = min(Bc, p.N_k) * (p.d_qk + p.d_v) * (2 if _paper(mask) else 1)  # a column block no row sees
+    peak = max(peak, 2 * br0 * p.d_v + br0, alone)  # the D pass; dK_j, dV_j (paper: and K_j, V_j) alone
+    kv, sum_peak = _backward_problem_kv(p, G, groups, Bc, init=False, stored=p.N_k)
     pred = _pred(
         max(peak, sum_peak),
         Q=(groups * rows * p.d_qk, 0),
-        K=(groups * p.N_k * p.d_qk, 0),
-        V=(groups * p.N_k * p.d_v, 0),
+        K=(groups * seen * p.d_qk, 0),
+        V=(groups * seen * p.d_v, 0),
         O=(Rtot * p.d_v, 0),
         dO=(Rtot * p.d_v + groups * rows * p.d_v, 0),
         L=(groups * rows, 0),
@@ -704,21 +760,24 @@ def flash2_backward_problem(p, Br: int, Bc: int, gqa: str = "per-head") -> Probl
     return ProblemPrediction(pred.per_array, pred.peak, groups * Tc + (2 * p.B * p.H_kv * Tc if G > 1 else 0))
 
 
-def flash1_backward_problem(p, Br: int, Bc: int, gqa: str = "per-head") -> ProblemPrediction:
+def flash1_backward_problem(
+    p, Br: int, Bc: int, gqa: str = "per-head", mask: TileMask | None = None
+) -> ProblemPrediction:
     """FlashAttention's Algorithm 4 over a problem: the rows rho of :func:`flash2_backward_problem`, with Q_i, O_i,
     dO_i, dQ_i read (R_i d_qk, R_i d_v, R_i d_v, R_i d_qk), l_i, m_i read (R_i each) and dQ_i written per inner
     step, no D pass (D_i computed on chip), and dQ and the arrays the loop writes dK_j, dV_j into (dK, dV, or
     the expanded dKpart, dVpart) zero-initialised in HBM. A one-head problem with N_q = N_k and d_qk = d_v is
     :func:`flash1_backward` word for word."""
-    G, groups, rows, widest = _backward_problem_rows(p, Br, Bc, gqa)
+    G, groups, rows, widest, seen = _backward_problem_rows(p, Br, Bc, gqa, mask)
     Rtot = p.B * p.H_q * p.N_q
     peak = flash1_backward_problem_working_set(p.d_qk, p.d_v, widest, min(Bc, p.N_k)) if widest else 0
-    kv, sum_peak = _backward_problem_kv(p, G, groups, Bc, init=True)
+    peak = max(peak, min(Bc, p.N_k) * (p.d_qk + p.d_v) * (2 if _paper(mask) else 1))  # a column block no row sees
+    kv, sum_peak = _backward_problem_kv(p, G, groups, Bc, init=True, stored=seen)
     pred = _pred(
         max(peak, sum_peak),
         Q=(groups * rows * p.d_qk, 0),
-        K=(groups * p.N_k * p.d_qk, 0),
-        V=(groups * p.N_k * p.d_v, 0),
+        K=(groups * seen * p.d_qk, 0),
+        V=(groups * seen * p.d_v, 0),
         O=(groups * rows * p.d_v, 0),
         dO=(groups * rows * p.d_v, 0),
         l=(groups * rows, 0),
