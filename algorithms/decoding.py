@@ -22,6 +22,11 @@ batch and heads are part of the schedule, outermost, and what sits inside them d
   its page-table entry (one word), loads the piece of K (and V) from the page, and updates the row statistics
   (the same online softmax over pieces). A tile inside one page is one piece; a tile straddling pages costs one
   load (and one table read) per page piece.
+* **Masks** (:mod:`iosim.algorithms.tile_masks`, "A problem's rows"): a mask covers the whole sequence, N_k x N_k,
+  and query row q is its row q + N_k - N_q (the causal field is the causal mask so aligned). A tile the mask
+  empties is skipped with one ``continue``; a partial tile gets the element mask. The empty-block policy decides a
+  thread block's outer operand (flash2: Q_i; flash1 and the backward: K_j, V_j): ``skip`` (the default over a
+  problem, as the kernels) loads it at the block's first nonempty tile, ``paper`` before the first test.
 * **MLA** (DeepSeek-V2/V3, absorbed form): the cache is one latent per token, K = [c_KV, k_rope] (d_qk wide) and
   V = c_KV, its first d_v columns. ``shared`` (FlashMLA, ``Share_KV``): V_j is read from the resident K_j tile,
   no V load and no V tile in fast memory. ``naive``: V_j is loaded separately (the latent's first d_v columns a
@@ -35,6 +40,9 @@ in (b, h_kv, c) order, or paged: the rows of physical page p for key/value head 
 [(p H_kv + h_kv) P, ... + P).
 
 Exact counts: :func:`iosim.theory.io_model.flash2_problem` and :func:`iosim.theory.io_model.flash1_problem`.
+On one head with N_q = N_k these drivers count what the paper's drivers of :mod:`iosim.algorithms.flash` count,
+word for word and in peak, under every mask and both policies (tests/test_problems*.py); those stay as the papers
+write them, and they compile in less time (the first run of ``iosim compare`` compiles them, not these).
 Working set of an inner step (R_i rows, a piece of n keys): Q_i (R_i d_qk) + O_i (R_i d_v) + l_i, m_i (2 R_i)
 + K piece (n d_qk) + V piece (n d_v; 0 under MLA shared) + S (R_i n); the page-table word is freed before S.
 """

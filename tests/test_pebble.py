@@ -294,7 +294,7 @@ def test_problem_run_as_a_pebbling(algorithm, gqa, causal):
         (dict(problem=dict(page_size=2)), "problem"),
         (dict(problem=dict(N_k=200)), "problem"),
         (dict(gqa="grouped"), "gqa"),
-        (dict(N=4), "N, d, causal, mask"),
+        (dict(N=4), "N, d, causal"),
     ],
 )  # fmt: skip
 def test_problem_pebbling_bad_input(kwargs, parameter):
@@ -316,6 +316,9 @@ def test_cli_problem_pebbling(capsys):
     out = capsys.readouterr().out
     assert "B=2, H_q=2, H_kv=2, N_q=2, N_k=5" in out and out.count("yes") >= 4 and "80/80" in out
     assert main([*argv, "--M", "60", "--backward"]) == 2
-    assert main([*argv, "--M", "60", "--mask", "window:2"]) == 2
+    assert main([*argv, "--M", "60", "--Nq", "9", "--mask", "window:2"]) == 2  # a mask needs N_q <= N_k
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 2 and "--backward" in err[0] and "--mask" in err[1]
+    assert len(err) == 2 and "--backward" in err[0] and "mask" in err[1] and "N_q <= N_k" in err[1]
+    assert main([*argv, "--M", "60", "--mask", "window:2:causal"]) == 0  # masks over a problem play too
+    out = capsys.readouterr().out
+    assert "mask=window:2:causal (skip)" in out and out.count("yes") >= 4

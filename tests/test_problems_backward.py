@@ -174,6 +174,7 @@ def test_masked_problem_is_heads_times_one_head(algo, mask, policy):
     one_b = iosim.run(algo, M=500, N=23, d=6, mask=mask, backward=True, count_only=True, kv_policy=policy)
     per = one_b.passes["backward"].stats.per_array
     assert bwd.stats.per_array == {n: type(c)(c.reads * 4, c.writes * 4, c.init_writes * 4) for n, c in per.items()}
+    assert bwd.stats.peak == one_b.passes["backward"].stats.peak
 
 
 def test_masked_problem_file_mask(tmp_path):

@@ -226,7 +226,7 @@ def _compare_problem(args) -> int:
             for rec in records:
                 writer.writerow(rec)
         return 0
-    print(f"{problem}; M={args.M} words")
+    print(f"{problem}; {f'mask {results[0].mask}; ' if masked else ''}M={args.M} words")
     what = (
         "read Q, O, dO, L, K/V once per KV head, write dQ, dK, dV"
         if backward

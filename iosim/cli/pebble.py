@@ -56,7 +56,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backward", action="store_true", help="with --from-run: the backward pass")
     p.add_argument("--causal", action="store_true", help="with --from-run: causal masking")
     p.add_argument("--mask", default=None, help="with --from-run: a mask, as iosim run --mask (window:3, ...)")
-    p.add_argument("--kv-policy", choices=("paper", "skip"), default="paper", help="with --from-run: empty blocks")
+    p.add_argument("--kv-policy", choices=("paper", "skip"), default=None,
+                   help="with --from-run: empty blocks (default paper for one head, skip over a problem)")  # fmt: skip
     g = p.add_argument_group(
         "a problem (with --from-run flash1|flash2|all, forward)",
         "batch, heads and GQA, N_q against N_k, d_qk and d_v (iosim.Problem; --causal is bottom-right)",
@@ -171,8 +172,6 @@ def _problem(args):
         return None
     from iosim.problem import Problem
 
-    if args.mask is not None:
-        raise InputError("--mask", "is not used with a problem (its mask is --causal, bottom-right)", args.mask)
     Nq, Nk, dqk = args.Nq or args.N, args.Nk or args.N, args.dqk or args.d
     if Nq is None or Nk is None or dqk is None:
         raise InputError("--Nq, --Nk, --dqk", "must be given (or --N and --d for both)", (Nq, Nk, dqk))
@@ -187,7 +186,8 @@ def _cmd_from_run(args) -> int:
         if args.backward:
             raise InputError("--backward", "is not available for a problem as a pebbling (forward only)", True)
         algos = ["flash1", "flash2"] if args.from_run == "all" else [args.from_run]
-        runs = [from_run.pebble_run(a, M=args.M, problem=problem, gqa=args.gqa) for a in algos]
+        masking = dict(mask=args.mask, kv_policy=args.kv_policy)
+        runs = [from_run.pebble_run(a, M=args.M, problem=problem, gqa=args.gqa, **masking) for a in algos]
         return _report(args, runs)
     _need(args, "--N", "--d", "--M", why="with --from-run")
     algos = from_run.registry.algorithms() if args.from_run == "all" else [args.from_run]
@@ -223,10 +223,11 @@ def _report(args, runs) -> int:
                 ]
             )
         shape = str(runs[0].problem) if runs[0].problem is not None else f"N={args.N} d={args.d}"
+        policy = args.kv_policy or ("paper" if runs[0].problem is None else "skip")
         print(
             f"iosim runs as red-blue pebblings: {shape} M={args.M}"
             f"{f' gqa={args.gqa}' if runs[0].problem is not None else ''} causal={'yes' if args.causal else 'no'}"
-            f"{f' mask={runs[0].mask} ({args.kv_policy})' if args.mask else ''}"
+            f"{f' mask={runs[0].mask} ({policy})' if args.mask else ''}"
         )
         heads = [
             "algorithm",

@@ -620,12 +620,14 @@ def _played(rec: _Recorder, name: str, outputs, M: int):  # noqa: N803
 MAX_PROBLEM_SCORES = MAX_N * MAX_N  # a problem's scores B H_q N_q N_k, at most one largest one-head run's
 
 
-def _problem_run(algorithm: str, problem, M: int, pass_: str, gqa: str, seed: int, scale) -> PebbleRun:  # noqa: N803
+def _problem_run(algorithm: str, problem, M: int, pass_: str, gqa: str, seed: int, scale, mask=None,  # noqa: N803
+                 kv_policy=None) -> PebbleRun:  # fmt: skip
     """:func:`pebble_run` over an :class:`iosim.Problem`: flash1 or flash2 over batch and heads (GQA per-head or
-    packed), N_q against N_k keys, d_qk and d_v, causal bottom-right, run symbolically through the problem drivers
-    of :mod:`iosim.algorithms.decoding` (a contiguous cache, one split, no latent)."""
+    packed), N_q against N_k keys, d_qk and d_v, causal bottom-right or a mask over the N_k positions (the queries
+    its last N_q rows), run symbolically through the problem drivers of :mod:`iosim.algorithms.decoding` (a
+    contiguous cache, one split, no latent)."""
     from iosim.algorithms import decoding
-    from iosim.api import problem_reference
+    from iosim.api import _problem_mask, problem_reference
     from iosim.problem import GQA_POLICIES, Problem
     from iosim.theory.tiling import problem_tiling
 
@@ -651,6 +653,8 @@ def _problem_run(algorithm: str, problem, M: int, pass_: str, gqa: str, seed: in
     if not isinstance(M, int) or isinstance(M, bool) or M < 1:
         raise InputError("M", "must be a positive integer", M)
     G, _, rows = p.groups(gqa)
+    masked = not (mask is None or (isinstance(mask, str) and mask in ("none", "dense")))
+    tmask = _problem_mask(p, mask, kv_policy) if masked else None
     t = problem_tiling(algorithm, p, M, "fit", rows, False, None, None)
     scale = 1.0 / math.sqrt(p.d_qk) if scale is None else float(scale)
     rng = np.random.default_rng(seed)
@@ -662,7 +666,7 @@ def _problem_run(algorithm: str, problem, M: int, pass_: str, gqa: str, seed: in
     try:
         ins = [_leaves(rec, n, a) for n, a in (("Q", Q), ("K", K), ("V", V))]
         mem = _RecordingMemory(M, rec)
-        kw = dict(Br=t.Br, Bc=t.Bc, gqa=gqa, mla="shared", scale=scale, dtype=np.dtype(object))
+        kw = dict(Br=t.Br, Bc=t.Bc, gqa=gqa, mla="shared", scale=scale, dtype=np.dtype(object), mask=tmask)
         with _symbolic(_Session(rec, mem.names)):
             if algorithm == "flash2":
                 O, _ = decoding.flash2_problem(mem, p, *ins, None, splits=1, combine_rows=1, **kw)
@@ -672,7 +676,7 @@ def _problem_run(algorithm: str, problem, M: int, pass_: str, gqa: str, seed: in
         _REC.pop()
     graph, moves, outcome, illegal = _played(rec, f"{algorithm}-forward-{gqa}:{p},M={M}", [O], M)
     stats = mem.stats()
-    O_ref, _ = problem_reference(p, Q, K, V, scale)
+    O_ref, _ = problem_reference(p, Q, K, V, scale, tmask)
     err = float(np.max(np.abs(np.vectorize(_x, otypes=[float])(O) - O_ref)))
 
     def pairs(i: int, j: int) -> bool:  # query row i (b, h, r) meets key row j (b, h_kv, c): same b, h_kv = h // g
@@ -681,7 +685,8 @@ def _problem_run(algorithm: str, problem, M: int, pass_: str, gqa: str, seed: in
 
     return PebbleRun(
         algorithm, "forward", p.N_q, p.d_qk, M, p.causal, graph, moves, outcome, illegal, stats.reads, stats.writes,
-        stats.init_writes, stats.peak, level1_products(graph, pairs), err, "causal" if p.causal else "none", p, gqa,
+        stats.init_writes, stats.peak, level1_products(graph, pairs), err,
+        tmask.label if tmask else "causal" if p.causal else "none", p, gqa,
     )  # fmt: skip
 
 
@@ -695,7 +700,7 @@ def pebble_run(
     seed: int = 0,
     scale: float | None = None,
     mask=None,
-    kv_policy: str = "paper",
+    kv_policy: str | None = None,
     problem=None,
     gqa: str = "per-head",
 ) -> PebbleRun:
@@ -705,9 +710,9 @@ def pebble_run(
     from iosim.masks import compile_mask
 
     if problem is not None:
-        if N is not None or d is not None or causal or mask is not None:
-            raise InputError("N, d, causal, mask", "are fields of the problem when problem= is given", (N, d))
-        return _problem_run(algorithm, problem, M, pass_, gqa, seed, scale)
+        if N is not None or d is not None or causal:
+            raise InputError("N, d, causal", "are fields of the problem when problem= is given", (N, d))
+        return _problem_run(algorithm, problem, M, pass_, gqa, seed, scale, mask, kv_policy)
     _check_sizes(algorithm, pass_, N, d, M)
     algo = registry.get(algorithm)
     tmask = compile_mask(mask, N, causal, kv_policy)  # what the built-in drivers take as their ``causal`` argument
