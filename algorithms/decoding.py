@@ -52,6 +52,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from iosim.algorithms import tile_masks as _masks
 from iosim.algorithms._tiles import buffer, cdiv, exp_nonpos, score_tile, tile
 from iosim.algorithms.flash import _backward_tile, _probabilities_from_stats, _rowsum_product, d_pass, flash1_row_update
 from iosim.algorithms.tile_masks import block_range, causal_mask, cols_rows, dense_mask, rows_apply, rows_cols, rows_nnz
@@ -119,7 +120,7 @@ def _finish_rows(Oi, l_i, m_i, br):
         l_i[r] = m_i[r] + math.log(l_i[r])
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _load_piece(W, ids, K, V, table, tb, Kj, Vj, at, p0, n, dqk, dv, shared):  # noqa: N803
     """Algorithm 1's step 6 for a page piece: its page-table entry (paged), then K_j and V_j (none under MLA
     shared) from the piece's rows; ``at`` = (the head's first K/V row, batch item, pages per item, key/value head,
@@ -357,9 +358,9 @@ def problem_mask(problem, mask=None):
     kind, params, table, skip = mask.args
     if params is not None:  # compiled here first, with Numba's runtime (a mask's helpers may allocate): a count-only
         # variant (no runtime) that calls them then reuses these compilations instead of compiling its own
-        rows_nnz(kind, params, table, 0, 1, 0, 1, 1, 0)
-        rows_cols(kind, params, table, 0, 1, 1, 0, 1)
-        cols_rows(kind, params, table, 0, 1, 1, 0, 1)
+        _masks._rows_nnz(kind, params, table, 0, 1, 0, 1, 1, 0)
+        _masks._rows_cols(kind, params, table, 0, 1, 1, 0, 1)
+        _masks._cols_rows(kind, params, table, 0, 1, 1, 0, 1)
     return kind, params, table, skip
 
 

@@ -755,11 +755,7 @@ def _run_nnz(kind, p, T, a, n, c0, nc):
 
 
 @njit(cache=True)
-def rows_nnz(kind, p, T, r0, nr, c0, nc, Nq, off):  # noqa: N803
-    """:func:`tile_nnz` of a problem's packed rows [r0, r0 + nr) against keys [c0, c0 + nc): 0 empty, nr nc full,
-    anything between partial."""
-    if p is None:
-        return max(nr, 0) * max(nc, 0)
+def _rows_nnz(kind, p, T, r0, nr, c0, nc, Nq, off):  # noqa: N803
     a, n, heads, m = _runs(r0, nr, Nq, off)
     s = _run_nnz(kind, p, T, a, n, c0, nc)
     if heads > 0:
@@ -779,10 +775,7 @@ def _run_cols(kind, p, T, a, n, Nk, lo, hi):  # noqa: N803
 
 
 @njit(cache=True)
-def rows_cols(kind, p, T, r0, nr, Nq, off, Nk):  # noqa: N803
-    """A key range [lo, hi) outside which a problem's packed rows [r0, r0 + nr) see nothing ((0, 0): none)."""
-    if p is None:
-        return 0, Nk
+def _rows_cols(kind, p, T, r0, nr, Nq, off, Nk):  # noqa: N803
     a, n, heads, m = _runs(r0, nr, Nq, off)
     lo, hi = _run_cols(kind, p, T, a, n, Nk, Nk, 0)
     if heads > 0:
@@ -793,10 +786,7 @@ def rows_cols(kind, p, T, r0, nr, Nq, off, Nk):  # noqa: N803
 
 
 @njit(cache=True)
-def cols_rows(kind, p, T, c0, nc, Nq, off, R):  # noqa: N803
-    """A packed-row range [lo, hi) of a group's R rows outside which no row sees a key of [c0, c0 + nc)."""
-    if p is None:
-        return 0, R
+def _cols_rows(kind, p, T, c0, nc, Nq, off, R):  # noqa: N803
     a, b = mask_rows(kind, p, T, c0, nc, Nq + off)
     qa, qb = max(0, a - off), min(Nq, b - off)
     if qa >= qb:
@@ -805,11 +795,7 @@ def cols_rows(kind, p, T, c0, nc, Nq, off, R):  # noqa: N803
 
 
 @njit(cache=True)
-def rows_apply(S, kind, p, T, r0, c0, Nq, off):  # noqa: N803
-    """The element mask on a partial tile of packed rows starting at r0 and keys starting at c0: S = -inf where
-    the row's mask row does not allow the key (rows below the mask's first row: every key)."""
-    if p is None:
-        return
+def _rows_apply(S, kind, p, T, r0, c0, Nq, off):  # noqa: N803
     nr = S.shape[0]
     r = 0
     while r < nr:
@@ -821,6 +807,61 @@ def rows_apply(S, kind, p, T, r0, c0, Nq, off):  # noqa: N803
         if n > below:
             apply_mask(S[r + below : r + n], kind, p, T, q + off + below, c0)
         r += n
+
+
+# What the problem drivers call: without a mask (p None) each resolves at compile time to its one-line answer
+# (rows_nnz inlined: no call per tile), with a mask to the helper above; in plain Python they branch on None.
+
+
+def rows_nnz(kind, p, T, r0, nr, c0, nc, Nq, off):  # noqa: N803
+    """:func:`tile_nnz` of a problem's packed rows [r0, r0 + nr) against keys [c0, c0 + nc): 0 empty, nr nc full,
+    anything between partial."""
+    return max(nr, 0) * max(nc, 0) if p is None else _rows_nnz(kind, p, T, r0, nr, c0, nc, Nq, off)
+
+
+def rows_cols(kind, p, T, r0, nr, Nq, off, Nk):  # noqa: N803
+    """A key range [lo, hi) outside which a problem's packed rows [r0, r0 + nr) see nothing ((0, 0): none)."""
+    return (0, Nk) if p is None else _rows_cols(kind, p, T, r0, nr, Nq, off, Nk)
+
+
+def cols_rows(kind, p, T, c0, nc, Nq, off, R):  # noqa: N803
+    """A packed-row range [lo, hi) of a group's R rows outside which no row sees a key of [c0, c0 + nc)."""
+    return (0, R) if p is None else _cols_rows(kind, p, T, c0, nc, Nq, off, R)
+
+
+def rows_apply(S, kind, p, T, r0, c0, Nq, off):  # noqa: N803
+    """The element mask on a partial tile of packed rows starting at r0 and keys starting at c0: S = -inf where
+    the row's mask row does not allow the key (rows below the mask's first row: every key)."""
+    if p is not None:
+        _rows_apply(S, kind, p, T, r0, c0, Nq, off)
+
+
+@overload(rows_nnz, jit_options={"cache": True}, inline="always")
+def _ol_rows_nnz(kind, p, T, r0, nr, c0, nc, Nq, off):  # noqa: N803
+    if _dense(p):
+        return lambda kind, p, T, r0, nr, c0, nc, Nq, off: max(nr, 0) * max(nc, 0)
+    return lambda kind, p, T, r0, nr, c0, nc, Nq, off: _rows_nnz(kind, p, T, r0, nr, c0, nc, Nq, off)
+
+
+@overload(rows_cols, jit_options={"cache": True})
+def _ol_rows_cols(kind, p, T, r0, nr, Nq, off, Nk):  # noqa: N803
+    if _dense(p):
+        return lambda kind, p, T, r0, nr, Nq, off, Nk: (0, Nk)
+    return lambda kind, p, T, r0, nr, Nq, off, Nk: _rows_cols(kind, p, T, r0, nr, Nq, off, Nk)
+
+
+@overload(cols_rows, jit_options={"cache": True})
+def _ol_cols_rows(kind, p, T, c0, nc, Nq, off, R):  # noqa: N803
+    if _dense(p):
+        return lambda kind, p, T, c0, nc, Nq, off, R: (0, R)
+    return lambda kind, p, T, c0, nc, Nq, off, R: _cols_rows(kind, p, T, c0, nc, Nq, off, R)
+
+
+@overload(rows_apply, jit_options={"cache": True})
+def _ol_rows_apply(S, kind, p, T, r0, c0, Nq, off):  # noqa: N803
+    if _dense(p):
+        return lambda S, kind, p, T, r0, c0, Nq, off: None
+    return lambda S, kind, p, T, r0, c0, Nq, off: _rows_apply(S, kind, p, T, r0, c0, Nq, off)
 
 
 @njit(cache=True)

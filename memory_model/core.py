@@ -937,7 +937,8 @@ def count_only_variant(driver, fast: bool = False):
     fn = pytypes.FunctionType(py.__code__, g, py.__name__, py.__defaults__, py.__closure__)
     fn.__qualname__ = py.__qualname__ + ("__fast" if fast else "__count_only")
     fn.__module__ = py.__module__
-    variant = njit(cache=True, _nrt=False)(fn)
+    inline = getattr(driver, "targetoptions", {}).get("inline", "never")  # a helper inlined into its drivers stays so
+    variant = njit(cache=True, _nrt=False, inline=inline)(fn)
     _VARIANTS[key] = variant
     return variant
 
