@@ -79,7 +79,12 @@ def add_sizes(p: argparse.ArgumentParser, defaults: dict | None = None) -> None:
 
 def add_mask_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--causal", action="store_true", help="causal masking (the same as --mask causal)")
-    p.add_argument("--mask", default=None, help=f"a mask (iosim.masks): {masks.FORMS}")
+    p.add_argument(
+        "--mask",
+        default=None,
+        help=f"a mask (iosim.masks): {masks.FORMS}; over a problem it covers the N_k positions and the queries are its "
+        "last N_q rows (bottom-right, as --causal)",
+    )
     p.add_argument(
         "--kv-policy",
         choices=masks.POLICIES,
