@@ -169,3 +169,16 @@ def test_pebble_adapter_over_a_masked_problem(gqa):
         r = pebble_run(algo, M=80, problem=p, gqa=gqa, mask="window:3:causal")
         assert r.legal and r.io_matches and r.outcome.complete and r.max_error < 1e-12
         assert r.mask == "window:3:causal"
+
+
+def test_long_mask_work_is_priced_up_front():
+    """A random mask over a large problem: every tile of every head is tested (about 60 ns a tile at S = 0.5, the
+    rate TileMask.tile_tests prices); over a minute asks, over an hour refuses naming the mask, before any work."""
+    p = Problem(H_q=32, N=1 << 20, d=64)
+    with pytest.raises(InputError) as e:
+        iosim.run("flash2", problem=p, M=65536, mask="random:0.5", count_only=True)
+    assert e.value.parameter == "allow_long" and "tile tests of the mask" in str(e.value)
+    with pytest.raises(InputError) as e:
+        iosim.run("flash2", problem=Problem(B=64, H_q=32, N=1 << 20, d=64), M=65536, mask="random:0.5",
+                  count_only=True, allow_long=True)  # fmt: skip
+    assert e.value.parameter == "mask" and "\n" not in str(e.value)
