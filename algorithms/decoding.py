@@ -52,7 +52,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from iosim.algorithms import tile_masks as _masks
 from iosim.algorithms._tiles import buffer, cdiv, exp_nonpos, score_tile, tile
 from iosim.algorithms.flash import _backward_tile, _probabilities_from_stats, _rowsum_product, d_pass, flash1_row_update
 from iosim.algorithms.tile_masks import block_range, causal_mask, cols_rows, dense_mask, rows_apply, rows_cols, rows_nnz
@@ -355,13 +354,7 @@ def problem_mask(problem, mask=None):
         mask = (causal_mask if problem.causal else dense_mask)(problem.N_k, "skip")
     if mask.N != problem.N_k:
         raise ValueError(f"a problem's mask is compiled for N_k = {problem.N_k}, not {mask.N}")
-    kind, params, table, skip = mask.args
-    if params is not None:  # compiled here first, with Numba's runtime (a mask's helpers may allocate): a count-only
-        # variant (no runtime) that calls them then reuses these compilations instead of compiling its own
-        _masks._rows_nnz(kind, params, table, 0, 1, 0, 1, 1, 0)
-        _masks._rows_cols(kind, params, table, 0, 1, 1, 0, 1)
-        _masks._cols_rows(kind, params, table, 0, 1, 1, 0, 1)
-    return kind, params, table, skip
+    return mask.args
 
 
 def flash2_problem(mem, problem, Q, K, V, table, *, Br, Bc, gqa, splits, mla, combine_rows, scale, dtype=np.float64,

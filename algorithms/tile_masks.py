@@ -145,7 +145,26 @@ def tile_mask(kind: int, params=(), table=None, *, N: int, label: str, policy: s
     if p.size == 0:
         p = np.zeros(1, dtype=np.int64)
     t = _NO_TABLE if table is None else np.ascontiguousarray(table, dtype=np.int64)
+    if kind != DENSE and not _WARM:
+        _warm(p, t)
     return TileMask(int(kind), p, t, int(N), label, policy)
+
+
+_WARM: list = []
+
+
+def _warm(p, t) -> None:
+    """Compile (or load) the mask helpers a count-only driver calls, here, once per process, with Numba's runtime.
+    Their BigBird branch allocates (a table of random columns); a count-only variant is compiled without the runtime,
+    and a helper compiled first from inside it was compiled without it too and failed to type (whatever the kind:
+    the kind is a run-time value). Compiled here first, every variant reuses these compilations (one signature:
+    int64 kind, params, table and sizes); the calls count nothing (empty ranges)."""
+    _WARM.append(True)
+    mask_nnz(BIGBIRD, p, t, 0, 0, 0, 0)
+    _block_nonempty(BIGBIRD, p, t, 0, 1, 0, 0, True)
+    _rows_nnz(BIGBIRD, p, t, 0, 0, 0, 0, 1, 0)
+    _rows_cols(BIGBIRD, p, t, 0, 0, 1, 0, 1)
+    _cols_rows(BIGBIRD, p, t, 0, 0, 1, 0, 1)
 
 
 def dense_mask(N: int, policy: str = "paper") -> TileMask:

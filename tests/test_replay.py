@@ -188,14 +188,10 @@ def test_replay_of_a_batch_is_the_sum_of_its_items():
     [
         ("standard", dict(), {}, "algorithm"),
         ("square-tiling", dict(), {}, "algorithm"),
-        ("flash2", dict(page_size=4), {}, "page_size"),
-        ("flash2", dict(), dict(splits=2), "splits"),
-        ("flash2", dict(latent=True, d_v=4), {}, "mla"),
-        ("flash2", dict(), dict(backward=True), "backward"),
         ("flash2", dict(), dict(N=8, d=8), "N, d"),
     ],
 )  # fmt: skip
-def test_replay_over_a_problem_refuses_what_it_does_not_derive(algorithm, problem, kwargs, parameter):
+def test_replay_over_a_problem_refusals(algorithm, problem, kwargs, parameter):
     p = iosim.Problem(B=2, H_q=2, H_kv=1, N_q=3, N_k=9, d=8, **problem)
     with pytest.raises(InputError) as e:
         iosim.replay(algorithm, problem=p, M=400, **kwargs)
@@ -207,6 +203,58 @@ def test_cli_replay_over_a_problem(capsys):
     assert main([*argv, "--gqa", "packed", "--policy", "lru"]) == 0
     out = capsys.readouterr().out
     assert "H_q=4, H_kv=1, N_q=1, N_k=64" in out and "lru / explicit" in out
-    assert main([*argv, "--page-size", "16"]) == 2
+    assert main([*argv, "--page-size", "16", "--splits", "2", "--policy", "lru"]) == 0
+    assert "page_table" in capsys.readouterr().out
+    assert main([*argv, "--page-size", "65"]) == 2  # larger than N_k
     err = capsys.readouterr().err
-    assert "page_size" in err and len(err.strip().splitlines()) == 1
+    assert "page" in err and len(err.strip().splitlines()) == 1
+
+
+# Every schedule over a problem replays: split-KV (partials and the combine step), paged KV (the page-table words),
+# MLA's shared latent (V read from the resident K tile), the backward (per-head GQA's partials and their group sum),
+# masks. A cache that holds everything fetches each word the computation reads once and writes each slow word it
+# writes once (counted here from the problem's shapes, not from the schedule); OPT moves no more than LRU.
+P = dict(B=2, H_q=4, H_kv=2, N_q=3, N_k=29, d_qk=6, d_v=5)
+
+
+@pytest.mark.parametrize(
+    "algorithm, fields, kwargs",
+    [
+        ("flash2", {}, dict(gqa="packed", splits=3)),
+        ("flash2", dict(page_size=6), dict(gqa="per-head")),
+        ("flash1", dict(page_size=6), dict(gqa="packed")),
+        ("flash2", dict(H_kv=1, d_qk=8, latent=True), dict(gqa="packed")),
+        ("flash1", dict(H_kv=1, d_qk=8, latent=True), dict(gqa="per-head")),
+        ("flash2", dict(causal=True, N_q=5), dict(gqa="per-head", backward=True)),
+        ("flash1", dict(causal=True, N_q=5), dict(gqa="per-head", backward=True)),
+        ("flash2", dict(N_q=5), dict(gqa="packed", backward=True, mask="window:4:causal")),
+        ("flash2", {}, dict(gqa="packed", splits=3, mask="window:7")),
+    ],
+)  # fmt: skip
+def test_replay_of_every_problem_schedule(algorithm, fields, kwargs):
+    p = iosim.Problem(**{**P, **fields})
+    backward = kwargs.get("backward", False)
+    run = iosim.run(algorithm, problem=p, M=700, count_only=True, **kwargs)
+    small = iosim.replay(algorithm, problem=p, M=700, policy="lru,opt", **kwargs)
+    assert small.explicit_total == run.passes["backward" if backward else "forward"].stats.total
+    assert small.policies["opt"].total <= small.policies["lru"].total
+    big = iosim.replay(algorithm, problem=p, M=700, cache_words=1 << 18, policy="lru", **kwargs).policies["lru"]
+    q_rows, kv_rows, dqk, dv = p.B * p.H_q * p.N_q, p.B * p.H_kv * p.N_k, p.d_qk, p.d_v
+    masked = "mask" in kwargs
+    assert big.fetched["Q"] == q_rows * dqk
+    if not masked:
+        assert big.fetched["K"] == kv_rows * dqk
+        assert big.fetched.get("V", 0) == (0 if p.latent else kv_rows * dv)  # shared latent: V is K's columns
+    if p.page_size:
+        assert big.fetched["page_table"] == p.B * p.pages  # every page's entry, once
+    if backward:
+        assert big.written["dQ"] == q_rows * dqk and big.written["dK"] == kv_rows * dqk
+        assert big.written["dV"] == kv_rows * dv
+        if p.g > 1 and kwargs["gqa"] == "per-head":  # the partials, written per query head and read by the sum
+            assert big.written["dKpart"] == p.B * p.H_q * p.N_k * dqk
+    else:
+        assert big.written["O"] == q_rows * dv
+        if kwargs.get("splits", 1) > 1:  # each split's partials written once and read back by the combine step
+            s = kwargs["splits"]
+            assert big.written["Opart"] <= s * q_rows * dv and big.written["Lpart"] <= s * q_rows
+            assert big.written["L"] == q_rows

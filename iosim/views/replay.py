@@ -21,7 +21,8 @@ Where the words are (the address map)
   ``base + r * nc + c``). Its traffic is reported as ``NAME (on chip)``.
 * Loads, stores, allocs and frees themselves touch nothing: the cache moves the data. Zeroing an on-chip tile
   and scaling by a constant are register work (no access); the first step of a product into a fresh
-  accumulator overwrites it instead of reading it.
+  accumulator overwrites it instead of reading it. An allocated tile stored with no computation on it (a masked
+  block's zero dK_j, dV_j; a split or row block the mask empties: O = 0) is written then, its zeros.
 
 When the computation happens (derived from the event trace, not a second copy of the loop nests)
 ---------------------------------------------------------------------------------------------
@@ -44,7 +45,7 @@ pass and the ratio of the totals.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -72,6 +73,7 @@ class _Tile:
     stored: bool
     scratch: int = -1  # the scratch instance (-1: a slow region)
     written: bool = False  # an accumulator already holds a partial product
+    loaded: bool = False  # read from slow memory (not allocated on chip)
 
 
 class _Deriver:
@@ -143,7 +145,7 @@ class _Deriver:
         if op == LOAD:
             src = self._region(aid, r0, c0)
             dst = src if dest is None else self._region(*dest)
-            t = _Tile(name, r0, nr, c0, nc, src, dst, dest is not None)
+            t = _Tile(name, r0, nr, c0, nc, src, dst, dest is not None, loaded=True)
         elif dest is not None:
             dst = self._region(*dest)
             t = _Tile(name, r0, nr, c0, nc, dst, dst, True)
@@ -215,7 +217,10 @@ class _Deriver:
                 t = self._open(op, aid, r0, nr, c0, nc, h)
                 rule(self, op, t, self.names[aid])
             elif op == STORE:
-                rule(self, op, self.live[h], self.names[aid])
+                t = self.live[h]
+                rule(self, op, t, self.names[aid])
+                if not t.loaded and not t.written:  # an on-chip tile no computation wrote: its zeros are written
+                    self.rows(t.nr, self.W(t))
             elif op == FREE:
                 t = self.live[h]
                 for C, A, aT, B, bT, prologue in products:
@@ -236,24 +241,68 @@ class _Deriver:
 # ---------------------------------------------------------------------------------------------------------------
 
 
+def _either(x: _Deriver, *names: str):
+    """The resident tile of the first of ``names`` that has one: a problem's schedules write some arrays under a
+    second name (split-KV's partial O and its logsumexp: Opart, Lpart; per-head GQA's dK, dV partials)."""
+    for n in names:
+        t = x.cur(n)
+        if t is not None:
+            return t
+    return None
+
+
+def _values(x: _Deriver, K: _Tile, like: _Tile) -> _Tile:  # noqa: N803
+    """V_j: the V tile, or under MLA's shared latent the first d_v columns of the resident K_j (``like`` is a tile
+    d_v wide, O_i), read in place."""
+    V = x.cur("V")  # noqa: N806
+    return V if V is not None else replace(K, nc=like.nc)
+
+
+def _problem_reads(x: _Deriver, op, t) -> None:
+    """A problem's own reads: a page-table entry (one word, read where it is loaded) and, in split-KV's combine
+    step, L_i = logsumexp over the s partial logsumexps (a max sweep and a sum sweep of the Lpart tile) and each
+    partial O tile added into O_i with its weight exp(lse_k - L_i)."""
+    if op == LOAD and t.name == "page_table":
+        x.rows(t.nr, x.R(t))
+    elif op == ALLOC and t.name == "L" and x.cur("Lpart") is not None and x.cur("m") is None:
+        lse = x.cur("Lpart")
+        x.rows(t.nr, x.R(lse), x.R(lse), x.W(t))
+    elif op == FREE and t.name == "Opart" and x.cur("m") is None and x.cur("O") is not None:
+        O, lse, L = x.cur("O"), x.cur("Lpart"), x.cur("L")  # noqa: N806
+        k = t.r0 // (x.shapes["Opart"][0] // lse.nc)  # split k's partials are rows [k R_tot, (k + 1) R_tot)
+        w = [cs.R, 1, lse.src[0] + k, lse.src[1], 1, lse.dst[0] + k, lse.dst[1], 1]  # lse[r, k]
+        x.rows(t.nr, w, x.R(L), x.R(t), x.RW(O) if O.written else x.W(O))
+
+
+def _group_sum(x: _Deriver, op, t) -> None:
+    """Per-head GQA's group sum: each dKpart (dVpart) tile loaded is added into the resident dK (dV) accumulator."""
+    if op == FREE and t.name in ("dKpart", "dVpart"):
+        acc = x.cur(t.name[:2])
+        if acc is not None:
+            x.rows(t.nr, x.R(t), x.RW(acc) if acc.written else x.W(acc))
+
+
 def _flash2_forward(x: _Deriver, op, t, _name) -> None:
+    _problem_reads(x, op, t)
     if op == FREE and t.name == "S":
-        Q, K, V, O, l_i, m_i = (x.cur(n) for n in ("Q", "K", "V", "O", "L", "m"))
+        Q, K, m_i = x.cur("Q"), x.cur("K"), x.cur("m")  # noqa: N806
+        O, l_i = _either(x, "O", "Opart"), _either(x, "L", "Lpart")  # noqa: N806
         x.mm(t, Q, K, bT=True, acc=False)  # S_ij = Q_i K_j^T
         # per row: max of S, m_i; P~ = exp(S - m_new) in place; l_i; m_i; O_i *= alpha
         x.rows(t.nr, x.R(t), x.R(m_i), x.RW(t), x.RW(l_i), x.W(m_i), x.RW(O))
-        x.mm(O, t, V, acc=True)  # O_i += P~ V_j
-    elif op == STORE and t.name == "O":
-        l_i, m_i = x.cur("L"), x.cur("m")
+        x.mm(O, t, _values(x, K, O), acc=True)  # O_i += P~ V_j
+    elif op == STORE and t.name in ("O", "Opart") and x.cur("m") is not None:
+        l_i, m_i = _either(x, "L", "Lpart"), x.cur("m")
         x.rows(t.nr, x.R(l_i), x.RW(t), x.R(m_i), x.RW(l_i))  # O_i /= l_i; L_i = m_i + log l_i
 
 
 def _flash1_forward(x: _Deriver, op, t, _name) -> None:
+    _problem_reads(x, op, t)
     if op == STORE and t.name == "O":
-        Q, K, V, S, l_i, m_i = (x.cur(n) for n in ("Q", "K", "V", "S", "l", "m"))
+        Q, K, S, l_i, m_i = (x.cur(n) for n in ("Q", "K", "S", "l", "m"))  # noqa: N806
         x.mm(S, Q, K, bT=True, acc=False)  # step 9: S_ij = Q_i K_j^T
         x.rows(S.nr, x.R(S), x.RW(S), x.R(m_i), x.R(l_i), x.RW(t))  # steps 10-11: m~, P~, l~; O_i *= a
-        x.mm(t, S, V, acc=True)  # O_i += b P~ V_j
+        x.mm(t, S, _values(x, K, t), acc=True)  # O_i += b P~ V_j
         x.rows(S.nr, x.RW(t), x.W(m_i), x.W(l_i))  # O_i /= l_new; steps 12-13: m_i, l_i
 
 
@@ -298,10 +347,10 @@ def _flash_backward_tile(x: _Deriver, S, dP, Q, K, V, dO, dQ, dK, dV, D) -> None
 
 
 def _flash1_backward(x: _Deriver, op, t, _name) -> None:
+    _group_sum(x, op, t)
     if op == STORE and t.name == "dQ":
-        Q, K, V, O, dO, l_i, m_i, S, dP, D, dK, dV = (
-            x.cur(n) for n in ("Q", "K", "V", "O", "dO", "l", "m", "S", "dP", "D", "dK", "dV")
-        )
+        Q, K, V, O, dO, l_i, m_i, S, dP, D = (x.cur(n) for n in ("Q", "K", "V", "O", "dO", "l", "m", "S", "dP", "D"))  # noqa: N806
+        dK, dV = _either(x, "dK", "dKpart"), _either(x, "dV", "dVpart")  # noqa: N806
         x.mm(S, Q, K, bT=True, acc=False)  # steps 12-13
         x.rows(S.nr, x.R(m_i), x.R(l_i), x.RW(S))  # step 14: P_ij = diag(l_i)^-1 exp(S_ij - m_i)
         x.rows(S.nr, x.R(dO), x.R(O), x.W(D))  # step 20: D_i = rowsum(dO_i o O_i)
@@ -309,10 +358,12 @@ def _flash1_backward(x: _Deriver, op, t, _name) -> None:
 
 
 def _flash2_backward(x: _Deriver, op, t, _name) -> None:
+    _group_sum(x, op, t)
     if op == STORE and t.name == "D":
         x.rows(t.nr, x.R(x.cur("dO")), x.R(x.cur("O")), x.W(t))  # step 4: D_i = rowsum(dO_i o O_i)
     elif op == STORE and t.name == "dQ":
-        Q, K, V, dO, L_i, S, dP, D, dK, dV = (x.cur(n) for n in ("Q", "K", "V", "dO", "L", "S", "dP", "D", "dK", "dV"))
+        Q, K, V, dO, L_i, S, dP, D = (x.cur(n) for n in ("Q", "K", "V", "dO", "L", "S", "dP", "D"))  # noqa: N806
+        dK, dV = _either(x, "dK", "dKpart"), _either(x, "dV", "dVpart")  # noqa: N806
         x.mm(S, Q, K, bT=True, acc=False)  # step 10
         x.rows(S.nr, x.R(L_i), x.RW(S))  # step 11: P_ij = exp(S_ij - L_i)
         _flash_backward_tile(x, S, dP, Q, K, V, dO, t, dK, dV, D)
@@ -535,10 +586,10 @@ def replay_ops(
 PROBLEM_ALGORITHMS = ("flash1", "flash2")
 
 
-def _problem_scope(algorithm, problem, run_options) -> None:
-    """What a replay over a problem covers: flash1 and flash2 with GQA per-head or packed, any N_q, N_k, d_qk, d_v,
-    causal or not, and MLA's latent read naively (V as its own tile). The compute steps of split-KV's partials,
-    of page pieces and of V read from the resident K tile are not derived: each is refused in one line."""
+def _problem_scope(algorithm, problem) -> None:
+    """What a replay over a problem covers: flash1 and flash2, forward and backward, with GQA per-head or packed, any
+    N_q, N_k, d_qk, d_v, any mask, split-KV (the partials and the combine step), paged KV (the page-table words
+    read) and MLA's latent, shared (V read from the resident K tile) or naive."""
     from iosim.problem import Problem
 
     if not isinstance(problem, Problem):
@@ -550,14 +601,6 @@ def _problem_scope(algorithm, problem, run_options) -> None:
             "and square tiling: one head, N and d)",
             algorithm,
         )
-    if problem.page_size is not None:
-        raise InputError("page_size", "replay over a problem takes a contiguous KV cache (no pages)", problem.page_size)
-    if run_options.get("splits", 1) != 1:
-        raise InputError(
-            "splits", "replay over a problem takes one split (no split-KV partials)", run_options["splits"]
-        )
-    if problem.latent and run_options.get("mla", "shared") == "shared":
-        raise InputError("mla", "replay over an MLA problem takes naive (V loaded as its own tile)", "shared")
 
 
 def replay(
@@ -599,14 +642,13 @@ def replay(
     if not isinstance(algorithm, str) or algorithm not in BASE_ALGORITHMS:
         raise InputError("algorithm", f"replay knows the compute steps of {', '.join(BASE_ALGORITHMS)}", algorithm)
     if problem is not None:
-        _problem_scope(algorithm, problem, run_options)
+        _problem_scope(algorithm, problem)
         if N is not None or d is not None:
             raise InputError("N, d", "must not be given with problem= (the problem holds N_q, N_k, d_qk)", (N, d))
-        if backward:
-            raise InputError("backward", "of a problem is not replayed (replay derives a problem's forward only)", True)
         N, d = problem.N_q, problem.d_qk
         heads = problem.B * problem.H_q  # every head forms its N_q x N_k scores: B H_q N_q N_k d_qk accesses at least
-        work = heads * problem.N_q * problem.N_k * problem.d_qk
+        masked = run_options.get("mask") not in (None, "none", "dense")  # (a mask: fewer; counted after the run)
+        work = None if masked else heads * problem.N_q * problem.N_k * problem.d_qk
     elif N is None or d is None:
         raise InputError("N and d", "must be given (or problem=)", (N, d))
     else:
