@@ -154,17 +154,13 @@ _WARM: list = []
 
 
 def _warm(p, t) -> None:
-    """Compile (or load) the mask helpers a count-only driver calls, here, once per process, with Numba's runtime.
-    Their BigBird branch allocates (a table of random columns); a count-only variant is compiled without the runtime,
-    and a helper compiled first from inside it was compiled without it too and failed to type (whatever the kind:
-    the kind is a run-time value). Compiled here first, every variant reuses these compilations (one signature:
-    int64 kind, params, table and sizes); the calls count nothing (empty ranges)."""
+    """Compile (or load) :func:`mask_nnz`, which every mask helper a count-only driver calls reaches, here, once per
+    process, with Numba's runtime. Its BigBird branch allocates (a buffer of random columns); a count-only variant is
+    compiled without the runtime, and mask_nnz compiled first from inside it was compiled without it too and failed
+    to type (whatever the kind: the kind is a run-time value). Compiled here first, every variant reuses this
+    compilation (one signature: int64 kind, params, table and sizes); the call counts nothing (an empty tile)."""
     _WARM.append(True)
-    mask_nnz(BIGBIRD, p, t, 0, 0, 0, 0)
-    _block_nonempty(BIGBIRD, p, t, 0, 1, 0, 0, True)
-    _rows_nnz(BIGBIRD, p, t, 0, 0, 0, 0, 1, 0)
-    _rows_cols(BIGBIRD, p, t, 0, 0, 1, 0, 1)
-    _cols_rows(BIGBIRD, p, t, 0, 0, 1, 0, 1)
+    mask_nnz(BIGBIRD, p, t, 0, 0, 0, 0)  # the one that allocates; the helpers calling it reuse this compilation
 
 
 def dense_mask(N: int, policy: str = "paper") -> TileMask:

@@ -40,3 +40,17 @@ def test_a_changed_source_fingerprint_makes_the_next_run_compile_afresh(tmp_path
     subprocess.run([sys.executable, "-c", "import iosim"], env=env, check=True)
     assert not [p for s in stamps for p in s.parent.iterdir() if p.suffix in (".nbi", ".nbc")]
     subprocess.run([sys.executable, "-c", run], env=env, check=True)  # compiles again, counts exactly
+
+
+def test_a_count_only_masked_run_compiles_on_an_empty_cache(tmp_path):
+    """A count-only variant is compiled without Numba's runtime; the mask helpers it calls allocate in their BigBird
+    branch. On an empty cache, a causal count-only run (and a masked one over a problem) once failed to type when
+    those helpers were first compiled from inside the variant (tile_masks._warm compiles them first)."""
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path))
+    run = (
+        "import iosim; r = iosim.run('flash2', N=64, d=8, M=400, causal=True, count_only=True); assert r.main.exact; "
+        "p = iosim.Problem(B=1, H_q=2, H_kv=1, N_q=3, N_k=40, d=8); "
+        "r = iosim.run('flash1', problem=p, M=900, mask='random:0.3', count_only=True); assert r.main.exact"
+    )
+    out = subprocess.run([sys.executable, "-c", run], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
