@@ -375,4 +375,7 @@ def test_heads_schedule_options_that_do_not_apply(algo, kwargs, problem, paramet
 def test_show_text_of_a_problem(capsys):
     argv = ["show", "flash2", "--heads", "4", "--kv-heads", "2", "--Nq", "2", "--Nk", "20", "--d", "4", "--M", "300"]
     assert _cli(*argv, "--gqa", "packed", "--splits", "2", "--text", "--limit", "5") == 0
-    assert "load Q[0:4, 0:4]" in capsys.readouterr().out  # the 2 x 2 packed rows of a group: one row block
+    out = capsys.readouterr().out
+    assert "load Q[0:4, 0:4]" in out  # the 2 x 2 packed rows of a group: one row block
+    assert "B=1, H_q=4, H_kv=2, N_q=2, N_k=20, d_qk=4, d_v=4, GQA packed, 2 KV splits, M=300 words" in out
+    assert "N=2," not in out  # a problem is named as one, not by its query length

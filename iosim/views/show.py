@@ -101,7 +101,12 @@ def tile_edges(trace, name: str) -> tuple[list[int], list[int]]:
 def _title(r) -> str:
     p = r.main.name
     masked = f", mask {r.mask}" if r.mask not in ("none", "causal") else ""
-    return f"{r.algorithm} {p}{', causal' if r.causal else ''}{masked}: N={r.N}, d={r.d}, M={r.M} words, {r.tiling}"
+    shape = f"N={r.N}, d={r.d}" if r.problem is None or r.problem.is_single else str(r.problem)
+    sched = r.schedule
+    for key, what in (("gqa", "GQA {}"), ("splits", "{} KV splits"), ("mla", "MLA {}")):
+        if sched.get(key) not in (None, 1):
+            shape += ", " + what.format(sched[key])
+    return f"{r.algorithm} {p}{', causal' if r.causal else ''}{masked}: {shape}, M={r.M} words, {r.tiling}"
 
 
 def draw_tiles(r, path) -> None:
