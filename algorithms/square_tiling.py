@@ -72,14 +72,12 @@ import math
 import numpy as np
 from iosim.algorithms._tiles import buffer, cdiv, tile
 from iosim.algorithms.tile_masks import (
-    BAND,
-    FAR,
     apply_mask,
     block_range,
     mask_cols,
     mask_rows,
+    query_rows,
     resolve,
-    tile_mask,
     tile_nnz,
 )
 from iosim.memory_model import alloc, alloc_vec, free, load, load_vec, store, store_to, store_vec
@@ -118,7 +116,7 @@ def _normalised_probabilities(Sik, L_i):
 
 
 @njit(cache=True)
-def _square_forward(W, ids, Q, K, V, S, O, L, N, Nk, d, dv, B, scale, mk, mp, mt):  # noqa: N803
+def _square_forward(W, ids, Q, K, V, S, O, L, N, Nk, d, dv, B, scale, off, mk, mp, mt):  # noqa: N803
     iQ, iK, iV, iS, iO, iL, im = ids
     Tn = cdiv(N, B)  # tiles along N (rows of Q; N_k keys when N_q != N_k)
     Td = cdiv(d, B)  # tiles along the head dimension d (of V and O: d_v)
@@ -133,12 +131,12 @@ def _square_forward(W, ids, Q, K, V, S, O, L, N, Nk, d, dv, B, scale, mk, mp, mt
         if Q is not None:
             mb[:bi] = -np.inf
             lb[:bi] = 0.0
-        lo, hi = mask_cols(mk, mp, mt, r0, bi, Nk)
+        lo, hi = mask_cols(mk, mp, mt, r0 + off, bi, Nk)  # mask row r0 + off: the queries are its last N rows
         j0, j1 = block_range(lo, hi, B)
         for j in range(j0, j1):
             c0 = j * B
             bj = min(B, Nk - c0)
-            nnz = tile_nnz(mk, mp, mt, r0, bi, c0, bj)
+            nnz = tile_nnz(mk, mp, mt, r0 + off, bi, c0, bj)
             if nnz == 0:  # a tile the mask empties (causal: entirely above the diagonal)
                 continue
             Sij = tile(Sb, bi, bj)
@@ -156,7 +154,7 @@ def _square_forward(W, ids, Q, K, V, S, O, L, N, Nk, d, dv, B, scale, mk, mp, mt
                 free(W, hQ)
                 free(W, hK)
             if Q is not None:
-                _scale_mask_update(Sij, scale, nnz < bi * bj, mk, mp, mt, r0, c0, mb[:bi], lb[:bi])
+                _scale_mask_update(Sij, scale, nnz < bi * bj, mk, mp, mt, r0 + off, c0, mb[:bi], lb[:bi])
             store(W, hS, Sij, S)  # write the N x N tile (exponent form, see the docstring)
             free(W, hS)
         if Q is not None:
@@ -178,12 +176,12 @@ def _square_forward(W, ids, Q, K, V, S, O, L, N, Nk, d, dv, B, scale, mk, mp, mt
             hO = alloc(W, iO, r0, bi, c0, bc)  # O tile = 0
             if Q is not None:
                 Oic[:, :] = 0.0
-            lo, hi = mask_cols(mk, mp, mt, r0, bi, Nk)
+            lo, hi = mask_cols(mk, mp, mt, r0 + off, bi, Nk)
             k0_, k1_ = block_range(lo, hi, B)
             for k in range(k0_, k1_):
                 k0 = k * B
                 bk = min(B, Nk - k0)
-                if tile_nnz(mk, mp, mt, r0, bi, k0, bk) == 0:  # A_ik is all zero
+                if tile_nnz(mk, mp, mt, r0 + off, bi, k0, bk) == 0:  # A_ik is all zero
                     continue
                 Aik, Vkc = tile(Pb, bi, bk), tile(Vb, bk, bc)
                 hA = load(W, iS, S, r0, bi, k0, bk, Aik)  # A tile (i, k)
@@ -367,18 +365,16 @@ def square_tiling_forward(mem, Q, K, V, *, N, d, B, scale, causal=False, dtype=n
     exponent S = scale Q K^T left in slow memory (None each in count-only mode). Exact count:
     :func:`iosim.theory.io_model.square_tiling_forward` (= docs/theory.md S1 when non-causal). ``N_k`` keys
     (default N; ``causal`` is then bottom-right: row r sees keys c <= r + N_k - N) and ``d_v`` the width of V and
-    O (default d): :func:`iosim.theory.io_model.square_tiling_problem`.
+    O (default d): :func:`iosim.theory.io_model.square_tiling_problem`. A :class:`TileMask` over N_k != N keys
+    covers the whole sequence and the queries are its last N rows (aligned bottom-right, as the causal flag is).
     """
     Nk = N if N_k is None else N_k
     dv = d if d_v is None else d_v
     Q, K, V = _as_inputs(dtype, Q, K, V)
     S, O, L = _poisoned(Q is not None, dtype, (N, Nk), (N, dv), (N,))
     ids = mem.ids(Q=(N, d), K=(Nk, d), V=(Nk, dv), S=(N, Nk), O=(N, dv), L=(N,), m=(N,))
-    if Nk != N and causal is True:  # the bottom-right causal band: c - r <= N_k - N
-        mk = tile_mask(BAND, (-FAR, Nk - N), N=N, label="causal").args[:3]
-    else:
-        mk = resolve(causal, N).args[:3]
-    mem.call(_square_forward, ids, Q, K, V, S, O, L, N, Nk, d, dv, B, float(scale), *mk)
+    mk, off = query_rows(causal, N, Nk)
+    mem.call(_square_forward, ids, Q, K, V, S, O, L, N, Nk, d, dv, B, float(scale), off, *mk)
     return O, L, S
 
 

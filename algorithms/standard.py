@@ -24,7 +24,7 @@ import math
 
 import numpy as np
 from iosim.algorithms._tiles import buffer, cdiv, exp_nonpos, tile
-from iosim.algorithms.tile_masks import BAND, DENSE, FAR, mask_allows, resolve, tile_mask
+from iosim.algorithms.tile_masks import DENSE, mask_allows, query_rows, resolve
 from iosim.memory_model import alloc, free, load, store, store_to
 from iosim.memory_model.core import jitable
 from numba import njit
@@ -133,8 +133,9 @@ def _mask_row(x, row, col0, mk, mp, mt, fill):
 
 
 @jitable(nrt=True)
-def _softmax(W, iS, S, iP, P, im, Nr, N, M, mk, mp, mt):
-    """P = softmax(S) row-wise (Nr rows of N columns), one pass when a row fits in fast memory, two otherwise."""
+def _softmax(W, iS, S, iP, P, im, Nr, N, M, off, mk, mp, mt):
+    """P = softmax(S) row-wise (Nr rows of N columns), one pass when a row fits in fast memory, two otherwise; row r
+    is the mask's row r + off."""
     hm = alloc(W, im, 0, 1, 0, 2)  # the current row's max and sum
     if N + 2 <= M:
         R = min(Nr, (M - 2) // N)
@@ -147,7 +148,7 @@ def _softmax(W, iS, S, iP, P, im, Nr, N, M, mk, mp, mt):
             if S is not None:
                 for r in range(br):
                     x = rows[r]
-                    _mask_row(x, r0 + r, 0, mk, mp, mt, -np.inf)
+                    _mask_row(x, r0 + r + off, 0, mk, mp, mt, -np.inf)
                     m_r = _row_max(x)
                     l_r = _exp_shift_sum(x, m_r, True)
                     _normalise(x, l_r)
@@ -166,7 +167,7 @@ def _softmax(W, iS, S, iP, P, im, Nr, N, M, mk, mp, mt):
                     h = load(W, iS, S, r, 1, c0, bc, chunk)
                     if S is not None:
                         x = chunk[0]
-                        _mask_row(x, r, c0, mk, mp, mt, -np.inf)
+                        _mask_row(x, r + off, c0, mk, mp, mt, -np.inf)
                         if p == 0:
                             m_new = max(m_r, _row_max(x))
                             if m_new > -np.inf:
@@ -182,10 +183,10 @@ def _softmax(W, iS, S, iP, P, im, Nr, N, M, mk, mp, mt):
 
 
 @njit(cache=True)
-def _standard_forward(W, ids, Q, K, V, S, P, O, N, Nk, d, dv, M, B, scale, mk, mp, mt):  # noqa: N803
+def _standard_forward(W, ids, Q, K, V, S, P, O, N, Nk, d, dv, M, B, scale, off, mk, mp, mt):  # noqa: N803
     iQ, iK, iV, iS, iP, iO, im = ids
     tiled_matmul(W, iQ, Q, iK, K, iS, S, N, d, Nk, B, False, True, scale)  # step 1: S = Q K^T
-    _softmax(W, iS, S, iP, P, im, N, Nk, M, mk, mp, mt)  # step 2: P = softmax(S), masked
+    _softmax(W, iS, S, iP, P, im, N, Nk, M, off, mk, mp, mt)  # step 2: P = softmax(S), masked
     tiled_matmul(W, iP, P, iV, V, iO, O, N, Nk, dv, B, False, False, 1.0)  # step 3: O = P V
 
 
@@ -195,6 +196,7 @@ def standard_forward(mem, Q, K, V, *, N, d, B, scale, causal=False, dtype=np.flo
     Count-only mode: pass Q = K = V = None. Returns (O, S, P) from slow memory (None in count-only mode, where no
     N x N array is allocated). ``N_k`` keys (default N: N_q = N rows of Q against N_k keys, S and P N x N_k;
     ``causal`` is then bottom-right, row r seeing keys c <= r + N_k - N) and ``d_v`` (default d) the width of V, O.
+    A :class:`TileMask` over N_k != N keys covers the whole sequence; the queries are its last N rows.
     """
     Nk = N if N_k is None else N_k
     dv = d if d_v is None else d_v
@@ -204,11 +206,8 @@ def standard_forward(mem, Q, K, V, *, N, d, B, scale, causal=False, dtype=np.flo
         Q, K, V = (np.ascontiguousarray(x, dtype=dtype) for x in (Q, K, V))
         S, P, O = (np.full(shape, np.nan, dtype) for shape in ((N, Nk), (N, Nk), (N, dv)))  # poisoned
     ids = mem.ids(Q=(N, d), K=(Nk, d), V=(Nk, dv), S=(N, Nk), P=(N, Nk), O=(N, dv), m=(1, 2))
-    if Nk != N and causal is True:  # the bottom-right causal band: c - r <= N_k - N
-        mk = tile_mask(BAND, (-FAR, Nk - N), N=N, label="causal").args[:3]
-    else:
-        mk = resolve(causal, N).args[:3]
-    mem.call(_standard_forward, ids, Q, K, V, S, P, O, N, Nk, d, dv, mem.M, B, float(scale), *mk)
+    mk, off = query_rows(causal, N, Nk)
+    mem.call(_standard_forward, ids, Q, K, V, S, P, O, N, Nk, d, dv, mem.M, B, float(scale), off, *mk)
     return O, S, P
 
 

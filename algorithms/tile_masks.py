@@ -178,6 +178,19 @@ def resolve(causal, N: int) -> TileMask:
     return causal_mask(N) if causal else dense_mask(N)
 
 
+def query_rows(causal, N: int, Nk: int) -> tuple[tuple, int]:  # noqa: N803
+    """The mask triple a one-head schedule of N query rows against N_k keys runs with, and the mask row of its
+    first query row. A :class:`TileMask` over N_k != N keys covers the whole sequence and the queries are its last
+    N rows (offset N_k - N, aligned bottom-right); the causal flag with N_k != N is the bottom-right band
+    c - r <= N_k - N on the N rows themselves (offset 0; for N > N_k the first N - N_k rows see no key); otherwise
+    :func:`resolve` over N, offset 0."""
+    if isinstance(causal, TileMask) and causal.N == Nk != N:
+        return causal.args[:3], Nk - N
+    if Nk != N and causal is True:
+        return tile_mask(BAND, (-FAR, Nk - N), N=N, label="causal").args[:3], 0
+    return resolve(causal, N).args[:3], 0
+
+
 def prefix_table(allowed: np.ndarray) -> np.ndarray:
     """The (n+1) x (m+1) 2-D prefix sums of a boolean n x m array: nnz of any rectangle in O(1)."""
     P = np.zeros((allowed.shape[0] + 1, allowed.shape[1] + 1), dtype=np.int64)

@@ -832,10 +832,10 @@ def _run_problem(algo, p: Problem, M: int, gqa, splits, mla, Br, Bc, B, **o) -> 
 
     masked = not (o["mask"] is None or (isinstance(o["mask"], str) and o["mask"] in ("none", "dense")))
     backward = _flag("backward", o["backward"])
-    if algo.name not in PROBLEM_ALGORITHMS and (masked or backward):
+    if algo.name not in PROBLEM_ALGORITHMS and backward:
         return _run_by_heads(algo, p, M, gqa, splits, mla, Br, Bc, B, masked, o)
     splits, mla = _problem_schedule(algo, p, gqa, splits, mla, B)
-    tmask = _problem_mask(p, o["mask"], o["kv_policy"]) if masked and algo.name in PROBLEM_ALGORITHMS else None
+    tmask = _problem_mask(p, o["mask"], o["kv_policy"]) if masked else None
     if backward:
         _problem_backward_check(algo, p, splits)
     trace = _flag("trace", o["trace"])
@@ -852,7 +852,7 @@ def _run_problem(algo, p: Problem, M: int, gqa, splits, mla, Br, Bc, B, **o) -> 
     Bc = None if Bc is None else _positive_int("Bc", Bc, MAX_N)
     if algo.name in ONE_HEAD_ALGORITHMS:
         return _run_one_head_problem(
-            algo, p, M, B, count_only, strict, reference, dtype, seed, scale, o["tiling"], allow_long
+            algo, p, M, B, count_only, strict, reference, dtype, seed, scale, o["tiling"], allow_long, tmask, trace
         )
     if B is not None:
         raise InputError("B", f"applies to standard and square-tiling; {algo.name} takes Br and Bc", B)
@@ -941,17 +941,17 @@ def _run_problem(algo, p: Problem, M: int, gqa, splits, mla, Br, Bc, B, **o) -> 
 
 
 def _run_by_heads(algo, p: Problem, M: int, gqa, splits, mla, Br, Bc, B, masked: bool, o: dict) -> Result:
-    """A mask over a problem (any algorithm, forward or backward), or the backward of standard attention and square
-    tiling (flash1 and flash2 have their own problem backward, :mod:`iosim.algorithms.decoding`): the B H_q query
-    heads one after another, each the one-head schedule of :func:`run` on its own rows against its key/value head
-    (GQA ``per-head``), so every array's counts are the heads' sum and the peak one head's
-    (:func:`iosim.theory.io_model.heads_problem`). In the backward of a group of g > 1 query heads each head writes
-    its dK, dV as partials (``dKpart``, ``dVpart``, as FlashAttention-2's GQA backward writes them expanded) and
-    the group sum of :mod:`iosim.algorithms.decoding` adds the g partials of each key/value head into dK, dV
+    """The backward of standard attention and square tiling over a problem, under any mask (flash1 and flash2 have their
+    own problem backward, :mod:`iosim.algorithms.decoding`; the forward of these two over a problem is
+    :func:`_run_one_head_problem`): the B H_q query heads one after another, each the one-head schedule of :func:`run`
+    on its own rows against its key/value head (GQA ``per-head``), so every array's counts are the heads' sum and the
+    peak one head's (:func:`iosim.theory.io_model.heads_problem`). In the backward of a group of g > 1 query heads each
+    head writes its dK, dV as partials (``dKpart``, ``dVpart``, as FlashAttention-2's GQA backward writes them expanded)
+    and the group sum of :mod:`iosim.algorithms.decoding` adds the g partials of each key/value head into dK, dV
     (:func:`iosim.theory.io_model.group_sum`). Every head is simulated; nothing is multiplied."""
     from iosim.theory import io_model
 
-    what = "a mask" if masked else "the backward pass"
+    what = "a masked backward" if masked else "the backward pass"
     need = (("N_q = N_k", p.N_q == p.N_k), ("d_qk = d_v", p.d_qk == p.d_v), ("no page_size", p.page_size is None),
             ("no latent", not p.latent), ("splits = 1", splits == 1), ("gqa per-head", gqa == "per-head"))  # fmt: skip
     missing = [k for k, ok in need if not ok]
@@ -1110,13 +1110,14 @@ def _problem_backward_pass(name: str, p: Problem, M, gqa, rows, rule, Br, Bc, st
 
 
 def _run_one_head_problem(
-    algo, p: Problem, M, B, count_only, strict, reference, dtype, seed, scale, rule, allow_long
+    algo, p: Problem, M, B, count_only, strict, reference, dtype, seed, scale, rule, allow_long, tmask=None, trace=False
 ) -> Result:
     """Standard attention (Algorithm 0) or square tiling over a problem: each of the B H_q query heads in turn, its
     own schedule of N_q rows against its key/value head's N_k keys (GQA ``per-head``), widths d_qk and d_v; causal
-    bottom-right. Exact counts: :func:`iosim.theory.io_model.standard_forward` with N_k and d_v or
-    :func:`iosim.theory.io_model.square_tiling_problem` for one head, times the heads
-    (:func:`iosim.theory.io_model.heads_problem`)."""
+    bottom-right, or the TileMask ``tmask`` over the whole N_k x N_k sequence with the queries its last N_q rows
+    (:func:`_problem_mask`). Exact counts: :func:`iosim.theory.io_model.standard_forward` with N_k and d_v (the
+    dense baseline computes every tile whatever the mask) or :func:`iosim.theory.io_model.square_tiling_problem`
+    for one head, times the heads (:func:`iosim.theory.io_model.heads_problem`)."""
     from iosim.algorithms import square_tiling, standard
     from iosim.theory import io_model
     from iosim.theory.tiling import saha_ye_problem_tiling
@@ -1131,8 +1132,15 @@ def _run_one_head_problem(
     if algo.name == "standard":
         one = io_model.standard_forward(p.N_q, p.d_qk, M, t.B, p.causal, p.N_k, p.d_v)
     else:
-        one = io_model.square_tiling_problem(p, t.B)
+        one = io_model.square_tiling_problem(p, t.B, tmask)
     heads = p.B * p.H_q
+    if trace and heads > 1:  # each head's schedule addresses its own rows from 0: one trace would overlay them
+        raise InputError(
+            "trace",
+            f"is recorded for {algo.name} over one head (B = H_q = 1; it runs B H_q = {heads} heads one after "
+            "another): trace one head, or flash1 / flash2 over the whole problem",
+            True,
+        )
     predicted = io_model.heads_problem(one, heads)
     if B is not None and strict and predicted.peak > M:
         raise InputError("B", f"gives a working set of {predicted.peak:,} words above M = {M:,}: choose a smaller B", B)
@@ -1144,14 +1152,21 @@ def _run_one_head_problem(
         seconds = estimate.numeric_seconds(1, 1, steps, False) + estimate.NUMERIC_N2D * heads * p.N_q * p.N_k * (
             p.d_qk + p.d_v
         )
+    if tmask is not None and algo.name == "square-tiling":  # each tile tested in both phases and by the closed form
+        draws = (2 * heads + 1) * Tq * Tk * tmask.tile_tests(t.B, t.B)
+        estimate.check(draws * estimate.MASK_DRAW, f"the tile tests of the mask {tmask.label} over {p}",
+                       allow_long=allow_long, parameter="mask", value=tmask.label,
+                       remedy="use fewer heads, a larger B or a structured mask")  # fmt: skip
+        seconds += draws * estimate.MASK_DRAW
     estimate.check(seconds, f"a run of {algo.name} over {p}", allow_long=allow_long, parameter="problem", value=str(p))
     if not count_only:
         words = 3 * p.N_q * p.N_k + 3 * heads * (p.N_q + p.N_k) * (p.d_qk + p.d_v)
         if words * 8 > 0.8 * estimate.available_bytes():
             raise InputError("count_only", f"must be True for this problem ({words * 8 / 2**30:.1f} GiB)", False)
-    mem = TwoLevelMemory(M, strict=strict, fast=count_only)
+    mem = TwoLevelMemory(M, strict=strict, trace=trace, fast=count_only and not trace)
     np_dtype = np.dtype(dtype)
-    kw = dict(N=p.N_q, d=p.d_qk, B=t.B, scale=scale, causal=p.causal, dtype=np_dtype, N_k=p.N_k, d_v=p.d_v)
+    mask = p.causal if tmask is None else tmask
+    kw = dict(N=p.N_q, d=p.d_qk, B=t.B, scale=scale, causal=mask, dtype=np_dtype, N_k=p.N_k, d_v=p.d_v)
     if count_only:
         Q = K = V = O = L = None
         for _ in range(heads):  # every head is simulated (its counts add to the same arrays' tallies)
@@ -1175,16 +1190,18 @@ def _run_one_head_problem(
     outputs = {"O": O} if algo.name == "standard" else {"O": O, "L": L}
     errors: dict[str, float] = {}
     if not count_only and reference:
-        O_ref, L_ref = problem_reference(p, Q, K, V, scale)
+        O_ref, L_ref = problem_reference(p, Q, K, V, scale, tmask)
         errors["O"] = float(np.max(np.abs(O - O_ref)))
         if "L" in outputs:
             errors["L"] = _logsumexp_error(outputs["L"], L_ref)
+    seen = _seen(p, tmask)
     fwd = PassResult(
-        "forward", mem.stats(), predicted, float(sum(p.compulsory().values())),
+        "forward", mem.stats(), predicted, float(sum(p.compulsory(seen).values())),
         "compulsory (read Q, K/V once per KV head, write O)", errors, t, count_only or _all_finite({"O": O}, ("O",)),
     )  # fmt: skip
     return Result(
-        algo.name, p.N_q, p.d_qk, M, p.causal, count_only, dtype, t, {"forward": fwd}, outputs, seed, scale, None,
-        "causal" if p.causal else "none", "paper", p,
+        algo.name, p.N_q, p.d_qk, M, p.causal, count_only, dtype, t, {"forward": fwd}, outputs, seed, scale,
+        mem.trace(), tmask.label if tmask else "causal" if p.causal else "none", tmask.policy if tmask else "paper", p,
         {"gqa": "per-head", "splits": 1, "mla": None, "thread_blocks": None} if heads > 1 else {"thread_blocks": None},
+        seen,
     )  # fmt: skip

@@ -182,3 +182,68 @@ def test_long_mask_work_is_priced_up_front():
         iosim.run("flash2", problem=Problem(B=64, H_q=32, N=1 << 20, d=64), M=65536, mask="random:0.5",
                   count_only=True, allow_long=True)  # fmt: skip
     assert e.value.parameter == "mask" and "\n" not in str(e.value)
+
+
+# --- standard attention and square tiling: each query head its own one-head schedule of N_q rows (the mask's last
+# N_q rows) against N_k keys; standard attention computes every tile whatever the mask, square tiling skips the
+# tiles the mask empties in both phases ---
+ONE_HEAD_SHAPES = [(3, 29, 6, 5), (1, 29, 6, 6), (17, 29, 5, 6), (29, 29, 6, 6)]
+
+
+@pytest.mark.parametrize("m", ["causal", *MASKS])
+@pytest.mark.parametrize("algo", ["standard", "square-tiling"])
+def test_one_head_algorithms_under_a_mask_over_any_shape(algo, m):
+    """Counts per array and peak equal the closed form (square_tiling_problem on the mask's tile summary; standard
+    attention's dense words), count-only equals numeric, outputs equal the float64 reference."""
+    for Nq, Nk, dqk, dv in ONE_HEAD_SHAPES:
+        p = Problem(B=2, H_q=4, H_kv=2, N_q=Nq, N_k=Nk, d_qk=dqk, d_v=dv)
+        for B in (None, 4):
+            r = iosim.run(algo, problem=p, M=900, mask=_mask(m, Nk), seed=1, B=B)
+            c = iosim.run(algo, problem=p, M=900, mask=_mask(m, Nk), count_only=True, B=B)
+            assert _exact(r) and r.finite and max(r.errors.values()) < 1e-12, (Nq, Nk, B)
+            assert c.stats.per_array == r.stats.per_array and c.stats.peak == r.stats.peak
+            assert r.mask.startswith(_mask(m, Nk)) and r.kv_policy == "skip"
+    if algo == "standard":  # the dense baseline: the mask changes no word
+        dense = iosim.run(algo, problem=p, M=900, B=4, count_only=True)
+        assert dense.stats.per_array == c.stats.per_array
+
+
+def test_square_tiling_sliding_window_decoding_by_hand():
+    """A window of W keys at decoding: the one query row meets the W / B key tiles of [N_k - W, N_k) when B divides
+    N_k - W, so square tiling reads exactly W keys of K and V per query head, Q once per tile and writes S on W words:
+    counted here by hand, not through the mask oracle."""
+    Hq, Hkv, Nk, d, W, B = 4, 2, 512, 16, 96, 32
+    p = Problem(H_q=Hq, H_kv=Hkv, N_q=1, N_k=Nk, d=d)
+    r = iosim.run("square-tiling", problem=p, M=8000, mask=f"window:{W}:causal", B=B, count_only=True)
+    per = r.stats.per_array
+    assert per["K"].reads == per["V"].reads == Hq * (W + 1) * d - Hq * d  # window:W:causal sees W keys
+    assert per["Q"].reads == Hq * d * (W // B) and per["S"].writes == Hq * W
+    assert r.lower_bound == Hq * 2 * d + Hkv * W * 2 * d  # the floor: the keys the query sees, once per KV head
+
+
+def test_compare_ranks_every_algorithm_under_a_mask_at_decoding(capsys):
+    argv = ["compare", "--heads", "4", "--kv-heads", "2", "--Nq", "2", "--Nk", "300", "--d", "16", "--M", "4000",
+            "--mask", "window:64:causal", "--count-only"]  # fmt: skip
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "not run" not in out and "square-tiling" in out and "standard" in out
+    assert out.count(" yes ") == 6  # flash1, flash2 (per-head, packed), square tiling, standard: all exact
+
+
+@pytest.mark.parametrize("algo", ["standard", "square-tiling"])
+def test_one_head_algorithms_trace_one_head_and_refuse_many(algo, tmp_path, capsys):
+    """One head with N_q != N_k: the trace is recorded and replays to the counts; over B H_q > 1 heads (each head's
+    schedule addresses its own rows) trace and show refuse in one line, exit 2, before writing anything."""
+    p = Problem(N_q=3, N_k=20, d_qk=4, d_v=3)
+    r = iosim.run(algo, problem=p, M=300, mask="window:3", trace=True, count_only=True)
+    assert r.trace is not None and r.trace.replay().per_array == r.stats.per_array
+    with pytest.raises(InputError) as e:
+        iosim.run(algo, problem=Problem(H_q=2, N_q=3, N_k=20, d=4), M=300, trace=True, count_only=True)
+    assert e.value.parameter == "trace" and "\n" not in str(e.value)
+    many = ["--heads", "2", "--Nq", "3", "--Nk", "20", "--d", "4", "--M", "300"]
+    out = tmp_path / "t.csv"
+    for argv in (["trace", algo, *many, "-o", str(out)], ["show", algo, *many, "--text"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert "trace" in err and err.count("\n") == 1
+    assert not out.exists()

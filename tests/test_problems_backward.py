@@ -196,11 +196,12 @@ def test_masked_problem_file_mask(tmp_path):
     ],
 )
 def test_masked_problem_refusals_are_one_line(fields, kw, parameter):
-    """A mask over a problem for standard attention runs the heads one after another (iosim.api._run_by_heads): the
-    refusal names the mask and what the problem or schedule lacks (flash1 and flash2 take every shape natively)."""
+    """A masked backward over a problem for standard attention runs the heads one after another (iosim.api.
+    _run_by_heads): the refusal names the mask and what the problem or schedule lacks (flash1 and flash2 take every
+    shape natively; the forward of standard attention and square tiling takes any N_q <= N_k, d_qk, d_v)."""
     p = Problem(**{"B": 1, "H_q": 2, "H_kv": 2, "N_q": 20, "N_k": 20, "d_qk": 8, "d_v": 8, **fields})
     with pytest.raises(InputError) as e:
-        iosim.run("standard", M=5000, problem=p, mask="window:4", count_only=True, **kw)
+        iosim.run("standard", M=5000, problem=p, mask="window:4", count_only=True, backward=True, **kw)
     assert e.value.parameter == "mask" and f"has not {parameter}" in str(e.value)
     assert "\n" not in str(e.value)
 

@@ -58,7 +58,7 @@ def test_mask_over_a_problem(algo, mask):
     [
         (dict(N_q=3, N_k=9, d=4), dict(backward=True), "backward"),
         (dict(N=9, d_qk=4, d_v=3), dict(backward=True), "backward"),
-        (dict(N=9, d=4, page_size=4), dict(mask="window:2"), "mask"),
+        (dict(N=9, d=4, page_size=4), dict(mask="window:2"), "page_size"),
         (dict(N=9, d=4), dict(backward=True, gqa="packed"), "backward"),
         (dict(N=9, d=4), dict(backward=True, splits=2), "backward"),
         (dict(N=9, d=4), dict(backward=True, trace=True), "trace"),

@@ -171,8 +171,8 @@ def _blocks(r) -> str:
 def _compare_problem(args) -> int:
     """``iosim compare`` over a problem: the schedules that apply (flash1, flash2; GQA per-head and packed; the
     requested splits; MLA shared and naive; standard attention and square tiling head by head where no split,
-    page or latent is asked for; with a mask or the backward, every algorithm head by head) side by side against
-    the compulsory traffic."""
+    page or latent is asked for, under any mask; the backward: flash1, flash2, and standard attention and square
+    tiling head by head where N_q = N_k) side by side against the compulsory traffic."""
     from iosim.problem import Problem
 
     kw = problem_run_kwargs(args)
@@ -193,15 +193,12 @@ def _compare_problem(args) -> int:
     square = problem.N_q == problem.N_k and problem.d_qk == problem.d_v  # a query head is the one-head problem
     masked = kw.get("mask") not in (None, "none", "dense")
     backward = bool(kw.get("backward"))
-    if masked or backward:  # flash1, flash2's own problem schedules; standard, square tiling head by head
-        plans = [(a, g, s, m) for a, g, s, m in plans if a in ("flash1", "flash2") and (s == 1 or not backward)]
-        if square and not problem.latent and problem.page_size is None and (backward or args.splits == 1):
+    if backward:  # flash1, flash2's own problem schedules; standard, square tiling head by head
+        plans = [(a, g, s, m) for a, g, s, m in plans if a in ("flash1", "flash2") and s == 1]
+        if square and not problem.latent and problem.page_size is None:
             plans += [(a, "per-head", 1, "shared") for a in ("standard", "square-tiling")]
-        elif backward:
-            failures = [f"{a}: a backward over a problem needs N_q = N_k, d_qk = d_v" for a in ONE_HEAD]
         else:
-            failures = [f"{a}: a mask over a problem runs head by head and needs N_q = N_k, d_qk = d_v, no split, "
-                        "page or latent" for a in ONE_HEAD]  # fmt: skip
+            failures = [f"{a}: a backward over a problem needs N_q = N_k, d_qk = d_v" for a in ONE_HEAD]
     for a, g, s, m in plans:
         try:
             results.append(api.run(a, problem=problem, gqa=g, splits=s, mla=m, **kw))

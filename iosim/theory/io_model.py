@@ -806,24 +806,24 @@ def heads_problem(one: Prediction, heads: int) -> Prediction:
     return Prediction(per, one.peak)
 
 
-def square_tiling_problem(p, B: int) -> Prediction:
+def square_tiling_problem(p, B: int, mask=None) -> Prediction:
     """Square tiling's forward on one head of N_q rows against N_k keys, widths d_qk and d_v (algorithms/
-    square_tiling.py), causal bottom-right. Row tile i (b_i rows, its last row r_i) meets the column tiles
-    j < ceil(hi_i / B), hi_i = min(N_k, r_i + N_k - N_q + 1) (N_k without the mask): C_i = min(N_k, that B) columns.
-    Q reads b_i d_qk and K b_j d_qk per nonempty tile (sum_i b_i count_i d_qk, sum_i C_i d_qk); S written on the
-    nonempty tiles (W = sum_i b_i C_i) and read ceil(d_v / B) times in phase 2, with V read C_i d_v per row tile;
-    L written and read N_q; O written N_q d_v. Peak: the largest nonempty row tile's working set, or an empty row
-    tile's m_i, l_i (2 b_i) and its phase 2 (L_i, an O tile)."""
+    square_tiling.py), under the problem's mask (causal bottom-right, or a TileMask over the N_k x N_k sequence
+    whose last N_q rows are the queries'). Row tile i (b_i rows) meets n_i nonempty tiles of K_i keys in all (no
+    mask: n_i = ceil(N_k / B), K_i = N_k; causal: the tiles before ceil(hi_i / B), hi_i = min(N_k, r_i + N_k -
+    N_q + 1) for its last row r_i; any other mask: its tile summary, :func:`_q_outer_blocks` with B_r = B_c = B).
+    Q reads b_i d_qk and K b_j d_qk per nonempty tile (sum_i b_i n_i d_qk, sum_i K_i d_qk); S written on the
+    nonempty tiles (W = sum_i b_i K_i) and read ceil(d_v / B) times in phase 2, with V read K_i d_v per row tile;
+    L written and read N_q; O written N_q d_v. Peak: the largest nonempty tile's working set (phase 1: m_i, l_i, the
+    S tile, a slice of Q and of K; phase 2: L_i, the O tile, an A tile and a V tile), or an empty row tile's m_i,
+    l_i (2 b_i) and its phase 2 (L_i, an O tile)."""
     Nq, Nk, dqk, dv = p.N_q, p.N_k, p.d_qk, p.d_v
-    i = np.arange(cdiv(Nq, B), dtype=np.int64)
-    b = np.minimum(B, Nq - i * B)
-    hi = np.minimum(Nk, np.maximum(0, i * B + b - 1 + (Nk - Nq) + 1)) if p.causal else np.full(i.size, Nk)
-    count = -(-hi // B)
-    cols = np.minimum(count * B, Nk)
-    rows, colsum, words = int((b * count).sum()), int(cols.sum()), int((b * cols).sum())
-    bj, w, wv = min(B, Nk), min(B, dqk), min(B, dv)
-    peak = 0
-    for bi, n in zip(b.tolist(), count.tolist(), strict=True):
+    Tk = cdiv(Nk, B)
+    widths = np.minimum(B, Nk - np.arange(Tk, dtype=np.int64) * B)  # b_j: the widest nonempty tile of a row tile
+    w, wv = min(B, dqk), min(B, dv)
+    rows = colsum = words = peak = 0
+    for _, bi, n, keys, _, bj in _q_outer_blocks(p, Nq, B, B, 1, np.ones(Tk, np.int64), widths, mask):
+        rows, colsum, words = rows + bi * n, colsum + keys, words + bi * keys
         if n:
             peak = max(peak, 2 * bi + bi * bj + (bi + bj) * w, bi + bi * bj + (bi + bj) * wv)
         else:
