@@ -379,3 +379,14 @@ def test_show_text_of_a_problem(capsys):
     assert "load Q[0:4, 0:4]" in out  # the 2 x 2 packed rows of a group: one row block
     assert "B=1, H_q=4, H_kv=2, N_q=2, N_k=20, d_qk=4, d_v=4, GQA packed, 2 KV splits, M=300 words" in out
     assert "N=2," not in out  # a problem is named as one, not by its query length
+
+
+@pytest.mark.parametrize(
+    "extra", [[], ["--mask", "window:3"], ["--backward"], ["--json"], ["--csv"], ["--M", "40"], ["--dv", "5"]]
+)
+def test_compare_over_one_head_with_nq_below_nk(extra, capsys):
+    """One head, N_q != N_k (chunked prefill): every variant of compare prints its table (standard attention and
+    square tiling ran head by head with a schedule of their own; a KeyError once ended this with a traceback)."""
+    assert _cli("compare", "--Nq", "2", "--Nk", "50", "--d", "8", "--M", "900", "--count-only", *extra) == 0
+    out = capsys.readouterr().out
+    assert "flash2" in out and ("standard" in out or "--backward" in extra)

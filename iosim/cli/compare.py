@@ -233,7 +233,8 @@ def _compare_problem(args) -> int:
           f"{fmt_int(sum(problem.bytes_of(a, w) for a, w in need.items()))} bytes")  # fmt: skip
     rows = [
         [
-            i + 1, r.algorithm, r.schedule["gqa"], r.schedule["splits"], r.schedule["mla"] or "-",
+            i + 1, r.algorithm, r.schedule.get("gqa", "per-head"), r.schedule.get("splits", 1),
+            r.schedule.get("mla") or "-",
             str(r.tiling).replace("rule=", ""), fmt_int(r.stats.total), fmt_int(r.total_bytes),
             f"{r.stats.total / floor:.2f}", _blocks(r), f"{r.stats.peak / r.M:.3f}",
             exact(r.main.exact), fmt_err(r.max_abs_error),
