@@ -827,9 +827,13 @@ def _problem_mask(p: Problem, mask, policy):
 def _run_problem(algo, p: Problem, M: int, gqa, splits, mla, Br, Bc, B, **o) -> Result:
     """:func:`run` over a whole problem (flash1, flash2; :mod:`iosim.algorithms.decoding`)."""
     from iosim.algorithms import decoding
+    from iosim.algorithms.tile_masks import POLICIES
     from iosim.theory import io_model
     from iosim.theory.tiling import problem_tiling
 
+    if o["kv_policy"] is not None and (not isinstance(o["kv_policy"], str) or o["kv_policy"] not in POLICIES):
+        raise InputError("kv_policy", f"must be one of {', '.join(POLICIES)} (or None: skip over a problem)",
+                         o["kv_policy"])  # fmt: skip
     masked = not (o["mask"] is None or (isinstance(o["mask"], str) and o["mask"] in ("none", "dense")))
     backward = _flag("backward", o["backward"])
     if algo.name not in PROBLEM_ALGORITHMS and backward:

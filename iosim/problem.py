@@ -108,8 +108,9 @@ class Problem:
         put("N_k", _int("N_k (keys)", self.N_k, 1, MAX_TOKENS))
         put("d_qk", _int("d_qk (query/key width)", self.d_qk, 1, MAX_DIM))
         put("d_v", _int("d_v (value width)", self.d_qk if self.d_v is None else self.d_v, 1, MAX_DIM))
-        if not isinstance(self.causal, bool) or not isinstance(self.latent, bool):
-            raise InputError("causal / latent", "must be True or False", (self.causal, self.latent))
+        for name in ("causal", "latent"):
+            if not isinstance(getattr(self, name), bool):
+                raise InputError(name, "must be True or False", getattr(self, name))
         if self.latent and self.d_v > self.d_qk:
             raise InputError(
                 "d_v",

@@ -390,3 +390,15 @@ def test_compare_over_one_head_with_nq_below_nk(extra, capsys):
     assert _cli("compare", "--Nq", "2", "--Nk", "50", "--d", "8", "--M", "900", "--count-only", *extra) == 0
     out = capsys.readouterr().out
     assert "flash2" in out and ("standard" in out or "--backward" in extra)
+
+
+@pytest.mark.parametrize("algo", ["flash1", "flash2", "standard", "square-tiling"])
+def test_problem_kv_policy_and_flags_are_checked_with_or_without_a_mask(algo):
+    p = Problem(H_q=2, N_q=3, N_k=20, d=4)
+    with pytest.raises(InputError) as e:
+        iosim.run(algo, problem=p, M=900, kv_policy="lazy", count_only=True)
+    assert e.value.parameter == "kv_policy" and "\n" not in str(e.value)
+    for name in ("causal", "latent"):
+        with pytest.raises(InputError) as e:
+            Problem(N_q=3, N_k=20, d=4, **{name: "yes"})
+        assert e.value.parameter == name
