@@ -940,7 +940,7 @@ def _run_problem(algo, p: Problem, M: int, gqa, splits, mla, Br, Bc, B, **o) -> 
         algo.name, p.N_q, p.d_qk, M, p.causal, count_only, dtype, passes["backward"].tiling if backward else t,
         passes, outputs, seed, scale,
         bwd_trace if backward else mem.trace(), tmask.label if tmask else "causal" if p.causal else "none",
-        tmask.policy if tmask else "skip", p, schedule, seen,
+        tmask.policy if tmask else (o["kv_policy"] or "skip"), p, schedule, seen,
     )  # fmt: skip
 
 

@@ -68,7 +68,7 @@ DEFAULTS = {
     "pass": "forward",
     "causal": False,
     "mask": "none",  # a --mask string (iosim.masks.parse)
-    "kv_policy": "paper",
+    "kv_policy": None,  # iosim.run's default: paper for one head, skip over a problem (the record says which ran)
     "tiling": "fit",
     "count_only": True,
     "dtype": "float64",
@@ -197,6 +197,7 @@ def run_point(p: dict) -> dict:
         max_abs_error=r.max_abs_error,
         total_bytes=r.total_bytes,
         thread_blocks=r.schedule.get("thread_blocks"),
+        kv_policy=r.kv_policy,
     )
     return rec
 

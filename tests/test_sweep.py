@@ -30,7 +30,7 @@ def test_expand_is_the_product_in_order():
         "M": 256,
         "causal": False,
         "mask": "none",
-        "kv_policy": "paper",
+        "kv_policy": None,
         "tiling": "fit",
         "count_only": True,
         "dtype": "float64",
@@ -173,3 +173,20 @@ def test_worker_processes_are_spawned_when_a_threaded_library_is_loaded(monkeypa
     pool, close = sweep_mod._open_executor("processes", 2, 4, 60.0)
     assert pool._mp_context.get_start_method() == "spawn"
     close()
+
+
+def test_sweep_over_a_masked_problem_uses_run_defaults_and_shows_mask_and_policy(capsys):
+    """A sweep point over a problem with a mask counts what iosim.run counts (its default policy: skip over a
+    problem), its record says which policy ran, and the table names the mask and policy of every row."""
+    from iosim.cli import main
+    from iosim.problem import Problem
+
+    grid = {"algorithm": "flash1", "N": 40, "N_q": 2, "d": 8, "M": 600, "mask": "blockdiag:30,10"}
+    (rec,) = sweep(grid, as_frame=False)
+    r = iosim.run("flash1", problem=Problem(N_q=2, N_k=40, d=8), M=600, mask="blockdiag:30,10", count_only=True)
+    assert rec["total"] == r.stats.total and rec["kv_policy"] == r.kv_policy == "skip"
+    argv = ["sweep", "--algorithm", "flash1", "--N", "40", "--Nq", "2", "--d", "8", "--M", "600", "--mask", "none",
+            "blockdiag:30,10", "--kv-policy", "paper", "skip", "--no-cache"]  # fmt: skip
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "mask" in out and "kv_policy" in out and out.count("blockdiag:30,10") == 2 and out.count("skip") == 2

@@ -100,12 +100,23 @@ def _watch_compiles(command: str = ""):
         def on_end(self, ev):
             pass
 
-    event.register("numba:compile", Listener())
+    listener = Listener()
+    event.register("numba:compile", listener)
+    return listener
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    _watch_compiles(args.command)
+    listener = _watch_compiles(args.command)
+    try:
+        return _main(args)
+    finally:  # one notice per command: main() called again in the same process (tests, notebooks) adds no listener
+        from numba.core import event
+
+        event.unregister("numba:compile", listener)
+
+
+def _main(args) -> int:
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", RuntimeWarning)

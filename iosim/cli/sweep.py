@@ -19,7 +19,12 @@ def add_arguments(p) -> None:
         p.add_argument(f"--{name}", type=int, nargs="+", required=True, help=what + " (one or more)")
     p.add_argument("--causal", choices=("no", "yes", "both"), default="no", help="causal masking (default no)")
     p.add_argument("--mask", nargs="+", default=["none"], help=f"masks (default none): {masks.FORMS}")
-    p.add_argument("--kv-policy", nargs="+", default=["paper"], help="empty-block policies: paper and/or skip")
+    p.add_argument(
+        "--kv-policy",
+        nargs="+",
+        default=[None],
+        help="empty-block policies: paper and/or skip (default: paper for one head, skip over a problem)",
+    )
     p.add_argument("--tiling", nargs="+", default=["fit"], help="block-size rules: fit and/or paper (default fit)")
     for opt, key, kind, what in (
         ("--batch", "batch", int, "batch sizes"),
@@ -94,9 +99,11 @@ def command(args) -> int:
     ok = [r for r in recs if r["status"] == "ok"]
     if ok:
         cols = ["algorithm", "pass", "N", "d", "M", "causal", "tiling", "total", "exact", "total_over_lb"]
+        if args.mask != ["none"] or args.kv_policy != [None]:  # which mask and policy each row ran
+            cols[6:6] = ["mask", "kv_policy"]
         given = [k[5:] for k, v in vars(args).items() if k.startswith("grid_") and v is not None]
         if given:  # a problem sweep: its keys, the bytes and the thread blocks beside the counts
-            cols[6:6] = given
+            cols[cols.index("tiling") : cols.index("tiling")] = given
             cols += ["total_bytes", "thread_blocks"]
         rows = [[r[c] if c != "total_over_lb" else f"{r[c]:.2f}" for c in cols] for r in ok]
         print(tabulate(rows, headers=cols, tablefmt=args.format, intfmt=","))
