@@ -314,6 +314,9 @@ def test_cli_hierarchy(capsys):
     )
     out = capsys.readouterr().out
     assert "H100: P=132 SMs" in out and "DRAM:" in out and "L2 fill" in out
+    same = ["--N", "256", "--d", "64", "--device", "H100", "--batch", "1", "--heads", "4", "--kv-heads", "2"]
+    assert main(["hierarchy", "flash2", *same]) == 0  # iosim run's spellings, the same launch
+    assert capsys.readouterr().out == out
     assert (
         main(["hierarchy", "flash2", "--N", "256", "--d", "64", "--P", "2", "--C", "0", "--M", "4096", "--json"]) == 0
     )

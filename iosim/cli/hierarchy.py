@@ -31,9 +31,11 @@ def add_arguments(p) -> None:
     p.add_argument(
         "--M", type=positive("--M"), default=None, help="shared memory per block in words (default: the device's)"
     )
-    p.add_argument("--B", type=positive("--B"), default=1, help="batch (default 1)")
-    p.add_argument("--H-q", dest="H_q", type=positive("--H-q"), default=1, help="query heads (default 1)")
-    p.add_argument("--H-kv", dest="H_kv", type=positive("--H-kv"), default=None, help="key/value heads (default H_q)")
+    # the spellings of iosim run (--batch, --heads, --kv-heads); --B, --H-q, --H-kv are kept as aliases
+    p.add_argument("--batch", "--B", dest="B", type=positive("--batch"), default=1, help="batch (default 1)")
+    p.add_argument("--heads", "--H-q", dest="H_q", type=positive("--heads"), default=1, help="query heads (default 1)")
+    p.add_argument("--kv-heads", "--H-kv", dest="H_kv", type=positive("--kv-heads"), default=None,
+                   help="key/value heads (default H_q)")  # fmt: skip
     p.add_argument("--device", default=None, help="a preset of the devices table (A100, H100, H200, RTX 4090, ...)")
     p.add_argument("--P", type=positive("--P"), default=None, help="SMs (default: the device's, or 1)")
     p.add_argument("--C", type=_nonnegative("--C"), default=None, help="L2 words (0: no L2; default: the device's)")
