@@ -351,3 +351,22 @@ def test_a_problem_gives_the_launch():
     with pytest.raises(iosim.InputError) as e:
         iosim.hierarchy("flash2", problem=p, N=96, **kw)
     assert e.value.parameter == "N"
+
+
+def test_explicit_tiles(capsys):
+    """--Br/--Bc (flash1, flash2) and --B (the square tile) as iosim run takes them: the launch is cut from that
+    schedule, its two-level words equal iosim.run's at the same tiles; a tile the algorithm does not take, or one
+    over M, is refused in one line."""
+    from iosim.cli import main
+
+    h = hierarchy("flash2", N=200, d=16, M=4000, P=2, C=0, H_q=2, Br=24, Bc=40)
+    r = iosim.run("flash2", N=200, d=16, M=4000, Br=24, Bc=40, count_only=True)
+    assert h.tiling == "rule=explicit, Br=24, Bc=40" and h.two_level == 2 * r.stats.total
+    s = hierarchy("square-tiling", N=200, d=16, M=4000, P=2, C=0, block=12)
+    assert s.two_level == iosim.run("square-tiling", N=200, d=16, M=4000, B=12, count_only=True).stats.total
+    base = ["hierarchy", "flash2", "--N", "200", "--d", "16", "--M", "4000", "--P", "2", "--C", "0"]
+    assert main([*base, "--Br", "24", "--Bc", "40"]) == 0 and "Br=24, Bc=40" in capsys.readouterr().out
+    for bad, word in ((["--B", "12"], "B applies"), (["--Br", "200", "--Bc", "200"], "working set")):
+        assert main([*base, *bad]) == 2
+        err = [x for x in capsys.readouterr().err.splitlines() if not x.startswith("iosim: compiling")]
+        assert len(err) == 1 and word in err[0]

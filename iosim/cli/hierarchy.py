@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from iosim import api
 from iosim.cli.options import FORMATS, add_algorithm, add_mask_options, positive
 
 
@@ -31,8 +32,8 @@ def add_arguments(p) -> None:
     p.add_argument(
         "--M", type=positive("--M"), default=None, help="shared memory per block in words (default: the device's)"
     )
-    # the spellings of iosim run (--batch, --heads, --kv-heads); --B, --H-q, --H-kv are kept as aliases
-    p.add_argument("--batch", "--B", dest="B", type=positive("--batch"), default=1, help="batch (default 1)")
+    # the spellings of iosim run (--batch, --heads, --kv-heads; --H-q, --H-kv kept as aliases) and its explicit tiles
+    p.add_argument("--batch", dest="batch", type=positive("--batch"), default=1, help="batch (default 1)")
     p.add_argument("--heads", "--H-q", dest="H_q", type=positive("--heads"), default=1, help="query heads (default 1)")
     p.add_argument("--kv-heads", "--H-kv", dest="H_kv", type=positive("--kv-heads"), default=None,
                    help="key/value heads (default H_q)")  # fmt: skip
@@ -47,6 +48,9 @@ def add_arguments(p) -> None:
     p.add_argument("--backward", action="store_true", help="the backward pass's launch")
     add_mask_options(p)
     p.add_argument("--tiling", choices=("fit", "paper"), default="fit", help="block-size rule (default fit)")
+    p.add_argument("--Br", type=positive("--Br", api.MAX_N), default=None, help="row block (flash1, flash2)")
+    p.add_argument("--Bc", type=positive("--Bc", api.MAX_N), default=None, help="column block (flash1, flash2)")
+    p.add_argument("--B", type=positive("--B", api.MAX_N), default=None, help="square tile (standard, square-tiling)")
     p.add_argument("--format", choices=FORMATS, default="simple", help="table format")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
 
@@ -59,7 +63,7 @@ def command(args) -> int:
         N=args.N,
         d=args.d,
         M=args.M,
-        B=args.B,
+        B=args.batch,
         H_q=args.H_q,
         H_kv=args.H_kv,
         device=args.device,
@@ -75,6 +79,9 @@ def command(args) -> int:
         mask=args.mask,
         kv_policy=args.kv_policy,
         tiling=args.tiling,
+        Br=args.Br,
+        Bc=args.Bc,
+        block=args.B,
     )
     if args.json:
         print(json.dumps(r.as_dict(), indent=2))

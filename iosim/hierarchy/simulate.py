@@ -339,6 +339,9 @@ def hierarchy(
     mask=None,
     kv_policy: str = "paper",
     tiling: str = "fit",
+    Br: int | None = None,
+    Bc: int | None = None,
+    block: int | None = None,
     record: bool = False,
     opt_limit_bytes: int | None = None,
     _trace=None,
@@ -351,7 +354,9 @@ def hierarchy(
     ``blocks_per_sm`` override it. Without a device: P defaults to 1, blocks_per_sm to 1, L to 1 word; C is
     required (0: no L2). ``policy`` is ``lru`` or ``opt`` (Belady's, the floor: it needs the whole line stream in
     memory). ``record=True`` keeps the order in which the L2 saw the requests (``result.record``: block, request
-    row) and the launch's blocks (``result.blocks``) and cut (``result.cut``).
+    row) and the launch's blocks (``result.blocks``) and cut (``result.cut``). ``Br``, ``Bc`` (flash1, flash2) and
+    ``block`` (the square tile of standard attention and square tiling: :func:`iosim.run`'s ``B``; here ``B`` is
+    the batch) fix the tiles in place of the ``tiling`` rule, checked against M as :func:`iosim.run` checks them.
 
     ``problem`` (an :class:`iosim.Problem`) gives N, d, B, H_q, H_kv, causal and the bytes per word (of its K/V
     cache's dtype) in place of those arguments; the hierarchy runs problems with N_q = N_k, d_qk = d_v, no latent
@@ -419,7 +424,7 @@ def hierarchy(
     if _trace is None:
         r = api.run(
             algorithm, N=N, d=d, M=M, backward=backward, causal=causal, mask=mask, kv_policy=kv_policy,
-            tiling=tiling, count_only=True, trace=True, reference=False, allow_long=True,
+            tiling=tiling, Br=Br, Bc=Bc, B=block, count_only=True, trace=True, reference=False, allow_long=True,
         )  # fmt: skip
         trace, stats, tiling_used = r.trace, r.stats, str(r.tiling)
     else:
