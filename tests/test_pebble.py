@@ -322,3 +322,26 @@ def test_cli_problem_pebbling(capsys):
     assert main([*argv, "--M", "60", "--mask", "window:2:causal"]) == 0  # masks over a problem play too
     out = capsys.readouterr().out
     assert "mask=window:2:causal (skip)" in out and out.count("yes") >= 4
+
+
+def test_pebble_run_takes_explicit_tiles(capsys):
+    """Br/Bc and B as iosim.run takes them: the pebbling's I/O equals iosim's run at those tiles (one head, both
+    passes, and over a problem); a tile the algorithm does not take or one above M is refused in one line."""
+    from iosim.cli import main
+    from iosim.pebble.from_run import pebble_run
+
+    for algo, tiles in (("flash2", dict(Br=2, Bc=3)), ("flash1", dict(Br=3, Bc=2)), ("square-tiling", dict(B=2))):
+        for pass_ in ("forward", "backward"):
+            r = pebble_run(algo, 6, 2, 80, pass_, **tiles)
+            ref = iosim.run(algo, N=6, d=2, M=80, backward=pass_ == "backward", count_only=True, **tiles)
+            assert r.legal and r.io_matches and (r.sim_reads, r.sim_writes) == (ref.stats.reads, ref.stats.writes)
+    p = iosim.Problem(H_q=2, N_q=2, N_k=6, d=2)
+    r = pebble_run("flash1", M=80, problem=p, gqa="packed", Br=4, Bc=2)
+    ref = iosim.run("flash1", problem=p, M=80, gqa="packed", Br=4, Bc=2, count_only=True)
+    assert r.legal and r.io_matches and r.sim_reads == ref.stats.reads
+    for argv, word in ((["--from-run", "flash2", "--N", "6", "--d", "2", "--M", "60", "--B", "2"], "B applies"),
+                       (["--from-run", "flash1", "--heads", "2", "--Nq", "2", "--Nk", "6", "--d", "2", "--M", "30",
+                         "--Br", "4", "--Bc", "6"], "working set")):  # fmt: skip
+        assert main(["pebble", *argv]) == 2
+        err = [x for x in capsys.readouterr().err.splitlines() if not x.startswith("iosim: compiling")]
+        assert len(err) == 1 and word in err[0]

@@ -58,6 +58,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mask", default=None, help="with --from-run: a mask, as iosim run --mask (window:3, ...)")
     p.add_argument("--kv-policy", choices=("paper", "skip"), default=None,
                    help="with --from-run: empty blocks (default paper for one head, skip over a problem)")  # fmt: skip
+    p.add_argument("--Br", type=positive("--Br", from_run.MAX_N), default=None, help="with --from-run: row block")
+    p.add_argument("--Bc", type=positive("--Bc", from_run.MAX_N), default=None, help="with --from-run: column block")
+    p.add_argument("--B", type=positive("--B", from_run.MAX_N), default=None,
+                   help="with --from-run: square tile (standard, square-tiling)")  # fmt: skip
     g = p.add_argument_group(
         "a problem (with --from-run flash1|flash2|all, forward)",
         "batch, heads and GQA, N_q against N_k, d_qk and d_v (iosim.Problem; --causal is bottom-right)",
@@ -187,15 +191,27 @@ def _cmd_from_run(args) -> int:
             raise InputError("--backward", "is not available for a problem as a pebbling (forward only)", True)
         algos = ["flash1", "flash2"] if args.from_run == "all" else [args.from_run]
         masking = dict(mask=args.mask, kv_policy=args.kv_policy)
-        runs = [from_run.pebble_run(a, M=args.M, problem=problem, gqa=args.gqa, **masking) for a in algos]
+        runs = [from_run.pebble_run(a, M=args.M, problem=problem, gqa=args.gqa, **masking, **_tiles(args, a))
+                for a in algos]  # fmt: skip
         return _report(args, runs)
     _need(args, "--N", "--d", "--M", why="with --from-run")
     algos = from_run.registry.algorithms() if args.from_run == "all" else [args.from_run]
     algos = [a for a in algos if from_run.registry.get(a).builtin]
     passes = ["forward", "backward"] if args.from_run == "all" else ["backward" if args.backward else "forward"]
     masking = dict(mask=args.mask, kv_policy=args.kv_policy)
-    runs = [from_run.pebble_run(a, args.N, args.d, args.M, p, args.causal, **masking) for a in algos for p in passes]
+    runs = [from_run.pebble_run(a, args.N, args.d, args.M, p, args.causal, **masking, **_tiles(args, a))
+            for a in algos for p in passes]  # fmt: skip
     return _report(args, runs)
+
+
+def _tiles(args, algorithm: str) -> dict:
+    """The explicit tiles for ``algorithm``: with --from-run all, Br and Bc go to flash1 and flash2 and B to standard
+    attention and square tiling; with one algorithm all given (a tile it does not take is refused in one line)."""
+    tiles = {k: getattr(args, k) for k in ("Br", "Bc", "B") if getattr(args, k) is not None}
+    if args.from_run == "all":
+        square = algorithm in ("standard", "square-tiling")
+        tiles = {k: v for k, v in tiles.items() if (k == "B") == square}
+    return tiles
 
 
 def _report(args, runs) -> int:

@@ -621,13 +621,13 @@ MAX_PROBLEM_SCORES = MAX_N * MAX_N  # a problem's scores B H_q N_q N_k, at most 
 
 
 def _problem_run(algorithm: str, problem, M: int, pass_: str, gqa: str, seed: int, scale, mask=None,  # noqa: N803
-                 kv_policy=None) -> PebbleRun:  # fmt: skip
+                 kv_policy=None, Br=None, Bc=None, B=None) -> PebbleRun:  # fmt: skip
     """:func:`pebble_run` over an :class:`iosim.Problem`: flash1 or flash2 over batch and heads (GQA per-head or
     packed), N_q against N_k keys, d_qk and d_v, causal bottom-right or a mask over the N_k positions (the queries
     its last N_q rows), run symbolically through the problem drivers of :mod:`iosim.algorithms.decoding` (a
     contiguous cache, one split, no latent)."""
     from iosim.algorithms import decoding
-    from iosim.api import _problem_mask, problem_reference
+    from iosim.api import _explicit_tiles, _problem_mask, problem_reference
     from iosim.problem import GQA_POLICIES, Problem
     from iosim.theory.tiling import problem_tiling
 
@@ -635,6 +635,7 @@ def _problem_run(algorithm: str, problem, M: int, pass_: str, gqa: str, seed: in
         raise InputError("problem", "must be an iosim.Problem", type(problem).__name__)
     if algorithm not in ("flash1", "flash2"):
         raise InputError("algorithm", "of a problem as a pebbling must be flash1 or flash2", algorithm)
+    _explicit_tiles(registry.get(algorithm), Br, Bc, B)
     if pass_ != "forward":
         raise InputError("pass", "of a problem as a pebbling must be forward", pass_)
     if problem.page_size is not None or problem.latent:
@@ -655,7 +656,7 @@ def _problem_run(algorithm: str, problem, M: int, pass_: str, gqa: str, seed: in
     G, _, rows = p.groups(gqa)
     masked = not (mask is None or (isinstance(mask, str) and mask in ("none", "dense")))
     tmask = _problem_mask(p, mask, kv_policy) if masked else None
-    t = problem_tiling(algorithm, p, M, "fit", rows, False, None, None)
+    t = problem_tiling(algorithm, p, M, "fit", rows, False, Br, Bc)
     scale = 1.0 / math.sqrt(p.d_qk) if scale is None else float(scale)
     rng = np.random.default_rng(seed)
     Q = rng.standard_normal((p.B * p.H_q * p.N_q, p.d_qk))
@@ -703,22 +704,32 @@ def pebble_run(
     kv_policy: str | None = None,
     problem=None,
     gqa: str = "per-head",
+    Br: int | None = None,  # noqa: N803
+    Bc: int | None = None,  # noqa: N803
+    B: int | None = None,  # noqa: N803
 ) -> PebbleRun:
     """Run ``algorithm``'s ``pass_`` at (N, d, M) as a pebbling (tiling rule ``fit``) and check it. ``mask`` (an
     :mod:`iosim.masks` pattern or ``--mask`` string) and ``kv_policy`` are those of :func:`iosim.run`. ``problem``
-    (an :class:`iosim.Problem`, in place of N and d) with ``gqa``: flash1 or flash2's forward over the problem."""
+    (an :class:`iosim.Problem`, in place of N and d) with ``gqa``: flash1 or flash2's forward over the problem.
+    ``Br``, ``Bc`` (flash1, flash2) and ``B`` (the square tile) are :func:`iosim.run`'s explicit tiles, checked
+    against M as it checks them."""
+    from iosim.api import _explicit_tiles, _explicit_tiling
     from iosim.masks import compile_mask
 
     if problem is not None:
         if N is not None or d is not None or causal:
             raise InputError("N, d, causal", "are fields of the problem when problem= is given", (N, d))
-        return _problem_run(algorithm, problem, M, pass_, gqa, seed, scale, mask, kv_policy)
+        return _problem_run(algorithm, problem, M, pass_, gqa, seed, scale, mask, kv_policy, Br, Bc, B)
     _check_sizes(algorithm, pass_, N, d, M)
     algo = registry.get(algorithm)
+    given = _explicit_tiles(algo, Br, Bc, B)
     tmask = compile_mask(mask, N, causal, kv_policy)  # what the built-in drivers take as their ``causal`` argument
     causal = tmask.is_causal
     allowed = tmask if not causal and tmask.label != "none" else None
     t = algo.choose_tiling(N, d, M, "fit")
+    tb = algo.backward_tiling(N, d, M, "fit") if pass_ == "backward" else None
+    if given:
+        t, tb = _explicit_tiling(algo, given, t, tb, N, d, M, tmask, True)
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     rng = np.random.default_rng(seed)
     Q, K, V = (rng.standard_normal((N, d)) for _ in range(3))
@@ -737,7 +748,6 @@ def pebble_run(
             fwd = algo.forward(TwoLevelMemory(M), Q, K, V, N, d, t, scale, tmask, np.dtype(np.float64))
             fwd_in = {k: _leaves(rec, k, a) for k, a in fwd.items() if a is not None}
             mem = _RecordingMemory(M, rec)
-            tb = algo.backward_tiling(N, d, M, "fit")
             dO_in = _leaves(rec, "dO", dO)
             with _symbolic(_Session(rec, mem.names)):
                 outputs = algo.backward(
