@@ -336,7 +336,7 @@ def test_the_compulsory_estimate_is_what_a_whole_problem_l2_moves(algorithm, bac
 
 def test_a_problem_gives_the_launch():
     """iosim.hierarchy(problem=Problem(...)) equals the same launch given field by field; problems it cannot run
-    (decoding, MLA, pages) and N beside a problem are one InputError each."""
+    (MLA, pages) and N beside a problem are one InputError each."""
     import iosim
 
     p = iosim.Problem(B=2, H_q=4, H_kv=2, N=96, d=16, causal=True, dtype_q="fp16")
@@ -344,7 +344,7 @@ def test_a_problem_gives_the_launch():
     a = iosim.hierarchy("flash2", problem=p, **kw)
     b = iosim.hierarchy("flash2", N=96, d=16, B=2, H_q=4, H_kv=2, causal=True, bytes_per_word=2, **kw)
     assert {**a.as_dict(), "seconds": 0} == {**b.as_dict(), "seconds": 0}
-    for bad in (iosim.Problem(N_q=1, N_k=64, d=16), iosim.Problem(N=64, d_qk=24, d_v=16, latent=True)):
+    for bad in (iosim.Problem(N=64, d=16, page_size=16), iosim.Problem(N=64, d_qk=24, d_v=16, latent=True)):
         with pytest.raises(iosim.InputError) as e:
             iosim.hierarchy("flash2", problem=bad, **kw)
         assert e.value.parameter == "problem"
@@ -370,3 +370,50 @@ def test_explicit_tiles(capsys):
         assert main([*base, *bad]) == 2
         err = [x for x in capsys.readouterr().err.splitlines() if not x.startswith("iosim: compiling")]
         assert len(err) == 1 and word in err[0]
+
+
+DECODING = [
+    iosim.Problem(B=2, H_q=4, H_kv=2, N_q=1, N_k=300, d=16),
+    iosim.Problem(B=1, H_q=4, H_kv=1, N_q=5, N_k=70, d_qk=12, d_v=8, causal=True),
+]
+
+
+@pytest.mark.parametrize("gqa", ["per-head", "packed"])
+@pytest.mark.parametrize("algorithm", ["flash1", "flash2", "standard", "square-tiling"])
+def test_decoding_and_chunked_prefill_launches(algorithm, gqa):
+    """A problem with N_q != N_k (and d_qk != d_v): the launch is B H_q copies of one query head's schedule
+    (per-head) or B H_kv copies of one KV head's packed schedule. With no L2 DRAM is the two-level count, which is
+    iosim.run's count of the whole problem word for word (forward; also under a mask); an L2 that holds everything
+    reads each KV head's cache from DRAM once: per-head's g - 1 repeated K, V requests are L2 hits."""
+    if gqa == "packed" and algorithm in ("standard", "square-tiling"):
+        with pytest.raises(InputError) as e:
+            hierarchy(algorithm, problem=DECODING[0], M=3000, P=4, C=0, gqa=gqa)
+        assert e.value.parameter == "gqa"
+        return
+    for p in DECODING:
+        for mask in (None, "window:9") if not p.causal else (None,):
+            h = hierarchy(algorithm, problem=p, M=3000, P=4, C=0, gqa=gqa, mask=mask)
+            r = iosim.run(algorithm, problem=p, M=3000, gqa=gqa, mask=mask, count_only=True)
+            assert h.two_level == h.dram == r.stats.total
+            assert {n: c.two_level for n, c in h.per_array.items() if c.two_level} == {
+                n: c.reads + c.writes for n, c in r.stats.per_array.items() if c.reads + c.writes
+            }
+        big = hierarchy(algorithm, problem=p, M=3000, P=4, C=1 << 22, L=1, gqa=gqa, order="swizzled")
+        assert big.per_array["K"].dram == p.B * p.H_kv * p.N_k * p.d_qk
+        assert big.per_array["V"].dram == p.B * p.H_kv * p.N_k * p.d_v
+        assert big.problem == p and big.gqa == gqa and big.as_dict()["problem"]["N_k"] == p.N_k
+
+
+def test_decoding_cli(capsys):
+    from iosim.cli import main
+
+    argv = ["hierarchy", "flash2", "--Nq", "1", "--Nk", "300", "--d", "16", "--heads", "4", "--kv-heads", "2",
+            "--P", "4", "--C", "0", "--M", "3000"]  # fmt: skip
+    assert main([*argv, "--gqa", "packed"]) == 0
+    out = capsys.readouterr().out
+    assert "N_q=1, N_k=300" in out and "GQA packed" in out and "1.0000 of the two-level count" in out
+    assert main([*argv, "--bytes-per-word", "3"]) == 2
+    assert "--bytes-per-word" in capsys.readouterr().err
+    with pytest.raises(InputError) as e:
+        hierarchy("flash2", N=64, d=16, M=3000, P=4, C=0, gqa="packed")
+    assert e.value.parameter == "gqa"

@@ -27,8 +27,14 @@ def add_arguments(p) -> None:
     from iosim.hierarchy import ORDERS, POLICIES
 
     add_algorithm(p)
-    p.add_argument("--N", type=positive("--N"), required=True, help="sequence length")
-    p.add_argument("--d", type=positive("--d"), required=True, help="head dimension")
+    p.add_argument("--N", type=positive("--N"), default=None, help="sequence length (N_q = N_k = N)")
+    p.add_argument("--d", type=positive("--d"), required=True, help="head dimension (d_qk)")
+    p.add_argument("--Nq", type=positive("--Nq", api.MAX_N), default=None, help="query rows N_q (default N)")
+    p.add_argument("--Nk", type=positive("--Nk", api.MAX_N), default=None, help="keys N_k (default N)")
+    p.add_argument("--dv", type=positive("--dv", api.MAX_D), default=None, help="value width (default d)")
+    p.add_argument("--gqa", choices=("per-head", "packed"), default="per-head",
+                   help="per-head: a CTA family per query head; packed (flash1, flash2): per KV head, its g query "
+                   "heads' rows together (default per-head)")  # fmt: skip
     p.add_argument(
         "--M", type=positive("--M"), default=None, help="shared memory per block in words (default: the device's)"
     )
@@ -58,38 +64,36 @@ def add_arguments(p) -> None:
 def command(args) -> int:
     from iosim.hierarchy import hierarchy
 
+    shape = _shape(args)
     r = hierarchy(
         args.algorithm,
-        N=args.N,
-        d=args.d,
+        **shape,
         M=args.M,
-        B=args.batch,
-        H_q=args.H_q,
-        H_kv=args.H_kv,
         device=args.device,
         P=args.P,
         C=args.C,
         L=args.L,
         blocks_per_sm=args.blocks_per_sm,
-        bytes_per_word=args.bytes_per_word,
         order=args.order,
         policy=args.policy,
         backward=args.backward,
-        causal=args.causal,
         mask=args.mask,
         kv_policy=args.kv_policy,
         tiling=args.tiling,
         Br=args.Br,
         Bc=args.Bc,
         block=args.B,
+        gqa=args.gqa,
     )
     if args.json:
         print(json.dumps(r.as_dict(), indent=2))
         return 0
     where = f"{r.device}: " if r.device else ""
+    what = f"B={r.B}, H_q={r.H_q}, H_kv={r.H_kv}, N={r.N}, d={r.d}" if r.problem is None else f"{r.problem}"
+    what += f", GQA {r.gqa}" if r.problem is not None and r.H_q > r.H_kv else ""
     print(
-        f"{r.algorithm} {'backward' if r.backward else 'forward'}: B={r.B}, H_q={r.H_q}, H_kv={r.H_kv}, N={r.N}, "
-        f"d={r.d}; {where}P={r.P} SMs x {r.blocks_per_sm} block(s) of M={r.M:,} words, L2 C={r.C:,} words "
+        f"{r.algorithm} {'backward' if r.backward else 'forward'}: {what}; {where}P={r.P} SMs x {r.blocks_per_sm} "
+        f"block(s) of M={r.M:,} words, L2 C={r.C:,} words "
         f"({r.policy}), lines of L={r.L} words, {r.bytes_per_word} bytes per word; order {r.order}"
     )
     print(
@@ -102,3 +106,31 @@ def command(args) -> int:
         f"{r.ratio:.4f} of the two-level count {r.two_level:,}"
     )
     return 0
+
+
+_DTYPE_OF_BYTES = {1: "fp8", 2: "bf16", 4: "fp32", 8: "fp64"}
+
+
+def _shape(args) -> dict:
+    """N, d, the launch's heads and the word size, or a problem (iosim.Problem) when --Nq, --Nk, --dv or --gqa
+    packed asks for one beyond N x d."""
+    from iosim.errors import InputError
+    from iosim.problem import Problem
+
+    fields = dict(B=args.batch, H_q=args.H_q, H_kv=args.H_kv, causal=args.causal)
+    if args.Nq is None and args.Nk is None and args.dv is None and args.gqa == "per-head":
+        if args.N is None:
+            raise InputError("--N", "must be given (or --Nq and --Nk)", None)
+        return dict(N=args.N, d=args.d, bytes_per_word=args.bytes_per_word, **fields)
+    Nq, Nk = args.Nq or args.N, args.Nk or args.N
+    if Nq is None or Nk is None:
+        raise InputError("--Nq, --Nk", "must be given (or --N for both)", (Nq, Nk))
+    if args.bytes_per_word not in _DTYPE_OF_BYTES:
+        raise InputError(
+            "--bytes-per-word", "must be 1, 2, 4 or 8 with --Nq, --Nk, --dv or --gqa (a dtype)", args.bytes_per_word
+        )
+    dtype = _DTYPE_OF_BYTES[args.bytes_per_word]
+    H_kv = args.H_kv if args.H_kv is not None else args.H_q
+    p = Problem(B=args.batch, H_q=args.H_q, H_kv=H_kv, N_q=Nq, N_k=Nk, d_qk=args.d, d_v=args.dv,
+                causal=bool(args.causal), dtype_q=dtype)  # fmt: skip
+    return dict(problem=p)

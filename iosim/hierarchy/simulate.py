@@ -118,6 +118,8 @@ class HierarchyResult:
     requests: int
     seconds: float
     clock: list[int] = field(default_factory=list)
+    problem: object = None  # the iosim.Problem launched, when it is not one head of N x d copied (N_q != N_k, ...)
+    gqa: str = "per-head"  # per-head: a CTA family per query head; packed: per KV head, its g heads' rows together
 
     def _sum(self, attr: str) -> int:
         return sum(getattr(c, attr) for c in self.per_array.values())
@@ -189,6 +191,7 @@ class HierarchyResult:
     def as_dict(self) -> dict:
         keys = ("algorithm", "backward", "B", "H_q", "H_kv", "N", "d", "M", "P", "blocks_per_sm", "C", "L")
         out = {k: getattr(self, k) for k in keys}
+        out.update(problem=None if self.problem is None else self.problem.as_dict(), gqa=self.gqa)
         out.update(
             bytes_per_word=self.bytes_per_word,
             order=self.order,
@@ -297,23 +300,32 @@ def _layout(trace, cut, B: int, H_q: int, H_kv: int, L: int) -> _Layout:  # noqa
     )  # fmt: skip
 
 
-def _from_problem(problem, N, d) -> tuple:
-    """(N, d, B, H_q, H_kv, causal, bytes per word) of an :class:`iosim.Problem` the hierarchy can run."""
-    from iosim.problem import Problem
+def _from_problem(problem, N, d, gqa: str) -> tuple:
+    """(N, d, B, H_q, H_kv, causal, bytes per word, unit) of an :class:`iosim.Problem` the hierarchy can run. The
+    unit is the problem one family of CTAs runs (None: one head of N x d, the seed case): one query head of N_q
+    rows against N_k keys (GQA ``per-head``), or one KV head's g query heads packed together (``packed``); the
+    launch is B H_q (per-head) or B H_kv (packed) copies of it."""
+    from iosim.problem import GQA_POLICIES, Problem
 
     if not isinstance(problem, Problem):
         raise InputError("problem", "must be an iosim.Problem", type(problem).__name__)
     if N is not None or d is not None:
         raise InputError("N" if N is not None else "d", "must not be given beside a problem (it has its own)", N or d)
-    if problem.N_q != problem.N_k or problem.d_qk != problem.d_v or problem.latent or problem.page_size:
+    if problem.latent or problem.page_size:
         raise InputError(
             "problem",
-            "must have N_q = N_k, d_qk = d_v, no latent and no pages for the hierarchy (decoding, MLA and paged "
-            "problems run through iosim.run)",
+            "must have no MLA latent and no pages for the hierarchy (MLA and paged problems run through iosim.run)",
             problem,
         )
-    word = problem.bytes_of("K", 1)  # one word of the K/V cache, which dominates the traffic
-    return problem.N_q, problem.d_qk, problem.B, problem.H_q, problem.H_kv, problem.causal, word
+    if not isinstance(gqa, str) or gqa not in GQA_POLICIES:
+        raise InputError("gqa", f"must be one of {', '.join(GQA_POLICIES)}", gqa)
+    p = problem
+    unit = None
+    if p.N_q != p.N_k or p.d_qk != p.d_v or (gqa == "packed" and p.g > 1):
+        unit = Problem(B=1, H_q=p.g if gqa == "packed" else 1, H_kv=1, N_q=p.N_q, N_k=p.N_k, d_qk=p.d_qk,
+                       d_v=p.d_v, causal=p.causal)  # fmt: skip
+    word = p.bytes_of("K", 1)  # one word of the K/V cache, which dominates the traffic
+    return p.N_q, p.d_qk, p.B, p.H_q, p.H_kv, p.causal, word, unit
 
 
 def hierarchy(
@@ -337,11 +349,12 @@ def hierarchy(
     backward: bool = False,
     causal: bool = False,
     mask=None,
-    kv_policy: str = "paper",
+    kv_policy: str | None = None,
     tiling: str = "fit",
     Br: int | None = None,
     Bc: int | None = None,
     block: int | None = None,
+    gqa: str = "per-head",
     record: bool = False,
     opt_limit_bytes: int | None = None,
     _trace=None,
@@ -359,12 +372,17 @@ def hierarchy(
     the batch) fix the tiles in place of the ``tiling`` rule, checked against M as :func:`iosim.run` checks them.
 
     ``problem`` (an :class:`iosim.Problem`) gives N, d, B, H_q, H_kv, causal and the bytes per word (of its K/V
-    cache's dtype) in place of those arguments; the hierarchy runs problems with N_q = N_k, d_qk = d_v, no latent
-    and no pages (the per-head schedule of each head, as the launch runs it)."""
+    cache's dtype) in place of those arguments: any N_q against N_k keys (decoding, chunked prefill), d_qk and d_v,
+    no latent and no pages. ``gqa`` ``per-head`` launches each query head's own schedule (K and V requested once
+    per query head: the L2 may catch the g - 1 repeats), ``packed`` (flash1, flash2) one schedule per KV head
+    with its g query heads' rows packed together (as decoding kernels launch it)."""
     from iosim import api
 
+    unit = None
     if problem is not None:
-        N, d, B, H_q, H_kv, causal, bytes_per_word = _from_problem(problem, N, d)
+        N, d, B, H_q, H_kv, causal, bytes_per_word, unit = _from_problem(problem, N, d, gqa)
+    elif gqa != "per-head":
+        raise InputError("gqa", "applies to a problem (problem=iosim.Problem(...)); N, d launch per-head", gqa)
     if N is None or d is None:
         raise InputError("N" if N is None else "d", "must be given (or a problem)", None)
 
@@ -422,16 +440,18 @@ def hierarchy(
 
     t0 = time.perf_counter()
     if _trace is None:
+        shape = dict(N=N, d=d, causal=causal) if unit is None else dict(problem=unit, gqa=gqa)
         r = api.run(
-            algorithm, N=N, d=d, M=M, backward=backward, causal=causal, mask=mask, kv_policy=kv_policy,
-            tiling=tiling, Br=Br, Bc=Bc, B=block, count_only=True, trace=True, reference=False, allow_long=True,
+            algorithm, M=M, backward=backward, mask=mask, kv_policy=kv_policy, tiling=tiling, Br=Br, Bc=Bc, B=block,
+            count_only=True, trace=True, reference=False, allow_long=True, **shape,
         )  # fmt: skip
         trace, stats, tiling_used = r.trace, r.stats, str(r.tiling)
     else:
         trace, stats, tiling_used = _trace, _trace.replay(), "given trace"
     cut = ctas_mod.cut(trace)
-    lay = _layout(trace, cut, B, H_q, H_kv, L)
-    blocks = [block_order(order, np.arange(cut.launch_ptr[k], cut.launch_ptr[k + 1]), B, H_q, H_kv)
+    Hu = H_kv if unit is not None and unit.H_q > 1 else H_q  # CTA families per batch item: packed, one per KV head
+    lay = _layout(trace, cut, B, Hu, H_kv, L)
+    blocks = [block_order(order, np.arange(cut.launch_ptr[k], cut.launch_ptr[k + 1]), B, Hu, H_kv)
               for k in range(cut.launches)]  # fmt: skip
     inst = np.concatenate(blocks) if blocks else np.zeros((0, 3), np.int64)
     launch_ptr = np.concatenate(([0], np.cumsum([len(b) for b in blocks]))).astype(np.int64)
@@ -472,12 +492,12 @@ def hierarchy(
     if policy == "opt" and cap > 0:
         _opt(rec_inst, rec_req, n_rec, inst, cut, lay, L, cap, fill, wb, opt_limit_bytes)
     per = {}
-    copies = np.full(n_aids, B * H_q)  # every query head's schedule moves its own words (K, V included)
+    copies = np.full(n_aids, B * Hu)  # every unit's schedule moves its own words (K, V included)
     first_write = {}
     for row in cut.requests:  # an array's first access in schedule order
         first_write.setdefault(int(row[1]), bool(row[0]))
     written = set(cut.requests[cut.requests[:, 0] == 1][:, 1].tolist())
-    array_copies = np.where(lay.kv == 1, B * H_kv, B * H_q)
+    array_copies = np.where(lay.kv == 1, B * H_kv, B * Hu)
     for a, name in enumerate(trace.names):
         c = stats.per_array.get(name)
         if c is None and not (fill[a] or wb[a] or l2_read[a] or l2_update[a]):
@@ -495,7 +515,7 @@ def hierarchy(
         algorithm, bool(backward), B, H_q, H_kv, int(N), int(d), M, P, blocks_per_sm, C, L, bytes_per_word, order,
         policy, None if dev is None else dev.name, tiling_used, len(inst), list(cut.launch_writes),
         [int(-(-(launch_ptr[k + 1] - launch_ptr[k]) // slots)) for k in range(cut.launches)], per, int(n_rec),
-        time.perf_counter() - t0, [int(x) for x in clock[: cut.launches]],
+        time.perf_counter() - t0, [int(x) for x in clock[: cut.launches]], problem if unit is not None else None, gqa,
     )  # fmt: skip
     if record:
         res.record = np.stack([rec_inst[:n_rec], rec_req[:n_rec]], axis=1)
