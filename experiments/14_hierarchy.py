@@ -100,11 +100,13 @@ def measure(g) -> list[dict]:
                         g.skipped.append(f"{dev} flash2 forward N={N} d={d} heads={heads}: over the request budget")
                         continue
                     for order in ORDERS[:2]:  # swizzled = head-grouped without GQA
-                        r = hierarchy("flash2", N=N, d=d, H_q=heads, device=dev, order=order)
+                        r = hierarchy("flash2", N=N, d=d, H_q=heads, device=dev, order=order, allow_long=True)
                         rows.append(_row(r, "mha", order, dev))
                     if d == 128 and N <= g.backward_N:
                         for order in ORDERS[:2]:
-                            r = hierarchy("flash2", N=N, d=d, H_q=heads, device=dev, order=order, backward=True)
+                            r = hierarchy(
+                                "flash2", N=N, d=d, H_q=heads, device=dev, order=order, backward=True, allow_long=True
+                            )
                             rows.append(_row(r, "mha", order, dev))
         for N in g.Ns:  # noqa: N806
             for B in (1, 4):  # noqa: N806
@@ -112,12 +114,14 @@ def measure(g) -> list[dict]:
                     g.skipped.append(f"{dev} GQA N={N} B={B}: over the request budget")
                     continue
                 for order in ORDERS:
-                    r = hierarchy("flash2", N=N, d=128, B=B, H_q=32, H_kv=8, device=dev, order=order)
+                    r = hierarchy("flash2", N=N, d=128, B=B, H_q=32, H_kv=8, device=dev, order=order, allow_long=True)
                     rows.append(_row(r, "gqa", order, dev))
         for N in g.square_Ns:  # noqa: N806
             for heads in (1, 8):
                 for alg in ("flash2", "square-tiling"):
-                    r = hierarchy(alg, N=N, d=256, M=16384, H_q=heads, device=dev, order="head-grouped")
+                    r = hierarchy(
+                        alg, N=N, d=256, M=16384, H_q=heads, device=dev, order="head-grouped", allow_long=True
+                    )
                     rows.append(_row(r, "small-cache", "head-grouped", dev))
     return rows
 

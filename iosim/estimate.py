@@ -17,7 +17,10 @@ The costs per unit are measured on the 2-core development machine (rounded up, s
   elements of ``random:0.01`` in 2.7 s, compile included), taken as 2 ns, :attr:`TileMask.scan_tests` draws a
   count. A run is priced as three counts (its time estimate, its closed form and the run), which errs long: the
   estimate and the closed form summarise the same tiling and share one count (the summary is kept), and a run's
-  random-element tiles stop at their first allowed and first forbidden element.
+  random-element tiles stop at their first allowed and first forbidden element;
+- a shared-L2 launch (:func:`iosim.hierarchy`): 0.32-0.44 us per tile request of all its CTAs, the unit's run and
+  LRU included (H100 preset: flash2 at N = 32k, 2.5 and 19 million requests; decoding at N_k = 1M, 0.3 and 1.2
+  million), taken as 0.6 us (Belady's OPT replays the line stream once more: twice that).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ SIMULATOR_N2D = 1.5e-5
 REPLAY_ACCESS = 1e-7
 PEBBLE_STATE = 1e-5
 MASK_DRAW = 2e-9
+HIERARCHY_REQUEST = 6e-7
 
 
 def describe(seconds: float) -> str:

@@ -653,6 +653,22 @@ class Trace:
         return mem.stats()
 
 
+def _check_trace_memory(events: int) -> None:
+    """Refuse (an InputError on ``trace``) a trace whose buffer and the Trace's copy of it would take over half the
+    memory available now, before allocating it: a trace of millions of tiles is tens of GB."""
+    from iosim.errors import InputError
+    from iosim.estimate import available_bytes
+
+    need, have = 2 * events * EVENT_WIDTH * 8, available_bytes()
+    if need > have // 2:
+        raise InputError(
+            "trace",
+            f"needs about {need / 2**30:.1f} GiB for its {events:,} events ({have / 2**30:.1f} GiB available now): "
+            "trace a smaller problem or larger tiles, or count without a trace",
+            True,
+        )
+
+
 class TwoLevelMemory:
     """Fast memory of ``M`` words in front of an unbounded slow memory; counts every transfer and knows which
     tiles are resident.
@@ -735,6 +751,7 @@ class TwoLevelMemory:
         with _numeric_opt_level() if numeric else contextlib.nullcontext():
             out = driver(self.W, *args)
         if self.tracing and self.W[_NEV] > self.W[_TCAP]:
+            _check_trace_memory(int(self.W[_NEV]))
             self._reset(int(self.W[_NEV]))
             out = driver(self.W, *args)
         self.check()

@@ -417,3 +417,32 @@ def test_decoding_cli(capsys):
     with pytest.raises(InputError) as e:
         hierarchy("flash2", N=64, d=16, M=3000, P=4, C=0, gqa="packed")
     assert e.value.parameter == "gqa"
+
+
+def test_long_launches_ask_and_huge_traces_are_refused(monkeypatch, capsys):
+    """A launch estimated at over a minute (tile requests x iosim.estimate.HIERARCHY_REQUEST) needs allow_long
+    (--yes), over an hour is refused naming the size; a unit schedule whose trace would not fit in memory is refused
+    naming N before the trace is allocated."""
+    from iosim import estimate
+    from iosim.cli import main
+
+    kw = dict(N=128, d=16, M=2000, P=2, C=0, H_q=2)
+    monkeypatch.setattr(estimate, "HIERARCHY_REQUEST", 1.0)  # every request a second: any launch is long
+    with pytest.raises(InputError) as e:
+        hierarchy("flash2", **kw)
+    assert e.value.parameter == "allow_long" and "tile requests" in str(e.value)
+    requests = hierarchy("flash2", **kw, allow_long=True).requests  # a few hundred "seconds": consented, it runs
+    assert 60 < requests * 1.0 < 3600
+    monkeypatch.setattr(estimate, "HIERARCHY_REQUEST", 1e4)
+    with pytest.raises(InputError) as e:
+        hierarchy("flash2", **kw, allow_long=True)
+    assert e.value.parameter == "N"
+    monkeypatch.setattr(estimate, "HIERARCHY_REQUEST", 1.0)
+    argv = ["hierarchy", "flash2", "--N", "128", "--d", "16", "--M", "2000", "--P", "2", "--C", "0", "--heads", "2"]
+    assert main(argv) == 2 and "--yes" in capsys.readouterr().err
+    assert main([*argv, "--yes"]) == 0
+    monkeypatch.setattr(estimate, "HIERARCHY_REQUEST", 6e-7)
+    monkeypatch.setattr(estimate, "available_bytes", lambda: 100_000)
+    with pytest.raises(InputError) as e:  # a trace past its first buffer (65,536 events) is checked
+        hierarchy("flash2", N=2000, d=8, M=400, P=2, C=0)
+    assert e.value.parameter == "N" and "GiB" in str(e.value) and "\n" not in str(e.value)

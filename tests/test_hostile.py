@@ -653,3 +653,21 @@ def test_version(capsys):
     with pytest.raises(SystemExit) as e:
         main(["--version"])
     assert e.value.code == 0 and capsys.readouterr().out.strip() == f"iosim {iosim.__version__}"
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["trace", "flash2", "--N", "2000", "--d", "8", "--M", "400", "--count-only", "-o", "t.npy"],
+        ["trace", "flash2", "--heads", "8", "--kv-heads", "2", "--Nq", "300", "--Nk", "2000", "--d", "8", "--M", "400",
+         "--count-only", "-o", "t.csv"],
+        ["show", "flash1", "--N", "2000", "--d", "8", "--M", "400", "--text"],
+        ["replay", "flash2", "--N", "2000", "--d", "8", "--M", "400", "--policy", "lru"],
+        ["hierarchy", "flash2", "--N", "2000", "--d", "8", "--M", "400", "--P", "2", "--C", "0"],
+    ],
+)  # fmt: skip
+def test_traces_too_large_for_memory_are_refused_before_allocation(argv, tmp_path, monkeypatch, capsys):
+    """A trace is 72 bytes an event (millions of tiles: tens of GB): over half the memory available it is one line,
+    exit 2, no file, before the buffer is allocated (available memory shrunk here to 50 kB)."""
+    monkeypatch.setattr(iosim.estimate, "available_bytes", lambda: 50_000)
+    assert_refused(argv, ["GiB", "events"], tmp_path, monkeypatch, capsys)

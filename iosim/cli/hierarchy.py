@@ -6,7 +6,7 @@ import argparse
 import json
 
 from iosim import api
-from iosim.cli.options import FORMATS, add_algorithm, add_mask_options, positive
+from iosim.cli.options import FORMATS, add_algorithm, add_mask_options, add_yes, positive
 
 
 def _nonnegative(name: str):
@@ -59,6 +59,7 @@ def add_arguments(p) -> None:
     p.add_argument("--B", type=positive("--B", api.MAX_N), default=None, help="square tile (standard, square-tiling)")
     p.add_argument("--format", choices=FORMATS, default="simple", help="table format")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
+    add_yes(p, "a launch")
 
 
 def command(args) -> int:
@@ -84,6 +85,7 @@ def command(args) -> int:
         Bc=args.Bc,
         block=args.B,
         gqa=args.gqa,
+        allow_long=args.yes,
     )
     if args.json:
         print(json.dumps(r.as_dict(), indent=2))

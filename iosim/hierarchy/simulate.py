@@ -355,6 +355,7 @@ def hierarchy(
     Bc: int | None = None,
     block: int | None = None,
     gqa: str = "per-head",
+    allow_long: bool = False,
     record: bool = False,
     opt_limit_bytes: int | None = None,
     _trace=None,
@@ -375,7 +376,9 @@ def hierarchy(
     cache's dtype) in place of those arguments: any N_q against N_k keys (decoding, chunked prefill), d_qk and d_v,
     no latent and no pages. ``gqa`` ``per-head`` launches each query head's own schedule (K and V requested once
     per query head: the L2 may catch the g - 1 repeats), ``packed`` (flash1, flash2) one schedule per KV head
-    with its g query heads' rows packed together (as decoding kernels launch it)."""
+    with its g query heads' rows packed together (as decoding kernels launch it). A launch estimated at over a
+    minute (its tile requests, :data:`iosim.estimate.HIERARCHY_REQUEST` each) needs ``allow_long=True``; over an
+    hour it is refused, before the L2 runs."""
     from iosim import api
 
     unit = None
@@ -441,10 +444,19 @@ def hierarchy(
     t0 = time.perf_counter()
     if _trace is None:
         shape = dict(N=N, d=d, causal=causal) if unit is None else dict(problem=unit, gqa=gqa)
-        r = api.run(
-            algorithm, M=M, backward=backward, mask=mask, kv_policy=kv_policy, tiling=tiling, Br=Br, Bc=Bc, B=block,
-            count_only=True, trace=True, reference=False, allow_long=True, **shape,
-        )  # fmt: skip
+        try:
+            r = api.run(
+                algorithm, M=M, backward=backward, mask=mask, kv_policy=kv_policy, tiling=tiling, Br=Br, Bc=Bc,
+                B=block, count_only=True, trace=True, reference=False, allow_long=allow_long, **shape,
+            )  # fmt: skip
+        except InputError as e:
+            if e.parameter != "trace":
+                raise
+            raise InputError(  # the launch is cut from one unit's trace: name the size that makes it too large
+                "problem" if problem is not None else "N",
+                f"gives a schedule too large to cut into thread blocks: its trace {e.accepted}",
+                str(problem) if problem is not None else N,
+            ) from None
         trace, stats, tiling_used = r.trace, r.stats, str(r.tiling)
     else:
         trace, stats, tiling_used = _trace, _trace.replay(), "given trace"
@@ -460,6 +472,11 @@ def hierarchy(
     fill, wb = np.zeros(n_aids, np.int64), np.zeros(n_aids, np.int64)
     l2_read, l2_update = np.zeros(n_aids, np.int64), np.zeros(n_aids, np.int64)
     n_req_total = int(np.sum(np.diff(cut.piece_ptr)[inst[:, 0]])) if len(inst) else 0
+    seconds = n_req_total * estimate.HIERARCHY_REQUEST * (2 if policy == "opt" else 1)
+    estimate.check(seconds, f"a launch of {len(inst):,} thread blocks making {n_req_total:,} tile requests",
+                   allow_long=allow_long, parameter="problem" if problem is not None else "N",
+                   value=str(problem) if problem is not None else N,
+                   remedy="a smaller batch, fewer heads or a shorter sequence")  # fmt: skip
     need_record = record or policy == "opt"
     cap = C // L
     if policy == "opt" and cap > 0:
