@@ -371,6 +371,7 @@ def hierarchy(
     row) and the launch's blocks (``result.blocks``) and cut (``result.cut``). ``Br``, ``Bc`` (flash1, flash2) and
     ``block`` (the square tile of standard attention and square tiling: :func:`iosim.run`'s ``B``; here ``B`` is
     the batch) fix the tiles in place of the ``tiling`` rule, checked against M as :func:`iosim.run` checks them.
+    ``kv_policy`` None is :func:`iosim.run`'s default (paper for one head of N x d, skip over a problem).
 
     ``problem`` (an :class:`iosim.Problem`) gives N, d, B, H_q, H_kv, causal and the bytes per word (of its K/V
     cache's dtype) in place of those arguments: any N_q against N_k keys (decoding, chunked prefill), d_qk and d_v,
@@ -384,6 +385,8 @@ def hierarchy(
     unit = None
     if problem is not None:
         N, d, B, H_q, H_kv, causal, bytes_per_word, unit = _from_problem(problem, N, d, gqa)
+        if kv_policy is None and not problem.is_single:  # iosim.run's default over a problem, as the kernels do
+            kv_policy = "skip"
     elif gqa != "per-head":
         raise InputError("gqa", "applies to a problem (problem=iosim.Problem(...)); N, d launch per-head", gqa)
     if N is None or d is None:
