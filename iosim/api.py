@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 import warnings
@@ -12,7 +13,7 @@ import numpy as np
 from iosim import estimate, registry
 from iosim.algorithms.reference import attention_backward, attention_forward, default_scale
 from iosim.errors import InputError
-from iosim.memory_model import Stats, Trace, TwoLevelMemory
+from iosim.memory_model import Stats, Trace, TraceTooLargeError, TwoLevelMemory
 from iosim.problem import GQA_POLICIES, MLA_POLICIES, Problem
 from iosim.theory import bounds
 from iosim.theory.io_model import Prediction
@@ -366,6 +367,21 @@ def _all_finite(outputs: dict, names) -> bool:
     return all(outputs.get(n) is None or ok(n, outputs[n]) for n in names)
 
 
+def _trace_memory_is_input(fn):
+    """A trace too large for the memory available (:class:`iosim.memory_model.TraceTooLargeError`, raised before its
+    buffer is allocated) is the caller's choice of size: an InputError on ``trace``."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except TraceTooLargeError as e:
+            raise InputError("trace", str(e), True) from None
+
+    return wrapper
+
+
+@_trace_memory_is_input
 def run(
     algorithm: str,
     *,

@@ -26,6 +26,7 @@ The costs per unit are measured on the 2-core development machine (rounded up, s
 from __future__ import annotations
 
 from iosim.errors import InputError
+from iosim.memory_model.core import available_bytes  # noqa: F401 (the memory model's, used here by name)
 
 LONG_SECONDS = 60.0
 MAX_SECONDS = 3600.0
@@ -127,21 +128,3 @@ def check_mask(mask, *, passes: int, allow_long, tiling=None) -> float:
     remedy = "use a smaller N, larger blocks or a structured mask"
     return check(tests * MASK_DRAW, what, allow_long=allow_long, parameter="mask", value=mask.label,
                  remedy=remedy)  # fmt: skip
-
-
-def available_bytes() -> int:
-    """Physical memory available now (Linux: MemAvailable), or all physical memory where that is not known; what
-    the up-front memory refusals (a mask's table, a check's arrays) compare with."""
-    import os
-
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return 1 << 62

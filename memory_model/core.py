@@ -653,20 +653,40 @@ class Trace:
         return mem.stats()
 
 
-def _check_trace_memory(events: int) -> None:
-    """Refuse (an InputError on ``trace``) a trace whose buffer and the Trace's copy of it would take over half the
-    memory available now, before allocating it: a trace of millions of tiles is tens of GB."""
-    from iosim.errors import InputError
-    from iosim.estimate import available_bytes
+def available_bytes() -> int:
+    """Physical memory available now (Linux: MemAvailable), or all physical memory where that is not known; what
+    the up-front memory refusals (a trace's buffer here; a mask's table, a check's arrays: iosim.estimate) compare
+    with."""
 
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return 1 << 62
+
+
+class TraceTooLargeError(MemoryError):
+    """A trace whose event buffer (and the Trace's copy of it) would take over half the memory available: raised
+    before the buffer is allocated (``iosim.run`` reports it as an InputError on ``trace``)."""
+
+    def __init__(self, events: int, need: int, have: int) -> None:
+        self.events, self.need, self.have = events, need, have
+        super().__init__(
+            f"needs about {need / 2**30:.1f} GiB for its {events:,} events ({have / 2**30:.1f} GiB available now): "
+            "trace a smaller problem or larger tiles, or count without a trace"
+        )
+
+
+def _check_trace_memory(events: int) -> None:
     need, have = 2 * events * EVENT_WIDTH * 8, available_bytes()
     if need > have // 2:
-        raise InputError(
-            "trace",
-            f"needs about {need / 2**30:.1f} GiB for its {events:,} events ({have / 2**30:.1f} GiB available now): "
-            "trace a smaller problem or larger tiles, or count without a trace",
-            True,
-        )
+        raise TraceTooLargeError(events, need, have)
 
 
 class TwoLevelMemory:

@@ -444,7 +444,7 @@ def test_long_launches_ask_and_huge_traces_are_refused(monkeypatch, capsys):
     assert main(argv) == 2 and "--yes" in capsys.readouterr().err
     assert main([*argv, "--yes"]) == 0
     monkeypatch.setattr(estimate, "HIERARCHY_REQUEST", 6e-7)
-    monkeypatch.setattr(estimate, "available_bytes", lambda: 100_000)
+    monkeypatch.setattr(iosim.memory_model.core, "available_bytes", lambda: 100_000)
     with pytest.raises(InputError) as e:  # a trace past its first buffer (65,536 events) is checked
         hierarchy("flash2", N=2000, d=8, M=400, P=2, C=0)
     assert e.value.parameter == "N" and "GiB" in str(e.value) and "\n" not in str(e.value)

@@ -669,5 +669,5 @@ def test_version(capsys):
 def test_traces_too_large_for_memory_are_refused_before_allocation(argv, tmp_path, monkeypatch, capsys):
     """A trace is 72 bytes an event (millions of tiles: tens of GB): over half the memory available it is one line,
     exit 2, no file, before the buffer is allocated (available memory shrunk here to 50 kB)."""
-    monkeypatch.setattr(iosim.estimate, "available_bytes", lambda: 50_000)
+    monkeypatch.setattr(iosim.memory_model.core, "available_bytes", lambda: 50_000)
     assert_refused(argv, ["GiB", "events"], tmp_path, monkeypatch, capsys)

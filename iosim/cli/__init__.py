@@ -30,7 +30,7 @@ from iosim.cli import (
     trace,
 )
 from iosim.errors import InputError
-from iosim.memory_model import CapacityError, ScheduleError
+from iosim.memory_model import CapacityError, ScheduleError, TraceTooLargeError
 
 # name -> (module, help): the order is the order of ``iosim --help``.
 COMMANDS = {
@@ -126,6 +126,9 @@ def _main(args) -> int:
                 print(f"iosim: warning: {w.message}", file=sys.stderr)
     except (InputError, CapacityError, ScheduleError) as e:
         print(f"iosim: error: {e}", file=sys.stderr)
+        return 2
+    except TraceTooLargeError as e:  # a trace taken outside iosim.run (which names it as an InputError on trace)
+        print(f"iosim: error: trace {e}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # output piped into `head` and closed early: not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
