@@ -15,7 +15,7 @@ Fields (the symbols of docs/theory.md#problems-batch-heads-decoding):
   N_q > N_k: O = 0, L = -inf).
 * ``d_qk`` the width of Q and K, ``d_v`` the width of V and O.
 * ``latent`` (MLA, DeepSeek-V2/V3): the cache holds one latent row per token, K = [c_KV, k_rope] of width d_qk and
-  V = c_KV, the first d_v columns of K (d_v <= d_qk, H_kv = 1 in the absorbed form).
+  V = c_KV, the first d_v columns of K (d_v <= d_qk; H_kv defaults to 1, the absorbed form's one shared cache).
 * ``page_size`` P: the KV cache is paged in blocks of P tokens located through a page table (vLLM); None: contiguous.
 * ``dtype_q``, ``dtype_kv``, ``dtype_o``: the storage dtype of Q, of the KV cache (K, V) and of O (:data:`BYTES`);
   the statistics (L, the split partials) are fp32 and the page table int32, as the kernels keep them.
@@ -66,7 +66,7 @@ class Problem:
 
     B: int = 1
     H_q: int = 1
-    H_kv: int | None = None  # default: H_q (multi-head attention)
+    H_kv: int | None = None  # default: H_q (multi-head attention); 1 with the MLA latent (its absorbed form)
     N_q: int | None = None
     N_k: int | None = None
     d_qk: int | None = None
@@ -97,7 +97,8 @@ class Problem:
             raise InputError("problem", "needs N (or N_q and N_k) and d (or d_qk)")
         put("B", _int("B (batch)", self.B, 1, MAX_BATCH))
         put("H_q", _int("H_q (query heads)", self.H_q, 1, MAX_HEADS))
-        put("H_kv", _int("H_kv (key/value heads)", self.H_q if self.H_kv is None else self.H_kv, 1, self.H_q))
+        default_kv = 1 if self.latent is True else self.H_q  # MLA: one latent cache shared by every query head
+        put("H_kv", _int("H_kv (key/value heads)", default_kv if self.H_kv is None else self.H_kv, 1, self.H_q))
         if self.H_q % self.H_kv:
             raise InputError(
                 "H_kv (key/value heads)",

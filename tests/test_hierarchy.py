@@ -335,8 +335,8 @@ def test_the_compulsory_estimate_is_what_a_whole_problem_l2_moves(algorithm, bac
 
 
 def test_a_problem_gives_the_launch():
-    """iosim.hierarchy(problem=Problem(...)) equals the same launch given field by field; problems it cannot run
-    (MLA, pages) and N beside a problem are one InputError each."""
+    """iosim.hierarchy(problem=Problem(...)) equals the same launch given field by field; a problem that is not an
+    iosim.Problem and N beside a problem are one InputError each."""
     import iosim
 
     p = iosim.Problem(B=2, H_q=4, H_kv=2, N=96, d=16, causal=True, dtype_q="fp16")
@@ -344,7 +344,7 @@ def test_a_problem_gives_the_launch():
     a = iosim.hierarchy("flash2", problem=p, **kw)
     b = iosim.hierarchy("flash2", N=96, d=16, B=2, H_q=4, H_kv=2, causal=True, bytes_per_word=2, **kw)
     assert {**a.as_dict(), "seconds": 0} == {**b.as_dict(), "seconds": 0}
-    for bad in (iosim.Problem(N=64, d=16, page_size=16), iosim.Problem(N=64, d_qk=24, d_v=16, latent=True)):
+    for bad in ({"N": 64, "d": 16}, "B=1, N=64"):  # not an iosim.Problem
         with pytest.raises(iosim.InputError) as e:
             iosim.hierarchy("flash2", problem=bad, **kw)
         assert e.value.parameter == "problem"
@@ -375,6 +375,8 @@ def test_explicit_tiles(capsys):
 DECODING = [
     iosim.Problem(B=2, H_q=4, H_kv=2, N_q=1, N_k=300, d=16),
     iosim.Problem(B=2, H_q=4, H_kv=2, N=40, d=8),  # prefill: one head's (N, d) schedule per query head
+    iosim.Problem(B=2, H_q=4, N_q=1, N_k=300, d_qk=24, d_v=16, latent=True),  # MLA: one shared latent (H_kv = 1)
+    iosim.Problem(B=2, H_q=4, H_kv=2, N_q=3, N_k=300, d=16, page_size=7),  # a paged cache and its page table
     iosim.Problem(B=1, H_q=4, H_kv=1, N_q=5, N_k=70, d_qk=12, d_v=8, causal=True),
 ]
 
@@ -392,16 +394,20 @@ def test_decoding_and_chunked_prefill_launches(algorithm, gqa):
         assert e.value.parameter == "gqa"
         return
     for p in DECODING:
+        if (p.latent or p.page_size) and algorithm in ("standard", "square-tiling"):
+            continue  # FlashAttention schedules only (iosim.run refuses them for these two)
         for mask in (None, "window:9") if not p.causal else (None,):
-            h = hierarchy(algorithm, problem=p, M=3000, P=4, C=0, gqa=gqa, mask=mask)
-            r = iosim.run(algorithm, problem=p, M=3000, gqa=gqa, mask=mask, count_only=True)
-            assert h.two_level == h.dram == r.stats.total
-            assert {n: c.two_level for n, c in h.per_array.items() if c.two_level} == {
-                n: c.reads + c.writes for n, c in r.stats.per_array.items() if c.reads + c.writes
-            }
+            for mla in ("shared", "naive") if p.latent else ("shared",):
+                h = hierarchy(algorithm, problem=p, M=3000, P=4, C=0, gqa=gqa, mask=mask, mla=mla)
+                r = iosim.run(algorithm, problem=p, M=3000, gqa=gqa, mask=mask, mla=mla, count_only=True)
+                assert h.two_level == h.dram == r.stats.total
+                assert {n: c.two_level for n, c in h.per_array.items() if c.two_level} == {
+                    n: c.reads + c.writes for n, c in r.stats.per_array.items() if c.reads + c.writes
+                }
         big = hierarchy(algorithm, problem=p, M=3000, P=4, C=1 << 22, L=1, gqa=gqa, order="swizzled")
         assert big.per_array["K"].dram == p.B * p.H_kv * p.N_k * p.d_qk
-        assert big.per_array["V"].dram == p.B * p.H_kv * p.N_k * p.d_v
+        if not p.latent:  # the shared latent has no V: it is read from the resident K tile
+            assert big.per_array["V"].dram == p.B * p.H_kv * p.N_k * p.d_v
         if p.N_q != p.N_k or gqa == "packed":
             assert big.problem == p and big.gqa == gqa and big.as_dict()["problem"]["N_k"] == p.N_k
 

@@ -402,3 +402,13 @@ def test_problem_kv_policy_and_flags_are_checked_with_or_without_a_mask(algo):
         with pytest.raises(InputError) as e:
             Problem(N_q=3, N_k=20, d=4, **{name: "yes"})
         assert e.value.parameter == name
+
+
+def test_mla_latent_defaults_to_one_shared_cache(capsys):
+    """The absorbed form shares one latent cache among all query heads: H_kv defaults to 1 with the latent (it was
+    H_q: a per-head latent, H_q times the cache, counted silently for --mla without --kv-heads)."""
+    assert Problem(H_q=8, N=4, d=4, latent=True).H_kv == 1 and Problem(H_q=8, N=4, d=4).H_kv == 8
+    assert Problem(H_q=8, H_kv=2, N=4, d=4, latent=True).H_kv == 2  # given: kept
+    argv = ["run", "flash2", "--heads", "8", "--Nq", "1", "--Nk", "100", "--d", "72", "--dv", "64", "--M", "20000"]
+    assert _cli(*argv, "--mla", "shared", "--count-only") == 0
+    assert "H_kv=1" in capsys.readouterr().out

@@ -32,6 +32,13 @@ def add_arguments(p) -> None:
     p.add_argument("--Nq", type=positive("--Nq", api.MAX_N), default=None, help="query rows N_q (default N)")
     p.add_argument("--Nk", type=positive("--Nk", api.MAX_N), default=None, help="keys N_k (default N)")
     p.add_argument("--dv", type=positive("--dv", api.MAX_D), default=None, help="value width (default d)")
+    p.add_argument("--page-size", type=positive("--page-size", api.MAX_N), default=None, help="paged KV: P tokens")
+    p.add_argument(
+        "--mla",
+        choices=("shared", "naive"),
+        default=None,
+        help="MLA latent cache (H_kv = 1, V the first d_v columns of K): V read shared or naive",
+    )
     p.add_argument("--gqa", choices=("per-head", "packed"), default="per-head",
                    help="per-head: a CTA family per query head; packed (flash1, flash2): per KV head, its g query "
                    "heads' rows together (default per-head)")  # fmt: skip
@@ -85,6 +92,7 @@ def command(args) -> int:
         Bc=args.Bc,
         block=args.B,
         gqa=args.gqa,
+        mla=args.mla or "shared",
         allow_long=args.yes,
     )
     if args.json:
@@ -114,13 +122,14 @@ _DTYPE_OF_BYTES = {1: "fp8", 2: "bf16", 4: "fp32", 8: "fp64"}
 
 
 def _shape(args) -> dict:
-    """N, d, the launch's heads and the word size, or a problem (iosim.Problem) when --Nq, --Nk, --dv or --gqa
-    packed asks for one beyond N x d."""
+    """N, d, the launch's heads and the word size, or a problem (iosim.Problem) when --Nq, --Nk, --dv,
+    --page-size, --mla or --gqa packed asks for one beyond N x d."""
     from iosim.errors import InputError
     from iosim.problem import Problem
 
     fields = dict(B=args.batch, H_q=args.H_q, H_kv=args.H_kv, causal=args.causal)
-    if args.Nq is None and args.Nk is None and args.dv is None and args.gqa == "per-head":
+    beyond = (args.Nq, args.Nk, args.dv, args.page_size, args.mla)
+    if all(x is None for x in beyond) and args.gqa == "per-head":
         if args.N is None:
             raise InputError("--N", "must be given (or --Nq and --Nk)", None)
         return dict(N=args.N, d=args.d, bytes_per_word=args.bytes_per_word, **fields)
@@ -129,10 +138,10 @@ def _shape(args) -> dict:
         raise InputError("--Nq, --Nk", "must be given (or --N for both)", (Nq, Nk))
     if args.bytes_per_word not in _DTYPE_OF_BYTES:
         raise InputError(
-            "--bytes-per-word", "must be 1, 2, 4 or 8 with --Nq, --Nk, --dv or --gqa (a dtype)", args.bytes_per_word
+            "--bytes-per-word", "must be 1, 2, 4 or 8 with a problem's options (a dtype)", args.bytes_per_word
         )
     dtype = _DTYPE_OF_BYTES[args.bytes_per_word]
-    H_kv = args.H_kv if args.H_kv is not None else args.H_q
-    p = Problem(B=args.batch, H_q=args.H_q, H_kv=H_kv, N_q=Nq, N_k=Nk, d_qk=args.d, d_v=args.dv,
-                causal=bool(args.causal), dtype_q=dtype)  # fmt: skip
+    p = Problem(B=args.batch, H_q=args.H_q, H_kv=args.H_kv, N_q=Nq, N_k=Nk, d_qk=args.d, d_v=args.dv,
+                causal=bool(args.causal), latent=args.mla is not None, page_size=args.page_size,
+                dtype_q=dtype)  # fmt: skip
     return dict(problem=p)

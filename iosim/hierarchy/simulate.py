@@ -54,7 +54,7 @@ from iosim.hierarchy.devices import device as _device
 
 ORDERS = ("grid", "head-grouped", "swizzled")
 POLICIES = ("lru", "opt")
-KV_ARRAYS = ("K", "V")
+KV_ARRAYS = ("K", "V", "page_table")  # one copy per KV head (a kernel reads one page table per sequence)
 MAX_P = 1 << 20
 MAX_C = 1 << 40
 MAX_HEADS = 1 << 16
@@ -311,19 +311,13 @@ def _from_problem(problem, N, d, gqa: str) -> tuple:
         raise InputError("problem", "must be an iosim.Problem", type(problem).__name__)
     if N is not None or d is not None:
         raise InputError("N" if N is not None else "d", "must not be given beside a problem (it has its own)", N or d)
-    if problem.latent or problem.page_size:
-        raise InputError(
-            "problem",
-            "must have no MLA latent and no pages for the hierarchy (MLA and paged problems run through iosim.run)",
-            problem,
-        )
     if not isinstance(gqa, str) or gqa not in GQA_POLICIES:
         raise InputError("gqa", f"must be one of {', '.join(GQA_POLICIES)}", gqa)
     p = problem
     unit = None
-    if p.N_q != p.N_k or p.d_qk != p.d_v or (gqa == "packed" and p.g > 1):
+    if p.N_q != p.N_k or p.d_qk != p.d_v or p.latent or p.page_size or (gqa == "packed" and p.g > 1):
         unit = Problem(B=1, H_q=p.g if gqa == "packed" else 1, H_kv=1, N_q=p.N_q, N_k=p.N_k, d_qk=p.d_qk,
-                       d_v=p.d_v, causal=p.causal)  # fmt: skip
+                       d_v=p.d_v, causal=p.causal, latent=p.latent, page_size=p.page_size)  # fmt: skip
     word = p.bytes_of("K", 1)  # one word of the K/V cache, which dominates the traffic
     return p.N_q, p.d_qk, p.B, p.H_q, p.H_kv, p.causal, word, unit
 
@@ -355,6 +349,7 @@ def hierarchy(
     Bc: int | None = None,
     block: int | None = None,
     gqa: str = "per-head",
+    mla: str = "shared",
     allow_long: bool = False,
     record: bool = False,
     opt_limit_bytes: int | None = None,
@@ -373,13 +368,14 @@ def hierarchy(
     the batch) fix the tiles in place of the ``tiling`` rule, checked against M as :func:`iosim.run` checks them.
     ``kv_policy`` None is :func:`iosim.run`'s default (paper for one head of N x d, skip over a problem).
 
-    ``problem`` (an :class:`iosim.Problem`) gives N, d, B, H_q, H_kv, causal and the bytes per word (of its K/V
-    cache's dtype) in place of those arguments: any N_q against N_k keys (decoding, chunked prefill), d_qk and d_v,
-    no latent and no pages. ``gqa`` ``per-head`` launches each query head's own schedule (K and V requested once
-    per query head: the L2 may catch the g - 1 repeats), ``packed`` (flash1, flash2) one schedule per KV head
-    with its g query heads' rows packed together (as decoding kernels launch it). A launch estimated at over a
-    minute (its tile requests, :data:`iosim.estimate.HIERARCHY_REQUEST` each) needs ``allow_long=True``; over an
-    hour it is refused, before the L2 runs."""
+    ``problem`` (an :class:`iosim.Problem`) gives N, d, B, H_q, H_kv, causal and the bytes per word (of its K/V cache's
+    dtype) in place of those arguments: any N_q against N_k keys (decoding, chunked prefill), d_qk and d_v, an MLA
+    latent cache (``mla`` ``shared``: V read from the resident K tile, or ``naive``) and a paged cache (its page table
+    counted once per KV head). ``gqa`` ``per-head`` launches each query head's own schedule (K and V requested once per
+    query head: the L2 may catch the g - 1 repeats), ``packed`` (flash1, flash2) one schedule per KV head with its g
+    query heads' rows packed together (as decoding kernels launch it). A launch estimated at over a minute (its tile
+    requests, :data:`iosim.estimate.HIERARCHY_REQUEST` each) needs ``allow_long=True``; over an hour it is refused,
+    before the L2 runs."""
     from iosim import api
 
     unit = None
@@ -387,8 +383,9 @@ def hierarchy(
         N, d, B, H_q, H_kv, causal, bytes_per_word, unit = _from_problem(problem, N, d, gqa)
         if kv_policy is None and not problem.is_single:  # iosim.run's default over a problem, as the kernels do
             kv_policy = "skip"
-    elif gqa != "per-head":
-        raise InputError("gqa", "applies to a problem (problem=iosim.Problem(...)); N, d launch per-head", gqa)
+    elif gqa != "per-head" or mla != "shared":
+        which, value = ("gqa", gqa) if gqa != "per-head" else ("mla", mla)
+        raise InputError(which, "applies to a problem (problem=iosim.Problem(...)); N, d launch one head each", value)
     if N is None or d is None:
         raise InputError("N" if N is None else "d", "must be given (or a problem)", None)
 
@@ -446,7 +443,7 @@ def hierarchy(
 
     t0 = time.perf_counter()
     if _trace is None:
-        shape = dict(N=N, d=d, causal=causal) if unit is None else dict(problem=unit, gqa=gqa)
+        shape = dict(N=N, d=d, causal=causal) if unit is None else dict(problem=unit, gqa=gqa, mla=mla)
         try:
             r = api.run(
                 algorithm, M=M, backward=backward, mask=mask, kv_policy=kv_policy, tiling=tiling, Br=Br, Bc=Bc,
