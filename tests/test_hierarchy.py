@@ -404,6 +404,10 @@ def test_decoding_and_chunked_prefill_launches(algorithm, gqa):
                 assert {n: c.two_level for n, c in h.per_array.items() if c.two_level} == {
                     n: c.reads + c.writes for n, c in r.stats.per_array.items() if c.reads + c.writes
                 }
+        if algorithm in ("flash1", "flash2") and not (p.latent or p.page_size) and (gqa == "packed" or p.g == 1):
+            hb = hierarchy(algorithm, problem=p, M=3000, P=4, C=0, gqa=gqa, backward=True)
+            rb = iosim.run(algorithm, problem=p, M=3000, gqa=gqa, backward=True, count_only=True)
+            assert hb.two_level == hb.dram == rb.passes["backward"].stats.total  # no group sum to leave out
         big = hierarchy(algorithm, problem=p, M=3000, P=4, C=1 << 22, L=1, gqa=gqa, order="swizzled")
         assert big.per_array["K"].dram == p.B * p.H_kv * p.N_k * p.d_qk
         if not p.latent:  # the shared latent has no V: it is read from the resident K tile
