@@ -843,13 +843,11 @@ def _problem_mask(p: Problem, mask, policy):
 def _run_problem(algo, p: Problem, M: int, gqa, splits, mla, Br, Bc, B, **o) -> Result:
     """:func:`run` over a whole problem (flash1, flash2; :mod:`iosim.algorithms.decoding`)."""
     from iosim.algorithms import decoding
-    from iosim.algorithms.tile_masks import POLICIES
+    from iosim.masks import check_policy
     from iosim.theory import io_model
     from iosim.theory.tiling import problem_tiling
 
-    if o["kv_policy"] is not None and (not isinstance(o["kv_policy"], str) or o["kv_policy"] not in POLICIES):
-        raise InputError("kv_policy", f"must be one of {', '.join(POLICIES)} (or None: skip over a problem)",
-                         o["kv_policy"])  # fmt: skip
+    check_policy(o["kv_policy"], None)  # checked with or without a mask (None: skip over a problem)
     masked = not (o["mask"] is None or (isinstance(o["mask"], str) and o["mask"] in ("none", "dense")))
     backward = _flag("backward", o["backward"])
     if algo.name not in PROBLEM_ALGORITHMS and backward:
@@ -892,11 +890,7 @@ def _run_problem(algo, p: Problem, M: int, gqa, splits, mla, Br, Bc, B, **o) -> 
     else:
         flops = estimate.NUMERIC_N2D * p.B * p.H_q * p.N_q * p.N_k * (p.d_qk + p.d_v)
         seconds = (estimate.numeric_seconds(1, 1, steps, False) + flops) * passes_n
-    if draws:
-        estimate.check(draws * passes_n * estimate.MASK_DRAW, f"the tile tests of the mask {tmask.label} over {p}",
-                       allow_long=allow_long, parameter="mask", value=tmask.label,
-                       remedy="use fewer heads, larger blocks or a structured mask")  # fmt: skip
-    seconds += draws * passes_n * estimate.MASK_DRAW
+    seconds += _priced_tile_tests(tmask, p, draws * passes_n, allow_long, "larger blocks")
     estimate.check(seconds, f"a run of {algo.name} over {p}", allow_long=allow_long, parameter="problem", value=str(p))
     if not count_only:
         words = (p.B * p.H_q * p.N_q * (p.d_qk + (splits + 1) * p.d_v)) + 3 * p.B * p.H_kv * p.N_k * (p.d_qk + p.d_v)
@@ -958,6 +952,16 @@ def _run_problem(algo, p: Problem, M: int, gqa, splits, mla, Br, Bc, B, **o) -> 
         bwd_trace if backward else mem.trace(), tmask.label if tmask else "causal" if p.causal else "none",
         tmask.policy if tmask else (o["kv_policy"] or "skip"), p, schedule, seen,
     )  # fmt: skip
+
+
+def _priced_tile_tests(tmask, p: Problem, draws: int, allow_long: bool, larger: str) -> float:
+    """The seconds of a run's ``draws`` generator draws testing the tiles of ``tmask`` over ``p`` (0 for a
+    structured mask), under the long-run rule naming the mask."""
+    if draws:
+        estimate.check(draws * estimate.MASK_DRAW, f"the tile tests of the mask {tmask.label} over {p}",
+                       allow_long=allow_long, parameter="mask", value=tmask.label,
+                       remedy=f"use fewer heads, {larger} or a structured mask")  # fmt: skip
+    return draws * estimate.MASK_DRAW
 
 
 def _run_by_heads(algo, p: Problem, M: int, gqa, splits, mla, Br, Bc, B, masked: bool, o: dict) -> Result:
@@ -1174,10 +1178,7 @@ def _run_one_head_problem(
         )
     if tmask is not None and algo.name == "square-tiling":  # each tile tested in both phases and by the closed form
         draws = (2 * heads + 1) * Tq * Tk * tmask.tile_tests(t.B, t.B)
-        estimate.check(draws * estimate.MASK_DRAW, f"the tile tests of the mask {tmask.label} over {p}",
-                       allow_long=allow_long, parameter="mask", value=tmask.label,
-                       remedy="use fewer heads, a larger B or a structured mask")  # fmt: skip
-        seconds += draws * estimate.MASK_DRAW
+        seconds += _priced_tile_tests(tmask, p, draws, allow_long, "a larger B")
     estimate.check(seconds, f"a run of {algo.name} over {p}", allow_long=allow_long, parameter="problem", value=str(p))
     if not count_only:
         words = 3 * p.N_q * p.N_k + 3 * heads * (p.N_q + p.N_k) * (p.d_qk + p.d_v)

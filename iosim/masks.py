@@ -427,12 +427,19 @@ def _from_file(path: str, block: tuple[int, int] | None) -> Mask:
     return FromBlocks(a, block, label=f"file:{path}:{block[0]}x{block[1]}")
 
 
+def check_policy(policy, default: str | None = "paper") -> str | None:
+    """An empty-block policy (one of :data:`POLICIES`), ``default`` for None; anything else an InputError."""
+    if policy is None:
+        return default
+    if not isinstance(policy, str) or policy not in POLICIES:
+        raise InputError("kv_policy", f"must be one of {', '.join(POLICIES)}", policy)
+    return policy
+
+
 def compile_mask(mask, N: int, causal: bool = False, policy: str | None = "paper") -> TileMask:
     """The tile oracle of ``mask`` (a :class:`Mask`, a ``--mask`` string, a TileMask or None) for N; ``causal``
     True is the causal mask (it cannot be combined with another mask)."""
-    policy = "paper" if policy is None else policy
-    if not isinstance(policy, str) or policy not in POLICIES:
-        raise InputError("kv_policy", f"must be one of {', '.join(POLICIES)}", policy)
+    policy = check_policy(policy)
     if isinstance(N, bool) or not isinstance(N, numbers.Integral) or not 0 < N <= 1 << 26:
         raise InputError("N", f"must be an integer from 1 to {1 << 26:,}", N)
     if mask is None or (isinstance(mask, str) and mask in ("none", "dense")):

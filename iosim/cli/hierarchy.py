@@ -118,14 +118,13 @@ def command(args) -> int:
     return 0
 
 
-_DTYPE_OF_BYTES = {1: "fp8", 2: "bf16", 4: "fp32", 8: "fp64"}
-
-
 def _shape(args) -> dict:
     """N, d, the launch's heads and the word size, or a problem (iosim.Problem) when --Nq, --Nk, --dv,
     --page-size, --mla or --gqa packed asks for one beyond N x d."""
     from iosim.errors import InputError
-    from iosim.problem import Problem
+    from iosim.problem import BYTES, Problem
+
+    dtype_of_bytes = {BYTES[n]: n for n in ("fp8", "bf16", "fp32", "fp64")}  # the word size as a storage dtype
 
     fields = dict(B=args.batch, H_q=args.H_q, H_kv=args.H_kv, causal=args.causal)
     beyond = (args.Nq, args.Nk, args.dv, args.page_size, args.mla)
@@ -136,11 +135,11 @@ def _shape(args) -> dict:
     Nq, Nk = args.Nq or args.N, args.Nk or args.N
     if Nq is None or Nk is None:
         raise InputError("--Nq, --Nk", "must be given (or --N for both)", (Nq, Nk))
-    if args.bytes_per_word not in _DTYPE_OF_BYTES:
+    if args.bytes_per_word not in dtype_of_bytes:
         raise InputError(
             "--bytes-per-word", "must be 1, 2, 4 or 8 with a problem's options (a dtype)", args.bytes_per_word
         )
-    dtype = _DTYPE_OF_BYTES[args.bytes_per_word]
+    dtype = dtype_of_bytes[args.bytes_per_word]
     p = Problem(B=args.batch, H_q=args.H_q, H_kv=args.H_kv, N_q=Nq, N_k=Nk, d_qk=args.d, d_v=args.dv,
                 causal=bool(args.causal), latent=args.mla is not None, page_size=args.page_size,
                 dtype_q=dtype)  # fmt: skip
