@@ -1,7 +1,7 @@
 # ruff: noqa: N999 - numbered experiment scripts, loaded by file or by importlib
 """Experiment 08: the explicit schedule against a hardware-managed cache (LRU and Belady's OPT) of the same M words.
 
-Question (the reviewers of the fine-grained paper; issue 11): the two-level model lets the program decide what
+Question (raised in the review of the fine-grained paper, Li et al.): the two-level model lets the program decide what
 fast memory holds. How does that map onto a cache that decides by itself? Each algorithm's forward computation
 (its operand-access trace, :mod:`iosim.views.replay`) is replayed through a fully associative cache of M words under LRU
 and OPT, with lines of 1, 8 (a 32-byte sector of fp32) and 32 words, as M goes from below d^2 to the whole
@@ -25,7 +25,7 @@ NAME = "replay"
 TITLE = "Explicit schedule vs LRU and OPT caches of the same M"
 CLAIM = (
     "Replayed through a hardware-managed cache of the same M words, flash2's computation moves about 1.5x the "
-    "explicit schedule's words under LRU and within a few percent of it under Belady's OPT (issue 11, N = 512, "
+    "explicit schedule's words under LRU and within a few percent of it under Belady's OPT (N = 512, "
     "d = 64, M = 8192, 1-word lines)."
 )
 ALGORITHMS = ("flash2", "flash1", "square-tiling", "standard")

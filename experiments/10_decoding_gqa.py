@@ -1,7 +1,7 @@
 # ruff: noqa: N999 - numbered experiment scripts, loaded by file or by importlib
 """Experiment 10: decoding I/O against the GQA group size g, per-head vs packed.
 
-Question (issue 22; a Metal kernel library's fix): in decoding (N_q = 1 against a KV cache of N_k tokens) with
+Question (a Metal kernel library's fix): in decoding (N_q = 1 against a KV cache of N_k tokens) with
 grouped-query heads, a kernel that runs every query head as its own problem reads K/V once per *query* head; one
 that packs the g query heads of a group into the row dimension of one tile reads it once per KV head. By how much
 do they differ, and where does packing stop helping? flash2 forward, count-only, exact against io_model: B = 1,

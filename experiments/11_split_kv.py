@@ -1,7 +1,7 @@
 # ruff: noqa: N999 - numbered experiment scripts, loaded by file or by importlib
 """Experiment 11: split-KV (Flash-Decoding): the I/O cost of parallelism, in words.
 
-Question (issue 22): Flash-Decoding splits the keys of a decoding query into s chunks so that B H_kv T_r thread
+Question: Flash-Decoding splits the keys of a decoding query into s chunks so that B H_kv T_r thread
 blocks become s times as many and fill the GPU's SMs; each split writes a partial O (d_v per query row, fp32) and
 its logsumexp, and a combine step reads them back. What does that cost, exactly, against the parallelism it buys?
 flash2 forward, count-only, exact against io_model: H_q = 32, H_kv = 8 (GQA packed), N_q = 1, d = 128,

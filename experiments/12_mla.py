@@ -1,7 +1,7 @@
 # ruff: noqa: N999 - numbered experiment scripts, loaded by file or by importlib
 """Experiment 12: MLA (DeepSeek-V2/V3, absorbed form) on every device of the devices table.
 
-Question (issue 22; an MLA bandwidth finding that was a 1.89x byte-count error): MLA decodes against one latent
+Question (an MLA bandwidth finding that was a 1.89x byte-count error): MLA decodes against one latent
 cache per token, K = [c_KV, k_rope] (d_qk = 512 + 64 = 576) and V = c_KV (its first d_v = 512 columns), shared by
 all H_q = 128 query heads (H_kv = 1). FlashMLA reads V from the resident K tile (``Share_KV``); a naive kernel
 loads V separately. On each device (M = its shared memory per thread block in words of the cache dtype, bf16 and

@@ -59,7 +59,7 @@ from iosim.experiments._common import RESULTS, MissingExtra, Verdict
 class Entry:
     name: str  # what `iosim experiments run NAME` takes
     stem: str  # the module file (experiments/<stem>.py) and the stem of its outputs in results/
-    item: str  # which claim of the issue / paper it reproduces
+    item: str  # which claim of a paper or kernel it reproduces
     title: str
     pending: str | None = None  # why it cannot run yet (a placeholder for work in another issue)
 
@@ -76,16 +76,48 @@ EXPERIMENTS: tuple[Entry, ...] = (
         "FlashAttention Prop. 4",
         "Block-sparse scaling in s and the pattern effect",
     ),
-    Entry("devices", "07_devices", "reviewers' device question", "Device regime table: M vs d^2 per GPU and dtype"),
-    Entry("replay", "08_replay", "issue 11 (reviewers' cache question)", "Explicit schedule vs LRU and OPT caches"),
-    Entry("kernels", "09_kernels", "issue 23 (real kernels)", "Triton, Pallas, numba.cuda kernels against the model"),
     Entry(
-        "decoding-gqa", "10_decoding_gqa", "issue 22 (GQA decoding)", "Decoding I/O vs group size: per-head vs packed"
+        "devices",
+        "07_devices",
+        "Li et al. (fine-grained I/O): which GPUs are small-cache",
+        "Device regime table: M vs d^2 per GPU and dtype",
     ),
-    Entry("split-kv", "11_split_kv", "issue 22 (Flash-Decoding)", "Split-KV: I/O and thread blocks vs splits"),
-    Entry("mla", "12_mla", "issue 22 (MLA, DeepSeek-V2/V3)", "MLA shared latent vs naive on every device"),
-    Entry("paged-kv", "13_paged_kv", "issue 22 (vLLM paged KV)", "Paged KV: I/O against the page size"),
-    Entry("hierarchy", "14_hierarchy", "issue 24 (reviewers' L2 question)", "A shared L2: DRAM vs two-level, orders"),
+    Entry(
+        "replay",
+        "08_replay",
+        "Li et al.: does the two-level model map onto hardware caches",
+        "Explicit schedule vs LRU and OPT caches",
+    ),
+    Entry(
+        "kernels",
+        "09_kernels",
+        "real kernels move their schedule's closed form",
+        "Triton, Pallas, numba.cuda kernels against the model",
+    ),
+    Entry(
+        "decoding-gqa",
+        "10_decoding_gqa",
+        "GQA decoding: K/V loaded once per KV head or g times",
+        "Decoding I/O vs group size: per-head vs packed",
+    ),
+    Entry(
+        "split-kv",
+        "11_split_kv",
+        "Flash-Decoding: the I/O cost of split-KV",
+        "Split-KV: I/O and thread blocks vs splits",
+    ),
+    Entry(
+        "mla", "12_mla", "MLA (DeepSeek-V2/V3): shared latent vs naive", "MLA shared latent vs naive on every device"
+    ),
+    Entry(
+        "paged-kv", "13_paged_kv", "vLLM's paged KV: I/O against the page size", "Paged KV: I/O against the page size"
+    ),
+    Entry(
+        "hierarchy",
+        "14_hierarchy",
+        "Li et al.: the slow memory of a GPU is an L2",
+        "A shared L2: DRAM vs two-level, orders",
+    ),
 )
 
 
