@@ -14,6 +14,7 @@ from iosim.kernels.check import CheckReport, check
 from iosim.memory_model import CapacityError, Memory, ScheduleError, Trace
 from iosim.problem import Problem
 from iosim.registry import register, unregister
+from iosim.schedule import Schedule
 from iosim.sweep import sweep
 from iosim.version import __version__ as __version__
 from iosim.views.replay import ReplayResult, replay
@@ -30,6 +31,7 @@ __all__ = [
     "PassResult",
     "Problem",
     "Result",
+    "Schedule",
     "algorithm_names",
     "check",
     "hierarchy",

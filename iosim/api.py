@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 import numbers
 import warnings
@@ -13,8 +14,10 @@ import numpy as np
 from iosim import estimate, registry
 from iosim.algorithms.reference import attention_backward, attention_forward, default_scale
 from iosim.errors import InputError
+from iosim.inputs import problem_arrays
 from iosim.memory_model import Stats, Trace, TraceTooLargeError, TwoLevelMemory
 from iosim.problem import GQA_POLICIES, MLA_POLICIES, Problem
+from iosim.schedule import Schedule, explicit_tiles, from_objects
 from iosim.theory import bounds
 from iosim.theory.io_model import Prediction
 from iosim.theory.tiling import RULES, Tiling
@@ -97,6 +100,7 @@ class Result:
     problem: Problem | None = None  # what was counted (provenance): B, heads, N_q, N_k, d_qk, d_v, dtypes
     schedule: dict = field(default_factory=dict)  # GQA policy, splits, MLA read, thread blocks (problem runs)
     seen: tuple[int, int] | None = None  # a mask over a problem: (rows that see a key, keys seen), per head
+    spec: Schedule | None = None  # the schedule asked for (iosim.schedule.Schedule), stamped by run()
 
     @property
     def bytes_per_array(self) -> dict[str, int]:
@@ -169,6 +173,9 @@ class Result:
             "max_abs_error": self.max_abs_error,
             "finite": self.finite,
         }
+        out["memory"] = {"levels": "two-level", "M": self.M}
+        if self.spec is not None:
+            out["schedule_spec"] = self.spec.as_dict()
         if self.problem is not None:
             out["problem"] = self.problem.as_dict()
             out["schedule"] = dict(self.schedule)
@@ -381,11 +388,52 @@ def _trace_memory_is_input(fn):
     return wrapper
 
 
+def _three_objects(fn):
+    """``run``'s keywords as the three objects: the :class:`Schedule` they stand for is built (and so checked) once,
+    before any work, and stamped on the result with the problem and the memory (``result.spec``, the JSON's
+    provenance); ``run(problem, schedule, M)`` is the same run from the objects themselves."""
+    signature = inspect.signature(fn)
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            bound = signature.bind(*args, **kwargs)
+        except TypeError as e:  # a missing or unknown keyword: one line, as every other mistake
+            raise InputError("run", f"takes (algorithm, *, M, ...) or (problem, schedule, M): {e}") from None
+        a = bound.arguments
+        algorithm = a.get("algorithm")
+        if isinstance(algorithm, Problem):
+            numerics = {k: v for k, v in a.items() if k not in ("algorithm", "schedule", "M")}
+            return _run_objects(algorithm, a.get("schedule"), a.get("M"), numerics, fn)
+        if a.get("schedule") is not None:
+            raise InputError("schedule", "is given with a problem as the first argument: run(problem, schedule, M)")
+        if a.get("M") is None:
+            raise InputError("M", "must be given: the fast memory's size in words")
+        d = {k: a.get(k, v.default) for k, v in signature.parameters.items()}
+        spec = Schedule(algorithm, **{k: d[k] for k in Schedule.__dataclass_fields__ if k != "algorithm"})
+        result = fn(*args, **kwargs)
+        result.spec = spec
+        return result
+
+    return wrapper
+
+
+def _run_objects(problem: Problem, schedule, M, numerics: dict, fn) -> Result:
+    """``run(problem, schedule, M, **numerics)``: the schedule over the problem; the keywords left are the numerics
+    (dtype, seed, scale, count_only, reference, trace, ...)."""
+    schedule, options = from_objects(problem, schedule, numerics)
+    result = fn(schedule.algorithm, M=M, **options)
+    result.spec = schedule
+    return result
+
+
+@_three_objects
 @_trace_memory_is_input
 def run(
-    algorithm: str,
+    algorithm: str | Problem,
+    schedule: Schedule | str | None = None,
+    M: int | None = None,
     *,
-    M: int,
     N: int | None = None,
     d: int | None = None,
     Q=None,
@@ -452,10 +500,12 @@ def run(
         if not _is_plain(problem, gqa, splits, mla):
             opts = dict(backward=backward, count_only=count_only, tiling=tiling, dtype=dtype, seed=seed, scale=scale)
             opts.update(strict=strict, trace=trace, reference=reference, allow_long=allow_long, mask=mask)
-            opts.update(kv_policy=kv_policy, given=Q is not None or K is not None or V is not None or dO is not None)
+            opts.update(kv_policy=kv_policy, arrays=(Q, K, V, dO))
             return _run_problem(algo, problem, M, gqa, splits, mla, Br, Bc, B, **opts)
         N, d, causal = problem.N_q, problem.d_qk, problem.causal
-    explicit = _explicit_tiles(algo, Br, Bc, B)
+        if Q is not None or K is not None or V is not None:  # one head's arrays, given as (B, H, N, d) or (N, d)
+            Q, K, V, dO = problem_arrays(problem, Q, K, V, dO)
+    explicit = explicit_tiles(algo, Br, Bc, B)
     backward, causal, count_only = _flag("backward", backward), _flag("causal", causal), _flag("count_only", count_only)
     strict, trace, reference = _flag("strict", strict), _flag("trace", trace), _flag("reference", reference)
     allow_long = _flag("allow_long", allow_long)
@@ -613,7 +663,7 @@ def _problem_arg(problem, N, d, causal, Q, dtype) -> Problem:
         return Problem(N=_positive_int("N", N, MAX_N), d=_positive_int("d", d, MAX_D), causal=bool(causal))
     if not isinstance(problem, Problem):
         raise InputError("problem", "must be an iosim.Problem", type(problem).__name__)
-    if N is not None or d is not None or Q is not None:
+    if N is not None or d is not None:
         raise InputError("N, d", "must not be given with problem= (the problem holds N_q, N_k, d_qk, d_v)", (N, d))
     if causal:
         raise InputError("causal", "is a field of the problem (Problem(causal=True)) when problem= is given", causal)
@@ -623,23 +673,6 @@ def _problem_arg(problem, N, d, causal, Q, dtype) -> Problem:
 def _is_plain(p: Problem, gqa: str, splits, mla: str) -> bool:
     """Whether a problem and its schedule are the seed papers' case (one head, N_q = N_k, no split, no latent)."""
     return p.is_single and gqa == "per-head" and splits == 1 and mla == "shared"
-
-
-def _explicit_tiles(algo, Br, Bc, B) -> dict:
-    """The explicit tiles given (validated: positive, and of the algorithm's kind)."""
-    given = {k: _positive_int(k, v, MAX_N) for k, v in (("Br", Br), ("Bc", Bc), ("B", B)) if v is not None}
-    if not given:
-        return given
-    square = algo.name in ("standard", "square-tiling")
-    if not algo.builtin:
-        raise InputError(
-            ", ".join(given), f"apply to the built-in algorithms, not to {algo.name}", tuple(given.values())
-        )
-    if square and ("Br" in given or "Bc" in given):
-        raise InputError("Br, Bc", f"apply to flash1 and flash2; {algo.name} takes B (square tiles)", (Br, Bc))
-    if not square and "B" in given:
-        raise InputError("B", f"applies to standard and square-tiling; {algo.name} takes Br and Bc", B)
-    return given
 
 
 def _explicit_tiling(algo, given: dict, t, t_bwd, N, d, M, causal_arg, strict: bool):
@@ -716,12 +749,16 @@ def combine_rows(p: Problem, splits: int, M: int) -> int:
     return rows
 
 
-def _problem_inputs(p: Problem, rng):
+def _problem_inputs(p: Problem, rng, user=None):
     """Standard-normal Q (B H_q N_q x d_qk), K and V (B H_kv N_k rows; the latent: V = K's first d_v columns) in
-    logical order, and the paged storage: (Q, K, V, K_stored, V_stored, table)."""
-    Q = rng.standard_normal((p.B * p.H_q * p.N_q, p.d_qk))
-    K = rng.standard_normal((p.B * p.H_kv * p.N_k, p.d_qk))
-    V = np.ascontiguousarray(K[:, : p.d_v]) if p.latent else rng.standard_normal((p.B * p.H_kv * p.N_k, p.d_v))
+    logical order, or the caller's (``user``: :func:`iosim.inputs.problem_arrays`), and the paged storage: (Q, K,
+    V, K_stored, V_stored, table)."""
+    if user is not None:
+        Q, K, V = user[:3]
+    else:
+        Q = rng.standard_normal((p.B * p.H_q * p.N_q, p.d_qk))
+        K = rng.standard_normal((p.B * p.H_kv * p.N_k, p.d_qk))
+        V = np.ascontiguousarray(K[:, : p.d_v]) if p.latent else rng.standard_normal((p.B * p.H_kv * p.N_k, p.d_v))
     if p.page_size is None:
         return Q, K, V, K, V, None
     P, pages = p.page_size, p.pages
@@ -737,6 +774,28 @@ def _problem_inputs(p: Problem, rng):
                 Ks[dst : dst + n] = K[src : src + n]
                 Vs[dst : dst + n] = V[src : src + n]
     return Q, K, V, Ks, Vs, table
+
+
+def _user_arrays(p: Problem, o: dict, backward: bool):
+    """The caller's (Q, K, V, dO) over ``p``, checked and flattened (:func:`iosim.inputs.problem_arrays`), or None
+    when none is given (the run draws them from its seed)."""
+    Q, K, V, dO = o["arrays"]
+    if Q is None and K is None and V is None:
+        if dO is not None:
+            raise InputError("dO", "is given with Q, K and V over a problem (or drawn from seed with them)", "an array")
+        return None
+    if _flag("count_only", o["count_only"]):
+        raise InputError("count_only", "cannot be combined with given Q, K, V (count-only runs have no data)")
+    if dO is not None and not backward:
+        raise InputError("dO", "is only used with backward=True", "an array")
+    return problem_arrays(p, Q, K, V, dO)
+
+
+def _problem_dO(rng, shape: tuple[int, int], user) -> np.ndarray:
+    """The upstream gradient: the caller's (``user[3]``) or drawn from ``rng`` after Q, K, V."""
+    if user is not None and user[3] is not None:
+        return user[3]
+    return rng.standard_normal(shape)
 
 
 class _QueryRows:
@@ -857,20 +916,33 @@ def _run_problem(algo, p: Problem, M: int, gqa, splits, mla, Br, Bc, B, **o) -> 
     if backward:
         _problem_backward_check(algo, p, splits)
     trace = _flag("trace", o["trace"])
-    if o["given"]:
-        raise InputError("Q, K, V", "are drawn from seed for a problem (give the arrays for one head with N and d)")
+    user = _user_arrays(p, o, backward)
     if not isinstance(o["tiling"], str) or o["tiling"] not in RULES:
         raise InputError("tiling", f"must be one of {', '.join(RULES)}", o["tiling"])
     count_only, strict = _flag("count_only", o["count_only"]), _flag("strict", o["strict"])
     reference, allow_long = _flag("reference", o["reference"]), _flag("allow_long", o["allow_long"])
     dtype = _dtype(o["dtype"])
-    seed = _seed(o["seed"])
+    seed = None if user is not None else _seed(o["seed"])
     scale = _scale(o["scale"], p.d_qk)
     Br = None if Br is None else _positive_int("Br", Br, MAX_N)
     Bc = None if Bc is None else _positive_int("Bc", Bc, MAX_N)
     if algo.name in ONE_HEAD_ALGORITHMS:
         return _run_one_head_problem(
-            algo, p, M, B, count_only, strict, reference, dtype, seed, scale, o["tiling"], allow_long, tmask, trace
+            algo,
+            p,
+            M,
+            B,
+            count_only,
+            strict,
+            reference,
+            dtype,
+            seed,
+            scale,
+            o["tiling"],
+            allow_long,
+            tmask,
+            trace,
+            user,
         )
     if B is not None:
         raise InputError("B", f"applies to standard and square-tiling; {algo.name} takes Br and Bc", B)
@@ -912,7 +984,7 @@ def _run_problem(algo, p: Problem, M: int, gqa, splits, mla, Br, Bc, B, **o) -> 
     if count_only:
         Q = K = V = Ks = Vs = table = None
     else:
-        Q, K, V, Ks, Vs, table = _problem_inputs(p, np.random.default_rng(seed))
+        Q, K, V, Ks, Vs, table = _problem_inputs(p, np.random.default_rng(seed), user)
     data = [None if x is None else np.ascontiguousarray(x, dtype=np_dtype) for x in (Q, Ks, Vs)]
     if algo.name == "flash2":
         O, L = decoding.flash2_problem(
@@ -944,7 +1016,7 @@ def _run_problem(algo, p: Problem, M: int, gqa, splits, mla, Br, Bc, B, **o) -> 
     if backward:
         passes["backward"], bwd_trace = _problem_backward_pass(
             algo.name, p, M, gqa, rows, o["tiling"], Br, Bc, strict, count_only, reference, np_dtype, seed, scale,
-            outputs, (Q, K, V), schedule, trace, tmask, seen,
+            outputs, (Q, K, V), schedule, trace, tmask, seen, user,
         )  # fmt: skip
     return Result(
         algo.name, p.N_q, p.d_qk, M, p.causal, count_only, dtype, passes["backward"].tiling if backward else t,
@@ -987,8 +1059,6 @@ def _run_by_heads(algo, p: Problem, M: int, gqa, splits, mla, Br, Bc, B, masked:
             f"(this problem or schedule has not {', '.join(missing)})",
             o["mask"] if masked else True,
         )
-    if o["given"]:
-        raise InputError("Q, K, V", "are drawn from seed for a problem (give the arrays for one head with N and d)")
     if _flag("trace", o["trace"]):
         raise InputError("trace", f"is not recorded for {what} over a problem (one head: N and d)", True)
     backward, count_only = _flag("backward", o["backward"]), _flag("count_only", o["count_only"])
@@ -1001,14 +1071,15 @@ def _run_by_heads(algo, p: Problem, M: int, gqa, splits, mla, Br, Bc, B, masked:
                    value=str(p))  # fmt: skip
     if backward and p.g > 1 and M < 2 * d:
         raise InputError("M", f"must be at least 2 d = {2 * d} words for the GQA backward's group sum of dK, dV", M)
-    seed = _seed(o["seed"])
+    user = _user_arrays(p, o, backward)
+    seed = None if user is not None else _seed(o["seed"])
     one = dict(M=M, causal=p.causal, mask=o["mask"], kv_policy=o["kv_policy"], backward=backward, tiling=o["tiling"],
                dtype=o["dtype"], scale=o["scale"], strict=o["strict"], reference=o["reference"], allow_long=True,
                Br=Br, Bc=Bc, B=B)  # fmt: skip
     if not count_only:
         rng = np.random.default_rng(seed)
-        Q, K, V = _problem_inputs(p, rng)[:3]
-        dO = rng.standard_normal((heads * N, d)) if backward else None
+        Q, K, V = _problem_inputs(p, rng, user)[:3]
+        dO = _problem_dO(rng, (heads * N, d), user) if backward else None
     runs = []
     for b in range(p.B):
         for h in range(p.H_q):  # query head h reads key/value head h // g
@@ -1090,7 +1161,7 @@ def _gqa_reduction(p: Problem, M: int, bwd: PassResult, outputs: dict, count_onl
 
 def _problem_backward_pass(name: str, p: Problem, M, gqa, rows, rule, Br, Bc, strict, count_only, reference, np_dtype,
                            seed, scale, outputs, inputs, schedule, trace=False, mask=None,
-                           seen=None) -> tuple:  # fmt: skip
+                           seen=None, user=None) -> tuple:  # fmt: skip
     """The flash2 (flash1) backward over a problem on a fresh memory of M words, reading the forward's O and L (O,
     l and m); dO is drawn from ``seed`` after Q, K, V. Fills ``outputs`` with dQ, dK, dV.
     Returns the pass and its trace (the run's trace, as for one head)."""
@@ -1114,8 +1185,8 @@ def _problem_backward_pass(name: str, p: Problem, M, gqa, rows, rule, Br, Bc, st
         data = (None,) * (7 if name == "flash1" else 6)
     else:
         rng = np.random.default_rng(seed)
-        _problem_inputs(p, rng)  # the same draws as the forward's, then dO
-        dO = rng.standard_normal((Rtot, p.d_v))
+        _problem_inputs(p, rng, user)  # the same draws as the forward's, then dO
+        dO = _problem_dO(rng, (Rtot, p.d_v), user)
         stats = (outputs["l"], outputs["m"]) if name == "flash1" else (outputs["L"],)
         data = (*inputs, outputs["O"], dO, *stats)
     run_backward = decoding.flash1_backward_problem if name == "flash1" else decoding.flash2_backward_problem
@@ -1134,7 +1205,21 @@ def _problem_backward_pass(name: str, p: Problem, M, gqa, rows, rule, Br, Bc, st
 
 
 def _run_one_head_problem(
-    algo, p: Problem, M, B, count_only, strict, reference, dtype, seed, scale, rule, allow_long, tmask=None, trace=False
+    algo,
+    p: Problem,
+    M,
+    B,
+    count_only,
+    strict,
+    reference,
+    dtype,
+    seed,
+    scale,
+    rule,
+    allow_long,
+    tmask=None,
+    trace=False,
+    user=None,
 ) -> Result:
     """Standard attention (Algorithm 0) or square tiling over a problem: each of the B H_q query heads in turn, its
     own schedule of N_q rows against its key/value head's N_k keys (GQA ``per-head``), widths d_qk and d_v; causal
@@ -1196,7 +1281,7 @@ def _run_one_head_problem(
             else:
                 square_tiling.square_tiling_forward(mem, None, None, None, **kw)
     else:
-        Q, K, V, _, _, _ = _problem_inputs(p, np.random.default_rng(seed))
+        Q, K, V, _, _, _ = _problem_inputs(p, np.random.default_rng(seed), user)
         O = np.empty((heads * p.N_q, p.d_v), dtype=np_dtype)
         L = np.empty(heads * p.N_q, dtype=np_dtype) if algo.name == "square-tiling" else None
         for b in range(p.B):

@@ -627,15 +627,16 @@ def _problem_run(algorithm: str, problem, M: int, pass_: str, gqa: str, seed: in
     its last N_q rows), run symbolically through the problem drivers of :mod:`iosim.algorithms.decoding` (a
     contiguous cache, one split, no latent)."""
     from iosim.algorithms import decoding
-    from iosim.api import _explicit_tiles, _problem_mask, problem_reference
+    from iosim.api import _problem_mask, problem_reference
     from iosim.problem import GQA_POLICIES, Problem
+    from iosim.schedule import explicit_tiles
     from iosim.theory.tiling import problem_tiling
 
     if not isinstance(problem, Problem):
         raise InputError("problem", "must be an iosim.Problem", type(problem).__name__)
     if algorithm not in ("flash1", "flash2"):
         raise InputError("algorithm", "of a problem as a pebbling must be flash1 or flash2", algorithm)
-    _explicit_tiles(registry.get(algorithm), Br, Bc, B)
+    explicit_tiles(registry.get(algorithm), Br, Bc, B)
     if pass_ != "forward":
         raise InputError("pass", "of a problem as a pebbling must be forward", pass_)
     if problem.page_size is not None or problem.latent:
@@ -713,8 +714,9 @@ def pebble_run(
     (an :class:`iosim.Problem`, in place of N and d) with ``gqa``: flash1 or flash2's forward over the problem.
     ``Br``, ``Bc`` (flash1, flash2) and ``B`` (the square tile) are :func:`iosim.run`'s explicit tiles, checked
     against M as it checks them."""
-    from iosim.api import _explicit_tiles, _explicit_tiling
+    from iosim.api import _explicit_tiling
     from iosim.masks import compile_mask
+    from iosim.schedule import explicit_tiles
 
     if problem is not None:
         if N is not None or d is not None or causal:
@@ -722,7 +724,7 @@ def pebble_run(
         return _problem_run(algorithm, problem, M, pass_, gqa, seed, scale, mask, kv_policy, Br, Bc, B)
     _check_sizes(algorithm, pass_, N, d, M)
     algo = registry.get(algorithm)
-    given = _explicit_tiles(algo, Br, Bc, B)
+    given = explicit_tiles(algo, Br, Bc, B)
     tmask = compile_mask(mask, N, causal, kv_policy)  # what the built-in drivers take as their ``causal`` argument
     causal = tmask.is_causal
     allowed = tmask if not causal and tmask.label != "none" else None

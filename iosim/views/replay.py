@@ -604,11 +604,12 @@ def _problem_scope(algorithm, problem) -> None:
 
 
 def replay(
-    algorithm: str,
+    algorithm,
+    schedule=None,
+    M: int | None = None,  # noqa: N803
     *,
     N: int | None = None,  # noqa: N803
     d: int | None = None,
-    M: int,  # noqa: N803
     policy="lru,opt,fifo",
     line: int = 1,
     write_allocate: bool = True,
@@ -624,8 +625,21 @@ def replay(
     or a list; from lru, opt, fifo). The schedule itself runs count-only with a trace, at fast memory M; other
     keyword options go to :func:`iosim.run`, ``problem=`` (an :class:`iosim.Problem`, in place of N and d) with
     ``gqa=`` among them (:func:`_problem_scope` says what a problem's replay covers). Returns a
-    :class:`ReplayResult` (per-array words fetched and written per policy, beside the explicit schedule's counts)."""
+    :class:`ReplayResult` (per-array words fetched and written per policy, beside the explicit schedule's counts).
+    ``replay(problem, schedule, M)`` replays a :class:`iosim.Schedule` over an :class:`iosim.Problem`, as
+    :func:`iosim.run` runs it."""
     from iosim import api
+    from iosim.problem import Problem
+    from iosim.schedule import from_objects
+
+    if isinstance(algorithm, Problem):
+        spec, options = from_objects(algorithm, schedule, dict(run_options, N=N, d=d, causal=causal))
+        return replay(spec.algorithm, M=M, policy=policy, line=line, write_allocate=write_allocate,
+                      cache_words=cache_words, opt_limit_bytes=opt_limit_bytes, **options)  # fmt: skip
+    if schedule is not None:
+        raise InputError("schedule", "is given with a problem as the first argument: replay(problem, schedule, M)")
+    if M is None:
+        raise InputError("M", "must be given: the fast memory's size in words")
 
     problem = run_options.pop("problem", None)
 
