@@ -108,11 +108,13 @@ def theta(N: int, d: int, M: int, backward: bool = False) -> float:
 
 def records(grid, skipped: list[str] | None = None, label: Sequence[str] = ("d", "M")) -> list[dict]:
     """The records of an iosim.sweep grid that ran (run serially); each point that could not run (no tiling fits)
-    goes to ``skipped`` as one line: its ``label`` keys, the algorithm and the reason."""
+    goes to ``skipped`` as one line: its ``label`` keys, the algorithm and the reason. An experiment is long work
+    its user asked for by name, and its grid is fixed: it runs without asking (``allow_long``; a grid estimated
+    at over an hour is still refused), with the sweep's progress bar on a terminal."""
     from iosim.sweep import sweep
 
     ok = []
-    for r in sweep(grid, executor="serial", as_frame=False):
+    for r in sweep(grid, executor="serial", as_frame=False, allow_long=True):
         if r["status"] == "ok":
             ok.append(r)
         elif skipped is not None:

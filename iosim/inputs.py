@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from iosim.errors import InputError
+from iosim.problem import MAX_DIM, MAX_TOKENS
 
 
 def as_real_array(name: str, x, what: str) -> np.ndarray:
@@ -65,3 +66,47 @@ def problem_arrays(p, Q, K, V, dO=None) -> tuple[np.ndarray, np.ndarray, np.ndar
             )
         out["V"] = latent_v
     return out["Q"], out["K"], out["V"], out.get("dO")
+
+
+def check_arrays(Q, K, V, N, d) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int]:
+    arrays = {}
+    for name, x in (("Q", Q), ("K", K), ("V", V)):
+        if x is None:
+            raise InputError(name, "must be given together with Q, K and V (or none of them, with N and d)")
+        try:
+            a = np.asarray(x)
+        except (TypeError, ValueError) as e:
+            raise InputError(name, "must be a 2-D array of real numbers of shape (N, d)", type(x).__name__) from e
+        if a.ndim != 2 or a.shape[0] == 0 or a.shape[1] == 0:
+            raise InputError(name, "must be a non-empty 2-D array of shape (N, d)", f"shape {a.shape}")
+        if not np.issubdtype(a.dtype, np.number) or np.iscomplexobj(a) or a.dtype == np.bool_:
+            raise InputError(name, "must hold real numbers", f"dtype {a.dtype}")
+        if not np.all(np.isfinite(a)):
+            raise InputError(name, "must hold only finite values (no NaN or inf)", "non-finite entries")
+        arrays[name] = a
+    shape = arrays["Q"].shape
+    for name in ("K", "V"):
+        if arrays[name].shape != shape:
+            raise InputError(name, f"must have the shape of Q {shape}", f"shape {arrays[name].shape}")
+    if shape[0] > MAX_TOKENS or shape[1] > MAX_DIM:
+        raise InputError("Q", f"must have at most {MAX_TOKENS:,} rows and {MAX_DIM:,} columns", f"shape {shape}")
+    if N is not None and N != shape[0]:
+        raise InputError("N", f"must match the rows of Q ({shape[0]}) when arrays are given", N)
+    if d is not None and d != shape[1]:
+        raise InputError("d", f"must match the columns of Q ({shape[1]}) when arrays are given", d)
+    return arrays["Q"], arrays["K"], arrays["V"], shape[0], shape[1]
+
+
+def check_dO(dO, N: int, d: int) -> np.ndarray:
+    """The upstream gradient dO: validated like Q, K, V (shape N x d, real, finite)."""
+    try:
+        a = np.asarray(dO)
+    except (TypeError, ValueError) as e:
+        raise InputError("dO", "must be a 2-D array of real numbers", type(dO).__name__) from e
+    if a.ndim != 2 or a.shape != (N, d):
+        raise InputError("dO", f"must be a 2-D array of the shape of Q ({N}, {d})", f"shape {a.shape}")
+    if not np.issubdtype(a.dtype, np.number) or np.iscomplexobj(a) or a.dtype == np.bool_:
+        raise InputError("dO", "must hold real numbers", f"dtype {a.dtype}")
+    if not np.all(np.isfinite(a)):
+        raise InputError("dO", "must hold only finite values (no NaN or inf)", "non-finite entries")
+    return a

@@ -14,7 +14,6 @@ True
 
 from __future__ import annotations
 
-import numbers
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -22,22 +21,16 @@ import numpy as np
 from iosim import registry
 from iosim.errors import InputError
 from iosim.masks import check_policy
-from iosim.problem import GQA_POLICIES, MAX_TOKENS, MLA_POLICIES, Problem
+from iosim.problem import GQA_POLICIES, MLA_POLICIES, Problem
 from iosim.theory.tiling import RULES
+from iosim.validate import MAX_N, positive_int
 
 SQUARE = ("standard", "square-tiling")  # the algorithms whose tiles are square (B); flash1, flash2 take Br and Bc
 
 
-def positive_int(name: str, value, limit: int = MAX_TOKENS) -> int:
-    """``value`` as an int from 1 to ``limit``; one line naming ``name`` otherwise."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 0 < value <= limit:
-        raise InputError(name, f"must be an integer from 1 to {limit:,}", value)
-    return int(value)
-
-
 def explicit_tiles(algo: registry.Algorithm, Br, Bc, B) -> dict:
     """The explicit tiles given (validated: positive, and of the algorithm's kind)."""
-    given = {k: positive_int(k, v) for k, v in (("Br", Br), ("Bc", Bc), ("B", B)) if v is not None}
+    given = {k: positive_int(k, v, MAX_N) for k, v in (("Br", Br), ("Bc", Bc), ("B", B)) if v is not None}
     if not given:
         return given
     if not algo.builtin:
@@ -81,7 +74,9 @@ class Schedule:
         explicit_tiles(algo, self.Br, self.Bc, self.B)
         if not isinstance(self.gqa, str) or self.gqa not in GQA_POLICIES:
             raise InputError("gqa", f"must be one of {', '.join(GQA_POLICIES)}", self.gqa)
-        positive_int("splits", self.splits)  # at most N_k and flash2's alone: checked against the problem by the run
+        positive_int(
+            "splits", self.splits, MAX_N
+        )  # at most N_k and flash2's alone: checked against the problem by the run
         if not isinstance(self.mla, str) or self.mla not in MLA_POLICIES:
             raise InputError("mla", f"must be one of {', '.join(MLA_POLICIES)}", self.mla)
         check_policy(self.kv_policy, None)

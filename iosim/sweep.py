@@ -40,7 +40,7 @@ import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-from iosim import api, outputs, registry
+from iosim import api, outputs, registry, validate
 from iosim.errors import InputError
 from iosim.memory_model import CapacityError
 
@@ -225,9 +225,11 @@ def point_seconds(p: dict) -> float:
     try:
         algo = registry.get(p["algorithm"])
         backward = p["pass"] == "backward"
-        N, d, M = (api._positive_int(k, p[k], lim) for k, lim in (("N", api.MAX_N), ("d", api.MAX_D), ("M", api.MAX_M)))
+        N, d, M = (
+            validate.positive_int(k, p[k], lim) for k, lim in (("N", api.MAX_N), ("d", api.MAX_D), ("M", api.MAX_M))
+        )
         t = algo.backward_tiling(N, d, M, p["tiling"]) if backward else algo.choose_tiling(N, d, M, p["tiling"])
-        steps = api._estimated_steps(t, N, d, backward)
+        steps = validate.estimated_steps(t, N, d, backward)
         counting = 0.0
         if p.get("mask") not in (None, "none", "dense", "causal"):  # a random mask: counted three times
             from iosim.masks import compile_mask

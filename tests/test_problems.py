@@ -29,7 +29,7 @@ def _count(algo, p, Br, Bc, gqa, splits, mla, fast):
     G = p.g if gqa == "per-head" else 1
     rows = p.N_q * (p.g // G)
     br, bc = min(Br, rows), Bc
-    bm = iosim.api.combine_rows(p, splits, M)
+    bm = iosim.problem_runs.combine_rows(p, splits, M)
     if algo == "flash2":
         decoding.flash2_problem(mem, p, None, None, None, None, Br=br, Bc=bc, gqa=gqa, splits=splits, mla=mla,
                                 combine_rows=bm, scale=1.0)  # fmt: skip

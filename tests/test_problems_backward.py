@@ -109,7 +109,7 @@ def test_reference_backward_sums_the_group():
     p = Problem(B=1, H_q=2, H_kv=1, N_q=3, N_k=4, d_qk=2, d_v=3)
     rng = np.random.default_rng(0)
     Q, K, V, dO = (rng.standard_normal(s) for s in ((6, 2), (4, 2), (4, 3), (6, 3)))
-    dQ, dK, dV = iosim.api.problem_reference_backward(p, Q, K, V, dO, 0.5)
+    dQ, dK, dV = iosim.references.problem_reference_backward(p, Q, K, V, dO, 0.5)
     ref = [iosim.algorithms.reference.attention_backward(Q[h * 3 : h * 3 + 3], K, V, dO[h * 3 : h * 3 + 3],
                                                          scale=0.5) for h in range(2)]  # fmt: skip
     np.testing.assert_allclose(dK, ref[0][1] + ref[1][1])

@@ -1,6 +1,6 @@
 """Masks over a problem (every algorithm) and the backward of standard attention and square tiling over a problem:
 the heads one after another (GQA per-head), each the one-head schedule; with g > 1 the backward's dK, dV partials
-summed by the group sum (iosim.api._run_by_heads). flash1 and flash2 have their own problem backward
+summed by the group sum (iosim.problem_runs.run_by_heads). flash1 and flash2 have their own problem backward
 (tests/test_problems_backward.py); here they must agree with the head-by-head view where both apply."""
 
 import pytest

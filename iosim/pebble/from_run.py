@@ -627,8 +627,9 @@ def _problem_run(algorithm: str, problem, M: int, pass_: str, gqa: str, seed: in
     its last N_q rows), run symbolically through the problem drivers of :mod:`iosim.algorithms.decoding` (a
     contiguous cache, one split, no latent)."""
     from iosim.algorithms import decoding
-    from iosim.api import _problem_mask, problem_reference
     from iosim.problem import GQA_POLICIES, Problem
+    from iosim.problem_runs import problem_mask
+    from iosim.references import problem_reference
     from iosim.schedule import explicit_tiles
     from iosim.theory.tiling import problem_tiling
 
@@ -656,7 +657,7 @@ def _problem_run(algorithm: str, problem, M: int, pass_: str, gqa: str, seed: in
         raise InputError("M", "must be a positive integer", M)
     G, _, rows = p.groups(gqa)
     masked = not (mask is None or (isinstance(mask, str) and mask in ("none", "dense")))
-    tmask = _problem_mask(p, mask, kv_policy) if masked else None
+    tmask = problem_mask(p, mask, kv_policy) if masked else None
     t = problem_tiling(algorithm, p, M, "fit", rows, False, Br, Bc)
     scale = 1.0 / math.sqrt(p.d_qk) if scale is None else float(scale)
     rng = np.random.default_rng(seed)
@@ -714,8 +715,8 @@ def pebble_run(
     (an :class:`iosim.Problem`, in place of N and d) with ``gqa``: flash1 or flash2's forward over the problem.
     ``Br``, ``Bc`` (flash1, flash2) and ``B`` (the square tile) are :func:`iosim.run`'s explicit tiles, checked
     against M as it checks them."""
-    from iosim.api import _explicit_tiling
     from iosim.masks import compile_mask
+    from iosim.problem_runs import explicit_tiling
     from iosim.schedule import explicit_tiles
 
     if problem is not None:
@@ -731,7 +732,7 @@ def pebble_run(
     t = algo.choose_tiling(N, d, M, "fit")
     tb = algo.backward_tiling(N, d, M, "fit") if pass_ == "backward" else None
     if given:
-        t, tb = _explicit_tiling(algo, given, t, tb, N, d, M, tmask, True)
+        t, tb = explicit_tiling(algo, given, t, tb, N, d, M, tmask, True)
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     rng = np.random.default_rng(seed)
     Q, K, V = (rng.standard_normal((N, d)) for _ in range(3))
