@@ -230,7 +230,7 @@ def test_pebble_page_rules_equal_the_checker(browser, tmp_path):
     _clean(drv)
     _fits(drv)
     cases = 0
-    for i, (spec, M, sol) in enumerate(games):
+    for i, (spec, _M, sol) in enumerate(games):
         g = named(spec)
         solution = [[m.rule, g.names[m.vertex]] for m in parse(Path(sol).read_text(), g)]
         # the solution on its own graph, and on every other game with the same graph (another M)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+
 import numpy as np
 import pytest
 
