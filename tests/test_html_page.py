@@ -196,3 +196,34 @@ def test_pebble_page_data_plays_under_the_checker():
         assert d["names"] == g.names and d["parents"] == [list(p) for p in g.parents]
         assert Game(g, M).play(d["best"]["moves"]).io == d["best"]["io"]
         assert Game(g, M).play(d["solution"]["moves"]).complete
+
+
+def test_the_lessons_answers():
+    """docs/teaching.md: the predictions of part 1, the M where the ranking flips (part 2), the backward (part 3)."""
+    r = html.traced("flash2", N=64, d=16, M=1024)
+    assert (r.tiling.Br, r.tiling.Bc) == (12, 12)
+    per = r.stats.per_array
+    assert (per["K"].reads, per["Q"].reads, r.stats.writes, r.stats.total, r.stats.peak) == (
+        6144,
+        1024,
+        1088,
+        14400,
+        936,
+    )
+    assert r.predicted.total == 14400
+
+    def ranking(M):  # noqa: N803
+        runs = [html.traced(a, N=64, d=16, M=M) for a in registry.algorithms()]
+        return [x.algorithm for x in sorted(runs, key=lambda x: x.stats.total)]
+
+    assert ranking(279)[:3] == ["square-tiling", "standard", "flash2"]
+    assert ranking(280)[0] == "flash2"
+    assert all(ranking(m)[0] != "flash2" for m in (256, 270, 278))
+    f279, f280 = html.traced("flash2", N=64, d=16, M=279), html.traced("flash2", N=64, d=16, M=280)
+    assert (f279.stats.total, f280.stats.total) == (47168, 34880)
+    assert (f279.stats.per_array["K"].reads, f280.stats.per_array["K"].reads) == (22 * 1024, 16 * 1024)
+    b = html.traced("flash2", N=64, d=16, M=1024, backward=True)
+    assert (b.tiling.Br, b.stats.total, b.passes["forward"].stats.total) == (7, 49472, 14400)
+    assert (b.stats.per_array["dQ"].writes, b.stats.per_array["dQ"].init_writes) == (11264, 1024)
+    d = html.pebble_data("matmul:1x2x1", 3, "docs/pebble/matmul-1x2x1-M3.txt")
+    assert d["best"]["io"] == 7 and d["best"]["how"] == "optimum (A* search, 65 states)"
