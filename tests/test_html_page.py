@@ -227,3 +227,13 @@ def test_the_lessons_answers():
     assert (b.stats.per_array["dQ"].writes, b.stats.per_array["dQ"].init_writes) == (11264, 1024)
     d = html.pebble_data("matmul:1x2x1", 3, "docs/pebble/matmul-1x2x1-M3.txt")
     assert d["best"]["io"] == 7 and d["best"]["how"] == "optimum (A* search, 65 states)"
+
+
+def test_the_byte_cap_names_the_largest_N_too(monkeypatch, tmp_path):
+    monkeypatch.setattr(html, "MAX_HTML_BYTES", 60_000)
+    kw = dict(N=200, d=8, M=256)
+    with pytest.raises(InputError) as e:
+        html.page("flash2", tmp_path / "p.html", **kw)
+    n = int(re.search(r"is (\d+), got 200", str(e.value)).group(1))
+    events, size, _ = html.page_size(["flash2"], {**kw, "N": n})
+    assert size <= 60_000 < html.page_size(["flash2"], {**kw, "N": n + 1})[1] and events <= html.MAX_EVENTS

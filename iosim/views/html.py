@@ -289,13 +289,8 @@ def closed_form_chart(N: int, d: int, M: int, backward: bool = False, causal: bo
     return {"N": N, "d": d, "M": M, "d2": d * d, "series": series, "lower": lower, "backward": backward}
 
 
-def schedule_page(results, path=None, chart: bool = True) -> str:
-    """The page of one traced run, or of several side by side; written to ``path`` (``.html``) if given.
-    Returns the HTML. A chart of the closed forms against M is added for one-head runs of equal N, d, pass."""
-    if not isinstance(results, (list, tuple)):
-        results = [results]
-    if path is not None:
-        path = outputs.file("path", path, SUFFIXES)
+def _build(results, chart: bool = True) -> tuple[str, int]:
+    """The page of traced ``results`` and the events it holds."""
     schedules = [schedule_data(r) for r in results]
     first = results[0]
     one_head = all(r.problem is None or r.problem.is_single for r in results)
@@ -306,12 +301,27 @@ def schedule_page(results, path=None, chart: bool = True) -> str:
             first.N, first.d, first.M, first.main.name == "backward", first.mask == "causal"
         )
     title = " vs ".join(r.algorithm for r in results) + f": {schedules[0]['title']}"
-    html = render("schedule", title, data)
-    events = sum(len(s["steps"]) for s in schedules)
-    if events > MAX_EVENTS or len(html.encode()) > MAX_HTML_BYTES:
+    return render("schedule", title, data), sum(len(s["steps"]) for s in schedules)
+
+
+def _fits(events: int, size: int) -> bool:
+    return events <= MAX_EVENTS and size <= MAX_HTML_BYTES
+
+
+def schedule_page(results, path=None, chart: bool = True) -> str:
+    """The page of one traced run, or of several side by side; written to ``path`` (``.html``) if given.
+    Returns the HTML. A chart of the closed forms against M is added for one-head runs of equal N, d, pass.
+    A page over the caps is an InputError (:func:`page` names the largest N that fits instead)."""
+    if not isinstance(results, (list, tuple)):
+        results = [results]
+    if path is not None:
+        path = outputs.file("path", path, SUFFIXES)
+    html, events = _build(results, chart)
+    size = len(html.encode())
+    if not _fits(events, size):
         raise InputError(
             "trace",
-            f"is too large for a page ({events:,} events, {len(html.encode()):,} bytes of HTML; the caps are "
+            f"is too large for a page ({events:,} events, {size:,} bytes of HTML; the caps are "
             f"{MAX_EVENTS:,} events and {MAX_HTML_BYTES:,} bytes)",
         )
     if path is not None:
@@ -342,33 +352,39 @@ def _n_of(kw: dict) -> int:
     return int(kw["N"]) if p is None else int(p.N_k)
 
 
+def page_size(algorithms, kw: dict) -> tuple[int, int, list]:
+    """(events, bytes of HTML, the traced runs) of a page of ``algorithms`` run with ``kw`` (bytes 0 when the
+    events are already over the cap: the page is not rendered)."""
+    runs = [traced(a, **kw) for a in algorithms]
+    events = sum(thread_block(r)[0] for r in runs)
+    size = len(_build(runs)[0].encode()) if events <= MAX_EVENTS else 0
+    return events, size, runs
+
+
 def page_events(algorithms, kw: dict) -> int:
     """The events a page of ``algorithms`` (run with ``kw``) would hold."""
-    total = 0
-    for a in algorithms:
-        r = traced(a, **kw)
-        total += thread_block(r)[0]
-    return total
+    return page_size(algorithms, kw)[0]
 
 
-def check_fits(algorithms, kw: dict) -> None:
-    """Refuse, before the page's traced runs, a page over :data:`MAX_EVENTS` events: an InputError on N naming
-    the largest N that fits at that d and M. Probes smaller sizes first (N = 16, 32, ... up to the requested N),
-    so an oversized request costs only traces of about the cap's size."""
+def check_fits(algorithms, kw: dict) -> list:
+    """The traced runs of a page of ``algorithms`` at ``kw``, or, for a page over :data:`MAX_EVENTS` events or
+    :data:`MAX_HTML_BYTES` bytes, an InputError on N naming the largest N that fits at that d and M. Smaller sizes
+    are probed first (N = 16, 32, ... up to the requested N), so an oversized request costs only traces of about
+    the cap's size (events grow at least linearly with N)."""
     N = _n_of(kw)
-    fits = {}
+    probes: dict[int, tuple] = {}
 
     def ok(n: int) -> bool:
-        if n not in fits:
-            fits[n] = page_events(algorithms, _with_n(kw, n)) <= MAX_EVENTS
-        return fits[n]
+        if n not in probes:
+            probes[n] = page_size(algorithms, _with_n(kw, n))
+        return _fits(*probes[n][:2])
 
     n = min(16, N)
     while n < N and ok(n):
         n *= 2
     if n >= N and ok(N):
-        return
-    lo, hi = (n // 2 if n < N else n // 2), min(n, N)  # ok(lo) (or lo = 0), not ok(hi)
+        return probes[N][2]
+    lo, hi = n // 2, min(n, N)  # ok(lo) unless lo was never probed; not ok(hi)
     lo = lo if lo >= 1 and ok(lo) else 0
     while hi - lo > 1:
         mid = (lo + hi) // 2
@@ -389,12 +405,11 @@ def check_fits(algorithms, kw: dict) -> None:
 
 def page(algorithms, path, **kw) -> Path:
     """Build the schedule page of ``algorithms`` (one name, or several side by side) run with ``kw`` (the keywords
-    of :func:`iosim.run`), written to ``path``; the size is checked before the full traces are built."""
+    of :func:`iosim.run`), written to ``path``; the output path and the size are checked before the full traces."""
     if isinstance(algorithms, str):
         algorithms = [algorithms]
     path = outputs.file("path", path, SUFFIXES)
-    check_fits(algorithms, kw)
-    schedule_page([traced(a, **kw) for a in algorithms], path)
+    schedule_page(check_fits(algorithms, kw), path)
     return path
 
 
