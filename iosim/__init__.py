@@ -16,6 +16,7 @@ from iosim.problem import Problem
 from iosim.registry import register, unregister
 from iosim.sweep import sweep
 from iosim.version import __version__ as __version__
+from iosim.views.html import show
 from iosim.views.replay import ReplayResult, replay
 
 __all__ = [
@@ -38,6 +39,7 @@ __all__ = [
     "replay",
     "ReplayResult",
     "run",
+    "show",
     "sweep",
     "unregister",
 ]

@@ -237,3 +237,11 @@ def test_the_byte_cap_names_the_largest_N_too(monkeypatch, tmp_path):
     n = int(re.search(r"is (\d+), got 200", str(e.value)).group(1))
     events, size, _ = html.page_size(["flash2"], {**kw, "N": n})
     assert size <= 60_000 < html.page_size(["flash2"], {**kw, "N": n + 1})[1] and events <= html.MAX_EVENTS
+
+
+def test_iosim_show_html(tmp_path):
+    path = iosim.show("standard", "flash2", N=16, d=4, M=128, html=tmp_path / "p.html")
+    data = _page_data(path.read_text())
+    assert [s["algorithm"] for s in data["schedules"]] == ["standard", "flash2"]
+    with pytest.raises(InputError, match="must end in .html"):
+        iosim.show("flash2", N=16, d=4, M=128, html=tmp_path / "p.txt")

@@ -503,3 +503,12 @@ def exercises(folder) -> list[tuple[str, int, str]]:
         out.append((f"{kind}:{sizes}", int(m), str(f)))
     out.sort(key=lambda g: (len(Path(g[2]).read_text().splitlines()), g[2]))  # the shortest solution first
     return out
+
+
+def show(*algorithms: str, html, **kw) -> Path:
+    """``iosim.show("flash2", N=64, d=16, M=1024, html="flash2.html")``: the teaching page of a schedule (two or
+    more names: side by side) run with ``kw`` (the keywords of :func:`iosim.run`), as ``iosim show ... --html``
+    writes it; returns the path. The path and the page's size are checked before the full traces are built."""
+    if not algorithms or not all(isinstance(a, str) for a in algorithms):
+        raise InputError("algorithms", "must be one or more algorithm names (iosim.algorithm_names())", algorithms)
+    return page(list(algorithms), html, **kw)
