@@ -185,6 +185,10 @@ def test_side_by_side_and_chart(browser, tmp_path):
     assert series == {"standard", "flash1", "flash2", "square-tiling", "lower"}
     marks = [e.get_attribute("data-mark") for e in drv.find_elements(By.CSS_SELECTOR, "#chart line[data-mark]")]
     assert marks == ["M = d\u00b2 = 64", "this page: M = 256"]
+    lanes = drv.find_elements(By.CSS_SELECTOR, "#race .lane")
+    assert [lane.find_element(By.CSS_SELECTOR, ".words").text for lane in lanes] == [
+        f"{r.stats.total:,} of {r.stats.total:,} words" for r in runs
+    ]
     drv.execute_script("window.iosimPage.go(arguments[0])", T // 2)
     _shot(drv, tmp_path, "side-by-side")
 

@@ -259,9 +259,21 @@ class Player {
     this.t = Math.max(0, Math.min(this.T, t));
     for (const s of this.s) { s.seek(this.eventAt(s, this.t)); s.render(); }
     this.scrub.value = this.t;
+    if (this.race) this.drawRace();
     this.pos.textContent = (this.s.length > 1 ? (100 * this.t / this.T).toFixed(1) + "% of each schedule" :
       "event " + fmt(this.t) + " of " + fmt(this.T));
     setFragment(this.s.length > 1 ? { t: this.t } : { k: this.t });
+  }
+  drawRace() {
+    const total = s => s.reads.reduce((x, y) => x + y, 0) + s.writes.reduce((x, y) => x + y, 0);
+    const final = s => Object.values(s.d.final).reduce((x, f) => x + f[0] + f[1], 0);
+    const top = Math.max(...this.s.map(final)) || 1;
+    this.race.replaceChildren(...this.s.map((s, i) => el("div", { class: "lane", "data-algorithm": s.d.algorithm },
+      el("span", { class: "name", text: s.d.algorithm }),
+      el("span", { class: "track" },
+        el("span", { class: "final", style: "width:" + (100 * final(s) / top) + "%" }),
+        el("span", { class: "sofar", style: "width:" + (100 * total(s) / top) + "%;background:" + ["#1f77b4", "#d62728", "#2ca02c", "#9467bd"][i % 4] })),
+      el("span", { class: "words", text: fmt(total(s)) + " of " + fmt(final(s)) + " words" }))));
   }
   outer(dir) {  // to the end of this outer iteration (fast memory empty), or of the one before
     const s = this.s[0], k = this.eventAt(s, this.t), o = s.d.outer;
@@ -307,6 +319,10 @@ class Player {
       b("\u25b6|", "to the end (End)", () => this.go(this.T), "end"),
       this.speedSel, this.scrub, this.pos);
     document.getElementById("main").append(bar);
+    if (this.s.length > 1) {  // words moved so far, every schedule on one scale
+      this.race = el("div", { class: "race", id: "race" });
+      document.getElementById("main").append(this.race);
+    }
     const panels = el("div", { class: this.s.length > 1 ? "panels" : "panels one" });
     for (const s of this.s) panels.append(s.root);
     document.getElementById("main").append(panels);
