@@ -83,8 +83,8 @@ def test_one_thread_block_over_a_problem(algorithm, problem, gqa, splits):
     times the number of blocks, is the problem's total (split-KV: the main kernel's blocks; flash1's inits apart)."""
     p = iosim.Problem(**problem)
     r = html.traced(algorithm, problem=p, M=256, gqa=gqa, splits=splits)
-    end, blocks = html.thread_block(r)
-    assert blocks == r.schedule["thread_blocks"] and 0 < end <= len(r.trace)
+    start, end, blocks = html.thread_block(r)
+    assert start == 0 and blocks == r.schedule["thread_blocks"] and 0 < end <= len(r.trace)
     ev = r.trace.events[:end]
     assert ev[-1, 7] == 0  # a block leaves fast memory empty
     s = html.schedule_data(r)
@@ -102,6 +102,25 @@ def test_one_thread_block_over_a_problem(algorithm, problem, gqa, splits):
             assert per_block * blocks == r.stats.per_array[name].reads
     q = s["final"]["Q"][0]
     assert q == (min(Br, R) * p.d_qk if algorithm == "flash2" else R * p.d_qk * -(-p.N_k // r.tiling.Bc))
+
+
+@pytest.mark.parametrize("gqa", ["per-head", "packed"])
+@pytest.mark.parametrize("algorithm", ["flash1", "flash2"])
+def test_one_thread_block_of_a_backward_over_a_problem(algorithm, gqa):
+    """The backward's main kernel: one block per column block (K_j, V_j loaded once) and per group; the block the
+    page plays loads K_j and V_j once and streams the group's rows past them."""
+    p = iosim.Problem(B=2, H_q=4, H_kv=2, N=24, d=4)
+    r = html.traced(algorithm, problem=p, M=512, gqa=gqa, backward=True)
+    start, end, blocks = html.thread_block(r)
+    assert blocks == r.schedule["backward_thread_blocks"]
+    ev = r.trace.events[start:end]
+    assert ev[-1, 7] == 0 and (start == 0 or r.trace.events[start - 1, 7] == 0)
+    s = html.schedule_data(r)
+    assert s["final"] == html._counts(ev, r.trace.names)
+    Bc = r.tiling.Bc
+    rows = p.N_q * (p.g if gqa == "packed" else 1)
+    assert s["final"]["K"] == [min(Bc, p.N_k) * p.d_qk, 0] == [s["final"]["V"][0], 0]
+    assert s["final"]["Q"][0] == rows * p.d_qk
 
 
 def test_chart_is_the_closed_forms(flash2_run):

@@ -124,29 +124,43 @@ def _escape(text: str) -> str:
 # ---------------------------------------------------------------------------------------------------------------
 # Schedules
 # ---------------------------------------------------------------------------------------------------------------
-def thread_block(r) -> tuple[int, int]:
-    """The events [0, end) of the run's first thread block, and the number of thread blocks (1 for one head).
+def thread_block(r) -> tuple[int, int, int]:
+    """(start, end, blocks): the events [start, end) of the thread block the page plays, and the number of thread
+    blocks of the pass ((0, all events, 1) for one head).
 
-    Over a problem the schedules run their thread blocks one after another: FlashAttention-2 (one block per row
-    block and KV split) and the backward passes (one per column block) hold a tile until the block ends, so the
-    first block ends where fast memory is first empty; FlashAttention (one block per query head, or per KV head
-    packed) ends before the first load of Q rows that belong to the next head."""
+    Over a problem the schedules run their thread blocks one after another. FlashAttention-2's forward (one block
+    per row block and KV split) holds Q_i, O_i until its block ends, so its first block ends where fast memory is
+    first empty. FlashAttention's forward (one block per query head, or per KV head packed) ends before the first
+    load of Q rows that belong to the next head. The backward passes (one block per column block, K_j, V_j held)
+    start with preprocessing kernels (D = rowsum(dO o O), dQ zeroed): the page plays the first stretch between two
+    empty fast memories that loads K, the main kernel's first block."""
     ev = r.trace.events
     n = len(ev)
     p = r.problem
     if p is None or p.is_single or n == 0:
-        return n, 1
-    blocks = int(r.schedule.get("backward_thread_blocks") or r.schedule.get("thread_blocks") or 1)
+        return 0, n, 1
+    backward = "backward" in r.passes
+    blocks = int(r.schedule.get("backward_thread_blocks" if backward else "thread_blocks") or 1)
     empty = np.flatnonzero((ev[:, 7] == 0) & (ev[:, 0] != INIT))
-    if r.algorithm == "flash1" and "backward" not in r.passes:
+    ends = [*(int(k) + 1 for k in empty), n] if not len(empty) or empty[-1] != n - 1 else [int(k) + 1 for k in empty]
+    if backward:
+        k_id = r.trace.names.index("K")
+        start = 0
+        for end in ends:
+            seg = ev[start:end]
+            if ((seg[:, 0] == LOAD) & (seg[:, 1] == k_id)).any():
+                return start, end, blocks
+            start = end
+        return 0, ends[0], blocks
+    if r.algorithm == "flash1":
         R = p.N_q * (1 if r.schedule.get("gqa") == "per-head" else p.g)
         q = r.trace.names.index("Q")
         later = np.flatnonzero((ev[:, 0] == LOAD) & (ev[:, 1] == q) & (ev[:, 2] >= R))
         if len(later) == 0:
-            return n, blocks
+            return 0, n, blocks
         before = empty[empty < later[0]]
-        return int(before[-1]) + 1, blocks
-    return (int(empty[0]) + 1 if len(empty) else n), blocks
+        return 0, int(before[-1]) + 1, blocks
+    return 0, ends[0], blocks
 
 
 def _grid(shape) -> list[int]:
@@ -199,8 +213,8 @@ def schedule_data(r) -> dict:
     if r.trace is None:
         raise InputError("result", "needs a traced run: iosim.run(..., trace=True)", r.algorithm)
     t = r.trace
-    end, blocks = thread_block(r)
-    ev = t.events[:end]
+    start, end, blocks = thread_block(r)
+    ev = t.events[start:end]
     used = sorted(set(ev[:, 1].tolist()))
     names = [t.names[i] for i in used]
     remap = {a: i for i, a in enumerate(used)}
@@ -226,7 +240,7 @@ def schedule_data(r) -> dict:
         "steps": steps,
         "step_text": {str(k): v for k, v in step_text.items()},
         "outer": outer,
-        "final": _counts(ev, names),
+        "final": _counts(compact, names),
         "peak": int(ev[:, 7].max()) if len(ev) else 0,
         "thread_blocks": blocks,
         "problem": None if single else str(r.problem),
@@ -356,7 +370,7 @@ def page_size(algorithms, kw: dict) -> tuple[int, int, list]:
     """(events, bytes of HTML, the traced runs) of a page of ``algorithms`` run with ``kw`` (bytes 0 when the
     events are already over the cap: the page is not rendered)."""
     runs = [traced(a, **kw) for a in algorithms]
-    events = sum(thread_block(r)[0] for r in runs)
+    events = sum(thread_block(r)[1] - thread_block(r)[0] for r in runs)
     size = len(_build(runs)[0].encode()) if events <= MAX_EVENTS else 0
     return events, size, runs
 
