@@ -230,11 +230,15 @@ function chartSVG(c) {
     s.append(svg("polyline", { points: ok.map(p => X(p[0]).toFixed(1) + "," + Y(p[1]).toFixed(1)).join(" "),
       fill: "none", stroke: colr, "stroke-width": 2, "stroke-dasharray": dash || "", "data-series": id }));
     const p = ok[ok.length - 1];
-    s.append(svg("text", { x: X(p[0]) + 4, y: Y(p[1]) + 4, fill: colr, text: label }));
+    labels.push([Y(p[1]) + 4, X(p[0]) + 4, colr, label]);
   };
+  const labels = [];
   const colours = ["#d62728", "#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"];
   Object.entries(c.series).forEach(([name, pts], i) => line(pts, colours[i % colours.length], "", name, name));
   line(c.lower, "#000", "5 3", "lower bound", "lower");
+  labels.sort((a, b) => a[0] - b[0]);  // the end labels, pushed apart so none overlaps
+  labels.forEach((l, i) => { if (i > 0) l[0] = Math.max(l[0], labels[i - 1][0] + 13); });
+  for (const [y, x, colr, label] of labels) s.append(svg("text", { x, y, fill: colr, text: label }));
   for (const [m, label, colr] of [[c.d2, "M = d\u00b2 = " + fmt(c.d2), "#888"], [c.M, "this page: M = " + fmt(c.M), "#c00"]]) {
     if (Math.log10(m) < x0 || Math.log10(m) > x1) continue;
     s.append(svg("line", { x1: X(m), x2: X(m), y1: T, y2: H - B, stroke: colr, "stroke-dasharray": "2 2", "data-mark": label }));
@@ -358,7 +362,7 @@ if (PAGE.chart) {
   const c = PAGE.chart;
   document.getElementById("main").append(el("section", { class: "panel chart" },
     el("h2", { text: "Total words against M, every algorithm from its closed form (" + (c.backward ? "backward" : "forward") +
-      ", N = " + fmt(c.N) + ", d = " + c.d + "; computed when this page was built)" }), chartSVG(c)));
+      ", N = " + fmt(c.N) + ", d = " + c.d + "; at " + c.lower.length + " values of M, computed when this page was built)" }), chartSVG(c)));
 }
 player.fromFragment();
 window.iosimPage = {
