@@ -17,6 +17,7 @@ from iosim.registry import register, unregister
 from iosim.schedule import Schedule
 from iosim.sweep import sweep
 from iosim.version import __version__ as __version__
+from iosim.views.html import show
 from iosim.views.replay import ReplayResult, replay
 
 __all__ = [
@@ -40,6 +41,7 @@ __all__ = [
     "replay",
     "ReplayResult",
     "run",
+    "show",
     "sweep",
     "unregister",
 ]

@@ -53,7 +53,7 @@ def rng():
 # test skipped because one of them is missing is a failure, so the tests of every extra really run in CI. A skip for
 # something CI is not meant to have (cupy, a real GPU) stays a skip.
 CI_EXTRAS = ("matplotlib", "pandas", "pyarrow", "distributed", "dask", "numba_cuda", "numba-cuda", "tabulate", "tqdm",
-             "triton", "torch", "jax", "mkdocs")  # fmt: skip
+             "triton", "torch", "jax", "mkdocs", "selenium", "chromium")  # fmt: skip
 
 
 def ci_failure(reason: str) -> str | None:

@@ -17,6 +17,7 @@ from iosim.cli.options import (
     fmt_err,
     fmt_int,
     mask_words,
+    output_file,
     problem_of,
     problem_run_kwargs,
     run_kwargs,
@@ -32,6 +33,7 @@ def add_arguments(p) -> None:
     add_sizes(p, DEFAULTS)
     add_run_options(p)
     add_problem_options(p)
+    p.add_argument("--html", metavar="FILE", help="also write a teaching page of the schedules side by side (.html)")
     out = p.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true", help="print the results (with provenance) as JSON")
     out.add_argument("--csv", action="store_true", help="print the results as CSV, one row per algorithm")
@@ -49,8 +51,25 @@ CSV_COLUMNS = (
 )  # fmt: skip
 
 
+def _html(args, results) -> None:
+    """``--html FILE``: the schedules that ran, side by side in one page (iosim.views.html), in rank order."""
+    from iosim.views import html
+
+    names = [r.algorithm for r in results]
+    html.page(names, args.html, **problem_run_kwargs(args))
+    print(f"wrote {args.html}: {', '.join(names)} side by side")
+
+
 def command(args) -> int:
+    if args.html is not None:  # checked before any work
+        from iosim.views import html
+
+        output_file("--html", args.html, html.SUFFIXES)
     if problem_of(args) is not None or args.gqa != "per-head" or args.splits != 1 or args.Br or args.Bc or args.B:
+        if args.html is not None:
+            raise InputError(
+                "--html", "applies to one head (N, d); over a problem: iosim show ALGO ... --html", args.html
+            )
         return _compare_problem(args)
     results = []
     failures = []
@@ -156,6 +175,8 @@ def command(args) -> int:
     )
     for f in failures:
         print(f"not run: {f}")
+    if args.html is not None:
+        _html(args, results)
     return 0 if all(r.finite for r in results) else 1
 
 

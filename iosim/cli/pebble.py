@@ -77,6 +77,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--picture", metavar="FILE", help="draw the graph with its pebbles (PNG; needs iosim[plot])")
     p.add_argument("--at", type=count("--at"), default=None, help="with --picture: the state after this many moves")
     p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--html", metavar="FILE", help="a page to play the game in a browser (GRAPH may be a folder of "
+                   "exercises, as docs/pebble; docs/teaching.md)")  # fmt: skip
     add_yes(p, "a search (--max-states)")
 
 
@@ -97,6 +99,8 @@ def command(args) -> int:
             raise InputError("graph", "is not used with --from-run (the run's own graph is checked)", args.graph)
         return _cmd_from_run(args)
     _need(args, "graph", why=f"({SPEC_HELP}), or --from-run ALGO")
+    if args.html is not None:
+        return _html(args)
     _need(args, "--M", why="(the number of red pebbles)")
     graph = named(args.graph)
     if args.optimum or args.greedy:
@@ -132,6 +136,23 @@ def command(args) -> int:
         else:
             _print_outcome(outcome)
     return 0 if illegal is None and outcome.complete else 1
+
+
+def _html(args) -> int:
+    """``--html FILE``: the game in a page (iosim.views.html.pebble_page), the output checked before any work."""
+    from iosim.views import html
+
+    out = output_file("--html", args.html, html.SUFFIXES)
+    if Path(args.graph).is_dir():
+        games = html.exercises(args.graph)
+        if not games:
+            raise InputError("graph", "as a folder must hold exercises named GRAPH-SIZES-MM.txt", args.graph)
+    else:
+        _need(args, "--M", why="(the number of red pebbles)")
+        games = [(args.graph, args.M, args.schedule)]
+    html.pebble_page(games, out, optimum_states=args.max_states, allow_long=args.yes)
+    print(f"wrote {out}: {', '.join(f'{g} with M = {m}' for g, m, _ in games)}")
+    return 0
 
 
 def _print_outcome(o: Outcome) -> None:

@@ -22,6 +22,7 @@ from iosim.views import show
 
 def add_arguments(p) -> None:
     add_algorithm(p)
+    p.add_argument("algorithm2", nargs="?", metavar="ALGORITHM2", help="with --html: a second schedule side by side")
     add_problem_sizes(p)
     add_run_options(p)
     add_problem_options(p)
@@ -30,6 +31,9 @@ def add_arguments(p) -> None:
     p.add_argument("--step", type=count("--step"), default=None, help="the event of the step view (default: peak)")
     p.add_argument("--text", action="store_true", help="a plain-text step-through on stdout (no matplotlib needed)")
     p.add_argument("--limit", type=count("--limit"), default=200, help="events printed by --text (default 200)")
+    p.add_argument(
+        "--html", action="store_true", help="a self-contained teaching page (-o FILE.html; docs/teaching.md)"
+    )
 
 
 def _traced(args):
@@ -56,7 +60,25 @@ def _output(args) -> Path:
     return output_file("--output", args.output, (".gif",) if args.view == "animate" else show.PICTURES)
 
 
+def _html(args) -> int:
+    """``--html``: one self-contained page (iosim.views.html), the output checked before any work."""
+    from iosim.views import html
+
+    if not args.output:
+        raise InputError("--output", "is needed with --html (a .html file)")
+    out = output_file("--output", args.output, html.SUFFIXES)
+    names = [args.algorithm] + ([args.algorithm2] if getattr(args, "algorithm2", None) else [])
+    kw = problem_run_kwargs(args)
+    html.page(names, out, **kw)
+    print(f"wrote {out} ({out.stat().st_size:,} bytes; open it in a browser, no network needed)")
+    return 0
+
+
 def command(args) -> int:
+    if getattr(args, "html", False):  # getattr: callers may build args by hand (tests/test_show.py)
+        return _html(args)
+    if getattr(args, "algorithm2", None):
+        raise InputError("ALGORITHM2", "applies with --html (a second schedule side by side)", args.algorithm2)
     if not args.text:
         if not args.output:
             raise InputError("--output", "is needed for a picture (or use --text)")

@@ -1,0 +1,372 @@
+// iosim schedule pages: one or several traced schedules stepped event by event.
+// An event is 9 integers: op (1 load, 2 store, 3 alloc, 4 free, 5 init), array, r0, nr, c0, nc, words,
+// resident words after the event, tile handle.
+const LOAD = 1, STORE = 2, ALLOC = 3, FREE = 4, INIT = 5;
+const OPNAME = ["", "load", "store", "alloc", "free", "init"];
+const OUTLINE = ["", "#0050d0", "#e07000", "#008a2e", "#777", "#c00"];
+const CANVAS_H = Math.round(Math.max(80, Math.min(240, window.innerHeight * 0.16)));  // projector screens: larger
+
+class Schedule {
+  constructor(data, index) {
+    this.d = data;
+    this.n = data.steps.length;
+    this.ev = data.events;
+    this.A = data.names.length;
+    this.index = index;
+    this.reset();
+    this.heatMax = this.finalHeatMax();
+    this.reset();
+    this.build();
+  }
+  reset() {
+    this.k = -1;  // the last event applied
+    this.reads = new Array(this.A).fill(0);
+    this.writes = new Array(this.A).fill(0);
+    this.heat = this.d.grids.map(g => new Float64Array(g[0] * g[1]));
+    this.live = new Map();  // handle -> [array, r0, nr, c0, nc, words]
+    this.resident = 0;
+    this.peak = 0;
+  }
+  e(k, j) { return this.ev[9 * k + j]; }
+  apply(k) {
+    const op = this.e(k, 0), a = this.e(k, 1), words = this.e(k, 6), h = this.e(k, 8);
+    if (op === LOAD) {
+      this.reads[a] += words;
+      this.addHeat(a, this.e(k, 2), this.e(k, 3), this.e(k, 4), this.e(k, 5));
+    } else if (op === STORE || op === INIT) {
+      this.writes[a] += words;
+    }
+    if (op === LOAD || op === ALLOC) {
+      this.live.set(h, [a, this.e(k, 2), this.e(k, 3), this.e(k, 4), this.e(k, 5), words]);
+      this.resident += words;
+    } else if (op === FREE) {
+      const t = this.live.get(h);
+      if (t) { this.resident -= t[5]; this.live.delete(h); }
+    }
+    this.peak = Math.max(this.peak, this.resident);
+    this.k = k;
+  }
+  addHeat(a, r0, nr, c0, nc) {
+    const [gr, gc, fr, fc] = this.d.grids[a];
+    const H = this.heat[a];
+    for (let i = Math.floor(r0 / fr); i < Math.min(gr, Math.ceil((r0 + nr) / fr)); i++) {
+      const rows = Math.min(r0 + nr, (i + 1) * fr) - Math.max(r0, i * fr);
+      for (let j = Math.floor(c0 / fc); j < Math.min(gc, Math.ceil((c0 + nc) / fc)); j++) {
+        const cols = Math.min(c0 + nc, (j + 1) * fc) - Math.max(c0, j * fc);
+        H[i * gc + j] += rows * cols / (fr * fc);  // reads per word, averaged over the cell
+      }
+    }
+  }
+  finalHeatMax() {
+    for (let k = 0; k < this.n; k++) this.apply(k);
+    return this.heat.map(H => H.reduce((x, y) => Math.max(x, y), 0));
+  }
+  seek(k) {
+    k = Math.max(-1, Math.min(this.n - 1, k));
+    if (k < this.k) this.reset();
+    while (this.k < k) this.apply(this.k + 1);
+  }
+  outerOf(k) {  // the outer iteration holding event k (0-based), by binary search over its starts
+    const o = this.d.outer;
+    let lo = 0, hi = o.length - 1;
+    while (lo < hi) { const mid = (lo + hi + 1) >> 1; if (o[mid] <= k) lo = mid; else hi = mid - 1; }
+    return lo;
+  }
+  state() {  // what the tests read
+    const reads = {}, writes = {};
+    this.d.names.forEach((n, i) => { reads[n] = this.reads[i]; writes[n] = this.writes[i]; });
+    return { k: this.k, n: this.n, reads, writes, resident: this.resident, peak: this.peak,
+      live: [...this.live.values()].map(t => [this.d.names[t[0]], t[5]]) };
+  }
+  build() {
+    const d = this.d;
+    this.root = el("section", { class: "panel", id: "schedule" + this.index });
+    this.root.append(el("h2", {}, el("span", { text: d.title }), el("span", { class: "note", text: fmt(this.n) + " events" })));
+    if (d.problem) {
+      this.root.append(el("p", { class: "note", text: "Over the problem " + d.problem + ": this page plays the first of its " +
+        fmt(d.thread_blocks) + " thread blocks; the problem's totals are beside the block's counts below." }));
+    }
+    this.eventLine = el("div", { class: "event" });
+    const left = el("div", { class: "left" }), right = el("div", { class: "right" });
+    this.root.append(el("div", { class: "body" }, left, right));
+    left.append(this.eventLine);
+    const arrays = el("div", { class: "arrays" });
+    this.canvases = [];
+    for (const a of d.slow) {
+      const [rows, cols] = d.shapes[a];
+      const [gr, gc] = d.grids[a];
+      const h = CANVAS_H, w = Math.max(10, Math.min(260, Math.round(h * cols / rows)));
+      const c = el("canvas", { width: w, height: h, "data-array": d.names[a] });
+      this.canvases.push([a, c]);
+      arrays.append(el("figure", {}, c, el("figcaption", {},
+        el("span", { class: "swatch", style: "background:" + colour(d.names[a], a) }),
+        d.names[a] + " " + rows + "\u00d7" + cols)));
+    }
+    left.append(arrays);
+    left.append(el("div", { class: "note", text: "shade: reads so far per word (darkest = the most any word of that array is read in the whole run); outline: this event's tile; dashed: tiles in fast memory" }));
+    this.fast = el("div", { class: "fast", title: "fast memory: M words" });
+    this.occupancy = el("div", { class: "occupancy" });
+    left.append(el("h2", { text: "Fast memory (M = " + fmt(d.M) + " words)" }), this.fast, this.occupancy);
+    this.table = el("table", { class: "counts" });
+    right.append(el("h2", { text: d.problem ? "Words moved (this thread block)" : "Words moved" }), this.table);
+    const b = el("ul", { class: "bounds" });
+    for (const [name, v] of d.bounds) b.append(el("li", { text: "lower bound " + fmt(v) + " words: " + name }));
+    const tot = d.totals;
+    const lines = [];
+    lines.push((d.problem ? "the whole problem, simulated: " : "simulated total: ") + fmt(tot.reads + tot.writes) +
+      " words (reads " + fmt(tot.reads) + ", writes " + fmt(tot.writes) + "), peak " + fmt(tot.peak) + " of M = " + fmt(d.M));
+    if (tot.closed_form !== null) lines.push("closed form: " + fmt(tot.closed_form) + " words" +
+      (d.exact === true ? " (equal, array by array and in peak)" : d.exact === false ? " (DIFFERENT)" : ""));
+    for (const t of lines) right.append(el("div", { class: "occupancy", text: t }));
+    right.append(b);
+  }
+  render() {
+    const d = this.d, k = this.k;
+    // the event line
+    if (k < 0) {
+      this.eventLine.textContent = "before the first event (press \u2192 or play)";
+    } else {
+      const op = this.e(k, 0), a = this.e(k, 1), r0 = this.e(k, 2), nr = this.e(k, 3), c0 = this.e(k, 4), nc = this.e(k, 5);
+      const where = op === INIT ? d.names[a] + " (all)" : d.names[a] + "[" + r0 + ":" + (r0 + nr) + ", " + c0 + ":" + (c0 + nc) + "]";
+      const s = d.steps[k];
+      this.eventLine.replaceChildren(
+        el("div", { text: "event " + fmt(k + 1) + " of " + fmt(this.n) + " (outer iteration " + (this.outerOf(k) + 1) + " of " +
+          d.outer.length + "): " + OPNAME[op] + " " + where + ", " + fmt(this.e(k, 6)) + " words" }),
+        el("div", { class: "step", text: s ? "paper step " + s + ": " + d.step_text[String(s)] : "\u00a0" }));
+    }
+    // the arrays
+    const cur = k >= 0 ? [this.e(k, 0), this.e(k, 1), this.e(k, 2), this.e(k, 3), this.e(k, 4), this.e(k, 5)] : null;
+    for (const [a, c] of this.canvases) {
+      const [rows, cols] = d.shapes[a];
+      const [gr, gc, fr, fc] = d.grids[a];
+      const ctx = c.getContext("2d");
+      const sx = c.width / (gc * fc), sy = c.height / (gr * fr);
+      ctx.fillStyle = "#fff"; ctx.fillRect(0, 0, c.width, c.height);
+      const H = this.heat[a], mx = this.heatMax[a] || 1;
+      for (let i = 0; i < gr; i++) for (let j = 0; j < gc; j++) {
+        const v = H[i * gc + j];
+        if (v > 0) {
+          const t = Math.min(1, v / mx);
+          ctx.fillStyle = "rgba(20, 60, 160, " + (0.12 + 0.83 * t).toFixed(3) + ")";
+          ctx.fillRect(j * fc * sx, i * fr * sy, Math.min(fc, cols - j * fc) * sx, Math.min(fr, rows - i * fr) * sy);
+        }
+      }
+      ctx.setLineDash([3, 2]); ctx.lineWidth = 1; ctx.strokeStyle = "#008a2e";
+      for (const t of this.live.values()) if (t[0] === a) ctx.strokeRect(t[3] * sx + 0.5, t[1] * sy + 0.5, Math.max(1, t[4] * sx - 1), Math.max(1, t[2] * sy - 1));
+      ctx.setLineDash([]);
+      if (cur && cur[1] === a) {
+        let [op, , r0, nr, c0, nc] = cur;
+        if (op === INIT) { r0 = 0; nr = rows; c0 = 0; nc = cols; }
+        ctx.lineWidth = 3; ctx.strokeStyle = OUTLINE[op];
+        ctx.strokeRect(c0 * sx + 1.5, r0 * sy + 1.5, Math.max(1, nc * sx - 3), Math.max(1, nr * sy - 3));
+      }
+    }
+    // fast memory
+    const tiles = [];
+    let x = 0;
+    for (const t of this.live.values()) {
+      const name = d.names[t[0]], w = 100 * t[5] / d.M;
+      tiles.push(el("div", { class: "tile", style: "left:" + x + "%;width:" + w + "%;background:" + colour(name, t[0]),
+        title: name + "[" + t[1] + ":" + (t[1] + t[2]) + ", " + t[3] + ":" + (t[3] + t[4]) + "] " + t[5] + " words", text: name }));
+      x += w;
+    }
+    tiles.push(el("div", { class: "peakmark", style: "left:calc(" + Math.min(100, 100 * this.peak / d.M) + "% - 1px)", title: "peak so far" }));
+    this.fast.replaceChildren(...tiles);
+    this.occupancy.textContent = "resident " + fmt(this.resident) + " of M = " + fmt(d.M) + " words (" +
+      (100 * this.resident / d.M).toFixed(1) + "%); peak so far " + fmt(this.peak) + " (whole run " + fmt(d.peak) + ")";
+    // counters
+    const head = el("tr", {}, el("th", { text: "array" }), el("th", { text: "reads" }), el("th", { text: "writes" }),
+      el("th", { text: d.problem ? "block's final" : "final (trace)" }), el("th", { text: d.problem ? "problem, simulated" : "closed form" }));
+    if (d.problem) head.append(el("th", { text: "problem, closed form" }));
+    const rows = [head];
+    const names = Object.keys(d.final);
+    let R = 0, W = 0, FR = 0, FW = 0;
+    for (const name of names) {
+      const a = d.names.indexOf(name), f = d.final[name];
+      R += this.reads[a]; W += this.writes[a]; FR += f[0]; FW += f[1];
+      const cf = d.problem ? d.simulated[name] : (d.closed_form || {})[name];
+      const done = this.reads[a] === f[0] && this.writes[a] === f[1];
+      const tr = el("tr", { "data-array": name },
+        el("td", {}, el("span", { class: "swatch", style: "background:" + colour(name, a) }), name),
+        el("td", { class: done ? "done" : "", text: fmt(this.reads[a]) }),
+        el("td", { class: done ? "done" : "", text: fmt(this.writes[a]) }),
+        el("td", { text: fmt(f[0]) + " / " + fmt(f[1]) }),
+        el("td", { text: cf ? fmt(cf[0]) + " / " + fmt(cf[1]) : "-" }));
+      if (d.problem) { const c = (d.closed_form || {})[name]; tr.append(el("td", { text: c ? fmt(c[0]) + " / " + fmt(c[1]) : "-" })); }
+      rows.push(tr);
+    }
+    const tr = el("tr", {}, el("td", { text: "total" }), el("td", { text: fmt(R) }), el("td", { text: fmt(W) }),
+      el("td", { text: fmt(FR) + " / " + fmt(FW) }), el("td", { text: "" }));
+    rows.push(tr);
+    this.table.replaceChildren(...rows);
+  }
+}
+
+function chartSVG(c) {
+  const W = 720, H = 300, L = 70, R = 130, T = 14, B = 36;
+  const all = [];
+  for (const pts of Object.values(c.series)) for (const p of pts) all.push(p);
+  for (const p of c.lower) if (p[1] > 0) all.push(p);
+  const xs = all.map(p => p[0]), ys = all.map(p => p[1]).filter(y => y > 0);
+  const x0 = Math.log10(Math.min(...xs)), x1 = Math.log10(Math.max(...xs));
+  const y0 = Math.floor(Math.log10(Math.min(...ys))), y1 = Math.ceil(Math.log10(Math.max(...ys)));
+  const X = m => L + (W - L - R) * (Math.log10(m) - x0) / (x1 - x0 || 1);
+  const Y = v => T + (H - T - B) * (1 - (Math.log10(v) - y0) / (y1 - y0 || 1));
+  const s = svg("svg", { viewBox: "0 0 " + W + " " + H, role: "img", id: "chart" });
+  s.append(svg("title", { text: "total words against M (closed forms), N=" + c.N + ", d=" + c.d }));
+  for (let e = y0; e <= y1; e++) {
+    s.append(svg("line", { x1: L, x2: W - R, y1: Y(10 ** e), y2: Y(10 ** e), stroke: "#eee" }));
+    s.append(svg("text", { x: L - 6, y: Y(10 ** e) + 4, "text-anchor": "end", text: "1e" + e }));
+  }
+  for (let e = Math.ceil(x0); e <= Math.floor(x1); e++) {
+    s.append(svg("line", { x1: X(10 ** e), x2: X(10 ** e), y1: T, y2: H - B, stroke: "#eee" }));
+    s.append(svg("text", { x: X(10 ** e), y: H - B + 14, "text-anchor": "middle", text: fmt(10 ** e) }));
+  }
+  s.append(svg("text", { x: (L + W - R) / 2, y: H - 4, "text-anchor": "middle", text: "M (words of fast memory, log scale)" }));
+  s.append(svg("text", { x: 12, y: (T + H - B) / 2, transform: "rotate(-90 12 " + (T + H - B) / 2 + ")", "text-anchor": "middle", text: "total words moved" }));
+  const line = (pts, colr, dash, label, id) => {
+    const ok = pts.filter(p => p[1] > 0);
+    if (!ok.length) return;
+    s.append(svg("polyline", { points: ok.map(p => X(p[0]).toFixed(1) + "," + Y(p[1]).toFixed(1)).join(" "),
+      fill: "none", stroke: colr, "stroke-width": 2, "stroke-dasharray": dash || "", "data-series": id }));
+    const p = ok[ok.length - 1];
+    labels.push([Y(p[1]) + 4, X(p[0]) + 4, colr, label]);
+  };
+  const labels = [];
+  const colours = ["#d62728", "#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"];
+  Object.entries(c.series).forEach(([name, pts], i) => line(pts, colours[i % colours.length], "", name, name));
+  line(c.lower, "#000", "5 3", "lower bound", "lower");
+  labels.sort((a, b) => a[0] - b[0]);  // the end labels, pushed apart so none overlaps
+  labels.forEach((l, i) => { if (i > 0) l[0] = Math.max(l[0], labels[i - 1][0] + 13); });
+  for (const [y, x, colr, label] of labels) s.append(svg("text", { x, y, fill: colr, text: label }));
+  for (const [m, label, colr] of [[c.d2, "M = d\u00b2 = " + fmt(c.d2), "#888"], [c.M, "this page: M = " + fmt(c.M), "#c00"]]) {
+    if (Math.log10(m) < x0 || Math.log10(m) > x1) continue;
+    s.append(svg("line", { x1: X(m), x2: X(m), y1: T, y2: H - B, stroke: colr, "stroke-dasharray": "2 2", "data-mark": label }));
+    s.append(svg("text", { x: X(m) + 3, y: T + 10 + (m === c.M ? 12 : 0), fill: colr, text: label }));
+  }
+  return s;
+}
+
+class Player {
+  constructor(scheds) {
+    this.s = scheds;
+    this.T = Math.max(...scheds.map(s => s.n));  // ticks: the longest schedule's events
+    this.t = 0;  // ticks done: 0 = before any event
+    this.speeds = [1, 2, 5, 10, 20, 50, 100, 200, 500];
+    this.speed = 3;
+    this.timer = null;
+    this.build();
+  }
+  // tick t: every schedule has done the same fraction t / T of its events
+  eventAt(s, t) { return Math.round(t * s.n / this.T) - 1; }
+  go(t) {
+    this.t = Math.max(0, Math.min(this.T, t));
+    for (const s of this.s) { s.seek(this.eventAt(s, this.t)); s.render(); }
+    this.scrub.value = this.t;
+    if (this.race) this.drawRace();
+    this.pos.textContent = (this.s.length > 1 ? (100 * this.t / this.T).toFixed(1) + "% of each schedule" :
+      "event " + fmt(this.t) + " of " + fmt(this.T));
+    setFragment(this.s.length > 1 ? { t: this.t } : { k: this.t });
+  }
+  drawRace() {
+    const total = s => s.reads.reduce((x, y) => x + y, 0) + s.writes.reduce((x, y) => x + y, 0);
+    const final = s => Object.values(s.d.final).reduce((x, f) => x + f[0] + f[1], 0);
+    const top = Math.max(...this.s.map(final)) || 1;
+    this.race.replaceChildren(...this.s.map((s, i) => el("div", { class: "lane", "data-algorithm": s.d.algorithm },
+      el("span", { class: "name", text: s.d.algorithm }),
+      el("span", { class: "track" },
+        el("span", { class: "final", style: "width:" + (100 * final(s) / top) + "%" }),
+        el("span", { class: "sofar", style: "width:" + (100 * total(s) / top) + "%;background:" + ["#1f77b4", "#d62728", "#2ca02c", "#9467bd"][i % 4] })),
+      el("span", { class: "words", text: fmt(total(s)) + " of " + fmt(final(s)) + " words" }))));
+  }
+  outer(dir) {  // to the end of this outer iteration (fast memory empty), or of the one before
+    const s = this.s[0], k = this.eventAt(s, this.t), o = s.d.outer;
+    const ends = o.slice(1).map(x => x - 1).concat([s.n - 1]);
+    let target = -1;
+    if (dir > 0) target = ends.find(e => e > k) ?? s.n - 1;
+    else for (const e of ends) if (e < k) target = e;
+    this.go(Math.round((target + 1) * this.T / s.n));
+  }
+  play(on) {
+    if (on === undefined) on = this.timer === null;
+    if (this.timer) { clearInterval(this.timer); this.timer = null; }
+    if (on) {
+      if (this.t >= this.T) this.go(0);
+      const per = this.speeds[this.speed];
+      const every = Math.max(16, 1000 / per), step = Math.max(1, Math.round(per * every / 1000));
+      this.timer = setInterval(() => { if (this.t >= this.T) this.play(false); else this.go(this.t + step); }, every);
+    }
+    this.playBtn.textContent = this.timer ? "\u2016 pause" : "\u25b6 play";
+  }
+  setSpeed(i) {
+    this.speed = Math.max(0, Math.min(this.speeds.length - 1, i));
+    this.speedSel.value = this.speed;
+    if (this.timer) this.play(true);
+  }
+  build() {
+    const b = (text, title, fn, id) => { const e = el("button", { text, title, id }); e.addEventListener("click", fn); return e; };
+    this.playBtn = b("\u25b6 play", "play / pause (space)", () => this.play(), "play");
+    this.speedSel = el("select", { id: "speed", title: "events per second (+ / -)" });
+    this.speeds.forEach((v, i) => this.speedSel.append(el("option", { value: i, text: v + " ev/s" })));
+    this.speedSel.value = this.speed;
+    this.speedSel.addEventListener("change", () => this.setSpeed(+this.speedSel.value));
+    this.scrub = el("input", { type: "range", min: 0, max: this.T, value: 0, id: "scrub", "aria-label": "position" });
+    this.scrub.addEventListener("input", () => this.go(+this.scrub.value));
+    this.pos = el("span", { class: "pos", id: "pos" });
+    const bar = el("div", { class: "controls" },
+      b("|\u25c0", "to the start (Home)", () => this.go(0), "start"),
+      b("\u00ab outer", "one outer iteration back (shift+\u2190, PageUp)", () => this.outer(-1), "outer-back"),
+      b("\u2039 1", "one event back (\u2190)", () => this.go(this.t - 1), "back"),
+      this.playBtn,
+      b("1 \u203a", "one event forward (\u2192)", () => this.go(this.t + 1), "forward"),
+      b("outer \u00bb", "one outer iteration forward (shift+\u2192, PageDown)", () => this.outer(1), "outer-forward"),
+      b("\u25b6|", "to the end (End)", () => this.go(this.T), "end"),
+      this.speedSel, this.scrub, this.pos);
+    document.getElementById("main").append(bar);
+    if (this.s.length > 1) {  // words moved so far, every schedule on one scale
+      this.race = el("div", { class: "race", id: "race" });
+      document.getElementById("main").append(this.race);
+    }
+    const panels = el("div", { class: this.s.length > 1 ? "panels" : "panels one" });
+    for (const s of this.s) panels.append(s.root);
+    document.getElementById("main").append(panels);
+    document.addEventListener("keydown", e => {
+      if (e.target && (e.target.tagName === "INPUT" && e.target.type !== "range" || e.target.tagName === "SELECT")) return;
+      let done = true;
+      if (e.key === " ") this.play();
+      else if (e.key === "ArrowRight" && e.shiftKey || e.key === "PageDown") this.outer(1);
+      else if (e.key === "ArrowLeft" && e.shiftKey || e.key === "PageUp") this.outer(-1);
+      else if (e.key === "ArrowRight") this.go(this.t + 1);
+      else if (e.key === "ArrowLeft") this.go(this.t - 1);
+      else if (e.key === "Home") this.go(0);
+      else if (e.key === "End") this.go(this.T);
+      else if (e.key === "+" || e.key === "=") this.setSpeed(this.speed + 1);
+      else if (e.key === "-") this.setSpeed(this.speed - 1);
+      else done = false;
+      if (done) e.preventDefault();
+    });
+    window.addEventListener("hashchange", () => this.fromFragment());
+  }
+  fromFragment() {
+    const f = fragment();
+    const v = this.s.length > 1 ? f.t : f.k;
+    const t = parseInt(v, 10);
+    this.go(Number.isFinite(t) ? t : 0);
+  }
+}
+
+document.getElementById("help").textContent = "keys: space play/pause \u00b7 \u2190 \u2192 one event \u00b7 shift+\u2190 \u2192 (or PageUp/PageDown) one outer iteration \u00b7 Home/End \u00b7 + \u2212 speed";
+const schedules = PAGE.schedules.map((d, i) => new Schedule(d, i));
+const player = new Player(schedules);
+if (PAGE.chart) {
+  const c = PAGE.chart;
+  document.getElementById("main").append(el("section", { class: "panel chart" },
+    el("h2", { text: "Total words against M, every algorithm from its closed form (" + (c.backward ? "backward" : "forward") +
+      ", N = " + fmt(c.N) + ", d = " + c.d + "; at " + c.lower.length + " values of M, computed when this page was built)" }), chartSVG(c)));
+}
+player.fromFragment();
+window.iosimPage = {
+  go: t => player.go(t), ticks: () => player.T, tick: () => player.t,
+  state: () => schedules.map(s => s.state()),
+  seekEvent: (i, k) => { const s = schedules[i]; s.seek(k); return s.state(); },
+};
