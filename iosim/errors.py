@@ -1,12 +1,10 @@
-"""User-facing errors: each names the parameter, the accepted range and the value given."""
+"""User-facing errors: each names the parameter, the accepted range and the value given.
+
+:class:`InputError` is defined in the memory model (the lowest layer, whose own checks raise it too) and is the
+same class here."""
 
 from __future__ import annotations
 
+from iosim.memory_model.core import InputError
 
-class InputError(ValueError):
-    """Bad input from a user: reported by the command line as one line and exit code 2, never a traceback."""
-
-    def __init__(self, parameter: str, accepted: str, got=None, exit_code: int = 2) -> None:
-        self.parameter, self.accepted, self.got, self.exit_code = parameter, accepted, got, exit_code
-        shown = "" if got is None else f", got {got!r}"
-        super().__init__(f"{parameter} {accepted}{shown}")
+__all__ = ["InputError"]

@@ -9,6 +9,7 @@ ancestor must be one, with no file in the way). A folder target must not be a fi
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 from iosim.errors import InputError
@@ -25,6 +26,15 @@ def _writable_dir(parameter: str, folder: Path, path, create: bool) -> None:
         raise InputError(parameter, f"must be in a folder ({probe} is a file, not a folder)", str(path))
     if not os.access(probe, os.W_OK | os.X_OK):
         raise InputError(parameter, f"must be in a writable folder ({probe} is not writable)", str(path))
+    # os.access answers for the permission bits only: root passes it for /proc and /sys, where no file can be made.
+    # Making (and removing) a file there is the test that holds.
+    try:
+        with tempfile.NamedTemporaryFile(dir=probe, prefix=".iosim-probe-"):
+            pass
+    except OSError as e:
+        raise InputError(
+            parameter, f"must be in a folder where files can be written ({probe}: {e.strerror})", str(path)
+        ) from None
 
 
 def file(parameter: str, path, suffixes: tuple[str, ...], *, create_parent: bool = False) -> Path:
@@ -38,6 +48,12 @@ def file(parameter: str, path, suffixes: tuple[str, ...], *, create_parent: bool
     if p.is_dir():
         raise InputError(parameter, "must be a file name, not an existing folder", str(path))
     _writable_dir(parameter, p.parent, path, create_parent)
+    if p.exists():  # an existing file is replaced: it must open for writing (opened to append, nothing changes)
+        try:
+            with open(p, "ab"):
+                pass
+        except OSError as e:
+            raise InputError(parameter, f"must be a file that can be written ({e.strerror})", str(path)) from None
     return p
 
 

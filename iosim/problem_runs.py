@@ -186,15 +186,22 @@ def _seen(p: Problem, tmask) -> tuple[int, int] | None:
     return tuple(int(x) for x in seen_counts(*tmask.args[:3], p.N_q, p.N_k - p.N_q, p.N_k))
 
 
-def problem_seen(p: Problem, mask) -> tuple[int, int] | None:
+def problem_seen(p: Problem, mask, allow_long: bool = False) -> tuple[int, int] | None:
     """:func:`_seen` of a ``mask`` argument (a ``--mask`` string, a Mask, an array or None) over problem ``p``: what
-    its compulsory traffic reads (:meth:`iosim.problem.Problem.compulsory`)."""
+    its compulsory traffic reads (:meth:`iosim.problem.Problem.compulsory`). A random mask is tested element by
+    element over the queries' N_q rows: that time is estimated first, under the long-run rule."""
     if mask is None or (isinstance(mask, str) and mask in ("none", "dense")):
         return _seen(p, None)
     from iosim.algorithms.tile_masks import DENSE
     from iosim.masks import compile_mask
 
     tm = compile_mask(mask, p.N_k, p.causal)
+    draws = -(-getattr(tm, "scan_tests", 0) * p.N_q // p.N_k)  # the scan of the whole N_k x N_k, for N_q rows
+    if draws:
+        estimate.check(
+            draws * estimate.MASK_DRAW, f"a count of the mask {tm.label} over {p.N_q:,} x {p.N_k:,} ({draws:,} draws)",
+            allow_long=allow_long, parameter="mask", value=tm.label, remedy="use a smaller N or a structured mask",
+        )  # fmt: skip
     return None if tm.kind == DENSE else _seen(p, tm)
 
 

@@ -489,6 +489,8 @@ def sweep(
     """
     if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1):
         raise InputError("jobs", "must be a positive integer", jobs)
+    if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1):
+        raise InputError("chunk_size", "must be None (chosen from the grid) or a positive integer", chunk_size)
     points = expand(grid)
     if out is not None:
         _check_out(Path(out))  # before any work: a missing extra or a bad suffix fails fast, nothing written

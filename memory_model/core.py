@@ -118,6 +118,16 @@ _ERROR_TEXT = {
 }
 
 
+class InputError(ValueError):
+    """Bad input from a user: reported by the command line as one line and exit code 2, never a traceback. Defined
+    in the lowest layer so that the memory model's own checks raise it too; ``iosim.InputError`` is this class."""
+
+    def __init__(self, parameter: str, accepted: str, got=None, exit_code: int = 2) -> None:
+        self.parameter, self.accepted, self.got, self.exit_code = parameter, accepted, got, exit_code
+        shown = "" if got is None else f", got {got!r}"
+        super().__init__(f"{parameter} {accepted}{shown}")
+
+
 class CapacityError(RuntimeError):
     """A schedule tried to hold more than M words in fast memory."""
 

@@ -35,7 +35,7 @@ import numbers
 
 import numpy as np
 from iosim.memory_model import core
-from iosim.memory_model.core import ScheduleError, Stats, Tile, Trace, TwoLevelMemory
+from iosim.memory_model.core import InputError, ScheduleError, Stats, Tile, Trace, TwoLevelMemory
 
 __all__ = ["FastTile", "Memory", "SlowArray"]
 
@@ -76,6 +76,13 @@ class FastTile:
         if self._data is None:
             raise ValueError(f"tile {self}: a count-only run has no data to write")
         if value is not self._data:
+            shape = np.shape(value)
+            if shape not in ((), self._data.shape):
+                raise InputError(
+                    f"{self.array.name} tile data",
+                    f"must have the tile's shape {self._data.shape} (or be a number)",
+                    f"shape {shape}",
+                )
             self._data[...] = value
 
     @property
@@ -225,6 +232,8 @@ class Memory:
     def alloc(self, array: SlowArray, rows=None, cols=None, fill: float = 0.0) -> FastTile:
         """Reserve fast memory for the region ``rows`` x ``cols`` of ``array`` (scratch: an accumulator O_i, a score
         tile S_ij, row statistics m_i, l_i), filled with ``fill``; no I/O. The tile."""
+        if isinstance(fill, bool) or not isinstance(fill, numbers.Real):
+            raise InputError("fill", "must be a real number (the value the new tile starts with)", fill)
         rows, cols = self._region(array, rows, cols)
         r0, nr, c0, nc = rows[0], rows[1] - rows[0], cols[0], cols[1] - cols[0]
         self._before_op()

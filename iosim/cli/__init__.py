@@ -133,4 +133,8 @@ def _main(args) -> int:
     except BrokenPipeError:  # output piped into `head` and closed early: not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except OSError as e:  # a file that could not be written after all (a full disk, a folder removed meanwhile)
+        where = f" {e.filename}" if e.filename else ""
+        print(f"iosim: error: could not write{where}: {e.strerror or e}", file=sys.stderr)
+        return 2
     return rc or 0

@@ -8,18 +8,13 @@ from tabulate import tabulate
 
 from iosim import masks
 from iosim.cli.compare import theory_line
-from iosim.cli.options import FORMATS, add_problem_sizes, add_yes, fmt_int
+from iosim.cli.options import FORMATS, add_problem_shape, add_problem_sizes, add_yes, fmt_int, problem_of
 from iosim.theory import bounds
 
 
 def add_arguments(p) -> None:
     add_problem_sizes(p)
-    for name, what in (("--batch", "batch B"), ("--heads", "query heads H_q"), ("--kv-heads", "key/value heads H_kv")):
-        p.add_argument(name, type=int, default=None, help=f"{what} (a problem: only the bounds that apply are shown)")
-    p.add_argument("--Nq", type=int, default=None, help="query rows N_q")
-    p.add_argument("--Nk", type=int, default=None, help="keys N_k")
-    p.add_argument("--dqk", type=int, default=None, help="query/key width")
-    p.add_argument("--dv", type=int, default=None, help="value width")
+    add_problem_shape(p.add_argument_group("a problem (only the bounds that apply to it are shown)"))
     p.add_argument("--mla", choices=("shared", "naive"), default=None, help="MLA latent cache (V inside K)")
     p.add_argument("--mask", default=None, help=f"sparse bounds for a mask: {masks.FORMS}")
     p.add_argument("--format", choices=FORMATS, default="simple")
@@ -27,26 +22,10 @@ def add_arguments(p) -> None:
     add_yes(p, "counting a random mask")
 
 
-def _problem(args):
-    from iosim.problem import Problem
-
-    fields = (args.batch, args.heads, args.kv_heads, args.Nq, args.Nk, args.dqk, args.dv, args.mla)
-    if all(f is None for f in fields):
-        if args.N is None or args.d is None:
-            from iosim.errors import InputError
-
-            raise InputError("--N and --d", "are required (or --Nq, --Nk and --dqk for a problem)")
-        return None
-    return Problem(
-        B=args.batch or 1, H_q=args.heads or 1, H_kv=args.kv_heads, N_q=args.Nq or args.N, N_k=args.Nk or args.N,
-        d_qk=args.dqk or args.d, d_v=args.dv, latent=args.mla is not None,
-    )  # fmt: skip
-
-
 def _problem_command(args, p) -> None:
     from iosim import api
 
-    bs = bounds.problem_bounds(p, args.M, api.problem_seen(p, args.mask))
+    bs = bounds.problem_bounds(p, args.M, api.problem_seen(p, args.mask, allow_long=args.yes))
     if args.json:
         from iosim.version import __version__
 
@@ -68,7 +47,7 @@ def _problem_command(args, p) -> None:
 
 
 def command(args) -> None:
-    p = _problem(args)
+    p = problem_of(args)
     if p is not None:
         return _problem_command(args, p)
     N, d, M = args.N, args.d, args.M

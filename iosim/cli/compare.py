@@ -230,7 +230,7 @@ def _compare_problem(args) -> int:
     if not results:
         raise InputError("M", f"is too small for every schedule of {problem}", args.M)
     results.sort(key=lambda r: r.stats.total)
-    seen = api.problem_seen(problem, kw.get("mask"))
+    seen = api.problem_seen(problem, kw.get("mask"), allow_long=kw.get("allow_long", False))
     need = problem.compulsory_backward(seen) if backward else problem.compulsory(seen)
     floor = sum(need.values())
     if args.json or args.csv:

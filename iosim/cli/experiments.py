@@ -28,6 +28,8 @@ def command(args) -> int:
     import time
 
     ex = package()
+    if args.action == "list" and args.name is not None:
+        raise InputError("experiments list", "takes no name (iosim experiments run NAME runs one)", args.name)
     if args.action == "list":
         rows = [
             [e.name, e.stem, e.item, e.title if not e.pending else f"{e.title} ({e.pending})"] for e in ex.EXPERIMENTS

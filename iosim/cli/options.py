@@ -219,11 +219,11 @@ def count(name: str, limit: int = 1 << 62):
     return parse
 
 
-def add_problem_options(p: argparse.ArgumentParser) -> None:
-    """The problem and schedule options of run, compare, trace (:data:`PROBLEM_HELP`)."""
-    from iosim.problem import GQA_POLICIES, MAX_BATCH, MAX_HEADS, MLA_POLICIES
+def add_problem_shape(g) -> None:
+    """The shape of a problem (--batch, --heads, --kv-heads, --Nq, --Nk, --dqk, --dv), each an integer in its range:
+    every command that takes a problem adds these, so a zero or a negative is refused alike everywhere."""
+    from iosim.problem import MAX_BATCH, MAX_HEADS
 
-    g = p.add_argument_group("problem (iosim.Problem)", PROBLEM_HELP)
     g.add_argument("--batch", type=positive("--batch", MAX_BATCH), default=None, help="batch size B (default 1)")
     g.add_argument("--heads", type=positive("--heads", MAX_HEADS), default=None, help="query heads H_q (default 1)")
     g.add_argument("--kv-heads", type=positive("--kv-heads", MAX_HEADS), default=None, help="key/value heads H_kv")
@@ -231,6 +231,14 @@ def add_problem_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--Nk", type=positive("--Nk", api.MAX_N), default=None, help="keys N_k (default N)")
     g.add_argument("--dqk", type=positive("--dqk", api.MAX_D), default=None, help="query/key width (default d)")
     g.add_argument("--dv", type=positive("--dv", api.MAX_D), default=None, help="value width (default d_qk)")
+
+
+def add_problem_options(p: argparse.ArgumentParser) -> None:
+    """The problem and schedule options of run, compare, trace (:data:`PROBLEM_HELP`)."""
+    from iosim.problem import GQA_POLICIES, MLA_POLICIES
+
+    g = p.add_argument_group("problem (iosim.Problem)", PROBLEM_HELP)
+    add_problem_shape(g)
     g.add_argument("--page-size", type=positive("--page-size", api.MAX_N), default=None, help="paged KV: P tokens")
     g.add_argument("--mla", choices=MLA_POLICIES, default=None, help="MLA latent cache; V read shared or naive")
     g.add_argument("--dtype-q", type=dtype_choice("--dtype-q"), default=None, help="storage dtype of Q (bytes)")
@@ -247,24 +255,33 @@ def add_problem_options(p: argparse.ArgumentParser) -> None:
 PROBLEM_FIELDS = ("batch", "heads", "kv_heads", "Nq", "Nk", "dqk", "dv", "page_size", "mla", "dtype_q", "dtype_kv")
 
 
-def problem_of(args):
-    """The iosim.Problem the options describe, or None for today's one-head --N --d run."""
+def problem_of(args, *, with_gqa: bool = False):
+    """The iosim.Problem the options describe, or None for today's one-head --N --d run (``with_gqa``: a GQA policy
+    other than per-head asks for a problem too). The one place a command's options become a problem: --N stands for
+    N_q = N_k and --d for d_qk, so each is refused beside the options it would contradict."""
     from iosim.errors import InputError
     from iosim.problem import Problem
 
-    if not any(getattr(args, f, None) is not None for f in (*PROBLEM_FIELDS, "dtype_o")):
-        if args.N is None or args.d is None:
+    opt = lambda name: getattr(args, name, None)  # noqa: E731 (commands add the options they take)
+    N, d = opt("N"), opt("d")
+    if N is not None and (opt("Nq") is not None or opt("Nk") is not None):
+        raise InputError("--N", "means N_q = N_k = N: give --N, or --Nq and --Nk, not both", N)
+    if d is not None and opt("dqk") is not None:
+        raise InputError("--d", "means d_qk = d: give --d or --dqk, not both", d)
+    given = any(opt(f) is not None for f in (*PROBLEM_FIELDS, "dtype_o"))
+    if not given and not (with_gqa and opt("gqa") not in (None, "per-head")):
+        if N is None or d is None:
             raise InputError("--N and --d", "are required (or --Nq, --Nk and --dqk for a problem)")
         return None
-    Nq = args.Nq if args.Nq is not None else args.N
-    Nk = args.Nk if args.Nk is not None else args.N
-    dqk = args.dqk if args.dqk is not None else args.d
+    Nq = opt("Nq") if opt("Nq") is not None else N
+    Nk = opt("Nk") if opt("Nk") is not None else N
+    dqk = opt("dqk") if opt("dqk") is not None else d
     if Nq is None or Nk is None or dqk is None:
         raise InputError("--Nq, --Nk, --dqk", "must be given (or --N and --d for both)", (Nq, Nk, dqk))
     return Problem(
-        B=args.batch or 1, H_q=args.heads or 1, H_kv=args.kv_heads, N_q=Nq, N_k=Nk, d_qk=dqk, d_v=args.dv,
-        causal=bool(args.causal), latent=args.mla is not None, page_size=args.page_size,
-        dtype_q=args.dtype_q or "fp64", dtype_kv=args.dtype_kv, dtype_o=args.dtype_o,
+        B=opt("batch") or 1, H_q=opt("heads") or 1, H_kv=opt("kv_heads"), N_q=Nq, N_k=Nk, d_qk=dqk, d_v=opt("dv"),
+        causal=bool(opt("causal")), latent=opt("mla") is not None, page_size=opt("page_size"),
+        dtype_q=opt("dtype_q") or "fp64", dtype_kv=opt("dtype_kv"), dtype_o=opt("dtype_o"),
     )  # fmt: skip
 
 

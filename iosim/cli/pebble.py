@@ -16,7 +16,7 @@ import argparse
 import json
 from pathlib import Path
 
-from iosim.cli.options import Parser, add_yes, count, output_file, positive
+from iosim.cli.options import Parser, add_problem_shape, add_yes, count, output_file, positive, problem_of
 from iosim.errors import InputError
 from iosim.pebble import from_run, search
 from iosim.pebble.game import Game, IllegalMoveError, Outcome, format_moves, parse
@@ -66,13 +66,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "a problem (with --from-run flash1|flash2|all, forward)",
         "batch, heads and GQA, N_q against N_k, d_qk and d_v (iosim.Problem; --causal is bottom-right)",
     )
-    g.add_argument("--batch", type=positive("--batch", from_run.MAX_N), default=None, help="batch size B")
-    g.add_argument("--heads", type=positive("--heads", from_run.MAX_N), default=None, help="query heads H_q")
-    g.add_argument("--kv-heads", type=positive("--kv-heads", from_run.MAX_N), default=None, help="key/value heads")
-    g.add_argument("--Nq", type=positive("--Nq", from_run.MAX_N), default=None, help="query rows N_q")
-    g.add_argument("--Nk", type=positive("--Nk", from_run.MAX_N), default=None, help="keys N_k")
-    g.add_argument("--dqk", type=positive("--dqk", from_run.MAX_D), default=None, help="query/key width")
-    g.add_argument("--dv", type=positive("--dv", from_run.MAX_D), default=None, help="value width")
+    add_problem_shape(g)
     g.add_argument("--gqa", choices=("per-head", "packed"), default="per-head", help="GQA schedule")
     p.add_argument("--picture", metavar="FILE", help="draw the graph with its pebbles (PNG; needs iosim[plot])")
     p.add_argument("--at", type=count("--at"), default=None, help="with --picture: the state after this many moves")
@@ -99,6 +93,14 @@ def command(args) -> int:
             raise InputError("graph", "is not used with --from-run (the run's own graph is checked)", args.graph)
         return _cmd_from_run(args)
     _need(args, "graph", why=f"({SPEC_HELP}), or --from-run ALGO")
+    problem_only = [f"--{n}" for n in ("N", "d", "batch", "heads", "kv_heads", "Nq", "Nk", "dqk", "dv")
+                    if getattr(args, n, None) is not None]  # fmt: skip
+    if problem_only:  # a named graph has its own sizes (matmul:MxKxN, attention:NxD): a problem option says nothing
+        raise InputError(
+            problem_only[0].replace("_", "-"),
+            f"applies with --from-run; the graph {args.graph} has its sizes in its name ({SPEC_HELP})",
+            getattr(args, problem_only[0][2:]),
+        )
     if args.html is not None:
         return _html(args)
     _need(args, "--M", why="(the number of red pebbles)")
@@ -185,27 +187,13 @@ def _cmd_optimum(args, graph: Graph) -> int:
     print(f"greedy schedule with M = {args.M}: {heuristic}  [demand order, Belady removal]")
     if args.print_schedule:
         print(format_moves(moves, graph), end="")
+    if args.picture is not None:  # the schedule found (the optimum's, else the greedy one), drawn at --at or its end
+        _picture(args, graph, moves)
     return 0
 
 
-_PROBLEM_FIELDS = ("batch", "heads", "kv_heads", "Nq", "Nk", "dqk", "dv")
-
-
-def _problem(args):
-    """The iosim.Problem of --batch/--heads/--kv-heads/--Nq/--Nk/--dqk/--dv (None when none is given)."""
-    if all(getattr(args, f) is None for f in _PROBLEM_FIELDS) and args.gqa == "per-head":
-        return None
-    from iosim.problem import Problem
-
-    Nq, Nk, dqk = args.Nq or args.N, args.Nk or args.N, args.dqk or args.d
-    if Nq is None or Nk is None or dqk is None:
-        raise InputError("--Nq, --Nk, --dqk", "must be given (or --N and --d for both)", (Nq, Nk, dqk))
-    return Problem(B=args.batch or 1, H_q=args.heads or 1, H_kv=args.kv_heads, N_q=Nq, N_k=Nk, d_qk=dqk,
-                   d_v=args.dv, causal=bool(args.causal))  # fmt: skip
-
-
 def _cmd_from_run(args) -> int:
-    problem = _problem(args)
+    problem = problem_of(args, with_gqa=True)
     if problem is not None:
         _need(args, "--M", why="with --from-run")
         if args.backward:

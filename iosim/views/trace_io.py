@@ -71,6 +71,17 @@ def read_trace(path) -> Trace:
     path = Path(path)
     if path.suffix not in SUFFIXES or not path.exists():
         raise InputError("trace", f"must be an existing {', '.join(SUFFIXES)} file", str(path))
+    try:
+        return _read(path)
+    except (ValueError, KeyError, TypeError, IndexError, OSError, UnicodeDecodeError) as e:
+        if isinstance(e, InputError):
+            raise
+        raise InputError(
+            "trace", f"must be a trace iosim wrote (its header or rows do not read: {type(e).__name__}: {e})", str(path)
+        ) from None
+
+
+def _read(path: Path) -> Trace:
     codes = {v: k for k, v in OPS.items()}
     if path.suffix == ".npy":
         meta = json.loads(path.with_suffix(".json").read_text())

@@ -1,0 +1,181 @@
+"""Hostile inputs, round 2: the classes found against the problem options, the output paths as root, the pebble
+graphs and the Python API, each tried on every command or function it applies to. A command-line case asserts exit
+code 2, one line on stderr naming the parameter, no traceback and no file left behind (tests/test_hostile.py's
+harness)."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from iosim.memory_model import Memory
+from test_hostile import assert_refused, ids, run_cli
+
+import iosim
+from iosim import InputError
+
+S = ["--d", "4", "--M", "400"]
+# every command that takes a problem's shape, with what else it needs
+PROBLEM_COMMANDS = {
+    "run": ["run", "flash2", "--count-only"],
+    "compare": ["compare", "--count-only"],
+    "trace": ["trace", "flash2", "--count-only", "-o", "{tmp}/t.csv"],
+    "show": ["show", "flash2", "--text"],
+    "replay": ["replay", "flash2", "--policy", "lru"],
+    "bounds": ["bounds"],
+    "pebble": ["pebble", "--from-run", "flash2"],
+}
+
+# 1. a zero or a negative problem size is refused alike on every command (bounds turned a zero into a default)
+SHAPE_CASES = []
+for cmd in PROBLEM_COMMANDS.values():
+    for option in ("--batch", "--heads", "--kv-heads", "--Nq", "--Nk", "--dqk", "--dv"):
+        for value in ("0", "-3"):
+            rest = ["--Nq", "4", "--Nk", "8"] if option not in ("--Nq", "--Nk") else ["--Nq", "4", "--Nk", "8"]
+            rest = [a for i, a in enumerate(rest) if not (a == option or (i and rest[i - 1] == option))]
+            SHAPE_CASES.append(([*cmd, *rest, *S, option, value], [option, "must be an integer from 1"]))
+
+
+@pytest.mark.parametrize(("argv", "words"), SHAPE_CASES, ids=ids(SHAPE_CASES))
+def test_problem_sizes_are_positive_on_every_command(argv, words, tmp_path, monkeypatch, capsys):
+    assert_refused(argv, words, tmp_path, monkeypatch, capsys)
+
+
+# 2. contradictions: --N is N_q = N_k and --d is d_qk, so each is refused beside the options it would contradict
+CONTRADICTIONS = []
+for cmd in PROBLEM_COMMANDS.values():
+    CONTRADICTIONS += [
+        ([*cmd, "--N", "8", "--Nq", "4", *S], ["--N", "not both"]),
+        ([*cmd, "--N", "8", "--Nk", "16", *S], ["--N", "not both"]),
+        ([*cmd, "--N", "8", "--d", "4", "--dqk", "8", "--M", "400"], ["--d", "not both"]),
+    ]
+
+
+@pytest.mark.parametrize(("argv", "words"), CONTRADICTIONS, ids=ids(CONTRADICTIONS))
+def test_contradicting_sizes_are_refused(argv, words, tmp_path, monkeypatch, capsys):
+    assert_refused(argv, words, tmp_path, monkeypatch, capsys)
+
+
+# 3. output paths where root passes os.access but no file can be made (/proc, /sys): refused before any work
+WRITERS = [
+    ["trace", "flash2", "--N", "16", *S, "-o", "{dir}/x.csv"],
+    ["show", "flash2", "--N", "16", *S, "-o", "{dir}/x.png"],
+    ["show", "flash2", "--N", "16", *S, "--html", "-o", "{dir}/x.html"],
+    ["compare", "--N", "16", *S, "--count-only", "--html", "{dir}/x.html"],
+    ["sweep", "--algorithm", "flash2", "--N", "16", *S, "--out", "{dir}/x.csv"],
+    ["sweep", "--algorithm", "flash2", "--N", "16", *S, "--cache", "{dir}/x.jsonl"],
+    ["experiments", "run", "crossover", "--quick", "--out", "{dir}/results"],
+    ["pebble", "matmul:2x2x2", "--M", "4", "--greedy", "--picture", "{dir}/p.png"],
+    ["pebble", "matmul:2x2x2", "--M", "4", "--html", "{dir}/p.html"],
+]
+ROOT_PATHS = [
+    ([a.replace("{dir}", d) for a in argv], ["files can be written"])
+    for argv in WRITERS
+    for d in ("/proc", "/sys")
+    if os.path.isdir(d)
+]
+
+
+@pytest.mark.parametrize(("argv", "words"), ROOT_PATHS, ids=ids(ROOT_PATHS))
+def test_output_paths_that_no_file_can_be_made_in(argv, words, tmp_path, monkeypatch, capsys):
+    assert_refused(argv, words, tmp_path, monkeypatch, capsys)
+
+
+# 4. the pebble game: a named graph has its sizes in its name; --greedy --picture draws what it found
+GRAPH_OPTIONS = [
+    (["pebble", "matmul:2x2x2", "--M", "4", "--greedy", option, "2"], [option, "applies with --from-run"])
+    for option in ("--N", "--d", "--batch", "--heads", "--kv-heads", "--Nq", "--Nk", "--dqk", "--dv")
+]
+SMALL = [
+    (["experiments", "list", "extra"], ["experiments list", "takes no name"]),
+    (
+        [
+            "bounds",
+            "--Nq",
+            "1048576",
+            "--Nk",
+            "1048576",
+            "--d",
+            "64",
+            "--M",
+            "65536",
+            "--heads",
+            "8",
+            "--mask",
+            "random:1e-9",
+        ],
+        ["allow_long", "--yes"],
+    ),  # fmt: skip
+]
+
+
+@pytest.mark.parametrize(("argv", "words"), GRAPH_OPTIONS + SMALL, ids=ids(GRAPH_OPTIONS + SMALL))
+def test_options_that_would_be_ignored_are_refused(argv, words, tmp_path, monkeypatch, capsys):
+    assert_refused(argv, words, tmp_path, monkeypatch, capsys)
+
+
+@pytest.mark.parametrize("search", ["--greedy", "--optimum"])
+def test_a_search_draws_the_picture_it_was_asked_for(search, tmp_path, monkeypatch, capsys):
+    pytest.importorskip("matplotlib", reason="the plot extra (matplotlib) is not installed")
+    rc, lines, left, out = run_cli(
+        ["pebble", "matmul:2x2x2", "--M", "4", search, "--picture", "{tmp}/p.png"], tmp_path, monkeypatch, capsys
+    )
+    assert rc == 0 and (tmp_path / "p.png").stat().st_size > 1000 and "wrote" in out
+
+
+# 5. the Python API: each mistake one InputError naming the parameter
+def _tile_data():
+    m = Memory(1000)
+    A = m.slow("A", np.ones((4, 4)))
+    m.load(A, (0, 2), (0, 2)).data = np.zeros((3, 3))
+
+
+def _alloc(fill):
+    m = Memory(1000)
+    m.alloc(m.slow("B", shape=(4, 4)), (0, 2), (0, 2), fill=fill)
+
+
+API = [
+    (lambda: iosim.sweep({"algorithm": "flash2", "N": 8, "d": 4, "M": 200}, chunk_size=0), "chunk_size"),
+    (lambda: iosim.sweep({"algorithm": "flash2", "N": 8, "d": 4, "M": 200}, chunk_size=-2), "chunk_size"),
+    (lambda: iosim.sweep({"algorithm": "flash2", "N": 8, "d": 4, "M": 200}, chunk_size=True), "chunk_size"),
+    (lambda: iosim.sweep({"algorithm": "flash2", "N": 8, "d": 4, "M": 200}, chunk_size=2.5), "chunk_size"),
+    (_tile_data, "A tile data"),
+    (lambda: _alloc("x"), "fill"),
+    (lambda: _alloc(None), "fill"),
+    (lambda: _alloc(True), "fill"),
+    (lambda: iosim.run("flash2", N=8, d=4), "M"),
+    (lambda: iosim.run("flash2", 1000, N=8, d=4), "schedule"),
+]
+
+
+@pytest.mark.parametrize(("call", "parameter"), API, ids=[str(i) for i in range(len(API))])
+def test_api_mistakes_are_one_input_error(call, parameter):
+    with pytest.raises(InputError) as e:
+        call()
+    assert str(e.value).startswith(parameter + " ") and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".npy"])
+@pytest.mark.parametrize("damage", ["header", "rows"])
+def test_a_corrupt_trace_names_the_file(suffix, damage, tmp_path):
+    from iosim.views.trace_io import read_trace, write_trace
+
+    t = iosim.run("flash2", N=16, d=4, M=200, trace=True).trace
+    path = tmp_path / f"t{suffix}"
+    write_trace(t, path)
+    if suffix == ".csv":
+        lines = path.read_text().splitlines()
+        if damage == "header":
+            lines[0] = "# iosim trace {not json"
+        else:
+            lines[3] = "load,Q,not-a-number"
+        path.write_text("\n".join(lines) + "\n")
+    elif damage == "header":
+        path.with_suffix(".json").write_text("{broken")
+    else:
+        path.write_bytes(b"not a numpy file")
+    with pytest.raises(InputError, match=r"^trace must be a trace iosim wrote") as e:
+        read_trace(path)
+    assert str(path) in str(e.value)
