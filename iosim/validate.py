@@ -11,6 +11,7 @@ import numpy as np
 from iosim import estimate
 from iosim.algorithms.reference import default_scale
 from iosim.errors import InputError
+from iosim.memory_model import TraceTooLargeError
 from iosim.theory.tiling import Tiling
 
 DTYPES = ("float64", "float32")
@@ -98,6 +99,8 @@ class OutOfMemory:
         return self
 
     def __exit__(self, kind, error, tb):
+        if kind is not None and issubclass(kind, TraceTooLargeError):
+            return False  # the trace's own refusal, made before its buffer: an InputError on trace (iosim.api.run)
         if kind is not None and issubclass(kind, MemoryError):
             raise InputError(
                 "N",

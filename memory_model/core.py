@@ -663,18 +663,62 @@ class Trace:
         return mem.stats()
 
 
-def available_bytes() -> int:
-    """Physical memory available now (Linux: MemAvailable), or all physical memory where that is not known; what
-    the up-front memory refusals (a trace's buffer here; a mask's table, a check's arrays: iosim.estimate) compare
-    with."""
-
+def _meminfo_available() -> int | None:
     try:
         with open("/proc/meminfo") as f:
             for line in f:
                 if line.startswith("MemAvailable:"):
                     return int(line.split()[1]) * 1024
-    except OSError:
+    except (OSError, ValueError):
         pass
+    return None
+
+
+def _cgroup_available() -> int | None:
+    """What the process's cgroup still allows (cgroup v2 memory.max - memory.current; v1 limit - usage), or None."""
+    try:
+        with open("/proc/self/cgroup") as f:
+            paths = [line.strip().split(":", 2)[2] for line in f if line.strip()]
+    except (OSError, IndexError):
+        return None
+    candidates = [(f"/sys/fs/cgroup{q}/memory.max", f"/sys/fs/cgroup{q}/memory.current") for q in paths]
+    candidates.append(("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"))
+    for limit_file, usage_file in candidates:
+        try:
+            with open(limit_file) as f:
+                limit = f.read().strip()
+            with open(usage_file) as f:
+                usage = int(f.read().strip())
+        except (OSError, ValueError):
+            continue
+        if limit.isdigit() and int(limit) < 1 << 60:  # "max" (v2) or a huge number (v1): no limit
+            return max(int(limit) - usage, 0)
+    return None
+
+
+def _address_space_available() -> int | None:
+    """What ``ulimit -v`` (RLIMIT_AS) still allows this process to map, or None without a limit."""
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+        if soft == resource.RLIM_INFINITY:
+            return None
+        with open("/proc/self/statm") as f:
+            mapped = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+        return max(soft - mapped, 0)
+    except (ImportError, OSError, ValueError, AttributeError):
+        return None
+
+
+def available_bytes() -> int:
+    """The memory a new allocation can still take now: the least of the physical memory available (Linux:
+    MemAvailable), what the process's cgroup memory limit leaves, and what ``ulimit -v`` leaves of its address
+    space; all physical memory where none is known. What the up-front memory refusals (a trace's buffer here; a
+    mask's table, a check's arrays: iosim.estimate) compare with."""
+    known = [x for x in (_meminfo_available(), _cgroup_available(), _address_space_available()) if x is not None]
+    if known:
+        return min(known)
     try:
         return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):

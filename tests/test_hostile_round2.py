@@ -179,3 +179,45 @@ def test_a_corrupt_trace_names_the_file(suffix, damage, tmp_path):
     with pytest.raises(InputError, match=r"^trace must be a trace iosim wrote") as e:
         read_trace(path)
     assert str(path) in str(e.value)
+
+
+# 6. the memory guard reads every limit the process lives under, not only MemAvailable
+def test_available_memory_heeds_ulimit_v():
+    import subprocess
+    import sys
+
+    code = (
+        "import resource; resource.setrlimit(resource.RLIMIT_AS, (3 * 2**30, resource.RLIM_INFINITY)); "
+        "from iosim.memory_model.core import available_bytes; print(available_bytes())"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert 0 < int(out.stdout) < 3 * 2**30
+
+
+def test_available_memory_heeds_a_cgroup_limit(tmp_path, monkeypatch):
+    from iosim.memory_model import core
+
+    (tmp_path / "memory.max").write_text("1073741824\n")
+    (tmp_path / "memory.current").write_text("268435456\n")
+    real_open = open
+
+    def fake_open(path, *args, **kwargs):
+        path = str(path)
+        if path == "/proc/self/cgroup":
+            return real_open(tmp_path / "cgroup", *args, **kwargs)
+        if path.startswith("/sys/fs/cgroup/jail/"):
+            return real_open(tmp_path / path.rsplit("/", 1)[1], *args, **kwargs)
+        return real_open(path, *args, **kwargs)
+
+    (tmp_path / "cgroup").write_text("0::/jail\n")
+    monkeypatch.setattr("builtins.open", fake_open)
+    assert core._cgroup_available() == 1073741824 - 268435456
+    assert core.available_bytes() <= 1073741824 - 268435456
+
+
+def test_a_count_only_trace_too_large_is_named_as_a_trace(tmp_path, monkeypatch, capsys):
+    argv = ["trace", "flash2", "--N", "1000000", "--d", "64", "--M", "20000", "--count-only", "-o", "{tmp}/x.csv"]
+    rc, lines, left, _ = run_cli(argv, tmp_path, monkeypatch, capsys)
+    assert rc == 2 and len(lines) == 1 and lines[0].startswith("iosim: error: trace needs about") and not left
+    assert "count_only" not in lines[0] and "numeric" not in lines[0]
