@@ -221,3 +221,32 @@ def test_a_count_only_trace_too_large_is_named_as_a_trace(tmp_path, monkeypatch,
     rc, lines, left, _ = run_cli(argv, tmp_path, monkeypatch, capsys)
     assert rc == 2 and len(lines) == 1 and lines[0].startswith("iosim: error: trace needs about") and not left
     assert "count_only" not in lines[0] and "numeric" not in lines[0]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        [
+            "compare",
+            "--heads",
+            "4",
+            "--kv-heads",
+            "2",
+            "--Nq",
+            "10",
+            "--Nk",
+            "40",
+            "--d",
+            "4",
+            "--M",
+            "1000",
+            "--count-only",
+        ],  # compare's default N is not typed: no contradiction with --Nq, --Nk
+        ["compare", "--dqk", "8", "--Nq", "40", "--Nk", "40", "--M", "1000", "--count-only"],  # one head, by --dqk
+        ["compare", "--dqk", "8", "--Nq", "40", "--Nk", "40", "--M", "1000", "--count-only", "--backward"],
+    ],  # fmt: skip
+    ids=["default N", "one head by dqk", "one head by dqk, backward"],
+)
+def test_compare_problems_that_are_one_head_or_use_defaults(argv, tmp_path, monkeypatch, capsys):
+    rc, lines, _, out = run_cli(argv, tmp_path, monkeypatch, capsys)
+    assert rc == 0 and not lines and "flash2" in out  # a KeyError ('thread_blocks') ended the one-head ones

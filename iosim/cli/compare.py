@@ -185,7 +185,7 @@ ONE_HEAD = ("standard", "square-tiling")
 
 def _blocks(r) -> str:
     """The thread blocks of a problem run ('-' for the head-by-head schedules, which launch no kernel grid)."""
-    blocks = r.schedule.get("backward_thread_blocks") if "backward" in r.passes else r.schedule["thread_blocks"]
+    blocks = r.schedule.get("backward_thread_blocks" if "backward" in r.passes else "thread_blocks")
     return fmt_int(blocks) if blocks else "-"
 
 

@@ -64,13 +64,23 @@ def scale(text: str) -> float:
     return value
 
 
+class _Given(argparse.Action):
+    """Stores the value and notes that it was typed (``given_N``): a default --N is no contradiction of --Nq."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, values)
+        setattr(namespace, f"given_{self.dest}", True)
+
+
 def add_sizes(p: argparse.ArgumentParser, defaults: dict | None = None) -> None:
     defaults = defaults or {}
+    p.set_defaults(given_N=False, given_d=False)
     for name, what in SIZES:
         default = defaults.get(name)
         p.add_argument(
             f"--{name}",
             type=positive(f"--{name}", LIMITS[name]),
+            action=_Given,
             default=default,
             required=default is None,
             help=what + ("" if default is None else f" (default {default})"),
@@ -158,12 +168,14 @@ PROBLEM_HELP = (
 def add_problem_sizes(p: argparse.ArgumentParser, defaults: dict | None = None) -> None:
     """--N and --d (optional when --Nq/--Nk and --dqk give the problem) and --M."""
     defaults = defaults or {}
+    p.set_defaults(given_N=False, given_d=False)
     for name, what in SIZES:
         default = defaults.get(name)
         optional = name in ("N", "d")
         p.add_argument(
             f"--{name}",
             type=positive(f"--{name}", LIMITS[name]),
+            action=_Given,
             default=default,
             required=default is None and not optional,
             help=what
@@ -264,9 +276,10 @@ def problem_of(args, *, with_gqa: bool = False):
 
     opt = lambda name: getattr(args, name, None)  # noqa: E731 (commands add the options they take)
     N, d = opt("N"), opt("d")
-    if N is not None and (opt("Nq") is not None or opt("Nk") is not None):
+    typed = lambda name: getattr(args, f"given_{name}", opt(name) is not None)  # noqa: E731 (a default is not typed)
+    if typed("N") and (opt("Nq") is not None or opt("Nk") is not None):
         raise InputError("--N", "means N_q = N_k = N: give --N, or --Nq and --Nk, not both", N)
-    if d is not None and opt("dqk") is not None:
+    if typed("d") and opt("dqk") is not None:
         raise InputError("--d", "means d_qk = d: give --d or --dqk, not both", d)
     given = any(opt(f) is not None for f in (*PROBLEM_FIELDS, "dtype_o"))
     if not given and not (with_gqa and opt("gqa") not in (None, "per-head")):
