@@ -78,3 +78,34 @@ def test_bad_step_and_missing_output():
     assert main(["show", "flash2", "--N", "32", "--d", "4", "--M", "200"]) == 2
     with pytest.raises(InputError):
         show_cmd.command(type("A", (), {"text": False, "output": None})())
+
+
+def test_every_array_of_a_backward_has_its_own_colour():
+    pytest.importorskip("matplotlib", reason="the plot extra (matplotlib) is not installed")
+    from iosim.views.show import array_colours
+
+    r = iosim.run("flash2", N=32, d=8, M=600, backward=True, trace=True, count_only=True)
+    colours = array_colours(r.trace.names)
+    assert len(r.trace.names) >= 12 and len(set(colours.values())) == len(r.trace.names)
+
+
+def test_the_tiles_view_has_one_scale_per_row(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib", reason="the plot extra (matplotlib) is not installed")
+    import matplotlib.axes
+
+    seen = []
+    real = matplotlib.axes.Axes.imshow
+
+    def imshow(self, X, *args, **kwargs):
+        seen.append(kwargs.get("vmax"))
+        return real(self, X, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "imshow", imshow)
+    r = iosim.run("flash1", N=64, d=8, M=600, causal=True, trace=True, count_only=True)
+    from iosim.views.show import draw_tiles
+
+    draw_tiles(r, tmp_path / "t.png")
+    n = len(seen) // 2
+    assert len(set(seen[:n])) == 1 and len(set(seen[n:])) == 1  # reads on one scale, writes on one scale
+    top = max(show.heat(r.trace, a, LOAD).max() for a in show.slow_arrays(r.trace))
+    assert seen[0] == top > show.heat(r.trace, "K", LOAD).max() == 1  # K (read once) is drawn on Q's scale

@@ -30,6 +30,7 @@ VIEWS = ("tiles", "timeline", "step", "animate", "all")
 PICTURES = (".png", ".pdf", ".svg")  # what draw_tiles, draw_timeline and draw_step write (matplotlib by suffix)
 MAX_CELLS = 512  # cells per side of a drawn array
 MAX_FRAMES = 60
+GIF_DPI = 110  # a step-view GIF about 1,400 px wide for four arrays: readable on a projector
 MAX_TIMELINE_POINTS = 20_000
 EXACT_WORDS = 1 << 24  # arrays up to this many words are counted per word, larger ones per drawn cell
 
@@ -109,39 +110,48 @@ def _title(r) -> str:
     return f"{r.algorithm} {p}{', causal' if r.causal else ''}{masked}: {shape}, M={r.M} words, {r.tiling}"
 
 
+def array_colours(names) -> dict[str, tuple]:
+    """One distinct colour per array, the same in every picture of a run: matplotlib's 20-colour qualitative map
+    (tab20, its strong shades first), so the backward's 14 arrays never share a colour."""
+    from matplotlib import colormaps
+
+    tab = colormaps["tab20"].colors
+    order = [*tab[0::2], *tab[1::2]]  # the ten strong shades, then their light partners
+    return {name: order[i % len(order)] for i, name in enumerate(names)}
+
+
 def draw_tiles(r, path) -> None:
-    """The heat maps: reads (top) and writes (bottom) per word of every slow array."""
+    """The heat maps: reads (top) and writes (bottom) per word of every slow array, on one colour scale per row
+    (the most any word of any array is read, or written), so an array read five times a word looks darker than one
+    read once, as it is."""
     path = outputs.file("path", path, PICTURES)
     plt = pyplot()
     t = r.trace
     names = slow_arrays(t)
-    fig, axes = plt.subplots(2, len(names), figsize=(2.2 * len(names) + 1, 5.2), squeeze=False)
-    for j, name in enumerate(names):
-        rows, cols = t.shapes[name]
-        gr, gc, fr, fc = _grid((rows, cols))
-        re, ce = tile_edges(t, name)
-        for i, (op, what, cmap) in enumerate(((LOAD, "reads", "Blues"), (STORE, "writes", "Oranges"))):
+    heats = {(name, op): heat(t, name, op) for name in names for op in (LOAD, STORE)}
+    fig, axes = plt.subplots(2, len(names), figsize=(2.6 * len(names) + 1.6, 6.0), squeeze=False, layout="constrained")
+    for i, (op, what, cmap) in enumerate(((LOAD, "reads", "Blues"), (STORE, "writes", "Oranges"))):
+        top = max(max(float(heats[(n, op)].max()) for n in names), 1.0)
+        for j, name in enumerate(names):
+            rows, cols = t.shapes[name]
+            gr, gc, fr, fc = _grid((rows, cols))
+            re, ce = tile_edges(t, name)
             ax = axes[i, j]
-            h = heat(t, name, op)
+            h = heats[(name, op)]
             im = ax.imshow(
-                h,
-                cmap=cmap,
-                aspect="auto",
-                interpolation="nearest",
-                extent=(0, cols, rows, 0),
-                vmin=0,
-                vmax=max(h.max(), 1),
+                h, cmap=cmap, aspect="auto", interpolation="nearest", extent=(0, cols, rows, 0), vmin=0, vmax=top
             )
             for e in re:
                 ax.axhline(e, color="0.5", lw=0.3)
             for e in ce:
                 ax.axvline(e, color="0.5", lw=0.3)
             agg = f", cells {fr}x{fc}" if fr * fc > 1 else ""
-            ax.set_title(f"{name} {what}\n(max {h.max():.0f}/word{agg})", fontsize=8)
-            ax.tick_params(labelsize=6)
-            fig.colorbar(im, ax=ax, fraction=0.08, pad=0.02).ax.tick_params(labelsize=6)
-    fig.suptitle(_title(r) + ": times each word was read / written", fontsize=9)
-    fig.tight_layout()
+            ax.set_title(f"{name} {what}\n(max {h.max():.0f}/word{agg})", fontsize=10)
+            ax.tick_params(labelsize=8)
+        bar = fig.colorbar(im, ax=list(axes[i, :]), fraction=0.03, pad=0.01)
+        bar.ax.tick_params(labelsize=8)
+        bar.set_label(f"{what} per word", fontsize=9)
+    fig.suptitle(_title(r) + ": times each word was read / written (one scale per row)", fontsize=11)
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
@@ -164,15 +174,16 @@ def draw_timeline(r, path) -> None:
     names, res = residency(r.trace)
     step = max(1, len(res) // MAX_TIMELINE_POINTS)
     x = np.arange(len(res))[::step]
-    fig, ax = plt.subplots(figsize=(9, 3.6))
-    ax.stackplot(x, res[::step].T, labels=names, step="post", alpha=0.85)
+    fig, ax = plt.subplots(figsize=(11, 4.4))
+    colours = array_colours(r.trace.names)
+    ax.stackplot(x, res[::step].T, labels=names, step="post", alpha=0.9, colors=[colours[n] for n in names])
     ax.axhline(r.M, color="k", ls="--", lw=1, label=f"M = {r.M:,}")
     ax.set_xlabel("event (load, store, alloc, free)" + (f", every {step}th shown" if step > 1 else ""))
     ax.set_ylabel("resident words")
     ax.set_ylim(0, r.M * 1.08)
     ax.set_xlim(0, max(len(res) - 1, 1))
-    ax.legend(fontsize=7, ncol=min(len(names) + 1, 8), loc="upper center", bbox_to_anchor=(0.5, -0.2))
-    ax.set_title(_title(r) + f"; peak {r.stats.peak:,} words", fontsize=9)
+    ax.legend(fontsize=9, ncol=min(len(names) + 1, 8), loc="upper center", bbox_to_anchor=(0.5, -0.2))
+    ax.set_title(_title(r) + f"; peak {r.stats.peak:,} words", fontsize=11)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -226,8 +237,8 @@ def _draw_step(fig, r, st: Stepper, names) -> None:
         rows, cols = t.shapes[name]
         ax.set_xlim(0, cols)
         ax.set_ylim(rows, 0)
-        ax.set_title(name, fontsize=8)
-        ax.tick_params(labelsize=6)
+        ax.set_title(name, fontsize=10)
+        ax.tick_params(labelsize=7)
         ax.add_patch(Rectangle((0, 0), cols, rows, fill=False, lw=0.6, color="0.4"))
         for a, tr0, tnr, tc0, tnc in st.live.values():
             if t.names[a] == name:
@@ -236,7 +247,7 @@ def _draw_step(fig, r, st: Stepper, names) -> None:
             if op == INIT:
                 r0, nr, c0, nc = 0, rows, 0, cols
             ax.add_patch(Rectangle((c0, r0), nc, nr, fill=False, lw=2, color=colour[op]))
-    fig.suptitle(f"{_title(r)}\n{st.describe()}\n(green: resident tiles; outline: this event's tile)", fontsize=8)
+    fig.suptitle(f"{_title(r)}\n{st.describe()}\n(green: resident tiles; outline: this event's tile)", fontsize=10)
     fig.subplots_adjust(top=0.72, bottom=0.08, left=0.04, right=0.98, wspace=0.5)
 
 
@@ -269,7 +280,7 @@ def draw_animation(r, path) -> int:
         st.advance(int(k))
         _draw_step(fig, r, st, names)
 
-    FuncAnimation(fig, frame, frames=frames).save(path, writer=PillowWriter(fps=6), dpi=64)
+    FuncAnimation(fig, frame, frames=frames).save(path, writer=PillowWriter(fps=6), dpi=GIF_DPI)
     plt.close(fig)
     return len(frames)
 
