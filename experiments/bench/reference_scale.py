@@ -32,7 +32,7 @@ from iosim.algorithms.reference import attention_backward, attention_forward
 N, d, M, backward, split = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "1", sys.argv[5] == "1"
 iosim.run("flash2", N=64, d=d, M=M, backward=backward)  # compile (Numba cache) outside the timed region
 t0 = time.perf_counter()
-r = iosim.run("flash2", N=N, d=d, M=M, backward=backward)
+r = iosim.run("flash2", N=N, d=d, M=M, backward=backward, allow_long=True)  # asked for by name: no prompt
 t_run = time.perf_counter() - t0
 t_ref = None
 if split:
@@ -52,8 +52,10 @@ def measure(N: int, d: int, M: int, backward: bool, split: bool) -> dict:
         [sys.executable, "-c", CHILD, str(N), str(d), str(M), "1" if backward else "0", "1" if split else "0"],
         capture_output=True,
         text=True,
-        check=True,
     )
+    if out.returncode != 0:  # the child's own last line (an InputError, say), not a CalledProcessError traceback
+        last = (out.stderr.strip().splitlines() or ["(no output)"])[-1]
+        sys.exit(f"reference_scale: N={N:,} d={d} M={M:,} {'backward' if backward else 'forward'} failed: {last}")
     wall = time.perf_counter() - t0
     peak_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     got = json.loads(out.stdout.strip().splitlines()[-1])
