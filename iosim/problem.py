@@ -168,6 +168,20 @@ class Problem:
             return self.dtype_q
         return "fp32"  # scratch of the standard algorithms (S, P, dS, ...) and statistics
 
+    def storage(self, array: str) -> tuple[str, str]:
+        """Where ``array``'s words live, the one address map of a problem's arrays: (the array whose addresses they
+        are, what one copy serves). V of an MLA latent is the latent's first d_v columns, K's addresses (a naive
+        read of V touches the lines the K tile touched); K and V are one copy per key/value head; the page table is
+        one per batch item (a batch item's key/value heads share its pages, as vLLM's cache); every other array
+        (Q, O, the statistics, the gradients, scratch) one per query head (or per packed group of them)."""
+        if array == "V" and self.latent:
+            return "K", "kv head"
+        if array in ("K", "V"):
+            return array, "kv head"
+        if array == "page_table":
+            return array, "batch item"
+        return array, "head"
+
     def bytes_of(self, array: str, words: int) -> int:
         """Bytes of ``words`` entries of ``array``."""
         dt = self.dtype_of(array)

@@ -14,7 +14,7 @@ from iosim.memory_model.core import INIT, LOAD, STORE
 
 import iosim
 from iosim import InputError
-from iosim.hierarchy import ORDERS, ctas, device, hierarchy, l2, presets
+from iosim.hierarchy import ORDERS, ctas, device, hierarchy, l2, launches, presets
 from iosim.views import cache_sim as cs
 
 CASES = [
@@ -51,20 +51,27 @@ def test_pieces_re_add_to_the_two_level_count(algorithm, backward):
         assert ev[stop - 1, 7] == 0 and (start == 0 or ev[start - 1, 7] == 0)
 
 
+def declared(r, algorithm, backward):
+    c = ctas.cut(r.trace)
+    d = launches.assign(c, r.trace, launches.kernels(algorithm, backward))
+    return c, [k.name for k in d.kernels], list(np.diff(d.launch_ptr))
+
+
 def test_flash_cuts_are_the_outer_loops():
+    """Pieces are the outer loops' steps; the declared kernels launch them: flash2's forward one CTA per row block,
+    flash1's one CTA per head after the memset, flash2's backward the memset, D, one CTA per column block."""
     r = traced("flash2", False)
-    t = r.tiling
-    c = ctas.cut(r.trace)
-    assert c.launch_writes == ["L, O"] and c.pieces == -(-SMALL["N"] // t.Br)  # one CTA per row block i
+    Tr = -(-SMALL["N"] // r.tiling.Br)
+    c, names, ctas_per = declared(r, "flash2", False)
+    assert names == ["flash2 forward"] and c.pieces == Tr and ctas_per == [Tr]  # one CTA per row block i
     r = traced("flash1", False)
-    c = ctas.cut(r.trace)
-    assert c.launch_writes == ["init", "O, l, m"]
-    assert c.pieces == 3 + -(-SMALL["N"] // r.tiling.Bc)  # the memsets of O, l, m; one CTA per column block j
+    c, names, ctas_per = declared(r, "flash1", False)
+    assert names == ["memset O, l, m", "flash1 forward"] and ctas_per == [3, 1]
+    assert c.pieces == 3 + -(-SMALL["N"] // r.tiling.Bc)  # the memsets of O, l, m; a piece per column block j
     r = traced("flash2", True)
-    c = ctas.cut(r.trace)
     Tr, Tc = -(-SMALL["N"] // r.tiling.Br), -(-SMALL["N"] // r.tiling.Bc)
-    assert c.launch_writes == ["init", "D", "dK, dQ, dV"]
-    assert list(np.diff(c.launch_ptr)) == [1, Tr, Tc]
+    c, names, ctas_per = declared(r, "flash2", True)
+    assert names == ["memset dQ", "preprocess D", "flash2 backward"] and ctas_per == [1, Tr, Tc]
 
 
 @pytest.mark.parametrize(("algorithm", "backward"), CASES)
@@ -92,12 +99,10 @@ def compulsory(res):
 
 def line_stream(res):
     """The recorded request order as a line stream (a second pass of l2.line_stream on the same layout)."""
-    from iosim.hierarchy.simulate import _layout
-
-    lay = _layout(res.trace, res.cut, res.B, res.H_q, res.H_kv, res.L)
+    lay = res.layout
     rec = res.record
     args = (rec[:, 0].copy(), rec[:, 1].copy(), len(rec), res.blocks[:, 1:].copy(), res.cut.requests, lay.kv)
-    args += (lay.cols, lay.lbase, lay.nl, res.L)
+    args += (lay.base, lay.stride, lay.lbase, lay.nl, res.L)
     n = l2.line_stream(*args, np.zeros(0, np.int64), np.zeros(0, np.int8))
     lines, flags = np.empty(n, np.int64), np.empty(n, np.int8)
     l2.line_stream(*args, lines, flags)
@@ -141,9 +146,7 @@ def test_segment_lru_equals_cache_sim_line_lru_on_real_launches(algorithm, backw
     r = hierarchy(algorithm, backward=backward, B=1, H_q=4, H_kv=2, P=3, C=C, L=4, record=True, **SMALL)
     lines, flags = line_stream(r)
     names = r.trace.names
-    from iosim.hierarchy.simulate import _layout
-
-    lay = _layout(r.trace, r.cut, r.B, r.H_q, r.H_kv, r.L)
+    lay = r.layout
     aid_of = np.zeros(lay.n_lines, np.int32)
     ends = np.append(lay.lbase[1:], lay.n_lines)
     for a in range(len(names)):

@@ -106,8 +106,9 @@ def command(args) -> int:
         f"block(s) of M={r.M:,} words, L2 C={r.C:,} words "
         f"({r.policy}), lines of L={r.L} words, {r.bytes_per_word} bytes per word; order {r.order}"
     )
+    kernels = "; ".join(k["kernel"] for k in r.launches)
     print(
-        f"{r.ctas:,} thread blocks in {len(r.launches)} launch(es) ({'; '.join(r.launches)}), waves "
+        f"{r.ctas:,} thread blocks in {len(r.launches)} launch(es) ({kernels}), waves "
         f"{', '.join(map(str, r.waves))}; {r.requests:,} tile requests; {r.tiling}"
     )
     print(r.table(args.format))
