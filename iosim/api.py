@@ -843,7 +843,7 @@ def _problem_mask(p: Problem, mask, policy):
 def _run_problem(algo, p: Problem, M: int, gqa, splits, mla, Br, Bc, B, **o) -> Result:
     """:func:`run` over a whole problem (flash1, flash2; :mod:`iosim.algorithms.decoding`)."""
     from iosim.algorithms import decoding
-    from iosim.masks import check_policy
+    from iosim.masks import check_policy, compile_mask
     from iosim.theory import io_model
     from iosim.theory.tiling import problem_tiling
 
@@ -854,6 +854,8 @@ def _run_problem(algo, p: Problem, M: int, gqa, splits, mla, Br, Bc, B, **o) -> 
         return _run_by_heads(algo, p, M, gqa, splits, mla, Br, Bc, B, masked, o)
     splits, mla = _problem_schedule(algo, p, gqa, splits, mla, B)
     tmask = _problem_mask(p, o["mask"], o["kv_policy"]) if masked else None
+    if not masked and p.causal and o["kv_policy"] == "paper":  # the causal field under the policy asked for
+        tmask = compile_mask(None, p.N_k, True, "paper")
     if backward:
         _problem_backward_check(algo, p, splits)
     trace = _flag("trace", o["trace"])

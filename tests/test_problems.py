@@ -3,6 +3,7 @@ split-KV, paged KV, MLA shared / naive. Simulated == closed form per array and i
 against the float64 reference head by head; one-line errors for bad input."""
 
 import itertools
+import json
 
 import numpy as np
 import pytest
@@ -412,3 +413,25 @@ def test_mla_latent_defaults_to_one_shared_cache(capsys):
     argv = ["run", "flash2", "--heads", "8", "--Nq", "1", "--Nk", "100", "--d", "72", "--dv", "64", "--M", "20000"]
     assert _cli(*argv, "--mla", "shared", "--count-only") == 0
     assert "H_kv=1" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("algo", ["flash1", "flash2"])
+def test_causal_field_honours_the_kv_policy(algo, capsys):
+    """Issue 32, point 5: ``--causal`` over a problem counts the policy it reports (it counted skip's schedule while
+    the JSON said paper). flash2 at N_q = 40 > N_k = 13: paper loads every Q_i before testing, 1,920 words; skip
+    only the row blocks that see a key, 768; the closed form is exact under both, forward and backward."""
+    p = Problem(H_q=3, H_kv=1, N_q=40, N_k=13, d=16, causal=True)
+    q = {}
+    for policy in ("paper", "skip"):
+        r = iosim.run(algo, problem=p, M=2468, Br=6, Bc=5, kv_policy=policy, count_only=True, backward=True)
+        assert r.kv_policy == policy and r.passes["forward"].exact and r.passes["backward"].exact
+        q[policy] = r.passes["forward"].stats.per_array["Q"].reads
+    if algo == "flash2":
+        assert q == {"paper": 1920, "skip": 768}
+    else:  # K/V outer: the last query row sees every key, so no column block is empty and the policies agree
+        assert q["paper"] == q["skip"]
+    argv = ["run", algo, "--heads", "3", "--kv-heads", "1", "--Nq", "40", "--Nk", "13", "--d", "16", "--M", "2468",
+            "--Br", "6", "--Bc", "5", "--kv-policy", "paper", "--causal", "--count-only", "--json"]  # fmt: skip
+    assert _cli(*argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["kv_policy"] == "paper" and out["per_array"]["Q"]["reads"] == q["paper"]

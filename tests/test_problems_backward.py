@@ -219,3 +219,25 @@ def test_backward_trace_replays_to_the_counts(algo):
     p = Problem(B=2, H_q=4, H_kv=2, N_q=5, N_k=30, d_qk=8, d_v=6, causal=True)
     r = iosim.run(algo, M=2000, problem=p, backward=True, trace=True, count_only=True)
     assert r.trace.replay().per_array == r.passes["backward"].stats.per_array
+
+
+@pytest.mark.parametrize("algo", ["flash1", "flash2"])
+@pytest.mark.parametrize("gqa", ["per-head", "packed"])
+def test_backward_peak_is_exact_when_only_the_short_last_column_block_is_visible(algo, gqa):
+    """Issue 32, point 6: a window over the last keys leaves only the short last column block (20 = 2 x 7 + 6)
+    visible; the closed-form peak is that block's working set (it was B_c's: flash2 per-head predicted 576 where
+    the schedule peaks at 508), and the explicit-tile refusal uses it (M = 520 runs flash2 per-head, refused
+    before)."""
+    p = Problem(H_q=16, H_kv=1, N_q=2, N_k=20, d=16)
+    r = iosim.run(algo, problem=p, M=4000, Br=8, Bc=7, mask="window:5", count_only=True, backward=True, gqa=gqa)
+    bwd = r.passes["backward"]
+    assert bwd.exact and bwd.stats.peak == bwd.predicted.peak
+    if algo == "flash2" and gqa == "per-head":
+        assert bwd.stats.peak == 508
+        ok = iosim.run(algo, problem=p, M=520, Br=8, Bc=7, mask="window:5", count_only=True, backward=True)
+        assert ok.passes["backward"].stats.peak == 508
+    M = bwd.stats.peak - 1
+    with pytest.raises(InputError) as e:
+        iosim.run(algo, problem=p, M=max(M, r.passes["forward"].stats.peak), Br=8, Bc=7, mask="window:5",
+                  count_only=True, backward=True, gqa=gqa)  # fmt: skip
+    assert e.value.parameter == "Br, Bc"
