@@ -86,6 +86,7 @@ EXPERIMENTS: tuple[Entry, ...] = (
     Entry("mla", "12_mla", "issue 22 (MLA, DeepSeek-V2/V3)", "MLA shared latent vs naive on every device"),
     Entry("paged-kv", "13_paged_kv", "issue 22 (vLLM paged KV)", "Paged KV: I/O against the page size"),
     Entry("hierarchy", "14_hierarchy", "issue 24 (reviewers' L2 question)", "A shared L2: DRAM vs two-level, orders"),
+    Entry("fig2-hierarchy", "15_fig2_hierarchy", "issue 32 (a measurement)", "Fig. 2's measured HBM vs the A100 L2"),
 )
 
 

@@ -18,7 +18,9 @@ Fields (the symbols of docs/theory.md#problems-batch-heads-decoding):
   V = c_KV, the first d_v columns of K (d_v <= d_qk; H_kv defaults to 1, the absorbed form's one shared cache).
 * ``page_size`` P: the KV cache is paged in blocks of P tokens located through a page table (vLLM); None: contiguous.
 * ``dtype_q``, ``dtype_kv``, ``dtype_o``: the storage dtype of Q, of the KV cache (K, V) and of O (:data:`BYTES`);
-  the statistics (L, the split partials) are fp32 and the page table int32, as the kernels keep them.
+  the statistics (L, the split partials) are fp32 and the page table int32, as the kernels keep them. The backward
+  moves dO at dtype_o, dK and dV at dtype_kv, and dQ as FlashAttention's kernels accumulate it: in fp32 (its
+  read-modify-writes are fp32 words; fp64 in a problem at fp64). Word counts do not depend on dtypes.
 
 Counts are in words (one word per entry, the memory model's unit) and, through the dtypes, in bytes
 (:meth:`Problem.bytes_of`).
@@ -160,9 +162,11 @@ class Problem:
         """The storage dtype of a slow-memory array by its iosim name."""
         if array in FIXED_DTYPES:
             return FIXED_DTYPES[array]
-        if array in ("K", "V"):
+        if array in ("K", "V", "dK", "dV", "dKpart", "dVpart"):  # the kernels write dK, dV at K's and V's dtype
             return self.dtype_kv
-        if array in ("O", "dO", "dQ", "dK", "dV"):
+        if array == "dQ":  # accumulated in fp32 (flash-attn's dq_accum; fp64 where the problem computes in fp64)
+            return "fp64" if self.dtype_o == "fp64" else "fp32"
+        if array in ("O", "dO"):
             return self.dtype_o
         if array == "Q":
             return self.dtype_q

@@ -241,3 +241,18 @@ def test_backward_peak_is_exact_when_only_the_short_last_column_block_is_visible
         iosim.run(algo, problem=p, M=max(M, r.passes["forward"].stats.peak), Br=8, Bc=7, mask="window:5",
                   count_only=True, backward=True, gqa=gqa)  # fmt: skip
     assert e.value.parameter == "Br, Bc"
+
+
+def test_backward_bytes_follow_the_kernels_dtypes():
+    """Issue 32, point 7: dQ is accumulated in fp32 (flash-attn's dq_accum): its read-modify-writes are fp32 bytes,
+    the word count unchanged; dK, dV are written at the K/V dtype, dO read at the output's."""
+    p = Problem(B=1, H_q=4, H_kv=2, N_q=20, N_k=30, d=16, dtype_q="bf16", dtype_kv="fp8", dtype_o="bf16")
+    r = iosim.run("flash2", problem=p, M=4000, count_only=True, backward=True, gqa="packed")
+    words = {n: c.reads + c.writes for n, c in r.stats.per_array.items()}
+    same = iosim.run("flash2", problem=Problem(B=1, H_q=4, H_kv=2, N_q=20, N_k=30, d=16), M=4000, count_only=True,
+                     backward=True, gqa="packed")  # fmt: skip
+    assert words == {n: c.reads + c.writes for n, c in same.stats.per_array.items()}  # words do not see dtypes
+    b = r.bytes_per_array
+    assert b["dQ"] == 4 * words["dQ"] and b["dO"] == 2 * words["dO"]
+    assert b["dK"] == words["dK"] and b["dV"] == words["dV"]
+    assert Problem(N=4, d=4).dtype_of("dQ") == "fp64"  # a problem computed in fp64 accumulates in fp64

@@ -626,18 +626,22 @@ def flash2_problem(p, Br: int, Bc: int, gqa: str = "per-head", splits: int = 1, 
 
 
 def flash1_problem(p, Br: int, Bc: int, gqa: str = "per-head", mla: str = "shared",
-                   mask: TileMask | None = None) -> ProblemPrediction:  # fmt: skip
+                   mask: TileMask | None = None, gather: bool = False) -> ProblemPrediction:  # fmt: skip
     """FlashAttention Algorithm 1 over a problem (algorithms/decoding.py), per group of R rows: for each page piece
     (a column block when contiguous) of n keys and each row block i whose tile with it is nonempty (causal: the
     piece starts before hi_i; any other ``mask``: its tile summary): Q_i, O_i read (R_i d_qk, R_i d_v), l_i, m_i
     read, O_i, l_i, m_i written. A piece some row block sees is loaded once: K n d_qk, V n d_v (none under MLA
     shared), one page-table word. Times groups; plus the initialisation of O, l, m (B H_q N_q (d_v + 2)).
-    Peak: the largest inner step, the widest row block that meets a piece with that piece."""
+    Peak: the largest inner step, the widest row block that meets a piece with that piece. ``gather`` (paged): the
+    outer steps are the column blocks, each gathered from its pages (one table word per page piece of a loaded
+    block): the contiguous cache's counts plus the table words."""
     _, groups, R = p.groups(gqa)
     P = p.page_size or 0
     shared = p.latent and mla == "shared"
     dv_load = 0 if shared else p.d_v
-    _, _, starts = _pieces(p.N_k, Bc, P)
+    npieces, _, starts = _pieces(p.N_k, Bc, P)
+    if gather:
+        starts = np.arange(0, p.N_k, Bc, dtype=np.int64)
     ends = np.append(starts[1:], p.N_k)
     lengths = ends - starts
     met = _kv_outer_met(p, R, Br, starts, ends, mask)
@@ -652,7 +656,7 @@ def flash1_problem(p, Br: int, Bc: int, gqa: str = "per-head", mla: str = "share
         Q=(groups * rows * p.d_qk, 0),
         K=(groups * keys * p.d_qk, 0),
         V=(groups * keys * dv_load, 0),
-        page_table=(groups * int(seen.sum()) if P else 0, 0),
+        page_table=(groups * int((npieces[seen] if gather else seen).sum()) if P else 0, 0),
         O=(groups * rows * p.d_v, groups * rows * p.d_v + Rtot * p.d_v, Rtot * p.d_v),
         l=(groups * rows, groups * rows + Rtot, Rtot),
         m=(groups * rows, groups * rows + Rtot, Rtot),
