@@ -40,8 +40,8 @@ class Kernel:
     atomic: tuple = ()
 
 
-_FA1_FWD = "FlashAttention-1's forward (flash_fwd, one thread block per (batch, head), column blocks looped inside)"
-_FA1_BWD = "FlashAttention-1's backward (one thread block per (batch, head), column blocks looped inside)"
+_FA1_FWD = "FlashAttention-1's fmha_fwd_loop_kernel: one thread block per (batch, head), column blocks looped inside"
+_FA1_BWD = "FlashAttention-1's fmha_bwd_dq_dk_dv_loop_kernel: one thread block per (batch, head), column blocks inside"
 
 KERNELS = {
     ("flash2", False): [
