@@ -106,20 +106,24 @@ def verdict(rows, g) -> runner.Summary:
                 f"{r['dram_GB']:.2f}",
                 f"{r['dram_typed_GB']:.2f}",
                 "-" if paper is None else f"{paper}",
-                "-" if paper is None else f"{r['dram_GB'] / paper - 1:+.0%}",
+                "-" if paper is None else f"{r['dram_typed_GB'] / paper - 1:+.0%}",
                 "-" if paper is None else f"{r['two_level_GB'] / paper - 1:+.0%}",
             ]
         )
     std, fl = _pick(rows, "standard", True), _pick(rows, "flash1", True)
-    dev_std, dev_fl = std["dram_GB"] / PAPER["standard"] - 1, fl["dram_GB"] / PAPER["flash1"] - 1
-    ratio = std["dram_GB"] / fl["dram_GB"]
+    kern, nc = _pick(rows, f"flash1 {KERNEL_BLOCKS[0]} x {KERNEL_BLOCKS[1]}", True), _pick(rows, "flash1", False)
+    dev_std, dev_fl = std["dram_typed_GB"] / PAPER["standard"] - 1, fl["dram_typed_GB"] / PAPER["flash1"] - 1
+    ratio = std["dram_typed_GB"] / fl["dram_typed_GB"]
+    pass_gb = 2 * N * N * BYTES * 64 * HEADS / 1e9  # one element-wise read + write of an N x N matrix, all heads
+    gap = (PAPER["standard"] - std["dram_typed_GB"]) / pass_gb
     v = Verdict(
         NAME,
         CLAIM,
         measured=(
-            f"causal, A100 preset{' (quick: batch 1, scaled to 64)' if g.quick else ''}: standard "
-            f"{std['dram_GB']:.1f} GB DRAM ({dev_std:+.0%} vs 40.3), FlashAttention (flash1) {fl['dram_GB']:.2f} GB "
-            f"({dev_fl:+.0%} vs 4.4); two-level {std['two_level_GB']:.1f} and {fl['two_level_GB']:.2f} GB"
+            f"causal, A100 preset{' (quick: batch 1, scaled to 64)' if g.quick else ''}, the kernels' dtypes: "
+            f"standard {std['dram_typed_GB']:.1f} GB DRAM ({dev_std:+.0%} vs 40.3), FlashAttention (flash1) "
+            f"{fl['dram_typed_GB']:.2f} GB ({dev_fl:+.0%} vs 4.4); the two-level counts {std['two_level_GB']:.1f} and "
+            f"{fl['two_level_GB']:.2f} GB (2 bytes a word)"
         ),
         figure=(
             f"standard / FlashAttention: {ratio:.1f}x predicted, {PAPER['standard'] / PAPER['flash1']:.1f}x measured"
@@ -127,22 +131,24 @@ def verdict(rows, g) -> runner.Summary:
         holds=None,  # a prediction beside a measurement: how far off, and why, is in the notes
     )
     v.notes += [
-        "FlashAttention: the hierarchy predicts less DRAM than the two-level count because the L2 absorbs part of "
-        "the re-reads of K_j, V_j (forward) and Q_i, dO_i, dQ_i (backward) that CTAs running at the same time share; "
-        "the paper's kernel also stores l, m, L in fp32 and dQ's accumulator in fp32 (the model's words are 2 bytes), "
-        "uses its own blocks (16 x 256 in v1.0.9, experiment 03) and runs dropout's RNG: each moves the measurement "
-        "up.",
-        "Standard attention: the paper's PyTorch implementation also scales S, applies the causal mask and dropout as "
-        "separate element-wise kernels, each a read and a write of an N x N matrix per head (2 N^2 words, 4.3 GB "
-        "over 1024 heads in fp16) per pass; Algorithms 0 and 3 have none of them, so the prediction is a floor for "
-        "that implementation. The L2 (40 MB) holds a few heads' S or P (2 MB each) at a time and catches only "
-        "the re-reads that follow closely.",
+        f"FlashAttention (flash1, causal): the L2 catches the K_j, V_j re-reads (forward) and the Q_i, dO_i, dQ_i "
+        f"re-reads (backward) of CTAs that run together, so DRAM at 2 bytes a word is {fl['dram_GB']:.2f} GB, below "
+        f"the two-level {fl['two_level_GB']:.2f} GB. At the kernels' dtypes (l, m, L, D and dQ's accumulator in "
+        f"fp32, as FlashAttention stores them) it is {fl['dram_typed_GB']:.2f} GB, {dev_fl:+.0%} from the "
+        f"measured 4.4 GB; with FlashAttention-1's own 16 x 256 blocks {kern['dram_typed_GB']:.2f} GB; non-causal "
+        f"{nc['dram_typed_GB']:.2f} GB. Left out, each moving the measurement up: dropout's RNG state, the "
+        "set-associative L2, CTAs that are not in lockstep.",
+        f"Standard attention: the paper's PyTorch implementation also scales S, applies the causal mask and dropout "
+        f"as separate element-wise kernels, each a read and a write of an N x N matrix per head ({pass_gb:.2f} GB "
+        f"over 1024 heads in fp16); Algorithms 0 and 3 have none of them. The {PAPER['standard']} - "
+        f"{std['dram_typed_GB']:.1f} GB gap is {gap:.1f} such passes. The L2 (40 MB) holds a few heads' S or P "
+        "(2 MB each) at a time and catches only re-reads that follow closely.",
         "Model limits: the L2 is fully associative LRU over 128-byte lines (the A100's is set-associative and split "
         "in two partitions), CTAs advance by the words they move (no compute time), and memsets are counted as "
         "writes through the L2.",
     ]
     headers = ["algorithm", "causal", "two-level GB", "hierarchy DRAM GB", "DRAM GB, kernel dtypes", "paper GB",
-               "DRAM vs paper", "two-level vs paper"]  # fmt: skip
+               "typed DRAM vs paper", "two-level vs paper"]  # fmt: skip
     return runner.Summary(v, table, headers)
 
 
@@ -150,11 +156,11 @@ def plot(rows, g):
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6.4, 4))
-    labels = ["two-level", "hierarchy (A100)", "paper (measured)"]
+    labels = ["two-level\n(2 bytes a word)", "hierarchy, A100\n(kernel dtypes)", "paper\n(measured)"]
     xs = range(len(labels))
     for k, alg in enumerate(("standard", "flash1")):
         r = _pick(rows, alg, True)
-        vals = [r["two_level_GB"], r["dram_GB"], PAPER[alg]]
+        vals = [r["two_level_GB"], r["dram_typed_GB"], PAPER[alg]]
         x = [i + (k - 0.5) * 0.4 for i in xs]
         ax.bar(x, vals, 0.4, color=STYLE[alg][0], label="standard" if alg == "standard" else "FlashAttention")
         for xi, val in zip(x, vals, strict=True):
