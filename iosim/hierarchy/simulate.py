@@ -5,13 +5,15 @@ level in Timeloop's words.
 The launch
 ----------
 ``B`` batch elements x ``H_q`` query heads (``H_kv`` key/value heads, g = H_q / H_kv; the field names of
-:class:`iosim.Problem`), each head an independent copy of the single-head schedule at its own slow-memory
-addresses, except that query head h reads the K and V of KV head h // g (the same addresses: where an L2 helps
-GQA). Gradients dK, dV are per query head (FlashAttention-2's GQA backward accumulates them per query head and
-sums afterwards). The single-head schedule is cut into thread blocks (CTAs) and launches by
-:mod:`iosim.hierarchy.ctas`. Each CTA has M words of shared memory; an SM holds ``floor(smem_per_sm / (M x
-bytes_per_word + 1 KB))`` of them (at most 32; the 1 KB is the CUDA driver's reservation per block), so
-``P x blocks_per_sm`` CTAs are resident at once.
+:class:`iosim.Problem`), each head an independent copy of the single-head schedule at its own slow-memory addresses,
+except that query head h reads the K and V of KV head h // g (the same addresses: where an L2 helps GQA); where every
+array lives is :meth:`iosim.Problem.storage` (an MLA latent's V at K's addresses, the page table one per batch item).
+Gradients dK, dV are per query head (FlashAttention-2's GQA backward accumulates them per query head and sums
+afterwards). The single-head schedule is cut into pieces by :mod:`iosim.hierarchy.ctas`, and the pieces run as the
+kernels :mod:`iosim.hierarchy.launches` declares (one CTA per piece, or one per head for FlashAttention-1's kernels; a
+launch whose CTAs would race is refused). Each CTA has M words of shared memory; an SM holds ``floor(smem_per_sm / (M x
+bytes_per_word + 1 KB))`` of them (at most 32; the 1 KB is the CUDA driver's reservation per block), so ``P x
+blocks_per_sm`` CTAs are resident at once.
 
 **Block orders** (within each launch; p = the CTA's piece, the row block of flash2's forward):
 
@@ -384,12 +386,12 @@ def hierarchy(
 
     ``problem`` (an :class:`iosim.Problem`) gives N, d, B, H_q, H_kv, causal and the bytes per word (of its K/V cache's
     dtype) in place of those arguments: any N_q against N_k keys (decoding, chunked prefill), d_qk and d_v, an MLA
-    latent cache (``mla`` ``shared``: V read from the resident K tile, or ``naive``) and a paged cache (its page table
-    counted once per KV head). ``gqa`` ``per-head`` launches each query head's own schedule (K and V requested once per
-    query head: the L2 may catch the g - 1 repeats), ``packed`` (flash1, flash2) one schedule per KV head with its g
-    query heads' rows packed together (as decoding kernels launch it). A launch estimated at over a minute (its tile
-    requests, :data:`iosim.estimate.HIERARCHY_REQUEST` each) needs ``allow_long=True``; over an hour it is refused,
-    before the L2 runs."""
+    latent cache (``mla`` ``shared``: V read from the resident K tile, or ``naive``: the latent's first d_v columns read
+    again, from K's lines) and a paged cache (its page table one per batch item). ``gqa`` ``per-head`` launches each
+    query head's own schedule (K and V requested once per query head: the L2 may catch the g - 1 repeats), ``packed``
+    (flash1, flash2) one schedule per KV head with its g query heads' rows packed together (as decoding kernels launch
+    it). A launch estimated at over a minute (its tile requests, :data:`iosim.estimate.HIERARCHY_REQUEST` each) needs
+    ``allow_long=True``; over an hour it is refused, before the L2 runs."""
     from iosim import api
 
     unit = None
