@@ -187,13 +187,17 @@ def _race(req, cta_ptr, c0, c1, aoff, cols, atomic, owner):  # noqa: N803
 
 
 def check_races(cut, trace, launches: Launches) -> None:
-    """Refuse a launch in which a region one CTA stores is loaded or stored by another CTA (module docstring)."""
+    """Refuse a launch in which a region one CTA stores is loaded or stored by another CTA (module docstring). The
+    arrays checked are those the launch both loads and stores (its read-modify-writes; a pure output, such as a
+    product's tiles, is written once by each CTA), word by word."""
     names = list(trace.names)
     req = cut.requests
     for k, kern in enumerate(launches.kernels):
         c0, c1 = int(launches.launch_ptr[k]), int(launches.launch_ptr[k + 1])
         rows = req[launches.cta_ptr[c0] : launches.cta_ptr[c1]]
         stored = np.unique(rows[(rows[:, 0] == 1) & (rows[:, 6] > 0)][:, 1]) if len(rows) else []
+        loaded = set(rows[rows[:, 0] == 0][:, 1].tolist()) if len(rows) else set()
+        stored = [a for a in stored if int(a) in loaded]  # read-modify-written in this launch
         aoff = np.full(len(names), -1, np.int64)
         cols = np.array([trace.shapes[n][1] for n in names], np.int64)
         total = 0
@@ -205,7 +209,7 @@ def check_races(cut, trace, launches: Launches) -> None:
         if total == 0 or c1 - c0 < 2:
             continue
         atomic = np.array([n in kern.atomic for n in names], np.bool_)
-        owner = np.full(total, -1, np.int64)
+        owner = np.full(total, -1, np.int32)
         bad = _race(req, launches.cta_ptr, c0, c1, aoff, cols, atomic, owner)
         if bad >= 0:
             raise InputError(
