@@ -21,7 +21,9 @@ batch and heads are part of the schedule, outermost, and what sits inside them d
   processed page piece by page piece: for each piece of the B_c-key grid cut at page boundaries the kernel reads
   its page-table entry (one word), loads the piece of K (and V) from the page, and updates the row statistics
   (the same online softmax over pieces). A tile inside one page is one piece; a tile straddling pages costs one
-  load (and one table read) per page piece.
+  load (and one table read) per page piece. flash1 (K/V outer) runs each piece as an outer step of its own, with
+  its own round trip of Q_i, O_i, l_i, m_i, or (``gather``) gathers the whole tile from its pages first and runs
+  the row loop once per column block, paying only the table words over the contiguous cache.
 * **Masks** (:mod:`iosim.algorithms.tile_masks`, "A problem's rows"): a mask covers the whole sequence, N_k x N_k,
   and query row q is its row q + N_k - N_q (the causal field is the causal mask so aligned). A tile the mask
   empties is skipped with one ``continue``; a partial tile gets the element mask. The empty-block policy decides a
@@ -79,6 +81,19 @@ def _ol_page_of(tb, logical):
     return lambda tb, logical: tb[0]
 
 
+def tile_at(buf, r0, r, c):
+    """Rows r0 : r0 + r of the r x c tiles at the start of a 1-D buffer (a piece of a gathered tile); None in
+    count-only mode."""
+    return None if buf is None else buf[r0 * c : (r0 + r) * c].reshape(r, c)
+
+
+@overload(tile_at, jit_options={"cache": True})
+def _ol_tile_at(buf, r0, r, c):
+    if isinstance(buf, types.NoneType):
+        return lambda buf, r0, r, c: None
+    return lambda buf, r0, r, c: buf[r0 * c : (r0 + r) * c].reshape(r, c)
+
+
 @njit(cache=True)
 def _online_update(S, Vs, Oi, l_i, m_i):
     """FlashAttention-2's on-chip step with explicit loops: P~ = exp(S - m_new) in place, l_i, m_i, O_i += P~ V.
@@ -134,6 +149,34 @@ def _load_piece(W, ids, K, V, table, tb, Kj, Vj, at, p0, n, dqk, dv, shared):  #
     hV = -1 if shared else load(W, iV, V, row, n, 0, dv, Vj)
     if P > 0:
         free(W, hT)
+    return hK, hV
+
+
+@njit(cache=True, inline="always")
+def _gather_tile(W, ids, K, V, table, tb, Kb, Vb, at, c0, c1, dqk, dv, shared):  # noqa: N803
+    """A paged K/V-outer step that gathers the whole tile [c0, c1) from its pages (a kernel that looks each key's
+    page up and copies it into one shared-memory tile): every page piece's table entry (one word) and its rows of
+    K and V are loaded (:func:`_load_piece`), and the pieces are merged into one resident tile as they arrive
+    (their handles freed, one handle of the rows so far taken: the same resident words). Returns (hK, hV)."""
+    iK, iV, _ = ids
+    hK = hV = -1
+    p0 = c0
+    while p0 < c1:
+        p1 = piece_end(p0, c1, at[5])
+        n = p1 - p0
+        Kp, Vp = tile_at(Kb, p0 - c0, n, dqk), tile_at(Vb, p0 - c0, n, dv)
+        hk, hv = _load_piece(W, ids, K, V, table, tb, Kp, Vp, at, p0, n, dqk, dv, shared)
+        if hK < 0:  # the first piece is the tile so far
+            hK, hV = hk, hv
+        else:  # merged: the rows so far and this piece are one tile of p1 - c0 rows
+            free(W, hK)
+            free(W, hk)
+            hK = alloc(W, iK, 0, p1 - c0, 0, dqk)
+            if not shared:
+                free(W, hV)
+                free(W, hv)
+                hV = alloc(W, iV, 0, p1 - c0, 0, dv)
+        p0 = p1
     return hK, hV
 
 
@@ -267,7 +310,8 @@ def _split_combine(W, ids, Op, Lp, O, L, Rtot, dv, s, Bm):  # noqa: N803
 
 @njit(cache=True)
 def _flash1_problem(  # noqa: N803
-    W, ids, Q, K, V, O, l, m, table, B, Hkv, g, G, Nq, Nk, dqk, dv, Br, Bc, P, scale, shared, mk, mp, mt, skip  # noqa: E741
+    W, ids, Q, K, V, O, l, m, table, B, Hkv, g, G, Nq, Nk, dqk, dv, Br, Bc, P, scale, shared, gather, mk, mp, mt,  # noqa: E741
+    skip,
 ):  # fmt: skip
     iQ, iK, iV, iO, il, im, iS, iT = ids
     pids = (iK, iV, iT)
@@ -294,26 +338,31 @@ def _flash1_problem(  # noqa: N803
             at = (kv, b, pages, hk, Hkv, P)
             for h in range(G):
                 qbase = ((b * Hkv + hk) * g + h) * Nq
-                for j in range(Tc):  # step 5 (paged: each page piece of K_j, V_j is an outer step of its own)
-                    c0 = j * Bc
+                for j in range(Tc):  # step 5 (paged: each page piece of K_j, V_j is an outer step of its own,
+                    c0 = j * Bc  # or, gather, the tile is gathered from its pages in one outer step)
                     c1 = min(c0 + Bc, Nk)
                     p0 = c0
                     while p0 < c1:
-                        p1 = piece_end(p0, c1, P)
+                        p1 = c1 if gather else piece_end(p0, c1, P)
                         n = p1 - p0
                         Kj, Vj = tile(Kb, n, dqk), tile(Vb, n, dv)
                         hK = hV = -1  # paper: K_j, V_j loaded first (step 6); skip: at the first row block that
                         lo, hi = cols_rows(mk, mp, mt, p0, n, Nq, off, R)  # sees one of their keys
                         i0, i1 = block_range(lo, hi, Br)
                         if not skip:
-                            hK, hV = _load_piece(W, pids, K, V, table, tb, Kj, Vj, at, p0, n, dqk, dv, shared)
+                            if gather:
+                                hK, hV = _gather_tile(W, pids, K, V, table, tb, Kb, Vb, at, p0, p1, dqk, dv, shared)
+                            else:
+                                hK, hV = _load_piece(W, pids, K, V, table, tb, Kj, Vj, at, p0, n, dqk, dv, shared)
                         for i in range(i0, i1):  # step 7
                             r0 = i * Br
                             br = min(Br, R - r0)
                             nnz = rows_nnz(mk, mp, mt, r0, br, p0, n, Nq, off)
                             if nnz == 0:  # a zero block is skipped
                                 continue
-                            if hK < 0:
+                            if hK < 0 and gather:
+                                hK, hV = _gather_tile(W, pids, K, V, table, tb, Kb, Vb, at, p0, p1, dqk, dv, shared)
+                            elif hK < 0:
                                 hK, hV = _load_piece(W, pids, K, V, table, tb, Kj, Vj, at, p0, n, dqk, dv, shared)
                             Qi, Oi, Sij = tile(Qb, br, dqk), tile(Ob, br, dv), tile(Sb, br, n)
                             hQ = load(W, iQ, Q, qbase + r0, br, 0, dqk, Qi)  # step 8
@@ -386,10 +435,14 @@ def flash2_problem(mem, problem, Q, K, V, table, *, Br, Bc, gqa, splits, mla, co
     return O, L
 
 
-def flash1_problem(mem, problem, Q, K, V, table, *, Br, Bc, gqa, mla, scale, dtype=np.float64, mask=None):  # noqa: N803
+def flash1_problem(mem, problem, Q, K, V, table, *, Br, Bc, gqa, mla, scale, dtype=np.float64, mask=None,
+                   gather=False):  # noqa: N803  # fmt: skip
     """FlashAttention Algorithm 1 over ``problem`` (module docstring); count-only: Q = K = V = table = None.
 
-    Returns (O, l, m) in (b, h_q, r) row order. Exact counts: :func:`iosim.theory.io_model.flash1_problem`."""
+    ``gather`` (a paged cache): each column block is one outer step whose K_j, V_j are gathered from their pages
+    (a table word and a load per page piece, one resident tile), in place of one outer step per page piece with its
+    own round trip of Q_i, O_i, l_i, m_i. Returns (O, l, m) in (b, h_q, r) row order. Exact counts:
+    :func:`iosim.theory.io_model.flash1_problem`."""
     p = problem
     G, _, R = p.groups(gqa)
     Rtot = p.B * p.H_q * p.N_q
@@ -404,7 +457,7 @@ def flash1_problem(mem, problem, Q, K, V, table, *, Br, Bc, gqa, mla, scale, dty
     )  # fmt: skip
     P = p.page_size or 0
     shared = p.latent and mla == "shared"
-    args = (p.B, p.H_kv, p.g, G, p.N_q, p.N_k, p.d_qk, p.d_v, Br, Bc, P, float(scale), shared)
+    args = (p.B, p.H_kv, p.g, G, p.N_q, p.N_k, p.d_qk, p.d_v, Br, Bc, P, float(scale), shared, bool(gather))
     mem.call(_flash1_problem, ids, Q, K, V, O, l_, m, table if numeric else None, *args, *problem_mask(p, mask))
     return O, l_, m
 

@@ -3,7 +3,7 @@
 interpreters and simulator: iosim.kernels), beside iosim's closed form of the schedule each implements and the
 lower bound at the working set its block sizes imply.
 
-Claim (issue 23): a kernel that implements a schedule moves exactly that schedule's closed form, array by array
+Claim: a kernel that implements a schedule moves exactly that schedule's closed form, array by array
 (FlashAttention-2 forward and backward in Triton, split-KV decoding, jax's Pallas TPU flash-attention op, iosim's
 own numba.cuda kernel); a kernel that masks the causal upper triangle instead of skipping its blocks reads about
 twice the closed form's K and V as N grows (1.78x in all at N = 1024 with 64 x 32 blocks); and the numerics of

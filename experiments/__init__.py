@@ -118,6 +118,12 @@ EXPERIMENTS: tuple[Entry, ...] = (
         "Li et al.: the slow memory of a GPU is an L2",
         "A shared L2: DRAM vs two-level, orders",
     ),
+    Entry(
+        "fig2-hierarchy",
+        "15_fig2_hierarchy",
+        "FlashAttention Fig. 2: measured HBM traffic against the L2 model",
+        "Fig. 2's measured HBM vs the A100 L2",
+    ),
 )
 
 

@@ -18,7 +18,9 @@ Fields (the symbols of docs/theory.md#problems-batch-heads-decoding):
   V = c_KV, the first d_v columns of K (d_v <= d_qk; H_kv defaults to 1, the absorbed form's one shared cache).
 * ``page_size`` P: the KV cache is paged in blocks of P tokens located through a page table (vLLM); None: contiguous.
 * ``dtype_q``, ``dtype_kv``, ``dtype_o``: the storage dtype of Q, of the KV cache (K, V) and of O (:data:`BYTES`);
-  the statistics (L, the split partials) are fp32 and the page table int32, as the kernels keep them.
+  the statistics (L, the split partials) are fp32 and the page table int32, as the kernels keep them. The backward
+  moves dO at dtype_o, dK and dV at dtype_kv, and dQ as FlashAttention's kernels accumulate it: in fp32 (its
+  read-modify-writes are fp32 words; fp64 in a problem at fp64). Word counts do not depend on dtypes.
 
 Counts are in words (one word per entry, the memory model's unit) and, through the dtypes, in bytes
 (:meth:`Problem.bytes_of`).
@@ -160,13 +162,29 @@ class Problem:
         """The storage dtype of a slow-memory array by its iosim name."""
         if array in FIXED_DTYPES:
             return FIXED_DTYPES[array]
-        if array in ("K", "V"):
+        if array in ("K", "V", "dK", "dV", "dKpart", "dVpart"):  # the kernels write dK, dV at K's and V's dtype
             return self.dtype_kv
-        if array in ("O", "dO", "dQ", "dK", "dV"):
+        if array == "dQ":  # accumulated in fp32 (flash-attn's dq_accum; fp64 where the problem computes in fp64)
+            return "fp64" if self.dtype_o == "fp64" else "fp32"
+        if array in ("O", "dO"):
             return self.dtype_o
         if array == "Q":
             return self.dtype_q
         return "fp32"  # scratch of the standard algorithms (S, P, dS, ...) and statistics
+
+    def storage(self, array: str) -> tuple[str, str]:
+        """Where ``array``'s words live, the one address map of a problem's arrays: (the array whose addresses they
+        are, what one copy serves). V of an MLA latent is the latent's first d_v columns, K's addresses (a naive
+        read of V touches the lines the K tile touched); K and V are one copy per key/value head; the page table is
+        one per batch item (a batch item's key/value heads share its pages, as vLLM's cache); every other array
+        (Q, O, the statistics, the gradients, scratch) one per query head (or per packed group of them)."""
+        if array == "V" and self.latent:
+            return "K", "kv head"
+        if array in ("K", "V"):
+            return array, "kv head"
+        if array == "page_table":
+            return array, "batch item"
+        return array, "head"
 
     def bytes_of(self, array: str, words: int) -> int:
         """Bytes of ``words`` entries of ``array``."""

@@ -228,7 +228,7 @@ def run_problem(algo, p: Problem, M: int, gqa, splits, mla, Br, Bc, B, one_head,
     square tiling head by head). ``one_head`` is :func:`iosim.api.run` itself, which a backward run head by head
     calls for each head."""
     from iosim.algorithms import decoding
-    from iosim.masks import check_policy
+    from iosim.masks import check_policy, compile_mask
     from iosim.theory import io_model
     from iosim.theory.tiling import problem_tiling
 
@@ -239,6 +239,8 @@ def run_problem(algo, p: Problem, M: int, gqa, splits, mla, Br, Bc, B, one_head,
         return run_by_heads(algo, p, M, gqa, splits, mla, Br, Bc, B, masked, o, one_head)
     splits, mla = _problem_schedule(algo, p, gqa, splits, mla, B)
     tmask = problem_mask(p, o["mask"], o["kv_policy"]) if masked else None
+    if not masked and p.causal and o["kv_policy"] == "paper":  # the causal field under the policy asked for
+        tmask = compile_mask(None, p.N_k, True, "paper")
     if backward:
         _problem_backward_check(algo, p, splits)
     trace = flag("trace", o["trace"])

@@ -14,7 +14,7 @@ from iosim.memory_model.core import INIT, LOAD, STORE
 
 import iosim
 from iosim import InputError
-from iosim.hierarchy import ORDERS, ctas, device, hierarchy, l2, presets
+from iosim.hierarchy import ORDERS, ctas, device, hierarchy, l2, launches, presets
 from iosim.views import cache_sim as cs
 
 CASES = [
@@ -51,20 +51,27 @@ def test_pieces_re_add_to_the_two_level_count(algorithm, backward):
         assert ev[stop - 1, 7] == 0 and (start == 0 or ev[start - 1, 7] == 0)
 
 
+def declared(r, algorithm, backward):
+    c = ctas.cut(r.trace)
+    d = launches.assign(c, r.trace, launches.kernels(algorithm, backward))
+    return c, [k.name for k in d.kernels], list(np.diff(d.launch_ptr))
+
+
 def test_flash_cuts_are_the_outer_loops():
+    """Pieces are the outer loops' steps; the declared kernels launch them: flash2's forward one CTA per row block,
+    flash1's one CTA per head after the memset, flash2's backward the memset, D, one CTA per column block."""
     r = traced("flash2", False)
-    t = r.tiling
-    c = ctas.cut(r.trace)
-    assert c.launch_writes == ["L, O"] and c.pieces == -(-SMALL["N"] // t.Br)  # one CTA per row block i
+    Tr = -(-SMALL["N"] // r.tiling.Br)
+    c, names, ctas_per = declared(r, "flash2", False)
+    assert names == ["flash2 forward"] and c.pieces == Tr and ctas_per == [Tr]  # one CTA per row block i
     r = traced("flash1", False)
-    c = ctas.cut(r.trace)
-    assert c.launch_writes == ["init", "O, l, m"]
-    assert c.pieces == 3 + -(-SMALL["N"] // r.tiling.Bc)  # the memsets of O, l, m; one CTA per column block j
+    c, names, ctas_per = declared(r, "flash1", False)
+    assert names == ["memset O, l, m", "flash1 forward"] and ctas_per == [3, 1]
+    assert c.pieces == 3 + -(-SMALL["N"] // r.tiling.Bc)  # the memsets of O, l, m; a piece per column block j
     r = traced("flash2", True)
-    c = ctas.cut(r.trace)
     Tr, Tc = -(-SMALL["N"] // r.tiling.Br), -(-SMALL["N"] // r.tiling.Bc)
-    assert c.launch_writes == ["init", "D", "dK, dQ, dV"]
-    assert list(np.diff(c.launch_ptr)) == [1, Tr, Tc]
+    c, names, ctas_per = declared(r, "flash2", True)
+    assert names == ["memset dQ", "preprocess D", "flash2 backward"] and ctas_per == [1, Tr, Tc]
 
 
 @pytest.mark.parametrize(("algorithm", "backward"), CASES)
@@ -92,12 +99,10 @@ def compulsory(res):
 
 def line_stream(res):
     """The recorded request order as a line stream (a second pass of l2.line_stream on the same layout)."""
-    from iosim.hierarchy.simulate import _layout
-
-    lay = _layout(res.trace, res.cut, res.B, res.H_q, res.H_kv, res.L)
+    lay = res.layout
     rec = res.record
     args = (rec[:, 0].copy(), rec[:, 1].copy(), len(rec), res.blocks[:, 1:].copy(), res.cut.requests, lay.kv)
-    args += (lay.cols, lay.lbase, lay.nl, res.L)
+    args += (lay.base, lay.stride, lay.lbase, lay.nl, res.L)
     n = l2.line_stream(*args, np.zeros(0, np.int64), np.zeros(0, np.int8))
     lines, flags = np.empty(n, np.int64), np.empty(n, np.int8)
     l2.line_stream(*args, lines, flags)
@@ -141,9 +146,7 @@ def test_segment_lru_equals_cache_sim_line_lru_on_real_launches(algorithm, backw
     r = hierarchy(algorithm, backward=backward, B=1, H_q=4, H_kv=2, P=3, C=C, L=4, record=True, **SMALL)
     lines, flags = line_stream(r)
     names = r.trace.names
-    from iosim.hierarchy.simulate import _layout
-
-    lay = _layout(r.trace, r.cut, r.B, r.H_q, r.H_kv, r.L)
+    lay = r.layout
     aid_of = np.zeros(lay.n_lines, np.int32)
     ends = np.append(lay.lbase[1:], lay.n_lines)
     for a in range(len(names)):
@@ -458,3 +461,261 @@ def test_long_launches_ask_and_huge_traces_are_refused(monkeypatch, capsys):
     with pytest.raises(InputError) as e:  # a trace past its first buffer (65,536 events) is checked
         hierarchy("flash2", N=2000, d=8, M=400, P=2, C=0)
     assert e.value.parameter == "N" and "GiB" in str(e.value) and "\n" not in str(e.value)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# An independent model of the launches (issue 32): built from the schedules' definitions with nothing of iosim's
+# counting (no trace, no cut, no layout, no L2 code): one launch per kernel, one CTA per row block (flash2's
+# forward), per column block (the backward's main kernel) or per head (flash1's forward), MLA's V at the latent's
+# first d_v columns (K's addresses), a line LRU (write-back, write-validate) and the clock of the README.
+
+
+def _model_sees(mask, q, c, N_q, N_k):  # noqa: N803
+    """Query row q sees key c: the mask's row q + N_k - N_q (bottom-right), as docs/theory.md defines it."""
+    r = q + N_k - N_q
+    if mask is None:
+        return True
+    if mask == "causal":
+        return c <= r
+    kind, w = mask.split(":")
+    assert kind == "window"
+    return abs(r - c) < int(w)
+
+
+def _model_blocks(n, b):
+    return [(s, min(b, n - s)) for s in range(0, n, b)]
+
+
+def _model_unit(alg, backward, p, R, Br, Bc, mask, policy, mla):  # noqa: N803
+    """One unit's kernels, in order: [(kernel name, [CTA requests])]; a request is (write, array, r0, nr, c0, nc).
+    R packed rows (row x is query row x mod N_q)."""
+    N_q, N_k, dqk, dv = p["N_q"], p["N_k"], p["d_qk"], p["d_v"]
+
+    def nonempty(r0, br, c0, bc):
+        return any(_model_sees(mask, r % N_q, c, N_q, N_k) for r in range(r0, r0 + br) for c in range(c0, c0 + bc))
+
+    kv = [("K", dqk)] + ([] if p.get("latent") and mla == "shared" else [("V", dv)])  # shared: V is in K_j
+    loads_kv = [lambda c0, bc, name=name, w=w: (0, name, c0, bc, 0, w) for name, w in kv]
+    if alg == "flash2" and not backward:
+        ctas_ = []
+        for r0, br in _model_blocks(R, Br):
+            reqs = [(0, "Q", r0, br, 0, dqk)] if policy == "paper" else []
+            for c0, bc in _model_blocks(N_k, Bc):
+                if not nonempty(r0, br, c0, bc):
+                    continue
+                if not reqs:
+                    reqs.append((0, "Q", r0, br, 0, dqk))
+                reqs += [f(c0, bc) for f in loads_kv]
+            ctas_.append(reqs + [(1, "O", r0, br, 0, dv), (1, "L", r0, br, 0, 1)])
+        return [("flash2 forward", ctas_)]
+    if alg == "flash1" and not backward:
+        memset = [[(1, "O", 0, R, 0, dv)], [(1, "l", 0, R, 0, 1)], [(1, "m", 0, R, 0, 1)]]
+        one = []  # one CTA per head: the column blocks looped inside
+        for c0, bc in _model_blocks(N_k, Bc):
+            got = policy == "paper"
+            if got:
+                one += [f(c0, bc) for f in loads_kv]
+            for r0, br in _model_blocks(R, Br):
+                if not nonempty(r0, br, c0, bc):
+                    continue
+                if not got:
+                    one += [f(c0, bc) for f in loads_kv]
+                    got = True
+                one += [(0, a, r0, br, 0, w) for a, w in (("Q", dqk), ("O", dv), ("l", 1), ("m", 1))]
+                one += [(1, a, r0, br, 0, w) for a, w in (("O", dv), ("l", 1), ("m", 1))]
+        return [("memset O, l, m", memset), ("flash1 forward", [one])]
+    assert alg == "flash2" and backward
+    memset = [[(1, "dQ", 0, R, 0, dqk)]]
+    pre = [
+        [(0, "dO", r0, br, 0, dv), (0, "O", r0, br, 0, dv), (1, "D", r0, br, 0, 1)] for r0, br in _model_blocks(R, Br)
+    ]
+    main = []
+    for c0, bc in _model_blocks(N_k, Bc):
+        reqs = [f(c0, bc) for f in loads_kv] if policy == "paper" else []
+        got = policy == "paper"
+        for r0, br in _model_blocks(R, Br):
+            if not nonempty(r0, br, c0, bc):
+                continue
+            if not got:
+                reqs += [f(c0, bc) for f in loads_kv]
+                got = True
+            reqs += [(0, a, r0, br, 0, w) for a, w in (("Q", dqk), ("dO", dv), ("dQ", dqk), ("L", 1), ("D", 1))]
+            reqs.append((1, "dQ", r0, br, 0, dqk))
+        main.append(reqs + [(1, "dK", c0, bc, 0, dqk), (1, "dV", c0, bc, 0, dv)])
+    return [("memset dQ", memset), ("preprocess D", pre), ("flash2 backward", main)]
+
+
+def _model_dram(alg, backward, p, Br, Bc, mask, policy, mla, gqa, P, C, L):  # noqa: N803
+    """(per-array L2 fills, per-array write-backs, kernel names) of the whole launch, head-grouped order."""
+    g = p["H_q"] // p["H_kv"]
+    units = p["H_kv"] if gqa == "packed" else p["H_q"]
+    R = p["N_q"] * (g if gqa == "packed" else 1)
+    width = {"Q": p["d_qk"], "O": p["d_v"], "K": p["d_qk"], "V": p["d_v"], "dO": p["d_v"], "dQ": p["d_qk"],
+             "dK": p["d_qk"], "dV": p["d_v"]}  # fmt: skip
+    latent = p.get("latent", False)
+    kernels = _model_unit(alg, backward, p, R, Br, Bc, mask, policy, mla)
+    launches_ = []  # per kernel: CTAs as (requests, unit copy, KV copy), for b, for unit, for piece
+    for _, ctas_ in kernels:
+        launches_.append([(c, b * units + u, b * p["H_kv"] + (u if gqa == "packed" else u // g))
+                          for b in range(p["B"]) for u in range(units) for c in ctas_ if c])  # fmt: skip
+    cap = C // L
+    lines: OrderedDict = OrderedDict()
+    fill, wb = {}, {}
+
+    def touch(key, write, array, owner):
+        if key in lines:
+            lines.move_to_end(key)
+            if write:
+                lines[key] = (True, owner)
+            return
+        if not write:
+            fill[array] = fill.get(array, 0) + L
+        lines[key] = (bool(write), owner)
+        if len(lines) > cap:
+            _, (dirty, o) = lines.popitem(last=False)
+            if dirty:
+                wb[o] = wb.get(o, 0) + L
+
+    def issue(req, ucopy, kvcopy):
+        w, a, r0, nr, c0, nc = req
+        owner = "K" if (a == "V" and latent) else a  # MLA: V is the latent's first d_v columns, K's addresses
+        stride = width.get(owner, 1)
+        copy = kvcopy if a in ("K", "V") else ucopy
+        for r in range(r0, r0 + nr):
+            w0 = r * stride + c0
+            for line in range(w0 // L, (w0 + nc - 1) // L + 1):
+                touch((owner, copy, line), w, a, owner)
+        return nr * nc
+
+    import heapq
+
+    t_start, bid = 0, 0
+    for ctas_ in launches_:
+        heap, nxt, t_end = [], 0, t_start
+        while nxt < min(P, len(ctas_)):
+            heapq.heappush(heap, (t_start, bid + nxt, nxt, 0))
+            nxt += 1
+        while heap:
+            t, i, c, k = heapq.heappop(heap)
+            reqs, ucopy, kvcopy = ctas_[c]
+            t += issue(reqs[k], ucopy, kvcopy)
+            if k + 1 < len(reqs):
+                heapq.heappush(heap, (t, i, c, k + 1))
+                continue
+            t_end = max(t_end, t)
+            if nxt < len(ctas_):
+                heapq.heappush(heap, (t, bid + nxt, nxt, 0))
+                nxt += 1
+        bid += len(ctas_)
+        t_start = t_end
+    for dirty, owner in lines.values():
+        if dirty:
+            wb[owner] = wb.get(owner, 0) + L
+    return fill, wb, [name for name, ctas_ in kernels if any(ctas_)]
+
+
+def _p(B, H_q, H_kv, N_q, N_k, d_qk, d_v, latent=False):  # noqa: N803
+    return dict(B=B, H_q=H_q, H_kv=H_kv, N_q=N_q, N_k=N_k, d_qk=d_qk, d_v=d_v, **({"latent": True} if latent else {}))
+
+
+# fmt: off
+MODEL_CASES = [  # (algorithm, backward, problem, Br, Bc, mask, policy, mla, gqa, P, C, L)
+    ("flash2", False, _p(2, 4, 2, 24, 24, 8, 16), 5, 7, None, "skip", "shared", "per-head", 3, 96, 4),
+    ("flash2", False, _p(1, 2, 1, 9, 30, 8, 8), 4, 6, "causal", "skip", "shared", "packed", 2, 200, 8),
+    ("flash2", False, _p(1, 2, 2, 20, 20, 8, 8), 4, 3, "window:4", "paper", "shared", "per-head", 3, 64, 4),
+    ("flash1", False, _p(2, 2, 2, 24, 24, 8, 8), 5, 7, None, "skip", "shared", "per-head", 3, 96, 4),
+    ("flash1", False, _p(1, 4, 2, 20, 20, 8, 8), 4, 6, "causal", "paper", "shared", "per-head", 2, 160, 8),
+    ("flash1", False, _p(1, 2, 2, 20, 20, 8, 8), 4, 3, "window:4", "skip", "shared", "per-head", 4, 64, 4),
+    # issue 32's example: 2,344 DRAM words
+    ("flash2", True, _p(1, 2, 2, 6, 20, 8, 16), 3, 4, "window:5", "skip", "shared", "per-head", 1, 1072, 8),
+    ("flash2", True, _p(2, 2, 2, 20, 20, 8, 8), 4, 6, None, "skip", "shared", "per-head", 3, 96, 4),
+    ("flash2", True, _p(1, 2, 1, 16, 16, 8, 8), 4, 5, "causal", "paper", "shared", "packed", 2, 128, 4),
+    ("flash2", False, _p(2, 4, 1, 1, 60, 24, 16, latent=True), 4, 8, None, "skip", "naive", "packed", 3, 256, 8),
+    ("flash2", False, _p(2, 4, 1, 1, 60, 24, 16, latent=True), 4, 8, None, "skip", "shared", "packed", 3, 256, 8),
+    ("flash1", False, _p(1, 2, 1, 3, 40, 12, 8, latent=True), 2, 8, "causal", "skip", "naive", "per-head", 2, 96, 4),
+]
+# fmt: on
+
+
+@pytest.mark.parametrize("case", MODEL_CASES, ids=lambda c: f"{c[0]}-{'bwd' if c[1] else 'fwd'}-{c[5]}-{c[7]}")
+def test_an_independent_model_of_the_launches_agrees_word_for_word(case):
+    """Issue 32's definition of done: an independent model (one launch per kernel, V aliased to K's lines, one
+    flash1 CTA per head; tests/test_hierarchy.py's own line LRU and clock, nothing of iosim's counting) equals
+    the hierarchy's DRAM per array, word for word, on masked and unmasked launches."""
+    alg, backward, pd, Br, Bc, mask, policy, mla, gqa, P, C, L = case
+    problem = iosim.Problem(**pd, causal=mask == "causal")
+    h = hierarchy(alg, problem=problem, M=100_000, Br=Br, Bc=Bc, backward=backward, P=P, C=C, L=L, blocks_per_sm=1,
+                  mask=None if mask in (None, "causal") else mask, kv_policy=policy, gqa=gqa, mla=mla)  # fmt: skip
+    fill, wb, names = _model_dram(alg, backward, pd, Br, Bc, mask, policy, mla, gqa, P, C, L)
+    assert [k["kernel"] for k in h.launches] == names
+    got_fill = {n: c.l2_fill for n, c in h.per_array.items() if c.l2_fill}
+    got_wb = {n: c.l2_writeback for n, c in h.per_array.items() if c.l2_writeback}
+    assert (got_fill, got_wb) == (fill, wb)
+    if case == MODEL_CASES[6]:
+        assert h.dram == 2344  # the issue's figure for one launch per kernel (the inferred launches gave 2,440)
+
+
+def test_a_launch_whose_ctas_race_is_refused():
+    """flash1's forward read-modify-writes O_i, l_i, m_i at every column block: one CTA per column block would race
+    (not an atomic sum), so it is declared one CTA per head, and a declaration of one CTA per column block is
+    refused; flash2's backward adds dQ_i atomically (declared), its dK_j, dV_j are the column block's own."""
+    r = traced("flash1", False)
+    c = ctas.cut(r.trace)
+    legal = launches.assign(c, r.trace, launches.kernels("flash1", False))
+    launches.check_races(c, r.trace, legal)  # one CTA per head: nothing to race with
+    racing = [launches.Kernel("memset", "m", ("init",)), launches.Kernel("flash1 per column block", "x", ("rest",))]
+    with pytest.raises(InputError) as e:
+        launches.check_races(c, r.trace, launches.assign(c, r.trace, racing))
+    assert e.value.parameter == "schedule" and "race" in str(e.value) and "\n" not in str(e.value)
+    r = traced("flash2", True)
+    c = ctas.cut(r.trace)
+    launches.check_races(c, r.trace, launches.assign(c, r.trace, launches.kernels("flash2", True)))
+    not_atomic = [k if k.name != "flash2 backward" else launches.Kernel(k.name, k.models, k.select)
+                  for k in launches.kernels("flash2", True)]  # fmt: skip
+    with pytest.raises(InputError, match="dQ"):
+        launches.check_races(c, r.trace, launches.assign(c, r.trace, not_atomic))
+
+
+def test_flash1_forward_is_one_cta_per_head():
+    """Issue 32's example: one CTA per head moves 4,407,296 DRAM words (the CTA per column block gave 1,597,440)."""
+    h = hierarchy("flash1", N=512, d=64, H_q=8, M=100_000, Br=64, Bc=64, causal=True, C=65536, L=64, P=4)
+    assert [(k["kernel"], k["ctas"]) for k in h.launches] == [("memset O, l, m", 24), ("flash1 forward", 8)]
+    assert h.dram == 4_407_296
+
+
+def test_mla_naive_reads_the_latent_twice_from_the_same_lines():
+    """V is the latent's first d_v columns: with an L2 that holds everything naive's second read hits the lines
+    its K tile brought, so naive DRAM = shared DRAM (issue 32: 1,214,592 words at B = 2, H_q = 16, N_k = 1024,
+    d 576/512, packed, P = 8, L = 64); with no L2 naive moves V's words again (the two-level count)."""
+    p = iosim.Problem(B=2, H_q=16, N_q=1, N_k=1024, d_qk=576, d_v=512, latent=True)
+    kw = dict(problem=p, M=50_000, P=8, L=64, gqa="packed")
+    naive, shared = (hierarchy("flash2", C=1 << 30, mla=m, **kw) for m in ("naive", "shared"))
+    assert naive.dram == shared.dram == 1_214_592 and naive.per_array["V"].dram == 0
+    assert naive.two_level > shared.two_level
+    naive0 = hierarchy("flash2", C=0, mla="naive", **kw)
+    assert naive0.per_array["V"].dram == naive0.per_array["V"].two_level == 2 * 1024 * 512
+
+
+def test_the_page_table_is_one_per_batch_item():
+    """A batch item's KV heads share its pages (vLLM): an L2 holding everything reads each batch item's page table
+    once, B x pages words, not once per KV head."""
+    p = iosim.Problem(B=3, H_q=4, H_kv=2, N_q=2, N_k=50, d=8, page_size=7)
+    h = hierarchy("flash2", problem=p, M=3000, P=2, C=1 << 24, L=1)
+    assert h.per_array["page_table"].dram == p.B * p.pages
+    assert h.per_array["K"].dram == p.B * p.H_kv * p.N_k * p.d_qk
+
+
+def test_hierarchy_json_lists_the_launches(capsys):
+    import json
+
+    from iosim.cli import main
+
+    argv = ["hierarchy", "flash2", "--heads", "2", "--Nq", "6", "--Nk", "20", "--d", "8", "--dv", "16", "--M",
+            "100000", "--Br", "3", "--Bc", "4", "--backward", "--mask", "window:5", "--C", "1072", "--L", "8", "--P",
+            "1", "--blocks-per-sm", "1", "--json"]  # fmt: skip
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [(k["kernel"], k["grid"], k["ctas"]) for k in out["launches"]] == [
+        ("memset dQ", "piece", 2), ("preprocess D", "piece", 4), ("flash2 backward", "piece", 10)]  # fmt: skip
+    assert out["launches"][2]["atomic"] == ["dQ"] and "flash_bwd" in out["launches"][2]["models"]
+    assert out["dram"] == 2344

@@ -37,13 +37,25 @@ for cmd in PROBLEM_COMMANDS.values():
             SHAPE_CASES.append(([*cmd, *rest, *S, option, value], [option, "must be an integer from 1"]))
 
 
+for option in ("--batch", "--heads", "--kv-heads", "--Nq", "--Nk", "--dv", "--N", "--d"):
+    for value in ("0", "-3"):
+        base = {"--N": "64", "--d": "8"}
+        argv = ["hierarchy", "flash2", "--P", "2", "--C", "1024", "--M", "600"]
+        argv += [x for k, v in base.items() if k != option for x in (k, v)]
+        SHAPE_CASES.append(([*argv, option, value], [option, "must be"]))
+
+
 @pytest.mark.parametrize(("argv", "words"), SHAPE_CASES, ids=ids(SHAPE_CASES))
 def test_problem_sizes_are_positive_on_every_command(argv, words, tmp_path, monkeypatch, capsys):
     assert_refused(argv, words, tmp_path, monkeypatch, capsys)
 
 
 # 2. contradictions: --N is N_q = N_k and --d is d_qk, so each is refused beside the options it would contradict
-CONTRADICTIONS = []
+HIER = ["hierarchy", "flash2", "--d", "8", "--P", "2", "--C", "1024", "--M", "600"]
+CONTRADICTIONS = [
+    ([*HIER, "--N", "64", "--Nq", "8"], ["--N", "not both"]),
+    ([*HIER, "--N", "64", "--Nk", "8"], ["--N", "not both"]),
+]
 for cmd in PROBLEM_COMMANDS.values():
     CONTRADICTIONS += [
         ([*cmd, "--N", "8", "--Nq", "4", *S], ["--N", "not both"]),

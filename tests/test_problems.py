@@ -3,6 +3,7 @@ split-KV, paged KV, MLA shared / naive. Simulated == closed form per array and i
 against the float64 reference head by head; one-line errors for bad input."""
 
 import itertools
+import json
 
 import numpy as np
 import pytest
@@ -412,3 +413,72 @@ def test_mla_latent_defaults_to_one_shared_cache(capsys):
     argv = ["run", "flash2", "--heads", "8", "--Nq", "1", "--Nk", "100", "--d", "72", "--dv", "64", "--M", "20000"]
     assert _cli(*argv, "--mla", "shared", "--count-only") == 0
     assert "H_kv=1" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("algo", ["flash1", "flash2"])
+def test_causal_field_honours_the_kv_policy(algo, capsys):
+    """Issue 32, point 5: ``--causal`` over a problem counts the policy it reports (it counted skip's schedule while
+    the JSON said paper). flash2 at N_q = 40 > N_k = 13: paper loads every Q_i before testing, 1,920 words; skip
+    only the row blocks that see a key, 768; the closed form is exact under both, forward and backward."""
+    p = Problem(H_q=3, H_kv=1, N_q=40, N_k=13, d=16, causal=True)
+    q = {}
+    for policy in ("paper", "skip"):
+        r = iosim.run(algo, problem=p, M=2468, Br=6, Bc=5, kv_policy=policy, count_only=True, backward=True)
+        assert r.kv_policy == policy and r.passes["forward"].exact and r.passes["backward"].exact
+        q[policy] = r.passes["forward"].stats.per_array["Q"].reads
+    if algo == "flash2":
+        assert q == {"paper": 1920, "skip": 768}
+    else:  # K/V outer: the last query row sees every key, so no column block is empty and the policies agree
+        assert q["paper"] == q["skip"]
+    argv = ["run", algo, "--heads", "3", "--kv-heads", "1", "--Nq", "40", "--Nk", "13", "--d", "16", "--M", "2468",
+            "--Br", "6", "--Bc", "5", "--kv-policy", "paper", "--causal", "--count-only", "--json"]  # fmt: skip
+    assert _cli(*argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["kv_policy"] == "paper" and out["per_array"]["Q"]["reads"] == q["paper"]
+
+
+GATHER_CASES = [  # (problem, Br, Bc)
+    (Problem(B=2, H_q=4, H_kv=2, N_q=3, N_k=50, d=8, page_size=7), 2, 16),
+    (Problem(B=1, H_q=2, N_q=5, N_k=37, d_qk=12, d_v=8, page_size=1, latent=True, causal=True), 4, 5),
+    (Problem(B=1, H_q=3, N_q=1, N_k=64, d=16, page_size=16), 2, 16),
+    (Problem(B=1, H_q=2, N_q=9, N_k=30, d_qk=8, d_v=6, page_size=4, causal=True), 4, 6),
+]
+
+
+@pytest.mark.parametrize(("p", "Br", "Bc"), GATHER_CASES)
+@pytest.mark.parametrize("gqa", ["per-head", "packed"])
+def test_paged_flash1_that_gathers_a_tile_pays_only_the_table_words(p, Br, Bc, gqa):  # noqa: N803
+    """Issue 32, point 7: beside flash1's piece-per-step paging (each page piece an outer step with its own round
+    trip of Q_i, O_i, l_i, m_i) a K/V-outer kernel gathers a tile's keys from their pages: the contiguous cache's
+    counts plus one table word per page piece. Simulated = closed form per array and in peak, under masks and both
+    policies; numerics against the float64 reference."""
+    from iosim.api import _problem_inputs, _problem_mask, problem_reference
+
+    contiguous = Problem(B=p.B, H_q=p.H_q, H_kv=p.H_kv, N_q=p.N_q, N_k=p.N_k, d_qk=p.d_qk, d_v=p.d_v,
+                         latent=p.latent, causal=p.causal)  # fmt: skip
+    masks = [None] if p.causal else [None, "window:6"]
+    for mask, policy, mla in itertools.product(masks, ("skip", "paper"), ("shared", "naive") if p.latent else ("",)):
+        mla = mla or "shared"
+        tm = _problem_mask(p, mask, policy) if mask else None
+        counts = {}
+        for q, gather in ((p, True), (p, False), (contiguous, False)):
+            mem = TwoLevelMemory(10**6)
+            decoding.flash1_problem(mem, q, None, None, None, None, Br=Br, Bc=Bc, gqa=gqa, mla=mla, scale=1.0,
+                                    mask=tm, gather=gather)  # fmt: skip
+            st, pred = mem.stats(), io_model.flash1_problem(q, Br, Bc, gqa, mla, tm, gather=gather)
+            assert st.per_array == pred.per_array and st.peak == pred.peak
+            counts[(q.page_size, gather)] = {n: (c.reads, c.writes) for n, c in st.per_array.items()}
+        gathered, pieces, flat = counts[(p.page_size, True)], counts[(p.page_size, False)], counts[(None, False)]
+        table = gathered.pop("page_table")
+        assert gathered == flat  # the contiguous cache's counts and the table words alone
+        assert table == pieces["page_table"] if mask is None else table >= pieces["page_table"]  # whole tiles
+        if p.page_size < Bc:
+            assert pieces["Q"][0] >= flat["Q"][0]  # piece by piece: Q_i, O_i, l_i, m_i again per piece
+    rng = np.random.default_rng(3)
+    Q, K, V, Ks, Vs, table = _problem_inputs(p, rng)
+    O, l_, m = decoding.flash1_problem(TwoLevelMemory(10**6), p, Q, Ks, Vs, table, Br=Br, Bc=Bc, gqa=gqa,
+                                       mla="shared", scale=0.5, gather=True)  # fmt: skip
+    O_ref, L_ref = problem_reference(p, Q, K, V, 0.5)
+    assert np.max(np.abs(O - O_ref)) < 1e-12
+    seen = np.isfinite(L_ref)
+    assert np.max(np.abs((m + np.log(l_))[seen] - L_ref[seen])) < 1e-12

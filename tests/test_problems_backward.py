@@ -219,3 +219,40 @@ def test_backward_trace_replays_to_the_counts(algo):
     p = Problem(B=2, H_q=4, H_kv=2, N_q=5, N_k=30, d_qk=8, d_v=6, causal=True)
     r = iosim.run(algo, M=2000, problem=p, backward=True, trace=True, count_only=True)
     assert r.trace.replay().per_array == r.passes["backward"].stats.per_array
+
+
+@pytest.mark.parametrize("algo", ["flash1", "flash2"])
+@pytest.mark.parametrize("gqa", ["per-head", "packed"])
+def test_backward_peak_is_exact_when_only_the_short_last_column_block_is_visible(algo, gqa):
+    """Issue 32, point 6: a window over the last keys leaves only the short last column block (20 = 2 x 7 + 6)
+    visible; the closed-form peak is that block's working set (it was B_c's: flash2 per-head predicted 576 where
+    the schedule peaks at 508), and the explicit-tile refusal uses it (M = 520 runs flash2 per-head, refused
+    before)."""
+    p = Problem(H_q=16, H_kv=1, N_q=2, N_k=20, d=16)
+    r = iosim.run(algo, problem=p, M=4000, Br=8, Bc=7, mask="window:5", count_only=True, backward=True, gqa=gqa)
+    bwd = r.passes["backward"]
+    assert bwd.exact and bwd.stats.peak == bwd.predicted.peak
+    if algo == "flash2" and gqa == "per-head":
+        assert bwd.stats.peak == 508
+        ok = iosim.run(algo, problem=p, M=520, Br=8, Bc=7, mask="window:5", count_only=True, backward=True)
+        assert ok.passes["backward"].stats.peak == 508
+    M = bwd.stats.peak - 1
+    with pytest.raises(InputError) as e:
+        iosim.run(algo, problem=p, M=max(M, r.passes["forward"].stats.peak), Br=8, Bc=7, mask="window:5",
+                  count_only=True, backward=True, gqa=gqa)  # fmt: skip
+    assert e.value.parameter == "Br, Bc"
+
+
+def test_backward_bytes_follow_the_kernels_dtypes():
+    """Issue 32, point 7: dQ is accumulated in fp32 (flash-attn's dq_accum): its read-modify-writes are fp32 bytes,
+    the word count unchanged; dK, dV are written at the K/V dtype, dO read at the output's."""
+    p = Problem(B=1, H_q=4, H_kv=2, N_q=20, N_k=30, d=16, dtype_q="bf16", dtype_kv="fp8", dtype_o="bf16")
+    r = iosim.run("flash2", problem=p, M=4000, count_only=True, backward=True, gqa="packed")
+    words = {n: c.reads + c.writes for n, c in r.stats.per_array.items()}
+    same = iosim.run("flash2", problem=Problem(B=1, H_q=4, H_kv=2, N_q=20, N_k=30, d=16), M=4000, count_only=True,
+                     backward=True, gqa="packed")  # fmt: skip
+    assert words == {n: c.reads + c.writes for n, c in same.stats.per_array.items()}  # words do not see dtypes
+    b = r.bytes_per_array
+    assert b["dQ"] == 4 * words["dQ"] and b["dO"] == 2 * words["dO"]
+    assert b["dK"] == words["dK"] and b["dV"] == words["dV"]
+    assert Problem(N=4, d=4).dtype_of("dQ") == "fp64"  # a problem computed in fp64 accumulates in fp64

@@ -106,8 +106,9 @@ def command(args) -> int:
         f"block(s) of M={r.M:,} words, L2 C={r.C:,} words "
         f"({r.policy}), lines of L={r.L} words, {r.bytes_per_word} bytes per word; order {r.order}"
     )
+    kernels = "; ".join(k["kernel"] for k in r.launches)
     print(
-        f"{r.ctas:,} thread blocks in {len(r.launches)} launch(es) ({'; '.join(r.launches)}), waves "
+        f"{r.ctas:,} thread blocks in {len(r.launches)} launch(es) ({kernels}), waves "
         f"{', '.join(map(str, r.waves))}; {r.requests:,} tile requests; {r.tiling}"
     )
     print(r.table(args.format))
@@ -132,6 +133,8 @@ def _shape(args) -> dict:
         if args.N is None:
             raise InputError("--N", "must be given (or --Nq and --Nk)", None)
         return dict(N=args.N, d=args.d, bytes_per_word=args.bytes_per_word, **fields)
+    if args.N is not None and (args.Nq is not None or args.Nk is not None):  # as options.problem_of says it
+        raise InputError("--N", "means N_q = N_k = N: give --N, or --Nq and --Nk, not both", args.N)
     Nq, Nk = args.Nq or args.N, args.Nk or args.N
     if Nq is None or Nk is None:
         raise InputError("--Nq, --Nk", "must be given (or --N for both)", (Nq, Nk))

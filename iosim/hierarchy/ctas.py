@@ -1,4 +1,4 @@
-"""Thread blocks from a schedule's own trace: where a single-head run is cut into CTAs, and which CTAs form a launch.
+"""Thread blocks from a schedule's own trace: where a single-head run is cut into pieces (the CTAs' work).
 
 The hierarchy never re-implements a schedule. It runs the single-head schedule once (count-only, with the event
 trace of :mod:`iosim.memory_model`) and cuts the trace into **pieces**, one per thread block (CTA):
@@ -7,11 +7,11 @@ trace of :mod:`iosim.memory_model`) and cuts the trace into **pieces**, one per 
   schedule keeps its outer loop's operands resident for the whole inner loop, so the cut falls exactly at the
   outer-loop boundaries:
 
-  - flash2 forward: one CTA per row block i (Q_i, O_i, l_i, m_i stay resident over the j loop);
-  - flash1 forward: one CTA per column block j (K_j, V_j stay resident over the i loop), after a memset launch
-    that initialises O, l, m (its ``init`` events);
-  - flash1 backward: one CTA per column block j, after the memset of dQ, dK, dV;
-  - flash2 backward: the D_i = rowsum(dO_i o O_i) launch (one CTA per row block i), then one CTA per column block
+  - flash2 forward: a piece per row block i (Q_i, O_i, l_i, m_i stay resident over the j loop);
+  - flash1 forward: a piece per column block j (K_j, V_j stay resident over the i loop), after the memset's
+    initialisations of O, l, m (its ``init`` events); its kernel runs all of a head's pieces in one CTA;
+  - flash1 backward: a piece per column block j, after the memset of dQ, dK, dV (one CTA per head, too);
+  - flash2 backward: the D_i = rowsum(dO_i o O_i) pieces (one per row block i), then one per column block
     j (dK_j, dV_j, K_j, V_j resident over the i loop), after the memset of dQ;
   - square tiling forward: phase 1, one CTA per row tile i (m_i, l_i resident over its j loop); phase 2, one CTA
     per row tile i (L_i resident over its output tiles); backward: phase 1 one CTA per row tile i, then one CTA per
@@ -20,11 +20,8 @@ trace of :mod:`iosim.memory_model`) and cuts the trace into **pieces**, one per 
 
   Events that move nothing (alloc/free only) make no piece. The pieces' loads, stores and initialisations re-add to
   the two-level count exactly (tests/test_hierarchy.py).
-* **A launch** is a maximal run of consecutive pieces that write the same set of arrays: the memset (``init``
-  events), then e.g. flash2 backward's D launch (writes D) and its main launch (writes dQ, dK, dV). A piece that
-  writes nothing (a column block a mask empties, under the ``paper`` policy) stays in the launch it sits in.
-  Launches run one after another (each starts when the previous one has finished); the L2 keeps its contents
-  across them.
+* **Launches** are declared, not inferred: :mod:`iosim.hierarchy.launches` names each schedule's kernels and maps
+  the pieces onto them (and their CTAs onto a grid: one per piece, or one per head unit).
 
 A piece's **requests** are its loads (reads from L2), stores and initialisations (writes), in trace order; one
 request is one tile transfer, ``(write, array, r0, nr, c0, nc, words)``.
@@ -45,32 +42,25 @@ _RES = 7  # the trace's resident-words column
 @dataclass(frozen=True)
 class Cut:
     """A trace cut into pieces: ``requests`` (one row per request), ``piece_ptr`` (piece p's requests are rows
-    piece_ptr[p]:piece_ptr[p+1]), ``piece_events`` (the trace rows [start, stop) of each piece) and ``launch_ptr``
-    (launch k's pieces are launch_ptr[k]:launch_ptr[k+1]); ``launch_writes`` names what each launch writes."""
+    piece_ptr[p]:piece_ptr[p+1]) and ``piece_events`` (the trace rows [start, stop) of each piece)."""
 
     requests: np.ndarray
     piece_ptr: np.ndarray
     piece_events: np.ndarray
-    launch_ptr: np.ndarray
-    launch_writes: list[str]
 
     @property
     def pieces(self) -> int:
         return len(self.piece_ptr) - 1
 
-    @property
-    def launches(self) -> int:
-        return len(self.launch_ptr) - 1
-
 
 def cut(trace) -> Cut:
-    """Cut a trace into pieces and launches (module docstring)."""
+    """Cut a trace into pieces (module docstring)."""
     ev = np.asarray(trace.events)
     moves = (ev[:, 0] == LOAD) | (ev[:, 0] == STORE) | (ev[:, 0] == INIT) if len(ev) else np.zeros(0, bool)
     ends = np.flatnonzero(ev[:, _RES] == 0) if len(ev) else np.zeros(0, np.int64)
     if len(ev) and (not len(ends) or ends[-1] != len(ev) - 1):
         ends = np.append(ends, len(ev) - 1)
-    requests, ptr, spans, keys = [], [0], [], []
+    requests, ptr, spans = [], [0], []
     start = 0
     for end in ends:
         rows = ev[start : end + 1]
@@ -82,35 +72,10 @@ def cut(trace) -> Cut:
             requests.append(req)
             ptr.append(ptr[-1] + len(sel))
             spans.append((start, end + 1))
-            if (sel[:, 0] == INIT).any():
-                keys.append("init")
-            else:
-                written = sorted({trace.names[int(a)] for a in sel[sel[:, 0] == STORE][:, 1]})
-                keys.append(", ".join(written))
         start = end + 1
-    # launches: runs of equal keys; a piece that writes nothing joins the launch it sits in
-    launch_ptr, launch_writes = [0], []
-    current = None
-    for p, key in enumerate(keys):
-        if key == "":
-            if current is None:  # a first piece that writes nothing: it opens the first launch
-                current = ""
-                launch_writes.append("")
-            continue
-        if current == "":  # the open launch had written nothing so far: it is this key's launch
-            current = launch_writes[-1] = key
-            continue
-        if key != current:
-            if p > 0:
-                launch_ptr.append(p)
-            current = key
-            launch_writes.append(key)
-    launch_ptr.append(len(keys))
     req = np.concatenate(requests) if requests else np.zeros((0, REQ_WIDTH), np.int64)
     return Cut(
         req,
         np.asarray(ptr, np.int64),
         np.asarray(spans, np.int64).reshape(-1, 2),
-        np.asarray(launch_ptr, np.int64),
-        launch_writes,
     )

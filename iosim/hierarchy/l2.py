@@ -1,10 +1,12 @@
 """The L2 and the clock, in Numba: thread blocks' tile requests interleaved in time into one shared LRU cache.
 
-**Lines and segments.** Word (r, c) of copy k of array a sits at line ``lbase[a] + k * nl[a] + (r * cols + c) // L``
-(every copy starts on a line). A request (one tile transfer) touches, row by row, the lines ``[w0 // L, (w1 - 1)
-// L]`` of its contiguous word ranges ``[w0, w1)``, in ascending order (one range for a tile of whole rows). Lines
-are grouped into **segments**, the finest partition of an array's lines by the ends of every request's line ranges:
-every request touches whole segments, each from its first line to its last.
+**Lines and segments.** Word (r, c) of copy k of array a sits at line ``lbase[b] + k * nl[b] + (r * stride[a] + c) //
+L`` where b = ``base[a]`` is the array whose storage a is (itself, or K for an MLA latent's V: the latent's first d_v
+columns) and ``stride[a]`` its row stride (b's width); every copy starts on a line. A request (one tile transfer)
+touches, row by row, the lines ``[w0 // L, (w1 - 1) // L]`` of its contiguous word ranges ``[w0, w1)``, in ascending
+order (one range for a tile of whole rows). Lines are grouped into **segments**, the finest partition of an array's
+lines by the ends of every request's line ranges: every request touches whole segments, each from its first line to its
+last.
 
 **Segment LRU = line LRU, exactly.** LRU over lines, fed a line stream in which every segment is always touched
 whole and in order, keeps a segment's lines adjacent in recency order, oldest first. Eviction takes lines from the
@@ -35,23 +37,25 @@ _HEAD, _TAIL, _USED = 0, 1, 2
 
 
 @njit(cache=True)
-def mark_boundaries(req, piece_lo, piece_hi, cols, loff, L, mark):  # noqa: N803
-    """mark[loff[a] + l] = 1 where some request of array a starts or ends a line range (requests piece_lo:piece_hi)."""
+def mark_boundaries(req, piece_lo, piece_hi, base, stride, loff, L, mark):  # noqa: N803
+    """mark[loff[b] + l] = 1 where some request of an array stored in b starts or ends a line range (requests
+    piece_lo:piece_hi)."""
     for k in range(piece_lo, piece_hi):
         a, r0, nr, c0, nc = req[k, 1], req[k, 2], req[k, 3], req[k, 4], req[k, 5]
         if nr <= 0 or nc <= 0:
             continue
-        ca = cols[a]
+        ca = stride[a]
+        o = loff[base[a]]
         if nc == ca:
             w0 = r0 * ca
             w1 = (r0 + nr) * ca
-            mark[loff[a] + w0 // L] = 1
-            mark[loff[a] + (w1 - 1) // L + 1] = 1
+            mark[o + w0 // L] = 1
+            mark[o + (w1 - 1) // L + 1] = 1
         else:
             for r in range(nr):
                 w0 = (r0 + r) * ca + c0
-                mark[loff[a] + w0 // L] = 1
-                mark[loff[a] + (w0 + nc - 1) // L + 1] = 1
+                mark[o + w0 // L] = 1
+                mark[o + (w0 + nc - 1) // L + 1] = 1
 
 
 @njit(cache=True, inline="always")
@@ -142,7 +146,7 @@ def access(s, k, w, a, cap, L, h, res, dirty, prv, nxt, seg_aid, fill, wb):  # n
 
 
 @njit(cache=True)
-def issue(k, copy, req, cols, nseg, gbase, loff, soff, seg_of_line, seg_start, L, cap, st, fill, wb):  # noqa: N803
+def issue(k, copy, req, base, stride, nseg, gbase, loff, soff, seg_of_line, seg_start, L, cap, st, fill, wb):  # noqa: N803
     """Request k of a block working on copy ``copy`` of its array: every segment it touches, in order."""
     h, res, dirty, prv, nxt, seg_aid = st
     w, a, r0, nr, c0, nc = req[k, 0], req[k, 1], req[k, 2], req[k, 3], req[k, 4], req[k, 5]
@@ -154,8 +158,9 @@ def issue(k, copy, req, cols, nseg, gbase, loff, soff, seg_of_line, seg_start, L
         else:
             fill[a] += nr * nc
         return
-    ca = cols[a]
-    g0 = gbase[a] + copy * nseg[a]
+    ca = stride[a]
+    b = base[a]
+    g0 = gbase[b] + copy * nseg[b]
     whole = nc == ca
     for r in range(1 if whole else nr):
         if whole:
@@ -165,10 +170,10 @@ def issue(k, copy, req, cols, nseg, gbase, loff, soff, seg_of_line, seg_start, L
             w0 = (r0 + r) * ca + c0
             w1 = w0 + nc
         l1 = (w1 - 1) // L + 1
-        s = seg_of_line[loff[a] + w0 // L]
+        s = seg_of_line[loff[b] + w0 // L]
         while True:
-            le = seg_start[soff[a] + s + 1]
-            access(g0 + s, le - seg_start[soff[a] + s], w, a, cap, L, h, res, dirty, prv, nxt, seg_aid, fill, wb)
+            le = seg_start[soff[b] + s + 1]
+            access(g0 + s, le - seg_start[soff[b] + s], w, a, cap, L, h, res, dirty, prv, nxt, seg_aid, fill, wb)
             if le >= l1:
                 break
             s += 1
@@ -210,13 +215,14 @@ def _sift_down(ht, hi, hs, n):
 
 @njit(cache=True)
 def run_launches(
-    inst_piece, inst_copy, launch_ptr, slots, piece_ptr, req, kv, cols, nseg, gbase, loff, soff, seg_of_line,
-    seg_start, L, cap, st, fill, wb, l2_read, l2_update, record, rec_inst, rec_req, clock,
+    inst_piece, inst_copy, launch_ptr, slots, piece_ptr, req, kind, base, stride, nseg, gbase, loff, soff,
+    seg_of_line, seg_start, L, cap, st, fill, wb, l2_read, l2_update, record, rec_inst, rec_req, clock,
 ):  # fmt: skip
-    """Run the launches' blocks through the clock model into the L2 (module docstring). ``inst_copy[i, 0]`` is
-    block i's query-head copy, ``inst_copy[i, 1]`` its K/V copy. With ``record``, the order in which the L2 sees the
-    requests: block ``rec_inst[n]``, request ``rec_req[n]``. ``clock[k]`` is the end time of launch k. Returns the
-    number of requests issued."""
+    """Run the launches' blocks through the clock model into the L2 (module docstring). Block i works on copy
+    ``inst_copy[i, kind[a]]`` of array a (kind 0: its head unit's, 1: its K/V head's, 2: its batch item's); its requests
+    are rows ``piece_ptr[p]:piece_ptr[p + 1]`` for p = ``inst_piece[i]``. With ``record``, the order in which the L2
+    sees the requests: block ``rec_inst[n]``, request ``rec_req[n]``. ``clock[k]`` is the end time of launch k. Returns
+    the number of requests issued."""
     ht = np.empty(slots, np.int64)
     hi = np.empty(slots, np.int64)
     hs = np.empty(slots, np.int64)
@@ -243,8 +249,8 @@ def run_launches(
             t, i, slot = ht[0], hi[0], hs[0]
             k = cur[slot]
             a = req[k, 1]
-            copy = inst_copy[i, 1] if kv[a] else inst_copy[i, 0]
-            issue(k, copy, req, cols, nseg, gbase, loff, soff, seg_of_line, seg_start, L, cap, st, fill, wb)
+            copy = inst_copy[i, kind[a]]
+            issue(k, copy, req, base, stride, nseg, gbase, loff, soff, seg_of_line, seg_start, L, cap, st, fill, wb)
             if req[k, 0]:
                 l2_update[a] += req[k, 6]
             else:
@@ -290,7 +296,7 @@ def flush(st, L, wb):  # noqa: N803
 
 
 @njit(cache=True)
-def line_stream(rec_inst, rec_req, n_rec, inst_copy, req, kv, cols, lbase, nl, L, out_lines, out_flags):  # noqa: N803
+def line_stream(rec_inst, rec_req, n_rec, inst_copy, req, kind, base, stride, lbase, nl, L, out_lines, out_flags):  # noqa: N803
     """The line addresses the recorded requests touch, in order (flags: 3 a write, 0 a read, as
     :func:`iosim.views.cache_sim.opt` takes them); with ``out_lines`` empty, only their number."""
     n = 0
@@ -300,9 +306,9 @@ def line_stream(rec_inst, rec_req, n_rec, inst_copy, req, kv, cols, lbase, nl, L
         w, a, r0, nr, c0, nc = req[k, 0], req[k, 1], req[k, 2], req[k, 3], req[k, 4], req[k, 5]
         if nr <= 0 or nc <= 0:
             continue
-        copy = inst_copy[i, 1] if kv[a] else inst_copy[i, 0]
-        base = lbase[a] + copy * nl[a]
-        ca = cols[a]
+        b = base[a]
+        first = lbase[b] + inst_copy[i, kind[a]] * nl[b]
+        ca = stride[a]
         whole = nc == ca
         for r in range(1 if whole else nr):
             if whole:
@@ -313,7 +319,7 @@ def line_stream(rec_inst, rec_req, n_rec, inst_copy, req, kv, cols, lbase, nl, L
                 w1 = w0 + nc
             for ln in range(w0 // L, (w1 - 1) // L + 1):
                 if fill_out:
-                    out_lines[n] = base + ln
+                    out_lines[n] = first + ln
                     out_flags[n] = 3 if w else 0
                 n += 1
     return n

@@ -5,13 +5,15 @@ level in Timeloop's words.
 The launch
 ----------
 ``B`` batch elements x ``H_q`` query heads (``H_kv`` key/value heads, g = H_q / H_kv; the field names of
-:class:`iosim.Problem`), each head an independent copy of the single-head schedule at its own slow-memory
-addresses, except that query head h reads the K and V of KV head h // g (the same addresses: where an L2 helps
-GQA). Gradients dK, dV are per query head (FlashAttention-2's GQA backward accumulates them per query head and
-sums afterwards). The single-head schedule is cut into thread blocks (CTAs) and launches by
-:mod:`iosim.hierarchy.ctas`. Each CTA has M words of shared memory; an SM holds ``floor(smem_per_sm / (M x
-bytes_per_word + 1 KB))`` of them (at most 32; the 1 KB is the CUDA driver's reservation per block), so
-``P x blocks_per_sm`` CTAs are resident at once.
+:class:`iosim.Problem`), each head an independent copy of the single-head schedule at its own slow-memory addresses,
+except that query head h reads the K and V of KV head h // g (the same addresses: where an L2 helps GQA); where every
+array lives is :meth:`iosim.Problem.storage` (an MLA latent's V at K's addresses, the page table one per batch item).
+Gradients dK, dV are per query head (FlashAttention-2's GQA backward accumulates them per query head and sums
+afterwards). The single-head schedule is cut into pieces by :mod:`iosim.hierarchy.ctas`, and the pieces run as the
+kernels :mod:`iosim.hierarchy.launches` declares (one CTA per piece, or one per head for FlashAttention-1's kernels; a
+launch whose CTAs would race is refused). Each CTA has M words of shared memory; an SM holds ``floor(smem_per_sm / (M x
+bytes_per_word + 1 KB))`` of them (at most 32; the 1 KB is the CUDA driver's reservation per block), so ``P x
+blocks_per_sm`` CTAs are resident at once.
 
 **Block orders** (within each launch; p = the CTA's piece, the row block of flash2's forward):
 
@@ -49,12 +51,13 @@ from iosim import estimate
 from iosim.errors import InputError
 from iosim.hierarchy import ctas as ctas_mod
 from iosim.hierarchy import l2
+from iosim.hierarchy import launches as launches_mod
 from iosim.hierarchy.devices import MAX_BLOCKS_PER_SM, RESERVED_SMEM_PER_BLOCK, Device
 from iosim.hierarchy.devices import device as _device
 
 ORDERS = ("grid", "head-grouped", "swizzled")
 POLICIES = ("lru", "opt")
-KV_ARRAYS = ("K", "V", "page_table")  # one copy per KV head (a kernel reads one page table per sequence)
+COPY_KINDS = {"head": 0, "kv head": 1, "batch item": 2}  # iosim.problem.Problem.storage's copies: inst_copy's column
 MAX_P = 1 << 20
 MAX_C = 1 << 40
 MAX_HEADS = 1 << 16
@@ -112,7 +115,7 @@ class HierarchyResult:
     device: str | None
     tiling: str
     ctas: int
-    launches: list[str]
+    launches: list[dict]  # the declared kernels launched, in order: kernel, models, grid, atomic, ctas, waves
     waves: list[int]
     per_array: dict[str, LevelCounts]
     requests: int
@@ -225,7 +228,7 @@ def _int(name: str, value, lo: int, hi: int) -> int:
 
 
 def block_order(order: str, pieces: np.ndarray, B: int, H_q: int, H_kv: int) -> np.ndarray:  # noqa: N803
-    """The CTAs of one launch in ``order``: rows (piece, query-head copy, KV copy)."""
+    """The CTAs of one launch in ``order``: rows (piece, head-unit copy, KV copy, batch item)."""
     g = H_q // H_kv
     P = len(pieces)
     if order == "grid":  # for p, b, h
@@ -236,15 +239,16 @@ def block_order(order: str, pieces: np.ndarray, B: int, H_q: int, H_kv: int) -> 
         b, kv, p, j = np.meshgrid(np.arange(B), np.arange(H_kv), np.arange(P), np.arange(g), indexing="ij")
         h = kv * g + j
     p, b, h = p.ravel(), b.ravel(), h.ravel()
-    return np.stack([pieces[p], b * H_q + h, b * H_kv + h // g], axis=1).astype(np.int64)
+    return np.stack([pieces[p], b * H_q + h, b * H_kv + h // g, b], axis=1).astype(np.int64)
 
 
 @dataclass
 class _Layout:
     """Where every array's copies and segments are (see :mod:`iosim.hierarchy.l2`)."""
 
-    kv: np.ndarray
-    cols: np.ndarray
+    kv: np.ndarray  # the copy kind of each array (COPY_KINDS)
+    base: np.ndarray  # the array whose addresses it uses (itself, or K for an MLA latent's V)
+    stride: np.ndarray  # its row stride in words (the base array's width)
     nl: np.ndarray
     nseg: np.ndarray
     gbase: np.ndarray
@@ -258,20 +262,25 @@ class _Layout:
     n_lines: int
 
 
-def _layout(trace, cut, B: int, H_q: int, H_kv: int, L: int) -> _Layout:  # noqa: N803
+def _layout(trace, cut, B: int, H_q: int, H_kv: int, L: int, where) -> _Layout:  # noqa: N803
+    """Every array's lines, copies and segments; ``where`` is :meth:`iosim.problem.Problem.storage`, the one address
+    map (which array's addresses an array uses, and what one copy of it serves)."""
     names = trace.names
     n = len(names)
+    placed = [where(nm) for nm in names]
+    base = np.array([names.index(b) if b in names else a for a, (b, _) in enumerate(placed)], np.int64)
+    kv = np.array([COPY_KINDS[c] for _, c in placed], np.int64)
     used = np.zeros(n, bool)
     if len(cut.requests):
-        used[np.unique(cut.requests[:, 1])] = True
-    kv = np.array([nm in KV_ARRAYS for nm in names], np.int64)
+        used[base[np.unique(cut.requests[:, 1])]] = True
     rows = np.array([trace.shapes[nm][0] for nm in names], np.int64)
     cols = np.array([trace.shapes[nm][1] for nm in names], np.int64)
-    nl = np.where(used, -(-(rows * cols) // L), 0).astype(np.int64)
-    copies = np.where(kv == 1, B * H_kv, B * H_q)
+    stride = cols[base]
+    nl = np.where(used & (base == np.arange(n)), -(-(rows * cols) // L), 0).astype(np.int64)
+    copies = np.choose(kv, [B * H_q, B * H_kv, B]).astype(np.int64)
     loff = np.concatenate(([0], np.cumsum(nl + 1)[:-1])).astype(np.int64)
     mark = np.zeros(int(np.sum(nl + 1)) + 1, np.int8)
-    l2.mark_boundaries(cut.requests, 0, len(cut.requests), cols, loff, L, mark)
+    l2.mark_boundaries(cut.requests, 0, len(cut.requests), base, stride, loff, L, mark)
     seg_of_line = np.zeros(max(int(np.sum(nl)), 1), np.int64)
     starts, nseg, soff, lo_off = [], np.zeros(n, np.int64), np.zeros(n, np.int64), np.zeros(n, np.int64)
     so = lo = 0
@@ -295,9 +304,15 @@ def _layout(trace, cut, B: int, H_q: int, H_kv: int, L: int) -> _Layout:  # noqa
     n_segments = int(np.sum(per))
     seg_aid = np.repeat(np.arange(n, dtype=np.int16), per)
     return _Layout(
-        kv, cols, nl, nseg, gbase, lbase, lo_off, soff, seg_of_line, seg_start, seg_aid, n_segments,
+        kv, base, stride, nl, nseg, gbase, lbase, lo_off, soff, seg_of_line, seg_start, seg_aid, n_segments,
         int(np.sum(nl * copies)),
     )  # fmt: skip
+
+
+def _single(N: int, d: int):  # noqa: N803
+    from iosim.problem import Problem
+
+    return Problem(N=N, d=d)
 
 
 def _from_problem(problem, N, d, gqa: str) -> tuple:
@@ -363,19 +378,20 @@ def hierarchy(
     ``blocks_per_sm`` override it. Without a device: P defaults to 1, blocks_per_sm to 1, L to 1 word; C is
     required (0: no L2). ``policy`` is ``lru`` or ``opt`` (Belady's, the floor: it needs the whole line stream in
     memory). ``record=True`` keeps the order in which the L2 saw the requests (``result.record``: block, request
-    row) and the launch's blocks (``result.blocks``) and cut (``result.cut``). ``Br``, ``Bc`` (flash1, flash2) and
+    row), the launch's blocks (``result.blocks``), cut (``result.cut``), declared launches (``result.declared``) and
+    address layout (``result.layout``). ``Br``, ``Bc`` (flash1, flash2) and
     ``block`` (the square tile of standard attention and square tiling: :func:`iosim.run`'s ``B``; here ``B`` is
     the batch) fix the tiles in place of the ``tiling`` rule, checked against M as :func:`iosim.run` checks them.
     ``kv_policy`` None is :func:`iosim.run`'s default (paper for one head of N x d, skip over a problem).
 
     ``problem`` (an :class:`iosim.Problem`) gives N, d, B, H_q, H_kv, causal and the bytes per word (of its K/V cache's
     dtype) in place of those arguments: any N_q against N_k keys (decoding, chunked prefill), d_qk and d_v, an MLA
-    latent cache (``mla`` ``shared``: V read from the resident K tile, or ``naive``) and a paged cache (its page table
-    counted once per KV head). ``gqa`` ``per-head`` launches each query head's own schedule (K and V requested once per
-    query head: the L2 may catch the g - 1 repeats), ``packed`` (flash1, flash2) one schedule per KV head with its g
-    query heads' rows packed together (as decoding kernels launch it). A launch estimated at over a minute (its tile
-    requests, :data:`iosim.estimate.HIERARCHY_REQUEST` each) needs ``allow_long=True``; over an hour it is refused,
-    before the L2 runs."""
+    latent cache (``mla`` ``shared``: V read from the resident K tile, or ``naive``: the latent's first d_v columns read
+    again, from K's lines) and a paged cache (its page table one per batch item). ``gqa`` ``per-head`` launches each
+    query head's own schedule (K and V requested once per query head: the L2 may catch the g - 1 repeats), ``packed``
+    (flash1, flash2) one schedule per KV head with its g query heads' rows packed together (as decoding kernels launch
+    it). A launch estimated at over a minute (its tile requests, :data:`iosim.estimate.HIERARCHY_REQUEST` each) needs
+    ``allow_long=True``; over an hour it is refused, before the L2 runs."""
     from iosim import api
 
     unit = None
@@ -461,17 +477,21 @@ def hierarchy(
     else:
         trace, stats, tiling_used = _trace, _trace.replay(), "given trace"
     cut = ctas_mod.cut(trace)
+    declared = launches_mod.assign(cut, trace, launches_mod.kernels(algorithm, backward))
+    launches_mod.check_races(cut, trace, declared)
     Hu = H_kv if unit is not None and unit.H_q > 1 else H_q  # CTA families per batch item: packed, one per KV head
-    lay = _layout(trace, cut, B, Hu, H_kv, L)
-    blocks = [block_order(order, np.arange(cut.launch_ptr[k], cut.launch_ptr[k + 1]), B, Hu, H_kv)
-              for k in range(cut.launches)]  # fmt: skip
+    where = (problem if problem is not None else _single(N, d)).storage
+    lay = _layout(trace, cut, B, Hu, H_kv, L, where)
+    n_launch = declared.launch_ptr.size - 1
+    blocks = [block_order(order, np.arange(declared.launch_ptr[k], declared.launch_ptr[k + 1]), B, Hu, H_kv)
+              for k in range(n_launch)]  # fmt: skip
     inst = np.concatenate(blocks) if blocks else np.zeros((0, 3), np.int64)
     launch_ptr = np.concatenate(([0], np.cumsum([len(b) for b in blocks]))).astype(np.int64)
     slots = P * blocks_per_sm
     n_aids = len(trace.names)
     fill, wb = np.zeros(n_aids, np.int64), np.zeros(n_aids, np.int64)
     l2_read, l2_update = np.zeros(n_aids, np.int64), np.zeros(n_aids, np.int64)
-    n_req_total = int(np.sum(np.diff(cut.piece_ptr)[inst[:, 0]])) if len(inst) else 0
+    n_req_total = int(np.sum(np.diff(declared.cta_ptr)[inst[:, 0]])) if len(inst) else 0
     seconds = n_req_total * estimate.HIERARCHY_REQUEST * (2 if policy == "opt" else 1)
     estimate.check(seconds, f"a launch of {len(inst):,} thread blocks making {n_req_total:,} tile requests",
                    allow_long=allow_long, parameter="problem" if problem is not None else "N",
@@ -488,7 +508,7 @@ def hierarchy(
             raise InputError("policy opt", f"needs about {need / 2**30:.1f} GiB for its request record; use lru")
     rec_inst = np.zeros(n_req_total if need_record else 0, np.int64)
     rec_req = np.zeros(n_req_total if need_record else 0, np.int64)
-    clock = np.zeros(max(cut.launches, 1), np.int64)
+    clock = np.zeros(max(n_launch, 1), np.int64)
     lru_cap = cap if policy == "lru" else 0  # OPT: the clock run only records the order
     st = (
         np.array([-1, -1, 0], np.int64),
@@ -500,9 +520,9 @@ def hierarchy(
     )
     f_lru, w_lru = (fill, wb) if policy == "lru" or cap == 0 else (np.zeros_like(fill), np.zeros_like(wb))
     n_rec = l2.run_launches(
-        inst[:, 0].copy(), inst[:, 1:].copy(), launch_ptr, slots, cut.piece_ptr, cut.requests, lay.kv, lay.cols,
-        lay.nseg, lay.gbase, lay.loff, lay.soff, lay.seg_of_line, lay.seg_start, L, lru_cap, st, f_lru, w_lru,
-        l2_read, l2_update, need_record, rec_inst, rec_req, clock,
+        inst[:, 0].copy(), inst[:, 1:].copy(), launch_ptr, slots, declared.cta_ptr, cut.requests, lay.kv, lay.base,
+        lay.stride, lay.nseg, lay.gbase, lay.loff, lay.soff, lay.seg_of_line, lay.seg_start, L, lru_cap, st, f_lru,
+        w_lru, l2_read, l2_update, need_record, rec_inst, rec_req, clock,
     )  # fmt: skip
     if policy == "lru" and cap > 0:
         l2.flush(st, L, wb)
@@ -510,11 +530,16 @@ def hierarchy(
         _opt(rec_inst, rec_req, n_rec, inst, cut, lay, L, cap, fill, wb, opt_limit_bytes)
     per = {}
     copies = np.full(n_aids, B * Hu)  # every unit's schedule moves its own words (K, V included)
+    kinds = [
+        {"kernel": k.name, "models": k.models, "grid": k.grid, "atomic": list(k.atomic),
+         "ctas": int(launch_ptr[i + 1] - launch_ptr[i]), "waves": int(-(-(launch_ptr[i + 1] - launch_ptr[i]) // slots))}
+        for i, k in enumerate(declared.kernels)
+    ]  # fmt: skip
     first_write = {}
     for row in cut.requests:  # an array's first access in schedule order
         first_write.setdefault(int(row[1]), bool(row[0]))
     written = set(cut.requests[cut.requests[:, 0] == 1][:, 1].tolist())
-    array_copies = np.where(lay.kv == 1, B * H_kv, B * Hu)
+    array_copies = np.choose(lay.kv, [B * Hu, B * H_kv, B])
     for a, name in enumerate(trace.names):
         c = stats.per_array.get(name)
         if c is None and not (fill[a] or wb[a] or l2_read[a] or l2_update[a]):
@@ -530,14 +555,16 @@ def hierarchy(
         )
     res = HierarchyResult(
         algorithm, bool(backward), B, H_q, H_kv, int(N), int(d), M, P, blocks_per_sm, C, L, bytes_per_word, order,
-        policy, None if dev is None else dev.name, tiling_used, len(inst), list(cut.launch_writes),
-        [int(-(-(launch_ptr[k + 1] - launch_ptr[k]) // slots)) for k in range(cut.launches)], per, int(n_rec),
-        time.perf_counter() - t0, [int(x) for x in clock[: cut.launches]], problem if unit is not None else None, gqa,
+        policy, None if dev is None else dev.name, tiling_used, len(inst), kinds, [k["waves"] for k in kinds], per,
+        int(n_rec), time.perf_counter() - t0, [int(x) for x in clock[:n_launch]], problem if unit is not None else None,
+        gqa,
     )  # fmt: skip
     if record:
         res.record = np.stack([rec_inst[:n_rec], rec_req[:n_rec]], axis=1)
         res.blocks = inst
         res.cut = cut
+        res.declared = declared
+        res.layout = lay
         res.trace = trace
     return res
 
@@ -547,7 +574,8 @@ def _opt(rec_inst, rec_req, n_rec, inst, cut, lay, L, cap, fill, wb, opt_limit_b
     from iosim.views import cache_sim as cs
 
     empty_l, empty_f = np.zeros(0, np.int64), np.zeros(0, np.int8)
-    args = (rec_inst, rec_req, n_rec, inst[:, 1:].copy(), cut.requests, lay.kv, lay.cols, lay.lbase, lay.nl, L)
+    args = (rec_inst, rec_req, n_rec, inst[:, 1:].copy(), cut.requests, lay.kv, lay.base, lay.stride, lay.lbase,
+            lay.nl, L)  # fmt: skip
     n = l2.line_stream(*args, empty_l, empty_f)
     limit = opt_limit_bytes if opt_limit_bytes is not None else estimate.available_bytes() // 2
     if n * OPT_BYTES_PER_LINE > limit or n >= 1 << 31:

@@ -626,18 +626,22 @@ def flash2_problem(p, Br: int, Bc: int, gqa: str = "per-head", splits: int = 1, 
 
 
 def flash1_problem(p, Br: int, Bc: int, gqa: str = "per-head", mla: str = "shared",
-                   mask: TileMask | None = None) -> ProblemPrediction:  # fmt: skip
+                   mask: TileMask | None = None, gather: bool = False) -> ProblemPrediction:  # fmt: skip
     """FlashAttention Algorithm 1 over a problem (algorithms/decoding.py), per group of R rows: for each page piece
     (a column block when contiguous) of n keys and each row block i whose tile with it is nonempty (causal: the
     piece starts before hi_i; any other ``mask``: its tile summary): Q_i, O_i read (R_i d_qk, R_i d_v), l_i, m_i
     read, O_i, l_i, m_i written. A piece some row block sees is loaded once: K n d_qk, V n d_v (none under MLA
     shared), one page-table word. Times groups; plus the initialisation of O, l, m (B H_q N_q (d_v + 2)).
-    Peak: the largest inner step, the widest row block that meets a piece with that piece."""
+    Peak: the largest inner step, the widest row block that meets a piece with that piece. ``gather`` (paged): the
+    outer steps are the column blocks, each gathered from its pages (one table word per page piece of a loaded
+    block): the contiguous cache's counts plus the table words."""
     _, groups, R = p.groups(gqa)
     P = p.page_size or 0
     shared = p.latent and mla == "shared"
     dv_load = 0 if shared else p.d_v
-    _, _, starts = _pieces(p.N_k, Bc, P)
+    npieces, _, starts = _pieces(p.N_k, Bc, P)
+    if gather:
+        starts = np.arange(0, p.N_k, Bc, dtype=np.int64)
     ends = np.append(starts[1:], p.N_k)
     lengths = ends - starts
     met = _kv_outer_met(p, R, Br, starts, ends, mask)
@@ -652,7 +656,7 @@ def flash1_problem(p, Br: int, Bc: int, gqa: str = "per-head", mla: str = "share
         Q=(groups * rows * p.d_qk, 0),
         K=(groups * keys * p.d_qk, 0),
         V=(groups * keys * dv_load, 0),
-        page_table=(groups * int(seen.sum()) if P else 0, 0),
+        page_table=(groups * int((npieces[seen] if gather else seen).sum()) if P else 0, 0),
         O=(groups * rows * p.d_v, groups * rows * p.d_v + Rtot * p.d_v, Rtot * p.d_v),
         l=(groups * rows, groups * rows + Rtot, Rtot),
         m=(groups * rows, groups * rows + Rtot, Rtot),
@@ -674,17 +678,19 @@ def flash1_backward_problem_working_set(dqk: int, dv: int, Br: int, Bc: int) -> 
     return 2 * Bc * (dqk + dv) + 2 * Br * (dqk + dv) + 3 * Br + 2 * Br * Bc
 
 
-def _backward_problem_rows(p, Br: int, Bc: int, gqa: str, mask=None) -> tuple[int, int, int, int, int]:
-    """(G, groups, rho, widest, seen): rho = the rows streamed past the column blocks per group, the sum over the
-    nonempty tiles (i, j) of R_i (causal: c_j < hi_i; K/V outer); widest = the largest R_i of a row block with a
-    nonempty tile; seen = the keys of the column blocks some row sees (K_j, V_j loaded; N_k unless a mask leaves a
-    column block unseen)."""
+def _backward_problem_rows(p, Br: int, Bc: int, gqa: str, mask=None) -> tuple[int, int, int, np.ndarray, int]:
+    """(G, groups, rho, tiles, seen): rho = the rows streamed past the column blocks per group, the sum over the
+    nonempty tiles (i, j) of R_i (causal: c_j < hi_i; K/V outer); tiles = for each column block with a nonempty tile,
+    (the largest R_i of its nonempty tiles, its width b_j): the shapes the peak is the largest working set of (a
+    mask that leaves only the short last column block visible peaks at that block's width, not B_c); seen = the
+    keys of the column blocks some row sees (K_j, V_j loaded; N_k unless a mask leaves a column block unseen)."""
     G, groups, R = p.groups(gqa)
     starts = np.arange(0, p.N_k, Bc, dtype=np.int64)
     ends = np.minimum(starts + Bc, p.N_k)
     met = _kv_outer_met(p, R, Br, starts, ends, mask)
     seen = (met[:, 0] > 0) | _paper(mask)  # paper: K_j, V_j loaded before the mask is tested
-    return G, groups, int(met[:, 1].sum()), int(met[:, 2].max(initial=0)), int((ends - starts)[seen].sum())
+    tiles = np.stack([met[:, 2], ends - starts], axis=1)[met[:, 2] > 0]
+    return G, groups, int(met[:, 1].sum()), tiles, int((ends - starts)[seen].sum())
 
 
 def _backward_problem_kv(p, G: int, groups: int, Bc: int, init: bool, stored: int) -> tuple[dict, int]:
@@ -737,9 +743,9 @@ def flash2_backward_problem(
     reads dKpart, dVpart (B H_q N_k (d_qk, d_v)) and writes dK, dV (B H_kv N_k (d_qk, d_v)).
     A one-head problem with N_q = N_k and d_qk = d_v is :func:`flash2_backward` word for word.
     """
-    G, groups, rows, widest, seen = _backward_problem_rows(p, Br, Bc, gqa, mask)
+    G, groups, rows, tiles, seen = _backward_problem_rows(p, Br, Bc, gqa, mask)
     Rtot = p.B * p.H_q * p.N_q
-    peak = flash2_backward_problem_working_set(p.d_qk, p.d_v, widest, min(Bc, p.N_k)) if widest else 0
+    peak = max((flash2_backward_problem_working_set(p.d_qk, p.d_v, int(w), int(n)) for w, n in tiles), default=0)
     br0 = min(Br, Rtot)
     alone = min(Bc, p.N_k) * (p.d_qk + p.d_v) * (2 if _paper(mask) else 1)  # a column block no row sees
     peak = max(peak, 2 * br0 * p.d_v + br0, alone)  # the D pass; dK_j, dV_j (paper: and K_j, V_j) alone
@@ -768,9 +774,9 @@ def flash1_backward_problem(
     step, no D pass (D_i computed on chip), and dQ and the arrays the loop writes dK_j, dV_j into (dK, dV, or
     the expanded dKpart, dVpart) zero-initialised in HBM. A one-head problem with N_q = N_k and d_qk = d_v is
     :func:`flash1_backward` word for word."""
-    G, groups, rows, widest, seen = _backward_problem_rows(p, Br, Bc, gqa, mask)
+    G, groups, rows, tiles, seen = _backward_problem_rows(p, Br, Bc, gqa, mask)
     Rtot = p.B * p.H_q * p.N_q
-    peak = flash1_backward_problem_working_set(p.d_qk, p.d_v, widest, min(Bc, p.N_k)) if widest else 0
+    peak = max((flash1_backward_problem_working_set(p.d_qk, p.d_v, int(w), int(n)) for w, n in tiles), default=0)
     peak = max(peak, min(Bc, p.N_k) * (p.d_qk + p.d_v) * (2 if _paper(mask) else 1))  # a column block no row sees
     kv, sum_peak = _backward_problem_kv(p, G, groups, Bc, init=True, stored=seen)
     pred = _pred(

@@ -1,0 +1,221 @@
+"""The kernels each schedule launches, declared as the real implementations launch them (docs/hierarchy.md).
+
+A schedule's trace is cut into **pieces** (:func:`iosim.hierarchy.ctas.cut`: fast memory empty again at each end).
+Every schedule and pass here **names** its kernels, in launch order, each with
+
+* ``select``: which pieces are its work: ``("init",)`` the memset's (the trace's initialisations), ``("writes",
+  X)`` the pieces that store array X, ``("reads", X)`` those that load X, ``("rest",)`` every other piece (the
+  main kernel; a piece that moves only operands, such as a column block no query row sees under ``paper``, stays
+  in it);
+* ``grid``: ``piece`` (one CTA per piece of each unit: flash2's row block i, the backward's column block j, a
+  product's output tile) or ``unit`` (one CTA per (batch, head) unit, or per KV head when packed, looping over
+  its pieces inside: FlashAttention-1's forward and backward kernels);
+* ``atomic``: the arrays its CTAs accumulate into with atomic adds (flash2's backward adds dQ_i in fp32).
+
+:func:`assign` maps the pieces onto the kernels and refuses a trace whose pieces do not follow the declared order.
+:func:`check_races` refuses a launch whose CTAs would race: a region one CTA stores that another CTA of the same
+launch loads or stores (a read-modify-write that is not atomic). FlashAttention-1's forward read-modify-writes O_i,
+l_i, m_i at every column block: one CTA per column block would race, one CTA per head does not.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numba import njit
+
+from iosim.errors import InputError
+from iosim.memory_model.core import INIT
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One kernel of a launch sequence (module docstring)."""
+
+    name: str
+    models: str
+    select: tuple
+    grid: str = "piece"
+    atomic: tuple = ()
+
+
+_FA1_FWD = "FlashAttention-1's fmha_fwd_loop_kernel: one thread block per (batch, head), column blocks looped inside"
+_FA1_BWD = "FlashAttention-1's fmha_bwd_dq_dk_dv_loop_kernel: one thread block per (batch, head), column blocks inside"
+
+KERNELS = {
+    ("flash2", False): [
+        Kernel("flash2 forward", "flash-attn 2 flash_fwd_kernel: one CTA per (row block, batch, head)", ("rest",)),
+        Kernel("split-KV combine", "flash-attn 2 flash_fwd_splitkv_combine_kernel", ("reads", "Lpart")),
+    ],
+    ("flash1", False): [
+        Kernel("memset O, l, m", "cudaMemset of O, l, m (Algorithm 1, step 2)", ("init",)),
+        Kernel("flash1 forward", _FA1_FWD, ("rest",), grid="unit"),
+    ],
+    ("flash2", True): [
+        Kernel("memset dQ", "cudaMemset of the dQ accumulator (dq_accum)", ("init",)),
+        Kernel("preprocess D", "flash-attn 2 flash_bwd_dot_do_o_kernel: D = rowsum(dO o O)", ("writes", "D")),
+        Kernel(
+            "flash2 backward",
+            "flash-attn 2 flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel: one CTA per (column block, batch, head), "
+            "dQ_i added atomically in fp32",
+            ("rest",),
+            atomic=("dQ",),
+        ),
+        Kernel("GQA group sum", "the sum of dK, dV over a KV head's g query heads", ("reads", "dKpart")),
+    ],
+    ("flash1", True): [
+        Kernel("memset dQ, dK, dV", "cudaMemset of dQ, dK, dV (Algorithm 4, steps 3 and 6)", ("init",)),
+        Kernel("flash1 backward", _FA1_BWD, ("rest",), grid="unit"),
+        Kernel("GQA group sum", "the sum of dK, dV over a KV head's g query heads", ("reads", "dKpart")),
+    ],
+    ("standard", False): [
+        Kernel("S = Q K^T", "a GEMM: one CTA per output tile of S", ("writes", "S")),
+        Kernel("P = softmax(S)", "a row softmax: one CTA per block of rows", ("writes", "P")),
+        Kernel("O = P V", "a GEMM: one CTA per output tile of O", ("writes", "O")),
+    ],
+    ("standard", True): [
+        Kernel("dV = P^T dO", "a GEMM: one CTA per output tile", ("writes", "dV")),
+        Kernel("dP = dO V^T", "a GEMM: one CTA per output tile", ("writes", "dP")),
+        Kernel("dS = softmax backward", "a row kernel: one CTA per block of rows", ("writes", "dS")),
+        Kernel("dQ = dS K", "a GEMM: one CTA per output tile", ("writes", "dQ")),
+        Kernel("dK = dS^T Q", "a GEMM: one CTA per output tile", ("writes", "dK")),
+    ],
+    ("square-tiling", False): [
+        Kernel("phase 1 (S, L)", "square tiling's first kernel: one CTA per row tile", ("writes", "L")),
+        Kernel("phase 2 (O)", "square tiling's second kernel: one CTA per row tile", ("writes", "O")),
+    ],
+    ("square-tiling", True): [
+        Kernel("dS", "square tiling's backward phase 1: one CTA per row tile", ("writes", "dS")),
+        Kernel("dV", "a product: one CTA per output tile", ("writes", "dV")),
+        Kernel("dQ", "a product: one CTA per output tile", ("writes", "dQ")),
+        Kernel("dK", "a product: one CTA per output tile", ("writes", "dK")),
+    ],
+}
+
+
+def kernels(algorithm: str, backward: bool) -> list[Kernel]:
+    """The kernels ``algorithm``'s pass launches, in order (module docstring). An algorithm registered by a user
+    declares none: its memset (if it initialises memory), then one kernel with a CTA per piece, which
+    :func:`check_races` refuses if its pieces read-modify-write one another's regions."""
+    if (algorithm, bool(backward)) in KERNELS:
+        return KERNELS[(algorithm, bool(backward))]
+    return [Kernel("memset", "cudaMemset of what it initialises", ("init",)),
+            Kernel(algorithm, "a user schedule: one CTA per piece", ("rest",))]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Launches:
+    """The declared launches of one unit's trace: launch k runs CTAs ``launch_ptr[k]:launch_ptr[k + 1]``; CTA c's
+    requests are rows ``cta_ptr[c]:cta_ptr[c + 1]`` of the cut's requests. ``kernels`` are the launched ones (a
+    declared kernel with no piece, such as the combine without splits, is not launched)."""
+
+    kernels: list[Kernel]
+    launch_ptr: np.ndarray
+    cta_ptr: np.ndarray
+
+    @property
+    def ctas(self) -> int:
+        return len(self.cta_ptr) - 1
+
+
+def _piece_kernel(kinds: list[Kernel], names: list[str], reqs: np.ndarray, has_init: bool) -> int:
+    for k, kern in enumerate(kinds):
+        sel = kern.select
+        if sel[0] == "init" and has_init:
+            return k
+        if sel[0] in ("writes", "reads") and sel[1] in names:
+            aid = names.index(sel[1])
+            want = 1 if sel[0] == "writes" else 0
+            if np.any((reqs[:, 1] == aid) & (reqs[:, 0] == want)):
+                return k
+    for k, kern in enumerate(kinds):
+        if kern.select[0] == "rest":
+            return k
+    return -1
+
+
+def assign(cut, trace, kinds: list[Kernel]) -> Launches:
+    """Map the cut's pieces onto the declared kernels (module docstring); the CTAs of each launch by its grid."""
+    names = list(trace.names)
+    ev = np.asarray(trace.events)
+    of = np.empty(cut.pieces, np.int64)
+    for p in range(cut.pieces):
+        lo, hi = cut.piece_ptr[p], cut.piece_ptr[p + 1]
+        s, e = cut.piece_events[p]
+        of[p] = _piece_kernel(kinds, names, cut.requests[lo:hi], bool(np.any(ev[s:e, 0] == INIT)))
+        if of[p] < 0 or (p and of[p] < of[p - 1]):
+            raise InputError(
+                "schedule",
+                f"its piece {p} does not follow the declared launches ({', '.join(k.name for k in kinds)})",
+                names[int(cut.requests[lo, 1])] if hi > lo else p,
+            )
+    launched, launch_ptr, cta_ptr = [], [0], [0]
+    for k, kern in enumerate(kinds):
+        ps = np.flatnonzero(of == k)
+        if not len(ps):
+            continue
+        launched.append(kern)
+        if kern.grid == "unit":
+            cta_ptr.append(int(cut.piece_ptr[ps[-1] + 1]))
+        else:
+            cta_ptr.extend(int(cut.piece_ptr[p + 1]) for p in ps)
+        launch_ptr.append(len(cta_ptr) - 1)
+    return Launches(launched, np.asarray(launch_ptr, np.int64), np.asarray(cta_ptr, np.int64))
+
+
+@njit(cache=True)
+def _race(req, cta_ptr, c0, c1, aoff, cols, atomic, owner):  # noqa: N803
+    """The first request index of CTAs c0:c1 that touches a region another CTA stores (non-atomic), else -1."""
+    for op in (1, 0):  # stores claim their words first, then every load and store is checked against the owners
+        for c in range(c0, c1):
+            for k in range(cta_ptr[c], cta_ptr[c + 1]):
+                w, a, r0, nr, q0, nc = req[k, 0], req[k, 1], req[k, 2], req[k, 3], req[k, 4], req[k, 5]
+                if aoff[a] < 0 or atomic[a] or (op == 1 and w != 1):
+                    continue
+                for r in range(r0, r0 + nr):
+                    base = aoff[a] + r * cols[a]
+                    for q in range(q0, q0 + nc):
+                        o = owner[base + q]
+                        if op == 1:
+                            if o >= 0 and o != c:
+                                return k
+                            owner[base + q] = c
+                        elif o >= 0 and o != c:
+                            return k
+    return -1
+
+
+def check_races(cut, trace, launches: Launches) -> None:
+    """Refuse a launch in which a region one CTA stores is loaded or stored by another CTA (module docstring). The
+    arrays checked are those the launch both loads and stores (its read-modify-writes; a pure output, such as a
+    product's tiles, is written once by each CTA), word by word."""
+    names = list(trace.names)
+    req = cut.requests
+    for k, kern in enumerate(launches.kernels):
+        c0, c1 = int(launches.launch_ptr[k]), int(launches.launch_ptr[k + 1])
+        rows = req[launches.cta_ptr[c0] : launches.cta_ptr[c1]]
+        stored = np.unique(rows[(rows[:, 0] == 1) & (rows[:, 6] > 0)][:, 1]) if len(rows) else []
+        loaded = set(rows[rows[:, 0] == 0][:, 1].tolist()) if len(rows) else set()
+        stored = [a for a in stored if int(a) in loaded]  # read-modify-written in this launch
+        aoff = np.full(len(names), -1, np.int64)
+        cols = np.array([trace.shapes[n][1] for n in names], np.int64)
+        total = 0
+        for a in stored:
+            if names[a] in kern.atomic:
+                continue
+            aoff[a] = total
+            total += trace.shapes[names[a]][0] * cols[a]
+        if total == 0 or c1 - c0 < 2:
+            continue
+        atomic = np.array([n in kern.atomic for n in names], np.bool_)
+        owner = np.full(total, -1, np.int32)
+        bad = _race(req, launches.cta_ptr, c0, c1, aoff, cols, atomic, owner)
+        if bad >= 0:
+            raise InputError(
+                "schedule",
+                f"launch '{kern.name}' would race: its thread blocks read-modify-write {names[int(req[bad, 1])]} "
+                "(one stores a region another loads or stores, not atomically); such a kernel runs one thread "
+                "block per head",
+                kern.grid,
+            )
