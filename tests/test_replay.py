@@ -225,6 +225,8 @@ P = dict(B=2, H_q=4, H_kv=2, N_q=3, N_k=29, d_qk=6, d_v=5)
         ("flash1", dict(page_size=6), dict(gqa="packed")),
         ("flash2", dict(H_kv=1, d_qk=8, latent=True), dict(gqa="packed")),
         ("flash1", dict(H_kv=1, d_qk=8, latent=True), dict(gqa="per-head")),
+        ("flash2", dict(H_kv=1, d_qk=8, latent=True), dict(gqa="packed", mla="naive")),
+        ("flash1", dict(H_kv=1, d_qk=8, latent=True), dict(gqa="per-head", mla="naive")),
         ("flash2", dict(causal=True, N_q=5), dict(gqa="per-head", backward=True)),
         ("flash1", dict(causal=True, N_q=5), dict(gqa="per-head", backward=True)),
         ("flash2", dict(N_q=5), dict(gqa="packed", backward=True, mask="window:4:causal")),
@@ -244,7 +246,8 @@ def test_replay_of_every_problem_schedule(algorithm, fields, kwargs):
     assert big.fetched["Q"] == q_rows * dqk
     if not masked:
         assert big.fetched["K"] == kv_rows * dqk
-        assert big.fetched.get("V", 0) == (0 if p.latent else kv_rows * dv)  # shared latent: V is K's columns
+        # a latent's V is K's first d_v columns at K's addresses: shared or naive, its words are fetched as K's
+        assert big.fetched.get("V", 0) == (0 if p.latent else kv_rows * dv)
     if p.page_size:
         assert big.fetched["page_table"] == p.B * p.pages  # every page's entry, once
     if backward:
@@ -258,3 +261,17 @@ def test_replay_of_every_problem_schedule(algorithm, fields, kwargs):
             s = kwargs["splits"]
             assert big.written["Opart"] <= s * q_rows * dv and big.written["Lpart"] <= s * q_rows
             assert big.written["L"] == q_rows
+
+
+def test_naive_mla_reads_v_from_ks_lines():
+    """MLA's V is the latent's first d_v columns: a naive schedule loads it again, but from K's addresses, so a cache
+    holding the latent fetches nothing more for it than the shared read (the explicit count still moves it twice)."""
+    p = iosim.Problem(B=2, H_q=4, H_kv=1, N_q=3, N_k=40, d_qk=12, d_v=8, latent=True)
+    kw = dict(problem=p, M=900, gqa="packed", cache_words=1 << 18, policy="lru")
+    shared = iosim.replay("flash2", mla="shared", **kw)
+    naive = iosim.replay("flash2", mla="naive", **kw)
+    assert naive.explicit_total > shared.explicit_total  # the explicit schedule loads V's words again
+    slow = ("Q", "K", "O", "L")  # the slow arrays (the on-chip S differs: naive's tiles are smaller)
+    got, want = naive.policies["lru"], shared.policies["lru"]
+    assert "V" not in got.fetched and all(got.fetched[a] == want.fetched[a] for a in slow)  # from lines already held
+    assert got.fetched["K"] == p.B * p.H_kv * p.N_k * p.d_qk  # the latent once, V's reads included

@@ -10,8 +10,10 @@ Where the words are (the address map)
 -------------------------------------
 * Every slow array the schedule loads or stores (Q, K, V, O, L, dO, dQ, ..., S and P of standard attention) has
   its own address range, row-major, aligned to a line: the computation reads and writes it *in place*, through the
-  cache. A **loaded** tile is the slow array's own region (flash1's O_i, l_i, m_i are read, updated and left for
-  the cache to write back). An **allocated tile that is later stored** (flash2's O_i and L_i, a product's
+  cache. Over a problem the ranges follow its one address map (:meth:`iosim.problem.Problem.storage`): MLA's V is
+  the latent's first d_v columns, so a naive read of V touches K's lines and its misses are reported under K.
+  A **loaded** tile is the slow array's own region (flash1's O_i, l_i, m_i are read, updated and left for the
+  cache to write back). An **allocated tile that is later stored** (flash2's O_i and L_i, a product's
   accumulator C, dK_j, dV_j) is its destination region: the computation accumulates in the output. A loaded tile
   stored to *another* region (standard attention's S rows stored as P, dP rows stored as dS) reads its source and
   writes its destination.
@@ -79,8 +81,16 @@ class _Tile:
 class _Deriver:
     """Walks the event trace, keeps the resident tiles with their addresses, and collects the compute ops."""
 
-    def __init__(self, trace, L: int) -> None:  # noqa: N803
+    def __init__(self, trace, L: int, problem=None) -> None:  # noqa: N803
         self.names, self.shapes, self.L = trace.names, trace.shapes, L
+        # The problem's one address map (iosim.problem.Problem.storage): an array stored at another's addresses
+        # (MLA's V, the latent's first d_v columns of K) has no range of its own; its words are K's, at K's stride.
+        self.alias: dict[str, str] = {}
+        if problem is not None:
+            for name in self.names:
+                owner = problem.storage(name)[0]
+                if owner != name and owner in self.names:
+                    self.alias[name] = owner
         ev = trace.events
         self.events = ev
         self.stored_to: dict[int, tuple[int, int, int]] = {}
@@ -110,7 +120,7 @@ class _Deriver:
         self.slow_base: dict[str, int] = {}
         top = 0
         for aid, name in enumerate(self.names):
-            if aid in slow:
+            if aid in slow and name not in self.alias:
                 r, c = self.shapes[name]
                 self.slow_base[name] = top
                 self.report.append(name)
@@ -136,6 +146,7 @@ class _Deriver:
     # --- tiles -------------------------------------------------------------------------------------------------
     def _region(self, aid: int, r0: int, c0: int) -> tuple[int, int]:
         name = self.names[aid]
+        name = self.alias.get(name, name)  # MLA's V: K's words, at K's row stride
         cols = self.shapes[name][1]
         return self.slow_base[name] + r0 * cols + c0, cols
 
@@ -409,9 +420,12 @@ def _rule(algorithm: str, backward: bool, N: int):  # noqa: N803
     return (_flash2_backward if backward else _flash2_forward), ()
 
 
-def operand_ops(trace, algorithm: str, backward: bool, N: int, line: int = 1) -> tuple[np.ndarray, _Deriver]:  # noqa: N803
-    """The compute ops of a traced pass and its address map (see the module docstring)."""
-    x = _Deriver(trace, line)
+def operand_ops(
+    trace, algorithm: str, backward: bool, N: int, line: int = 1, problem=None
+) -> tuple[np.ndarray, _Deriver]:  # noqa: N803, E501
+    """The compute ops of a traced pass and its address map (see the module docstring; over a ``problem``, its
+    :meth:`iosim.problem.Problem.storage` map)."""
+    x = _Deriver(trace, line, problem)
     rule, products = _rule(algorithm, backward, N)
     return x.derive(rule, products), x
 
@@ -707,7 +721,7 @@ def replay(
         reference=False,
         **run_options,
     )
-    ops, x = operand_ops(r.trace, algorithm, backward, N, int(line))
+    ops, x = operand_ops(r.trace, algorithm, backward, N, int(line), problem)
     accesses = cs.access_count(ops)
     if accesses > MAX_ACCESSES:
         raise InputError(
