@@ -169,6 +169,65 @@ def model(like: str, N: int, d: int, Br: int | None, Bc: int | None, causal: boo
     raise InputError("--like", f"must be one of {', '.join(LIKE)}", like)
 
 
+# the block sizes each model needs, and the array whose per-program loads show each (rows of Q_i, keys of K_j)
+BLOCKS = {"flash2": {"Br": "Q", "Bc": "K"}, "flash2-backward": {"Br": "Q", "Bc": "K"}, "decode-splitkv": {"Bc": "K"}}
+
+
+def _block_of(shape: tuple, d: int) -> int | None:
+    """The block length of one per-program load: its shape less unit axes and one head-dimension axis (d, or d
+    padded to a power of two); None when that leaves other than one axis."""
+    dims = [int(x) for x in shape if int(x) != 1]
+    heads = {d, 1 << max(0, (d - 1).bit_length())}
+    for k in range(len(dims) - 1, -1, -1):
+        if dims[k] in heads and len(dims) > 1:
+            del dims[k]
+            break
+    if len(dims) == 1:
+        return dims[0]
+    if not dims:  # every axis the head dimension (or 1): a square block d x d, or one row
+        return d if len(shape) > 1 and max(shape) in heads else None
+    return None
+
+
+def blocks_ran(counts: KernelCounts, like: str, d: int) -> dict[str, tuple[int | None, str]]:
+    """The block sizes the kernel ran, read off the shapes of its per-program loads: for each block size ``like``
+    needs, (size or None, how it was read)."""
+    out = {}
+    for block, array in BLOCKS.get(like, {}).items():
+        shapes = sorted(
+            {tuple(s) for info in counts.launch_info for s in info.get("shapes", {}).get(array, {}).get("r", [])}
+        )
+        sizes = {_block_of(s, d) for s in shapes}
+        how = f"{array}'s loads are {' and '.join('x'.join(map(str, s)) for s in shapes)}" if shapes else ""
+        out[block] = (sizes.pop() if len(sizes) == 1 and None not in sizes else None, how)
+    return out
+
+
+def block_sizes(counts: KernelCounts, like: str, d: int, launcher: dict | None = None, given: dict | None = None
+                ) -> dict[str, int]:  # fmt: skip
+    """The block sizes to compare with: what the kernel ran (its loads' shapes) is the truth; the launcher's returned
+    values and the command line's (``given``) must agree with it, or InputError names which differ. With nothing
+    readable off the kernel, the launcher's or the command line's (which must then agree)."""
+    out = {}
+    for block, (ran, how) in blocks_ran(counts, like, d).items():
+        said = {"the launcher returned": (launcher or {}).get(block), "the command line says": (given or {}).get(block)}
+        said = {k: int(v) for k, v in said.items() if v is not None}
+        if ran is not None:
+            off = {k: v for k, v in said.items() if v != ran}
+            if off:
+                wrong = ", ".join(f"{k} {block}={v}" for k, v in off.items())
+                raise InputError(f"--{block}", f"must be what the kernel ran: {block}={ran} ({how}), but {wrong}")
+            out[block] = ran
+        elif said:
+            if len(set(said.values())) > 1:
+                raise InputError(f"--{block}", "must agree: " + ", ".join(f"{k} {block}={v}" for k, v in said.items()))
+            out[block] = next(iter(said.values()))
+        else:
+            where = f" ({how})" if how else ""
+            raise InputError(f"--{block}", f"could not be read off the kernel{where}: give it")
+    return out
+
+
 def _need(**given) -> None:
     for k, v in given.items():
         if v is None or int(v) < 1:

@@ -1,0 +1,214 @@
+"""Launchers for tests/test_kernels_launch.py: one small FlashAttention-2 forward launched the ways kernel authors
+launch kernels (launch options, @triton.autotune pinned or with several configs, @triton.heuristics, tensor
+descriptors, a library-style host function), a tutorial-style variant that stores its logsumexp past the end of its
+array at a ragged N, and launchers whose block sizes disagree with the kernel's. Written for iosim's tests; imported
+only by the counting subprocess (TRITON_INTERPRET=1 set first).
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def fwd(Q, K, V, O, L, N, d, scale, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    i = tl.program_id(0)
+    rows = i * BLOCK_M + tl.arange(0, BLOCK_M)
+    dd = tl.arange(0, BLOCK_D)
+    qm = (rows[:, None] < N) & (dd[None, :] < d)
+    q = tl.load(Q + rows[:, None] * d + dd[None, :], mask=qm, other=0.0)
+    m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+    l = tl.zeros((BLOCK_M,), tl.float32)
+    acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
+    for s in range(0, N, BLOCK_N):
+        cols = s + tl.arange(0, BLOCK_N)
+        km = (cols[:, None] < N) & (dd[None, :] < d)
+        k = tl.load(K + cols[:, None] * d + dd[None, :], mask=km, other=0.0)
+        v = tl.load(V + cols[:, None] * d + dd[None, :], mask=km, other=0.0)
+        sc = tl.where(cols[None, :] < N, tl.dot(q, tl.trans(k)) * scale, float("-inf"))
+        mn = tl.maximum(m, tl.max(sc, 1))
+        p = tl.exp(sc - mn[:, None])
+        a = tl.exp(m - mn)
+        l = l * a + tl.sum(p, 1)
+        acc = acc * a[:, None] + tl.dot(p, v)
+        m = mn
+    tl.store(O + rows[:, None] * d + dd[None, :], acc / l[:, None], mask=qm)
+    tl.store(L + rows, m + tl.log(l), mask=rows < N)
+
+
+tuned = triton.autotune(
+    configs=[
+        triton.Config({"BLOCK_M": 32, "BLOCK_N": 16}, num_warps=4, num_stages=2),
+        triton.Config({"BLOCK_M": 16, "BLOCK_N": 32}, num_warps=8, num_stages=3),
+    ],
+    key=["N"],
+)(fwd)
+pinned = triton.autotune(configs=[triton.Config({"BLOCK_M": 32, "BLOCK_N": 16}, num_warps=4)], key=["N"])(fwd)
+heur = triton.heuristics({"BLOCK_D": lambda a: triton.next_power_of_2(a["d"])})(fwd)
+
+
+def _inputs(N, d):
+    g = torch.Generator().manual_seed(0)
+    Q, K, V = (torch.randn(N, d, generator=g) for _ in range(3))
+    return Q, K, V, torch.empty_like(Q), torch.empty(N)
+
+
+def launch(N, d):
+    Q, K, V, O, L = _inputs(N, d)
+    fwd[(triton.cdiv(N, 32),)](
+        Q,
+        K,
+        V,
+        O,
+        L,
+        N,
+        d,
+        d**-0.5,
+        BLOCK_M=32,
+        BLOCK_N=16,
+        BLOCK_D=triton.next_power_of_2(d),
+        num_warps=4,
+        num_stages=3,
+    )
+    return {"Q": Q, "K": K, "V": V, "O": O, "L": L}
+
+
+def launch_tuned(N, d):
+    Q, K, V, O, L = _inputs(N, d)
+    tuned[lambda meta: (triton.cdiv(N, meta["BLOCK_M"]),)](
+        Q, K, V, O, L, N, d, d**-0.5, BLOCK_D=triton.next_power_of_2(d)
+    )
+    return {"Q": Q, "K": K, "V": V, "O": O, "L": L}
+
+
+def launch_pinned(N, d):
+    Q, K, V, O, L = _inputs(N, d)
+    pinned[lambda meta: (triton.cdiv(N, meta["BLOCK_M"]),)](
+        Q, K, V, O, L, N, d, d**-0.5, BLOCK_D=triton.next_power_of_2(d)
+    )
+    return {"Q": Q, "K": K, "V": V, "O": O, "L": L}
+
+
+def launch_heur(N, d):
+    Q, K, V, O, L = _inputs(N, d)
+    heur[(triton.cdiv(N, 32),)](Q, K, V, O, L, N, d, d**-0.5, BLOCK_M=32, BLOCK_N=16, num_warps=2)
+    return {"Q": Q, "K": K, "V": V, "O": O, "L": L}
+
+
+@triton.jit
+def tutorial_like(Q, K, V, O, M, N, d, scale, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    # stores its logsumexp without a row mask, as the tutorial does: at a ragged N the last program writes past M
+    i = tl.program_id(0)
+    h = tl.program_id(1)
+    rows = i * BLOCK_M + tl.arange(0, BLOCK_M)
+    dd = tl.arange(0, BLOCK_D)
+    base = h * N * d
+    qm = (rows[:, None] < N) & (dd[None, :] < d)
+    q = tl.load(Q + base + rows[:, None] * d + dd[None, :], mask=qm, other=0.0)
+    m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+    l = tl.zeros((BLOCK_M,), tl.float32)
+    acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
+    for s in range(0, N, BLOCK_N):
+        cols = s + tl.arange(0, BLOCK_N)
+        km = (cols[:, None] < N) & (dd[None, :] < d)
+        k = tl.load(K + base + cols[:, None] * d + dd[None, :], mask=km, other=0.0)
+        v = tl.load(V + base + cols[:, None] * d + dd[None, :], mask=km, other=0.0)
+        sc = tl.where(cols[None, :] < N, tl.dot(q, tl.trans(k)) * scale, float("-inf"))
+        mn = tl.maximum(m, tl.max(sc, 1))
+        p = tl.exp(sc - mn[:, None])
+        a = tl.exp(m - mn)
+        l = l * a + tl.sum(p, 1)
+        acc = acc * a[:, None] + tl.dot(p, v)
+        m = mn
+    tl.store(O + base + rows[:, None] * d + dd[None, :], acc / l[:, None], mask=qm)
+    tl.store(M + h * N + rows, m + tl.log(l))
+
+
+def launch_ragged(N, d, H=2):
+    g = torch.Generator().manual_seed(0)
+    Q, K, V = (torch.randn(H, N, d, generator=g) for _ in range(3))
+    O, M = torch.empty_like(Q), torch.empty(H, N)
+    tutorial_like[(triton.cdiv(N, 32), H)](Q, K, V, O, M, N, d, d**-0.5, BLOCK_M=32, BLOCK_N=16, BLOCK_D=16)
+    return {"Q": Q, "K": K, "V": V, "O": O, "L": M, "H": H}
+
+
+def launch_swallows(N, d, Br=64, Bc=64):
+    """Takes block sizes and ignores them: runs 32 x 16."""
+    return launch(N, d)
+
+
+def launch_says(N, d):
+    """Returns block sizes that are not the ones it ran."""
+    return {**launch(N, d), "Br": 64, "Bc": 16}
+
+
+def attention(q, k, v, block_m=32, block_n=16):
+    """A library-style host function: allocates its outputs, launches, returns (o, lse)."""
+    N, d = q.shape
+    o, lse = torch.empty_like(q), torch.empty(N)
+    fwd[(triton.cdiv(N, block_m),)](
+        q,
+        k,
+        v,
+        o,
+        lse,
+        N,
+        d,
+        d**-0.5,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        BLOCK_D=triton.next_power_of_2(d),
+        num_warps=4,
+        num_stages=2,
+    )
+    return o, lse
+
+
+def launch_host(N, d):
+    Q, K, V, _, _ = _inputs(N, d)
+    O, L = attention(Q, K, V)
+    return {"Q": Q, "K": K, "V": V, "O": O, "L": L}
+
+
+def launch_unnamed(N, d):
+    """Names nothing: the kernel's parameters are not the model's names."""
+    Q, K, V, O, L = _inputs(N, d)
+    fwd[(triton.cdiv(N, 32),)](Q, K, V, O, L, N, d, d**-0.5, BLOCK_M=32, BLOCK_N=16, BLOCK_D=16)
+    return {"names": {"Q": "q_ptr", "K": "k_ptr", "V": "v_ptr", "O": "o_ptr", "L": "lse_ptr"}}
+
+
+@triton.jit
+def desc_fwd(
+    q_desc, k_desc, v_desc, o_desc, L, N, scale, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr
+):
+    i = tl.program_id(0)
+    q = q_desc.load([i * BLOCK_M, 0])
+    m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+    l = tl.zeros((BLOCK_M,), tl.float32)
+    acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
+    for s in range(0, N, BLOCK_N):
+        cols = s + tl.arange(0, BLOCK_N)
+        k = k_desc.load([s, 0])
+        v = v_desc.load([s, 0])
+        sc = tl.where(cols[None, :] < N, tl.dot(q, tl.trans(k)) * scale, float("-inf"))
+        mn = tl.maximum(m, tl.max(sc, 1))
+        p = tl.exp(sc - mn[:, None])
+        a = tl.exp(m - mn)
+        l = l * a + tl.sum(p, 1)
+        acc = acc * a[:, None] + tl.dot(p, v)
+        m = mn
+    o_desc.store([i * BLOCK_M, 0], acc / l[:, None])
+    rows = i * BLOCK_M + tl.arange(0, BLOCK_M)
+    tl.store(L + rows, m + tl.log(l), mask=rows < N)
+
+
+def launch_desc(N, d):
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    Q, K, V, O, L = _inputs(N, d)
+    dq = [TensorDescriptor.from_tensor(x, [32, d]) for x in (Q, O)]
+    dk = [TensorDescriptor.from_tensor(x, [16, d]) for x in (K, V)]
+    desc_fwd[(triton.cdiv(N, 32),)](
+        dq[0], dk[0], dk[1], dq[1], L, N, d**-0.5, BLOCK_M=32, BLOCK_N=16, BLOCK_D=d, num_warps=4
+    )
+    return {"Q": Q, "K": K, "V": V, "O": O, "L": L}

@@ -1,0 +1,136 @@
+"""A kernel counted as its authors launch it (issue 31): launch options, @triton.autotune (one config pinned, or
+several: each counted as its own run, naming the config that ran), @triton.heuristics, tensor descriptors and a
+library-style host function all give flash2's closed form per array with nothing unattributed; an out-of-bounds
+store is an error naming the kernel, the program and the offsets (exit 1); block sizes are read off the kernel and
+a launcher or command line that says otherwise is refused (exit 2).
+
+The launchers are in tests/_kernel_launches.py (kernels written for these tests).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("triton")
+pytest.importorskip("torch")
+
+from iosim.cli import main  # noqa: E402
+from iosim.kernels.comparison import block_sizes, compare  # noqa: E402
+
+FILE = str(Path(__file__).with_name("_kernel_launches.py"))
+N, d = 100, 16
+AS_LAUNCHED = ["launch", "launch_pinned", "launch_heur", "launch_desc", "launch_host", "launch_tuned"]
+
+
+@pytest.fixture(scope="module")
+def runs():
+    from iosim.kernels import count_batch
+
+    jobs = [(FILE, name, dict(N=N, d=d)) for name in AS_LAUNCHED]
+    return dict(zip(AS_LAUNCHED, count_batch(jobs, "triton", arrays=False), strict=True))
+
+
+def _equal(counts, numbers=None):
+    blocks = block_sizes(counts, "flash2", d, numbers or {})
+    cmp = compare(counts, "flash2", N, d, blocks["Br"], blocks["Bc"])
+    assert cmp.equal, [vars(r) for r in cmp.rows]
+    assert set(counts.per_array) == {"Q", "K", "V", "O", "L"}  # nothing unattributed
+    assert counts.out_of_bounds_lanes == 0
+    return blocks
+
+
+@pytest.mark.parametrize("name", AS_LAUNCHED[:-1])
+def test_each_way_of_launching_counts_the_closed_form_with_nothing_unattributed(runs, name):
+    counts, numbers, _ = runs[name]
+    assert _equal(counts, numbers) == {"Br": 32, "Bc": 16}
+    assert counts.launches == 1 and counts.programs == 4
+
+
+def test_launch_options_are_dropped_as_triton_drops_them_and_recorded(runs):
+    info = runs["launch"][0].launch_info[0]
+    assert info["options"] == {"num_warps": 4, "num_stages": 3}
+    assert info["constexprs"] == {"BLOCK_M": 32, "BLOCK_N": 16, "BLOCK_D": 16}
+    assert info["grid"] == [4, 1, 1]
+    assert info["shapes"]["Q"]["r"] == [[32, 16]] and info["shapes"]["K"]["r"] == [[16, 16]]
+
+
+def test_a_pinned_autotune_config_is_counted_and_named(runs):
+    info = runs["launch_pinned"][0].launch_info[0]
+    assert info["config"] == "BLOCK_M=32,BLOCK_N=16,num_warps=4,num_ctas=1,num_stages=3"
+    assert info["options"]["num_warps"] == 4
+
+
+def test_several_autotune_configs_are_each_counted_at_their_own_block_sizes(runs):
+    counts, _, _ = runs["launch_tuned"]
+    assert len(counts.runs) == 2
+    (c1, n1, _), (c2, n2, _) = counts.runs
+    assert c1.config.startswith("BLOCK_M=32,BLOCK_N=16,num_warps=4") and c1.config.endswith("(config 1 of 2)")
+    assert c2.config.startswith("BLOCK_M=16,BLOCK_N=32,num_warps=8") and c2.config.endswith("(config 2 of 2)")
+    assert _equal(c1, n1) == {"Br": 32, "Bc": 16} and c1.programs == 4
+    assert _equal(c2, n2) == {"Br": 16, "Bc": 32} and c2.programs == 7
+    assert c2.per_array["K"].reads == 7 * N * d  # every one of the 7 row blocks reads all of K
+
+
+@pytest.fixture
+def cli(capsys):
+    def run(*args):
+        rc = main(["kernel", *args])
+        out = capsys.readouterr()
+        return rc, out.out, out.err
+
+    return run
+
+
+def test_a_named_config_is_the_only_one_counted(cli):
+    rc, out, err = cli(f"{FILE}:launch_tuned", "--N", "100", "--d", "16", "--like", "flash2", "--config",
+                       "BLOCK_N=32", "--no-numerics")  # fmt: skip
+    assert rc == 0, err
+    assert "Br=16 Bc=32" in out and "autotune config 1 of" not in out and "autotune config 2 of 2" in out
+
+
+def test_an_unknown_config_is_one_line_exit_2(cli):
+    rc, _, err = cli(f"{FILE}:launch_tuned", "--N", "100", "--d", "16", "--config", "BLOCK_M=8")
+    assert rc == 2 and len(err.strip().splitlines()) == 1
+    assert "--config must name one config of autotuned kernel fwd" in err and "BLOCK_M=16,BLOCK_N=32" in err
+
+
+def test_a_store_past_the_end_of_the_logsumexp_is_an_error_naming_kernel_program_offsets(cli):
+    # H = 2, N = 100, BLOCK_M = 32: program (3, h) stores rows 96..127 of head h unmasked; head 1's rows 100..127
+    # lie past the end of M (2 x 100 elements): offsets 200..227
+    rc, out, err = cli(f"{FILE}:launch_ragged", "--N", "100", "--d", "16", "--like", "flash2", "--no-numerics")
+    assert rc == 1
+    assert err.strip().splitlines() == [
+        "iosim: error: 28 lanes out of bounds (<unattributed>): first, kernel tutorial_like program (3, 1, 0) "
+        "stored 28 lanes past the end of L (200 elements) at element offsets [200, 201, 202, 203, 204, 205]"
+    ]
+    assert "<unattributed>" in out
+
+
+def test_arrays_the_model_cannot_name_are_an_error_not_a_zero_verdict(cli):
+    rc, out, err = cli(f"{FILE}:launch_unnamed", "--N", "100", "--d", "16", "--like", "flash2", "--no-numerics")
+    assert rc == 1 and "0x" not in out
+    assert "none of flash2's arrays (Q, K, V, O, L) was moved, only q_ptr" in err
+
+
+def test_block_sizes_on_the_command_line_must_be_what_the_kernel_ran(cli):
+    rc, _, err = cli(f"{FILE}:launch", "--N", "100", "--d", "16", "--like", "flash2", "--Br", "128", "--Bc", "32")
+    assert rc == 2 and len(err.strip().splitlines()) == 1
+    assert "--Br must be what the kernel ran: Br=32 (Q's loads are 32x16), but the command line says Br=128" in err
+
+
+def test_a_launcher_that_swallows_block_sizes_is_caught(cli):
+    rc, _, err = cli(f"{FILE}:launch_swallows", "--N", "100", "--d", "16", "--like", "flash2", "--Br", "64")
+    assert rc == 2 and "Br=32" in err and "the command line says Br=64" in err
+
+
+def test_a_launcher_returning_other_block_sizes_is_caught(cli):
+    rc, _, err = cli(f"{FILE}:launch_says", "--N", "100", "--d", "16", "--like", "flash2")
+    assert rc == 2 and "the launcher returned Br=64" in err
+
+
+def test_with_no_block_sizes_given_what_ran_is_used(cli):
+    rc, out, err = cli(f"{FILE}:launch", "--N", "100", "--d", "16", "--like", "flash2", "--no-numerics")
+    assert rc == 0, err
+    assert "Br=32 Bc=16" in out and "launch fwd: grid (4, 1, 1)" in out and "num_warps=4" in out
