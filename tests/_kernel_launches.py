@@ -212,3 +212,120 @@ def launch_desc(N, d):
         dq[0], dk[0], dk[1], dq[1], L, N, d**-0.5, BLOCK_M=32, BLOCK_N=16, BLOCK_D=d, num_warps=4
     )
     return {"Q": Q, "K": K, "V": V, "O": O, "L": L}
+
+
+# --- conventions: the logsumexp a kernel stores, the layouts of its arrays ----------------------------------------
+@triton.jit
+def strided_fwd(
+    Q,
+    K,
+    V,
+    O,
+    L,
+    N,
+    d,
+    H,
+    scale,
+    s_b,
+    s_h,
+    s_n,
+    LOG2: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    # one program per (row block, batch x head) over arrays with strides (s_b, s_h, s_n, 1); L is (B, H, N).
+    # LOG2: the tutorial family's exp2 with scale log2(e) folded in, storing log2 of the softmax sum
+    i = tl.program_id(0)
+    bh = tl.program_id(1)
+    base = (bh // H) * s_b + (bh % H) * s_h
+    rows = i * BLOCK_M + tl.arange(0, BLOCK_M)
+    dd = tl.arange(0, BLOCK_D)
+    qm = (rows[:, None] < N) & (dd[None, :] < d)
+    q = tl.load(Q + base + rows[:, None] * s_n + dd[None, :], mask=qm, other=0.0)
+    qk_scale = scale * 1.4426950408889634 if LOG2 else scale
+    m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+    l = tl.zeros((BLOCK_M,), tl.float32)
+    acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
+    for s in range(0, N, BLOCK_N):
+        cols = s + tl.arange(0, BLOCK_N)
+        km = (cols[:, None] < N) & (dd[None, :] < d)
+        k = tl.load(K + base + cols[:, None] * s_n + dd[None, :], mask=km, other=0.0)
+        v = tl.load(V + base + cols[:, None] * s_n + dd[None, :], mask=km, other=0.0)
+        sc = tl.where(cols[None, :] < N, tl.dot(q, tl.trans(k)) * qk_scale, float("-inf"))
+        mn = tl.maximum(m, tl.max(sc, 1))
+        if LOG2:
+            p = tl.exp2(sc - mn[:, None])
+            a = tl.exp2(m - mn)
+        else:
+            p = tl.exp(sc - mn[:, None])
+            a = tl.exp(m - mn)
+        l = l * a + tl.sum(p, 1)
+        acc = acc * a[:, None] + tl.dot(p, v)
+        m = mn
+    tl.store(O + base + rows[:, None] * s_n + dd[None, :], acc / l[:, None], mask=qm)
+    lse = m + tl.log2(l) if LOG2 else m + tl.log(l)
+    tl.store(L + bh * N + rows, lse, mask=rows < N)
+
+
+def _strided(N, d, B, H, layout, log2):
+    g = torch.Generator().manual_seed(1)
+    shape = (B, N, H, d) if layout == "BNHD" else (B, H, N, d)
+    Q, K, V = (torch.randn(shape, generator=g) for _ in range(3))
+    O, L = torch.empty_like(Q), torch.empty(B, H, N)
+    s_b, s_h, s_n = (Q.stride(0), Q.stride(2), Q.stride(1)) if layout == "BNHD" else Q.stride()[:3]
+    strided_fwd[(triton.cdiv(N, 32), B * H)](
+        Q,
+        K,
+        V,
+        O,
+        L,
+        N,
+        d,
+        H,
+        d**-0.5,
+        s_b,
+        s_h,
+        s_n,
+        LOG2=log2,
+        BLOCK_M=32,
+        BLOCK_N=16,
+        BLOCK_D=triton.next_power_of_2(d),
+    )
+    return {"Q": Q, "K": K, "V": V, "O": O, "L": L, "H": B * H}
+
+
+def launch_log2(N, d):
+    """Stores a log2-domain logsumexp and says so."""
+    return {**_strided(N, d, 1, 2, "BHND", True), "logsumexp": "log2"}
+
+
+def launch_log2_unsaid(N, d):
+    """Stores a log2-domain logsumexp and does not say so."""
+    return _strided(N, d, 1, 2, "BHND", True)
+
+
+def launch_bnhd(N, d):
+    """(B, N, H, d) arrays, declared."""
+    return {**_strided(N, d, 2, 3, "BNHD", False), "layout": "BNHD"}
+
+
+def launch_bnhd_undeclared(N, d):
+    return _strided(N, d, 2, 3, "BNHD", False)
+
+
+def launch_layout_unknown(N, d):
+    return {**_strided(N, d, 2, 3, "BNHD", False), "layout": "NHD"}
+
+
+def launch_decode_bhd(N, d, H=2):
+    """Split-KV decoding with queries (batch, H, d): declared BHD (the cache K, V is (batch, H, N, d))."""
+    from iosim.kernels.examples.triton_decode_splitkv import launch as decode
+
+    out = decode(N=N, d=d, Bc=16, splits=2, H=H)
+    q, o = out["Q"].reshape(1, H, d), out["O"].reshape(1, H, d)
+    return {**out, "Q": q, "O": o, "K": out["K"][None], "V": out["V"][None], "layout": "BHD"}
+
+
+def launch_decode_bhd_undeclared(N, d, H=2):
+    return {k: v for k, v in launch_decode_bhd(N, d, H).items() if k != "layout"}

@@ -134,3 +134,62 @@ def test_with_no_block_sizes_given_what_ran_is_used(cli):
     rc, out, err = cli(f"{FILE}:launch", "--N", "100", "--d", "16", "--like", "flash2", "--no-numerics")
     assert rc == 0, err
     assert "Br=32 Bc=16" in out and "launch fwd: grid (4, 1, 1)" in out and "num_warps=4" in out
+
+
+# --- conventions: the logsumexp stored, the layouts declared ------------------------------------------------------
+CONVENTIONS = ["launch_log2", "launch_log2_unsaid", "launch_bnhd", "launch_bnhd_undeclared", "launch_layout_unknown",
+               "launch_decode_bhd", "launch_decode_bhd_undeclared"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def conv():
+    from iosim.kernels import count_batch
+
+    jobs = [(FILE, name, dict(N=N, d=d)) for name in CONVENTIONS]
+    return dict(zip(CONVENTIONS, count_batch(jobs, "triton"), strict=True))
+
+
+def _cmp(run, like="flash2", **kw):
+    counts, numbers, arrays = run
+    return compare(counts, like, N, d, arrays=arrays, scale=numbers.get("scale"), dtype=numbers.get("dtype"),
+                   heads=numbers.get("H", 1), layout=numbers.get("layout"), logsumexp=numbers.get("logsumexp"),
+                   **{"Br": 32, "Bc": 16, **kw})  # fmt: skip
+
+
+def test_a_declared_log2_logsumexp_is_compared_like_with_like(conv):
+    cmp = _cmp(conv["launch_log2"])
+    assert cmp.equal and [n["output"] for n in cmp.numerics] == ["O", "L"] and cmp.numerics_ok
+
+
+def test_an_undeclared_log2_logsumexp_is_outside_the_rule_and_says_which_convention_it_is(conv):
+    cmp = _cmp(conv["launch_log2_unsaid"])
+    L = next(n for n in cmp.numerics if n["output"] == "L")
+    assert not L["ok"] and "'logsumexp': 'log2'" in L["hint"]
+    assert next(n for n in cmp.numerics if n["output"] == "O")["ok"]
+
+
+def test_a_declared_bnhd_layout_is_read_as_such(conv):
+    cmp = _cmp(conv["launch_bnhd"])
+    assert cmp.equal and cmp.numerics_ok and cmp.heads == 6
+
+
+def test_a_declared_decode_layout_reads_batch_heads_d(conv):
+    counts, numbers, arrays = conv["launch_decode_bhd"]
+    assert arrays["Q"].shape == (1, 2, d)
+    cmp = compare(counts, "decode-splitkv", N, d, Bc=16, heads=2, splits=2, arrays=arrays, layout="BHD",
+                  scale=numbers["scale"])  # fmt: skip
+    assert cmp.equal and cmp.numerics_ok
+
+
+@pytest.mark.parametrize(
+    "name, like, words",
+    [("launch_bnhd_undeclared", "flash2", "read as BHND/HND (undeclared) has B = 2, N = 3"),
+     ("launch_layout_unknown", "flash2", "launcher result 'layout' must be one of BHND"),
+     ("launch_decode_bhd_undeclared", "decode-splitkv", "has B = 1, N = 2; the model wants B = 1, N = 1")],
+)  # fmt: skip
+def test_an_undeclared_or_unknown_layout_is_one_line(conv, name, like, words):
+    from iosim.errors import InputError
+
+    with pytest.raises(InputError, match=words.replace("(", r"\(").replace(")", r"\)")) as e:
+        _cmp(conv[name], like, splits=2)
+    assert "\n" not in str(e.value)

@@ -108,7 +108,7 @@ def _compare(args, counts, numbers, arrays):
     return compare(
         counts, args.like, args.N, args.d, blocks.get("Br"), blocks.get("Bc"), bool(pick("causal", False)),
         heads=int(pick("H", 1)), splits=pick("splits"), arrays=arrays or None, scale=numbers.get("scale"),
-        dtype=numbers.get("dtype"),
+        dtype=numbers.get("dtype"), layout=numbers.get("layout"), logsumexp=numbers.get("logsumexp"),
     )  # fmt: skip
 
 

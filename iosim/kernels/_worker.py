@@ -86,6 +86,8 @@ def _one(out: Path, i: int, mod, backend: str, job: dict, want_arrays: bool) -> 
     docs = []
     for k, (counts, result) in enumerate(runs):
         numbers = {k: v for k, v in result.items() if isinstance(v, (int, float, bool, str))}
+        if isinstance(result.get("layout"), dict):  # a layout per array
+            numbers["layout"] = {str(k): str(v) for k, v in result["layout"].items()}
         if "dtype" not in numbers and getattr(result.get("Q"), "dtype", None) is not None:
             numbers["dtype"] = str(result["Q"].dtype).removeprefix("torch.")  # the inputs' precision, for numerics
         if want_arrays:

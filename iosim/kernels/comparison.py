@@ -143,6 +143,7 @@ class Comparison:
             lines.append(
                 f"numerics {n['output']}: max error {n['error']:.3g}, bound {n['bound']:.3g} "
                 f"({'within' if n['ok'] else 'OUTSIDE'} iosim.check's rule, {n['dtype']})"
+                + (f"; {n['hint']}" if n.get("hint") else "")
             )
         lines += [f"note: {x}" for x in self.notes]
         return "\n".join(lines)
@@ -263,8 +264,11 @@ def compare(
     arrays: dict | None = None,
     scale: float | None = None,
     dtype: str | None = None,
+    layout: str | None = None,
+    logsumexp: str | None = None,
 ) -> Comparison:
-    """Counts beside ``like``'s closed form (x ``heads``), the lower bound, and (with ``arrays``) the numerics."""
+    """Counts beside ``like``'s closed form (x ``heads``), the lower bound, and (with ``arrays``) the numerics:
+    ``layout`` and ``logsumexp`` are the launcher's declarations (:data:`LAYOUTS`, :data:`LOGSUMEXP`)."""
     per, M, lb, bname = model(like, N, d, Br, Bc, causal, splits)
     rows = []
     for name, c in per.items():
@@ -290,54 +294,135 @@ def compare(
     if reload:
         cmp.notes.append(f"re-loaded within a program (issued > distinct): {', '.join(reload)}")
     if arrays:
-        cmp.numerics = numerics(like, arrays, causal, scale, dtype)
+        cmp.numerics = numerics(like, arrays, causal, scale, dtype, N, d, layout, logsumexp)
     return cmp
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # Numerics: the kernel's outputs against the float64 reference, with iosim.check's bound
 # ---------------------------------------------------------------------------------------------------------------
-def _bhnd(x: np.ndarray, vec: bool = False) -> np.ndarray:
+LAYOUTS = {  # the layouts a launcher may declare ("layout" in its dict), as axes of (B, H, N, d)
+    "BHND": "(batch, heads, rows, d)",
+    "BNHD": "(batch, rows, heads, d)",
+    "HND": "(heads, rows, d)",
+    "BHD": "(batch, heads, d): decoding, one query row per head (Q, O; the caches K, V are BHND)",
+}
+LOGSUMEXP = {  # what a kernel stores as L ("logsumexp" in the launcher's dict), and the factor to the natural log
+    "natural": 1.0,  # L = log(sum_j exp(scale q.k_j)): iosim's convention (iosim.check, the papers)
+    "log2": float(np.log(2.0)),  # L = log2(sum_j exp(scale q.k_j)): the Triton tutorial family (exp2 with log2(e))
+    "none": None,  # the kernel stores something else (or nothing) as L: its numerics are not checked
+}
+
+
+def _standard(x, layout: str) -> np.ndarray:
+    """An array in the declared layout as (B, H, N, d) float64."""
     x = np.asarray(x, dtype=np.float64)
-    want = 3 if vec else 4
-    while x.ndim < want:
-        x = x[None]
+    if layout == "BNHD":
+        return np.swapaxes(x, 1, 2)
+    if layout == "HND":
+        return x[None]
+    if layout == "BHD":
+        return x[:, :, None, :]
     return x
 
 
-def numerics(like: str, arrays: dict, causal: bool, scale: float | None, dtype: str | None) -> list[dict]:
-    """Per output: the largest error against the golden and whether every element is within check's bound."""
+def read_layout(arrays: dict, like: str, N: int, d: int, layout: str | None) -> dict[str, np.ndarray]:
+    """Q, K, V, O (dO, dQ, dK, dV) as (B, H, N, d), read in the launcher's declared ``layout`` (or, undeclared,
+    (B, H, N, d) for 4-d arrays and (H, N, d) for 3-d ones). InputError (one line) for a layout iosim does not
+    accept, an array whose rank is not the layout's, or shapes that do not read as --N, --d and the model."""
+    given = layout if isinstance(layout, dict) else {}
+    for lay in given.values() if isinstance(layout, dict) else [layout]:
+        if lay is not None and lay not in LAYOUTS:
+            accepted = "; ".join(f"{k} {v}" for k, v in LAYOUTS.items())
+            raise InputError("launcher result 'layout'", f"must be one of {accepted} (or a dict array -> one)", lay)
+    out, raw = {}, {}
+    for k in ("Q", "K", "V", "O", "dO", "dQ", "dK", "dV"):
+        if k not in arrays:
+            continue
+        x = np.asarray(arrays[k])
+        lay = given.get(k) if isinstance(layout, dict) else layout
+        lay = "BHND" if lay == "BHD" and k in ("K", "V", "dK", "dV") else lay
+        lay = lay or {4: "BHND", 3: "HND"}.get(x.ndim)
+        if lay is None or len(lay) != x.ndim:
+            raise InputError(f"launcher array {k}", f"must be {LAYOUTS.get(lay, 'of rank 3 or 4')} as declared "
+                             f"(the launcher's 'layout': one of {', '.join(LAYOUTS)})", x.shape)  # fmt: skip
+        out[k] = _standard(x, lay)
+        raw[k] = tuple(x.shape)
+    if not all(k in out for k in "QKV"):
+        return out
+    Q, K = out["Q"], out["K"]
+    read = f"read as {layout or 'BHND/HND (undeclared)'}"
+    n_q = 1 if like == "decode-splitkv" else N
+    for k, x in out.items():
+        if x.shape[-1] != d:
+            raise InputError(f"launcher array {k}", f"{read} has d = {x.shape[-1]}, not --d {d}: declare its layout",
+                             raw[k])  # fmt: skip
+        want_n = n_q if k in ("Q", "O", "dO", "dQ") else N
+        if x.shape[2] != want_n or x.shape[0] != Q.shape[0]:
+            raise InputError(f"launcher array {k}", f"{read} has B = {x.shape[0]}, N = {x.shape[2]}; the model "
+                             f"wants B = {Q.shape[0]}, N = {want_n}: declare its layout ('layout': "
+                             f"{', '.join(LAYOUTS)})", raw[k])  # fmt: skip
+    if Q.shape[1] % K.shape[1]:
+        raise InputError("launcher array Q", f"{read} has {Q.shape[1]} heads, not a multiple of K's {K.shape[1]}",
+                         raw["Q"])  # fmt: skip
+    return out
+
+
+def numerics(like: str, arrays: dict, causal: bool, scale: float | None, dtype: str | None, N: int | None = None,
+             d: int | None = None, layout: str | None = None, logsumexp: str | None = None) -> list[dict]:  # fmt: skip
+    """Per output: the largest error against the golden and whether every element is within check's bound. Arrays
+    are read in the launcher's ``layout`` (:data:`LAYOUTS`); L is converted from the kernel's ``logsumexp``
+    convention (:data:`LOGSUMEXP`) to the natural log of scale QK^T before the comparison."""
     need = {"flash2": ("Q", "K", "V", "O"), "decode-splitkv": ("Q", "K", "V", "O"),
             "flash2-backward": ("Q", "K", "V", "O", "dO", "dQ", "dK", "dV")}[like]  # fmt: skip
     if any(k not in arrays for k in need):
         return []
-    Q, K, V = (_bhnd(arrays[k]) for k in "QKV")
-    if like == "decode-splitkv":
-        Q = Q.reshape(Q.shape[0], Q.shape[1], -1, Q.shape[-1])
+    if logsumexp is not None and logsumexp not in LOGSUMEXP:
+        raise InputError("launcher result 'logsumexp'", f"must be one of {', '.join(LOGSUMEXP)}", logsumexp)
+    first = np.asarray(arrays["K"])
+    std = read_layout(arrays, like, first.shape[-2] if N is None else N, first.shape[-1] if d is None else d, layout)
+    Q, K, V = std["Q"], std["K"], std["V"]
     d, N_q, N_k = Q.shape[-1], Q.shape[-2], K.shape[-2]
     sc = float(scale) if scale is not None else 1.0 / np.sqrt(d)
     name, np_dtype, u = check._dtype(dtype or "float32")
     offset = N_k - N_q if causal else 0
     bwd = like == "flash2-backward"
-    dO = _bhnd(arrays["dO"]) if bwd else np.zeros_like(Q)
+    dO = std["dO"] if bwd else np.zeros_like(Q)
     H_kv = K.shape[1]
     gold = check._golden(Q, K, V, dO, sc, causal, offset, H_kv, "float64", bwd)
     with np.errstate(all="ignore"):
         naive = check._naive(Q, K, V, dO, sc, causal, offset, H_kv, np_dtype, bwd)
         v = u if np_dtype == np.float64 else check.ACCUMULATOR_U
         floors = check._floors(Q, K, V, dO, gold, sc, causal, offset, H_kv, u, v, bwd)
+    factor_L = LOGSUMEXP[logsumexp or "natural"]
+    got_of = {k: std[k] for k in ("O", "dQ", "dK", "dV") if k in std}
+    if "L" in arrays and factor_L is not None:
+        got_of["L"] = np.asarray(arrays["L"], dtype=np.float64) * factor_L
     out = []
     outputs = ("dQ", "dK", "dV") if bwd else ("O", "L")
     for key in outputs:
-        if key not in arrays:
+        if key not in got_of:
             continue
         ref = gold[key]
-        got = np.asarray(arrays[key], dtype=np.float64).reshape(ref.shape)
+        if got_of[key].size != ref.size:
+            raise InputError(f"launcher array {key}", f"must hold {ref.size:,} elements {ref.shape}",
+                             got_of[key].shape)  # fmt: skip
+        got = got_of[key].reshape(ref.shape)
         factor = check.BACKWARD_FACTOR if bwd else check.FORWARD_FACTOR
         baseline = float(np.max(check._abs_err(naive[key], ref)))
         bound = np.maximum(factor * baseline if np.isfinite(baseline) else 0.0, floors[key])
         err = check._abs_err(got, ref)
         i = int(np.argmax(err / np.where(bound > 0, bound, 1)))
-        out.append(dict(output=key, error=float(err.flat[i]), bound=float(bound.flat[i]),
-                        ok=bool(np.all(err <= bound)), dtype=name))  # fmt: skip
+        ok = bool(np.all(err <= bound))
+        row = dict(output=key, error=float(err.flat[i]), bound=float(bound.flat[i]), ok=ok, dtype=name)
+        for conv, f in LOGSUMEXP.items():  # an L outside the rule that another convention explains: say which
+            if (
+                key == "L"
+                and not ok
+                and f
+                and f != factor_L
+                and np.all(check._abs_err(got * f / factor_L, ref) <= bound)
+            ):
+                row["hint"] = f"L is in the {conv} convention: declare it in the launcher's dict, 'logsumexp': '{conv}'"
+        out.append(row)
     return out
