@@ -193,3 +193,70 @@ def test_an_undeclared_or_unknown_layout_is_one_line(conv, name, like, words):
     with pytest.raises(InputError, match=words.replace("(", r"\(").replace(")", r"\)")) as e:
         _cmp(conv[name], like, splits=2)
     assert "\n" not in str(e.value)
+
+
+# --- --like over a whole problem: GQA, empty splits, metadata rows ------------------------------------------------
+DECODE = str(Path(__file__).resolve().parents[1] / "iosim" / "kernels" / "examples" / "triton_decode_splitkv.py")
+DECODE_CASES = [dict(N=100, d=16, Bc=16, splits=4, H=4, kv_heads=1), dict(N=5, d=8, Bc=16, splits=3, H=2),
+                dict(N=5, d=8, Bc=16, splits=3, H=2, skip_empty=True), dict(N=70, d=8, Bc=16, splits=4, H=4, kv_heads=2,
+                                                                            skip_empty=True)]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def decode_runs():
+    from iosim.kernels import count_batch
+
+    return count_batch([(DECODE, None, p) for p in DECODE_CASES], "triton")
+
+
+def _decode_cmp(run, p):
+    from iosim.kernels.comparison import Whole
+
+    counts, numbers, arrays = run
+    whole = Whole(H_kv=numbers["kv_heads"], empty_splits=numbers["empty_splits"])
+    return compare(counts, "decode-splitkv", p["N"], p["d"], Bc=p["Bc"], heads=p["H"], splits=p["splits"],
+                   arrays=arrays, scale=numbers["scale"], whole=whole)  # fmt: skip
+
+
+@pytest.mark.parametrize("i", range(len(DECODE_CASES)))
+def test_decode_over_the_whole_problem_equals_its_closed_form_with_metadata_rows(decode_runs, i):
+    p = DECODE_CASES[i]
+    cmp = _decode_cmp(decode_runs[i], p)
+    assert cmp.equal and cmp.numerics_ok, [vars(r) for r in cmp.rows]
+    rows = {r.array: r for r in cmp.rows}
+    assert rows["lengths"].model_reads == p["splits"] * p["H"]  # metadata: a row of the model, in the total
+    assert cmp.model_total == sum(r.model_reads + r.model_writes for r in cmp.rows)
+
+
+def test_empty_splits_as_the_kernel_leaves_them(decode_runs):
+    # N = 5, Bc = 16, 3 splits: chunks of 16 keys, splits 1 and 2 empty
+    written, skipped = (_decode_cmp(decode_runs[k], DECODE_CASES[k]) for k in (1, 2))
+    rw = {r.array: (r.reads, r.writes) for r in written.rows}
+    rs = {r.array: (r.reads, r.writes) for r in skipped.rows}
+    assert rw["O_part"] == (3 * 2 * 8, 3 * 2 * 8) and rs["O_part"] == (2 * 8, 2 * 8)
+    assert rw["Q"] == (3 * 2 * 8, 0) and rs["Q"] == (2 * 8, 0)
+
+
+def test_a_gqa_decode_says_how_often_it_reads_each_kv_head_and_sits_above_the_problems_lower_bound(decode_runs):
+    cmp = _decode_cmp(decode_runs[0], DECODE_CASES[0])
+    rows = {r.array: r for r in cmp.rows}
+    assert rows["K"].reads == 4 * 100 * 16  # per-head: the one KV head read by each of the 4 query heads
+    assert rows["K"].verdict.endswith("(g = 4 times per KV head: per-head)") and cmp.gqa == "per-head"
+    assert cmp.lower_bound == 4 * 16 + 2 * 100 * 16 + 4 * 16 + 1  # q, K and V once, O, one length
+    total = sum(r.reads + r.writes for r in cmp.rows)
+    assert total / cmp.lower_bound > 1
+
+
+def test_a_packed_gqa_kernel_is_read_once_per_kv_head():
+    import numpy as np
+
+    from iosim.kernels.comparison import Whole, decode_splitkv
+    from iosim.kernels.counting import ArrayTraffic, KernelCounts
+
+    want = decode_splitkv(100, 16, 4, 16, H_q=4, H_kv=1, gqa="packed")
+    per = {k: ArrayTraffic(c.reads, c.writes, distinct_reads=c.reads) for k, c in want.items()
+           if k in ("lengths", "Q", "K", "V", "O_part", "L_part", "O")}  # fmt: skip
+    counts = KernelCounts("triton", per, 5, 2, np.zeros((5, 2), dtype=np.int64))
+    cmp = compare(counts, "decode-splitkv", 100, 16, Bc=16, heads=4, splits=4, whole=Whole(H_kv=1))
+    assert cmp.equal and cmp.gqa == "packed" and per["K"].reads == 100 * 16
+    assert next(r for r in cmp.rows if r.array == "V").verdict.endswith("(once per KV head: packed)")

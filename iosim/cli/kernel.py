@@ -44,7 +44,14 @@ def add_arguments(p) -> None:
     p.add_argument("--Br", type=positive("--Br", 1 << 14), default=None, help="row block (BLOCK_M)")
     p.add_argument("--Bc", type=positive("--Bc", 1 << 14), default=None, help="column block (BLOCK_N)")
     p.add_argument("--splits", type=positive("--splits", 1 << 14), default=None, help="KV splits (decode-splitkv)")
-    p.add_argument("--H", type=positive("--H", 1 << 12), default=None, help="heads (batch x heads) of the launch")
+    p.add_argument("--H", type=positive("--H", 1 << 12), default=None, help="query heads (per batch item)")
+    p.add_argument("--B", type=positive("--B", 1 << 12), default=None, help="batch (the launch's batch items)")
+    p.add_argument("--kv-heads", type=positive("--kv-heads", 1 << 12), default=None,
+                   help="key/value heads (GQA/MQA; default: --H)")  # fmt: skip
+    p.add_argument("--N-q", type=positive("--N-q", 1 << 16), default=None, help="query rows (default: --N)")
+    p.add_argument("--page-size", type=positive("--page-size", 1 << 16), default=None, help="paged KV cache")
+    p.add_argument("--empty-splits", choices=("written", "skipped"), default=None,
+                   help="decode-splitkv: what the kernel does with an empty split (default written)")  # fmt: skip
     p.add_argument("--causal", action="store_true", default=None, help="causal mask (passed to the launcher)")
     p.add_argument("--dtype", default=None, help="input dtype passed to the launcher (e.g. float16, float32)")
     p.add_argument(
@@ -69,7 +76,8 @@ def command(args) -> int:
     path, _, launcher = args.target.partition(":")
     if not path.endswith(".py"):
         raise InputError("FILE", "must be a Python file FILE.py[:LAUNCHER]", args.target)
-    params = {k: getattr(args, k) for k in ("N", "d", "Br", "Bc", "splits", "H", "causal", "dtype")}
+    params = {k: getattr(args, k) for k in ("N", "d", "Br", "Bc", "splits", "H", "causal", "dtype", "B", "kv_heads",
+                                            "N_q", "page_size")}  # fmt: skip
     params = {k: v for k, v in params.items() if v is not None}
     backend = None if args.backend == "auto" else args.backend
     config = None if args.config in (None, "all") else args.config
@@ -97,7 +105,7 @@ def command(args) -> int:
 
 
 def _compare(args, counts, numbers, arrays):
-    from iosim.kernels.comparison import block_sizes, compare
+    from iosim.kernels.comparison import Whole, block_sizes, compare
 
     def pick(name, default=None):
         v = getattr(args, name, None)
@@ -108,6 +116,8 @@ def _compare(args, counts, numbers, arrays):
     return compare(
         counts, args.like, args.N, args.d, blocks.get("Br"), blocks.get("Bc"), bool(pick("causal", False)),
         heads=int(pick("H", 1)), splits=pick("splits"), arrays=arrays or None, scale=numbers.get("scale"),
+        whole=Whole(int(pick("B", 1)), int(pick("H", 1)), pick("kv_heads"), pick("N_q"), pick("page_size"),
+                    pick("empty_splits", "written")),
         dtype=numbers.get("dtype"), layout=numbers.get("layout"), logsumexp=numbers.get("logsumexp"),
     )  # fmt: skip
 

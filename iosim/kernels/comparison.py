@@ -31,23 +31,46 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def decode_splitkv(N: int, d: int, splits: int) -> dict[str, ArrayCounts]:
-    """Split-KV decoding of one query row against N keys in ``splits`` chunks (per head).
+def decode_splitkv(N: int, d: int, splits: int, Bc: int | None = None, B: int = 1, H_q: int = 1,
+                   H_kv: int | None = None, gqa: str = "per-head", empty: str = "written",
+                   page_size: int | None = None) -> dict[str, ArrayCounts]:  # fmt: skip
+    """Split-KV decoding of one query row per head against N keys in ``splits`` chunks, over a whole problem.
 
-    Pass 1, one program per chunk: reads the length (metadata ``lengths``, 1 word), q (d words), its keys and values
-    (every key once over all chunks: N d each), writes its partial output and logsumexp (d + 1 words). Pass 2 reads
-    the splits' partials (splits (d + 1)) and writes O (d). Total: reads (2N + splits + splits) d + 2 splits, writes
-    splits (d + 1) + d.
+    The keys are cut into chunks of ``chunk = ceil(ceil(N / splits) / Bc) Bc`` (whole column blocks, as kernels
+    round them; without Bc, ceil(N / splits)), so the last splits may be empty. A unit is what one program of
+    pass 1 serves: a query head (``gqa="per-head"``: G = g units per KV head, each loading its KV head's keys) or a
+    KV head's g query heads packed (``packed``: one unit per KV head, R = g rows); units = B H_kv G.
+
+    Pass 1, one program per (unit, split): reads its length (metadata ``lengths``, 1 word), q (R d), the keys and
+    values of its chunk (every key once per unit: N d each), writes its partial output and logsumexp (R d + R).
+    An empty split (``empty="written"``) still reads q and writes its partials (O = 0, L = -inf), which pass 2
+    reads; ``empty="skipped"``: it reads only its length, and pass 2 skips it. Pass 2 reads the live splits'
+    partials and writes O (B H_q d). Paged (``page_size`` P): the page table one word per page piece of each
+    column block, per unit; ``kv_indices`` one word per key per unit; ``indptr`` two words per program.
     """
-    return {
-        "lengths": ArrayCounts(splits, 0),
-        "Q": ArrayCounts(splits * d, 0),
-        "K": ArrayCounts(N * d, 0),
-        "V": ArrayCounts(N * d, 0),
-        "O_part": ArrayCounts(splits * d, splits * d),
-        "L_part": ArrayCounts(splits, splits),
-        "O": ArrayCounts(0, d),
+    H_kv = H_q if H_kv is None else H_kv
+    g = H_q // H_kv
+    G = g if gqa == "per-head" else 1
+    R, units = g // G, B * H_kv * G
+    chunk = cdiv(N, splits) if Bc is None else cdiv(cdiv(N, splits), Bc) * Bc
+    live = splits if empty == "written" else min(splits, cdiv(N, chunk))
+    per = {
+        "lengths": ArrayCounts(units * splits, 0),
+        "Q": ArrayCounts(units * live * R * d, 0),
+        "K": ArrayCounts(units * N * d, 0),
+        "V": ArrayCounts(units * N * d, 0),
+        "O_part": ArrayCounts(units * live * R * d, units * live * R * d),
+        "L_part": ArrayCounts(units * live * R, units * live * R),
+        "O": ArrayCounts(0, B * H_q * d),
+        "kv_indices": ArrayCounts(units * N, 0),
+        "indptr": ArrayCounts(2 * units * splits, 0),
     }
+    if page_size:
+        per["page_table"] = ArrayCounts(units * int(io_model._pieces(N, Bc or chunk, page_size)[0].sum()), 0)
+    return per
+
+
+OPTIONAL = ("kv_indices", "indptr", "page_table", "lengths")  # metadata rows: in the model where the kernel has them
 
 
 def decode_working_set(d: int, Bc: int) -> int:
@@ -82,6 +105,8 @@ class Comparison:
     counts: KernelCounts
     numerics: list[dict] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    whole: Whole | None = None
+    gqa: str | None = None  # with KV heads shared: the policy whose closed form the kernel's K reads equal
 
     @property
     def equal(self) -> bool:
@@ -116,6 +141,21 @@ class Comparison:
     def numerics_ok(self) -> bool | None:
         return None if not self.numerics else all(n["ok"] for n in self.numerics)
 
+    def _whole(self) -> str:
+        w = self.whole
+        if w is None:
+            return ""
+        parts = [f"batch={w.B}"] if w.B != 1 else []
+        if w.H_kv not in (None, self.heads):
+            parts.append(f"kv-heads={w.H_kv} ({self.gqa})")
+        if w.N_q not in (None, self.N):
+            parts.append(f"N_q={w.N_q}")
+        if w.page_size:
+            parts.append(f"page size={w.page_size}")
+        if self.like == "decode-splitkv":
+            parts.append(f"empty splits {w.empty_splits}")
+        return "".join(" " + x for x in parts)
+
     def table(self) -> str:
         from tabulate import tabulate
 
@@ -135,7 +175,9 @@ class Comparison:
             f"model: {self.like} N={self.N} d={self.d}"
             + (f" Br={self.Br}" if self.Br else "")
             + (f" Bc={self.Bc}" if self.Bc else "")
-            + f" causal={self.causal} heads={self.heads}; M = {self.M} words "
+            + f" causal={self.causal} heads={self.heads}"
+            + self._whole()
+            + f"; M = {self.M} words "
             f"(the working set of the block sizes); lower bound {self.lower_bound:,.0f} ({self.bound_name})",
             tabulate(body, head, tablefmt="simple", intfmt=","),
         ]
@@ -149,24 +191,60 @@ class Comparison:
         return "\n".join(lines)
 
 
-def model(like: str, N: int, d: int, Br: int | None, Bc: int | None, causal: bool, splits: int | None):
-    """(per-array closed form per head, M, lower bound, bound name)."""
+@dataclass(frozen=True)
+class Whole:
+    """The whole problem a launch computes: batch, query and key/value heads, query rows (N_q; None: N), page size,
+    and what the kernel does with an empty split (decode-splitkv)."""
+
+    B: int = 1
+    H_q: int = 1
+    H_kv: int | None = None
+    N_q: int | None = None
+    page_size: int | None = None
+    empty_splits: str = "written"
+
+    def one_head_family(self, N: int) -> bool:
+        """Square, multi-head, contiguous: the per-head closed form times B H_q is the whole problem's."""
+        return self.H_kv in (None, self.H_q) and self.N_q in (None, N) and not self.page_size
+
+    def problem(self, N: int, d: int, causal: bool, N_q: int | None = None):
+        from iosim.problem import Problem
+
+        return Problem(B=self.B, H_q=self.H_q, H_kv=self.H_kv, N_q=N_q or self.N_q or N, N_k=N, d_qk=d,
+                       causal=causal, page_size=self.page_size)  # fmt: skip
+
+
+def model(like: str, N: int, d: int, Br: int | None, Bc: int | None, causal: bool, splits: int | None,
+          whole: Whole | None = None, gqa: str = "per-head"):  # fmt: skip
+    """(per-array closed form of the whole problem, M, lower bound, bound name)."""
+    w = whole or Whole()
+    heads = w.B * w.H_q
+    if like in ("flash2", "flash2-backward") and w.one_head_family(N):
+        _need(Br=Br, Bc=Bc)
+        back = like == "flash2-backward"
+        pred = (io_model.flash2_backward if back else io_model.flash2_forward)(N, d, Br, Bc, causal)
+        M = (io_model.flash2_backward_working_set if back else io_model.flash_working_set)(d, Br, Bc)
+        lb, name = bounds.lower_bound(N, d, M, backward=back, causal=causal)
+        per = {k: ArrayCounts(c.reads * heads, c.writes * heads) for k, c in pred.per_array.items()}
+        return per, M, lb * heads, name
     if like == "flash2":
         _need(Br=Br, Bc=Bc)
-        pred = io_model.flash2_forward(N, d, Br, Bc, causal)
+        p = w.problem(N, d, causal)
+        pred = io_model.flash2_problem(p, Br, Bc, gqa=gqa)
+        per = {k: ArrayCounts(*c) if isinstance(c, tuple) else c for k, c in pred.per_array.items()}
+        per = {k: c for k, c in per.items() if k != "page_table" or w.page_size}
         M = io_model.flash_working_set(d, Br, Bc)
-        lb, name = bounds.lower_bound(N, d, M, causal=causal)
-        return dict(pred.per_array), M, lb, name
+        lb = max(b.value for b in bounds.problem_bounds(p, M) if b.is_lower)
+        return per, M, lb, "the whole problem's (bounds.problem_bounds)"
     if like == "flash2-backward":
-        _need(Br=Br, Bc=Bc)
-        pred = io_model.flash2_backward(N, d, Br, Bc, causal)
-        M = io_model.flash2_backward_working_set(d, Br, Bc)
-        lb, name = bounds.lower_bound(N, d, M, backward=True, causal=causal)
-        return dict(pred.per_array), M, lb, name
+        raise InputError("--kv-heads/--N-q/--page-size", "are modelled for flash2 and decode-splitkv, not the backward")
     if like == "decode-splitkv":
         _need(Bc=Bc, splits=splits)
-        per = decode_splitkv(N, d, splits)
-        return per, decode_working_set(d, Bc), 2 * N * d + 2 * d, "compulsory (q, K, V read once, O written once)"
+        per = decode_splitkv(N, d, splits, Bc, w.B, w.H_q, w.H_kv, gqa, w.empty_splits, w.page_size)
+        p = w.problem(N, d, False, N_q=1)
+        floor = sum(p.compulsory().values()) + w.B * (1 + (cdiv(N, w.page_size) if w.page_size else 0))
+        return (per, decode_working_set(d, Bc), floor, "compulsory: q, the KV cache once per KV head, O, "
+                "each sequence's length (and page table) once")  # fmt: skip
     raise InputError("--like", f"must be one of {', '.join(LIKE)}", like)
 
 
@@ -266,30 +344,38 @@ def compare(
     dtype: str | None = None,
     layout: str | None = None,
     logsumexp: str | None = None,
+    whole: Whole | None = None,
 ) -> Comparison:
-    """Counts beside ``like``'s closed form (x ``heads``), the lower bound, and (with ``arrays``) the numerics:
-    ``layout`` and ``logsumexp`` are the launcher's declarations (:data:`LAYOUTS`, :data:`LOGSUMEXP`)."""
-    per, M, lb, bname = model(like, N, d, Br, Bc, causal, splits)
+    """Counts beside ``like``'s closed form over the whole problem (``whole``: batch, KV heads, N_q, pages, empty
+    splits; ``heads`` is H_q, the query heads per batch item), the problem's lower bound, and (with ``arrays``) the
+    numerics: ``layout`` and ``logsumexp`` are the launcher's declarations (:data:`LAYOUTS`, :data:`LOGSUMEXP`).
+    With fewer KV heads than query heads, the closed form of the GQA policy whose K reads the kernel's equal
+    (``per-head``: a KV head's K, V read g times, once per query head; ``packed``: once) is used, and said."""
+    import dataclasses
+
+    w = dataclasses.replace(whole or Whole(), H_q=int(heads))
+    gqa, g = "per-head", w.H_q // (w.H_kv or w.H_q)
+    per, M, lb, bname = model(like, N, d, Br, Bc, causal, splits, w, gqa)
+    if g > 1:
+        packed = model(like, N, d, Br, Bc, causal, splits, w, "packed")
+        k_reads = counts.per_array["K"].reads if "K" in counts.per_array else -1
+        if k_reads == packed[0]["K"].reads != per["K"].reads:
+            gqa, (per, M, lb, bname) = "packed", packed
+    per = {k: c for k, c in per.items() if k not in OPTIONAL or k in counts.per_array}
     rows = []
     for name, c in per.items():
-        want = (c.reads * heads, c.writes * heads)
+        want = (c.reads, c.writes)
         t = counts.per_array.get(name)
         got = (t.reads, t.writes) if t else (0, 0)
-        rows.append(Row(name, *got, *want, t.distinct_reads if t else 0, _verdict(like, name, got, want)))
+        verdict = _verdict(like, name, got, want)
+        if g > 1 and name in ("K", "V"):
+            verdict += f" ({'once per KV head: packed' if gqa == 'packed' else f'g = {g} times per KV head: per-head'})"
+        rows.append(Row(name, *got, *want, t.distinct_reads if t else 0, verdict))
     for name, t in counts.per_array.items():
         if name not in per:
-            rows.append(
-                Row(
-                    name,
-                    t.reads,
-                    t.writes,
-                    None,
-                    None,
-                    t.distinct_reads,
-                    _verdict(like, name, (t.reads, t.writes), None),
-                )
-            )
-    cmp = Comparison(like, N, d, Br, Bc, causal, heads, M, rows, lb * heads, bname, counts)
+            rows.append(Row(name, t.reads, t.writes, None, None, t.distinct_reads,
+                            _verdict(like, name, (t.reads, t.writes), None)))  # fmt: skip
+    cmp = Comparison(like, N, d, Br, Bc, causal, heads, M, rows, lb, bname, counts, whole=w, gqa=gqa if g > 1 else None)
     reload = [r.array for r in rows if r.reads > r.distinct_reads]
     if reload:
         cmp.notes.append(f"re-loaded within a program (issued > distinct): {', '.join(reload)}")
