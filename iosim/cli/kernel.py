@@ -59,6 +59,11 @@ def add_arguments(p) -> None:
         help="triton: the config of an @triton.autotune kernel to count (part of its label, e.g. BLOCK_M=64,"
         "num_warps=4); default all: each config counted in turn",
     )  # fmt: skip
+    p.add_argument(
+        "--gpu-standin", action="store_true",
+        help="triton: answer the GPU queries a library makes at import (Triton's active driver, torch.cuda's device "
+        "queries) as an H100 would, in the counting process only (iosim.kernels.standin)",
+    )  # fmt: skip
     p.add_argument("--backend", choices=BACKENDS, default="auto", help="default: from what the file imports")
     p.add_argument("--timeout", type=_timeout, default=300.0, help="seconds before giving up (default 300)")
     p.add_argument("--no-numerics", action="store_true", help="skip the check against the float64 reference")
@@ -82,7 +87,8 @@ def command(args) -> int:
     backend = None if args.backend == "auto" else args.backend
     config = None if args.config in (None, "all") else args.config
     first = count_file(path, launcher or None, backend, params, args.timeout, arrays=not args.no_numerics,
-                       shared_memory=90 if args.shared_memory else None, config=config)  # fmt: skip
+                       shared_memory=90 if args.shared_memory else None, config=config,
+                       gpu_standin=args.gpu_standin)  # fmt: skip
     runs = first[0].runs or [first]
     rc, docs = 0, []
     for k, (counts, numbers, arrays) in enumerate(runs):

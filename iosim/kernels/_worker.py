@@ -61,6 +61,10 @@ def _one(out: Path, i: int, mod, backend: str, job: dict, want_arrays: bool) -> 
     from iosim.errors import InputError
     from iosim.kernels.counting import count_configs
 
+    if job.get("gpu_standin"):
+        from iosim.kernels.standin import install
+
+        install()  # before the launcher (and the library it imports) is imported
     try:
         fn = _launcher(Path(job["path"]), job["launcher"])
     except LookupError as e:

@@ -393,6 +393,7 @@ LAYOUTS = {  # the layouts a launcher may declare ("layout" in its dict), as axe
     "HND": "(heads, rows, d)",
     "BHD": "(batch, heads, d): decoding, one query row per head (Q, O; the caches K, V are BHND)",
 }
+L_LAYOUTS = {"BHN": "(batch, heads, rows)", "BNH": "(batch, rows, heads)", "HN": "(heads, rows)"}  # L, in a dict
 LOGSUMEXP = {  # what a kernel stores as L ("logsumexp" in the launcher's dict), and the factor to the natural log
     "natural": 1.0,  # L = log(sum_j exp(scale q.k_j)): iosim's convention (iosim.check, the papers)
     "log2": float(np.log(2.0)),  # L = log2(sum_j exp(scale q.k_j)): the Triton tutorial family (exp2 with log2(e))
@@ -417,7 +418,9 @@ def read_layout(arrays: dict, like: str, N: int, d: int, layout: str | None) -> 
     (B, H, N, d) for 4-d arrays and (H, N, d) for 3-d ones). InputError (one line) for a layout iosim does not
     accept, an array whose rank is not the layout's, or shapes that do not read as --N, --d and the model."""
     given = layout if isinstance(layout, dict) else {}
-    for lay in given.values() if isinstance(layout, dict) else [layout]:
+    for k, lay in given.items() if isinstance(layout, dict) else [("", layout)]:
+        if k == "L" and lay in L_LAYOUTS:
+            continue
         if lay is not None and lay not in LAYOUTS:
             accepted = "; ".join(f"{k} {v}" for k, v in LAYOUTS.items())
             raise InputError("launcher result 'layout'", f"must be one of {accepted} (or a dict array -> one)", lay)
@@ -483,7 +486,10 @@ def numerics(like: str, arrays: dict, causal: bool, scale: float | None, dtype: 
     factor_L = LOGSUMEXP[logsumexp or "natural"]
     got_of = {k: std[k] for k in ("O", "dQ", "dK", "dV") if k in std}
     if "L" in arrays and factor_L is not None:
-        got_of["L"] = np.asarray(arrays["L"], dtype=np.float64) * factor_L
+        L = np.asarray(arrays["L"], dtype=np.float64) * factor_L
+        if isinstance(layout, dict) and layout.get("L") == "BNH":
+            L = np.swapaxes(L, 1, 2)
+        got_of["L"] = L
     out = []
     outputs = ("dQ", "dK", "dV") if bwd else ("O", "L")
     for key in outputs:

@@ -431,17 +431,27 @@ def count_configs(launch, backend: str = "triton", config=None) -> list[tuple[Ke
 
 
 def detect_backend(path) -> str:
-    """The backend a launcher file needs, from what it imports: triton, pallas (jax), or numba-cuda."""
+    """The backend a launcher file needs, from the modules it imports: triton (or, for a library of Triton kernels
+    imported by name, torch), pallas (jax), or numba-cuda (numba)."""
+    import re
     from pathlib import Path
 
     text = Path(path).read_text(errors="replace")
-    if "triton" in text:
-        return "triton"
-    if "pallas" in text:
-        return "pallas"
-    if "cuda.jit" in text or "numba" in text:
-        return "numba-cuda"
-    raise InputError("--backend", f"could not be told from {path} (imports none of triton, pallas, numba): name one")
+    top = set(re.findall(r"^\s*(?:from|import)\s+([A-Za-z_]\w*)", text, flags=re.M))
+    for module, backend in (("triton", "triton"), ("jax", "pallas"), ("numba", "numba-cuda"), ("torch", "triton")):
+        if module in top:
+            return backend
+    for word, backend in (
+        ("triton", "triton"),
+        ("pallas", "pallas"),
+        ("cuda.jit", "numba-cuda"),
+        ("numba", "numba-cuda"),
+    ):
+        if word in text:  # a launcher importing another launcher: the backend its text names
+            return backend
+    raise InputError(
+        "--backend", f"could not be told from {path} (imports none of triton, jax, numba, torch): name one"
+    )
 
 
 def count_file(
@@ -453,6 +463,7 @@ def count_file(
     arrays: bool = True,
     shared_memory: int | None = None,
     config: str | None = None,
+    gpu_standin: bool = False,
 ) -> tuple[KernelCounts, dict, dict]:
     """Count a launcher file's kernels in a fresh process with the backend's mode on.
 
@@ -463,9 +474,12 @@ def count_file(
     (Triton only) also compiles each kernel for sm_90 with the real compiler (no GPU needed) and records the shared
     memory it allocates per program in ``counts.shared_memory``. ``config`` names the config of an autotuned
     kernel to count; with none, a kernel with several configs is counted once per config: ``counts.runs`` holds
-    every config's (counts, numbers, arrays), each ``counts.config`` naming it.
+    every config's (counts, numbers, arrays), each ``counts.config`` naming it. ``gpu_standin`` installs the CPU
+    stand-ins for the GPU queries libraries make at import (:mod:`iosim.kernels.standin`) in the counting process
+    before the launcher file is imported.
     """
-    return count_batch([(path, launcher, params or {})], backend, timeout, arrays, shared_memory, config)[0]
+    return count_batch([(path, launcher, params or {})], backend, timeout, arrays, shared_memory, config,
+                       gpu_standin)[0]  # fmt: skip
 
 
 def count_batch(
@@ -475,6 +489,7 @@ def count_batch(
     arrays: bool = True,
     shared_memory: int | None = None,
     config: str | None = None,
+    gpu_standin: bool = False,
 ) -> list[tuple]:
     """:func:`count_file` for several (path, launcher, params) jobs in one fresh process (one import of the backend's
     packages): a list of (counts, numbers, arrays). ``timeout`` bounds the whole batch."""
@@ -491,7 +506,7 @@ def count_batch(
         if not p.is_file():
             raise InputError("FILE", "must be an existing Python file defining a launcher", str(path))
         reqs.append({"path": str(p.resolve()), "launcher": launcher or None, "params": dict(params),
-                     "shared_memory": shared_memory, "config": config})  # fmt: skip
+                     "shared_memory": shared_memory, "config": config, "gpu_standin": gpu_standin})  # fmt: skip
     backend = backend or detect_backend(reqs[0]["path"])
     require_extra(backend)
     with tempfile.TemporaryDirectory(prefix="iosim-kernel-") as tmp:

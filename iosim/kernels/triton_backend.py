@@ -184,7 +184,8 @@ def hooks(recorder, config=None):
         for name, arg in named.items():
             base = getattr(arg, "base", None) if type(arg).__name__ == "TensorDescriptor" else arg
             if hasattr(base, "data_ptr") and hasattr(base, "element_size"):
-                recorder.register(name, *_extent(base))
+                if not recorder.paused:  # an uncounted launch names nothing
+                    recorder.register(name, *_extent(base))
             elif not (arg is None or isinstance(arg, (int, float, bool, str, tuple))) and not hasattr(arg, "value"):
                 raise InputError(
                     f"argument {name}", "must be a torch tensor, a number or a constexpr", type(arg).__name__
