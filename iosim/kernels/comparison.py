@@ -254,18 +254,16 @@ BLOCKS = {"flash2": {"Br": "Q", "Bc": "K"}, "flash2-backward": {"Br": "Q", "Bc":
 
 def _block_of(shape: tuple, d: int) -> int | None:
     """The block length of one per-program load: its shape less unit axes and one head-dimension axis (d, or d
-    padded to a power of two); None when that leaves other than one axis."""
+    padded to a power of two); None for a flat load, or when that leaves other than one axis."""
     dims = [int(x) for x in shape if int(x) != 1]
+    if len(dims) < 2:  # a flat or single-row load: its length is not a block size of the model
+        return None
     heads = {d, 1 << max(0, (d - 1).bit_length())}
     for k in range(len(dims) - 1, -1, -1):
         if dims[k] in heads and len(dims) > 1:
             del dims[k]
             break
-    if len(dims) == 1:
-        return dims[0]
-    if not dims:  # every axis the head dimension (or 1): a square block d x d, or one row
-        return d if len(shape) > 1 and max(shape) in heads else None
-    return None
+    return dims[0] if len(dims) == 1 else None
 
 
 def blocks_ran(counts: KernelCounts, like: str, d: int) -> dict[str, tuple[int | None, str]]:
