@@ -183,7 +183,7 @@ def test_a_declared_decode_layout_reads_batch_heads_d(conv):
 
 @pytest.mark.parametrize(
     "name, like, words",
-    [("launch_bnhd_undeclared", "flash2", "read as BHND/HND (undeclared) has B = 2, N = 3"),
+    [("launch_bnhd_undeclared", "flash2", "read as BHND/HND/ND (undeclared) has B = 2, N = 3"),
      ("launch_layout_unknown", "flash2", "launcher result 'layout' must be one of BHND"),
      ("launch_decode_bhd_undeclared", "decode-splitkv", "has B = 1, N = 2; the model wants B = 1, N = 1")],
 )  # fmt: skip

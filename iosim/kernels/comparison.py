@@ -389,6 +389,7 @@ LAYOUTS = {  # the layouts a launcher may declare ("layout" in its dict), as axe
     "BHND": "(batch, heads, rows, d)",
     "BNHD": "(batch, rows, heads, d)",
     "HND": "(heads, rows, d)",
+    "ND": "(rows, d): one head",
     "BHD": "(batch, heads, d): decoding, one query row per head (Q, O; the caches K, V are BHND)",
 }
 L_LAYOUTS = {"BHN": "(batch, heads, rows)", "BNH": "(batch, rows, heads)", "HN": "(heads, rows)"}  # L, in a dict
@@ -406,6 +407,8 @@ def _standard(x, layout: str) -> np.ndarray:
         return np.swapaxes(x, 1, 2)
     if layout == "HND":
         return x[None]
+    if layout == "ND":
+        return x[None, None]
     if layout == "BHD":
         return x[:, :, None, :]
     return x
@@ -413,8 +416,9 @@ def _standard(x, layout: str) -> np.ndarray:
 
 def read_layout(arrays: dict, like: str, N: int, d: int, layout: str | None) -> dict[str, np.ndarray]:
     """Q, K, V, O (dO, dQ, dK, dV) as (B, H, N, d), read in the launcher's declared ``layout`` (or, undeclared,
-    (B, H, N, d) for 4-d arrays and (H, N, d) for 3-d ones). InputError (one line) for a layout iosim does not
-    accept, an array whose rank is not the layout's, or shapes that do not read as --N, --d and the model."""
+    (B, H, N, d) for 4-d arrays, (H, N, d) for 3-d ones, (N, d) for 2-d ones). InputError (one line) for a layout
+    iosim does not accept, an array whose rank is not the layout's, or shapes that do not read as --N, --d and the
+    model."""
     given = layout if isinstance(layout, dict) else {}
     for k, lay in given.items() if isinstance(layout, dict) else [("", layout)]:
         if k == "L" and lay in L_LAYOUTS:
@@ -429,16 +433,16 @@ def read_layout(arrays: dict, like: str, N: int, d: int, layout: str | None) -> 
         x = np.asarray(arrays[k])
         lay = given.get(k) if isinstance(layout, dict) else layout
         lay = "BHND" if lay == "BHD" and k in ("K", "V", "dK", "dV") else lay
-        lay = lay or {4: "BHND", 3: "HND"}.get(x.ndim)
+        lay = lay or {4: "BHND", 3: "HND", 2: "ND"}.get(x.ndim)
         if lay is None or len(lay) != x.ndim:
-            raise InputError(f"launcher array {k}", f"must be {LAYOUTS.get(lay, 'of rank 3 or 4')} as declared "
+            raise InputError(f"launcher array {k}", f"must be {LAYOUTS.get(lay, 'of rank 2, 3 or 4')} as declared "
                              f"(the launcher's 'layout': one of {', '.join(LAYOUTS)})", x.shape)  # fmt: skip
         out[k] = _standard(x, lay)
         raw[k] = tuple(x.shape)
     if not all(k in out for k in "QKV"):
         return out
     Q, K = out["Q"], out["K"]
-    read = f"read as {layout or 'BHND/HND (undeclared)'}"
+    read = f"read as {layout or 'BHND/HND/ND (undeclared)'}"
     n_q = 1 if like == "decode-splitkv" else N
     for k, x in out.items():
         if x.shape[-1] != d:
