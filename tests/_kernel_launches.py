@@ -11,29 +11,50 @@ import triton.language as tl
 
 
 @triton.jit
-def fwd(Q, K, V, O, L, N, d, scale, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
-    i = tl.program_id(0)
+def _step(q, k, v, cols, N, qk_scale, m, l, acc, LOG2: tl.constexpr):
+    """One key block of the online softmax (k is BLOCK_N x d): the new (m, l, acc). LOG2: exp2, the scale times
+    log2(e) (the Triton tutorial family)."""
+    sc = tl.where(cols[None, :] < N, tl.dot(q, tl.trans(k)) * qk_scale, float("-inf"))
+    mn = tl.maximum(m, tl.max(sc, 1))
+    if LOG2:
+        p = tl.exp2(sc - mn[:, None])
+        a = tl.exp2(m - mn)
+    else:
+        p = tl.exp(sc - mn[:, None])
+        a = tl.exp(m - mn)
+    return mn, l * a + tl.sum(p, 1), acc * a[:, None] + tl.dot(p, v)
+
+
+@triton.jit
+def _rows(Q, K, V, O, L, N, d, base, l_base, s_n, qk_scale, i, LOG2: tl.constexpr, MASK_L: tl.constexpr,
+          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):  # fmt: skip
+    """Row block i of one head at ``base`` (row stride s_n): load Q_i, stream K_j, V_j, store O_i and L_i (L_i
+    without its row mask unless MASK_L: the tutorial's unmasked store, which runs past L at a ragged N)."""
     rows = i * BLOCK_M + tl.arange(0, BLOCK_M)
     dd = tl.arange(0, BLOCK_D)
     qm = (rows[:, None] < N) & (dd[None, :] < d)
-    q = tl.load(Q + rows[:, None] * d + dd[None, :], mask=qm, other=0.0)
+    q = tl.load(Q + base + rows[:, None] * s_n + dd[None, :], mask=qm, other=0.0)
     m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     l = tl.zeros((BLOCK_M,), tl.float32)
     acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
     for s in range(0, N, BLOCK_N):
         cols = s + tl.arange(0, BLOCK_N)
         km = (cols[:, None] < N) & (dd[None, :] < d)
-        k = tl.load(K + cols[:, None] * d + dd[None, :], mask=km, other=0.0)
-        v = tl.load(V + cols[:, None] * d + dd[None, :], mask=km, other=0.0)
-        sc = tl.where(cols[None, :] < N, tl.dot(q, tl.trans(k)) * scale, float("-inf"))
-        mn = tl.maximum(m, tl.max(sc, 1))
-        p = tl.exp(sc - mn[:, None])
-        a = tl.exp(m - mn)
-        l = l * a + tl.sum(p, 1)
-        acc = acc * a[:, None] + tl.dot(p, v)
-        m = mn
-    tl.store(O + rows[:, None] * d + dd[None, :], acc / l[:, None], mask=qm)
-    tl.store(L + rows, m + tl.log(l), mask=rows < N)
+        k = tl.load(K + base + cols[:, None] * s_n + dd[None, :], mask=km, other=0.0)
+        v = tl.load(V + base + cols[:, None] * s_n + dd[None, :], mask=km, other=0.0)
+        m, l, acc = _step(q, k, v, cols, N, qk_scale, m, l, acc, LOG2)
+    tl.store(O + base + rows[:, None] * s_n + dd[None, :], acc / l[:, None], mask=qm)
+    lse = m + tl.log2(l) if LOG2 else m + tl.log(l)
+    if MASK_L:
+        tl.store(L + l_base + rows, lse, mask=rows < N)
+    else:
+        tl.store(L + l_base + rows, lse)
+
+
+@triton.jit
+def fwd(Q, K, V, O, L, N, d, scale, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    # one head, (N, d) contiguous: FlashAttention-2's forward, one program per row block
+    _rows(Q, K, V, O, L, N, d, 0, 0, d, scale, tl.program_id(0), False, True, BLOCK_M, BLOCK_N, BLOCK_D)
 
 
 tuned = triton.autotune(
@@ -95,41 +116,9 @@ def launch_heur(N, d):
     return {"Q": Q, "K": K, "V": V, "O": O, "L": L}
 
 
-@triton.jit
-def tutorial_like(Q, K, V, O, M, N, d, scale, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
-    # stores its logsumexp without a row mask, as the tutorial does: at a ragged N the last program writes past M
-    i = tl.program_id(0)
-    h = tl.program_id(1)
-    rows = i * BLOCK_M + tl.arange(0, BLOCK_M)
-    dd = tl.arange(0, BLOCK_D)
-    base = h * N * d
-    qm = (rows[:, None] < N) & (dd[None, :] < d)
-    q = tl.load(Q + base + rows[:, None] * d + dd[None, :], mask=qm, other=0.0)
-    m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
-    l = tl.zeros((BLOCK_M,), tl.float32)
-    acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
-    for s in range(0, N, BLOCK_N):
-        cols = s + tl.arange(0, BLOCK_N)
-        km = (cols[:, None] < N) & (dd[None, :] < d)
-        k = tl.load(K + base + cols[:, None] * d + dd[None, :], mask=km, other=0.0)
-        v = tl.load(V + base + cols[:, None] * d + dd[None, :], mask=km, other=0.0)
-        sc = tl.where(cols[None, :] < N, tl.dot(q, tl.trans(k)) * scale, float("-inf"))
-        mn = tl.maximum(m, tl.max(sc, 1))
-        p = tl.exp(sc - mn[:, None])
-        a = tl.exp(m - mn)
-        l = l * a + tl.sum(p, 1)
-        acc = acc * a[:, None] + tl.dot(p, v)
-        m = mn
-    tl.store(O + base + rows[:, None] * d + dd[None, :], acc / l[:, None], mask=qm)
-    tl.store(M + h * N + rows, m + tl.log(l))
-
-
 def launch_ragged(N, d, H=2):
-    g = torch.Generator().manual_seed(0)
-    Q, K, V = (torch.randn(H, N, d, generator=g) for _ in range(3))
-    O, M = torch.empty_like(Q), torch.empty(H, N)
-    tutorial_like[(triton.cdiv(N, 32), H)](Q, K, V, O, M, N, d, d**-0.5, BLOCK_M=32, BLOCK_N=16, BLOCK_D=16)
-    return {"Q": Q, "K": K, "V": V, "O": O, "L": M, "H": H}
+    """The tutorial's unmasked logsumexp store: at a ragged N, head H - 1's last row block stores past L's end."""
+    return _strided(N, d, 1, H, "BHND", False, mask_l=False)
 
 
 def launch_swallows(N, d, Br=64, Bc=64):
@@ -188,15 +177,7 @@ def desc_fwd(
     acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
     for s in range(0, N, BLOCK_N):
         cols = s + tl.arange(0, BLOCK_N)
-        k = k_desc.load([s, 0])
-        v = v_desc.load([s, 0])
-        sc = tl.where(cols[None, :] < N, tl.dot(q, tl.trans(k)) * scale, float("-inf"))
-        mn = tl.maximum(m, tl.max(sc, 1))
-        p = tl.exp(sc - mn[:, None])
-        a = tl.exp(m - mn)
-        l = l * a + tl.sum(p, 1)
-        acc = acc * a[:, None] + tl.dot(p, v)
-        m = mn
+        m, l, acc = _step(q, k_desc.load([s, 0]), v_desc.load([s, 0]), cols, N, scale, m, l, acc, False)
     o_desc.store([i * BLOCK_M, 0], acc / l[:, None])
     rows = i * BLOCK_M + tl.arange(0, BLOCK_M)
     tl.store(L + rows, m + tl.log(l), mask=rows < N)
@@ -216,82 +197,24 @@ def launch_desc(N, d):
 
 # --- conventions: the logsumexp a kernel stores, the layouts of its arrays ----------------------------------------
 @triton.jit
-def strided_fwd(
-    Q,
-    K,
-    V,
-    O,
-    L,
-    N,
-    d,
-    H,
-    scale,
-    s_b,
-    s_h,
-    s_n,
-    LOG2: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-):
-    # one program per (row block, batch x head) over arrays with strides (s_b, s_h, s_n, 1); L is (B, H, N).
-    # LOG2: the tutorial family's exp2 with scale log2(e) folded in, storing log2 of the softmax sum
-    i = tl.program_id(0)
+def strided_fwd(Q, K, V, O, L, N, d, H, scale, s_b, s_h, s_n, LOG2: tl.constexpr, MASK_L: tl.constexpr,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):  # fmt: skip
+    # one program per (row block, batch x head) over arrays with strides (s_b, s_h, s_n, 1); L is (B, H, N)
     bh = tl.program_id(1)
-    base = (bh // H) * s_b + (bh % H) * s_h
-    rows = i * BLOCK_M + tl.arange(0, BLOCK_M)
-    dd = tl.arange(0, BLOCK_D)
-    qm = (rows[:, None] < N) & (dd[None, :] < d)
-    q = tl.load(Q + base + rows[:, None] * s_n + dd[None, :], mask=qm, other=0.0)
     qk_scale = scale * 1.4426950408889634 if LOG2 else scale
-    m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
-    l = tl.zeros((BLOCK_M,), tl.float32)
-    acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
-    for s in range(0, N, BLOCK_N):
-        cols = s + tl.arange(0, BLOCK_N)
-        km = (cols[:, None] < N) & (dd[None, :] < d)
-        k = tl.load(K + base + cols[:, None] * s_n + dd[None, :], mask=km, other=0.0)
-        v = tl.load(V + base + cols[:, None] * s_n + dd[None, :], mask=km, other=0.0)
-        sc = tl.where(cols[None, :] < N, tl.dot(q, tl.trans(k)) * qk_scale, float("-inf"))
-        mn = tl.maximum(m, tl.max(sc, 1))
-        if LOG2:
-            p = tl.exp2(sc - mn[:, None])
-            a = tl.exp2(m - mn)
-        else:
-            p = tl.exp(sc - mn[:, None])
-            a = tl.exp(m - mn)
-        l = l * a + tl.sum(p, 1)
-        acc = acc * a[:, None] + tl.dot(p, v)
-        m = mn
-    tl.store(O + base + rows[:, None] * s_n + dd[None, :], acc / l[:, None], mask=qm)
-    lse = m + tl.log2(l) if LOG2 else m + tl.log(l)
-    tl.store(L + bh * N + rows, lse, mask=rows < N)
+    _rows(Q, K, V, O, L, N, d, (bh // H) * s_b + (bh % H) * s_h, bh * N, s_n, qk_scale, tl.program_id(0), LOG2,
+          MASK_L, BLOCK_M, BLOCK_N, BLOCK_D)  # fmt: skip
 
 
-def _strided(N, d, B, H, layout, log2):
+def _strided(N, d, B, H, layout, log2, mask_l=True):
     g = torch.Generator().manual_seed(1)
     shape = (B, N, H, d) if layout == "BNHD" else (B, H, N, d)
     Q, K, V = (torch.randn(shape, generator=g) for _ in range(3))
     O, L = torch.empty_like(Q), torch.empty(B, H, N)
     s_b, s_h, s_n = (Q.stride(0), Q.stride(2), Q.stride(1)) if layout == "BNHD" else Q.stride()[:3]
-    strided_fwd[(triton.cdiv(N, 32), B * H)](
-        Q,
-        K,
-        V,
-        O,
-        L,
-        N,
-        d,
-        H,
-        d**-0.5,
-        s_b,
-        s_h,
-        s_n,
-        LOG2=log2,
-        BLOCK_M=32,
-        BLOCK_N=16,
-        BLOCK_D=triton.next_power_of_2(d),
-    )
+    strided_fwd[(triton.cdiv(N, 32), B * H)](Q, K, V, O, L, N, d, H, d**-0.5, s_b, s_h, s_n, LOG2=log2,
+                                             MASK_L=mask_l, BLOCK_M=32, BLOCK_N=16,
+                                             BLOCK_D=triton.next_power_of_2(d))  # fmt: skip
     return {"Q": Q, "K": K, "V": V, "O": O, "L": L, "H": B * H}
 
 

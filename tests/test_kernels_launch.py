@@ -102,7 +102,7 @@ def test_a_store_past_the_end_of_the_logsumexp_is_an_error_naming_kernel_program
     rc, out, err = cli(f"{FILE}:launch_ragged", "--N", "100", "--d", "16", "--like", "flash2", "--no-numerics")
     assert rc == 1
     assert err.strip().splitlines() == [
-        "iosim: error: 28 lanes out of bounds (<unattributed>): first, kernel tutorial_like program (3, 1, 0) "
+        "iosim: error: 28 lanes out of bounds (<unattributed>): first, kernel strided_fwd program (3, 1, 0) "
         "stored 28 lanes past the end of L (200 elements) at element offsets [200, 201, 202, 203, 204, 205]"
     ]
     assert "<unattributed>" in out
