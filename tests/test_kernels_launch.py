@@ -28,8 +28,9 @@ AS_LAUNCHED = ["launch", "launch_pinned", "launch_heur", "launch_desc", "launch_
 def runs():
     from iosim.kernels import count_batch
 
-    jobs = [(FILE, name, dict(N=N, d=d)) for name in AS_LAUNCHED]
-    return dict(zip(AS_LAUNCHED, count_batch(jobs, "triton", arrays=False), strict=True))
+    names = [*AS_LAUNCHED, "launch_swallows", "launch_says"]
+    jobs = [(FILE, name, dict(N=N, d=d, Br=64)) for name in names]  # Br: taken only by launch_swallows
+    return dict(zip(names, count_batch(jobs, "triton", arrays=False), strict=True))
 
 
 def _equal(counts, numbers=None):
@@ -120,14 +121,20 @@ def test_block_sizes_on_the_command_line_must_be_what_the_kernel_ran(cli):
     assert "--Br must be what the kernel ran: Br=32 (Q's loads are 32x16), but the command line says Br=128" in err
 
 
-def test_a_launcher_that_swallows_block_sizes_is_caught(cli):
-    rc, _, err = cli(f"{FILE}:launch_swallows", "--N", "100", "--d", "16", "--like", "flash2", "--Br", "64")
-    assert rc == 2 and "Br=32" in err and "the command line says Br=64" in err
+def test_a_launcher_that_swallows_block_sizes_is_caught(runs):
+    from iosim.errors import InputError
+
+    counts, numbers, _ = runs["launch_swallows"]  # told Br = 64, ran 32
+    with pytest.raises(InputError, match="must be what the kernel ran: Br=32 .*the command line says Br=64"):
+        block_sizes(counts, "flash2", d, numbers, {"Br": 64})
 
 
-def test_a_launcher_returning_other_block_sizes_is_caught(cli):
-    rc, _, err = cli(f"{FILE}:launch_says", "--N", "100", "--d", "16", "--like", "flash2")
-    assert rc == 2 and "the launcher returned Br=64" in err
+def test_a_launcher_returning_other_block_sizes_is_caught(runs):
+    from iosim.errors import InputError
+
+    counts, numbers, _ = runs["launch_says"]
+    with pytest.raises(InputError, match="the launcher returned Br=64"):
+        block_sizes(counts, "flash2", d, numbers)
 
 
 def test_with_no_block_sizes_given_what_ran_is_used(cli):
