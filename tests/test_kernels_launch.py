@@ -267,3 +267,37 @@ def test_a_packed_gqa_kernel_is_read_once_per_kv_head():
     cmp = compare(counts, "decode-splitkv", 100, 16, Bc=16, heads=4, splits=4, whole=Whole(H_kv=1))
     assert cmp.equal and cmp.gqa == "packed" and per["K"].reads == 100 * 16
     assert next(r for r in cmp.rows if r.array == "V").verdict.endswith("(once per KV head: packed)")
+
+
+SAME = """
+import numpy as np
+from iosim.kernels import count, triton_backend
+from iosim.kernels.examples.triton_flash2_bwd import launch as bwd
+from tests._kernel_launches import launch_log2
+
+def run(skip):
+    triton_backend.SKIP_REPATCH = skip
+    out = []
+    for launcher in (lambda: bwd(N=70, d=16, Br=16, Bc=32, causal=True), lambda: launch_log2(N=70, d=16)):
+        counts, arrays = count(launcher, "triton")
+        out.append((counts.to_dict()["per_array"], counts.per_program.tolist(),
+                    {k: v.double().numpy() for k, v in arrays.items() if hasattr(v, "double")}))
+    return out
+
+a, b = run(True), run(False)
+for (pa, pp, xa), (pb, qq, xb) in zip(a, b):
+    assert pa == pb and pp == qq, (pa, pb)
+    assert xa.keys() == xb.keys() and all(np.array_equal(xa[k], xb[k], equal_nan=True) for k in xa)
+print("same")
+"""
+
+
+def test_skipping_tritons_repatching_changes_no_count_and_no_output():
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(root))
+    out = subprocess.run([sys.executable, "-c", SAME], capture_output=True, text=True, env=env, cwd=root, timeout=300)
+    assert out.stdout.strip() == "same", out.stderr[-2000:]

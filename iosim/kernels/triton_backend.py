@@ -24,6 +24,7 @@ import numpy as np
 
 from iosim.errors import InputError
 
+SKIP_REPATCH = True  # see hooks' device_call (tests compare both settings: the same counts and outputs)
 SUPPORTED = "triton 3.9 to 3.x (tested with 3.9.0; the hooks are checked at run time)"
 # positional parameters (after self) each hook needs to see, by name
 _HOOKS = {
@@ -144,11 +145,15 @@ def hooks(recorder, config=None):
     the config of an autotuned kernel with several (see :func:`choose_config`); each autotuned kernel's configs are
     recorded in ``recorder.autotuned`` (kernel -> labels)."""
     require()
+    import triton.language as tl
     from triton.runtime import autotuner, interpreter
 
     B, G, T = interpreter.InterpreterBuilder, interpreter.GridExecutor, autotuner.Autotuner
+    F = interpreter.InterpretedFunction
     saved = {name: getattr(B, name) for name in (*_HOOKS, "set_grid_idx", "set_grid_dim")}
-    saved_call, saved_tuned = G.__call__, T.run
+    saved_call, saved_tuned, saved_device = G.__call__, T.run, F.__call__
+    in_launch = [False]
+    patched: set = set()  # within the current launch: the triton.language modules a helper call has patched
     recorder.autotuned = {}
     pending: list[str] = []  # the config an autotuner is launching
 
@@ -198,7 +203,29 @@ def hooks(recorder, config=None):
             if specs is None:
                 specs = recorder.launch_specs = []
             specs.append((self.fn, named, constexprs))
-        return saved_call(self, *args, **kwargs)
+        outer, in_launch[0] = in_launch[0], True
+        patched.clear()
+        try:
+            return saved_call(self, *args, **kwargs)
+        finally:
+            in_launch[0] = outer
+
+    def device_call(self, *args, **kwargs):
+        """A jitted helper called from a kernel. On every such call Triton patches the triton.language modules the
+        helper's globals hold (``triton.language``, ``triton.language.core``: module objects shared by every
+        function) and never restores them before the launch ends; once a module is patched in a launch, patching
+        it again changes nothing, so it is skipped (a fifth of the interpreter's time in a flash kernel's
+        reductions, tl.max and tl.sum being jitted helpers). The helper itself runs exactly as Triton runs it."""
+        langs = frozenset(id(v) for v in self.fn.__globals__.values() if v is tl or v is tl.core)
+        if not (SKIP_REPATCH and in_launch[0] and langs <= patched):
+            out = saved_device(self, *args, **kwargs)
+            if in_launch[0]:
+                patched.update(langs)
+            return out
+        try:
+            return self.rewrite()(*args, **kwargs)
+        except Exception as e:
+            raise interpreter.InterpreterError(repr(e)) from e
 
     def tuned_run(self, *args, **kwargs):
         """The autotuner without its benchmark (which needs a GPU): the chosen config, launched as Triton does."""
@@ -222,13 +249,13 @@ def hooks(recorder, config=None):
     B.create_masked_load, B.create_masked_store = load, store
     B.create_atomic_rmw, B.create_atomic_cas = rmw, cas
     B.set_grid_idx, B.set_grid_dim = set_grid_idx, set_grid_dim
-    G.__call__, T.run = call, tuned_run
+    G.__call__, T.run, F.__call__ = call, tuned_run, device_call
     try:
         yield
     finally:
         for name, fn in saved.items():
             setattr(B, name, fn)
-        G.__call__, T.run = saved_call, saved_tuned
+        G.__call__, T.run, F.__call__ = saved_call, saved_tuned, saved_device
         recorder.end_program()
 
 
