@@ -87,7 +87,7 @@ def _one(out: Path, i: int, mod, backend: str, job: dict, want_arrays: bool) -> 
     except Exception as e:
         cause = e.__cause__ or e
         if isinstance(cause, NotImplementedError):
-            accepted = "uses a GPU feature Triton's interpreter does not run, so it cannot be counted on a CPU"
+            accepted = "uses a GPU feature Triton's interpreter does not run (so it cannot be counted on a CPU)"
             return _fail(out, "kernel", accepted, str(cause), i)
         return _fail(out, "kernel", "raised", f"{type(cause).__name__}: {cause}", i)
     docs = []
