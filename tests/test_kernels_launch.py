@@ -97,6 +97,11 @@ def test_an_unknown_config_is_one_line_exit_2(cli):
     assert "--config must name one config of autotuned kernel fwd" in err and "BLOCK_M=16,BLOCK_N=32" in err
 
 
+def test_a_config_for_a_kernel_that_is_not_autotuned_is_one_line_exit_2(cli):
+    rc, _, err = cli(f"{FILE}:launch", "--N", "100", "--d", "16", "--config", "BLOCK_M=32")
+    assert rc == 2 and "--config names a config of an @triton.autotune kernel: this launcher launched none" in err
+
+
 def test_a_store_past_the_end_of_the_logsumexp_is_an_error_naming_kernel_program_offsets(cli):
     # H = 2, N = 100, BLOCK_M = 32: program (3, h) stores rows 96..127 of head h unmasked; head 1's rows 100..127
     # lie past the end of M (2 x 100 elements): offsets 200..227

@@ -424,6 +424,10 @@ def count_configs(launch, backend: str = "triton", config=None) -> list[tuple[Ke
     ``config`` naming it), or once for the config named (``config``) or when no kernel has several configs."""
     runs = [count(launch, backend, 0 if config is None else config)]
     tuned = getattr(LAST_RECORDER[0], "autotuned", {})
+    if config is not None and not tuned:
+        raise InputError(
+            "--config", "names a config of an @triton.autotune kernel: this launcher launched none", config
+        )
     many = max((len(v) for v in tuned.values()), default=1)
     if config is None and many > 1:
         runs += [count(launch, backend, k) for k in range(1, many)]
