@@ -136,11 +136,12 @@ def leftover(counts, cmp) -> str | None:
     if counts.out_of_bounds_lanes or UNKNOWN in counts.per_array:
         o = counts.out_of_bounds[0] if counts.out_of_bounds else {}
         verb = {"r": "loaded", "w": "stored", "a": "updated atomically"}.get(o.get("kind"), "moved")
-        where = (
-            f"past the end of {o['array']} ({o['elements']:,} elements) at element offsets {o['offsets']}"
-            if o.get("array")
-            else f"outside every argument at addresses {[hex(a) for a in o.get('offsets', [])]}"
-        )
+        if o.get("array"):
+            offs, n = o["offsets"], o["elements"]
+            side = "past the end of" if min(offs) >= n else "before the start of" if max(offs) < 0 else "outside"
+            where = f"{side} {o['array']} ({n:,} elements) at element offsets {offs}"
+        else:
+            where = f"outside every argument at addresses {[hex(a) for a in o.get('offsets', [])]}"
         return (f"{counts.out_of_bounds_lanes:,} lanes out of bounds ({UNKNOWN}): first, kernel {o.get('kernel')} "
                 f"program {tuple(o.get('program', ()))} {verb} {o.get('lanes')} lanes {where}")  # fmt: skip
     if cmp is not None and counts.total and not any(r.reads or r.writes for r in cmp.rows if r.model_reads is not None):
