@@ -66,6 +66,18 @@ BAD = textwrap.dedent(
         return {"Q": q, "K": k, "V": v, "O": o}
 
 
+    @triton.jit
+    def wild_kernel(X, Y, n, B: tl.constexpr):
+        i = tl.arange(0, B)
+        tl.store(Y + i + (1 << 40), tl.load(X + i, mask=i < n))  # far outside every argument
+
+
+    def launch_wild(N, d):
+        x, y = torch.ones(16), torch.zeros(16)
+        wild_kernel[(1,)](x, y, 16, B=16)
+        return {"X": x, "Y": y}
+
+
     def launch_list(N, d):
         x, y = torch.ones(N), torch.empty(N)
         copy_kernel[(1,)](x, y, N, B=16)
@@ -179,3 +191,14 @@ def test_a_kernel_needing_a_gpu_feature_the_interpreter_lacks(bad_file, cli):
 def test_an_undeclared_layout_on_the_command_line(bad_file, cli):
     out = cli(f"{bad_file}:launch_nhd", "--N", "16", "--d", "8", "--like", "flash2", "--Br", "16", "--Bc", "16")
     _one_line(out, "launcher array Q", "declare its layout", "(16, 2, 8)")
+
+
+def test_a_store_outside_every_argument_is_reported_and_never_made(bad_file, cli):
+    # the out-of-bounds lanes are switched off before the interpreter writes host memory: no crash, exit 1
+    rc, err = cli(f"{bad_file}:launch_wild", "--N", "4", "--d", "4")
+    lines = err.strip().splitlines()
+    assert rc == 1 and len(lines) == 1, err
+    assert (
+        "16 lanes out of bounds (<unattributed>): first, kernel wild_kernel program (0, 0, 0) stored 16 lanes "
+        "outside every argument at addresses ['0x" in lines[0]
+    )

@@ -215,16 +215,17 @@ class Recorder:
         self._in_program = False
 
     # --- accesses -------------------------------------------------------------------------------------------
-    def access(self, addresses: np.ndarray, kind: str, nbytes: int, shape: tuple | None = None) -> None:
+    def access(self, addresses: np.ndarray, kind: str, nbytes: int, shape: tuple | None = None) -> np.ndarray | None:
         """Lanes that moved data: their byte addresses (enabled lanes only), kind "r", "w" or "a" (atomic: a read and
-        a write), the bytes one lane moves, and the shape of the access's block (for reading block sizes off)."""
+        a write), the bytes one lane moves, and the shape of the access's block (for reading block sizes off).
+        Returns None, or which of the lanes are out of bounds (a backend may then keep them from touching memory)."""
         if self.paused:
-            return
+            return None
         if not self._in_program:
             self.begin_program(self.program)
         addr = np.asarray(addresses, dtype=np.uint64).ravel()
         if addr.size == 0:
-            return
+            return None
         rids = self._seg[np.searchsorted(self._bounds, addr, side="right")]
         first = int(rids[0])
         if shape is not None and first >= 0 and self.launch_info:
@@ -232,7 +233,7 @@ class Recorder:
         if first >= 0 and (rids.size == 1 or (rids[1:] == first).all()):  # the common case: one argument
             r = self.ranges[first]
             self._add(first, kind, addr.size, nbytes, (addr - np.uint64(r.start)) // np.uint64(r.itemsize))
-            return
+            return None
         inside = np.zeros(addr.size, dtype=bool)
         if first >= 0:
             outer = self._outermost(first)
@@ -244,7 +245,7 @@ class Recorder:
         out = ~inside
         n = int(out.sum())
         if not n:
-            return
+            return None
         self._add(-1, kind, n, nbytes, addr[out])
         self.oob_lanes += n
         if len(self.oob) < OOB_KEPT:
@@ -254,6 +255,7 @@ class Recorder:
             self.oob.append({"kernel": info["kernel"], "program": list(self.program), "kind": kind, "lanes": n,
                              "rid": first, "offsets": [int(x) for x in offs[:6]],
                              "elements": (r.end - r.start) // r.itemsize if r else None})  # fmt: skip
+        return out
 
     def _add(self, rid: int, kind: str, n: int, nbytes: int, elements: np.ndarray) -> None:
         c, prog = self.issued[rid], self.per_program[-1]

@@ -157,17 +157,28 @@ def hooks(recorder, config=None):
     recorder.autotuned = {}
     pending: list[str] = []  # the config an autotuner is launching
 
+    def guard(ptrs, mask, oob):
+        """The mask with the out-of-bounds lanes switched off: they are reported (exit 1) and never touch memory,
+        which the interpreter would otherwise read or write at a host address outside the arrays."""
+        if oob is None:
+            return mask
+        shape = np.shape(ptrs.data)
+        m = np.ones(shape, dtype=bool) if mask is None else np.broadcast_to(np.asarray(mask.data, bool), shape).copy()
+        flat = m.reshape(-1)
+        flat[np.flatnonzero(flat)[oob]] = False
+        return interpreter.TensorHandle(flat.reshape(shape), tl.int1)
+
     def load(self, ptrs, mask, *rest, **kw):
-        recorder.access(_lanes(ptrs, mask), "r", _itemsize(ptrs), np.shape(ptrs.data))
-        return saved["create_masked_load"](self, ptrs, mask, *rest, **kw)
+        oob = recorder.access(_lanes(ptrs, mask), "r", _itemsize(ptrs), np.shape(ptrs.data))
+        return saved["create_masked_load"](self, ptrs, guard(ptrs, mask, oob), *rest, **kw)
 
     def store(self, ptrs, value, mask, *rest, **kw):
-        recorder.access(_lanes(ptrs, mask), "w", _itemsize(ptrs), np.shape(ptrs.data))
-        return saved["create_masked_store"](self, ptrs, value, mask, *rest, **kw)
+        oob = recorder.access(_lanes(ptrs, mask), "w", _itemsize(ptrs), np.shape(ptrs.data))
+        return saved["create_masked_store"](self, ptrs, value, guard(ptrs, mask, oob), *rest, **kw)
 
     def rmw(self, op, ptr, val, mask, *rest, **kw):
-        recorder.access(_lanes(ptr, mask), "a", _itemsize(ptr), np.shape(ptr.data))
-        return saved["create_atomic_rmw"](self, op, ptr, val, mask, *rest, **kw)
+        oob = recorder.access(_lanes(ptr, mask), "a", _itemsize(ptr), np.shape(ptr.data))
+        return saved["create_atomic_rmw"](self, op, ptr, val, guard(ptr, mask, oob), *rest, **kw)
 
     def cas(self, ptr, cmp, val, *rest, **kw):
         recorder.access(_lanes(ptr, None), "a", _itemsize(ptr), np.shape(ptr.data))
