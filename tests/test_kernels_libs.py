@@ -1,11 +1,13 @@
 """Attention kernels from public libraries, counted in place from their installed packages (never copied here):
-flash-linear-attention's softmax attention (fla-core) and SageAttention 1.0.6's int8 attention, launched through
+flash-linear-attention's softmax attention (fla-core), SageAttention 1.0.6's int8 attention and sglang's split-KV
+decoding (stage 1 and the combine, with its metadata: kv_indptr, kv_indices, num_kv_splits), launched through
 the libraries' own host functions by the launchers in iosim/kernels/examples; their per-array counts equal a hand
 derivation from the kernels' code (docs/kernels.md) and flash2's closed form. jax's Pallas GPU attention, the third
 library, is in tests/test_kernels_pallas.py. The CPU stand-in for the GPU queries a library makes at import
 (iosim.kernels.standin) is tested on a small package written here that probes the GPU when imported.
 
-CI installs the ``kernel-libs`` extra (.ci/run), so these tests never skip there. Shapes are tiny.
+CI installs the ``kernel-libs`` extra and sglang without its dependencies (.ci/run), so these tests never skip there.
+Shapes are tiny.
 """
 
 from __future__ import annotations
@@ -93,6 +95,44 @@ def test_sageattention_with_its_quantization(sage):
     assert per["Q_int8"] == (25600, 25600) and per["K_int8"] == (51200, 25600)
     assert per["Q_scale"] == (4, 4) and per["K_scale"] == (16, 8)
     assert counts.launches == 3
+
+
+@pytest.fixture(scope="module")
+def sglang():
+    import importlib.util
+
+    if importlib.util.find_spec("sglang") is None:  # not imported: its top level starts its server stack
+        pytest.skip("sglang is not installed (pip install --no-deps sglang==0.5.23; .ci/run)")
+    from iosim.kernels import count_batch
+
+    cases = [dict(N=100, d=16, splits=4, B=2, H=2), dict(N=40, d=16, splits=4, B=2, H=2)]
+    return cases, count_batch([(str(EXAMPLES / "sglang_decode.py"), None, p) for p in cases], "triton")
+
+
+def test_sglang_split_kv_decode_equals_the_hand_derivation(sglang):
+    _, runs = sglang
+    # N = 100, 4 splits of 32 keys (rounded to _MIN_BLOCK_KV), all live; B = 2, H = 2: 16 stage-1 programs (kv_indptr
+    # 2 words and num_kv_splits 1 each) and 4 stage-2 programs (the same metadata); q 16 words per live program
+    per = {k: (a.reads, a.writes) for k, a in runs[0][0].per_array.items()}
+    assert per == {"Q": (256, 0), "K": (6400, 0), "V": (6400, 0), "indptr": (40, 0), "kv_indices": (400, 0),
+                   "num_kv_splits": (20, 0), "O_part": (256, 256), "L_part": (16, 16), "O": (0, 64)}  # fmt: skip
+    # N = 40: chunks of 32 keys, so splits 2 and 3 are empty: they read their metadata only, store nothing
+    per = {k: (a.reads, a.writes) for k, a in runs[1][0].per_array.items()}
+    assert per["Q"] == (8 * 16, 0) and per["O_part"] == (128, 128) and per["L_part"] == (8, 8)
+    assert per["indptr"] == (40, 0) and per["kv_indices"] == (160, 0)
+
+
+@pytest.mark.parametrize("i", range(2))
+def test_sglang_split_kv_decode_equals_decode_splitkv_over_the_problem(sglang, i):
+    cases, runs = sglang
+    p, (counts, numbers, arrays) = cases[i], runs[i]
+    blocks = block_sizes(counts, "decode-splitkv", p["d"], numbers)
+    assert blocks == {"Bc": 64}
+    whole = Whole(B=p["B"], empty_splits="skipped", chunk_multiple=numbers["chunk_multiple"],
+                  metadata=numbers["metadata"])  # fmt: skip
+    cmp = compare(counts, "decode-splitkv", p["N"], p["d"], Bc=64, heads=p["H"], splits=p["splits"], arrays=arrays,
+                  scale=numbers["scale"], layout=numbers["layout"], whole=whole)  # fmt: skip
+    assert cmp.equal and cmp.numerics_ok, [vars(r) for r in cmp.rows]
 
 
 # --- the CPU stand-in for a GPU probed at import -------------------------------------------------------------------

@@ -123,7 +123,7 @@ def _compare(args, counts, numbers, arrays):
         counts, args.like, args.N, args.d, blocks.get("Br"), blocks.get("Bc"), bool(pick("causal", False)),
         heads=int(pick("H", 1)), splits=pick("splits"), arrays=arrays or None, scale=numbers.get("scale"),
         whole=Whole(int(pick("B", 1)), int(pick("H", 1)), pick("kv_heads"), pick("N_q"), pick("page_size"),
-                    pick("empty_splits", "written")),
+                    pick("empty_splits", "written"), numbers.get("chunk_multiple"), numbers.get("metadata")),
         dtype=numbers.get("dtype"), layout=numbers.get("layout"), logsumexp=numbers.get("logsumexp"),
     )  # fmt: skip
 

@@ -93,8 +93,9 @@ def _one(out: Path, i: int, mod, backend: str, job: dict, want_arrays: bool) -> 
     docs = []
     for k, (counts, result) in enumerate(runs):
         numbers = {k: v for k, v in result.items() if isinstance(v, (int, float, bool, str))}
-        if isinstance(result.get("layout"), dict):  # a layout per array
-            numbers["layout"] = {str(k): str(v) for k, v in result["layout"].items()}
+        for key in ("layout", "metadata"):  # declarations per array (JSON carries them)
+            if isinstance(result.get(key), dict):
+                numbers[key] = {str(k): v if isinstance(v, (int, str)) else list(v) for k, v in result[key].items()}
         if "dtype" not in numbers and getattr(result.get("Q"), "dtype", None) is not None:
             numbers["dtype"] = str(result["Q"].dtype).removeprefix("torch.")  # the inputs' precision, for numerics
         if want_arrays:
@@ -102,7 +103,7 @@ def _one(out: Path, i: int, mod, backend: str, job: dict, want_arrays: bool) -> 
 
             arrays = {}
             for name, v in result.items():
-                if name not in numbers and v is not None and name not in ("names", "layout"):
+                if name not in numbers and v is not None and name not in ("names", "layout", "metadata"):
                     a = mod.to_numpy(v)
                     if a is not None:
                         arrays[name] = a

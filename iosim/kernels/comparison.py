@@ -31,13 +31,18 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+METADATA = {"lengths": (1, 0), "indptr": (2, 0)}  # words each split program, each combine program reads
+
+
 def decode_splitkv(N: int, d: int, splits: int, Bc: int | None = None, B: int = 1, H_q: int = 1,
                    H_kv: int | None = None, gqa: str = "per-head", empty: str = "written",
-                   page_size: int | None = None) -> dict[str, ArrayCounts]:  # fmt: skip
+                   page_size: int | None = None, chunk_multiple: int | None = None,
+                   metadata: dict | None = None) -> dict[str, ArrayCounts]:  # fmt: skip
     """Split-KV decoding of one query row per head against N keys in ``splits`` chunks, over a whole problem.
 
-    The keys are cut into chunks of ``chunk = ceil(ceil(N / splits) / Bc) Bc`` (whole column blocks, as kernels
-    round them; without Bc, ceil(N / splits)), so the last splits may be empty. A unit is what one program of
+    The keys are cut into chunks of ``chunk = ceil(ceil(N / splits) / c) c`` with c = ``chunk_multiple`` (default
+    Bc: whole column blocks, as kernels round them; without either, ceil(N / splits)), so the last splits may be
+    empty. A unit is what one program of
     pass 1 serves: a query head (``gqa="per-head"``: G = g units per KV head, each loading its KV head's keys) or a
     KV head's g query heads packed (``packed``: one unit per KV head, R = g rows); units = B H_kv G.
 
@@ -45,17 +50,22 @@ def decode_splitkv(N: int, d: int, splits: int, Bc: int | None = None, B: int = 
     values of its chunk (every key once per unit: N d each), writes its partial output and logsumexp (R d + R).
     An empty split (``empty="written"``) still reads q and writes its partials (O = 0, L = -inf), which pass 2
     reads; ``empty="skipped"``: it reads only its length, and pass 2 skips it. Pass 2 reads the live splits'
-    partials and writes O (B H_q d). Paged (``page_size`` P): the page table one word per page piece of each
-    column block, per unit; ``kv_indices`` one word per key per unit; ``indptr`` two words per program.
+    partials and writes O (B H_q d), one program per query head. Metadata: ``metadata`` maps an array to the words
+    each pass-1 program and each pass-2 program reads of it (default :data:`METADATA`: ``lengths`` 1 and
+    ``indptr`` 2 per pass-1 program); ``kv_indices`` one word per key per unit; paged (``page_size`` P): the page
+    table one word per page piece of each column block, per unit.
     """
     H_kv = H_q if H_kv is None else H_kv
     g = H_q // H_kv
     G = g if gqa == "per-head" else 1
     R, units = g // G, B * H_kv * G
-    chunk = cdiv(N, splits) if Bc is None else cdiv(cdiv(N, splits), Bc) * Bc
+    c = chunk_multiple or Bc
+    chunk = cdiv(N, splits) if c is None else cdiv(cdiv(N, splits), c) * c
     live = splits if empty == "written" else min(splits, cdiv(N, chunk))
+    meta = {k: ArrayCounts(units * splits * int(w1) + B * H_q * int(w2), 0)
+            for k, (w1, w2) in (METADATA if metadata is None else metadata).items()}  # fmt: skip
     per = {
-        "lengths": ArrayCounts(units * splits, 0),
+        **meta,
         "Q": ArrayCounts(units * live * R * d, 0),
         "K": ArrayCounts(units * N * d, 0),
         "V": ArrayCounts(units * N * d, 0),
@@ -63,14 +73,13 @@ def decode_splitkv(N: int, d: int, splits: int, Bc: int | None = None, B: int = 
         "L_part": ArrayCounts(units * live * R, units * live * R),
         "O": ArrayCounts(0, B * H_q * d),
         "kv_indices": ArrayCounts(units * N, 0),
-        "indptr": ArrayCounts(2 * units * splits, 0),
     }
     if page_size:
         per["page_table"] = ArrayCounts(units * int(io_model._pieces(N, Bc or chunk, page_size)[0].sum()), 0)
     return per
 
 
-OPTIONAL = ("kv_indices", "indptr", "page_table", "lengths")  # metadata rows: in the model where the kernel has them
+OPTIONAL = ("kv_indices", "page_table", *METADATA)  # metadata rows: in the model where the kernel has them
 
 
 def decode_working_set(d: int, Bc: int) -> int:
@@ -202,6 +211,8 @@ class Whole:
     N_q: int | None = None
     page_size: int | None = None
     empty_splits: str = "written"
+    chunk_multiple: int | None = None  # decode-splitkv: what a split's length is rounded up to (default Bc)
+    metadata: dict | None = None  # decode-splitkv: array -> (words per split program, per combine program)
 
     def one_head_family(self, N: int) -> bool:
         """Square, multi-head, contiguous: the per-head closed form times B H_q is the whole problem's."""
@@ -240,7 +251,8 @@ def model(like: str, N: int, d: int, Br: int | None, Bc: int | None, causal: boo
         raise InputError("--kv-heads/--N-q/--page-size", "are modelled for flash2 and decode-splitkv, not the backward")
     if like == "decode-splitkv":
         _need(Bc=Bc, splits=splits)
-        per = decode_splitkv(N, d, splits, Bc, w.B, w.H_q, w.H_kv, gqa, w.empty_splits, w.page_size)
+        per = decode_splitkv(N, d, splits, Bc, w.B, w.H_q, w.H_kv, gqa, w.empty_splits, w.page_size,
+                             w.chunk_multiple, w.metadata)  # fmt: skip
         p = w.problem(N, d, False, N_q=1)
         floor = sum(p.compulsory().values()) + w.B * (1 + (cdiv(N, w.page_size) if w.page_size else 0))
         return (per, decode_working_set(d, Bc), floor, "compulsory: q, the KV cache once per KV head, O, "

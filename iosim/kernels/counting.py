@@ -404,7 +404,7 @@ def count(launch, backend: str = "triton", config=None) -> tuple[KernelCounts, d
     if not isinstance(rename, dict):
         raise InputError("launcher result 'names'", "must be a dict (kernel's name -> model's name)", rename)
     for name, x in out.items():
-        if isinstance(x, (int, float, bool, str)) or x is None or name in ("names", "layout"):
+        if isinstance(x, (int, float, bool, str)) or x is None or name in ("names", "layout", "metadata"):
             continue
         r = mod.array_range(x)
         if r is None and not (hasattr(x, "shape") and hasattr(x, "dtype")):

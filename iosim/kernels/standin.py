@@ -105,3 +105,24 @@ def install(vendor: str = "nvidia") -> None:
     cuda.synchronize = lambda device=None: None
     os.environ.setdefault("GEMS_VENDOR", vendor)
     _INSTALLED[0] = True
+
+
+def bare_package(name: str) -> None:
+    """Make ``import name.sub.module`` skip ``name/__init__.py``: a package whose top level imports its whole
+    application (servers, tokenizers, a GPU runtime) can then lend one kernel module, which imports only what it
+    needs. Registers an empty module with the package's search path (idempotent; nothing is imported)."""
+    import importlib.util
+    import sys
+    import types
+
+    if name in sys.modules:
+        return
+    spec = importlib.util.find_spec(name)
+    if spec is None or spec.submodule_search_locations is None:
+        from iosim.errors import InputError
+
+        raise InputError("package", "must be installed (pip install --no-deps it)", name)
+    module = types.ModuleType(name)
+    module.__path__ = list(spec.submodule_search_locations)
+    module.__spec__ = spec
+    sys.modules[name] = module
