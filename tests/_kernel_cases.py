@@ -44,7 +44,7 @@ def main(backend: str) -> int:
         dtype = str(getattr(out["Q"], "dtype", "float32")).removeprefix("torch.")
         cmp = compare(counts, like, p["N"], p["d"], p.get("Br"), p.get("Bc"), p.get("causal", False),
                       heads=p.get("H", 1), splits=p.get("splits"), arrays=arrays, scale=out.get("scale"),
-                      dtype=dtype)  # fmt: skip
+                      dtype=dtype, layout=out.get("layout"), logsumexp=out.get("logsumexp"))  # fmt: skip
         rows = {r.array: [r.reads, r.writes, r.model_reads, r.model_writes, r.distinct_reads] for r in cmp.rows}
         print(json.dumps({"file": file, "like": like, "params": p, "rows": rows, "equal": cmp.equal,
                           "equal_where_moved": cmp.equal_where_moved(), "numerics": cmp.numerics,

@@ -46,6 +46,38 @@ BAD = textwrap.dedent(
         wait_kernel[(2,)](torch.zeros(1, dtype=torch.int32))
 
 
+    @triton.jit
+    def asm_kernel(X, Y, B: tl.constexpr):
+        i = tl.arange(0, B)
+        y = tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [tl.load(X + i)], dtype=tl.int32, is_pure=True,
+                                      pack=1)
+        tl.store(Y + i, y)
+
+
+    def launch_asm(N, d):
+        asm_kernel[(1,)](torch.ones(16, dtype=torch.int32), torch.empty(16, dtype=torch.int32), B=16)
+
+
+    def launch_nhd(N, d):
+        # (N, H, d) arrays, no layout declared
+        q, k, v = (torch.randn(N, 2, d) for _ in range(3))
+        o = torch.empty_like(q)
+        copy_kernel[(triton.cdiv(q.numel(), 64),)](q, o, q.numel(), B=64)
+        return {"Q": q, "K": k, "V": v, "O": o}
+
+
+    @triton.jit
+    def wild_kernel(X, Y, n, B: tl.constexpr):
+        i = tl.arange(0, B)
+        tl.store(Y + i + (1 << 40), tl.load(X + i, mask=i < n))  # far outside every argument
+
+
+    def launch_wild(N, d):
+        x, y = torch.ones(16), torch.zeros(16)
+        wild_kernel[(1,)](x, y, 16, B=16)
+        return {"X": x, "Y": y}
+
+
     def launch_list(N, d):
         x, y = torch.ones(N), torch.empty(N)
         copy_kernel[(1,)](x, y, N, B=16)
@@ -144,3 +176,29 @@ def test_like_needs_block_sizes(capsys, tmp_path):
         compare(empty, "flash2", 64, 16)
     with pytest.raises(InputError, match="--like"):
         compare(empty, "flash3", 64, 16, 16, 16)
+
+
+def test_a_launcher_importing_a_missing_package(tmp_path, cli):
+    p = tmp_path / "needs_a_package.py"
+    p.write_text("import triton\nimport not_a_package_anyone_installed\n\n\ndef launch(N, d):\n    pass\n")
+    _one_line(cli(str(p), "--N", "4", "--d", "4"), "imports not_a_package_anyone_installed", "not installed")
+
+
+def test_a_kernel_needing_a_gpu_feature_the_interpreter_lacks(bad_file, cli):
+    _one_line(cli(f"{bad_file}:launch_asm", "--N", "4", "--d", "4"), "GPU feature", "inline_asm")
+
+
+def test_an_undeclared_layout_on_the_command_line(bad_file, cli):
+    out = cli(f"{bad_file}:launch_nhd", "--N", "16", "--d", "8", "--like", "flash2", "--Br", "16", "--Bc", "16")
+    _one_line(out, "launcher array Q", "declare its layout", "(16, 2, 8)")
+
+
+def test_a_store_outside_every_argument_is_reported_and_never_made(bad_file, cli):
+    # the out-of-bounds lanes are switched off before the interpreter writes host memory: no crash, exit 1
+    rc, err = cli(f"{bad_file}:launch_wild", "--N", "4", "--d", "4")
+    lines = err.strip().splitlines()
+    assert rc == 1 and len(lines) == 1, err
+    assert (
+        "16 lanes out of bounds (<unattributed>): first, kernel wild_kernel program (0, 0, 0) stored 16 lanes "
+        "outside every argument at addresses ['0x" in lines[0]
+    )

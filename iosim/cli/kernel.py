@@ -11,6 +11,7 @@ imply, a verdict per array, and the outputs' errors against the float64 referenc
 from __future__ import annotations
 
 import json
+import sys
 
 from tabulate import tabulate
 
@@ -43,9 +44,26 @@ def add_arguments(p) -> None:
     p.add_argument("--Br", type=positive("--Br", 1 << 14), default=None, help="row block (BLOCK_M)")
     p.add_argument("--Bc", type=positive("--Bc", 1 << 14), default=None, help="column block (BLOCK_N)")
     p.add_argument("--splits", type=positive("--splits", 1 << 14), default=None, help="KV splits (decode-splitkv)")
-    p.add_argument("--H", type=positive("--H", 1 << 12), default=None, help="heads (batch x heads) of the launch")
+    p.add_argument("--H", type=positive("--H", 1 << 12), default=None, help="query heads (per batch item)")
+    p.add_argument("--B", type=positive("--B", 1 << 12), default=None, help="batch (the launch's batch items)")
+    p.add_argument("--kv-heads", type=positive("--kv-heads", 1 << 12), default=None,
+                   help="key/value heads (GQA/MQA; default: --H)")  # fmt: skip
+    p.add_argument("--N-q", type=positive("--N-q", 1 << 16), default=None, help="query rows (default: --N)")
+    p.add_argument("--page-size", type=positive("--page-size", 1 << 16), default=None, help="paged KV cache")
+    p.add_argument("--empty-splits", choices=("written", "skipped"), default=None,
+                   help="decode-splitkv: what the kernel does with an empty split (default written)")  # fmt: skip
     p.add_argument("--causal", action="store_true", default=None, help="causal mask (passed to the launcher)")
     p.add_argument("--dtype", default=None, help="input dtype passed to the launcher (e.g. float16, float32)")
+    p.add_argument(
+        "--config", default=None, metavar="K=V,...|all",
+        help="triton: the config of an @triton.autotune kernel to count (part of its label, e.g. BLOCK_M=64,"
+        "num_warps=4); default all: each config counted in turn",
+    )  # fmt: skip
+    p.add_argument(
+        "--gpu-standin", action="store_true",
+        help="triton: answer the GPU queries a library makes at import (Triton's active driver, torch.cuda's device "
+        "queries) as an H100 would, in the counting process only (iosim.kernels.standin)",
+    )  # fmt: skip
     p.add_argument("--backend", choices=BACKENDS, default="auto", help="default: from what the file imports")
     p.add_argument("--timeout", type=_timeout, default=300.0, help="seconds before giving up (default 300)")
     p.add_argument("--no-numerics", action="store_true", help="skip the check against the float64 reference")
@@ -63,40 +81,96 @@ def command(args) -> int:
     path, _, launcher = args.target.partition(":")
     if not path.endswith(".py"):
         raise InputError("FILE", "must be a Python file FILE.py[:LAUNCHER]", args.target)
-    params = {k: getattr(args, k) for k in ("N", "d", "Br", "Bc", "splits", "H", "causal", "dtype")}
+    params = {k: getattr(args, k) for k in ("N", "d", "Br", "Bc", "splits", "H", "causal", "dtype", "B", "kv_heads",
+                                            "N_q", "page_size")}  # fmt: skip
     params = {k: v for k, v in params.items() if v is not None}
     backend = None if args.backend == "auto" else args.backend
-    counts, numbers, arrays = count_file(path, launcher or None, backend, params, args.timeout,
-                                         arrays=not args.no_numerics,
-                                         shared_memory=90 if args.shared_memory else None)  # fmt: skip
-    cmp = None
-    if args.like:
-        from iosim.kernels.comparison import compare
-
-        def pick(name, default=None):
-            v = getattr(args, name, None)
-            return v if v is not None else numbers.get(name, default)
-
-        cmp = compare(
-            counts, args.like, args.N, args.d, pick("Br"), pick("Bc"), bool(pick("causal", False)),
-            heads=int(pick("H", 1)), splits=pick("splits"), arrays=arrays or None, scale=numbers.get("scale"),
-            dtype=numbers.get("dtype"),
-        )  # fmt: skip
+    config = None if args.config in (None, "all") else args.config
+    first = count_file(path, launcher or None, backend, params, args.timeout, arrays=not args.no_numerics,
+                       shared_memory=90 if args.shared_memory else None, config=config,
+                       gpu_standin=args.gpu_standin)  # fmt: skip
+    runs = first[0].runs or [first]
+    rc, docs = 0, []
+    for k, (counts, numbers, arrays) in enumerate(runs):
+        if len(runs) > 1 and not args.json:
+            print(f"{'' if k == 0 else chr(10)}autotune config {k + 1} of {len(runs)}: {counts.config.split(' (')[0]}")
+        cmp = _compare(args, counts, numbers, arrays) if args.like else None
+        problem = leftover(counts, cmp)
+        if problem and problem.startswith("none of"):  # no verdict against arrays the kernel did not move
+            cmp = None
+        if args.json:
+            docs.append(_json(counts, numbers, cmp, problem))
+        else:
+            _print(args, counts, cmp)
+        if problem:
+            print(f"iosim: error: {problem}", file=sys.stderr)
+        rc = max(rc, 1 if problem or (cmp is not None and cmp.numerics_ok is False) else 0)
     if args.json:
-        doc = {"counts": counts.to_dict(), "numbers": numbers}
-        doc["counts"].pop("per_program")
-        doc["counts"]["per_program_max"] = counts.per_program.max(axis=0).tolist() if counts.programs else [0, 0]
-        if cmp is not None:
-            doc["comparison"] = {
-                "like": cmp.like, "M": cmp.M, "lower_bound": cmp.lower_bound, "bound": cmp.bound_name,
-                "equal": cmp.equal, "rows": [vars(r) for r in cmp.rows], "numerics": cmp.numerics,
-            }  # fmt: skip
-        print(json.dumps(doc, indent=2))
-        return 0
+        print(json.dumps(docs[0] if len(docs) == 1 else {"configs": docs}, indent=2))
+    return rc
+
+
+def _compare(args, counts, numbers, arrays):
+    from iosim.kernels.comparison import Whole, block_sizes, compare
+
+    def pick(name, default=None):
+        v = getattr(args, name, None)
+        return v if v is not None else numbers.get(name, default)
+
+    given = {k: getattr(args, k) for k in ("Br", "Bc")}
+    blocks = block_sizes(counts, args.like, args.d, numbers, given)
+    return compare(
+        counts, args.like, args.N, args.d, blocks.get("Br"), blocks.get("Bc"), bool(pick("causal", False)),
+        heads=int(pick("H", 1)), splits=pick("splits"), arrays=arrays or None, scale=numbers.get("scale"),
+        whole=Whole(int(pick("B", 1)), int(pick("H", 1)), pick("kv_heads"), pick("N_q"), pick("page_size"),
+                    pick("empty_splits", "written"), numbers.get("chunk_multiple"), numbers.get("metadata")),
+        dtype=numbers.get("dtype"), layout=numbers.get("layout"), logsumexp=numbers.get("logsumexp"),
+    )  # fmt: skip
+
+
+def leftover(counts, cmp) -> str | None:
+    """One line when data the kernel moved cannot be attributed: accesses out of bounds (outside every argument, or
+    past the end of the argument they started in), or, beside a model, none of the model's arrays moved at all."""
+    from iosim.kernels.counting import UNKNOWN
+
+    if counts.out_of_bounds_lanes or UNKNOWN in counts.per_array:
+        o = counts.out_of_bounds[0] if counts.out_of_bounds else {}
+        verb = {"r": "loaded", "w": "stored", "a": "updated atomically"}.get(o.get("kind"), "moved")
+        if o.get("array"):
+            offs, n = o["offsets"], o["elements"]
+            side = "past the end of" if min(offs) >= n else "before the start of" if max(offs) < 0 else "outside"
+            where = f"{side} {o['array']} ({n:,} elements) at element offsets {offs}"
+        else:
+            where = f"outside every argument at addresses {[hex(a) for a in o.get('offsets', [])]}"
+        return (f"{counts.out_of_bounds_lanes:,} lanes out of bounds ({UNKNOWN}): first, kernel {o.get('kernel')} "
+                f"program {tuple(o.get('program', ()))} {verb} {o.get('lanes')} lanes {where}")  # fmt: skip
+    if cmp is not None and counts.total and not any(r.reads or r.writes for r in cmp.rows if r.model_reads is not None):
+        moved = ", ".join(r.array for r in cmp.rows if r.reads or r.writes)
+        return (f"none of {cmp.like}'s arrays ({', '.join(r.array for r in cmp.rows if r.model_reads is not None)}) "
+                f"was moved, only {moved}: name the kernel's arrays as the model does (the launcher's dict, or "
+                f"'names': kernel's name -> model's name)")  # fmt: skip
+    return None
+
+
+def _json(counts, numbers, cmp, problem) -> dict:
+    doc = {"counts": counts.to_dict(), "numbers": numbers, "error": problem}
+    doc["counts"].pop("per_program")
+    doc["counts"]["per_program_max"] = counts.per_program.max(axis=0).tolist() if counts.programs else [0, 0]
+    if cmp is not None:
+        doc["comparison"] = {
+            "like": cmp.like, "M": cmp.M, "Br": cmp.Br, "Bc": cmp.Bc, "lower_bound": cmp.lower_bound,
+            "bound": cmp.bound_name, "equal": cmp.equal, "rows": [vars(r) for r in cmp.rows], "numerics": cmp.numerics,
+        }  # fmt: skip
+    return doc
+
+
+def _print(args, counts, cmp) -> None:
+    for line in launches(counts):
+        print(line)
     if cmp is not None:
         print(cmp.table())
         _print_shared(counts, cmp.M)
-        return 0 if cmp.numerics_ok is not False else 1
+        return
     head = ["array", "reads", "writes", "read bytes", "write bytes", "atomics", "distinct reads", "distinct writes"]
     rows = [[k, *(fmt_int(x) for x in (a.reads, a.writes, a.read_bytes, a.write_bytes, a.atomics,
                                        a.distinct_reads, a.distinct_writes))]
@@ -108,7 +182,22 @@ def command(args) -> int:
     print(tabulate(rows, head, tablefmt=args.format, disable_numparse=True))
     print(f"total: {counts.reads:,} reads, {counts.writes:,} writes (words: elements, whatever their dtype)")
     _print_shared(counts, None)
-    return 0
+
+
+def launches(counts) -> list[str]:
+    """One line per distinct launch: kernel, grid, constexprs, launch options, the autotune config that ran."""
+    out, seen = [], set()
+    for info in counts.launch_info:
+        parts = [f"grid {tuple(info['grid'])}"] if info.get("grid") else []
+        parts += [f"{k}={v}" for k, v in (info.get("constexprs") or {}).items()]
+        parts += [f"{k}={v}" for k, v in (info.get("options") or {}).items()]
+        if info.get("config"):
+            parts.append(f"autotune {info['config'].partition(' (')[2].rstrip(')') or 'its one config'}")
+        line = f"launch {info['kernel']}: " + ", ".join(parts)
+        if parts and line not in seen:
+            seen.add(line)
+            out.append(line)
+    return out
 
 
 def _print_shared(counts, M) -> None:

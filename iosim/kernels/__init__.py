@@ -13,7 +13,8 @@ The counting (``count``, ``count_file``) is in :mod:`iosim.kernels.counting`, th
 _LAZY = {
     "BACKENDS": "counting", "ArrayTraffic": "counting", "KernelCounts": "counting", "count": "counting",
     "count_file": "counting", "count_batch": "counting", "paused": "counting", "LIKE": "comparison",
-    "Comparison": "comparison", "compare": "comparison",
+    "Comparison": "comparison", "compare": "comparison", "count_configs": "counting", "Whole": "comparison",
+    "block_sizes": "comparison",
 }  # fmt: skip
 __all__ = sorted(_LAZY)
 

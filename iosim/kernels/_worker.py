@@ -59,12 +59,18 @@ def main(argv: list[str]) -> int:
 
 def _one(out: Path, i: int, mod, backend: str, job: dict, want_arrays: bool) -> int:
     from iosim.errors import InputError
-    from iosim.kernels.counting import count
+    from iosim.kernels.counting import count_configs
 
+    if job.get("gpu_standin"):
+        from iosim.kernels.standin import install
+
+        install()  # before the launcher (and the library it imports) is imported
     try:
         fn = _launcher(Path(job["path"]), job["launcher"])
     except LookupError as e:
         return _fail(out, "launcher", "must be defined by the file", str(e), i)
+    except ModuleNotFoundError as e:
+        return _fail(out, "launcher file", f"imports {e.name}, which is not installed here (pip install it)", None, i)
     except Exception as e:
         return _fail(out, "launcher file", "must import cleanly", f"{type(e).__name__}: {e}", i)
     sig = inspect.signature(fn)
@@ -75,26 +81,35 @@ def _one(out: Path, i: int, mod, backend: str, job: dict, want_arrays: bool) -> 
     if missing:
         return _fail(out, "launcher", f"needs {', '.join(missing)}: give them as options", fn.__name__, i)
     try:
-        counts, result = count(lambda: fn(**kw), backend)
+        runs = count_configs(lambda: fn(**kw), backend, job.get("config"))
     except InputError as e:
         return _fail(out, e.parameter, e.accepted, e.got, i)
     except Exception as e:
         cause = e.__cause__ or e
+        if isinstance(cause, NotImplementedError):
+            accepted = "uses a GPU feature Triton's interpreter does not run (so it cannot be counted on a CPU)"
+            return _fail(out, "kernel", accepted, str(cause), i)
         return _fail(out, "kernel", "raised", f"{type(cause).__name__}: {cause}", i)
-    numbers = {k: v for k, v in result.items() if isinstance(v, (int, float, bool, str))}
-    if "dtype" not in numbers and getattr(result.get("Q"), "dtype", None) is not None:
-        numbers["dtype"] = str(result["Q"].dtype).removeprefix("torch.")  # the inputs' precision, for the numerics
-    if want_arrays:
-        import numpy as np
+    docs = []
+    for k, (counts, result) in enumerate(runs):
+        numbers = {k: v for k, v in result.items() if isinstance(v, (int, float, bool, str))}
+        for key in ("layout", "metadata"):  # declarations per array (JSON carries them)
+            if isinstance(result.get(key), dict):
+                numbers[key] = {str(k): v if isinstance(v, (int, str)) else list(v) for k, v in result[key].items()}
+        if "dtype" not in numbers and getattr(result.get("Q"), "dtype", None) is not None:
+            numbers["dtype"] = str(result["Q"].dtype).removeprefix("torch.")  # the inputs' precision, for numerics
+        if want_arrays:
+            import numpy as np
 
-        arrays = {}
-        for k, v in result.items():
-            if k not in numbers and v is not None and k != "names":
-                a = mod.to_numpy(v)
-                if a is not None:
-                    arrays[k] = a
-        np.savez(out / f"arrays_{i}.npz", **arrays)
-    doc = {"ok": True, "counts": counts.to_dict(), "numbers": numbers}
+            arrays = {}
+            for name, v in result.items():
+                if name not in numbers and v is not None and name not in ("names", "layout", "metadata"):
+                    a = mod.to_numpy(v)
+                    if a is not None:
+                        arrays[name] = a
+            np.savez(out / f"arrays_{i}_{k}.npz", **arrays)
+        docs.append({"counts": counts.to_dict(), "numbers": numbers})
+    doc = {"ok": True, "runs": docs}
     if job.get("shared_memory") and hasattr(mod, "launch_specs"):
         from iosim.kernels.counting import LAST_RECORDER
 

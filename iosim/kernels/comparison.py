@@ -31,23 +31,55 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def decode_splitkv(N: int, d: int, splits: int) -> dict[str, ArrayCounts]:
-    """Split-KV decoding of one query row against N keys in ``splits`` chunks (per head).
+METADATA = {"lengths": (1, 0), "indptr": (2, 0)}  # words each split program, each combine program reads
 
-    Pass 1, one program per chunk: reads the length (metadata ``lengths``, 1 word), q (d words), its keys and values
-    (every key once over all chunks: N d each), writes its partial output and logsumexp (d + 1 words). Pass 2 reads
-    the splits' partials (splits (d + 1)) and writes O (d). Total: reads (2N + splits + splits) d + 2 splits, writes
-    splits (d + 1) + d.
+
+def decode_splitkv(N: int, d: int, splits: int, Bc: int | None = None, B: int = 1, H_q: int = 1,
+                   H_kv: int | None = None, gqa: str = "per-head", empty: str = "written",
+                   page_size: int | None = None, chunk_multiple: int | None = None,
+                   metadata: dict | None = None) -> dict[str, ArrayCounts]:  # fmt: skip
+    """Split-KV decoding of one query row per head against N keys in ``splits`` chunks, over a whole problem.
+
+    The keys are cut into chunks of ``chunk = ceil(ceil(N / splits) / c) c`` with c = ``chunk_multiple`` (default
+    Bc: whole column blocks, as kernels round them; without either, ceil(N / splits)), so the last splits may be
+    empty. A unit is what one program of
+    pass 1 serves: a query head (``gqa="per-head"``: G = g units per KV head, each loading its KV head's keys) or a
+    KV head's g query heads packed (``packed``: one unit per KV head, R = g rows); units = B H_kv G.
+
+    Pass 1, one program per (unit, split): reads its length (metadata ``lengths``, 1 word), q (R d), the keys and
+    values of its chunk (every key once per unit: N d each), writes its partial output and logsumexp (R d + R).
+    An empty split (``empty="written"``) still reads q and writes its partials (O = 0, L = -inf), which pass 2
+    reads; ``empty="skipped"``: it reads only its length, and pass 2 skips it. Pass 2 reads the live splits'
+    partials and writes O (B H_q d), one program per query head. Metadata: ``metadata`` maps an array to the words
+    each pass-1 program and each pass-2 program reads of it (default :data:`METADATA`: ``lengths`` 1 and
+    ``indptr`` 2 per pass-1 program); ``kv_indices`` one word per key per unit; paged (``page_size`` P): the page
+    table one word per page piece of each column block, per unit.
     """
-    return {
-        "lengths": ArrayCounts(splits, 0),
-        "Q": ArrayCounts(splits * d, 0),
-        "K": ArrayCounts(N * d, 0),
-        "V": ArrayCounts(N * d, 0),
-        "O_part": ArrayCounts(splits * d, splits * d),
-        "L_part": ArrayCounts(splits, splits),
-        "O": ArrayCounts(0, d),
+    H_kv = H_q if H_kv is None else H_kv
+    g = H_q // H_kv
+    G = g if gqa == "per-head" else 1
+    R, units = g // G, B * H_kv * G
+    c = chunk_multiple or Bc
+    chunk = cdiv(N, splits) if c is None else cdiv(cdiv(N, splits), c) * c
+    live = splits if empty == "written" else min(splits, cdiv(N, chunk))
+    meta = {k: ArrayCounts(units * splits * int(w1) + B * H_q * int(w2), 0)
+            for k, (w1, w2) in (METADATA if metadata is None else metadata).items()}  # fmt: skip
+    per = {
+        **meta,
+        "Q": ArrayCounts(units * live * R * d, 0),
+        "K": ArrayCounts(units * N * d, 0),
+        "V": ArrayCounts(units * N * d, 0),
+        "O_part": ArrayCounts(units * live * R * d, units * live * R * d),
+        "L_part": ArrayCounts(units * live * R, units * live * R),
+        "O": ArrayCounts(0, B * H_q * d),
+        "kv_indices": ArrayCounts(units * N, 0),
     }
+    if page_size:
+        per["page_table"] = ArrayCounts(units * int(io_model._pieces(N, Bc or chunk, page_size)[0].sum()), 0)
+    return per
+
+
+OPTIONAL = ("kv_indices", "page_table", *METADATA)  # metadata rows: in the model where the kernel has them
 
 
 def decode_working_set(d: int, Bc: int) -> int:
@@ -82,6 +114,8 @@ class Comparison:
     counts: KernelCounts
     numerics: list[dict] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    whole: Whole | None = None
+    gqa: str | None = None  # with KV heads shared: the policy whose closed form the kernel's K reads equal
 
     @property
     def equal(self) -> bool:
@@ -116,6 +150,21 @@ class Comparison:
     def numerics_ok(self) -> bool | None:
         return None if not self.numerics else all(n["ok"] for n in self.numerics)
 
+    def _whole(self) -> str:
+        w = self.whole
+        if w is None:
+            return ""
+        parts = [f"batch={w.B}"] if w.B != 1 else []
+        if w.H_kv not in (None, self.heads):
+            parts.append(f"kv-heads={w.H_kv} ({self.gqa})")
+        if w.N_q not in (None, self.N):
+            parts.append(f"N_q={w.N_q}")
+        if w.page_size:
+            parts.append(f"page size={w.page_size}")
+        if self.like == "decode-splitkv":
+            parts.append(f"empty splits {w.empty_splits}")
+        return "".join(" " + x for x in parts)
+
     def table(self) -> str:
         from tabulate import tabulate
 
@@ -135,7 +184,9 @@ class Comparison:
             f"model: {self.like} N={self.N} d={self.d}"
             + (f" Br={self.Br}" if self.Br else "")
             + (f" Bc={self.Bc}" if self.Bc else "")
-            + f" causal={self.causal} heads={self.heads}; M = {self.M} words "
+            + f" causal={self.causal} heads={self.heads}"
+            + self._whole()
+            + f"; M = {self.M} words "
             f"(the working set of the block sizes); lower bound {self.lower_bound:,.0f} ({self.bound_name})",
             tabulate(body, head, tablefmt="simple", intfmt=","),
         ]
@@ -143,30 +194,127 @@ class Comparison:
             lines.append(
                 f"numerics {n['output']}: max error {n['error']:.3g}, bound {n['bound']:.3g} "
                 f"({'within' if n['ok'] else 'OUTSIDE'} iosim.check's rule, {n['dtype']})"
+                + (f"; {n['hint']}" if n.get("hint") else "")
             )
         lines += [f"note: {x}" for x in self.notes]
         return "\n".join(lines)
 
 
-def model(like: str, N: int, d: int, Br: int | None, Bc: int | None, causal: bool, splits: int | None):
-    """(per-array closed form per head, M, lower bound, bound name)."""
+@dataclass(frozen=True)
+class Whole:
+    """The whole problem a launch computes: batch, query and key/value heads, query rows (N_q; None: N), page size,
+    and what the kernel does with an empty split (decode-splitkv)."""
+
+    B: int = 1
+    H_q: int = 1
+    H_kv: int | None = None
+    N_q: int | None = None
+    page_size: int | None = None
+    empty_splits: str = "written"
+    chunk_multiple: int | None = None  # decode-splitkv: what a split's length is rounded up to (default Bc)
+    metadata: dict | None = None  # decode-splitkv: array -> (words per split program, per combine program)
+
+    def one_head_family(self, N: int) -> bool:
+        """Square, multi-head, contiguous: the per-head closed form times B H_q is the whole problem's."""
+        return self.H_kv in (None, self.H_q) and self.N_q in (None, N) and not self.page_size
+
+    def problem(self, N: int, d: int, causal: bool, N_q: int | None = None):
+        from iosim.problem import Problem
+
+        return Problem(B=self.B, H_q=self.H_q, H_kv=self.H_kv, N_q=N_q or self.N_q or N, N_k=N, d_qk=d,
+                       causal=causal, page_size=self.page_size)  # fmt: skip
+
+
+def model(like: str, N: int, d: int, Br: int | None, Bc: int | None, causal: bool, splits: int | None,
+          whole: Whole | None = None, gqa: str = "per-head"):  # fmt: skip
+    """(per-array closed form of the whole problem, M, lower bound, bound name)."""
+    w = whole or Whole()
+    heads = w.B * w.H_q
+    if like in ("flash2", "flash2-backward") and w.one_head_family(N):
+        _need(Br=Br, Bc=Bc)
+        back = like == "flash2-backward"
+        pred = (io_model.flash2_backward if back else io_model.flash2_forward)(N, d, Br, Bc, causal)
+        M = (io_model.flash2_backward_working_set if back else io_model.flash_working_set)(d, Br, Bc)
+        lb, name = bounds.lower_bound(N, d, M, backward=back, causal=causal)
+        per = {k: ArrayCounts(c.reads * heads, c.writes * heads) for k, c in pred.per_array.items()}
+        return per, M, lb * heads, name
     if like == "flash2":
         _need(Br=Br, Bc=Bc)
-        pred = io_model.flash2_forward(N, d, Br, Bc, causal)
+        p = w.problem(N, d, causal)
+        pred = io_model.flash2_problem(p, Br, Bc, gqa=gqa)
+        per = {k: ArrayCounts(*c) if isinstance(c, tuple) else c for k, c in pred.per_array.items()}
+        per = {k: c for k, c in per.items() if k != "page_table" or w.page_size}
         M = io_model.flash_working_set(d, Br, Bc)
-        lb, name = bounds.lower_bound(N, d, M, causal=causal)
-        return dict(pred.per_array), M, lb, name
+        lb = max(b.value for b in bounds.problem_bounds(p, M) if b.is_lower)
+        return per, M, lb, "the whole problem's (bounds.problem_bounds)"
     if like == "flash2-backward":
-        _need(Br=Br, Bc=Bc)
-        pred = io_model.flash2_backward(N, d, Br, Bc, causal)
-        M = io_model.flash2_backward_working_set(d, Br, Bc)
-        lb, name = bounds.lower_bound(N, d, M, backward=True, causal=causal)
-        return dict(pred.per_array), M, lb, name
+        raise InputError("--kv-heads/--N-q/--page-size", "are modelled for flash2 and decode-splitkv, not the backward")
     if like == "decode-splitkv":
         _need(Bc=Bc, splits=splits)
-        per = decode_splitkv(N, d, splits)
-        return per, decode_working_set(d, Bc), 2 * N * d + 2 * d, "compulsory (q, K, V read once, O written once)"
+        per = decode_splitkv(N, d, splits, Bc, w.B, w.H_q, w.H_kv, gqa, w.empty_splits, w.page_size,
+                             w.chunk_multiple, w.metadata)  # fmt: skip
+        p = w.problem(N, d, False, N_q=1)
+        floor = sum(p.compulsory().values()) + w.B * (1 + (cdiv(N, w.page_size) if w.page_size else 0))
+        return (per, decode_working_set(d, Bc), floor, "compulsory: q, the KV cache once per KV head, O, "
+                "each sequence's length (and page table) once")  # fmt: skip
     raise InputError("--like", f"must be one of {', '.join(LIKE)}", like)
+
+
+# the block sizes each model needs, and the array whose per-program loads show each (rows of Q_i, keys of K_j)
+BLOCKS = {"flash2": {"Br": "Q", "Bc": "K"}, "flash2-backward": {"Br": "Q", "Bc": "K"}, "decode-splitkv": {"Bc": "K"}}
+
+
+def _block_of(shape: tuple, d: int) -> int | None:
+    """The block length of one per-program load: its shape less unit axes and one head-dimension axis (d, or d
+    padded to a power of two); None for a flat load, or when that leaves other than one axis."""
+    dims = [int(x) for x in shape if int(x) != 1]
+    if len(dims) < 2:  # a flat or single-row load: its length is not a block size of the model
+        return None
+    heads = {d, 1 << max(0, (d - 1).bit_length())}
+    for k in range(len(dims) - 1, -1, -1):
+        if dims[k] in heads and len(dims) > 1:
+            del dims[k]
+            break
+    return dims[0] if len(dims) == 1 else None
+
+
+def blocks_ran(counts: KernelCounts, like: str, d: int) -> dict[str, tuple[int | None, str]]:
+    """The block sizes the kernel ran, read off the shapes of its per-program loads: for each block size ``like``
+    needs, (size or None, how it was read)."""
+    out = {}
+    for block, array in BLOCKS.get(like, {}).items():
+        shapes = sorted(
+            {tuple(s) for info in counts.launch_info for s in info.get("shapes", {}).get(array, {}).get("r", [])}
+        )
+        sizes = {_block_of(s, d) for s in shapes}
+        how = f"{array}'s loads are {' and '.join('x'.join(map(str, s)) for s in shapes)}" if shapes else ""
+        out[block] = (sizes.pop() if len(sizes) == 1 and None not in sizes else None, how)
+    return out
+
+
+def block_sizes(counts: KernelCounts, like: str, d: int, launcher: dict | None = None, given: dict | None = None
+                ) -> dict[str, int]:  # fmt: skip
+    """The block sizes to compare with: what the kernel ran (its loads' shapes) is the truth; the launcher's returned
+    values and the command line's (``given``) must agree with it, or InputError names which differ. With nothing
+    readable off the kernel, the launcher's or the command line's (which must then agree)."""
+    out = {}
+    for block, (ran, how) in blocks_ran(counts, like, d).items():
+        said = {"the launcher returned": (launcher or {}).get(block), "the command line says": (given or {}).get(block)}
+        said = {k: int(v) for k, v in said.items() if v is not None}
+        if ran is not None:
+            off = {k: v for k, v in said.items() if v != ran}
+            if off:
+                wrong = ", ".join(f"{k} {block}={v}" for k, v in off.items())
+                raise InputError(f"--{block}", f"must be what the kernel ran: {block}={ran} ({how}), but {wrong}")
+            out[block] = ran
+        elif said:
+            if len(set(said.values())) > 1:
+                raise InputError(f"--{block}", "must agree: " + ", ".join(f"{k} {block}={v}" for k, v in said.items()))
+            out[block] = next(iter(said.values()))
+        else:
+            where = f" ({how})" if how else ""
+            raise InputError(f"--{block}", f"could not be read off the kernel{where}: give it")
+    return out
 
 
 def _need(**given) -> None:
@@ -204,81 +352,183 @@ def compare(
     arrays: dict | None = None,
     scale: float | None = None,
     dtype: str | None = None,
+    layout: str | None = None,
+    logsumexp: str | None = None,
+    whole: Whole | None = None,
 ) -> Comparison:
-    """Counts beside ``like``'s closed form (x ``heads``), the lower bound, and (with ``arrays``) the numerics."""
-    per, M, lb, bname = model(like, N, d, Br, Bc, causal, splits)
+    """Counts beside ``like``'s closed form over the whole problem (``whole``: batch, KV heads, N_q, pages, empty
+    splits; ``heads`` is H_q, the query heads per batch item), the problem's lower bound, and (with ``arrays``) the
+    numerics: ``layout`` and ``logsumexp`` are the launcher's declarations (:data:`LAYOUTS`, :data:`LOGSUMEXP`).
+    With fewer KV heads than query heads, the closed form of the GQA policy whose K reads the kernel's equal
+    (``per-head``: a KV head's K, V read g times, once per query head; ``packed``: once) is used, and said."""
+    import dataclasses
+
+    w = dataclasses.replace(whole or Whole(), H_q=int(heads))
+    gqa, g = "per-head", w.H_q // (w.H_kv or w.H_q)
+    per, M, lb, bname = model(like, N, d, Br, Bc, causal, splits, w, gqa)
+    if g > 1:
+        packed = model(like, N, d, Br, Bc, causal, splits, w, "packed")
+        k_reads = counts.per_array["K"].reads if "K" in counts.per_array else -1
+        if k_reads == packed[0]["K"].reads != per["K"].reads:
+            gqa, (per, M, lb, bname) = "packed", packed
+    per = {k: c for k, c in per.items() if k not in OPTIONAL or k in counts.per_array}
     rows = []
     for name, c in per.items():
-        want = (c.reads * heads, c.writes * heads)
+        want = (c.reads, c.writes)
         t = counts.per_array.get(name)
         got = (t.reads, t.writes) if t else (0, 0)
-        rows.append(Row(name, *got, *want, t.distinct_reads if t else 0, _verdict(like, name, got, want)))
+        verdict = _verdict(like, name, got, want)
+        if g > 1 and name in ("K", "V"):
+            verdict += f" ({'once per KV head: packed' if gqa == 'packed' else f'g = {g} times per KV head: per-head'})"
+        rows.append(Row(name, *got, *want, t.distinct_reads if t else 0, verdict))
     for name, t in counts.per_array.items():
         if name not in per:
-            rows.append(
-                Row(
-                    name,
-                    t.reads,
-                    t.writes,
-                    None,
-                    None,
-                    t.distinct_reads,
-                    _verdict(like, name, (t.reads, t.writes), None),
-                )
-            )
-    cmp = Comparison(like, N, d, Br, Bc, causal, heads, M, rows, lb * heads, bname, counts)
+            rows.append(Row(name, t.reads, t.writes, None, None, t.distinct_reads,
+                            _verdict(like, name, (t.reads, t.writes), None)))  # fmt: skip
+    cmp = Comparison(like, N, d, Br, Bc, causal, heads, M, rows, lb, bname, counts, whole=w, gqa=gqa if g > 1 else None)
     reload = [r.array for r in rows if r.reads > r.distinct_reads]
     if reload:
         cmp.notes.append(f"re-loaded within a program (issued > distinct): {', '.join(reload)}")
     if arrays:
-        cmp.numerics = numerics(like, arrays, causal, scale, dtype)
+        cmp.numerics = numerics(like, arrays, causal, scale, dtype, N, d, layout, logsumexp)
     return cmp
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # Numerics: the kernel's outputs against the float64 reference, with iosim.check's bound
 # ---------------------------------------------------------------------------------------------------------------
-def _bhnd(x: np.ndarray, vec: bool = False) -> np.ndarray:
+LAYOUTS = {  # the layouts a launcher may declare ("layout" in its dict), as axes of (B, H, N, d)
+    "BHND": "(batch, heads, rows, d)",
+    "BNHD": "(batch, rows, heads, d)",
+    "HND": "(heads, rows, d)",
+    "ND": "(rows, d): one head",
+    "BHD": "(batch, heads, d): decoding, one query row per head (Q, O; the caches K, V are BHND)",
+}
+L_LAYOUTS = {"BHN": "(batch, heads, rows)", "BNH": "(batch, rows, heads)", "HN": "(heads, rows)"}  # L, in a dict
+LOGSUMEXP = {  # what a kernel stores as L ("logsumexp" in the launcher's dict), and the factor to the natural log
+    "natural": 1.0,  # L = log(sum_j exp(scale q.k_j)): iosim's convention (iosim.check, the papers)
+    "log2": float(np.log(2.0)),  # L = log2(sum_j exp(scale q.k_j)): the Triton tutorial family (exp2 with log2(e))
+    "none": None,  # the kernel stores something else (or nothing) as L: its numerics are not checked
+}
+
+
+def _standard(x, layout: str) -> np.ndarray:
+    """An array in the declared layout as (B, H, N, d) float64."""
     x = np.asarray(x, dtype=np.float64)
-    want = 3 if vec else 4
-    while x.ndim < want:
-        x = x[None]
+    if layout == "BNHD":
+        return np.swapaxes(x, 1, 2)
+    if layout == "HND":
+        return x[None]
+    if layout == "ND":
+        return x[None, None]
+    if layout == "BHD":
+        return x[:, :, None, :]
     return x
 
 
-def numerics(like: str, arrays: dict, causal: bool, scale: float | None, dtype: str | None) -> list[dict]:
-    """Per output: the largest error against the golden and whether every element is within check's bound."""
+def read_layout(arrays: dict, like: str, N: int, d: int, layout: str | None) -> dict[str, np.ndarray]:
+    """Q, K, V, O (dO, dQ, dK, dV) as (B, H, N, d), read in the launcher's declared ``layout`` (or, undeclared,
+    (B, H, N, d) for 4-d arrays, (H, N, d) for 3-d ones, (N, d) for 2-d ones). InputError (one line) for a layout
+    iosim does not accept, an array whose rank is not the layout's, or shapes that do not read as --N, --d and the
+    model."""
+    given = layout if isinstance(layout, dict) else {}
+    for k, lay in given.items() if isinstance(layout, dict) else [("", layout)]:
+        if k == "L" and lay in L_LAYOUTS:
+            continue
+        if lay is not None and lay not in LAYOUTS:
+            accepted = "; ".join(f"{k} {v}" for k, v in LAYOUTS.items())
+            raise InputError("launcher result 'layout'", f"must be one of {accepted} (or a dict array -> one)", lay)
+    out, raw = {}, {}
+    for k in ("Q", "K", "V", "O", "dO", "dQ", "dK", "dV"):
+        if k not in arrays:
+            continue
+        x = np.asarray(arrays[k])
+        lay = given.get(k) if isinstance(layout, dict) else layout
+        lay = "BHND" if lay == "BHD" and k in ("K", "V", "dK", "dV") else lay
+        lay = lay or {4: "BHND", 3: "HND", 2: "ND"}.get(x.ndim)
+        if lay is None or len(lay) != x.ndim:
+            raise InputError(f"launcher array {k}", f"must be {LAYOUTS.get(lay, 'of rank 2, 3 or 4')} as declared "
+                             f"(the launcher's 'layout': one of {', '.join(LAYOUTS)})", x.shape)  # fmt: skip
+        out[k] = _standard(x, lay)
+        raw[k] = tuple(x.shape)
+    if not all(k in out for k in "QKV"):
+        return out
+    Q, K = out["Q"], out["K"]
+    read = f"read as {layout or 'BHND/HND/ND (undeclared)'}"
+    n_q = 1 if like == "decode-splitkv" else N
+    for k, x in out.items():
+        if x.shape[-1] != d:
+            raise InputError(f"launcher array {k}", f"{read} has d = {x.shape[-1]}, not --d {d}: declare its layout",
+                             raw[k])  # fmt: skip
+        want_n = n_q if k in ("Q", "O", "dO", "dQ") else N
+        if x.shape[2] != want_n or x.shape[0] != Q.shape[0]:
+            raise InputError(f"launcher array {k}", f"{read} has B = {x.shape[0]}, N = {x.shape[2]}; the model "
+                             f"wants B = {Q.shape[0]}, N = {want_n}: declare its layout ('layout': "
+                             f"{', '.join(LAYOUTS)})", raw[k])  # fmt: skip
+    if Q.shape[1] % K.shape[1]:
+        raise InputError("launcher array Q", f"{read} has {Q.shape[1]} heads, not a multiple of K's {K.shape[1]}",
+                         raw["Q"])  # fmt: skip
+    return out
+
+
+def numerics(like: str, arrays: dict, causal: bool, scale: float | None, dtype: str | None, N: int | None = None,
+             d: int | None = None, layout: str | None = None, logsumexp: str | None = None) -> list[dict]:  # fmt: skip
+    """Per output: the largest error against the golden and whether every element is within check's bound. Arrays
+    are read in the launcher's ``layout`` (:data:`LAYOUTS`); L is converted from the kernel's ``logsumexp``
+    convention (:data:`LOGSUMEXP`) to the natural log of scale QK^T before the comparison."""
     need = {"flash2": ("Q", "K", "V", "O"), "decode-splitkv": ("Q", "K", "V", "O"),
             "flash2-backward": ("Q", "K", "V", "O", "dO", "dQ", "dK", "dV")}[like]  # fmt: skip
     if any(k not in arrays for k in need):
         return []
-    Q, K, V = (_bhnd(arrays[k]) for k in "QKV")
-    if like == "decode-splitkv":
-        Q = Q.reshape(Q.shape[0], Q.shape[1], -1, Q.shape[-1])
+    if logsumexp is not None and logsumexp not in LOGSUMEXP:
+        raise InputError("launcher result 'logsumexp'", f"must be one of {', '.join(LOGSUMEXP)}", logsumexp)
+    first = np.asarray(arrays["K"])
+    std = read_layout(arrays, like, first.shape[-2] if N is None else N, first.shape[-1] if d is None else d, layout)
+    Q, K, V = std["Q"], std["K"], std["V"]
     d, N_q, N_k = Q.shape[-1], Q.shape[-2], K.shape[-2]
     sc = float(scale) if scale is not None else 1.0 / np.sqrt(d)
     name, np_dtype, u = check._dtype(dtype or "float32")
     offset = N_k - N_q if causal else 0
     bwd = like == "flash2-backward"
-    dO = _bhnd(arrays["dO"]) if bwd else np.zeros_like(Q)
+    dO = std["dO"] if bwd else np.zeros_like(Q)
     H_kv = K.shape[1]
     gold = check._golden(Q, K, V, dO, sc, causal, offset, H_kv, "float64", bwd)
     with np.errstate(all="ignore"):
         naive = check._naive(Q, K, V, dO, sc, causal, offset, H_kv, np_dtype, bwd)
         v = u if np_dtype == np.float64 else check.ACCUMULATOR_U
         floors = check._floors(Q, K, V, dO, gold, sc, causal, offset, H_kv, u, v, bwd)
+    factor_L = LOGSUMEXP[logsumexp or "natural"]
+    got_of = {k: std[k] for k in ("O", "dQ", "dK", "dV") if k in std}
+    if "L" in arrays and factor_L is not None:
+        L = np.asarray(arrays["L"], dtype=np.float64) * factor_L
+        if isinstance(layout, dict) and layout.get("L") == "BNH":
+            L = np.swapaxes(L, 1, 2)
+        got_of["L"] = L
     out = []
     outputs = ("dQ", "dK", "dV") if bwd else ("O", "L")
     for key in outputs:
-        if key not in arrays:
+        if key not in got_of:
             continue
         ref = gold[key]
-        got = np.asarray(arrays[key], dtype=np.float64).reshape(ref.shape)
+        if got_of[key].size != ref.size:
+            raise InputError(f"launcher array {key}", f"must hold {ref.size:,} elements {ref.shape}",
+                             got_of[key].shape)  # fmt: skip
+        got = got_of[key].reshape(ref.shape)
         factor = check.BACKWARD_FACTOR if bwd else check.FORWARD_FACTOR
         baseline = float(np.max(check._abs_err(naive[key], ref)))
         bound = np.maximum(factor * baseline if np.isfinite(baseline) else 0.0, floors[key])
         err = check._abs_err(got, ref)
         i = int(np.argmax(err / np.where(bound > 0, bound, 1)))
-        out.append(dict(output=key, error=float(err.flat[i]), bound=float(bound.flat[i]),
-                        ok=bool(np.all(err <= bound)), dtype=name))  # fmt: skip
+        ok = bool(np.all(err <= bound))
+        row = dict(output=key, error=float(err.flat[i]), bound=float(bound.flat[i]), ok=ok, dtype=name)
+        for conv, f in LOGSUMEXP.items():  # an L outside the rule that another convention explains: say which
+            if (
+                key == "L"
+                and not ok
+                and f
+                and f != factor_L
+                and np.all(check._abs_err(got * f / factor_L, ref) <= bound)
+            ):
+                row["hint"] = f"L is in the {conv} convention: declare it in the launcher's dict, 'logsumexp': '{conv}'"
+        out.append(row)
     return out

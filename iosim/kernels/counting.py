@@ -70,6 +70,13 @@ class KernelCounts:
     seconds: float = 0.0
     kernels: list[str] = field(default_factory=list)  # kernel name of each launch
     shared_memory: dict = field(default_factory=dict)  # kernel -> bytes of shared memory its compiler allocates
+    # per launch: kernel, grid, constexprs, launch options, autotune config, block shapes of its accesses per array
+    launch_info: list[dict] = field(default_factory=list)
+    out_of_bounds: list[dict] = field(default_factory=list)  # the first out-of-bounds accesses (kernel, program, ...)
+    out_of_bounds_lanes: int = 0  # lanes out of bounds in all (counted under <unattributed>)
+    config: str | None = None  # the autotune config counted (when a kernel had several)
+    # count_file: every config's (counts, numbers, arrays) when an autotuned kernel had several (this one first)
+    runs: list = field(default_factory=list, repr=False)
 
     @property
     def reads(self) -> int:
@@ -93,6 +100,10 @@ class KernelCounts:
             "seconds": self.seconds,
             "per_array": {k: _asdict(v) for k, v in self.per_array.items()},
             "per_program": self.per_program.tolist(),
+            "launch_info": self.launch_info,
+            "out_of_bounds": self.out_of_bounds,
+            "out_of_bounds_lanes": self.out_of_bounds_lanes,
+            "config": self.config,
         }
 
     @classmethod
@@ -106,6 +117,10 @@ class KernelCounts:
             seconds=float(d["seconds"]),
             kernels=list(d.get("kernels", [])),
             shared_memory=dict(d.get("shared_memory", {})),
+            launch_info=list(d.get("launch_info", [])),
+            out_of_bounds=list(d.get("out_of_bounds", [])),
+            out_of_bounds_lanes=int(d.get("out_of_bounds_lanes", 0)),
+            config=d.get("config"),
         )
 
 
@@ -121,18 +136,31 @@ class _Range:
     itemsize: int
 
 
+OOB_KEPT = 8  # out-of-bounds accesses described one by one (all are counted)
+
+
 class Recorder:
-    """Backend-independent bookkeeping: address ranges of the arrays, the current program, lane-level accesses."""
+    """Backend-independent bookkeeping: address ranges of the arrays, the current program, lane-level accesses.
+
+    An access's lanes are attributed with one binary search over the ranges' end points (a view inside a larger
+    argument wins: the tightest range holding an address names it). An access whose lanes do not all lie in the
+    argument its first lane lies in (or in a larger argument holding that one), or that lies outside every argument,
+    is out of bounds: its lanes are counted under ``<unattributed>`` and described (kernel, program id, offsets)."""
 
     def __init__(self) -> None:
         self.ranges: list[_Range] = []
-        self._order: list[int] = []  # range ids, tightest first (a view inside a larger argument wins)
+        self._bounds = np.zeros(0, dtype=np.uint64)  # sorted end points of the ranges
+        self._seg = np.full(1, -1, dtype=np.int64)  # range id of the segment left of each bound (-1: none)
         self.issued: dict[int, np.ndarray] = defaultdict(lambda: np.zeros(5, dtype=np.int64))  # r, w, rb, wb, atomics
         self.distinct: dict[int, np.ndarray] = defaultdict(lambda: np.zeros(2, dtype=np.int64))
         self._touched: dict[tuple[int, int], list[np.ndarray]] = defaultdict(list)
         self.per_program: list[list[int]] = []
         self.launches = 0
         self.kernels: list[str] = []
+        self.launch_info: list[dict] = []  # per counted launch: kernel, grid, constexprs, options, config, shapes
+        self.program: tuple = ()  # the current program's id (grid index)
+        self.oob: list[dict] = []  # the first OOB_KEPT out-of-bounds accesses
+        self.oob_lanes = 0
         self._in_program = False
         self.paused = False  # inside ``paused()``: launches run uncounted
 
@@ -145,18 +173,34 @@ class Recorder:
         if any(r.start == start and r.end == end for r in self.ranges):
             return
         self.ranges.append(_Range(name, start, end, int(itemsize)))
-        self._order = sorted(range(len(self.ranges)), key=lambda i: self.ranges[i].end - self.ranges[i].start)
+        self._index()
+
+    def _index(self) -> None:
+        """The segment table: between consecutive end points, the tightest range holding them (or none)."""
+        pts = sorted({p for r in self.ranges for p in (r.start, r.end)})
+        seg = [-1]
+        for a in pts:
+            holding = [i for i, r in enumerate(self.ranges) if r.start <= a < r.end]
+            seg.append(min(holding, key=lambda i: self.ranges[i].end - self.ranges[i].start) if holding else -1)
+        self._bounds = np.asarray(pts, dtype=np.uint64)
+        self._seg = np.asarray(seg, dtype=np.int64)
+
+    def _outermost(self, rid: int) -> _Range:
+        r = self.ranges[rid]
+        return max((o for o in self.ranges if o.start <= r.start and r.end <= o.end), key=lambda o: o.end - o.start)
 
     # --- programs -------------------------------------------------------------------------------------------
-    def begin_launch(self, kernel: str) -> None:
+    def begin_launch(self, kernel: str, info: dict | None = None) -> None:
         self.end_program()
         if self.paused:
             return
         self.launches += 1
         self.kernels.append(kernel)
+        self.launch_info.append({"kernel": kernel, **(info or {}), "shapes": {}})
 
-    def begin_program(self) -> None:
+    def begin_program(self, program: tuple = ()) -> None:
         self.end_program()
+        self.program = tuple(int(x) for x in program)
         if self.paused:
             return
         self.per_program.append([0, 0])
@@ -166,32 +210,52 @@ class Recorder:
         if not self._in_program:
             return
         for (rid, col), chunks in self._touched.items():
-            self.distinct[rid][col] += np.unique(np.concatenate(chunks)).size
+            self.distinct[rid][col] += _distinct(chunks, self.ranges[rid] if rid >= 0 else None)
         self._touched.clear()
         self._in_program = False
 
     # --- accesses -------------------------------------------------------------------------------------------
-    def access(self, addresses: np.ndarray, kind: str, nbytes: int) -> None:
+    def access(self, addresses: np.ndarray, kind: str, nbytes: int, shape: tuple | None = None) -> np.ndarray | None:
         """Lanes that moved data: their byte addresses (enabled lanes only), kind "r", "w" or "a" (atomic: a read and
-        a write), the bytes one lane moves."""
+        a write), the bytes one lane moves, and the shape of the access's block (for reading block sizes off).
+        Returns None, or which of the lanes are out of bounds (a backend may then keep them from touching memory)."""
         if self.paused:
-            return
+            return None
         if not self._in_program:
-            self.begin_program()
+            self.begin_program(self.program)
         addr = np.asarray(addresses, dtype=np.uint64).ravel()
         if addr.size == 0:
-            return
-        left = np.ones(addr.size, dtype=bool)
-        for rid in self._order:
-            r = self.ranges[rid]
-            sel = left & (addr >= np.uint64(r.start)) & (addr < np.uint64(r.end))
-            n = int(np.count_nonzero(sel))
-            if n:
-                left &= ~sel
-                self._add(rid, kind, n, nbytes, (addr[sel] - np.uint64(r.start)) // np.uint64(r.itemsize))
-                if not left.any():
-                    return
-        self._add(-1, kind, int(np.count_nonzero(left)), nbytes, addr[left])
+            return None
+        rids = self._seg[np.searchsorted(self._bounds, addr, side="right")]
+        first = int(rids[0])
+        if shape is not None and first >= 0 and self.launch_info:
+            self.launch_info[-1]["shapes"].setdefault((first, kind), set()).add(tuple(int(s) for s in shape))
+        if first >= 0 and (rids.size == 1 or (rids[1:] == first).all()):  # the common case: one argument
+            r = self.ranges[first]
+            self._add(first, kind, addr.size, nbytes, (addr - np.uint64(r.start)) // np.uint64(r.itemsize))
+            return None
+        inside = np.zeros(addr.size, dtype=bool)
+        if first >= 0:
+            outer = self._outermost(first)
+            inside = (addr >= np.uint64(outer.start)) & (addr < np.uint64(outer.end)) & (rids >= 0)
+        for rid in np.unique(rids[inside]):
+            sel = inside & (rids == rid)
+            r = self.ranges[int(rid)]
+            self._add(int(rid), kind, int(sel.sum()), nbytes, (addr[sel] - np.uint64(r.start)) // np.uint64(r.itemsize))
+        out = ~inside
+        n = int(out.sum())
+        if not n:
+            return None
+        self._add(-1, kind, n, nbytes, addr[out])
+        self.oob_lanes += n
+        if len(self.oob) < OOB_KEPT:
+            info = self.launch_info[-1] if self.launch_info else {"kernel": "kernel"}
+            r = self.ranges[first] if first >= 0 else None
+            offs = (addr[out].astype(np.int64) - r.start) // r.itemsize if r else addr[out].astype(np.int64)
+            self.oob.append({"kernel": info["kernel"], "program": list(self.program), "kind": kind, "lanes": n,
+                             "rid": first, "offsets": [int(x) for x in offs[:6]],
+                             "elements": (r.end - r.start) // r.itemsize if r else None})  # fmt: skip
+        return out
 
     def _add(self, rid: int, kind: str, n: int, nbytes: int, elements: np.ndarray) -> None:
         c, prog = self.issued[rid], self.per_program[-1]
@@ -218,10 +282,9 @@ class Recorder:
             for rid, r in enumerate(self.ranges):
                 if r.start == start and r.end == start + nbytes:
                     label[rid] = name
-        per: dict[str, ArrayTraffic] = {}
+        final: dict[int, str] = {-1: UNKNOWN}
         taken: dict[str, int] = {}
-        for rid in sorted(self.issued, key=lambda i: (i < 0, i)):
-            c, dist = self.issued[rid], self.distinct[rid]
+        for rid in sorted(label, key=lambda i: (i < 0, -1 if i in self.issued else 0, i)):
             name = label[rid]
             if name in taken and taken[name] != rid:  # two different arrays behind one parameter name
                 k = 2
@@ -229,9 +292,35 @@ class Recorder:
                     k += 1
                 name = f"{name}#{k}"
             taken[name] = rid
-            per[name] = ArrayTraffic(*(int(x) for x in c), int(dist[0]), int(dist[1]))
+            final[rid] = name
+        per: dict[str, ArrayTraffic] = {}
+        for rid in sorted(self.issued, key=lambda i: (i < 0, i)):
+            c, dist = self.issued[rid], self.distinct[rid]
+            per[final[rid]] = ArrayTraffic(*(int(x) for x in c), int(dist[0]), int(dist[1]))
+        launches = []
+        for info in self.launch_info:
+            shapes: dict[str, dict[str, list]] = {}
+            for (rid, kind), got in info["shapes"].items():
+                shapes.setdefault(final[rid], {})[kind] = sorted(got)
+            launches.append({**info, "shapes": shapes})
+        oob = [{**{k: v for k, v in o.items() if k != "rid"}, "array": final[o["rid"]] if o["rid"] >= 0 else None}
+               for o in self.oob]  # fmt: skip
         pp = np.asarray(self.per_program, dtype=np.int64).reshape(-1, 2)
-        return KernelCounts(backend, per, len(pp), self.launches, pp, seconds, list(self.kernels))
+        return KernelCounts(backend, per, len(pp), self.launches, pp, seconds, list(self.kernels),
+                            launch_info=launches, out_of_bounds=oob, out_of_bounds_lanes=self.oob_lanes)  # fmt: skip
+
+
+def _distinct(chunks: list[np.ndarray], r: _Range | None) -> int:
+    """Distinct elements among a program's accesses of one range: a bitmap over the range when the accesses cover a
+    good part of it, a sort otherwise."""
+    els = chunks[0] if len(chunks) == 1 else np.concatenate(chunks)
+    if r is not None:
+        size = -(-(r.end - r.start) // r.itemsize)
+        if els.size * 8 >= size:
+            seen = np.zeros(size, dtype=bool)
+            seen[els] = True
+            return int(np.count_nonzero(seen))
+    return int(np.unique(els).size)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -287,21 +376,23 @@ def paused():
             r.paused = p
 
 
-def count(launch, backend: str = "triton") -> tuple[KernelCounts, dict]:
+def count(launch, backend: str = "triton", config=None) -> tuple[KernelCounts, dict]:
     """Count the traffic of ``launch()`` (a callable that launches one or more kernels) in this process.
 
     ``launch`` may return a dict naming the arrays (name -> array, as the model names them: Q, K, V, O, L, ...)
     and numbers (``scale``); arrays it does not name are counted under the kernel's parameter names. The backend's
     mode must already be on in this process (``TRITON_INTERPRET=1`` / ``NUMBA_ENABLE_CUDASIM=1`` set before the
-    package was imported); :func:`count_file` starts a fresh process that sets it. Returns the counts and the dict
-    ``launch`` returned (or {}).
+    package was imported); :func:`count_file` starts a fresh process that sets it. ``config`` (Triton) picks the
+    config of an autotuned kernel with several: a label or part of one (``BLOCK_M=64,num_warps=4``) or an index;
+    with none the first is counted (:func:`count_configs` counts each). Returns the counts and the dict ``launch``
+    returned (or {}).
     """
     mod = backend_module(backend)
     rec = Recorder()
     t0 = time.perf_counter()
     _ACTIVE.append(rec)
     try:
-        with mod.hooks(rec):
+        with mod.hooks(rec, config) if backend == "triton" else mod.hooks(rec):
             out = launch()
     finally:
         _ACTIVE.remove(rec)
@@ -313,7 +404,7 @@ def count(launch, backend: str = "triton") -> tuple[KernelCounts, dict]:
     if not isinstance(rename, dict):
         raise InputError("launcher result 'names'", "must be a dict (kernel's name -> model's name)", rename)
     for name, x in out.items():
-        if isinstance(x, (int, float, bool, str)) or x is None or name == "names":
+        if isinstance(x, (int, float, bool, str)) or x is None or name in ("names", "layout", "metadata"):
             continue
         r = mod.array_range(x)
         if r is None and not (hasattr(x, "shape") and hasattr(x, "dtype")):
@@ -323,24 +414,50 @@ def count(launch, backend: str = "triton") -> tuple[KernelCounts, dict]:
     if hasattr(mod, "name_arrays"):
         mod.name_arrays(rec, out)
     counts = rec.result(backend, seconds, names)
+    counts.config = next((i["config"] for i in counts.launch_info if " of " in str(i.get("config"))), None)
     LAST_RECORDER[0] = rec
     if rename:
         counts.per_array = {str(rename.get(k, k)): v for k, v in counts.per_array.items()}
     return counts, out
 
 
+def count_configs(launch, backend: str = "triton", config=None) -> list[tuple[KernelCounts, dict]]:
+    """:func:`count` once per config of the autotuned kernel(s) ``launch`` runs (each config its own counts, its
+    ``config`` naming it), or once for the config named (``config``) or when no kernel has several configs."""
+    runs = [count(launch, backend, 0 if config is None else config)]
+    tuned = getattr(LAST_RECORDER[0], "autotuned", {})
+    if config is not None and not tuned:
+        raise InputError(
+            "--config", "names a config of an @triton.autotune kernel: this launcher launched none", config
+        )
+    many = max((len(v) for v in tuned.values()), default=1)
+    if config is None and many > 1:
+        runs += [count(launch, backend, k) for k in range(1, many)]
+    return runs
+
+
 def detect_backend(path) -> str:
-    """The backend a launcher file needs, from what it imports: triton, pallas (jax), or numba-cuda."""
+    """The backend a launcher file needs, from the modules it imports: triton (or, for a library of Triton kernels
+    imported by name, torch), pallas (jax), or numba-cuda (numba)."""
+    import re
     from pathlib import Path
 
     text = Path(path).read_text(errors="replace")
-    if "triton" in text:
-        return "triton"
-    if "pallas" in text:
-        return "pallas"
-    if "cuda.jit" in text or "numba" in text:
-        return "numba-cuda"
-    raise InputError("--backend", f"could not be told from {path} (imports none of triton, pallas, numba): name one")
+    top = set(re.findall(r"^\s*(?:from|import)\s+([A-Za-z_]\w*)", text, flags=re.M))
+    for module, backend in (("triton", "triton"), ("jax", "pallas"), ("numba", "numba-cuda"), ("torch", "triton")):
+        if module in top:
+            return backend
+    for word, backend in (
+        ("triton", "triton"),
+        ("pallas", "pallas"),
+        ("cuda.jit", "numba-cuda"),
+        ("numba", "numba-cuda"),
+    ):
+        if word in text:  # a launcher importing another launcher: the backend its text names
+            return backend
+    raise InputError(
+        "--backend", f"could not be told from {path} (imports none of triton, jax, numba, torch): name one"
+    )
 
 
 def count_file(
@@ -351,6 +468,8 @@ def count_file(
     timeout: float = 300.0,
     arrays: bool = True,
     shared_memory: int | None = None,
+    config: str | None = None,
+    gpu_standin: bool = False,
 ) -> tuple[KernelCounts, dict, dict]:
     """Count a launcher file's kernels in a fresh process with the backend's mode on.
 
@@ -359,13 +478,24 @@ def count_file(
     InputError (one line) for a missing file or launcher, a kernel that raises, a non-array argument or result, a
     backend not installed or not supported, or a run longer than ``timeout`` seconds. ``shared_memory=90``
     (Triton only) also compiles each kernel for sm_90 with the real compiler (no GPU needed) and records the shared
-    memory it allocates per program in ``counts.shared_memory``.
+    memory it allocates per program in ``counts.shared_memory``. ``config`` names the config of an autotuned
+    kernel to count; with none, a kernel with several configs is counted once per config: ``counts.runs`` holds
+    every config's (counts, numbers, arrays), each ``counts.config`` naming it. ``gpu_standin`` installs the CPU
+    stand-ins for the GPU queries libraries make at import (:mod:`iosim.kernels.standin`) in the counting process
+    before the launcher file is imported.
     """
-    return count_batch([(path, launcher, params or {})], backend, timeout, arrays, shared_memory)[0]
+    return count_batch([(path, launcher, params or {})], backend, timeout, arrays, shared_memory, config,
+                       gpu_standin)[0]  # fmt: skip
 
 
 def count_batch(
-    jobs, backend: str | None = None, timeout: float = 300.0, arrays: bool = True, shared_memory: int | None = None
+    jobs,
+    backend: str | None = None,
+    timeout: float = 300.0,
+    arrays: bool = True,
+    shared_memory: int | None = None,
+    config: str | None = None,
+    gpu_standin: bool = False,
 ) -> list[tuple]:
     """:func:`count_file` for several (path, launcher, params) jobs in one fresh process (one import of the backend's
     packages): a list of (counts, numbers, arrays). ``timeout`` bounds the whole batch."""
@@ -382,7 +512,7 @@ def count_batch(
         if not p.is_file():
             raise InputError("FILE", "must be an existing Python file defining a launcher", str(path))
         reqs.append({"path": str(p.resolve()), "launcher": launcher or None, "params": dict(params),
-                     "shared_memory": shared_memory})  # fmt: skip
+                     "shared_memory": shared_memory, "config": config, "gpu_standin": gpu_standin})  # fmt: skip
     backend = backend or detect_backend(reqs[0]["path"])
     require_extra(backend)
     with tempfile.TemporaryDirectory(prefix="iosim-kernel-") as tmp:
@@ -407,14 +537,19 @@ def count_batch(
             res = json.loads(res_file.read_text())
             if not res["ok"]:
                 raise InputError(res["parameter"], res["accepted"], res.get("got"))
-            out = {}
-            if arrays and Path(tmp, f"arrays_{i}.npz").exists():
-                with np.load(Path(tmp, f"arrays_{i}.npz")) as z:
-                    out = {k: z[k] for k in z.files}
-            counts = KernelCounts.from_dict(res["counts"])
+            runs = []
+            for k, run in enumerate(res["runs"]):
+                out = {}
+                if arrays and Path(tmp, f"arrays_{i}_{k}.npz").exists():
+                    with np.load(Path(tmp, f"arrays_{i}_{k}.npz")) as z:
+                        out = {name: z[name] for name in z.files}
+                runs.append((KernelCounts.from_dict(run["counts"]), run["numbers"], out))
+            counts = runs[0][0]
+            if len(runs) > 1:
+                counts.runs = runs
             if shared_memory and res.get("launch_specs"):
                 counts.shared_memory = _compile_shared(res["launch_specs"], int(shared_memory), tmp, i, timeout)
-            results.append((counts, res["numbers"], out))
+            results.append(runs[0])
         return results
 
 

@@ -7,8 +7,10 @@ pointers are host addresses of the (CPU) torch tensors handed to the kernel, so 
 argument whose storage holds it; masked-off lanes move nothing. The programs of a launch run one after another
 (``set_grid_idx`` marks each), so a kernel that waits for another program may never finish (the caller's time
 limit catches it). These are private APIs: their signatures are checked at run time and a version whose hooks do
-not match is refused with one line naming the supported range. Autotuned kernels need one config pinned (the
-autotuner needs a GPU driver). ``TRITON_INTERPRET=1`` must be set before ``triton`` is first imported: the counting
+not match is refused with one line naming the supported range. A launch's arguments are bound as Triton's
+``GridExecutor`` binds them (launch options dropped first). ``@triton.autotune`` kernels run without the
+autotuner's benchmark (it needs a GPU): the config named (``--config``), the only one, or each in turn, and every
+launch records which config ran. ``TRITON_INTERPRET=1`` must be set before ``triton`` is first imported: the counting
 subprocess (:func:`iosim.kernels.count_file`) does that.
 """
 
@@ -22,6 +24,7 @@ import numpy as np
 
 from iosim.errors import InputError
 
+SKIP_REPATCH = True  # see hooks' device_call (tests compare both settings: the same counts and outputs)
 SUPPORTED = "triton 3.9 to 3.x (tested with 3.9.0; the hooks are checked at run time)"
 # positional parameters (after self) each hook needs to see, by name
 _HOOKS = {
@@ -90,67 +93,180 @@ def _lanes(ptr, mask) -> np.ndarray:
     return data[m]
 
 
-@contextlib.contextmanager
-def hooks(recorder):
-    """Install the counting hooks for the duration of the block (the interpreter must be active)."""
-    require()
-    from triton.runtime import interpreter
+def bind(fn, args: tuple, kwargs: dict) -> tuple[dict, dict]:
+    """The kernel's arguments by parameter name, bound as Triton's ``GridExecutor`` binds them: keywords that are not
+    parameters of the kernel (launch options: ``num_warps``, ``num_stages``, ``num_ctas``, ``maxnreg``, ... the
+    autotuner adds them from its config) are dropped first. Returns (arguments, launch options)."""
+    spec = inspect.getfullargspec(fn)
+    params = set(spec.args) | set(spec.kwonlyargs)
+    options = {k: _plain(v) for k, v in kwargs.items() if k not in params}
+    try:
+        named = inspect.getcallargs(fn, *args, **{k: v for k, v in kwargs.items() if k in params})
+    except TypeError as e:
+        name = getattr(fn, "__name__", "kernel")
+        raise InputError(
+            f"kernel {name}", "must be launched with arguments that bind to its parameters", str(e)
+        ) from None
+    return named, options
 
-    B, G = interpreter.InterpreterBuilder, interpreter.GridExecutor
-    saved = {name: getattr(B, name) for name in (*_HOOKS, "set_grid_idx")}
-    saved_call = G.__call__
+
+def _plain(v):
+    """A constexpr or option value as JSON carries it."""
+    v = getattr(v, "value", v)
+    return v if v is None or isinstance(v, (int, float, bool, str)) else repr(v)
+
+
+def config_label(config) -> str:
+    """An autotune config as ``BLOCK_M=128,BLOCK_N=64,num_warps=4,num_stages=3`` (what ``--config`` accepts)."""
+    return ",".join(f"{k}={v}" for k, v in config.all_kwargs().items() if k != "ir_override")
+
+
+def choose_config(kernel: str, labels: list[str], wanted) -> int:
+    """The index of the config to count among an autotuned kernel's ``labels``: ``wanted`` is an index (counting
+    each config in turn), a label or part of one (``BLOCK_M=64,num_warps=4``), or None with a single config."""
+    n = len(labels)
+    if isinstance(wanted, int):
+        if 0 <= wanted < n:
+            return wanted
+        raise InputError("--config", f"autotuned kernel {kernel} has {n} configs, not {wanted + 1}")
+    if wanted is None:
+        return 0
+    pairs = [p.strip() for p in str(wanted).split(",") if p.strip()]
+    found = [i for i, lab in enumerate(labels) if all(p in lab.split(",") for p in pairs)]
+    if len(found) != 1:
+        accepted = f"must name one config of autotuned kernel {kernel} (K=V,... matching exactly one of: "
+        raise InputError("--config", accepted + "; ".join(labels) + ")", wanted)
+    return found[0]
+
+
+@contextlib.contextmanager
+def hooks(recorder, config=None):
+    """Install the counting hooks for the duration of the block (the interpreter must be active). ``config`` picks
+    the config of an autotuned kernel with several (see :func:`choose_config`); each autotuned kernel's configs are
+    recorded in ``recorder.autotuned`` (kernel -> labels)."""
+    require()
+    import triton.language as tl
+    from triton.runtime import autotuner, interpreter
+
+    B, G, T = interpreter.InterpreterBuilder, interpreter.GridExecutor, autotuner.Autotuner
+    F = interpreter.InterpretedFunction
+    saved = {name: getattr(B, name) for name in (*_HOOKS, "set_grid_idx", "set_grid_dim")}
+    saved_call, saved_tuned, saved_device = G.__call__, T.run, F.__call__
+    in_launch = [False]
+    patched: set = set()  # within the current launch: the triton.language modules a helper call has patched
+    recorder.autotuned = {}
+    pending: list[str] = []  # the config an autotuner is launching
+
+    def guard(ptrs, mask, oob):
+        """The mask with the out-of-bounds lanes switched off: they are reported (exit 1) and never touch memory,
+        which the interpreter would otherwise read or write at a host address outside the arrays."""
+        if oob is None:
+            return mask
+        shape = np.shape(ptrs.data)
+        m = np.ones(shape, dtype=bool) if mask is None else np.broadcast_to(np.asarray(mask.data, bool), shape).copy()
+        flat = m.reshape(-1)
+        flat[np.flatnonzero(flat)[oob]] = False
+        return interpreter.TensorHandle(flat.reshape(shape), tl.int1)
 
     def load(self, ptrs, mask, *rest, **kw):
-        recorder.access(_lanes(ptrs, mask), "r", _itemsize(ptrs))
-        return saved["create_masked_load"](self, ptrs, mask, *rest, **kw)
+        oob = recorder.access(_lanes(ptrs, mask), "r", _itemsize(ptrs), np.shape(ptrs.data))
+        return saved["create_masked_load"](self, ptrs, guard(ptrs, mask, oob), *rest, **kw)
 
     def store(self, ptrs, value, mask, *rest, **kw):
-        recorder.access(_lanes(ptrs, mask), "w", _itemsize(ptrs))
-        return saved["create_masked_store"](self, ptrs, value, mask, *rest, **kw)
+        oob = recorder.access(_lanes(ptrs, mask), "w", _itemsize(ptrs), np.shape(ptrs.data))
+        return saved["create_masked_store"](self, ptrs, value, guard(ptrs, mask, oob), *rest, **kw)
 
     def rmw(self, op, ptr, val, mask, *rest, **kw):
-        recorder.access(_lanes(ptr, mask), "a", _itemsize(ptr))
-        return saved["create_atomic_rmw"](self, op, ptr, val, mask, *rest, **kw)
+        oob = recorder.access(_lanes(ptr, mask), "a", _itemsize(ptr), np.shape(ptr.data))
+        return saved["create_atomic_rmw"](self, op, ptr, val, guard(ptr, mask, oob), *rest, **kw)
 
     def cas(self, ptr, cmp, val, *rest, **kw):
-        recorder.access(_lanes(ptr, None), "a", _itemsize(ptr))
+        recorder.access(_lanes(ptr, None), "a", _itemsize(ptr), np.shape(ptr.data))
         return saved["create_atomic_cas"](self, ptr, cmp, val, *rest, **kw)
 
-    def set_grid_idx(self, *a, **kw):
-        out = saved["set_grid_idx"](self, *a, **kw)
-        recorder.begin_program()
+    def set_grid_idx(self, x, y, z, *a, **kw):
+        out = saved["set_grid_idx"](self, x, y, z, *a, **kw)
+        recorder.begin_program((x, y, z))
         return out
 
+    def set_grid_dim(self, *grid, **kw):
+        if recorder.launch_info and not recorder.paused:
+            recorder.launch_info[-1]["grid"] = [int(g) for g in grid]
+        return saved["set_grid_dim"](self, *grid, **kw)
+
     def call(self, *args, **kwargs):
-        try:
-            named = inspect.getcallargs(self.fn, *args, **kwargs)
-        except TypeError:
-            named = {}
+        named, options = bind(self.fn, args, kwargs)
+        constexprs = list(getattr(self, "constexprs", []))
         for name, arg in named.items():
             base = getattr(arg, "base", None) if type(arg).__name__ == "TensorDescriptor" else arg
             if hasattr(base, "data_ptr") and hasattr(base, "element_size"):
-                recorder.register(name, *_extent(base))
+                if not recorder.paused:  # an uncounted launch names nothing
+                    recorder.register(name, *_extent(base))
             elif not (arg is None or isinstance(arg, (int, float, bool, str, tuple))) and not hasattr(arg, "value"):
                 raise InputError(
                     f"argument {name}", "must be a torch tensor, a number or a constexpr", type(arg).__name__
                 )
-        recorder.begin_launch(getattr(self.fn, "__name__", "kernel"))
+        info = {"constexprs": {k: _plain(named[k]) for k in constexprs if k in named}, "options": options,
+                "config": pending[-1] if pending else None}  # fmt: skip
+        recorder.begin_launch(getattr(self.fn, "__name__", "kernel"), info)
         if not recorder.paused:
             specs = getattr(recorder, "launch_specs", None)
             if specs is None:
                 specs = recorder.launch_specs = []
-            specs.append((self.fn, named, list(getattr(self, "constexprs", []))))
-        return saved_call(self, *args, **kwargs)
+            specs.append((self.fn, named, constexprs))
+        outer, in_launch[0] = in_launch[0], True
+        patched.clear()
+        try:
+            return saved_call(self, *args, **kwargs)
+        finally:
+            in_launch[0] = outer
+
+    def device_call(self, *args, **kwargs):
+        """A jitted helper called from a kernel. On every such call Triton patches the triton.language modules the
+        helper's globals hold (``triton.language``, ``triton.language.core``: module objects shared by every
+        function) and never restores them before the launch ends; once a module is patched in a launch, patching
+        it again changes nothing, so it is skipped (a fifth of the interpreter's time in a flash kernel's
+        reductions, tl.max and tl.sum being jitted helpers). The helper itself runs exactly as Triton runs it."""
+        langs = frozenset(id(v) for v in self.fn.__globals__.values() if v is tl or v is tl.core)
+        if not (SKIP_REPATCH and in_launch[0] and langs <= patched):
+            out = saved_device(self, *args, **kwargs)
+            if in_launch[0]:
+                patched.update(langs)
+            return out
+        try:
+            return self.rewrite()(*args, **kwargs)
+        except Exception as e:
+            raise interpreter.InterpreterError(repr(e)) from e
+
+    def tuned_run(self, *args, **kwargs):
+        """The autotuner without its benchmark (which needs a GPU): the chosen config, launched as Triton does."""
+        kernel = getattr(self.base_fn, "__name__", "kernel")
+        self.nargs = dict(zip(self.arg_names, args, strict=False))  # as Triton's Autotuner.run
+        configs = self.prune_configs(kwargs) if self.early_config_prune else list(self.configs)
+        labels = [config_label(c) for c in configs]
+        recorder.autotuned[kernel] = labels
+        k = choose_config(kernel, labels, config if len(configs) > 1 else None)
+        chosen = configs[k]
+        self.best_config = chosen
+        if chosen.pre_hook is not None:
+            chosen.pre_hook({**self.nargs, **kwargs, **chosen.all_kwargs()})
+        pending.append(labels[k] + (f" (config {k + 1} of {len(labels)})" if len(labels) > 1 else ""))
+        try:
+            return self.fn.run(*args, **kwargs, **chosen.all_kwargs())
+        finally:
+            pending.pop()
+            self.nargs = None
 
     B.create_masked_load, B.create_masked_store = load, store
-    B.create_atomic_rmw, B.create_atomic_cas, B.set_grid_idx = rmw, cas, set_grid_idx
-    G.__call__ = call
+    B.create_atomic_rmw, B.create_atomic_cas = rmw, cas
+    B.set_grid_idx, B.set_grid_dim = set_grid_idx, set_grid_dim
+    G.__call__, T.run, F.__call__ = call, tuned_run, device_call
     try:
         yield
     finally:
         for name, fn in saved.items():
             setattr(B, name, fn)
-        G.__call__ = saved_call
+        G.__call__, T.run, F.__call__ = saved_call, saved_tuned, saved_device
         recorder.end_program()
 
 
