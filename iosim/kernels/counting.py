@@ -215,6 +215,13 @@ class Recorder:
         self._in_program = False
 
     # --- accesses -------------------------------------------------------------------------------------------
+    def range_ids(self, addresses: np.ndarray) -> np.ndarray:
+        """The tightest registered range holding each byte address (-1: none): how a backend whose buffered
+        accesses mix arguments (numba-cuda's element accesses, flushed a block at a time) splits them into one
+        access per argument before :meth:`access`, which reads a batch as one access starting in one argument."""
+        addr = np.asarray(addresses, dtype=np.uint64).ravel()
+        return self._seg[np.searchsorted(self._bounds, addr, side="right")]
+
     def access(self, addresses: np.ndarray, kind: str, nbytes: int, shape: tuple | None = None) -> np.ndarray | None:
         """Lanes that moved data: their byte addresses (enabled lanes only), kind "r", "w" or "a" (atomic: a read and
         a write), the bytes one lane moves, and the shape of the access's block (for reading block sizes off).

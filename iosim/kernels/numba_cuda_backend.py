@@ -125,8 +125,11 @@ def hooks(recorder):
 
     def flush():
         for (kind, size), addrs in list(buf.items()):
-            if addrs:
-                recorder.access(np.asarray(addrs, dtype=np.uint64), kind, size)
+            if addrs:  # a block's element accesses mix arguments: one access per argument they fall in
+                addr = np.asarray(addrs, dtype=np.uint64)
+                rids = recorder.range_ids(addr)
+                for rid in np.unique(rids):
+                    recorder.access(addr[rids == rid], kind, size)
         buf.clear()
 
     def get(self, idx):
