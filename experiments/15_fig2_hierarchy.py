@@ -1,7 +1,7 @@
 # ruff: noqa: N999 - numbered experiment scripts, loaded by file or by importlib
 """Experiment 15: a measurement against the hierarchy: FlashAttention's Figure 2 (left) on the A100 preset.
 
-Measured (Dao et al., NeurIPS 2022, Fig. 2 left; /work/shared/spec/papers.md): GPT-2 medium attention, sequence
+Measured (Dao et al., NeurIPS 2022, Fig. 2 left): GPT-2 medium attention, sequence
 length 1024, head dimension 64, 16 heads, batch 64, forward + backward on an A100: standard attention moves
 **40.3 GB** of HBM reads + writes, FlashAttention **4.4 GB**.
 
