@@ -100,6 +100,10 @@ GRAPH_OPTIONS = [
     for option in ("--N", "--d", "--batch", "--heads", "--kv-heads", "--Nq", "--Nk", "--dqk", "--dv")
 ]
 SMALL = [
+    (
+        ["hierarchy", "flash2", "--N", "1", "--d", "1", "--batch", "65536", "--heads", "65536", "--device", "H100"],
+        ["limit is 1 hour"],
+    ),  # refused before the layout of 4 billion thread blocks is allocated (it took 40 GiB)
     (["experiments", "list", "extra"], ["experiments list", "takes no name"]),
     (
         [

@@ -480,6 +480,15 @@ def hierarchy(
     declared = launches_mod.assign(cut, trace, launches_mod.kernels(algorithm, backward))
     launches_mod.check_races(cut, trace, declared)
     Hu = H_kv if unit is not None and unit.H_q > 1 else H_q  # CTA families per batch item: packed, one per KV head
+    # The time rule before any array of the launch's size (the layout, the block order: B Hu rows per CTA) exists:
+    # every CTA of every launch runs once per (batch item, head unit), each making its tile requests.
+    n_req_total = B * Hu * int(np.sum(np.diff(declared.cta_ptr)[: int(declared.launch_ptr[-1])]))
+    seconds = n_req_total * estimate.HIERARCHY_REQUEST * (2 if policy == "opt" else 1)
+    estimate.check(seconds, f"a launch of {B * Hu * int(declared.launch_ptr[-1]):,} thread blocks making "
+                   f"{n_req_total:,} tile requests", allow_long=allow_long,
+                   parameter="problem" if problem is not None else "N",
+                   value=str(problem) if problem is not None else N,
+                   remedy="a smaller batch, fewer heads or a shorter sequence")  # fmt: skip
     where = (problem if problem is not None else _single(N, d)).storage
     lay = _layout(trace, cut, B, Hu, H_kv, L, where)
     n_launch = declared.launch_ptr.size - 1
@@ -491,12 +500,7 @@ def hierarchy(
     n_aids = len(trace.names)
     fill, wb = np.zeros(n_aids, np.int64), np.zeros(n_aids, np.int64)
     l2_read, l2_update = np.zeros(n_aids, np.int64), np.zeros(n_aids, np.int64)
-    n_req_total = int(np.sum(np.diff(declared.cta_ptr)[inst[:, 0]])) if len(inst) else 0
-    seconds = n_req_total * estimate.HIERARCHY_REQUEST * (2 if policy == "opt" else 1)
-    estimate.check(seconds, f"a launch of {len(inst):,} thread blocks making {n_req_total:,} tile requests",
-                   allow_long=allow_long, parameter="problem" if problem is not None else "N",
-                   value=str(problem) if problem is not None else N,
-                   remedy="a smaller batch, fewer heads or a shorter sequence")  # fmt: skip
+    assert n_req_total == (int(np.sum(np.diff(declared.cta_ptr)[inst[:, 0]])) if len(inst) else 0)
     need_record = record or policy == "opt"
     cap = C // L
     if policy == "opt" and cap > 0:
