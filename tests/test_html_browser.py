@@ -183,7 +183,7 @@ def test_side_by_side_and_chart(browser, tmp_path):
     assert drv.execute_script("return window.iosimPage.state()[0].writes.S") == runs[0].stats.per_array["S"].writes
     assert drv.execute_script("return window.iosimPage.state()[1].writes.S") == 0  # flash2: S stays on chip
     series = {e.get_attribute("data-series") for e in drv.find_elements(By.CSS_SELECTOR, "#chart polyline")}
-    assert series == {"standard", "flash1", "flash2", "square-tiling", "lower"}
+    assert series == {"standard", "flash1", "flash2", "square-tiling", "lower", "upper"}
     marks = [e.get_attribute("data-mark") for e in drv.find_elements(By.CSS_SELECTOR, "#chart line[data-mark]")]
     assert marks == ["M = d\u00b2 = 64", "this page: M = 256"]
     lanes = drv.find_elements(By.CSS_SELECTOR, "#race .lane")

@@ -135,6 +135,9 @@ def test_chart_is_the_closed_forms(flash2_run):
             t = a.choose_tiling(32, 8, m, "fit")
             assert total == a.predict_forward(32, 8, m, t, False).total
     assert all(v == iosim.theory.bounds.lower_bound(32, 8, m)[0] for m, v in c["lower"])
+    fb = iosim.theory.bounds.forward_bounds
+    ups = {m: min(b.value for b in fb(32, 8, m) if b.kind.startswith("upper") and b.applies) for m, _ in c["upper"]}
+    assert c["upper"] and all(v == ups[m] for m, v in c["upper"])
 
 
 def test_two_schedules_one_page():

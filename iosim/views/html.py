@@ -13,7 +13,7 @@ scripts are iosim's own, in ``iosim/views/page/``, plain JavaScript with no thir
   schedule (:func:`thread_block`) with the problem's simulated and closed-form totals beside it.
 * **side by side** (:func:`schedule_page` with several runs): the schedules advance together by fraction of their
   events, with a chart of total words against M for every registered algorithm from the closed forms (computed
-  when the page is built), the page's M marked, the d^2 crossover and the lower bound drawn (inline SVG).
+  when the page is built), the page's M marked, the d^2 crossover and the lower and upper bounds drawn (inline SVG).
 * **pebble** (:func:`pebble_page`): the red-blue pebble game on small graphs, played by clicking; the page
   enforces the rules of :class:`iosim.pebble.game.Game` (a test replays solutions and broken move lists through
   both), counts I/O and shows iosim's optimum (or, past the search's reach, its greedy schedule) on request.
@@ -300,7 +300,16 @@ def closed_form_chart(N: int, d: int, M: int, backward: bool = False, causal: bo
         if pts:
             series[name] = pts
     lower = [[m, float(bounds.lower_bound(N, d, m, backward=backward, causal=causal)[0])] for m in Ms]
-    return {"N": N, "d": d, "M": M, "d2": d * d, "series": series, "lower": lower, "backward": backward}
+    # the smallest of the papers' upper bounds that apply at each M: their Theta forms with constant 1, for orientation
+    # (iosim.theory.bounds): at small M such a form can fall below a lower bound with its constant
+    upper = []
+    for m in Ms:
+        bs = bounds.backward_bounds(N, d, m) if backward else bounds.forward_bounds(N, d, m)
+        ups = [float(b.value) for b in bs if b.kind.startswith("upper") and b.applies]
+        if ups:
+            upper.append([m, min(ups)])
+    return {"N": N, "d": d, "M": M, "d2": d * d, "series": series, "lower": lower, "upper": upper,
+            "backward": backward}  # fmt: skip
 
 
 def _build(results, chart: bool = True) -> tuple[str, int]:

@@ -207,6 +207,7 @@ function chartSVG(c) {
   const all = [];
   for (const pts of Object.values(c.series)) for (const p of pts) all.push(p);
   for (const p of c.lower) if (p[1] > 0) all.push(p);
+  for (const p of c.upper || []) if (p[1] > 0) all.push(p);
   const xs = all.map(p => p[0]), ys = all.map(p => p[1]).filter(y => y > 0);
   const x0 = Math.log10(Math.min(...xs)), x1 = Math.log10(Math.max(...xs));
   const y0 = Math.floor(Math.log10(Math.min(...ys))), y1 = Math.ceil(Math.log10(Math.max(...ys)));
@@ -236,6 +237,7 @@ function chartSVG(c) {
   const colours = ["#d62728", "#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"];
   Object.entries(c.series).forEach(([name, pts], i) => line(pts, colours[i % colours.length], "", name, name));
   line(c.lower, "#000", "5 3", "lower bound", "lower");
+  line(c.upper || [], "#777", "1 3", "\u0398 upper bound, constant 1 (orientation)", "upper");
   labels.sort((a, b) => a[0] - b[0]);  // the end labels, pushed apart so none overlaps
   labels.forEach((l, i) => { if (i > 0) l[0] = Math.max(l[0], labels[i - 1][0] + 13); });
   for (const [y, x, colr, label] of labels) s.append(svg("text", { x, y, fill: colr, text: label }));
