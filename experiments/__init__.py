@@ -118,6 +118,12 @@ EXPERIMENTS: tuple[Entry, ...] = (
         "Li et al.: the slow memory of a GPU is an L2",
         "A shared L2: DRAM vs two-level, orders",
     ),
+    Entry(
+        "mask-efficiency",
+        "16_mask_efficiency",
+        "FlexAttention / FlashAttention block-sparse kernels (attention-gym #56, #63)",
+        "Is my mask efficient? Block-sparse bytes vs naive and dense",
+    ),
 )
 
 
