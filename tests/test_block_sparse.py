@@ -153,3 +153,11 @@ def test_sparse_beats_dense_and_naive_is_blind_to_the_mask():
 def test_mask_conversion_reuses_iosim_masks():
     p = Problem(N=100, d=4)
     assert (blocks_of(p, masks.Causal(), 32).classes(4) == blocks_of(p, "causal", 32).classes(4)).all()
+
+
+def test_module_example():
+    import doctest
+
+    import iosim.block_sparse
+
+    assert doctest.testmod(iosim.block_sparse).failed == 0
