@@ -50,6 +50,7 @@ class Buffer:
     index: str
     scope: str = "score"
     dtype: str = "fp32"
+    shape: tuple | None = None  # the captured tensor's shape, when given: checked against the index on the problem
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name.isidentifier():
@@ -67,7 +68,23 @@ class Buffer:
     def bytes(self) -> int:
         return BYTES.get(self.dtype) or INT_BYTES[self.dtype]
 
-    def shape(self, p: Problem) -> tuple[int, int]:
+    def check_shape(self, p: Problem) -> None:
+        """One line unless the captured tensor's shape (leading 1s dropped) is what its index reads on ``p``."""
+        if self.shape is None:
+            return
+        want = {"q": (p.N_q,), "kv": (p.N_k,), "q+kv": (max(p.N_q, p.N_k),), "qkv": (p.N_q, p.N_k),
+                "bhqkv": (p.B, p.H_q, p.N_q, p.N_k), "h": (p.H_q,)}[self.index]  # fmt: skip
+        try:
+            got = tuple(int(x) for x in self.shape)
+        except (TypeError, ValueError):
+            raise InputError(f"buffer {self.name} shape", "must be a tuple of integers", self.shape) from None
+        while len(got) > len(want) and got[0] == 1:
+            got = got[1:]
+        if got != want:
+            raise InputError(f"buffer {self.name} shape", f"must be {want} for index {self.index!r} on this problem "
+                             "(leading 1s allowed)", self.shape)  # fmt: skip
+
+    def slow_shape(self, p: Problem) -> tuple[int, int]:
         return {
             "q": (p.N_q, 1),
             "kv": (p.N_k, 1),
@@ -201,6 +218,7 @@ def block_sparse(problem: Problem, mask, *, block=(128, 128), buffers=(), dense:
     for b in buffers:
         if not isinstance(b, Buffer):
             raise InputError("buffers", "must be iosim.block_sparse.Buffer objects", type(b).__name__)
+        b.check_shape(p)
     names = [b.name for b in buffers]
     reserved = {"Q", "K", "V", "O", "L", "m", "l", "S", *ARRAY_BYTES_FIXED}
     if len(set(names)) != len(names) or reserved & set(names):
@@ -227,7 +245,7 @@ def block_sparse(problem: Problem, mask, *, block=(128, 128), buffers=(), dense:
                   l=(p.B * p.H_q * p.N_q,), S=(BQ, BKV), kv_num_blocks=(Bm * Hm * Tr, 1),
                   kv_indices=(Bm * Hm * Tr, C), full_kv_num_blocks=(Bm * Hm * Tr, 1),
                   full_kv_indices=(Bm * Hm * Tr, Cf))  # fmt: skip
-    bufs = np.array([(mem.array_id(b.name, b.shape(p)), _bs.INDEX.index(b.index), 0 if b.scope == "mask" else 1)
+    bufs = np.array([(mem.array_id(b.name, b.slow_shape(p)), _bs.INDEX.index(b.index), 0 if b.scope == "mask" else 1)
                      for b in buffers], dtype=np.int64).reshape(-1, 3)  # fmt: skip
     handles = np.full(2 * len(buffers), -1, dtype=np.int64)
     mem.call(_bs.block_sparse_forward, np.array(ids, dtype=np.int64), np.array(dims, dtype=np.int64), bi.kv_num,

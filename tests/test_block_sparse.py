@@ -131,6 +131,12 @@ def test_block_mask_index_tensors_and_refusals():
         ),
         (lambda: block_sparse(Problem(N=64, d=8), lambda q, kv: q >= kv), "mask_mod"),
         (lambda: block_sparse(Problem(B=2, N=64, d=8), _fns(64)[2], mask_B=3), "mask_B"),
+        (
+            lambda: block_sparse(
+                Problem(B=2, H_q=2, N=64, d=8), "causal", buffers=[Buffer("bias", "bhqkv", shape=(2, 1, 64, 64))]
+            ),
+            "buffer bias shape",
+        ),
     ):
         if param is None:  # the block size is the BlockMask's own: a different one is ignored, not an error
             assert call().block == (64, 64)
@@ -138,6 +144,12 @@ def test_block_mask_index_tensors_and_refusals():
         with pytest.raises(InputError) as e:
             call()
         assert e.value.parameter == param and "\n" not in str(e.value)
+
+
+def test_buffer_shapes_that_match():
+    p = Problem(B=2, H_q=2, N=64, d=8)
+    for index, shape in (("bhqkv", (2, 2, 64, 64)), ("qkv", (1, 1, 64, 64)), ("h", (2,)), ("kv", (1, 64))):
+        assert block_sparse(p, "causal", buffers=[Buffer("x", index, shape=shape)]).exact
 
 
 def test_sparse_beats_dense_and_naive_is_blind_to_the_mask():
