@@ -487,8 +487,21 @@ def _mod_compile(fn, b: int, h: int, N: int, label: str, policy: str, allow_long
     return _m.tile_mask(_m.MOD, params, table, N=N, label=label, policy=policy)
 
 
+class _Evaluated(Mask):
+    """A mask given as a function evaluated at (b, h) (:meth:`allowed`), compiled to the MOD kind once per N."""
+
+    def allowed(self, N: int):
+        raise NotImplementedError
+
+    def compile(self, N: int, policy: str = "paper") -> TileMask:
+        if N not in self._cache:
+            self._cache.clear()  # one N at a time: a table of (N / 64)^2 words
+            self._cache[N] = _mod_compile(self.allowed(N), self.b, self.h, N, self.label, "paper", self.allow_long)
+        return self._cache[N].with_policy(policy)
+
+
 @dataclass(frozen=True, eq=False)
-class FromMaskMod(Mask):
+class FromMaskMod(_Evaluated):
     """A FlexAttention ``mask_mod(b, h, q_idx, kv_idx)``, evaluated at one (b, h) (:mod:`iosim.mask_mod`): the
     schedules take one mask for every head, so a mask_mod that depends on b or h runs here for the (b, h) given,
     and per (b, h) on the block-sparse schedule (:mod:`iosim.block_sparse`)."""
@@ -512,11 +525,8 @@ class FromMaskMod(Mask):
         if not self.label:
             object.__setattr__(self, "label", f"mod:{_mm.fn_label(self.fn)}")
 
-    def compile(self, N: int, policy: str = "paper") -> TileMask:
-        if N not in self._cache:
-            self._cache.clear()  # one N at a time: a table of (N / 64)^2 words
-            self._cache[N] = _mod_compile(self.fn, self.b, self.h, N, self.label, "paper", self.allow_long)
-        return self._cache[N].with_policy(policy)
+    def allowed(self, N: int):
+        return self.fn
 
 
 def from_mask_mod(fn, b: int = 0, h: int = 0, *, label: str = "", allow_long: bool = False) -> FromMaskMod:
@@ -525,7 +535,7 @@ def from_mask_mod(fn, b: int = 0, h: int = 0, *, label: str = "", allow_long: bo
 
 
 @dataclass(frozen=True, eq=False)
-class FromBlockMask(Mask):
+class FromBlockMask(_Evaluated):
     """A torch ``BlockMask`` (or its index tensors, :func:`iosim.mask_mod.block_index`) as an iosim mask at one
     (b, h): a score is allowed when its block is listed full, or listed partial and its mask_mod allows it (every
     position of a partial block when it has none)."""
@@ -556,12 +566,6 @@ class FromBlockMask(Mask):
             )
 
         return block_mask_mod
-
-    def compile(self, N: int, policy: str = "paper") -> TileMask:
-        if N not in self._cache:
-            self._cache.clear()
-            self._cache[N] = _mod_compile(self.allowed(N), self.b, self.h, N, self.label, "paper", self.allow_long)
-        return self._cache[N].with_policy(policy)
 
 
 def from_block_mask(block_mask=None, b: int = 0, h: int = 0, *, label: str = "blockmask", allow_long: bool = False,
