@@ -478,8 +478,13 @@ def _mod_compile(fn, b: int, h: int, N: int, label: str, policy: str, allow_long
     """The MOD tile oracle of ``fn`` at (b, h) over N x N, priced by the long-run rule and sized before any work."""
     from iosim import mask_mod as _mm
 
-    estimate.check(N * N * MOD_ELEMENT, f"evaluating the mask_mod {label} on {N:,} x {N:,} scores",
-                   allow_long=allow_long, parameter="mask", value=label)  # fmt: skip
+    seconds, what = N * N * MOD_ELEMENT, f"evaluating the mask_mod {label} on {N:,} x {N:,} scores"
+    if seconds > estimate.LONG_SECONDS and not allow_long and seconds <= estimate.MAX_SECONDS:
+        # the consent is the mask's own: a run's allow_long (--yes) does not reach a mask compiled before the run
+        raise InputError("allow_long", f"must be True for {what}, estimated at about {estimate.describe(seconds)} "
+                         "(over a minute): from_mask_mod(fn, allow_long=True) or from_block_mask(..., allow_long=True) "
+                         "in Python; a mod: mask on the command line is limited to a minute", allow_long)  # fmt: skip
+    estimate.check(seconds, what, allow_long=allow_long, parameter="mask", value=label)
     n = -(-N // _m.MOD_G)
     _table_fits((n, n + 2), label)
     c = _mm.classify(fn, b, h, N, N, _m.MOD_G, _m.MOD_G, padded=False, bits=True, name="mask_mod")
