@@ -24,6 +24,8 @@ exact count of every array and the peak are in :mod:`iosim.theory.block_sparse`.
 
 from __future__ import annotations
 
+import numpy as np
+from iosim.algorithms.tile_masks import mask_nnz
 from iosim.memory_model import alloc, free, load, store
 from iosim.memory_model.core import alloc_vec, load_vec
 from numba import njit
@@ -31,6 +33,27 @@ from numba import njit
 INDEX = ("q", "kv", "q+kv", "qkv", "bhqkv", "h")
 Q_VEC, KV_VEC, QKV_VEC, QKV, BHQKV, HEAD = range(6)
 MASK, SCORE = 0, 1  # a buffer's scope: partial blocks (mask_mod) or every visited block (score_mod)
+
+
+@njit(cache=True)
+def block_classes(kind, p, T, N_q, N_k, BQ, BKV):  # noqa: N803
+    """An iosim mask's classes on BQ x BKV blocks as ``create_block_mask`` makes them (0 empty, 1 partial, 2 full:
+    every one of the BQ x BKV positions allowed, so ragged blocks are never full); the mask covers N_k x N_k and the
+    queries are its last N_q rows."""
+    off = N_k - N_q
+    Tr, Tc = (N_q + BQ - 1) // BQ, (N_k + BKV - 1) // BKV
+    cls = np.zeros((Tr, Tc), dtype=np.int8)
+    for i in range(Tr):
+        a = i * BQ + off
+        br = min(BQ, N_q - i * BQ)
+        a1 = max(a, 0)
+        if a + br <= a1:
+            continue
+        for j in range(Tc):
+            nz = mask_nnz(kind, p, T, a1, a + br - a1, j * BKV, min(BKV, N_k - j * BKV))
+            if nz > 0:
+                cls[i, j] = 2 if nz == BQ * BKV else 1
+    return cls
 
 
 @njit(cache=True)

@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from iosim.algorithms import block_sparse as _bs
-from iosim.algorithms import tile_masks as _tm
 from iosim.errors import InputError
 from iosim.memory_model.core import Stats, TwoLevelMemory
 from iosim.problem import BYTES, Problem
@@ -185,18 +184,13 @@ def blocks_of(p: Problem, mask, block=(128, 128), mask_B: int | None = None, mas
         bi = _index_of(cls, BQ, BKV)
     else:
         tmask = masks.compile_mask(mask, p.N_k)
-        off = p.N_k - p.N_q
-        Tr, Tc = -(-p.N_q // BQ), -(-p.N_k // BKV)
-        cls = np.zeros((1, 1, Tr, Tc), dtype=np.int8)
-        kind, prm, T = tmask.kind, tmask.params, tmask.table
-        for i in range(Tr):
-            a = i * BQ + off
-            br = min(BQ, p.N_q - i * BQ)
-            a1 = max(a, 0)
-            for j in range(Tc):
-                bc = min(BKV, p.N_k - j * BKV)
-                nz = 0 if a + br <= a1 else int(_tm.mask_nnz(kind, prm, T, a1, a + br - a1, j * BKV, bc))
-                cls[0, 0, i, j] = _mm.EMPTY if nz == 0 else _mm.FULL if nz == BQ * BKV else _mm.PARTIAL
+        from iosim import estimate
+
+        tests = -(-p.N_q // BQ) * -(-p.N_k // BKV)
+        seconds = estimate.count_only_seconds(4 * tests) + tmask.scan_tests * estimate.MASK_DRAW
+        estimate.check(seconds, f"classifying {tests:,} blocks of the mask", allow_long=allow_long, parameter="block",
+                       value=f"{BQ}x{BKV}")  # fmt: skip
+        cls = _bs.block_classes(tmask.kind, tmask.params, tmask.table, p.N_q, p.N_k, BQ, BKV)[None, None]
         bi = _index_of(cls, BQ, BKV)
     _mm.check_shape(bi, p.N_q, p.N_k, p.B, p.H_q)
     return bi
