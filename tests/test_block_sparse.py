@@ -173,3 +173,35 @@ def test_module_example():
     import iosim.block_sparse
 
     assert doctest.testmod(iosim.block_sparse).failed == 0
+
+
+def test_random_index_tensors_per_batch_and_head():
+    """Index tensors read directly: per (b, h) (and broadcast), unsorted indices, padding beyond the counts."""
+    rng = np.random.default_rng(7)
+    for trial in range(12):
+        B, H, Nq, Nk = (
+            int(rng.integers(1, 3)),
+            int(rng.integers(1, 4)),
+            int(rng.integers(1, 90)),
+            int(rng.integers(1, 90)),
+        )
+        BQ, BKV = int(rng.integers(1, 20)), int(rng.integers(1, 20))
+        Tr, Tc = -(-Nq // BQ), -(-Nk // BKV)
+        Bm, Hm = (B, H) if trial % 2 else (1, 1)
+        cls = rng.integers(0, 3, (Bm, Hm, Tr, Tc))
+        num = (cls == 1).sum(-1)
+        fnum = (cls == 2).sum(-1)
+        idx = np.argsort(rng.random(cls.shape) - 2.0 * (cls == 1), axis=-1)  # listed first, in a random order
+        fidx = np.argsort(rng.random(cls.shape) - 2.0 * (cls == 2), axis=-1)
+        bi = mm.block_index(kv_num_blocks=num, kv_indices=idx, full_kv_num_blocks=fnum, full_kv_indices=fidx,
+                            block_size=(BQ, BKV))  # fmt: skip
+        assert (bi.classes(Tc) == cls).all()
+        p = Problem(B=B, H_q=H, N_q=Nq, N_k=Nk, d_qk=int(rng.integers(1, 9)), d_v=int(rng.integers(1, 9)))
+        sparse = block_sparse(p, bi, buffers=BUFFERS)
+        dense = block_sparse(p, bi, buffers=BUFFERS, dense=True)
+        assert sparse.exact and dense.exact, trial
+        heads = (B // Bm) * (H // Hm)
+        widths = np.minimum(BKV, Nk - np.arange(Tc) * BKV)
+        assert sparse.words.get("K", 0) == p.d_qk * int(((cls != 0) * widths).sum()) * heads
+        assert dense.words["K"] == p.d_qk * Nk * Tr * B * H
+        assert sparse.words.get("kv_indices", 0) == int((cls == 1).sum()) * heads
