@@ -46,10 +46,12 @@ from numba.extending import overload
 DENSE, BAND, DILATED, BLOCKDIAG, PREFIX, ELEMENTS, BLOCKS, RANDOM, RANDOM_BLOCKS, BIGBIRD = range(10)
 # MOD: a mask evaluated a block at a time from a FlexAttention-style mask_mod (iosim.mask_mod): g x g blocks (g = 64,
 # one int64 word per row of a block) classified empty / full / partial, and the element bits of the partial blocks
-# only. p = (g, nbr, nbc, K); T rows [0, nbr): the class of each block (0 empty, -1 full, k >= 1 the k-th partial
-# block) and in columns nbc, nbc + 1 the block columns [first, last + 1) a block row touches; rows nbr + k - 1: the
-# g row words of partial block k (bit c of word r: column c of the block allowed at row r); rows nbr + K, nbr + K + 1:
-# the block rows [first, last + 1) each block column touches. Memory: 8 (nbr + K) max(nbc + 2, g) bytes.
+# only. p = (g, nbr, nbc, R, per); T (width W = g max(1, (nbc + 2) // g + 1)) rows [0, nbr): the class of each
+# block (0 empty, -1 full, k >= 1 the k-th partial block) and in columns nbc, nbc + 1 the block columns
+# [first, last + 1) a block row touches; rows nbr to nbr + R: the partial blocks, per = W / g to a row (block k at
+# row nbr + (k - 1) // per, columns from g ((k - 1) % per)), g words each (bit c of word r: column c of the block
+# allowed at row r); rows nbr + R, nbr + R + 1: the block rows [first, last + 1) each block column touches.
+# Memory: about 8 W (nbr + 2) + 8 g K bytes for K partial blocks.
 MOD = 10
 MOD_G = 64
 FAR = 1 << 40  # a diagonal offset beyond any N: BAND(-FAR, 0) is the causal mask
@@ -440,7 +442,7 @@ def _mod_allows(p, T, r, c):
     k = T[r // g, c // g]
     if k <= 0:
         return k < 0
-    return (T[p[1] + k - 1, r % g] >> (c % g)) & 1 == 1
+    return (T[p[1] + (k - 1) // p[4], (k - 1) % p[4] * g + r % g] >> (c % g)) & 1 == 1
 
 
 @njit(cache=True)
@@ -460,9 +462,9 @@ def _mod_nnz(p, T, r0, r1, c0, c1):
                 continue
             w, sh = cb - ca, ca - bj * g
             bits = np.int64(-1) if w >= 64 else ((np.int64(1) << w) - 1) << sh
-            row = nbr + k - 1
+            row, col = nbr + (k - 1) // p[4], (k - 1) % p[4] * g - bi * g
             for r in range(ra, rb):
-                s += _popcount(T[row, r - bi * g] & bits)
+                s += _popcount(T[row, col + r] & bits)
     return s
 
 

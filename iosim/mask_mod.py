@@ -156,7 +156,11 @@ def classify(fn, b: int, h: int, Nq: int, Nk: int, BQ: int, BKV: int, *, padded:
     cls = np.zeros((nbr, nbc), dtype=np.int8)
     words: list[np.ndarray] = []
     step = max(1, CHUNK // (BQ * BKV)) * BKV
-    nnz = 0
+    nnz = held = 0
+    if bits:
+        from iosim.estimate import available_bytes
+
+        limit = int(0.5 * available_bytes())
     for bi in range(nbr):
         r0, r1 = bi * BQ, min(Nq, (bi + 1) * BQ)
         q = np.arange(r0, r1, dtype=np.int64)
@@ -183,6 +187,11 @@ def classify(fn, b: int, h: int, Nq: int, Nk: int, BQ: int, BKV: int, *, padded:
                     band_words.append(np.ascontiguousarray(w.T))
         if band_words:
             words.extend(band_words)
+            held += sum(w.nbytes for w in band_words)
+            if held > limit:
+                what = f"{held / 2**30:.1f} GiB of bits after {r1:,} of {Nq:,} rows ({limit / 2**30:.1f} GiB allowed)"
+                raise InputError(name, f"has more partial blocks than memory holds: {what}; a structured or random "
+                                 "mask needs no bits", fn_label(fn))  # fmt: skip
     W = np.concatenate(words) if words else np.zeros((0, BQ), dtype=np.int64)
     return Classes(cls, W.astype(np.int64) if bits else None, nnz)
 
@@ -193,7 +202,10 @@ def mod_table(c: Classes, N: int) -> tuple[tuple, np.ndarray]:  # noqa: N803
     cls = c.cls
     nbr, nbc = cls.shape
     K = c.words.shape[0]
-    T = np.zeros((nbr + K + 2, max(nbc + 2, g)), dtype=np.int64)
+    W = g * max(1, (nbc + 2) // g + 1)
+    per = W // g
+    R = -(-K // per)
+    T = np.zeros((nbr + R + 2, W), dtype=np.int64)
     part = cls == PARTIAL
     index = np.zeros(cls.shape, dtype=np.int64)
     index[part] = np.arange(1, K + 1)  # row-major order, as classify appended them
@@ -202,10 +214,12 @@ def mod_table(c: Classes, N: int) -> tuple[tuple, np.ndarray]:  # noqa: N803
     rows_any, cols_any = nonempty.any(axis=1), nonempty.any(axis=0)
     T[:nbr, nbc] = np.where(rows_any, nonempty.argmax(axis=1), 0)
     T[:nbr, nbc + 1] = np.where(rows_any, nbc - nonempty[:, ::-1].argmax(axis=1), 0)
-    T[nbr : nbr + K, :g] = c.words
-    T[nbr + K, :nbc] = np.where(cols_any, nonempty.argmax(axis=0), 0)
-    T[nbr + K + 1, :nbc] = np.where(cols_any, nbr - nonempty[::-1, :].argmax(axis=0), 0)
-    return (g, nbr, nbc, K), T
+    words = np.zeros((R * per, g), dtype=np.int64)
+    words[:K] = c.words
+    T[nbr : nbr + R, :] = words.reshape(R, per * g)
+    T[nbr + R, :nbc] = np.where(cols_any, nonempty.argmax(axis=0), 0)
+    T[nbr + R + 1, :nbc] = np.where(cols_any, nbr - nonempty[::-1, :].argmax(axis=0), 0)
+    return (g, nbr, nbc, R, per), T
 
 
 # --- BlockMask ----------------------------------------------------------------------------------------------------

@@ -205,3 +205,27 @@ def test_cli_mod_file(tmp_path, capsys):
         assert main(["run", "flash2", "--N", "256", "--d", "16", "--M", "4096", "--mask", spec]) == 2
         err = capsys.readouterr().err
         assert word in err and err.count("\n") == 1
+
+
+def test_wide_masks_pack_partial_blocks_and_memory_is_bounded(monkeypatch):
+    """At N > 64 blocks of 64 the partial blocks' words share table rows (several to a row); a mask_mod whose bits
+    outgrow the memory allowed is one line, naming it."""
+    N = 64 * 70 + 5
+
+    def stripes(b, h, q, kv):
+        return (q + kv) % 3 == 0
+
+    m = masks.from_mask_mod(stripes).compile(N)
+    assert m.params[4] > 1 and m.table.shape[0] < 71 + 71 * 71  # packed: far fewer rows than partial blocks
+    rng = np.random.default_rng(1)
+    for _ in range(200):
+        r0, c0 = rng.integers(0, N, 2)
+        nr, nc = rng.integers(1, min(300, N - r0) + 1), rng.integers(1, min(300, N - c0) + 1)
+        want = int(stripes(0, 0, np.arange(r0, r0 + nr)[:, None], np.arange(c0, c0 + nc)[None, :]).sum())
+        assert tm.mask_nnz(m.kind, m.params, m.table, r0, nr, c0, nc) == want
+    import iosim.estimate
+
+    monkeypatch.setattr(iosim.estimate, "available_bytes", lambda: 1 << 20)
+    with pytest.raises(InputError) as e:
+        masks.from_mask_mod(stripes).compile(N)
+    assert e.value.parameter == "mask_mod" and "partial blocks" in str(e.value) and "\n" not in str(e.value)
