@@ -230,8 +230,12 @@ def block_sparse(problem: Problem, mask, *, block=(128, 128), buffers=(), dense:
 
     estimate.check(estimate.count_only_seconds(steps + p.B * p.H_q * Tr), "the block-sparse count",
                    allow_long=allow_long, parameter="problem", value=f"{steps:,} blocks")  # fmt: skip
-    Mrun = predicted.peak if M is None else M
-    mem = TwoLevelMemory(Mrun, strict=False, fast=True)
+    if M is not None and (
+        isinstance(M, bool) or not isinstance(M, numbers.Integral) or not predicted.peak <= M <= 1 << 40
+    ):
+        need = f"{predicted.peak:,} words (blocks of {BQ} x {BKV})"
+        raise InputError("M", f"must be an integer from the schedule's working set, {need}, to {1 << 40:,}", M)
+    mem = TwoLevelMemory(predicted.peak if M is None else int(M), strict=True, fast=True)
     C, Cf = bi.kv_idx.shape[3], bi.full_idx.shape[3]
     Bm, Hm = bi.kv_num.shape[:2]
     ids = mem.ids(Q=(p.B * p.H_q * p.N_q, p.d_qk), K=(p.B * p.H_kv * p.N_k, p.d_qk), V=(p.B * p.H_kv * p.N_k, p.d_v),

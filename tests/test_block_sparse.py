@@ -125,6 +125,7 @@ def test_block_mask_index_tensors_and_refusals():
         (lambda: Buffer("bias", "q", "both"), "buffer scope"),
         (lambda: block_sparse(Problem(N=64, d=8), "causal", buffers=[Buffer("K", "q")]), "buffers"),
         (lambda: block_sparse(Problem(N=64, d=8), "causal", block=0), "block"),
+        (lambda: block_sparse(Problem(N=64, d=8), "causal", block=32, M=1000), "M"),
         (
             lambda: mm.block_index(kv_num_blocks=np.full((1, 1, 4), 9), kv_indices=np.zeros((1, 1, 4, 4), int)),
             "kv_num_blocks",
