@@ -557,6 +557,10 @@ class FromBlockMask(_Evaluated):
         from iosim import mask_mod as _mm
 
         bi = self.index
+        if bi.seq_lengths is not None and bi.seq_lengths != (N, N):
+            whole = f"must cover the whole sequence, (N_k, N_k) = ({N}, {N}), as every iosim mask does"
+            raise InputError("block_mask", f"{whole} (the queries are its last N_q rows); iosim.block_sparse takes it "
+                             "as built", bi.seq_lengths)  # fmt: skip
         Tc = _mm.check_shape(bi, N, N)
         cls = bi.classes(Tc)[min(self.b, bi.kv_num.shape[0] - 1), min(self.h, bi.kv_num.shape[1] - 1)]
         inner = bi.mask_mod
