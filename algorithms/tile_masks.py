@@ -44,6 +44,16 @@ from numba import njit, types
 from numba.extending import overload
 
 DENSE, BAND, DILATED, BLOCKDIAG, PREFIX, ELEMENTS, BLOCKS, RANDOM, RANDOM_BLOCKS, BIGBIRD = range(10)
+# MOD: a mask evaluated a block at a time from a FlexAttention-style mask_mod (iosim.mask_mod): g x g blocks (g = 64,
+# one int64 word per row of a block) classified empty / full / partial, and the element bits of the partial blocks
+# only. p = (g, nbr, nbc, R, per); T (width W = g max(1, (nbc + 2) // g + 1)) rows [0, nbr): the class of each
+# block (0 empty, -1 full, k >= 1 the k-th partial block) and in columns nbc, nbc + 1 the block columns
+# [first, last + 1) a block row touches; rows nbr to nbr + R: the partial blocks, per = W / g to a row (block k at
+# row nbr + (k - 1) // per, columns from g ((k - 1) % per)), g words each (bit c of word r: column c of the block
+# allowed at row r); rows nbr + R, nbr + R + 1: the block rows [first, last + 1) each block column touches.
+# Memory: about 8 W (nbr + 2) + 8 g K bytes for K partial blocks.
+MOD = 10
+MOD_G = 64
 FAR = 1 << 40  # a diagonal offset beyond any N: BAND(-FAR, 0) is the causal mask
 # What a K/V-outer schedule does with K_j, V_j of a column block whose tiles are all empty (and a Q-outer one with
 # Q_i of an all-empty row block): "paper" loads them before testing the mask (FlashAttention Algorithm 5, line 6
@@ -417,6 +427,61 @@ def _bigbird_cols(p, r0, r1):
 
 
 @njit(cache=True)
+def _popcount(x):
+    """The set bits of an int64 word (SWAR on its unsigned bits)."""
+    v = np.uint64(x)
+    v = v - ((v >> np.uint64(1)) & np.uint64(0x5555555555555555))
+    v = (v & np.uint64(0x3333333333333333)) + ((v >> np.uint64(2)) & np.uint64(0x3333333333333333))
+    v = (v + (v >> np.uint64(4))) & np.uint64(0x0F0F0F0F0F0F0F0F)
+    return np.int64((v * np.uint64(0x0101010101010101)) >> np.uint64(56))
+
+
+@njit(cache=True)
+def _mod_allows(p, T, r, c):
+    g = p[0]
+    k = T[r // g, c // g]
+    if k <= 0:
+        return k < 0
+    return (T[p[1] + (k - 1) // p[4], (k - 1) % p[4] * g + r % g] >> (c % g)) & 1 == 1
+
+
+@njit(cache=True)
+def _mod_nnz(p, T, r0, r1, c0, c1):
+    """Allowed entries of [r0, r1) x [c0, c1) of a MOD mask: whole blocks by class, partial blocks by popcount."""
+    g, nbr, nbc = p[0], p[1], p[2]
+    s = 0
+    for bi in range(r0 // g, (r1 - 1) // g + 1):
+        ra, rb = max(r0, bi * g), min(r1, (bi + 1) * g)
+        for bj in range(max(c0 // g, T[bi, nbc]), min((c1 - 1) // g + 1, T[bi, nbc + 1])):
+            k = T[bi, bj]
+            if k == 0:
+                continue
+            ca, cb = max(c0, bj * g), min(c1, (bj + 1) * g)
+            if k < 0:
+                s += (rb - ra) * (cb - ca)
+                continue
+            w, sh = cb - ca, ca - bj * g
+            bits = np.int64(-1) if w >= 64 else ((np.int64(1) << w) - 1) << sh
+            row, col = nbr + (k - 1) // p[4], (k - 1) % p[4] * g - bi * g
+            for r in range(ra, rb):
+                s += _popcount(T[row, col + r] & bits)
+    return s
+
+
+@njit(cache=True)
+def _mod_range(p, T, x0, x1, N, column):
+    """The range [lo, hi) of columns (of rows, when ``column``: the rows a column range meets) outside which the
+    block rows (block columns) of [x0, x1) allow nothing; (0, 0) when they allow nothing at all."""
+    g, nbr, nbc, K = p[0], p[1], p[2], p[3]
+    lo, hi = N, 0
+    for b in range(x0 // g, (x1 - 1) // g + 1):
+        a, e = (T[nbr + K, b], T[nbr + K + 1, b]) if column else (T[b, nbc], T[b, nbc + 1])
+        if a < e:
+            lo, hi = min(lo, a * g), max(hi, min(N, e * g))
+    return (lo, hi) if lo < hi else (0, 0)
+
+
+@njit(cache=True)
 def _block_allowed(kind, p, bi, bj):
     """Whether block (bi, bj) of a random block kind is allowed. RANDOM_BLOCKS p = (h, w, seed, threshold);
     BIGBIRD p = (b, b, seed, g, wb, r, n)."""
@@ -443,6 +508,8 @@ def _mask_allows(kind, p, T, r, c):
         return c < p[0] or c <= r
     if kind == ELEMENTS:
         return _rect(T, r, r + 1, c, c + 1) != 0
+    if kind == MOD:
+        return _mod_allows(p, T, r, c)
     if kind == RANDOM:  # p = (seed, threshold)
         return _draw(p[0], r, c) < p[1]
     if kind == RANDOM_BLOCKS or kind == BIGBIRD:
@@ -483,6 +550,8 @@ def mask_nnz(kind, p, T, r0, nr, c0, nc):
         return nr * (split - c0) + _band_count(r0, nr, split, c1 - split, -FAR, 0)
     if kind == ELEMENTS:
         return _rect(T, r0, r1, c0, c1)
+    if kind == MOD:
+        return _mod_nnz(p, T, r0, r1, c0, c1)
     if kind == RANDOM:  # one key per row, one SplitMix64 round per element
         s = 0
         for r in range(r0, r1):
@@ -549,6 +618,8 @@ def _mask_cols(kind, p, T, r0, nr, N):
         return p[a], p[b]
     if kind == PREFIX:
         return 0, min(N, max(p[0], r1))
+    if kind == MOD:
+        return _mod_range(p, T, r0, r1, N, False)
     return 0, N
 
 
@@ -562,6 +633,8 @@ def _mask_rows(kind, p, T, c0, nc, N):
         return _mask_cols(kind, p, T, c0, nc, N)  # symmetric
     if kind == PREFIX:
         return (0, N) if c0 < p[0] else (c0, N)
+    if kind == MOD:
+        return _mod_range(p, T, c0, c1, N, True)
     return 0, N
 
 

@@ -124,6 +124,12 @@ EXPERIMENTS: tuple[Entry, ...] = (
         "FlashAttention Fig. 2: measured HBM traffic against the L2 model",
         "Fig. 2's measured HBM vs the A100 L2",
     ),
+    Entry(
+        "mask-efficiency",
+        "16_mask_efficiency",
+        "FlexAttention / FlashAttention block-sparse kernels: what a mask really loads",
+        "Is my mask efficient? Block-sparse bytes vs naive and dense",
+    ),
 )
 
 

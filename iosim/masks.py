@@ -19,8 +19,14 @@ meets (BigBird).
 
 ``--mask`` strings (:func:`parse`): ``none``, ``causal``, ``window:W``, ``window:W:causal``, ``dilated:W:K``
 (``dilated:W:K:causal``), ``blockdiag:L1,L2,...``, ``prefix:P``, ``bigbird:B:G:W:R[:SEED]``,
-``random-blocks:S:HxW[:SEED]``, ``random:S[:SEED]``, ``file:mask.npy`` (N x N boolean) and
-``file:blocks.npy:HxW`` (a block mask of H x W blocks).
+``random-blocks:S:HxW[:SEED]``, ``random:S[:SEED]``, ``file:mask.npy`` (N x N boolean),
+``file:blocks.npy:HxW`` (a block mask of H x W blocks) and ``mod:FILE.py:NAME`` (a FlexAttention ``mask_mod``
+function NAME defined in FILE.py, :func:`from_mask_mod`).
+
+FlexAttention's masks (:mod:`iosim.mask_mod`): :func:`from_mask_mod` takes a ``mask_mod(b, h, q_idx, kv_idx)``,
+:func:`from_block_mask` a torch ``BlockMask`` (or its four index tensors and block size). Both compile to the MOD
+kind: the function evaluated a band of 64 rows at a time into 64 x 64 blocks (empty, full, or partial with the
+partial blocks' bits kept), which answers any tile of any tiling exactly; the compiled oracle is cached per N.
 """
 
 from __future__ import annotations
@@ -50,7 +56,11 @@ __all__ = [
     "RandomElements",
     "SlidingWindow",
     "TileMask",
+    "FromBlockMask",
+    "FromMaskMod",
     "compile_mask",
+    "from_block_mask",
+    "from_mask_mod",
     "parse",
 ]
 
@@ -375,7 +385,7 @@ def _shape(text: str) -> tuple[int, int]:
 
 FORMS = (
     "none, causal, window:W[:causal], dilated:W:K[:causal], blockdiag:L1,L2,..., prefix:P, bigbird:B:G:W:R[:SEED], "
-    "random-blocks:S:HxW[:SEED], random:S[:SEED], file:MASK.npy[:HxW]"
+    "random-blocks:S:HxW[:SEED], random:S[:SEED], file:MASK.npy[:HxW], mod:FILE.py:NAME"
 )
 
 
@@ -409,6 +419,8 @@ def parse(text: str) -> Mask:
             return RandomBlocks(_float("mask density", args[0]), _shape(args[1]), seed)
         if kind == "random" and n in (1, 2):
             return RandomElements(_float("mask density", args[0]), _int("mask seed", args[1]) if n == 2 else 0)
+        if kind == "mod" and n == 2:
+            return _from_module(args[0], args[1])
         if kind == "file" and n in (1, 2):
             return _from_file(args[0], _shape(args[1]) if n == 2 else None)
     except InputError:
@@ -453,3 +465,144 @@ def compile_mask(mask, N: int, causal: bool = False, policy: str | None = "paper
     if isinstance(mask, np.ndarray):
         mask = FromArray(mask)
     return parse(mask).compile(N, policy)
+
+
+# --- FlexAttention's masks: mask_mod functions and BlockMasks (iosim.mask_mod) -----------------------------------
+
+MOD_ELEMENT = (
+    3e-8  # seconds per element of a mask_mod evaluated a chunk at a time (measured 2-7 ns NumPy, 23-27 ns torch)
+)
+
+
+def _mod_compile(fn, b: int, h: int, N: int, label: str, policy: str, allow_long: bool) -> TileMask:
+    """The MOD tile oracle of ``fn`` at (b, h) over N x N, priced by the long-run rule and sized before any work."""
+    from iosim import mask_mod as _mm
+
+    seconds, what = N * N * MOD_ELEMENT, f"evaluating the mask_mod {label} on {N:,} x {N:,} scores"
+    if seconds > estimate.LONG_SECONDS and not allow_long and seconds <= estimate.MAX_SECONDS:
+        # the consent is the mask's own: a run's allow_long (--yes) does not reach a mask compiled before the run
+        raise InputError("allow_long", f"must be True for {what}, estimated at about {estimate.describe(seconds)} "
+                         "(over a minute): from_mask_mod(fn, allow_long=True) or from_block_mask(..., allow_long=True) "
+                         "in Python; a mod: mask on the command line is limited to a minute", allow_long)  # fmt: skip
+    estimate.check(seconds, what, allow_long=allow_long, parameter="mask", value=label)
+    n = -(-N // _m.MOD_G)
+    _table_fits((n, n + 2), label)
+    c = _mm.classify(fn, b, h, N, N, _m.MOD_G, _m.MOD_G, padded=False, bits=True, name="mask_mod")
+    params, table = _mm.mod_table(c, N)
+    return _m.tile_mask(_m.MOD, params, table, N=N, label=label, policy=policy)
+
+
+class _Evaluated(Mask):
+    """A mask given as a function evaluated at (b, h) (:meth:`allowed`), compiled to the MOD kind once per N."""
+
+    def allowed(self, N: int):
+        raise NotImplementedError
+
+    def compile(self, N: int, policy: str = "paper") -> TileMask:
+        if N not in self._cache:
+            self._cache.clear()  # one N at a time: a table of (N / 64)^2 words
+            self._cache[N] = _mod_compile(self.allowed(N), self.b, self.h, N, self.label, "paper", self.allow_long)
+        return self._cache[N].with_policy(policy)
+
+
+@dataclass(frozen=True, eq=False)
+class FromMaskMod(_Evaluated):
+    """A FlexAttention ``mask_mod(b, h, q_idx, kv_idx)``, evaluated at one (b, h) (:mod:`iosim.mask_mod`): the
+    schedules take one mask for every head, so a mask_mod that depends on b or h runs here for the (b, h) given,
+    and per (b, h) on the block-sparse schedule (:mod:`iosim.block_sparse`)."""
+
+    fn: object = field(repr=False)
+    b: int = 0
+    h: int = 0
+    label: str = ""
+    allow_long: bool = False
+    _cache: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def __post_init__(self):
+        from iosim import mask_mod as _mm
+
+        _mm.check_mask_mod(self.fn)
+        for name, v in (("mask_mod b", self.b), ("mask_mod h", self.h)):
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral) or not 0 <= v < 1 << 16:
+                raise InputError(name, "must be an integer from 0 to 65,535", v)
+        if not isinstance(self.allow_long, bool):
+            raise InputError("allow_long", "must be True or False", self.allow_long)
+        if not self.label:
+            object.__setattr__(self, "label", f"mod:{_mm.fn_label(self.fn)}")
+
+    def allowed(self, N: int):
+        return self.fn
+
+
+def from_mask_mod(fn, b: int = 0, h: int = 0, *, label: str = "", allow_long: bool = False) -> FromMaskMod:
+    """A FlexAttention ``mask_mod`` as an iosim mask (:class:`FromMaskMod`)."""
+    return FromMaskMod(fn, b, h, label, allow_long)
+
+
+@dataclass(frozen=True, eq=False)
+class FromBlockMask(_Evaluated):
+    """A torch ``BlockMask`` (or its index tensors, :func:`iosim.mask_mod.block_index`) as an iosim mask at one
+    (b, h): a score is allowed when its block is listed full, or listed partial and its mask_mod allows it (every
+    position of a partial block when it has none)."""
+
+    index: object = field(repr=False)
+    b: int = 0
+    h: int = 0
+    label: str = "blockmask"
+    allow_long: bool = False
+    _cache: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def allowed(self, N: int):
+        """The mask_mod of this BlockMask's scores at (b, h) for N (its block classes, then its own mask_mod)."""
+        from iosim import mask_mod as _mm
+
+        bi = self.index
+        if bi.seq_lengths is not None and bi.seq_lengths != (N, N):
+            whole = f"must cover the whole sequence, (N_k, N_k) = ({N}, {N}), as every iosim mask does"
+            raise InputError("block_mask", f"{whole} (the queries are its last N_q rows); iosim.block_sparse takes it "
+                             "as built", bi.seq_lengths)  # fmt: skip
+        Tc = _mm.check_shape(bi, N, N)
+        cls = bi.classes(Tc)[min(self.b, bi.kv_num.shape[0] - 1), min(self.h, bi.kv_num.shape[1] - 1)]
+        inner = bi.mask_mod
+
+        def block_mask_mod(b, h, q_idx, kv_idx):
+            c = cls[q_idx // bi.BQ, kv_idx // bi.BKV]
+            out = c == _mm.FULL
+            if inner is None:
+                return out | (c == _mm.PARTIAL)
+            return out | (
+                (c == _mm.PARTIAL) & _mm.call(inner, b, h, q_idx.ravel(), kv_idx.ravel(), "block_mask mask_mod")
+            )
+
+        return block_mask_mod
+
+
+def from_block_mask(block_mask=None, b: int = 0, h: int = 0, *, label: str = "blockmask", allow_long: bool = False,
+                    **tensors) -> FromBlockMask:  # fmt: skip
+    """A torch ``BlockMask`` built on the CPU, or its four index tensors (``kv_num_blocks``, ``kv_indices``,
+    ``full_kv_num_blocks``, ``full_kv_indices``) with ``block_size`` (and optionally ``mask_mod``,
+    ``seq_lengths``), as an iosim mask (:class:`FromBlockMask`)."""
+    from iosim import mask_mod as _mm
+
+    index = _mm.block_index(block_mask, **tensors)
+    for name, v, hi in (("block_mask b", b, index.kv_num.shape[0]), ("block_mask h", h, index.kv_num.shape[1])):
+        if isinstance(v, bool) or not isinstance(v, numbers.Integral) or not 0 <= v:
+            raise InputError(name, f"must be an integer from 0 (the BlockMask holds {hi})", v)
+    return FromBlockMask(index, b, h, label, allow_long)
+
+
+def _from_module(path: str, name: str) -> Mask:
+    """``mod:FILE.py:NAME``: the function NAME of the Python file FILE.py as a mask_mod."""
+    import runpy
+
+    try:
+        scope = runpy.run_path(path)
+    except OSError as e:
+        raise InputError(
+            "mask file", "must be a readable Python file defining the mask_mod", f"{path} ({e.strerror})"
+        ) from None
+    except Exception as e:  # noqa: BLE001 (the user's module: any failure is one line)
+        raise InputError("mask file", "must run without raising", f"{path}: {type(e).__name__}: {e}") from None
+    if name not in scope:
+        raise InputError("mask mod", f"must name a function defined in {path}", name)
+    return from_mask_mod(scope[name], label=f"mod:{path}:{name}")

@@ -1,0 +1,231 @@
+"""FlexAttention's masks as iosim masks (iosim.mask_mod, the MOD kind of iosim.algorithms.tile_masks): a mask_mod
+function and a BlockMask compile to a tile oracle that equals the mask's own N x N array on every rectangle, run on
+every schedule and problem shape with counts equal to the closed form, and count exactly what the same mask given
+as an N x N array counts (an independent path: the 2-D prefix-sum oracle). Bad input is one line."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from iosim.algorithms import tile_masks as tm
+
+import iosim
+from iosim import Problem, masks
+from iosim import mask_mod as mm
+from iosim.cli import main
+from iosim.errors import InputError
+
+torch = pytest.importorskip("torch")
+
+DOC = np.repeat(np.arange(6), [50, 100, 7, 90, 60, 26])  # 333 tokens in 6 documents
+TDOC = torch.from_numpy(DOC)
+
+
+def doc_causal(b, h, q_idx, kv_idx):
+    return (DOC[q_idx] == DOC[kv_idx]) & (q_idx >= kv_idx)
+
+
+def doc_causal_torch(b, h, q_idx, kv_idx):
+    return (TDOC[q_idx] == TDOC[kv_idx]) & (q_idx >= kv_idx)
+
+
+def dense_of(fn, Nq, Nk, b=0, h=0):  # noqa: N803
+    q, kv = np.arange(Nq)[:, None], np.arange(Nk)[None, :]
+    return np.broadcast_to(np.asarray(fn(b, h, q, kv)), (Nq, Nk))
+
+
+def _exact(r) -> bool:
+    return all(ps.stats.per_array == ps.predicted.per_array and ps.stats.peak == ps.predicted.peak
+               for ps in r.passes.values())  # fmt: skip
+
+
+@pytest.mark.parametrize("N", [1, 63, 64, 65, 200, 333])
+def test_oracle_equals_the_array_on_every_rectangle(N):
+    """nnz of random rectangles, the row and column ranges, and the element test equal the mask_mod's array."""
+
+    def fn(b, h, q, kv):
+        return ((q * 7 + kv * 3) % 5 < 2) | (np.abs(q - kv) < 40) if N != 333 else doc_causal(b, h, q, kv)
+
+    ref = dense_of(fn, N, N)
+    m = masks.from_mask_mod(fn).compile(N)
+    assert m.kind == tm.MOD and (m.dense() == ref).all() and m.nnz() == ref.sum()
+    rng = np.random.default_rng(N)
+    for _ in range(400):
+        r0, c0 = rng.integers(0, N, 2)
+        nr, nc = rng.integers(1, N - r0 + 1), rng.integers(1, N - c0 + 1)
+        assert tm.mask_nnz(m.kind, m.params, m.table, r0, nr, c0, nc) == ref[r0 : r0 + nr, c0 : c0 + nc].sum()
+        lo, hi = tm.mask_cols(m.kind, m.params, m.table, r0, nr, N)
+        assert not ref[r0 : r0 + nr, :lo].any() and not ref[r0 : r0 + nr, hi:].any()
+        lo, hi = tm.mask_rows(m.kind, m.params, m.table, c0, nc, N)
+        assert not ref[:lo, c0 : c0 + nc].any() and not ref[hi:, c0 : c0 + nc].any()
+
+
+def test_torch_and_numpy_mask_mods_agree():
+    """A mask_mod written with torch (captured document ids as a tensor) is called with torch tensors."""
+    a = masks.from_mask_mod(doc_causal).compile(333)
+    b = masks.from_mask_mod(doc_causal_torch).compile(333)
+    assert (a.table == b.table).all() and (a.params == b.params).all()
+
+
+SHAPES = [(3, 29), (1, 40), (17, 40), (29, 29)]
+
+
+def _case(Nk):  # noqa: N803
+    doc = np.arange(Nk) * 3 // Nk
+
+    def mod(b, h, q, kv):
+        return ((doc[q] == doc[kv]) & (q >= kv)) | (kv < 2)
+
+    return mod, dense_of(mod, Nk, Nk)
+
+
+def _grid():
+    schedules = [{}, {"splits": 3}, {"page_size": 6}, {"latent": True}]
+    for algo, shape, gqa, sched in itertools.product(["flash1", "flash2"], SHAPES, ["per-head", "packed"], schedules):
+        if not (algo == "flash1" and "splits" in sched):
+            yield algo, shape, gqa, sched
+
+
+@pytest.mark.parametrize("algo, shape, gqa, sched", list(_grid()))
+def test_problem_counts_equal_closed_form_and_the_array_mask(algo, shape, gqa, sched):
+    Nq, Nk = shape
+    fn, ref = _case(Nk)
+    latent = sched.get("latent", False)
+    p = Problem(B=2, H_q=4, H_kv=1 if latent else 2, N_q=Nq, N_k=Nk, d_qk=6, d_v=5, latent=latent,
+                page_size=sched.get("page_size"))  # fmt: skip
+    kw = {"splits": sched["splits"]} if "splits" in sched else {}
+    mod = masks.from_mask_mod(fn)
+    for bwd in (False, True) if not sched else (False,):
+        r = iosim.run(algo, problem=p, M=900, gqa=gqa, mask=mod, count_only=True, Br=4, Bc=5, backward=bwd, **kw)
+        a = iosim.run(algo, problem=p, M=900, gqa=gqa, mask=ref, count_only=True, Br=4, Bc=5, backward=bwd, **kw)
+        assert _exact(r)
+        assert {k: v.stats.per_array for k, v in r.passes.items()} == {
+            k: v.stats.per_array for k, v in a.passes.items()
+        }
+
+
+@pytest.mark.parametrize("algo", ["standard", "square-tiling", "flash1", "flash2"])
+def test_numerics_and_one_head_algorithms(algo):
+    """Outputs equal the float64 reference under the mask_mod; counts equal the closed form."""
+    fn, _ = _case(29)
+    p = Problem(B=1, H_q=2, H_kv=1, N_q=17, N_k=29, d_qk=6, d_v=5)
+    r = iosim.run(algo, problem=p, M=900, mask=masks.from_mask_mod(fn), seed=1)
+    assert _exact(r) and r.finite and max(r.errors.values()) < 1e-12
+    one = iosim.run(algo, N=333, d=8, M=2048, mask=masks.from_mask_mod(doc_causal), seed=2)
+    arr = iosim.run(algo, N=333, d=8, M=2048, mask=dense_of(doc_causal, 333, 333), seed=2)
+    assert one.stats.per_array == arr.stats.per_array and one.stats.peak == arr.stats.peak
+    assert max(one.errors.values()) < 1e-12
+
+
+def test_block_mask_as_a_mask():
+    """A BlockMask built on the CPU: its scores are its mask_mod's; its index tensors alone (no mask_mod) allow
+    every position of a listed block; shapes that do not fit the problem are one line."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    bm = create_block_mask(doc_causal_torch, None, None, 333, 333, device="cpu", BLOCK_SIZE=64)
+    m = masks.from_block_mask(bm).compile(333)
+    assert (m.dense() == dense_of(doc_causal, 333, 333)).all()
+    raw = masks.from_block_mask(kv_num_blocks=bm.kv_num_blocks, kv_indices=bm.kv_indices,
+                                full_kv_num_blocks=bm.full_kv_num_blocks, full_kv_indices=bm.full_kv_indices,
+                                block_size=64).compile(333)  # fmt: skip
+    blocks = dense_of(doc_causal, 333, 333).reshape(333, 1, 333)  # any allowed score in each 64 x 64 block
+    want = np.zeros((333, 333), bool)
+    for i in range(6):
+        for j in range(6):
+            want[i * 64 : (i + 1) * 64, j * 64 : (j + 1) * 64] = blocks[
+                i * 64 : (i + 1) * 64, 0, j * 64 : (j + 1) * 64
+            ].any()
+    assert (raw.dense() == want).all()
+    r = iosim.run("flash2", N=333, d=8, M=2048, mask=masks.from_block_mask(bm), count_only=True)
+    arr = iosim.run("flash2", N=333, d=8, M=2048, mask=m.dense(), count_only=True)
+    assert r.stats.per_array == arr.stats.per_array and _exact(r)
+    with pytest.raises(InputError) as e:
+        masks.from_block_mask(bm).compile(300)
+    assert e.value.parameter == "block_mask" and "(300, 300)" in str(e.value) and "\n" not in str(e.value)
+    with pytest.raises(InputError) as e:
+        masks.from_block_mask(kv_num_blocks=bm.kv_num_blocks, kv_indices=bm.kv_indices, block_size=32).compile(333)
+    assert e.value.parameter == "block_mask" and "row blocks" in str(e.value)
+
+
+def test_block_mask_disagreement_is_reported():
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    bm = create_block_mask(doc_causal_torch, None, None, 333, 333, device="cpu", BLOCK_SIZE=64)
+    bi = mm.block_index(bm)
+    assert mm.agreement(bi, 333, 333).agrees
+    a = mm.agreement(bi, 333, 333, mask_mod=lambda b, h, q, kv: q >= kv)  # causal over all documents
+    assert not a.agrees and a.dropped > 0 and a.first["dropped"][:2] == (0, 0) and "dropped" in str(a)
+    causal = create_block_mask(lambda b, h, q, kv: q >= kv, None, None, 333, 333, device="cpu", BLOCK_SIZE=64)
+    a = mm.agreement(mm.block_index(causal), 333, 333, mask_mod=doc_causal)
+    assert a.extra > 0 and a.dropped == 0 and a.wrong_full > 0
+
+
+def _bad(fn):
+    with pytest.raises(InputError) as e:
+        masks.from_mask_mod(fn).compile(100)
+    assert "\n" not in str(e.value)
+    return e.value
+
+
+def test_bad_mask_mods_are_one_line():
+    def raises(b, h, q, kv):
+        raise ZeroDivisionError("no")
+
+    assert "raised ZeroDivisionError" in str(_bad(raises)) and _bad(raises).parameter == "mask_mod"
+    assert "booleans" in str(_bad(lambda b, h, q, kv: q - kv))
+    assert "four arguments" in str(_bad(lambda q, kv: q >= kv))
+    assert "broadcasts" in str(_bad(lambda b, h, q, kv: np.ones(3, bool)))
+    meta = torch.zeros(100, dtype=torch.long, device="meta")
+    assert "CPU" in str(_bad(lambda b, h, q, kv: meta[q] == meta[kv]))
+    with pytest.raises(InputError) as e:
+        masks.from_mask_mod(3)
+    assert e.value.parameter == "mask_mod"
+
+
+def test_long_mask_mod_is_priced_up_front():
+    with pytest.raises(InputError) as e:
+        iosim.run("flash2", N=1 << 18, d=64, M=65536, mask=masks.from_mask_mod(doc_causal), count_only=True)
+    assert e.value.parameter == "allow_long" and "mask_mod" in str(e.value)
+    with pytest.raises(InputError) as e:
+        masks.from_mask_mod(doc_causal, allow_long=True).compile(1 << 20)
+    assert e.value.parameter == "mask"
+
+
+def test_cli_mod_file(tmp_path, capsys):
+    f = tmp_path / "masks.py"
+    f.write_text("import numpy as np\ndoc = np.arange(256) // 100\n\n\ndef document(b, h, q_idx, kv_idx):\n"
+                 "    return doc[q_idx] == doc[kv_idx]\n")  # fmt: skip
+    assert main(["run", "flash2", "--N", "256", "--d", "16", "--M", "4096", "--mask", f"mod:{f}:document",
+                 "--count-only"]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    assert f"mod:{f}:document" in out and "exact" in out
+    for spec, word in ((f"mod:{f}:nothing", "mask mod"), (f"mod:{tmp_path}/none.py:x", "mask file")):
+        assert main(["run", "flash2", "--N", "256", "--d", "16", "--M", "4096", "--mask", spec]) == 2
+        err = capsys.readouterr().err
+        assert word in err and err.count("\n") == 1
+
+
+def test_wide_masks_pack_partial_blocks_and_memory_is_bounded(monkeypatch):
+    """At N > 64 blocks of 64 the partial blocks' words share table rows (several to a row); a mask_mod whose bits
+    outgrow the memory allowed is one line, naming it."""
+    N = 64 * 70 + 5
+
+    def stripes(b, h, q, kv):
+        return (q + kv) % 3 == 0
+
+    m = masks.from_mask_mod(stripes).compile(N)
+    assert m.params[4] > 1 and m.table.shape[0] < 71 + 71 * 71  # packed: far fewer rows than partial blocks
+    rng = np.random.default_rng(1)
+    for _ in range(200):
+        r0, c0 = rng.integers(0, N, 2)
+        nr, nc = rng.integers(1, min(300, N - r0) + 1), rng.integers(1, min(300, N - c0) + 1)
+        want = int(stripes(0, 0, np.arange(r0, r0 + nr)[:, None], np.arange(c0, c0 + nc)[None, :]).sum())
+        assert tm.mask_nnz(m.kind, m.params, m.table, r0, nr, c0, nc) == want
+    import iosim.estimate
+
+    monkeypatch.setattr(iosim.estimate, "available_bytes", lambda: 1 << 20)
+    with pytest.raises(InputError) as e:
+        masks.from_mask_mod(stripes).compile(N)
+    assert e.value.parameter == "mask_mod" and "partial blocks" in str(e.value) and "\n" not in str(e.value)
