@@ -176,3 +176,17 @@ def test_replay_takes_the_same_objects():
         iosim.replay(p, Schedule("flash2"), 600, gqa="packed")
     with pytest.raises(InputError, match="^M must be given"):
         iosim.replay("flash2", N=10, d=4)
+
+
+def test_hierarchy_takes_the_same_objects():
+    p = Problem(B=2, H_q=4, H_kv=2, N_q=1, N_k=300, d=16)
+    a = iosim.hierarchy(p, Schedule("flash2", gqa="packed"), 600, P=2, C=4096, L=8)
+    b = iosim.hierarchy("flash2", problem=p, gqa="packed", M=600, P=2, C=4096, L=8)
+    timeless = lambda r: {k: v for k, v in r.as_dict().items() if k != "seconds"}  # noqa: E731
+    assert timeless(a) == timeless(b)
+    with pytest.raises(InputError, match="^gqa belongs"):
+        iosim.hierarchy(p, Schedule("flash2"), 600, P=2, C=4096, gqa="packed")
+    with pytest.raises(InputError, match="^splits "):
+        iosim.hierarchy(p, Schedule("flash2", splits=2), 600, P=2, C=4096)
+    with pytest.raises(InputError, match="^schedule "):
+        iosim.hierarchy("flash2", Schedule("flash2"), N=16, d=4, M=600, P=1, C=0)

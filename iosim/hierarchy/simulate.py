@@ -341,7 +341,9 @@ def _from_problem(problem, N, d, gqa: str) -> tuple:
 
 
 def hierarchy(
-    algorithm: str,
+    algorithm,
+    schedule=None,
+    device_or_memory=None,
     *,
     N: int | None = None,
     d: int | None = None,
@@ -394,7 +396,41 @@ def hierarchy(
     query head's own schedule (K and V requested once per query head: the L2 may catch the g - 1 repeats), ``packed``
     (flash1, flash2) one schedule per KV head with its g query heads' rows packed together (as decoding kernels launch
     it). A launch estimated at over a minute (its tile requests, :data:`iosim.estimate.HIERARCHY_REQUEST` each) needs
-    ``allow_long=True``; over an hour it is refused, before the L2 runs."""
+    ``allow_long=True``; over an hour it is refused, before the L2 runs.
+
+    ``hierarchy(problem, schedule, device)`` is the same launch from the three objects: an :class:`iosim.Problem`,
+    an :class:`iosim.Schedule` (or an algorithm's name) and a device preset (or M, with P, C, L as keywords)."""
+    from iosim.problem import Problem
+
+    if isinstance(algorithm, Problem):  # hierarchy(problem, schedule, device or M): the three objects
+        from iosim.schedule import from_objects
+
+        if _trace is not None:
+            raise InputError("problem", "is not used with a given trace")
+        given = dict(N=N, d=d, causal=causal, problem=problem, B=None if B == 1 else B, H_q=None if H_q == 1 else H_q,
+                     H_kv=H_kv, backward=backward or None, tiling=None if tiling == "fit" else tiling, Br=Br, Bc=Bc,
+                     block=block, gqa=None if gqa == "per-head" else gqa, mla=None if mla == "shared" else mla,
+                     kv_policy=kv_policy)  # fmt: skip
+        clash = [k for k, v in given.items() if v is not None and k not in ("N", "d", "causal", "problem")]
+        if clash:
+            raise InputError(clash[0], "belongs to the Schedule or the Problem when they are given as objects")
+        spec, options = from_objects(algorithm, schedule, {k: given[k] for k in ("N", "d", "causal", "problem")})
+        if spec.splits != 1:
+            raise InputError(
+                "splits", "are not launched by the hierarchy (no split-KV combine runs there)", spec.splits
+            )
+        if isinstance(device_or_memory, (str, Device)):
+            device = device_or_memory
+        elif device_or_memory is not None:
+            M = device_or_memory
+        opts = {k: options[k] for k in ("backward", "tiling", "Br", "Bc", "gqa", "mla", "kv_policy")}
+        return hierarchy(
+            spec.algorithm, problem=algorithm, M=M, device=device, P=P, C=C, L=L, blocks_per_sm=blocks_per_sm,
+            bytes_per_word=bytes_per_word, order=order, policy=policy, mask=mask, block=options["B"],
+            allow_long=allow_long, record=record, opt_limit_bytes=opt_limit_bytes, **opts,
+        )  # fmt: skip
+    if schedule is not None or device_or_memory is not None:
+        raise InputError("schedule", "goes with a problem as the first argument: hierarchy(problem, schedule, device)")
     from iosim import api
 
     unit = None
