@@ -106,9 +106,7 @@ def expand(grid: Mapping | Sequence[Mapping]) -> list[dict]:
     elif not isinstance(grid, Sequence) or isinstance(grid, str | bytes):
         raise InputError("grid", "must be a mapping of parameter -> values, or a list of such mappings", type(grid))
     points: list[dict] = []
-    for g in grid:
-        if not isinstance(g, Mapping):
-            raise InputError("grid", "entries must be mappings of parameter -> values", type(g))
+    for g in [flat for entry in grid for flat in _objects_as_keys(entry)]:
         unknown = sorted(set(g) - set(GRID_KEYS))
         if unknown:
             raise InputError("grid", f"keys must be among {', '.join(GRID_KEYS)}", ", ".join(map(str, unknown)))
@@ -126,6 +124,57 @@ def expand(grid: Mapping | Sequence[Mapping]) -> list[dict]:
             axes.append(vals)
         points += [dict(zip(GRID_KEYS, combo, strict=True)) for combo in itertools.product(*axes)]
     return points
+
+
+def _values(v) -> list:
+    return list(v) if isinstance(v, Iterable) and not isinstance(v, str | bytes | Mapping) else [v]
+
+
+def _objects_as_keys(g) -> list[Mapping]:
+    """A grid mapping whose ``problem`` and ``schedule`` values are :class:`iosim.Problem` and :class:`iosim.Schedule`
+    objects (one or a list each), as the plain mappings of its keys: one per (problem, schedule) pair, the object's
+    fields as single values. The records stay flat (CSV, Parquet, the cache), so a problem's dtypes, which a sweep
+    does not record, must be its defaults."""
+    from iosim.problem import Problem
+    from iosim.schedule import Schedule
+
+    if not isinstance(g, Mapping):
+        raise InputError("grid", "entries must be mappings of parameter -> values", type(g))
+    if "problem" not in g and "schedule" not in g:
+        return [g]
+    rest = {k: v for k, v in g.items() if k not in ("problem", "schedule")}
+    problems, schedules = _values(g.get("problem", [None])), _values(g.get("schedule", [None]))
+    out = []
+    for pr in problems:
+        for sc in schedules:
+            flat = dict(rest)
+            if pr is not None:
+                if not isinstance(pr, Problem):
+                    raise InputError("problem", "values must be iosim.Problem objects", type(pr).__name__)
+                if (pr.dtype_q, pr.dtype_kv, pr.dtype_o) != ("fp64", "fp64", "fp64"):
+                    raise InputError("problem", "in a sweep keeps the default dtypes (it records words)", str(pr))
+                keys = dict(N=pr.N_k, d=pr.d_qk, N_q=pr.N_q, N_k=pr.N_k, d_v=pr.d_v, batch=pr.B, heads=pr.H_q,
+                            kv_heads=pr.H_kv, page_size=pr.page_size, latent=pr.latent, causal=pr.causal)  # fmt: skip
+                clash = sorted(set(keys) & set(rest))
+                if clash:
+                    raise InputError(clash[0], "belongs to the Problem when problem objects are given", rest[clash[0]])
+                flat.update(keys)
+            if sc is not None:
+                if isinstance(sc, str):
+                    sc = Schedule(sc)
+                if not isinstance(sc, Schedule):
+                    raise InputError("schedule", "values must be iosim.Schedule objects", type(sc).__name__)
+                keys = dict(algorithm=sc.algorithm, tiling=sc.tiling, Br=sc.Br, Bc=sc.Bc, B=sc.B, gqa=sc.gqa,
+                            splits=sc.splits, mla=sc.mla, kv_policy=sc.kv_policy)  # fmt: skip
+                keys["pass"] = "backward" if sc.backward else "forward"
+                clash = sorted(set(keys) & set(rest))
+                if clash:
+                    raise InputError(
+                        clash[0], "belongs to the Schedule when schedule objects are given", rest[clash[0]]
+                    )
+                flat.update(keys)
+            out.append(flat)
+    return out
 
 
 def _check_point(p: dict) -> None:

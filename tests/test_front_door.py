@@ -190,3 +190,16 @@ def test_hierarchy_takes_the_same_objects():
         iosim.hierarchy(p, Schedule("flash2", splits=2), 600, P=2, C=4096)
     with pytest.raises(InputError, match="^schedule "):
         iosim.hierarchy("flash2", Schedule("flash2"), N=16, d=4, M=600, P=1, C=0)
+
+
+def test_sweep_takes_problem_and_schedule_objects():
+    problems = [Problem(H_q=4, H_kv=2, N_q=1, N_k=300, d=16), Problem(N=64, d=8, causal=True)]
+    schedules = [Schedule("flash2", gqa="packed"), Schedule("flash1", Br=8, Bc=8)]
+    recs = iosim.sweep({"problem": problems, "schedule": schedules, "M": [2000]}, as_frame=False)
+    assert len(recs) == 4 and all(r["status"] == "ok" and r["exact"] for r in recs)
+    for r, (p, s) in zip(recs, [(p, s) for p in problems for s in schedules], strict=True):
+        assert r["total"] == iosim.run(p, s, 2000, count_only=True).stats.total
+    with pytest.raises(InputError, match="^gqa belongs to the Schedule"):
+        iosim.sweep({"schedule": schedules, "gqa": "packed", "N": 8, "d": 4, "M": 200})
+    with pytest.raises(InputError, match="^problem in a sweep keeps the default dtypes"):
+        iosim.sweep({"problem": Problem(N=8, d=4, dtype_q="bf16"), "M": 200})
