@@ -38,14 +38,21 @@ GPU = {"python experiments/bench/gpu.py": "times the CUDA kernels on a GPU"}
 OWN = {"iosim kernel my_kernel.py:launch_small": "the reader's own launcher file"}
 
 
+EXPECTED_EXIT: dict[str, int] = {}
+
+
 def commands() -> list[tuple[str, str]]:
     found = []
     for page in PAGES:
         for block in re.findall(r"```bash\n(.*?)```", page.read_text(), flags=re.S):
             for line in block.replace("\\\n", " ").splitlines():
-                cmd = line.split(" #")[0].strip()
+                cmd, _, comment = line.partition(" #")
+                cmd = cmd.strip()
                 if cmd.startswith(("iosim ", "python experiments/", "python -m iosim")):
                     found.append((str(page.relative_to(ROOT)), cmd))
+                    said = re.search(r"\bexit (\d)\b", comment)  # a command shown failing says its exit code
+                    if said:
+                        EXPECTED_EXIT[cmd] = int(said.group(1))
     return found
 
 
@@ -96,11 +103,13 @@ def test_command_runs_as_documented(cmd, tmp_path):
             rc = main(args[1:])
         finally:
             os.chdir(old)
-        assert rc == 0, f"{cmd}: exit {rc}"
+        assert rc == EXPECTED_EXIT.get(cmd, 0), f"{cmd}: exit {rc}"
         return
     argv = [sys.executable, *args[1:]]
     out = subprocess.run(
         argv, cwd=tmp_path, capture_output=True, text=True, timeout=1800, stdin=subprocess.DEVNULL, env=env
     )
-    assert out.returncode == 0, f"{cmd}: exit {out.returncode}\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}"
+    assert out.returncode == EXPECTED_EXIT.get(cmd, 0), (
+        f"{cmd}: exit {out.returncode}\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}"
+    )
     assert "Traceback" not in out.stderr
