@@ -452,7 +452,9 @@ def test_paged_flash1_that_gathers_a_tile_pays_only_the_table_words(p, Br, Bc, g
     trip of Q_i, O_i, l_i, m_i) a K/V-outer kernel gathers a tile's keys from their pages: the contiguous cache's
     counts plus one table word per page piece. Simulated = closed form per array and in peak, under masks and both
     policies; numerics against the float64 reference."""
-    from iosim.api import _problem_inputs, _problem_mask, problem_reference
+    from iosim.problem_runs import _problem_inputs
+    from iosim.problem_runs import problem_mask as _problem_mask
+    from iosim.references import problem_reference
 
     contiguous = Problem(B=p.B, H_q=p.H_q, H_kv=p.H_kv, N_q=p.N_q, N_k=p.N_k, d_qk=p.d_qk, d_v=p.d_v,
                          latent=p.latent, causal=p.causal)  # fmt: skip

@@ -34,8 +34,8 @@ def name(page: pathlib.Path) -> str:
 
 
 @pytest.mark.parametrize("page", PYTHON_PAGES, ids=[name(p) for p in PYTHON_PAGES])
-def test_python_blocks_run(page, tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)  # a block that writes a file writes it here
+def test_python_blocks_run(page, monkeypatch):
+    monkeypatch.chdir(ROOT)  # the pages' paths (examples, docs/pebble) are the repository's, as the commands' are
     namespace: dict = {}
     for code in re.findall(r"```python\n(.*?)```", page.read_text(), flags=re.S):
         exec(compile(code, name(page), "exec"), namespace)
