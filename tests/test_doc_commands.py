@@ -29,6 +29,8 @@ SLOW = {
     "iosim kernel iosim/kernels/examples/triton_flash2_masked.py": "a Triton kernel at N = 1024 under the interpreter",
     "iosim kernel iosim/kernels/examples/pallas_gpu_decode.py": "a Pallas kernel at N = 1024 under the interpreter",
     "python -m iosim.algorithms.cuda.ptx": "compiles every kernel for sm_90 (tests/test_cuda.py compiles them too)",
+    "python experiments/bench/kernel_count.py": "a benchmark: counts a kernel up to N = 4096",
+    "iosim gpu-resources": "compiles every kernel for two targets (tests/test_gpu_resources.py runs it too)",
 }
 # Commands that need a process of their own: the resource report compiles for a real GPU target, which the CUDA
 # simulator this test process runs under (tests/conftest.py) rules out.
@@ -68,6 +70,11 @@ def test_the_pages_show_commands():
     assert not [c for _, c in COMMANDS if "TODO" in c]
 
 
+# A kernel counted or checked under its interpreter starts a process of its own (4-12 s each): the README's one runs
+# in the default suite, the docs pages' in the long run (tests/test_kernels_*.py count the same kernels there).
+INTERPRETED = ("iosim kernel ", "iosim check ")
+
+
 def params():
     out, seen = [], set()
     for page, cmd in COMMANDS:
@@ -77,7 +84,7 @@ def params():
         marks = []
         if matches(cmd, OWN):
             continue
-        if matches(cmd, SLOW) or matches(cmd, GPU):
+        if matches(cmd, SLOW) or matches(cmd, GPU) or (cmd.startswith(INTERPRETED) and page != "README.md"):
             marks.append(pytest.mark.slow)
         out.append(pytest.param(cmd, id=f"{page}: {cmd[:90]}", marks=marks))
     return out
