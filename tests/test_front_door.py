@@ -203,3 +203,14 @@ def test_sweep_takes_problem_and_schedule_objects():
         iosim.sweep({"schedule": schedules, "gqa": "packed", "N": 8, "d": 4, "M": 200})
     with pytest.raises(InputError, match="^problem in a sweep keeps the default dtypes"):
         iosim.sweep({"problem": Problem(N=8, d=4, dtype_q="bf16"), "M": 200})
+
+
+def test_the_pebble_adapter_takes_the_same_objects():
+    from iosim.pebble.from_run import pebble_run
+
+    p = Problem(H_q=2, H_kv=1, N_q=3, N_k=8, d=4, causal=True)
+    a = pebble_run(p, Schedule("flash2", gqa="packed"), 200)
+    b = pebble_run("flash2", M=200, problem=p, gqa="packed")
+    assert a.outcome.io == b.outcome.io and a.outcome.io > 0
+    with pytest.raises(InputError, match="^gqa belongs"):
+        pebble_run(p, Schedule("flash2"), 200, gqa="packed")

@@ -714,11 +714,22 @@ def pebble_run(
     :mod:`iosim.masks` pattern or ``--mask`` string) and ``kv_policy`` are those of :func:`iosim.run`. ``problem``
     (an :class:`iosim.Problem`, in place of N and d) with ``gqa``: flash1 or flash2's forward over the problem.
     ``Br``, ``Bc`` (flash1, flash2) and ``B`` (the square tile) are :func:`iosim.run`'s explicit tiles, checked
-    against M as it checks them."""
+    against M as it checks them. ``pebble_run(problem, schedule, M)`` takes the three objects (an
+    :class:`iosim.Problem`, an :class:`iosim.Schedule` or an algorithm's name, and M)."""
     from iosim.masks import compile_mask
+    from iosim.problem import Problem
     from iosim.problem_runs import explicit_tiling
-    from iosim.schedule import explicit_tiles
+    from iosim.schedule import explicit_tiles, from_objects
 
+    if isinstance(algorithm, Problem):  # pebble_run(problem, schedule, M): N and d hold the schedule and M here
+        schedule, memory = N, d if d is not None else M
+        given = dict(kv_policy=kv_policy, causal=causal, problem=problem, gqa=None if gqa == "per-head" else gqa,
+                     Br=Br, Bc=Bc, B=B)  # fmt: skip
+        spec, options = from_objects(algorithm, schedule, given)  # a keyword an object holds is refused there
+        return pebble_run(
+            spec.algorithm, M=memory, pass_="backward" if spec.backward else "forward", seed=seed, scale=scale,
+            mask=mask, kv_policy=spec.kv_policy, problem=algorithm, gqa=spec.gqa, Br=spec.Br, Bc=spec.Bc, B=spec.B,
+        )  # fmt: skip
     if problem is not None:
         if N is not None or d is not None or causal:
             raise InputError("N, d, causal", "are fields of the problem when problem= is given", (N, d))
