@@ -1,4 +1,4 @@
-"""Count-only cost of a decoding batch (issue 22): B = 64, H_q = 32, H_kv = 8, N_q = 1, N_k = 131,072, d = 128.
+"""Count-only cost of a decoding batch: B = 64, H_q = 32, H_kv = 8, N_q = 1, N_k = 131,072, d = 128.
 
 Run: ``python experiments/bench/decoding.py [--M 65536]``. Prints, for flash2 (GQA per-head and packed, with and
 without split-KV) and flash1, the tiles visited, the wall time of a warm count-only run (minimum of 5 after a

@@ -9,7 +9,7 @@ run's peak. With ``--split`` the reference's share of the time is measured too, 
 same child after the run, by timing :func:`iosim.algorithms.reference.attention_forward` (or
 ``attention_backward``) once on inputs of the same size.
 
-Before the row-block reference (issue 13), N = 16384 took 6.5 GB of RSS and N = 32768 died with a MemoryError
+Before the row-block reference, N = 16384 took 6.5 GB of RSS and N = 32768 died with a MemoryError
 traceback building the 8 GiB N x N score matrix. Tests never assert timings.
 """
 

@@ -197,7 +197,7 @@ def dtype_choice(option: str):
     return parse
 
 
-# --- issue 21: shared validators (output paths, counts, the long-run consent) --------------------------------------
+# --- shared validators (output paths, counts, the long-run consent) --------------------------------------
 
 
 def output_file(parameter: str, path, suffixes: tuple[str, ...], *, create_parent: bool = False):
