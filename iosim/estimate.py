@@ -11,7 +11,9 @@ The costs per unit are measured on the 2-core development machine (rounded up, s
   per tile step at small M (flash1/flash2/standard/square-tiling, N = 1024, d = 64): taken as 1.5 ns per N^2 d
   (three times that backward) plus 3 us per tile step;
 - a kernel on the CUDA simulator: 12 s at N = 256, d = 16 (about 12 us per N_q N_k d of one head), taken as 15 us;
-- a cache replay: 1e7 operand accesses a second per policy (Belady's OPT: half that), and at least N^2 d accesses;
+- a cache replay, the traced run and the ops' derivation included (experiments/bench/estimates.py, flash2 at
+  N = 512 and 1024, quiet): 3.4 ns per operand access under LRU (FIFO is faster), 26 ns under Belady's OPT (its
+  trace and next-use array); taken as 5 ns and 40 ns, and at least N^2 d accesses before the run;
 - the pebble search (A*): about 10 us per expanded state (measured 3-6 us on matmul and attention graphs);
 - counting a random mask (``random:S``, ``random-blocks``, ``bigbird``): about 0.6 ns per generator draw (2^32
   elements of ``random:0.01`` in 2.7 s, compile included), taken as 2 ns, :attr:`TileMask.scan_tests` draws a
@@ -35,7 +37,8 @@ COUNT_STEP = 2e-8
 NUMERIC_N2D = 1.5e-9
 NUMERIC_STEP = 3e-6
 SIMULATOR_N2D = 1.5e-5
-REPLAY_ACCESS = 1e-7
+REPLAY_ACCESS = 5e-9
+REPLAY_OPT_FACTOR = 8.0  # Belady's OPT costs about 8 times an LRU access (it holds the trace and its next uses)
 PEBBLE_STATE = 1e-5
 MASK_DRAW = 2e-9
 HIERARCHY_REQUEST = 6e-7
@@ -89,7 +92,7 @@ def simulator_seconds(cases, heads: int, batch: int = 1, backward: bool = False)
 
 
 def replay_seconds(accesses: int, policies) -> float:
-    per = {"opt": 2.0}
+    per = {"opt": REPLAY_OPT_FACTOR}
     return sum(accesses * REPLAY_ACCESS * per.get(p, 1.0) for p in policies)
 
 

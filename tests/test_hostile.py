@@ -162,7 +162,7 @@ LONG_CASES = [
     (["pebble", "matmul:2x2x2", "--M", "4", "--optimum", "--max-states", "1000000000"], ["max_states", "hour"]),
     (["pebble", "matmul:2x2x2", "--M", "4", "--optimum", "--max-states", "10000000"], ["allow_long", "--yes"]),
     (["replay", "flash2", "--N", "4096", "--d", "64", "--M", "16384"], ["allow_long", "replay"]),
-    (["replay", "flash2", "--N", "4096", "--d", "64", "--M", "16384", "--policy", "lru"], ["allow_long", "replay"]),
+    (["replay", "flash2", "--N", "16384", "--d", "64", "--M", "16384", "--policy", "lru"], ["allow_long", "replay"]),
     (["sweep", "--algorithm", "flash2", "--N", "10000000", "--d", "64", "--M", "100000", "--jobs", "1", "--no-cache"],
      ["allow_long", "sweep"]),
     (["sweep", "--algorithm", "flash2", "--N", *(str(10_000_000 + i) for i in range(60)), "--d", "64", "--M", "100000",

@@ -59,7 +59,8 @@ from iosim.views import cache_sim as cs
 POLICIES = cs.POLICIES
 # OPT keeps one int32 line, one flag byte and one int32 next use per access: 9 bytes.
 OPT_BYTES_PER_ACCESS = 9
-MAX_ACCESSES = 4_000_000_000  # about 5 minutes of LRU at 1e7 accesses/s; OPT also needs int32 indices (< 2^31)
+# about 5 minutes of LRU at 5 ns an access (iosim.estimate); OPT also needs int32 indices (< 2^31)
+MAX_ACCESSES = 60_000_000_000
 BASE_ALGORITHMS = ("standard", "flash1", "flash2", "square-tiling")
 
 
