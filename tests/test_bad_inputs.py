@@ -75,7 +75,7 @@ CLI_CASES = [
     (["replay", "flash2", *SIZES, "--line", "3"], "line must be a power of two"),
     (["replay", "flash2", *SIZES, "--line", "2048"], "line must be a power of two from 1 to the cache size 1,000"),
     (["replay", "flash2", *SIZES, "--cache-words", "0"], "--cache-words"),
-    (["replay", "flash2", "--N", "8192", "--d", "128", "--M", "16384"], "over the replay limit"),
+    (["replay", "flash2", "--N", "32768", "--d", "64", "--M", "16384"], "over the replay limit"),
     (["replay", "flash9", *SIZES], "algorithm"),
     (["show", "flash2", *SIZES], "--output is needed"),
     (["show", "flash2", *SIZES, "--text", "--step", "99999"], "--step must be an event number"),
@@ -213,7 +213,7 @@ REPLAY_CASES = [
     *(({**OK, "line": x}, "line") for x in (0, -4, 3, 1024, 1.5, True)),
     ({**OK, "cache_words": 0}, "cache_words"),
     ({**OK, "policy": "opt", "opt_limit_bytes": 100}, "policy opt"),
-    ({"N": 8192, "d": 128, "M": 16384}, "N"),
+    ({"N": 32768, "d": 64, "M": 16384}, "N"),  # over the replay limit: 6.9e10 operand accesses
     ({**OK, "algorithm": "mine"}, "algorithm"),
     ({**OK, "N": 0}, "N"),
 ]
