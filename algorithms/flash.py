@@ -1,28 +1,59 @@
-"""FlashAttention forward passes under the two-level memory model.
+"""FlashAttention under the two-level memory model: one loop nest per algorithm and pass, over a whole problem.
 
 * :func:`flash1_forward`: Dao et al., "FlashAttention: Fast and Memory-Efficient Exact Attention with IO-Awareness"
   (NeurIPS 2022), Algorithm 1 (Algorithm 2's softmax scale and causal mask included). K/V-outer loop; O, l and m
   make a round trip through slow memory on every inner step. Theorem 2: Theta(N^2 d^2 / M) slow-memory accesses.
-  Exact count: :func:`iosim.theory.io_model.flash1_forward`.
 * :func:`flash2_forward`: Dao, "FlashAttention-2" (2023), forward. Q-outer loop; O_i, l_i, m_i stay on chip,
-  O and the logsumexp L are written once. Exact count: :func:`iosim.theory.io_model.flash2_forward`.
+  O and the logsumexp L are written once.
 * :func:`flash1_backward`: FlashAttention Algorithm 4 (appendix B.4), K/V outer, S and P recomputed from l and m,
   D_i recomputed on every inner step, dQ_i read-modify-written every inner step. Theorem 5: Theta(N^2 d^2 / M).
-  Exact count: :func:`iosim.theory.io_model.flash1_backward`.
 * :func:`flash2_backward`: FlashAttention-2 backward (Algorithm 2), D = rowsum(dO o O) precomputed once, P from
-  the logsumexp L. Exact count: :func:`iosim.theory.io_model.flash2_backward`.
+  the logsumexp L.
 
-Both drivers take explicit (N, d) so that count-only mode (every data array None) runs the same loop nest
-with no data at all. Working set of one inner step, in words (what ``fit`` tiling sizes against M):
-Q_i, O_i (2 Br d) + K_j, V_j (2 Bc d) + l_i, m_i (2 Br) + S_ij (Br Bc; P~_ij overwrites it in place).
-The per-row quantities m~, l~, m_new, l_new are scalars of one row's arithmetic and take no fast memory.
-Masks (:mod:`iosim.algorithms.tile_masks`; ``causal=True`` is the causal mask): a block (i, j) the mask empties is
-skipped with one ``continue`` and never loaded (FlashAttention Algorithm 5); inside a partial block the element
-mask sets the masked scores to -inf; a full block needs no test. Loops visit only the blocks ``mask_rows`` /
-``mask_cols`` leave possible, so structured masks cost time in proportion to their nonzero blocks. The mask's
-``policy`` decides the outer-loop operands of a block whose tiles are all empty: ``paper`` loads them (Algorithm 5
-loads K_j, V_j before testing the mask), ``skip`` does not (FlashAttention's CUDA block-sparse kernel). A row
-with no allowed entry ends with O = 0, L = -inf (l = 0, m = -inf) and zero gradients.
+Each algorithm is written once, over a :class:`iosim.problem.Problem` (:func:`flash1_problem`,
+:func:`flash2_problem`, :func:`flash2_backward_problem`, :func:`flash1_backward_problem`); the one-head functions
+above are its B = H = 1, N_q = N_k case, with the paper's operands in the paper's order. A problem has B batch
+items, H_q query heads sharing H_kv key/value heads (g = H_q / H_kv), N_q query rows against N_k keys (decoding:
+N_q = 1; chunked prefill: N_q < N_k; causal aligned bottom-right, row r sees key c <= r + N_k - N_q), widths d_qk
+and d_v. The loops over batch and heads are outermost, and what sits inside them decides what is shared:
+
+* **GQA** ``per-head`` (G = g thread-block groups per key/value head, R = N_q rows each): every query head is its
+  own problem and loads every K_j, V_j of its key/value head: g loads per KV head. ``packed`` (G = 1, R = g N_q
+  rows): the g query heads of a group are packed into the row dimension of one row block (FlashAttention-3's
+  ``pack_gqa``, FlashDecoding, FlashMLA), so one load of K_j, V_j serves all of them while the packed rows fit in
+  one row block. Packed row r' is query row r' mod N_q of head r' div N_q (the causal limit follows the row).
+* **Split-KV** (Flash-Decoding, Dao, Haziza, Massa, Sizov 2023): the column blocks of a row block are divided into
+  s splits of ceil(T_c / s) blocks (flash-attn's ``num_splits``); each (row block, split) is a thread block that
+  writes a partial O_i (fp32, d_v per row) and its logsumexp into Opart, Lpart; a split the mask empties writes
+  O = 0, lse = -inf without loading Q_i. The combine step (:func:`_split_combine`, a second kernel) reads, per
+  block of rows, the s logsumexps (one R x s tile) and the s partial outputs one after another and writes O, L.
+* **Paged KV** (vLLM, :mod:`iosim.algorithms.paged`): a key tile is processed page piece by page piece (its
+  page-table entry, then its rows from the page; the same online softmax over pieces). flash1 (K/V outer) runs each
+  piece as an outer step of its own, with its own round trip of Q_i, O_i, l_i, m_i, or (``gather``) gathers the
+  whole tile from its pages first and runs the row loop once per column block, paying only the table words.
+* **Masks** (:mod:`iosim.algorithms.tile_masks`; ``causal=True`` is the causal mask): a mask covers the whole
+  sequence, N_k x N_k, and query row q is its row q + N_k - N_q. A block (i, j) the mask empties is skipped with
+  one ``continue`` and never loaded (FlashAttention Algorithm 5); inside a partial block the element mask sets the
+  masked scores to -inf; a full block needs no test. Loops visit only the blocks the mask leaves possible. The
+  mask's ``policy`` decides the outer operand of a thread block whose tiles are all empty (flash2's forward: Q_i;
+  flash1 and the backward: K_j, V_j): ``paper`` loads it before the first test (Algorithm 5 loads K_j, V_j before
+  testing the mask), ``skip`` does not (FlashAttention's CUDA block-sparse kernel; the default over a problem).
+  A row with no allowed entry ends with O = 0, L = -inf (l = 0, m = -inf) and zero gradients.
+* **MLA** (DeepSeek-V2/V3, absorbed form): the cache is one latent per token, K = [c_KV, k_rope] (d_qk wide) and
+  V = c_KV, its first d_v columns. ``shared`` (FlashMLA, ``Share_KV``): V_j is read from the resident K_j tile,
+  no V load and no V tile in fast memory. ``naive``: V_j is loaded separately (counted as array V).
+
+Heads and batch items with the same shape are independent copies of one schedule; the nests still run every one of
+them (a count-only step costs nanoseconds), which keeps the peak, the counts and the thread-block count literal.
+Slow-memory layout: Q, O, L rows in (b, h_q, r) order; K, V rows in (b, h_kv, c) order, or paged
+(:func:`iosim.algorithms.paged.kv_rows`). Count-only mode (every data array None) runs the same nests with no data.
+
+Working set of a forward inner step (R_i rows, a piece of n keys; what ``fit`` tiling sizes against M): Q_i
+(R_i d_qk) + O_i (R_i d_v) + l_i, m_i (2 R_i) + K piece (n d_qk) + V piece (n d_v; 0 under MLA shared) + S_ij
+(R_i n; P~_ij overwrites it in place); the page-table word is freed before S. The per-row quantities m~, l~,
+m_new, l_new are scalars of one row's arithmetic and take no fast memory.
+Exact counts: :mod:`iosim.theory.io_model` (``flash1_forward``, ``flash2_forward``, ``flash1_backward``,
+``flash2_backward`` and their ``_problem`` forms).
 """
 
 from __future__ import annotations
@@ -31,17 +62,21 @@ import math
 
 import numpy as np
 from iosim.algorithms._tiles import buffer, cdiv, exp_nonpos, score_tile, tile
+from iosim.algorithms.paged import gather_tile, kv_rows, load_piece, piece_end
 from iosim.algorithms.tile_masks import (
-    apply_mask,
-    block_nonempty,
     block_range,
-    mask_cols,
-    mask_rows,
+    causal_mask,
+    cols_rows,
+    dense_mask,
     resolve,
-    tile_nnz,
+    rows_apply,
+    rows_cols,
+    rows_nnz,
 )
 from iosim.memory_model import alloc, alloc_vec, free, init_slow, load, load_vec, store, store_vec
 from numba import njit
+
+from iosim.problem import Problem
 
 
 @njit(cache=True)
@@ -78,177 +113,270 @@ def flash1_row_update(S, Vj, Oi, l_i, m_i):
 
 
 @njit(cache=True)
-def _flash1_forward(W, ids, Q, K, V, O, l, m, N, d, Br, Bc, scale, mk, mp, mt, skip):  # noqa: E741, N803
-    iQ, iK, iV, iO, il, im, iS = ids
-    Tc = cdiv(N, Bc)  # the row blocks come from the mask's range (mask_rows)
-    # Step 2: initialise O = (0)_{N x d}, l = (0)_N, m = (-inf)_N in HBM.
-    init_slow(W, iO, N * d)
-    init_slow(W, il, N)
-    init_slow(W, im, N)
-    if Q is not None:
-        O[:, :] = 0.0
-        l[:] = 0.0
-        m[:] = -np.inf
-    Kb, Vb = buffer(Bc * d, Q), buffer(Bc * d, Q)
-    Qb, Ob = buffer(Br * d, Q), buffer(Br * d, Q)
-    lb, mb = buffer(Br, Q), buffer(Br, Q)
-    Sb = buffer(Br * Bc, Q)
-    for j in range(Tc):  # step 5
-        c0 = j * Bc
-        bc = min(Bc, N - c0)
-        if skip and not block_nonempty(mk, mp, mt, N, Br, c0, bc, True):  # policy skip: K_j, V_j never loaded
-            continue
-        Kj, Vj = tile(Kb, bc, d), tile(Vb, bc, d)
-        hK = load(W, iK, K, c0, bc, 0, d, Kj)  # step 6
-        hV = load(W, iV, V, c0, bc, 0, d, Vj)
-        lo, hi = mask_rows(mk, mp, mt, c0, bc, N)
-        i0, i1 = block_range(lo, hi, Br)
-        for i in range(i0, i1):  # step 7 (row blocks the mask leaves possible)
-            r0 = i * Br
-            br = min(Br, N - r0)
-            nnz = tile_nnz(mk, mp, mt, r0, br, c0, bc)
-            if nnz == 0:  # Algorithm 5, step 8: a zero block is skipped
-                continue
-            Qi, Oi, Sij = tile(Qb, br, d), tile(Ob, br, d), tile(Sb, br, bc)
-            hQ = load(W, iQ, Q, r0, br, 0, d, Qi)  # step 8
-            hO = load(W, iO, O, r0, br, 0, d, Oi)
-            hl = load_vec(W, il, l, r0, br, lb)
-            hm = load_vec(W, im, m, r0, br, mb)
-            hS = alloc(W, iS, r0, br, c0, bc)
-            if Q is not None:
-                score_tile(Qi, Kj, Sij, scale)  # step 9
-                if nnz < br * bc:  # a partial block: the element mask
-                    apply_mask(Sij, mk, mp, mt, r0, c0)
-                flash1_row_update(Sij, Vj, Oi, lb[:br], mb[:br])  # steps 10-11
-            store(W, hO, Oi, O)  # step 12
-            store_vec(W, hl, lb, l)  # step 13
-            store_vec(W, hm, mb, m)
-            for h in (hS, hQ, hO, hl, hm):
-                free(W, h)
-        free(W, hK)
-        free(W, hV)
-
-
-@njit(cache=True)
-def _flash2_row_update(S, Vj, Oi, l_i, m_i):
-    """On-chip update of FlashAttention-2's forward inner step: unnormalised O_i, running m_i and l_i."""
+def _online_update(S, Vs, Oi, l_i, m_i):
+    """FlashAttention-2's on-chip step with explicit loops: P~ = exp(S - m_new) in place, l_i, m_i, O_i += P~ V.
+    ``Vs`` may be wider than O_i (MLA shared: the resident K tile, whose first d_v columns are V)."""
     br, bc = S.shape
+    dv = Oi.shape[1]
     for r in range(br):
         S_r = S[r]
         m_tilde = -np.inf
         for c in range(bc):
             m_tilde = max(m_tilde, S_r[c])
         m_new = max(m_i[r], m_tilde)
-        if m_new == -np.inf:  # nothing unmasked seen yet in this row
-            for c in range(bc):
-                S_r[c] = 0.0
+        if m_new == -np.inf:
             continue
         alpha = math.exp(m_i[r] - m_new)
-        for c in range(bc):  # P~_ij = exp(S_ij - m_new), in place (a vectorised loop)
-            S_r[c] = exp_nonpos(S_r[c] - m_new)
         s = 0.0
+        for k in range(dv):
+            Oi[r, k] *= alpha
         for c in range(bc):
-            s += S_r[c]
+            p = exp_nonpos(S_r[c] - m_new)
+            s += p
+            if p != 0.0:
+                for k in range(dv):
+                    Oi[r, k] += p * Vs[c, k]
         l_i[r] = alpha * l_i[r] + s
         m_i[r] = m_new
-        Oi_r = Oi[r]  # a view: scaling it in place writes O_i's row (no temporary)
-        Oi_r *= alpha
-    Oi += np.dot(S, Vj)  # BLAS temporary: an implementation detail; the model accumulates in place
 
 
 @njit(cache=True)
-def _flash2_forward(W, ids, Q, K, V, O, L, N, d, Br, Bc, scale, mk, mp, mt, skip):  # noqa: N803
-    iQ, iK, iV, iO, iL, im, iS = ids
-    Tr = cdiv(N, Br)  # the column blocks come from the mask's range (mask_cols)
-    Qb, Ob = buffer(Br * d, Q), buffer(Br * d, Q)
+def _finish_rows(Oi, l_i, m_i, br):
+    """O_i /= l_i, l_i <- L_i = m_i + log l_i in place; a row that saw no key keeps O = 0 and gets L = -inf."""
+    for r in range(br):
+        if l_i[r] == 0.0:
+            l_i[r] = -np.inf
+            continue
+        for k in range(Oi.shape[1]):
+            Oi[r, k] /= l_i[r]
+        l_i[r] = m_i[r] + math.log(l_i[r])
+
+
+@njit(cache=True)
+def _first_seen(mk, mp, mt, x0, bx, k0, k1, B, n, Nq, off, column):  # noqa: N803
+    """The first block k in [k0, k1) (side B, n in all) whose tile with the block [x0, x0 + bx) is not empty (k1:
+    none): the row block's first column block (``column`` False) or the column block's first row block (True).
+    Under the policy ``skip`` a thread block's outer operand is loaded only if there is one."""
+    for k in range(k0, k1):
+        y0 = k * B
+        by = min(B, n - y0)
+        nnz = rows_nnz(mk, mp, mt, y0, by, x0, bx, Nq, off) if column else rows_nnz(mk, mp, mt, x0, bx, y0, by, Nq, off)
+        if nnz > 0:
+            return k
+    return k1
+
+
+@njit(cache=True)
+def _flash2_forward(  # noqa: N803
+    W, ids, Q, K, V, O, L, Op, Lp, table, B, Hkv, g, G, Nq, Nk, dqk, dv, Br, Bc, s, P, scale, shared, Bm, mk, mp, mt,
+    skip,
+):  # fmt: skip
+    iQ, iK, iV, iO, iL, iOp, iLp, iT, im, iS = ids  # the data arguments' ids in their order, then m, S
+    pids = (iK, iV, iT)
+    R = Nq * (g // G)  # rows of one thread block: N_q (per-head, G = g) or g N_q (packed, G = 1)
+    Rtot = B * Hkv * g * Nq
+    off = Nk - Nq
+    Tr, Tc = cdiv(R, Br), cdiv(Nk, Bc)
+    per_split = cdiv(Tc, s)  # column blocks per split (flash-attn's num_splits)
+    pages = cdiv(Nk, P) if P > 0 else 0
+    Qb, Ob = buffer(Br * dqk, Q), buffer(Br * dv, Q)
     lb, mb = buffer(Br, Q), buffer(Br, Q)
-    Kb, Vb = buffer(Bc * d, Q), buffer(Bc * d, Q)
-    Sb = buffer(Br * Bc, Q)
-    for i in range(Tr):  # outer loop over row blocks
-        r0 = i * Br
-        br = min(Br, N - r0)
-        Qi, Oi = tile(Qb, br, d), tile(Ob, br, d)
-        # policy skip, a row block with no allowed entry: Q_i is never loaded, O_i = 0 and L_i = -inf are written
-        load_Q = not skip or block_nonempty(mk, mp, mt, N, Bc, r0, br, False)
-        hQ = load(W, iQ, Q, r0, br, 0, d, Qi) if load_Q else -1
-        hO = alloc(W, iO, r0, br, 0, d)  # on-chip O_i = 0
-        hl = alloc_vec(W, iL, r0, br)  # l_i = 0; becomes L_i = m_i + log(l_i) in place
-        hm = alloc_vec(W, im, r0, br)  # m_i = -inf
-        if Q is not None:
+    Kb, Vb, Sb = buffer(Bc * dqk, Q), buffer(Bc * dv, Q), buffer(Br * Bc, Q)
+    tb = buffer(1, table)
+    Out = O if s == 1 else Op  # split-KV: each split writes a partial O_i and its lse (Opart, Lpart)
+    for b in range(B):  # batch items, key/value heads and (per-head) query heads: outermost
+        for hk in range(Hkv):
+            kv = (b * Hkv + hk) * Nk
+            at = (kv, b, pages, hk, Hkv, P)
+            for h in range(G):
+                qbase = ((b * Hkv + hk) * g + h) * Nq
+                for i in range(Tr):  # outer loop over row blocks
+                    r0 = i * Br
+                    br = min(Br, R - r0)
+                    lo, hi = rows_cols(mk, mp, mt, r0, br, Nq, off, Nk)
+                    j_lo, j_hi = block_range(lo, hi, Bc)  # column blocks outside the mask's range are not visited
+                    for k in range(s):  # one thread block per (row block, split)
+                        j0, j1 = max(j_lo, k * per_split), min(j_hi, (k + 1) * per_split)
+                        if skip:  # policy skip: from the first nonempty block; none: Q_i is never loaded
+                            j0 = _first_seen(mk, mp, mt, r0, br, j0, j1, Bc, Nk, Nq, off, False)
+                        load_Q = j0 < j1 if skip else k * per_split < Tc
+                        out = qbase + r0 if s == 1 else k * Rtot + qbase + r0
+                        Qi, Oi = tile(Qb, br, dqk), tile(Ob, br, dv)
+                        hQ = load(W, iQ, Q, qbase + r0, br, 0, dqk, Qi) if load_Q else -1  # (no Q_i: O = 0, lse = -inf)
+                        hO = alloc(W, iO if s == 1 else iOp, out, br, 0, dv)  # on-chip O_i = 0
+                        hl = alloc_vec(W, iL, out, br) if s == 1 else alloc(W, iLp, qbase + r0, br, k, 1)  # l_i = 0
+                        hm = alloc_vec(W, im, r0, br)  # m_i = -inf
+                        if Q is not None:
+                            Oi[:, :] = 0.0
+                            lb[:br] = 0.0
+                            mb[:br] = -np.inf
+                        for j in range(j0, j1):  # the split's column blocks
+                            c0 = j * Bc
+                            c1 = min(c0 + Bc, Nk)
+                            nnz = rows_nnz(mk, mp, mt, r0, br, c0, c1 - c0, Nq, off)
+                            if nnz == 0:  # a zero block is skipped
+                                continue
+                            p0 = c0
+                            while p0 < c1:  # the tile's page pieces (one piece when contiguous)
+                                p1 = piece_end(p0, c1, P)
+                                n = p1 - p0
+                                Kj, Vj = tile(Kb, n, dqk), tile(Vb, n, dv)  # the piece (paged: its table entry first)
+                                hK, hV = load_piece(W, pids, K, V, table, tb, Kj, Vj, at, p0, n, dqk, dv, shared)
+                                Sij = tile(Sb, br, n)
+                                hS = alloc(W, iS, r0, br, p0, n)
+                                if Q is not None:
+                                    score_tile(Qi, Kj, Sij, scale)  # S_ij = tau Q_i K_j^T
+                                    if nnz < br * (c1 - c0):  # a partial block: the element mask
+                                        rows_apply(Sij, mk, mp, mt, r0, p0, Nq, off)
+                                    _online_update(Sij, Kj if shared else Vj, Oi, lb[:br], mb[:br])
+                                free(W, hS)
+                                free(W, hK)
+                                if not shared:
+                                    free(W, hV)
+                                p0 = p1
+                        if Q is not None:
+                            _finish_rows(Oi, lb, mb, br)  # O_i /= l_i, L_i = m_i + log(l_i)
+                        store(W, hO, Oi, Out)
+                        if s == 1:
+                            store_vec(W, hl, lb, L)
+                        else:
+                            store(W, hl, tile(lb, br, 1), Lp)
+                        if hQ >= 0:
+                            free(W, hQ)
+                        for hh in (hO, hl, hm):
+                            free(W, hh)
+    if Bm is not None:  # split-KV: the combine kernel, after every split has written its partials
+        _split_combine(W, (iOp, iLp, iO, iL), Op, Lp, O, L, Rtot, dv, s, Bm)
+
+
+@njit(cache=True)
+def _split_combine(W, ids, Op, Lp, O, L, Rtot, dv, s, Bm):  # noqa: N803
+    """Flash-Decoding's combine kernel: per block of Bm rows, load the s logsumexps (one Bm x s tile), L_i =
+    logsumexp over the splits, then O_i = sum_k exp(lse_k - L_i) Opart_k, loading the s partial tiles in turn."""
+    iOp, iLp, iO, iL = ids
+    Ob, Pb, lsb, Lb = buffer(Bm * dv, Op), buffer(Bm * dv, Op), buffer(Bm * s, Op), buffer(Bm, Op)
+    for i in range(cdiv(Rtot, Bm)):
+        r0 = i * Bm
+        br = min(Bm, Rtot - r0)
+        lse = tile(lsb, br, s)
+        hl = load(W, iLp, Lp, r0, br, 0, s, lse)
+        hO = alloc(W, iO, r0, br, 0, dv)
+        hL = alloc_vec(W, iL, r0, br)
+        Oi = tile(Ob, br, dv)
+        if Op is not None:
             Oi[:, :] = 0.0
-            lb[:br] = 0.0
-            mb[:br] = -np.inf
-        lo, hi = mask_cols(mk, mp, mt, r0, br, N)
-        j0, j1 = block_range(lo, hi, Bc) if load_Q else (0, 0)
-        for j in range(j0, j1):  # column blocks the mask leaves possible
-            c0 = j * Bc
-            bc = min(Bc, N - c0)
-            nnz = tile_nnz(mk, mp, mt, r0, br, c0, bc)
-            if nnz == 0:  # a zero block is skipped
-                continue
-            Kj, Vj, Sij = tile(Kb, bc, d), tile(Vb, bc, d), tile(Sb, br, bc)
-            hK = load(W, iK, K, c0, bc, 0, d, Kj)
-            hV = load(W, iV, V, c0, bc, 0, d, Vj)
-            hS = alloc(W, iS, r0, br, c0, bc)
-            if Q is not None:
-                score_tile(Qi, Kj, Sij, scale)
-                if nnz < br * bc:
-                    apply_mask(Sij, mk, mp, mt, r0, c0)
-                _flash2_row_update(Sij, Vj, Oi, lb[:br], mb[:br])
-            free(W, hS)
-            free(W, hK)
-            free(W, hV)
-        if Q is not None:
             for r in range(br):
-                if lb[r] == 0.0:  # no allowed entry in this row: O_r = 0 (never updated), L_r = -inf
-                    lb[r] = -np.inf
+                mx = -np.inf
+                for k in range(s):
+                    mx = max(mx, lse[r, k])
+                if mx == -np.inf:
+                    Lb[r] = -np.inf
                     continue
-                Oi_r = Oi[r]
-                Oi_r /= lb[r]
-                lb[r] = mb[r] + math.log(lb[r])  # L_i = m_i + log(l_i), computed in place of l_i
+                t = 0.0
+                for k in range(s):
+                    t += math.exp(lse[r, k] - mx)
+                Lb[r] = mx + math.log(t)
+        for k in range(s):
+            Pk = tile(Pb, br, dv)
+            hP = load(W, iOp, Op, k * Rtot + r0, br, 0, dv, Pk)
+            if Op is not None:
+                for r in range(br):
+                    if Lb[r] == -np.inf:
+                        continue
+                    w = math.exp(lse[r, k] - Lb[r])
+                    for c in range(dv):
+                        Oi[r, c] += w * Pk[r, c]
+            free(W, hP)
         store(W, hO, Oi, O)
-        store_vec(W, hl, lb, L)
-        if load_Q:
-            free(W, hQ)
-        for h in (hO, hl, hm):
-            free(W, h)
+        store_vec(W, hL, Lb, L)
+        for hh in (hl, hO, hL):
+            free(W, hh)
 
 
-def _inputs(Q, K, V, dtype):  # noqa: N803
-    if Q is None:
-        return None, None, None
-    return tuple(np.ascontiguousarray(x, dtype=dtype) for x in (Q, K, V))
+@njit(cache=True)
+def _load_kv(W, pids, K, V, table, tb, Kb, Vb, Kj, Vj, at, p0, p1, dqk, dv, shared, gather):  # noqa: N803
+    """Algorithm 1's step 6 for the keys [p0, p1): one page piece (or the contiguous tile), or, ``gather`` (not
+    None), the tile gathered from its pages. Returns the handles (hK, hV)."""
+    if gather is not None:
+        return gather_tile(W, pids, K, V, table, tb, Kb, Vb, at, p0, p1, dqk, dv, shared)
+    return load_piece(W, pids, K, V, table, tb, Kj, Vj, at, p0, p1 - p0, dqk, dv, shared)
 
 
-def _outputs(numeric, dtype, *shapes):
-    """Output arrays poisoned with NaN so an unwritten element shows (None in count-only mode)."""
-    return tuple(np.full(shape, np.nan, dtype) if numeric else None for shape in shapes)
-
-
-def flash1_forward(mem, Q, K, V, *, N, d, Br, Bc, scale, causal=False, dtype=np.float64):  # noqa: N803
-    """FlashAttention Algorithm 1 (with Algorithm 2's scale and causal mask) on memory ``mem``.
-
-    Count-only mode: pass Q = K = V = None. Returns (O, l, m) in slow memory (None each in count-only mode).
-    Reads 2Nd + Tc(2Nd + 2N), writes Tc(Nd + 2N) plus Nd + 2N for initialising O, l, m:
-    see :func:`iosim.theory.io_model.flash1_forward`.
-    """
-    Q, K, V = _inputs(Q, K, V, dtype)
-    O, l, m = _outputs(Q is not None, dtype, (N, d), (N,), (N,))  # noqa: E741
-    ids = mem.ids(Q=(N, d), K=(N, d), V=(N, d), O=(N, d), l=(N,), m=(N,), S=(N, N))
-    mem.call(_flash1_forward, ids, Q, K, V, O, l, m, N, d, Br, Bc, float(scale), *resolve(causal, N).args)
-    return O, l, m
-
-
-def flash2_forward(mem, Q, K, V, *, N, d, Br, Bc, scale, causal=False, dtype=np.float64):  # noqa: N803
-    """FlashAttention-2 forward on memory ``mem``. Count-only mode: Q = K = V = None. Returns (O, L).
-
-    Reads Nd + Tr * 2Nd, writes Nd + N: see :func:`iosim.theory.io_model.flash2_forward`.
-    """
-    Q, K, V = _inputs(Q, K, V, dtype)
-    O, L = _outputs(Q is not None, dtype, (N, d), (N,))
-    ids = mem.ids(Q=(N, d), K=(N, d), V=(N, d), O=(N, d), L=(N,), m=(N,), S=(N, N))
-    mem.call(_flash2_forward, ids, Q, K, V, O, L, N, d, Br, Bc, float(scale), *resolve(causal, N).args)
-    return O, L
+@njit(cache=True)
+def _flash1_forward(  # noqa: N803
+    W, ids, Q, K, V, O, l, m, table, B, Hkv, g, G, Nq, Nk, dqk, dv, Br, Bc, P, scale, shared, gather, mk, mp, mt,  # noqa: E741
+    skip,
+):  # fmt: skip
+    iQ, iK, iV, iO, il, im, iS, iT = ids
+    pids = (iK, iV, iT)
+    R = Nq * (g // G)
+    Rtot = B * Hkv * g * Nq
+    off = Nk - Nq
+    Tc = cdiv(Nk, Bc)
+    pages = cdiv(Nk, P) if P > 0 else 0
+    # Step 2: initialise O = (0), l = (0), m = (-inf) in HBM, for every row of the problem.
+    init_slow(W, iO, Rtot * dv)
+    init_slow(W, il, Rtot)
+    init_slow(W, im, Rtot)
+    if Q is not None:
+        O[:, :] = 0.0
+        l[:] = 0.0
+        m[:] = -np.inf
+    Kb, Vb = buffer(Bc * dqk, Q), buffer(Bc * dv, Q)
+    Qb, Ob = buffer(Br * dqk, Q), buffer(Br * dv, Q)
+    lb, mb, Sb = buffer(Br, Q), buffer(Br, Q), buffer(Br * Bc, Q)
+    tb = buffer(1, table)
+    for b in range(B):
+        for hk in range(Hkv):
+            kv = (b * Hkv + hk) * Nk
+            at = (kv, b, pages, hk, Hkv, P)
+            for h in range(G):
+                qbase = ((b * Hkv + hk) * g + h) * Nq
+                for j in range(Tc):  # step 5 (paged: each page piece of K_j, V_j is an outer step of its own,
+                    c0 = j * Bc  # or, gather, the tile is gathered from its pages in one outer step)
+                    c1 = min(c0 + Bc, Nk)
+                    p0 = c0
+                    while p0 < c1:
+                        p1 = c1 if gather is not None else piece_end(p0, c1, P)
+                        n = p1 - p0
+                        Kj, Vj = tile(Kb, n, dqk), tile(Vb, n, dv)
+                        lo, hi = cols_rows(mk, mp, mt, p0, n, Nq, off, R)
+                        i0, i1 = block_range(lo, hi, Br)  # row blocks outside the mask's range are not visited
+                        if skip:  # policy skip: from the first row block that sees a key of K_j
+                            i0 = _first_seen(mk, mp, mt, p0, n, i0, i1, Br, R, Nq, off, True)
+                        seen = i0 < i1 or not skip  # skip and no row sees K_j: K_j, V_j are never loaded
+                        hK = hV = -1
+                        if seen:  # step 6
+                            hK, hV = _load_kv(
+                                W, pids, K, V, table, tb, Kb, Vb, Kj, Vj, at, p0, p1, dqk, dv, shared, gather
+                            )
+                        for i in range(i0, i1):  # step 7
+                            r0 = i * Br
+                            br = min(Br, R - r0)
+                            nnz = rows_nnz(mk, mp, mt, r0, br, p0, n, Nq, off)
+                            if nnz == 0:  # a zero block is skipped
+                                continue
+                            Qi, Oi, Sij = tile(Qb, br, dqk), tile(Ob, br, dv), tile(Sb, br, n)
+                            hQ = load(W, iQ, Q, qbase + r0, br, 0, dqk, Qi)  # step 8
+                            hO = load(W, iO, O, qbase + r0, br, 0, dv, Oi)
+                            hl = load_vec(W, il, l, qbase + r0, br, lb)
+                            hm = load_vec(W, im, m, qbase + r0, br, mb)
+                            hS = alloc(W, iS, r0, br, p0, n)
+                            if Q is not None:
+                                score_tile(Qi, Kj, Sij, scale)  # step 9
+                                if nnz < br * n:  # a partial block: the element mask
+                                    rows_apply(Sij, mk, mp, mt, r0, p0, Nq, off)
+                                flash1_row_update(Sij, Kj if shared else Vj, Oi, lb[:br], mb[:br])  # steps 10-11
+                            store(W, hO, Oi, O)  # step 12
+                            store_vec(W, hl, lb, l)  # step 13
+                            store_vec(W, hm, mb, m)
+                            for hh in (hS, hQ, hO, hl, hm):
+                                free(W, hh)
+                        if hK >= 0:
+                            free(W, hK)
+                        if hV >= 0:
+                            free(W, hV)
+                        p0 = p1
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -305,70 +433,6 @@ def _rowsum_product(A, B, out):
 
 
 @njit(cache=True)
-def _flash1_backward(W, ids, Q, K, V, O, dO, l, m, dQ, dK, dV, N, d, Br, Bc, scale, mk, mp, mt, skip):  # noqa: E741
-    iQ, iK, iV, iO, idO, il, im, idQ, idK, idV, iS, idP, iD = ids
-    Tc = cdiv(N, Bc)
-    # Step 6: initialise dQ, dK, dV = (0)_{N x d} in HBM.
-    init_slow(W, idQ, N * d)
-    init_slow(W, idK, N * d)
-    init_slow(W, idV, N * d)
-    if Q is not None:
-        dQ[:, :] = 0.0
-        dK[:, :] = 0.0
-        dV[:, :] = 0.0
-    Kb, Vb, dKb, dVb = buffer(Bc * d, Q), buffer(Bc * d, Q), buffer(Bc * d, Q), buffer(Bc * d, Q)
-    Qb, Ob, dOb, dQb = buffer(Br * d, Q), buffer(Br * d, Q), buffer(Br * d, Q), buffer(Br * d, Q)
-    lb, mb, Db = buffer(Br, Q), buffer(Br, Q), buffer(Br, Q)
-    Sb, dPb = buffer(Br * Bc, Q), buffer(Br * Bc, Q)
-    for j in range(Tc):  # step 7
-        c0 = j * Bc
-        bc = min(Bc, N - c0)
-        if skip and not block_nonempty(mk, mp, mt, N, Br, c0, bc, True):  # policy skip: dK_j = dV_j = 0 from step 6
-            continue
-        Kj, Vj, dKj, dVj = tile(Kb, bc, d), tile(Vb, bc, d), tile(dKb, bc, d), tile(dVb, bc, d)
-        hK = load(W, iK, K, c0, bc, 0, d, Kj)  # step 8
-        hV = load(W, iV, V, c0, bc, 0, d, Vj)
-        hdK = alloc(W, idK, c0, bc, 0, d)  # step 9: dK~_j = 0, dV~_j = 0 on chip
-        hdV = alloc(W, idV, c0, bc, 0, d)
-        if Q is not None:
-            dKj[:, :] = 0.0
-            dVj[:, :] = 0.0
-        lo, hi = mask_rows(mk, mp, mt, c0, bc, N)
-        i0, i1 = block_range(lo, hi, Br)
-        for i in range(i0, i1):  # step 10
-            r0 = i * Br
-            br = min(Br, N - r0)
-            nnz = tile_nnz(mk, mp, mt, r0, br, c0, bc)
-            if nnz == 0:  # a zero block is skipped
-                continue
-            Qi, Oi, dOi, dQi = tile(Qb, br, d), tile(Ob, br, d), tile(dOb, br, d), tile(dQb, br, d)
-            Sij, dPij = tile(Sb, br, bc), tile(dPb, br, bc)
-            hQ = load(W, iQ, Q, r0, br, 0, d, Qi)  # step 11
-            hO = load(W, iO, O, r0, br, 0, d, Oi)
-            hdO = load(W, idO, dO, r0, br, 0, d, dOi)
-            hdQ = load(W, idQ, dQ, r0, br, 0, d, dQi)
-            hl = load_vec(W, il, l, r0, br, lb)
-            hm = load_vec(W, im, m, r0, br, mb)
-            hS = alloc(W, iS, r0, br, c0, bc)  # S_ij, then P_ij in place
-            hdP = alloc(W, idP, r0, br, c0, bc)  # dP_ij, then dS_ij in place
-            hD = alloc_vec(W, iD, r0, br)  # D_i
-            if Q is not None:
-                score_tile(Qi, Kj, Sij, scale)  # steps 12-13: S_ij = tau Q_i K_j^T, masked
-                if nnz < br * bc:
-                    apply_mask(Sij, mk, mp, mt, r0, c0)
-                _probabilities_from_stats(Sij, mb[:br], lb[:br])  # step 14
-                _rowsum_product(dOi, Oi, Db[:br])  # step 20: D_i = rowsum(dO_i o O_i), recomputed every step
-                _backward_tile(Sij, dPij, Qi, Kj, Vj, dOi, dQi, dKj, dVj, Db[:br], scale)  # steps 17-23
-            store(W, hdQ, dQi, dQ)  # step 22: write dQ_i <- dQ_i + tau dS_ij K_j to HBM
-            for h in (hS, hdP, hD, hQ, hO, hdO, hdQ, hl, hm):
-                free(W, h)
-        store(W, hdK, dKj, dK)  # step 25: write dK_j <- dK~_j, dV_j <- dV~_j
-        store(W, hdV, dVj, dV)
-        for h in (hK, hV, hdK, hdV):
-            free(W, h)
-
-
-@njit(cache=True)
 def d_pass(W, ids, dO, O, D, R, d, Br, dOb, Ob, Db):  # noqa: N803
     """FlashAttention-2's backward, step 4: D = rowsum(dO o O) in one pass over the R rows in blocks of Br, each
     block's dO_i and O_i read (d words a row each) and D_i written to HBM (flash-attn's preprocessing kernel)."""
@@ -388,81 +452,304 @@ def d_pass(W, ids, dO, O, D, R, d, Br, dOb, Ob, Db):  # noqa: N803
 
 
 @njit(cache=True)
-def _flash2_backward(W, ids, Q, K, V, O, dO, L, D, dQ, dK, dV, N, d, Br, Bc, scale, mk, mp, mt, skip):  # noqa: N803
-    iQ, iK, iV, iO, idO, iL, iD, idQ, idK, idV, iS, idP = ids
-    Tc = cdiv(N, Bc)
-    # Step 3: initialise dQ = (0)_{N x d} in HBM (dK and dV are written once, step 18, and need no initialisation).
-    init_slow(W, idQ, N * d)
+def _backward(  # noqa: N803
+    W, ids, Q, K, V, O, dO, L, l, m, D, dQ, dK, dV, dKp, dVp, B, Hkv, g, G, Nq, Nk, dqk, dv, Br, Bc, scale, alg1,  # noqa: E741
+    mk, mp, mt, skip,
+):  # fmt: skip
+    """The K/V-outer backward: FlashAttention-2's Algorithm 2 (alg1 False: D pass, P from L) or FlashAttention's
+    Algorithm 4 (alg1 True: dK, dV zero-initialised in HBM, P from l and m, O_i loaded and D_i recomputed on every
+    inner step). Step numbers are FlashAttention-2's; Algorithm 4's where they differ."""
+    iQ, iK, iV, iO, idO, iL, il, im, iD, idQ, idK, idV, idKp, idVp, iS, idP = ids
+    R = Nq * (g // G)  # rows of one thread block's row loop: N_q (per-head) or g N_q (packed)
+    Rtot = B * Hkv * g * Nq
+    off = Nk - Nq
+    Tc = cdiv(Nk, Bc)
+    expand = G > 1  # per-head GQA: dK, dV written per query head (expanded), summed over the group afterwards
+    # Step 3: dQ = (0) in HBM (every query row of every head).
+    init_slow(W, idQ, Rtot * dqk)
+    if alg1:  # Algorithm 4, step 6: dK, dV (the expanded partials under per-head GQA) = (0) in HBM too
+        kvw = (B * Hkv * G if expand else B * Hkv) * Nk
+        init_slow(W, idKp if expand else idK, kvw * dqk)
+        init_slow(W, idVp if expand else idV, kvw * dv)
     if Q is not None:
         dQ[:, :] = 0.0
-    Qb, Ob, dOb, dQb = buffer(Br * d, Q), buffer(Br * d, Q), buffer(Br * d, Q), buffer(Br * d, Q)
-    Lb, Db = buffer(Br, Q), buffer(Br, Q)
-    d_pass(W, (idO, iO, iD), dO, O, D, N, d, Br, dOb, Ob, Db)  # step 4: D = rowsum(dO o O), the only read of O
-    Kb, Vb, dKb, dVb = buffer(Bc * d, Q), buffer(Bc * d, Q), buffer(Bc * d, Q), buffer(Bc * d, Q)
+    Qb, dOb, dQb, Ob = buffer(Br * dqk, Q), buffer(Br * dv, Q), buffer(Br * dqk, Q), buffer(Br * dv, Q)
+    Lb, Db, lb, mb = buffer(Br, Q), buffer(Br, Q), buffer(Br, Q), buffer(Br, Q)
+    if not alg1:  # step 4: D = rowsum(dO o O), its own pass over all B H_q N_q rows (flash-attn's preprocess)
+        d_pass(W, (idO, iO, iD), dO, O, D, Rtot, dv, Br, dOb, Ob, Db)
+    Kb, Vb, dKb, dVb = buffer(Bc * dqk, Q), buffer(Bc * dv, Q), buffer(Bc * dqk, Q), buffer(Bc * dv, Q)
     Sb, dPb = buffer(Br * Bc, Q), buffer(Br * Bc, Q)
-    for j in range(Tc):  # step 5
-        c0 = j * Bc
-        bc = min(Bc, N - c0)
-        Kj, Vj, dKj, dVj = tile(Kb, bc, d), tile(Vb, bc, d), tile(dKb, bc, d), tile(dVb, bc, d)
-        if skip and not block_nonempty(mk, mp, mt, N, Br, c0, bc, True):  # policy skip: write dK_j = dV_j = 0 only
-            hdK = alloc(W, idK, c0, bc, 0, d)
-            hdV = alloc(W, idV, c0, bc, 0, d)
-            if Q is not None:
-                dKj[:, :] = 0.0
-                dVj[:, :] = 0.0
-            store(W, hdK, dKj, dK)
-            store(W, hdV, dVj, dV)
-            free(W, hdK)
-            free(W, hdV)
-            continue
-        hK = load(W, iK, K, c0, bc, 0, d, Kj)  # step 6
-        hV = load(W, iV, V, c0, bc, 0, d, Vj)
-        hdK = alloc(W, idK, c0, bc, 0, d)  # step 7: dK_j = 0, dV_j = 0 on chip
-        hdV = alloc(W, idV, c0, bc, 0, d)
-        if Q is not None:
-            dKj[:, :] = 0.0
-            dVj[:, :] = 0.0
-        lo, hi = mask_rows(mk, mp, mt, c0, bc, N)
-        i0, i1 = block_range(lo, hi, Br)
-        for i in range(i0, i1):  # step 8
-            r0 = i * Br
-            br = min(Br, N - r0)
-            nnz = tile_nnz(mk, mp, mt, r0, br, c0, bc)
-            if nnz == 0:  # a zero block is skipped
-                continue
-            Qi, dOi, dQi = tile(Qb, br, d), tile(dOb, br, d), tile(dQb, br, d)
-            Sij, dPij = tile(Sb, br, bc), tile(dPb, br, bc)
-            # Step 9 loads Q_i, O_i, dO_i, dQ_i, L_i, D_i; O_i is dropped here: with D precomputed (step 4) no
-            # step of the inner loop uses it, so loading it would only cost Br d reads per step.
-            hQ = load(W, iQ, Q, r0, br, 0, d, Qi)
-            hdO = load(W, idO, dO, r0, br, 0, d, dOi)
-            hdQ = load(W, idQ, dQ, r0, br, 0, d, dQi)  # step 15's read of dQ_i, hoisted into the step-9 loads
-            hL = load_vec(W, iL, L, r0, br, Lb)
-            hD = load_vec(W, iD, D, r0, br, Db)
-            hS = alloc(W, iS, r0, br, c0, bc)  # S_ij, then P_ij in place
-            hdP = alloc(W, idP, r0, br, c0, bc)  # dP_ij, then dS_ij in place
-            if Q is not None:
-                score_tile(Qi, Kj, Sij, scale)  # step 10: S_ij = tau Q_i K_j^T, masked
-                if nnz < br * bc:
-                    apply_mask(Sij, mk, mp, mt, r0, c0)
-                _probabilities_from_stats(Sij, Lb[:br], None)  # step 11: P_ij = exp(S_ij - L_i)
-                _backward_tile(Sij, dPij, Qi, Kj, Vj, dOi, dQi, dKj, dVj, Db[:br], scale)  # steps 12-16
-            store(W, hdQ, dQi, dQ)  # step 15: write dQ_i back to HBM
-            for h in (hS, hdP, hQ, hdO, hdQ, hL, hD):
-                free(W, h)
-        store(W, hdK, dKj, dK)  # step 18: write dK_j, dV_j to HBM
-        store(W, hdV, dVj, dV)
-        for h in (hK, hV, hdK, hdV):
-            free(W, h)
+    for b in range(B):  # batch items, key/value heads and (per-head) query heads: outermost
+        for hk in range(Hkv):
+            kv = (b * Hkv + hk) * Nk
+            for h in range(G):
+                qbase = ((b * Hkv + hk) * g + h) * Nq
+                part = ((b * Hkv + hk) * G + h) * Nk  # this query head's rows of the expanded dK, dV
+                for j in range(Tc):  # step 5: one thread block per column block
+                    c0 = j * Bc
+                    bc = min(Bc, Nk - c0)
+                    lo, hi = cols_rows(mk, mp, mt, c0, bc, Nq, off, R)
+                    i0, i1 = block_range(lo, hi, Br)  # row blocks outside the mask's range are not visited
+                    if skip:  # policy skip: from the first row block that sees a key of K_j
+                        i0 = _first_seen(mk, mp, mt, c0, bc, i0, i1, Br, R, Nq, off, True)
+                    seen = i0 < i1 or not skip  # skip and no row sees K_j: K_j, V_j are never loaded
+                    if alg1 and not seen:  # Algorithm 4: dK_j = dV_j = 0 from step 6 stand
+                        continue
+                    Kj, Vj, dKj, dVj = tile(Kb, bc, dqk), tile(Vb, bc, dv), tile(dKb, bc, dqk), tile(dVb, bc, dv)
+                    hK = hV = -1
+                    if seen:
+                        hK = load(W, iK, K, kv + c0, bc, 0, dqk, Kj)  # step 6
+                        hV = load(W, iV, V, kv + c0, bc, 0, dv, Vj)
+                    hdK = alloc(W, idKp if expand else idK, part + c0 if expand else kv + c0, bc, 0, dqk)  # step 7
+                    hdV = alloc(W, idVp if expand else idV, part + c0 if expand else kv + c0, bc, 0, dv)
+                    if Q is not None:
+                        dKj[:, :] = 0.0
+                        dVj[:, :] = 0.0
+                    for i in range(i0, i1):  # step 8: row blocks (packed: the g heads' rows one after another)
+                        r0 = i * Br
+                        br = min(Br, R - r0)
+                        nnz = rows_nnz(mk, mp, mt, r0, br, c0, bc, Nq, off)
+                        if nnz == 0:  # no row of the block sees a key of K_j: skipped
+                            continue
+                        Qi, Oi, dOi, dQi = tile(Qb, br, dqk), tile(Ob, br, dv), tile(dOb, br, dv), tile(dQb, br, dqk)
+                        Sij, dPij = tile(Sb, br, bc), tile(dPb, br, bc)
+                        hQ = load(W, iQ, Q, qbase + r0, br, 0, dqk, Qi)  # step 9
+                        if alg1:  # Algorithm 4, step 11: Q_i, O_i, dO_i, dQ_i, l_i, m_i; D_i computed on chip
+                            hO = load(W, iO, O, qbase + r0, br, 0, dv, Oi)
+                            hdO = load(W, idO, dO, qbase + r0, br, 0, dv, dOi)
+                            hdQ = load(W, idQ, dQ, qbase + r0, br, 0, dqk, dQi)
+                            h1 = load_vec(W, il, l, qbase + r0, br, lb)
+                            h2 = load_vec(W, im, m, qbase + r0, br, mb)
+                        else:  # step 9 without O_i (unused once D exists): dO_i, dQ_i (step 15's read), L_i, D_i
+                            hO = -1
+                            hdO = load(W, idO, dO, qbase + r0, br, 0, dv, dOi)
+                            hdQ = load(W, idQ, dQ, qbase + r0, br, 0, dqk, dQi)
+                            h1 = load_vec(W, iL, L, qbase + r0, br, Lb)
+                            h2 = load_vec(W, iD, D, qbase + r0, br, Db)
+                        hS = alloc(W, iS, r0, br, c0, bc)  # S_ij, then P_ij in place
+                        hdP = alloc(W, idP, r0, br, c0, bc)  # dP_ij, then dS_ij in place
+                        hD = alloc_vec(W, iD, qbase + r0, br) if alg1 else -1  # Algorithm 4: D_i on chip
+                        if Q is not None:
+                            score_tile(Qi, Kj, Sij, scale)  # step 10: S_ij = tau Q_i K_j^T, masked
+                            if nnz < br * bc:  # a partial block: the element mask
+                                rows_apply(Sij, mk, mp, mt, r0, c0, Nq, off)
+                            if alg1:
+                                _probabilities_from_stats(Sij, mb[:br], lb[:br])  # Algorithm 4, step 14
+                                _rowsum_product(dOi, Oi, Db[:br])  # step 20: D_i, recomputed on every step
+                            else:
+                                _probabilities_from_stats(Sij, Lb[:br], None)  # step 11: P_ij = exp(S_ij - L_i)
+                            _backward_tile(Sij, dPij, Qi, Kj, Vj, dOi, dQi, dKj, dVj, Db[:br], scale)  # steps 12-16
+                        store(W, hdQ, dQi, dQ)  # step 15: dQ_i back to HBM
+                        free(W, hS)
+                        free(W, hdP)
+                        if alg1:
+                            free(W, hD)
+                        free(W, hQ)
+                        if alg1:
+                            free(W, hO)
+                        for hh in (hdO, hdQ, h1, h2):
+                            free(W, hh)
+                    store(W, hdK, dKj, dKp if expand else dK)  # step 18: dK_j, dV_j written once
+                    store(W, hdV, dVj, dVp if expand else dV)
+                    if seen:
+                        free(W, hK)
+                        free(W, hV)
+                    free(W, hdK)
+                    free(W, hdV)
+    if expand:  # the group sum: dK = sum over the g query heads of their expanded partials (and dV)
+        sum_group(W, (idKp, idK), dKp, dK, B * Hkv, g, Nk, dqk, Bc, Kb, dKb)
+        sum_group(W, (idVp, idV), dVp, dV, B * Hkv, g, Nk, dv, Bc, Vb, dVb)
 
 
-def _grads(numeric, dtype, N, d):
-    """dQ, dK, dV poisoned with NaN so an unwritten element shows (None each in count-only mode)."""
-    return _outputs(numeric, dtype, (N, d), (N, d), (N, d))
+@njit(cache=True)
+def sum_group(W, ids, part, out, heads, g, Nk, d, Bc, accb, tb):  # noqa: N803
+    """Per key/value head and block of Bc keys: read the g partials (Bc d each) one after another into a resident
+    accumulator, write the sum once: reads g, writes 1 words per word of dK (dV)."""
+    ip, io = ids
+    for hk in range(heads):
+        for j in range(cdiv(Nk, Bc)):
+            c0 = j * Bc
+            bc = min(Bc, Nk - c0)
+            acc, t = tile(accb, bc, d), tile(tb, bc, d)
+            ha = alloc(W, io, hk * Nk + c0, bc, 0, d)
+            if part is not None:
+                acc[:, :] = 0.0
+            for h in range(g):
+                hp = load(W, ip, part, (hk * g + h) * Nk + c0, bc, 0, d, t)
+                if part is not None:
+                    acc += t
+                free(W, hp)
+            store(W, ha, acc, out)
+            free(W, ha)
 
 
-def _vec(x, dtype):
+def problem_mask(problem, mask=None):
+    """The nests' mask arguments (kind, params, table, skip) of a problem: ``mask`` (a TileMask over the whole
+    sequence, N_k x N_k, whose last N_q rows are the queries' rows; its policy: skip loads no operand of a block the
+    mask empties, paper loads a thread block's outer operand before testing), or the problem's causal field."""
+    if mask is None:  # the causal field: no block is tested empty, and split-KV's splits past the diagonal are skipped
+        mask = (causal_mask if problem.causal else dense_mask)(problem.N_k, "skip")
+    if mask.N != problem.N_k:
+        raise ValueError(f"a problem's mask is compiled for N_k = {problem.N_k}, not {mask.N}")
+    return mask.args
+
+
+def _ids(mem, shapes: dict, order: tuple) -> tuple:
+    """Register the arrays a run uses (``shapes``, in the paper's order for one head, which a trace keeps); their ids
+    in the nest's ``order``, -1 for an array this run does not use (split-KV's partials without splits, ...)."""
+    got = dict(zip(shapes, mem.ids(**shapes), strict=True))
+    return tuple(got.get(k, -1) for k in order)
+
+
+def _full(numeric, dtype, shape):
+    """An output array poisoned with NaN so an unwritten element shows (None in count-only mode)."""
+    return np.full(shape, np.nan, dtype) if numeric else None
+
+
+def _cast(x, dtype):
     return None if x is None else np.ascontiguousarray(x, dtype=dtype)
+
+
+def flash2_problem(mem, problem, Q, K, V, table, *, Br, Bc, gqa, splits, mla, combine_rows, scale, dtype=np.float64,
+                   mask=None):  # noqa: N803  # fmt: skip
+    """FlashAttention-2's forward over ``problem`` (module docstring); count-only: Q = K = V = table = None.
+
+    Returns (O, L) with O of shape (B H_q N_q, d_v) in (b, h_q, r) row order (None each in count-only mode).
+    ``combine_rows``: the combine step's rows per block (split-KV only). Exact counts:
+    :func:`iosim.theory.io_model.flash2_problem`.
+    """
+    p = problem
+    G, _, R = p.groups(gqa)
+    Rtot = p.B * p.H_q * p.N_q
+    numeric = Q is not None
+    Q, K, V = (_cast(x, dtype) for x in (Q, K, V))
+    O, L = _full(numeric, dtype, (Rtot, p.d_v)), _full(numeric, dtype, Rtot)
+    s = int(splits)
+    Op = _full(numeric, dtype, (s * Rtot, p.d_v)) if s > 1 else O
+    Lp = _full(numeric, dtype, (Rtot, s)) if s > 1 else (np.zeros((1, 1), dtype) if numeric else None)
+    rows = kv_rows(p)
+    shapes = dict(Q=(Rtot, p.d_qk), K=(rows, p.d_qk), V=(rows, p.d_v), O=(Rtot, p.d_v), L=(Rtot,), m=(R,), S=(R, p.N_k))
+    if s > 1:
+        shapes.update(Opart=(s * Rtot, p.d_v), Lpart=(Rtot, s))
+    if p.page_size:
+        shapes["page_table"] = (max(1, p.B * p.pages),)
+    ids = _ids(mem, shapes, ("Q", "K", "V", "O", "L", "Opart", "Lpart", "page_table", "m", "S"))
+    P = p.page_size or 0
+    shared = p.latent and mla == "shared"
+    bm = combine_rows if s > 1 else None  # None: no combine kernel (and none compiled)
+    args = (p.B, p.H_kv, p.g, G, p.N_q, p.N_k, p.d_qk, p.d_v, Br, Bc, s, P, float(scale), shared, bm)
+    mem.call(_flash2_forward, ids, Q, K, V, O, L, Op, Lp, table if numeric else None, *args, *problem_mask(p, mask))
+    return O, L
+
+
+def flash1_problem(mem, problem, Q, K, V, table, *, Br, Bc, gqa, mla, scale, dtype=np.float64, mask=None,
+                   gather=False):  # noqa: N803  # fmt: skip
+    """FlashAttention Algorithm 1 over ``problem`` (module docstring); count-only: Q = K = V = table = None.
+
+    ``gather`` (a paged cache): each column block is one outer step whose K_j, V_j are gathered from their pages
+    (a table word and a load per page piece, one resident tile), in place of one outer step per page piece with its
+    own round trip of Q_i, O_i, l_i, m_i. Returns (O, l, m) in (b, h_q, r) row order. Exact counts:
+    :func:`iosim.theory.io_model.flash1_problem`."""
+    p = problem
+    G, _, R = p.groups(gqa)
+    Rtot = p.B * p.H_q * p.N_q
+    numeric = Q is not None
+    Q, K, V = (_cast(x, dtype) for x in (Q, K, V))
+    O, l_, m = _full(numeric, dtype, (Rtot, p.d_v)), _full(numeric, dtype, Rtot), _full(numeric, dtype, Rtot)
+    rows = kv_rows(p)
+    shapes = dict(Q=(Rtot, p.d_qk), K=(rows, p.d_qk), V=(rows, p.d_v), O=(Rtot, p.d_v), l=(Rtot,), m=(Rtot,))
+    shapes["S"] = (R, p.N_k)
+    if p.page_size:
+        shapes["page_table"] = (max(1, p.B * p.pages),)
+    ids = _ids(mem, shapes, ("Q", "K", "V", "O", "l", "m", "S", "page_table"))
+    P = p.page_size or 0
+    shared = p.latent and mla == "shared"
+    args = (p.B, p.H_kv, p.g, G, p.N_q, p.N_k, p.d_qk, p.d_v, Br, Bc, P, float(scale), shared, True if gather else None)
+    mem.call(_flash1_forward, ids, Q, K, V, O, l_, m, table if numeric else None, *args, *problem_mask(p, mask))
+    return O, l_, m
+
+
+def _backward_call(mem, p, Q, K, V, O, dO, L, l, m, Br, Bc, gqa, scale, dtype, alg1, mask):  # noqa: E741, N803
+    G, _, R = p.groups(gqa)
+    Rtot = p.B * p.H_q * p.N_q
+    numeric = Q is not None
+    Q, K, V, O, dO = (_cast(x, dtype) for x in (Q, K, V, O, dO))
+    unused = np.zeros(1, dtype) if numeric else None  # the other algorithm's row statistics: one type per branch
+    L, l, m = (unused if x is None else _cast(x, dtype) for x in (L, l, m))  # noqa: E741
+    kvr = p.B * p.H_kv * p.N_k
+    expand = G > 1
+    parts = p.B * p.H_q * p.N_k
+    D, dQ = _full(numeric, dtype, Rtot), _full(numeric, dtype, (Rtot, p.d_qk))
+    dK, dV = _full(numeric, dtype, (kvr, p.d_qk)), _full(numeric, dtype, (kvr, p.d_v))
+    dKp = _full(numeric, dtype, (parts, p.d_qk)) if expand else dK
+    dVp = _full(numeric, dtype, (parts, p.d_v)) if expand else dV
+    if alg1 and numeric:  # step 6's zeros: a column block no row sees keeps them
+        dKp[:] = 0.0
+        dVp[:] = 0.0
+    nd, n = (Rtot, p.d_qk), (Rtot,)
+    shapes = dict(Q=nd, K=(kvr, p.d_qk), V=(kvr, p.d_v), O=(Rtot, p.d_v), dO=(Rtot, p.d_v))
+    shapes.update(dict(l=n, m=n) if alg1 else dict(L=n, D=n))  # the row statistics read (the paper's order)
+    shapes.update(dQ=nd, dK=(kvr, p.d_qk), dV=(kvr, p.d_v), S=(R, p.N_k), dP=(R, p.N_k))
+    if alg1:
+        shapes["D"] = n  # Algorithm 4: D_i on chip only
+    if expand:
+        shapes.update(dKpart=(parts, p.d_qk), dVpart=(parts, p.d_v))
+    ids = _ids(
+        mem, shapes, ("Q", "K", "V", "O", "dO", "L", "l", "m", "D", "dQ", "dK", "dV", "dKpart", "dVpart", "S", "dP")
+    )
+    args = (p.B, p.H_kv, p.g, G, p.N_q, p.N_k, p.d_qk, p.d_v, Br, Bc, float(scale), alg1, *problem_mask(p, mask))
+    mem.call(_backward, ids, Q, K, V, O, dO, L, l, m, D, dQ, dK, dV, dKp, dVp, *args)
+    return dQ, dK, dV
+
+
+def flash2_backward_problem(mem, problem, Q, K, V, O, dO, L, *, Br, Bc, gqa, scale, dtype=np.float64, mask=None):  # noqa: N803
+    """FlashAttention-2's backward over ``problem`` (docs/theory.md, "The backward over a problem"); count-only:
+    every data array None. K/V outer per (b, key/value head[, query head]); ``per-head`` GQA (g > 1) writes dK, dV
+    expanded to H_q heads (dKpart, dVpart) and sums each group afterwards (flash-attn's GQA backward); ``packed``
+    loops over the g N_q packed rows of the group with dK_j, dV_j on chip, written once. D = rowsum(dO o O) in a
+    pass of its own; dQ_i read-modify-written on every inner step. Returns (dQ, dK, dV) with dQ in (b, h_q, r) and
+    dK, dV in (b, h_kv, c) row order. Exact counts: :func:`iosim.theory.io_model.flash2_backward_problem`."""
+    return _backward_call(mem, problem, Q, K, V, O, dO, L, None, None, Br, Bc, gqa, scale, dtype, False, mask)
+
+
+def flash1_backward_problem(mem, problem, Q, K, V, O, dO, l, m, *, Br, Bc, gqa, scale, dtype=np.float64, mask=None):  # noqa: E741, N803
+    """FlashAttention's Algorithm 4 over ``problem``: the schedule of :func:`flash2_backward_problem` with
+    Algorithm 4's steps: dQ, dK, dV (the expanded partials under per-head GQA) zero-initialised in HBM, P_ij from
+    l_i and m_i, O_i loaded and D_i recomputed on every inner step, no D pass. Exact counts:
+    :func:`iosim.theory.io_model.flash1_backward_problem`."""
+    return _backward_call(mem, problem, Q, K, V, O, dO, None, l, m, Br, Bc, gqa, scale, dtype, True, mask)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# One head, as the papers write it: the B = H = 1, N_q = N_k case of the nests above (the paper's operand order).
+# ---------------------------------------------------------------------------------------------------------------
+_ONE_HEAD = dict(gqa="per-head")
+
+
+def _one_head(N, d, causal):  # noqa: N803
+    return Problem(N=N, d=d), resolve(causal, N)
+
+
+def flash1_forward(mem, Q, K, V, *, N, d, Br, Bc, scale, causal=False, dtype=np.float64):  # noqa: N803
+    """FlashAttention Algorithm 1 (with Algorithm 2's scale and causal mask) on memory ``mem``.
+
+    Count-only mode: pass Q = K = V = None. Returns (O, l, m) in slow memory (None each in count-only mode).
+    Reads 2Nd + Tc(2Nd + 2N), writes Tc(Nd + 2N) plus Nd + 2N for initialising O, l, m:
+    see :func:`iosim.theory.io_model.flash1_forward`.
+    """
+    p, mask = _one_head(N, d, causal)
+    return flash1_problem(mem, p, Q, K, V, None, Br=Br, Bc=Bc, mla="shared", scale=scale, dtype=dtype, mask=mask,
+                          **_ONE_HEAD)  # fmt: skip
+
+
+def flash2_forward(mem, Q, K, V, *, N, d, Br, Bc, scale, causal=False, dtype=np.float64):  # noqa: N803
+    """FlashAttention-2 forward on memory ``mem``. Count-only mode: Q = K = V = None. Returns (O, L).
+
+    Reads Nd + Tr * 2Nd, writes Nd + N: see :func:`iosim.theory.io_model.flash2_forward`.
+    """
+    p, mask = _one_head(N, d, causal)
+    return flash2_problem(mem, p, Q, K, V, None, Br=Br, Bc=Bc, splits=1, mla="shared", combine_rows=1, scale=scale,
+                          dtype=dtype, mask=mask, **_ONE_HEAD)  # fmt: skip
 
 
 def flash1_backward(mem, Q, K, V, O, dO, l, m, *, N, d, Br, Bc, scale, causal=False, dtype=np.float64):  # noqa: E741, N803
@@ -476,14 +763,9 @@ def flash1_backward(mem, Q, K, V, O, dO, l, m, *, N, d, Br, Bc, scale, causal=Fa
     Reads 2Nd + Tc(4Nd + 2N), writes 2Nd + Tc Nd plus 3Nd initialisation, total 4Nd + Tc(5Nd + 2N) + 3Nd
     (docs/theory.md B1): see :func:`iosim.theory.io_model.flash1_backward`.
     """
-    Q, K, V = _inputs(Q, K, V, dtype)
-    O, dO, l, m = (_vec(x, dtype) for x in (O, dO, l, m))  # noqa: E741
-    dQ, dK, dV = _grads(Q is not None, dtype, N, d)
-    nd, n = (N, d), (N,)
-    ids = mem.ids(Q=nd, K=nd, V=nd, O=nd, dO=nd, l=n, m=n, dQ=nd, dK=nd, dV=nd, S=(N, N), dP=(N, N), D=n)
-    mk = resolve(causal, N).args
-    mem.call(_flash1_backward, ids, Q, K, V, O, dO, l, m, dQ, dK, dV, N, d, Br, Bc, float(scale), *mk)
-    return dQ, dK, dV
+    p, mask = _one_head(N, d, causal)
+    return flash1_backward_problem(mem, p, Q, K, V, O, dO, l, m, Br=Br, Bc=Bc, scale=scale, dtype=dtype, mask=mask,
+                                   **_ONE_HEAD)  # fmt: skip
 
 
 def flash2_backward(mem, Q, K, V, O, dO, L, *, N, d, Br, Bc, scale, causal=False, dtype=np.float64):  # noqa: N803
@@ -496,12 +778,6 @@ def flash2_backward(mem, Q, K, V, O, dO, L, *, N, d, Br, Bc, scale, causal=False
     Reads 4Nd + Tc(3Nd + 2N), writes 2Nd + N + Tc Nd plus Nd initialisation of dQ, total 6Nd + N + Tc(4Nd + 2N)
     + Nd: see :func:`iosim.theory.io_model.flash2_backward`.
     """
-    Q, K, V = _inputs(Q, K, V, dtype)
-    O, dO, L = (_vec(x, dtype) for x in (O, dO, L))
-    D = None if Q is None else np.full(N, np.nan, dtype)
-    dQ, dK, dV = _grads(Q is not None, dtype, N, d)
-    nd, n = (N, d), (N,)
-    ids = mem.ids(Q=nd, K=nd, V=nd, O=nd, dO=nd, L=n, D=n, dQ=nd, dK=nd, dV=nd, S=(N, N), dP=(N, N))
-    mk = resolve(causal, N).args
-    mem.call(_flash2_backward, ids, Q, K, V, O, dO, L, D, dQ, dK, dV, N, d, Br, Bc, float(scale), *mk)
-    return dQ, dK, dV
+    p, mask = _one_head(N, d, causal)
+    return flash2_backward_problem(mem, p, Q, K, V, O, dO, L, Br=Br, Bc=Bc, scale=scale, dtype=dtype, mask=mask,
+                                   **_ONE_HEAD)  # fmt: skip

@@ -132,7 +132,7 @@ class TileMask:
         return 0
 
     def tile_tests(self, Br: int, Bc: int) -> int:
-        """About how many generator draws (of about 2 ns) a problem's schedule (algorithms/decoding.py), which never
+        """About how many generator draws (of about 2 ns) a problem's schedule (algorithms/flash.py), which never
         counts the whole mask, pays per Br x Bc tile it tests, calls and loops included (measured on the problem's
         tile summary at N = 65,536 with 295 x 64 tiles). Random elements: 28 plus about 1 / min(S, 1 - S) draws to
         meet the first allowed and first forbidden element (measured 60 ns at S = 0.5, 230 ns at 0.01, 1.8 us at
@@ -830,7 +830,7 @@ def _ol_block_nonempty(kind, p, T, N, B, x0, bx, column):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# A problem's rows (algorithms/decoding.py). A problem of N_q query rows against N_k keys takes its mask over the
+# A problem's rows (algorithms/flash.py). A problem of N_q query rows against N_k keys takes its mask over the
 # whole sequence, N_k x N_k: query row q is the mask's row q + off (off = N_k - N_q; the queries are the last N_q
 # positions, so every mask is aligned bottom-right as the causal one is). A thread block of packed GQA rows holds
 # several heads' rows, packed row r being query row r mod N_q: its rows are at most three runs of the mask's rows

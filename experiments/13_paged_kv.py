@@ -8,7 +8,7 @@ a tile? flash2 forward (decoding: B = 8, H_q = 32, H_kv = 8 packed, N_q = 1, N_k
 B_c = 128 so that every P is on the same tiles) and flash1, count-only, exact against io_model; P = 1 .. 1024.
 flash1 (K/V outer) twice: piece per step (each page piece of a tile an outer step of its own, with its own round
 trip of Q_i, O_i, l_i, m_i: ``iosim run``'s schedule) and gather (the tile's keys gathered from their pages in one
-outer step, :func:`iosim.algorithms.decoding.flash1_problem` with ``gather=True``): what paging costs a K/V-outer
+outer step, :func:`iosim.algorithms.flash.flash1_problem` with ``gather=True``): what paging costs a K/V-outer
 kernel that gathers is the table words alone; the piece-per-step cost is that schedule's, not paging's.
 Reported: words (K/V words are those of the contiguous cache: a piece costs its words), page-table words, the
 pieces (K/V transfers) and the largest inner-step working set.
@@ -18,7 +18,7 @@ Run: ``iosim experiments run paged-kv``.
 
 from __future__ import annotations
 
-from iosim.algorithms import decoding
+from iosim.algorithms import flash
 from iosim.experiments import runner
 from iosim.experiments._common import Verdict
 from iosim.memory_model import TwoLevelMemory
@@ -61,7 +61,7 @@ def measure(g) -> list[dict]:
     for P in [None, *g.pages]:  # flash1 gathering each tile from its pages: one outer step per column block
         p = Problem(B=8, H_q=32, H_kv=8, N_q=1, N_k=g.N_k, d=128, page_size=P)
         mem = TwoLevelMemory(g.M, fast=True)
-        decoding.flash1_problem(mem, p, None, None, None, None, Br=t.Br, Bc=t.Bc, gqa="packed", mla="shared",
+        flash.flash1_problem(mem, p, None, None, None, None, Br=t.Br, Bc=t.Bc, gqa="packed", mla="shared",
                                 scale=1.0, gather=True)  # fmt: skip
         st, pred = mem.stats(), io_model.flash1_problem(p, t.Br, t.Bc, "packed", gather=True)
         pa = st.per_array

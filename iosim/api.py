@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import inspect
 import warnings
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -19,7 +20,6 @@ from iosim.references import all_finite, logsumexp_error, problem_reference, pro
 from iosim.results import PassResult, Result
 from iosim.schedule import Schedule, explicit_tiles, from_objects
 from iosim.theory import bounds
-from iosim.theory.tiling import RULES
 from iosim.validate import (
     DTYPES,
     MAX_D,
@@ -163,7 +163,7 @@ def run(
     ``problem`` (an :class:`iosim.problem.Problem`: batch, query and key/value heads, N_q, N_k, d_qk, d_v, causal
     bottom-right, MLA latent, page size, dtypes) replaces N and d; ``gqa`` ("per-head" or "packed"), ``splits``
     (split-KV, flash2) and ``mla`` ("shared" or "naive", a latent problem) choose the schedule over it
-    (:mod:`iosim.algorithms.decoding`). A one-head problem with N_q = N_k and the default schedule runs the
+    (:mod:`iosim.algorithms.flash`). A one-head problem with N_q = N_k and the default schedule runs the
     algorithms above unchanged. ``Br``, ``Bc`` (flash1, flash2) and ``B`` (standard, square-tiling) fix the tiles
     instead of the tiling rule; their working set must fit in M.
     """
@@ -179,143 +179,187 @@ def run(
         N, d, causal = problem.N_q, problem.d_qk, problem.causal
         if Q is not None or K is not None or V is not None:  # one head's arrays, given as (B, H, N, d) or (N, d)
             Q, K, V, dO = problem_arrays(problem, Q, K, V, dO)
-    explicit = explicit_tiles(algo, Br, Bc, B)
-    backward, causal, count_only = flag("backward", backward), flag("causal", causal), flag("count_only", count_only)
-    strict, trace, reference = flag("strict", strict), flag("trace", trace), flag("reference", reference)
-    allow_long = flag("allow_long", allow_long)
-    if not isinstance(tiling, str) or tiling not in RULES:
-        raise InputError("tiling", f"must be one of {', '.join(RULES)}", tiling)
-    dtype = dtype_arg(dtype)
-    if backward:
-        if not algo.has_backward:
-            have = [name for name, a in registry.REGISTRY.items() if a.has_backward]
-            raise InputError(
-                "backward", f"is not implemented for {algorithm}; algorithms with one: {', '.join(have)}", backward
-            )
-    elif dO is not None:
-        raise InputError("dO", "is only used with backward=True", "an array")
-    given = Q is not None or K is not None or V is not None
-    seed = None if given else seed_arg(seed)
-    if given:
-        if count_only:
-            raise InputError("count_only", "cannot be combined with given Q, K, V (count-only runs have no data)")
-        Q, K, V, N, d = check_arrays(Q, K, V, N, d)
-    else:
-        if N is None or d is None:
-            raise InputError("N and d", "must be given when Q, K, V are not")
-        N, d = positive_int("N", N, MAX_N), positive_int("d", d, MAX_D)
-    scale = scale_arg(scale, d)
-    from iosim.masks import compile_mask
-
-    tmask = compile_mask(mask, N, causal, kv_policy)
-    causal = tmask.is_causal
-    masked = not causal and tmask.label != "none"
-    if masked and not algo.builtin:
-        raise InputError("mask", f"is only supported by the built-in algorithms, not by {algorithm}", tmask.label)
-    # what the algorithm receives in its ``causal`` argument: the compiled mask (built-in), the flag (user's)
-    causal_arg = tmask if algo.builtin else causal
-
-    t = algo.choose_tiling(N, d, M, tiling)
-    t_bwd = algo.backward_tiling(N, d, M, tiling) if backward else None  # before any work: a too-small M fails fast
-    if explicit:
-        t, t_bwd = explicit_tiling(algo, explicit, t, t_bwd, N, d, M, causal_arg, strict)
-    np_dtype = np.dtype(dtype)
-    if count_only:
-        check_time(t_bwd or t, N, d, backward, allow_long, tmask if masked else None)
-    else:
-        check_memory(algo, N, d, backward, reference, np_dtype.itemsize)
-        check_time(t_bwd or t, N, d, backward, allow_long, tmask if masked else None, count_only=False)
-        rng = np.random.default_rng(seed)
-        if not given:
-            Q, K, V = (rng.standard_normal((N, d)) for _ in range(3))
-        if dO is not None:
-            dO = check_dO(dO, N, d)
-        elif backward:
-            dO = rng.standard_normal((N, d))
-    if dO is not None and count_only:
-        raise InputError("dO", "cannot be combined with count_only=True (count-only runs have no data)")
-
-    # A count-only run of a built-in algorithm uses the counters-only memory (its loop nest is checked against the
-    # tile table by the test suite); a traced run and every user-registered algorithm keep the tile table.
-    fast = count_only and algo.builtin and not trace
-    mem = TwoLevelMemory(M, strict=strict, trace=trace and not backward, fast=fast)
-    data = (None, None, None) if count_only else (Q, K, V)
-    with OutOfMemory(algorithm, N, d, "simulated forward"):
-        outputs = algo.forward(mem, *data, N, d, t, scale, causal_arg, np_dtype)
-    errors: dict[str, float] = {}
-    allowed = tmask if masked and not count_only and reference else None  # the reference takes its rows per block
-    if not count_only and reference:
-        # an overflow shows as result.finite, with one warning below
-        with np.errstate(all="ignore"), OutOfMemory(algorithm, N, d, "float64 reference"):
-            O_ref, L_ref = attention_forward(Q, K, V, scale=scale, causal=causal, mask=allowed)
-        errors["O"] = float(np.max(np.abs(outputs["O"] - O_ref)))
-        if outputs.get("L") is not None:
-            errors["L"] = logsumexp_error(outputs["L"], L_ref)
-    lb, lb_name = bounds.lower_bound(N, d, M, mask=tmask if masked else None, causal=causal)
-    fwd = PassResult(
-        "forward",
-        mem.stats(),
-        algo.predict_forward(N, d, M, t, causal_arg),
-        lb,
-        lb_name,
-        errors,
-        t,
-        count_only or all_finite(outputs, ("O", "L")),
-    )
+    h = _OneHead.check(algo, M, locals())  # every argument of this call, checked there
+    fwd, outputs, pass_trace = h.forward()
     passes = {"forward": fwd}
-    pass_trace = mem.trace()
-    if backward:
-        # a fresh fast memory: the backward is a separate kernel
-        mem_bwd = TwoLevelMemory(M, strict=strict, trace=trace, fast=fast)
-        with OutOfMemory(algorithm, N, d, "simulated backward"):
-            grads = algo.backward(
-                mem_bwd, *data, None if count_only else dO, outputs, N, d, t_bwd, scale, causal_arg, np_dtype
-            )
-        errors_bwd: dict[str, float] = {}
-        if not count_only and reference:
-            with np.errstate(all="ignore"), OutOfMemory(algorithm, N, d, "float64 reference"):
-                refs = attention_backward(Q, K, V, dO, scale=scale, causal=causal, mask=allowed)
-            for name, ref in zip(("dQ", "dK", "dV"), refs, strict=True):
-                errors_bwd[name] = float(np.max(np.abs(grads[name] - ref)))
-        lb_bwd, lb_bwd_name = bounds.lower_bound(N, d, M, backward=True, mask=tmask if masked else None, causal=causal)
-        passes["backward"] = PassResult(
-            "backward",
-            mem_bwd.stats(),
-            algo.predict_backward(N, d, M, t_bwd, causal_arg),
-            lb_bwd,
-            lb_bwd_name,
-            errors_bwd,
-            t_bwd,
-            count_only or all_finite(grads, ("dQ", "dK", "dV")),
-        )
+    if h.backward:
+        passes["backward"], grads, pass_trace = h.backward_pass(outputs)
         outputs = {**outputs, **grads}
-        pass_trace = mem_bwd.trace()
-    result = Result(
-        algorithm,
-        N,
-        d,
-        M,
-        causal,
-        count_only,
-        dtype,
-        t_bwd or t,
-        passes,
-        outputs,
-        seed,
-        scale,
-        pass_trace,
-        tmask.label,
-        tmask.policy,
-        problem
-        if problem is not None
-        else Problem(N=N, d=d, causal=causal, dtype_q="fp64" if dtype == "float64" else "fp32"),
-    )
-    if not result.finite:
-        bad = [name for name, p in passes.items() if not p.finite]
-        warnings.warn(
-            f"{algorithm}: the {' and '.join(bad)} outputs are not finite (NaN or inf) although the inputs are: the "
-            f"scores overflow {dtype} (scale x max|Q K^T| too large); the counts are exact, the outputs are not",
-            RuntimeWarning,
-            stacklevel=2,
+    return h.result(passes, outputs, pass_trace, problem)
+
+
+@dataclass
+class _OneHead:
+    """One head's run, checked (:meth:`check`), then its passes and its result: the body of :func:`run`."""
+
+    algo: registry.Algorithm
+    M: int
+    N: int
+    d: int
+    Q: np.ndarray | None
+    K: np.ndarray | None
+    V: np.ndarray | None
+    dO: np.ndarray | None
+    backward: bool
+    count_only: bool
+    strict: bool
+    trace: bool
+    reference: bool
+    dtype: str
+    seed: int | None
+    scale: float
+    tmask: object  # the compiled mask (iosim.algorithms.tile_masks.TileMask)
+    t: object  # the forward's tiling, then the backward's
+    t_bwd: object
+
+    @property
+    def masked(self) -> bool:  # a mask other than the causal one (the causal flag has its own closed forms)
+        return not self.tmask.is_causal and self.tmask.label != "none"
+
+    @property
+    def causal(self) -> bool:
+        return self.tmask.is_causal
+
+    @property
+    def causal_arg(self):  # what the algorithm receives as ``causal``: the compiled mask (built-in), the flag (user's)
+        return self.tmask if self.algo.builtin else self.causal
+
+    @property
+    def allowed(self):  # the mask the reference takes its rows from (a mask other than causal, numeric, referenced)
+        return self.tmask if self.masked and not self.count_only and self.reference else None
+
+    @property
+    def fast(self) -> bool:  # a count-only run of a built-in algorithm uses the counters-only memory (its loop nest
+        return self.count_only and self.algo.builtin and not self.trace  # is checked against the tile table by tests)
+
+    @classmethod
+    def check(cls, algo, M: int, a: dict) -> _OneHead:
+        """Every argument checked, the inputs drawn and the tilings chosen, before any work (the long-run rule and
+        the memory check included)."""
+        name = algo.name
+        explicit = explicit_tiles(algo, a["Br"], a["Bc"], a["B"])
+        backward, count_only = flag("backward", a["backward"]), flag("count_only", a["count_only"])
+        strict, trace, reference = (
+            flag("strict", a["strict"]),
+            flag("trace", a["trace"]),
+            flag("reference", a["reference"]),
         )
-    return result
+        causal, allow_long = flag("causal", a["causal"]), flag("allow_long", a["allow_long"])
+        dtype = dtype_arg(a["dtype"])
+        Q, K, V, dO, N, d = a["Q"], a["K"], a["V"], a["dO"], a["N"], a["d"]
+        if backward and not algo.has_backward:
+            have = [n for n, x in registry.REGISTRY.items() if x.has_backward]
+            raise InputError("backward", f"is not implemented for {name}; algorithms with one: {', '.join(have)}", True)
+        if not backward and dO is not None:
+            raise InputError("dO", "is only used with backward=True", "an array")
+        given = Q is not None or K is not None or V is not None
+        seed = None if given else seed_arg(a["seed"])
+        if given:
+            if count_only:
+                raise InputError("count_only", "cannot be combined with given Q, K, V (count-only runs have no data)")
+            Q, K, V, N, d = check_arrays(Q, K, V, N, d)
+        else:
+            if N is None or d is None:
+                raise InputError("N and d", "must be given when Q, K, V are not")
+            N, d = positive_int("N", N, MAX_N), positive_int("d", d, MAX_D)
+        scale = scale_arg(a["scale"], d)
+        from iosim.masks import compile_mask
+
+        tmask = compile_mask(a["mask"], N, causal, a["kv_policy"], allow_long=allow_long)
+        h = cls(algo, M, N, d, Q, K, V, dO, backward, count_only, strict, trace, reference, dtype, seed, scale, tmask,
+                None, None)  # fmt: skip
+        if h.masked and not algo.builtin:
+            raise InputError("mask", f"is only supported by the built-in algorithms, not by {name}", tmask.label)
+        h.t = algo.choose_tiling(N, d, M, a["tiling"])
+        h.t_bwd = algo.backward_tiling(N, d, M, a["tiling"]) if backward else None  # a too-small M fails fast
+        if explicit:
+            h.t, h.t_bwd = explicit_tiling(algo, explicit, h.t, h.t_bwd, N, d, M, h.causal_arg, strict)
+        h.draw(allow_long)
+        if dO is not None and count_only:
+            raise InputError("dO", "cannot be combined with count_only=True (count-only runs have no data)")
+        return h
+
+    def draw(self, allow_long: bool) -> None:
+        """The long-run rule (and, numeric, the memory check), then the random inputs the caller did not give."""
+        mask = self.tmask if self.masked else None
+        if self.count_only:
+            check_time(self.t_bwd or self.t, self.N, self.d, self.backward, allow_long, mask)
+            return
+        check_memory(self.algo, self.N, self.d, self.backward, self.reference, np.dtype(self.dtype).itemsize)
+        check_time(self.t_bwd or self.t, self.N, self.d, self.backward, allow_long, mask, count_only=False)
+        rng = np.random.default_rng(self.seed)
+        if self.Q is None:
+            self.Q, self.K, self.V = (rng.standard_normal((self.N, self.d)) for _ in range(3))
+        if self.dO is not None:
+            self.dO = check_dO(self.dO, self.N, self.d)
+        elif self.backward:
+            self.dO = rng.standard_normal((self.N, self.d))
+
+    @property
+    def data(self) -> tuple:
+        return (None, None, None) if self.count_only else (self.Q, self.K, self.V)
+
+    def forward(self):
+        """The forward pass on its own memory of M words: (its PassResult, the outputs, its trace)."""
+        N, d, algo = self.N, self.d, self.algo
+        mem = TwoLevelMemory(self.M, strict=self.strict, trace=self.trace and not self.backward, fast=self.fast)
+        with OutOfMemory(algo.name, N, d, "simulated forward"):
+            outputs = algo.forward(mem, *self.data, N, d, self.t, self.scale, self.causal_arg, np.dtype(self.dtype))
+        errors: dict[str, float] = {}
+        if not self.count_only and self.reference:  # an overflow shows as result.finite, with one warning
+            with np.errstate(all="ignore"), OutOfMemory(algo.name, N, d, "float64 reference"):
+                O_ref, L_ref = attention_forward(self.Q, self.K, self.V, scale=self.scale, causal=self.causal,
+                                                 mask=self.allowed)  # fmt: skip
+            errors["O"] = float(np.max(np.abs(outputs["O"] - O_ref)))
+            if outputs.get("L") is not None:
+                errors["L"] = logsumexp_error(outputs["L"], L_ref)
+        predicted = algo.predict_forward(N, d, self.M, self.t, self.causal_arg)
+        finite = self.count_only or all_finite(outputs, ("O", "L"))
+        return (
+            PassResult("forward", mem.stats(), predicted, *self.bound(False), errors, self.t, finite),
+            outputs,
+            mem.trace(),
+        )
+
+    def backward_pass(self, outputs: dict):
+        """The backward on a fresh memory of M words (a separate kernel), reading the forward's outputs."""
+        N, d, algo = self.N, self.d, self.algo
+        mem = TwoLevelMemory(self.M, strict=self.strict, trace=self.trace, fast=self.fast)
+        dO = None if self.count_only else self.dO
+        with OutOfMemory(algo.name, N, d, "simulated backward"):
+            grads = algo.backward(mem, *self.data, dO, outputs, N, d, self.t_bwd, self.scale, self.causal_arg,
+                                  np.dtype(self.dtype))  # fmt: skip
+        errors: dict[str, float] = {}
+        if not self.count_only and self.reference:
+            with np.errstate(all="ignore"), OutOfMemory(algo.name, N, d, "float64 reference"):
+                refs = attention_backward(self.Q, self.K, self.V, dO, scale=self.scale, causal=self.causal,
+                                          mask=self.allowed)  # fmt: skip
+            for name, ref in zip(("dQ", "dK", "dV"), refs, strict=True):
+                errors[name] = float(np.max(np.abs(grads[name] - ref)))
+        predicted = algo.predict_backward(N, d, self.M, self.t_bwd, self.causal_arg)
+        finite = self.count_only or all_finite(grads, ("dQ", "dK", "dV"))
+        p = PassResult("backward", mem.stats(), predicted, *self.bound(True), errors, self.t_bwd, finite)
+        return p, grads, mem.trace()
+
+    def bound(self, backward: bool) -> tuple:
+        mask = self.tmask if self.masked else None
+        return bounds.lower_bound(self.N, self.d, self.M, backward=backward, mask=mask, causal=self.causal)
+
+    def result(self, passes: dict, outputs: dict, pass_trace, problem) -> Result:
+        if problem is None:
+            problem = Problem(
+                N=self.N, d=self.d, causal=self.causal, dtype_q="fp64" if self.dtype == "float64" else "fp32"
+            )
+        result = Result(self.algo.name, self.N, self.d, self.M, self.causal, self.count_only, self.dtype,
+                        self.t_bwd or self.t, passes, outputs, self.seed, self.scale, pass_trace, self.tmask.label,
+                        self.tmask.policy, problem)  # fmt: skip
+        if not result.finite:
+            bad = [name for name, p in passes.items() if not p.finite]
+            warnings.warn(
+                f"{self.algo.name}: the {' and '.join(bad)} outputs are not finite (NaN or inf) although the inputs "
+                f"are: the scores overflow {self.dtype} (scale x max|Q K^T| too large); the counts are exact, the "
+                "outputs are not",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+        return result

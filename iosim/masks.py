@@ -32,7 +32,7 @@ partial blocks' bits kept), which answers any tile of any tiling exactly; the co
 from __future__ import annotations
 
 import numbers
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -448,9 +448,12 @@ def check_policy(policy, default: str | None = "paper") -> str | None:
     return policy
 
 
-def compile_mask(mask, N: int, causal: bool = False, policy: str | None = "paper") -> TileMask:
+def compile_mask(
+    mask, N: int, causal: bool = False, policy: str | None = "paper", allow_long: bool = False
+) -> TileMask:
     """The tile oracle of ``mask`` (a :class:`Mask`, a ``--mask`` string, a TileMask or None) for N; ``causal``
-    True is the causal mask (it cannot be combined with another mask)."""
+    True is the causal mask (it cannot be combined with another mask). ``allow_long`` is the run's consent to long
+    work (``--yes``): it reaches a mask_mod's evaluation, which is priced under the same rule."""
     policy = check_policy(policy)
     if isinstance(N, bool) or not isinstance(N, numbers.Integral) or not 0 < N <= 1 << 26:
         raise InputError("N", f"must be an integer from 1 to {1 << 26:,}", N)
@@ -464,7 +467,10 @@ def compile_mask(mask, N: int, causal: bool = False, policy: str | None = "paper
         return mask.with_policy(policy)
     if isinstance(mask, np.ndarray):
         mask = FromArray(mask)
-    return parse(mask).compile(N, policy)
+    mask = parse(mask)
+    if allow_long is True and isinstance(mask, _Evaluated) and not mask.allow_long:
+        mask = replace(mask, allow_long=True, _cache={})
+    return mask.compile(N, policy)
 
 
 # --- FlexAttention's masks: mask_mod functions and BlockMasks (iosim.mask_mod) -----------------------------------
@@ -480,10 +486,12 @@ def _mod_compile(fn, b: int, h: int, N: int, label: str, policy: str, allow_long
 
     seconds, what = N * N * MOD_ELEMENT, f"evaluating the mask_mod {label} on {N:,} x {N:,} scores"
     if seconds > estimate.LONG_SECONDS and not allow_long and seconds <= estimate.MAX_SECONDS:
-        # the consent is the mask's own: a run's allow_long (--yes) does not reach a mask compiled before the run
-        raise InputError("allow_long", f"must be True for {what}, estimated at about {estimate.describe(seconds)} "
-                         "(over a minute): from_mask_mod(fn, allow_long=True) or from_block_mask(..., allow_long=True) "
-                         "in Python; a mod: mask on the command line is limited to a minute", allow_long)  # fmt: skip
+        raise InputError(
+            "allow_long",
+            f"must be True for {what}, estimated at about {estimate.describe(seconds)} (over a minute): --yes on the "
+            "command line, allow_long=True on the run, or from_mask_mod(fn, allow_long=True)",
+            allow_long,
+        )
     estimate.check(seconds, what, allow_long=allow_long, parameter="mask", value=label)
     n = -(-N // _m.MOD_G)
     _table_fits((n, n + 2), label)

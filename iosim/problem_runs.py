@@ -9,7 +9,7 @@ from iosim import estimate
 from iosim.errors import InputError
 from iosim.inputs import problem_arrays
 from iosim.memory_model import Stats, TwoLevelMemory
-from iosim.problem import GQA_POLICIES, MLA_POLICIES, Problem
+from iosim.problem import Problem
 from iosim.references import all_finite, logsumexp_error, problem_reference, problem_reference_backward
 from iosim.results import PassResult, Result
 from iosim.theory.tiling import RULES, Tiling
@@ -60,9 +60,8 @@ def explicit_tiling(algo, given: dict, t, t_bwd, N, d, M, causal_arg, strict: bo
 
 
 def _problem_schedule(algo, p: Problem, gqa, splits, mla, B) -> tuple[int, str]:
-    """Validate the schedule options against the algorithm and the problem: (splits, mla)."""
-    if gqa not in GQA_POLICIES:
-        raise InputError("gqa", f"must be one of {', '.join(GQA_POLICIES)}", gqa)
+    """The schedule's options (each checked on its own by :class:`iosim.Schedule`) against the algorithm and the
+    problem: (splits, mla)."""
     if algo.name in ONE_HEAD_ALGORITHMS:
         # heads one after another, each its own schedule: batch, heads, GQA per-head, any N_q, N_k, d_qk, d_v
         for name, value, given in (("gqa", gqa, gqa != "per-head"), ("splits", splits, splits != 1),
@@ -83,13 +82,9 @@ def _problem_schedule(algo, p: Problem, gqa, splits, mla, B) -> tuple[int, str]:
             "with N_q = N_k",
             algo.name,
         )
-    if mla not in MLA_POLICIES:
-        raise InputError("mla", f"must be one of {', '.join(MLA_POLICIES)}", mla)
     if mla == "naive" and not p.latent:
         raise InputError("mla", "naive applies to a latent (MLA) problem: Problem(latent=True)", mla)
-    splits = positive_int("splits", splits, p.N_k) if not isinstance(splits, bool) else splits
-    if isinstance(splits, bool):
-        raise InputError("splits", f"must be an integer from 1 to N_k = {p.N_k:,}", splits)
+    splits = positive_int("splits", splits, p.N_k)  # at most one split per key
     if splits > 1 and algo.name != "flash2":
         raise InputError(
             "splits",
@@ -195,7 +190,7 @@ def problem_seen(p: Problem, mask, allow_long: bool = False) -> tuple[int, int] 
     from iosim.algorithms.tile_masks import DENSE
     from iosim.masks import compile_mask
 
-    tm = compile_mask(mask, p.N_k, p.causal)
+    tm = compile_mask(mask, p.N_k, p.causal, allow_long=allow_long)
     draws = -(-getattr(tm, "scan_tests", 0) * p.N_q // p.N_k)  # the scan of the whole N_k x N_k, for N_q rows
     if draws:
         estimate.check(
@@ -205,7 +200,7 @@ def problem_seen(p: Problem, mask, allow_long: bool = False) -> tuple[int, int] 
     return None if tm.kind == DENSE else _seen(p, tm)
 
 
-def problem_mask(p: Problem, mask, policy):
+def problem_mask(p: Problem, mask, policy, allow_long: bool = False):
     """The mask of a flash schedule over a problem: a TileMask over the whole sequence (N_k x N_k) whose last N_q
     rows are the queries' (aligned bottom-right, as the causal field is), or None for the dense mask. ``policy``
     None is skip: a problem's schedules load no operand of a block the mask empties, as FlashAttention's kernels."""
@@ -219,15 +214,15 @@ def problem_mask(p: Problem, mask, policy):
             f"N_q = {p.N_q:,}, N_k = {p.N_k:,}",
             mask if isinstance(mask, str) else type(mask).__name__,
         )
-    tm = compile_mask(mask, p.N_k, p.causal, "skip" if policy is None else policy)
+    tm = compile_mask(mask, p.N_k, p.causal, "skip" if policy is None else policy, allow_long=allow_long)
     return None if tm.kind == DENSE else tm
 
 
 def run_problem(algo, p: Problem, M: int, gqa, splits, mla, Br, Bc, B, one_head, **o) -> Result:
-    """:func:`iosim.api.run` over a whole problem (flash1, flash2: :mod:`iosim.algorithms.decoding`; standard and
+    """:func:`iosim.api.run` over a whole problem (flash1, flash2: :mod:`iosim.algorithms.flash`; standard and
     square tiling head by head). ``one_head`` is :func:`iosim.api.run` itself, which a backward run head by head
     calls for each head."""
-    from iosim.algorithms import decoding
+    from iosim.algorithms import flash
     from iosim.masks import check_policy, compile_mask
     from iosim.theory import io_model
     from iosim.theory.tiling import problem_tiling
@@ -238,7 +233,7 @@ def run_problem(algo, p: Problem, M: int, gqa, splits, mla, Br, Bc, B, one_head,
     if algo.name not in PROBLEM_ALGORITHMS and backward:
         return run_by_heads(algo, p, M, gqa, splits, mla, Br, Bc, B, masked, o, one_head)
     splits, mla = _problem_schedule(algo, p, gqa, splits, mla, B)
-    tmask = problem_mask(p, o["mask"], o["kv_policy"]) if masked else None
+    tmask = problem_mask(p, o["mask"], o["kv_policy"], o["allow_long"] is True) if masked else None
     if not masked and p.causal and o["kv_policy"] == "paper":  # the causal field under the policy asked for
         tmask = compile_mask(None, p.N_k, True, "paper")
     if backward:
@@ -315,14 +310,14 @@ def run_problem(algo, p: Problem, M: int, gqa, splits, mla, Br, Bc, B, one_head,
         Q, K, V, Ks, Vs, table = _problem_inputs(p, np.random.default_rng(seed), user)
     data = [None if x is None else np.ascontiguousarray(x, dtype=np_dtype) for x in (Q, Ks, Vs)]
     if algo.name == "flash2":
-        O, L = decoding.flash2_problem(
+        O, L = flash.flash2_problem(
             mem, p, *data, table, Br=t.Br, Bc=t.Bc, gqa=gqa, splits=splits, mla=mla, combine_rows=bm, scale=scale,
             dtype=np_dtype, mask=tmask,
         )  # fmt: skip
         outputs = {"O": O, "L": L}
         predicted = io_model.flash2_problem(p, t.Br, t.Bc, gqa, splits, mla, bm, tmask)
     else:
-        O, l_, m = decoding.flash1_problem(
+        O, l_, m = flash.flash1_problem(
             mem, p, *data, table, Br=t.Br, Bc=t.Bc, gqa=gqa, mla=mla, scale=scale, dtype=np_dtype, mask=tmask
         )
         with np.errstate(divide="ignore"):
@@ -366,12 +361,12 @@ def _priced_tile_tests(tmask, p: Problem, draws: int, allow_long: bool, larger: 
 
 def run_by_heads(algo, p: Problem, M: int, gqa, splits, mla, Br, Bc, B, masked: bool, o: dict, one_head) -> Result:
     """The backward of standard attention and square tiling over a problem, under any mask (flash1 and flash2 have their
-    own problem backward, :mod:`iosim.algorithms.decoding`; the forward of these two over a problem is
+    own problem backward, :mod:`iosim.algorithms.flash`; the forward of these two over a problem is
     :func:`_run_one_head_problem`): the B H_q query heads one after another, each the one-head schedule of :func:`run`
     on its own rows against its key/value head (GQA ``per-head``), so every array's counts are the heads' sum and the
     peak one head's (:func:`iosim.theory.io_model.heads_problem`). In the backward of a group of g > 1 query heads each
     head writes its dK, dV as partials (``dKpart``, ``dVpart``, as FlashAttention-2's GQA backward writes them expanded)
-    and the group sum of :mod:`iosim.algorithms.decoding` adds the g partials of each key/value head into dK, dV
+    and the group sum of :mod:`iosim.algorithms.flash` adds the g partials of each key/value head into dK, dV
     (:func:`iosim.theory.io_model.group_sum`). Every head is simulated; nothing is multiplied."""
     from iosim.theory import io_model
 
@@ -418,7 +413,7 @@ def run_by_heads(algo, p: Problem, M: int, gqa, splits, mla, Br, Bc, B, masked: 
             grad = dict(dO=dO[q : q + N]) if backward else {}
             runs.append(one_head(algo.name, Q=Q[q : q + N], K=K[k : k + N], V=V[k : k + N], **grad, **one))
     first = runs[0]
-    seen = problem_seen(p, o["mask"] if masked else None)
+    seen = problem_seen(p, o["mask"] if masked else None, allow_long=o["allow_long"] is True)
     passes: dict[str, PassResult] = {}
     for name, ps in first.passes.items():
         stats = runs[0].passes[name].stats
@@ -439,7 +434,7 @@ def run_by_heads(algo, p: Problem, M: int, gqa, splits, mla, Br, Bc, B, masked: 
         if not count_only and flag("reference", o["reference"]):  # the summed dK, dV against the float64 sums
             from iosim.masks import compile_mask
 
-            tm = compile_mask(o["mask"] if masked else None, N, p.causal)
+            tm = compile_mask(o["mask"] if masked else None, N, p.causal, allow_long=o["allow_long"] is True)
             ref_mask = None if tm.is_causal or tm.label == "none" else tm
             _, dK_ref, dV_ref = problem_reference_backward(p, Q, K, V, dO, first.scale, ref_mask)
             errs = passes["backward"].errors
@@ -454,9 +449,9 @@ def run_by_heads(algo, p: Problem, M: int, gqa, splits, mla, Br, Bc, B, masked: 
 
 def _gqa_reduction(p: Problem, M: int, bwd: PassResult, outputs: dict, count_only: bool):
     """The group sum after a head-by-head backward of g > 1 query heads per key/value head: the per-head passes
-    wrote dK, dV (renamed ``dKpart``, ``dVpart``); :func:`iosim.algorithms.decoding.sum_group` reads the g partials
+    wrote dK, dV (renamed ``dKpart``, ``dVpart``); :func:`iosim.algorithms.flash.sum_group` reads the g partials
     of each key/value head, R = :func:`iosim.theory.io_model.group_sum_rows` keys at a time, and writes dK, dV."""
-    from iosim.algorithms import decoding
+    from iosim.algorithms import flash
     from iosim.theory import io_model
 
     def renamed(per: dict) -> dict:
@@ -471,7 +466,7 @@ def _gqa_reduction(p: Problem, M: int, bwd: PassResult, outputs: dict, count_onl
         part = None if count_only else np.ascontiguousarray(outputs[name])
         total = None if count_only else np.empty((p.B * p.H_kv * p.N_k, d), dtype=part.dtype)
         bufs = (None, None) if count_only else (np.empty(R * d, part.dtype), np.empty(R * d, part.dtype))
-        mem.call(decoding.sum_group, ids, part, total, p.B * p.H_kv, p.g, p.N_k, d, R, *bufs)
+        mem.call(flash.sum_group, ids, part, total, p.B * p.H_kv, p.g, p.N_k, d, R, *bufs)
         out[name] = total
     stats = Stats(M=bwd.stats.M, peak=bwd.stats.peak, overflowed=bwd.stats.overflowed,
                   per_array=renamed(bwd.stats.per_array), at_peak=bwd.stats.at_peak) + mem.stats()  # fmt: skip
@@ -493,7 +488,7 @@ def _problem_backward_pass(name: str, p: Problem, M, gqa, rows, rule, Br, Bc, st
     """The flash2 (flash1) backward over a problem on a fresh memory of M words, reading the forward's O and L (O,
     l and m); dO is drawn from ``seed`` after Q, K, V. Fills ``outputs`` with dQ, dK, dV.
     Returns the pass and its trace (the run's trace, as for one head)."""
-    from iosim.algorithms import decoding
+    from iosim.algorithms import flash
     from iosim.theory import io_model
     from iosim.theory.tiling import problem_backward_tiling
 
@@ -517,7 +512,7 @@ def _problem_backward_pass(name: str, p: Problem, M, gqa, rows, rule, Br, Bc, st
         dO = _problem_dO(rng, (Rtot, p.d_v), user)
         stats = (outputs["l"], outputs["m"]) if name == "flash1" else (outputs["L"],)
         data = (*inputs, outputs["O"], dO, *stats)
-    run_backward = decoding.flash1_backward_problem if name == "flash1" else decoding.flash2_backward_problem
+    run_backward = flash.flash1_backward_problem if name == "flash1" else flash.flash2_backward_problem
     dQ, dK, dV = run_backward(mem, p, *data, Br=t.Br, Bc=t.Bc, gqa=gqa, scale=scale, dtype=np_dtype, mask=mask)
     outputs.update(dQ=dQ, dK=dK, dV=dV)
     schedule["backward_thread_blocks"] = predicted.thread_blocks

@@ -1,4 +1,4 @@
-"""Masks over whole problems (algorithms/decoding.py with iosim.algorithms.tile_masks' problem rows): every mask
+"""Masks over whole problems (algorithms/flash.py with iosim.algorithms.tile_masks' problem rows): every mask
 kind on every problem shape flash1 and flash2 run (batch, GQA per-head and packed, N_q < N_k and decoding, split-KV,
 paged KV, MLA), forward and backward, under both empty-block policies. The mask covers the whole sequence (N_k x
 N_k) and the queries are its last N_q rows, so every mask is aligned bottom-right as the causal field is.

@@ -7,7 +7,7 @@ import json
 
 import numpy as np
 import pytest
-from iosim.algorithms import decoding
+from iosim.algorithms import flash
 from iosim.memory_model import TwoLevelMemory
 
 import iosim
@@ -32,11 +32,11 @@ def _count(algo, p, Br, Bc, gqa, splits, mla, fast):
     br, bc = min(Br, rows), Bc
     bm = iosim.problem_runs.combine_rows(p, splits, M)
     if algo == "flash2":
-        decoding.flash2_problem(mem, p, None, None, None, None, Br=br, Bc=bc, gqa=gqa, splits=splits, mla=mla,
+        flash.flash2_problem(mem, p, None, None, None, None, Br=br, Bc=bc, gqa=gqa, splits=splits, mla=mla,
                                 combine_rows=bm, scale=1.0)  # fmt: skip
         pred = io_model.flash2_problem(p, br, bc, gqa, splits, mla, bm)
     else:
-        decoding.flash1_problem(mem, p, None, None, None, None, Br=br, Bc=bc, gqa=gqa, mla=mla, scale=1.0)
+        flash.flash1_problem(mem, p, None, None, None, None, Br=br, Bc=bc, gqa=gqa, mla=mla, scale=1.0)
         pred = io_model.flash1_problem(p, br, bc, gqa, mla)
     return mem.stats(), pred, M
 
@@ -465,7 +465,7 @@ def test_paged_flash1_that_gathers_a_tile_pays_only_the_table_words(p, Br, Bc, g
         counts = {}
         for q, gather in ((p, True), (p, False), (contiguous, False)):
             mem = TwoLevelMemory(10**6)
-            decoding.flash1_problem(mem, q, None, None, None, None, Br=Br, Bc=Bc, gqa=gqa, mla=mla, scale=1.0,
+            flash.flash1_problem(mem, q, None, None, None, None, Br=Br, Bc=Bc, gqa=gqa, mla=mla, scale=1.0,
                                     mask=tm, gather=gather)  # fmt: skip
             st, pred = mem.stats(), io_model.flash1_problem(q, Br, Bc, gqa, mla, tm, gather=gather)
             assert st.per_array == pred.per_array and st.peak == pred.peak
@@ -478,7 +478,7 @@ def test_paged_flash1_that_gathers_a_tile_pays_only_the_table_words(p, Br, Bc, g
             assert pieces["Q"][0] >= flat["Q"][0]  # piece by piece: Q_i, O_i, l_i, m_i again per piece
     rng = np.random.default_rng(3)
     Q, K, V, Ks, Vs, table = _problem_inputs(p, rng)
-    O, l_, m = decoding.flash1_problem(TwoLevelMemory(10**6), p, Q, Ks, Vs, table, Br=Br, Bc=Bc, gqa=gqa,
+    O, l_, m = flash.flash1_problem(TwoLevelMemory(10**6), p, Q, Ks, Vs, table, Br=Br, Bc=Bc, gqa=gqa,
                                        mla="shared", scale=0.5, gather=True)  # fmt: skip
     O_ref, L_ref = problem_reference(p, Q, K, V, 0.5)
     assert np.max(np.abs(O - O_ref)) < 1e-12

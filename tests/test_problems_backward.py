@@ -7,7 +7,7 @@ import itertools
 
 import numpy as np
 import pytest
-from iosim.algorithms import decoding, flash
+from iosim.algorithms import flash
 from iosim.memory_model import TwoLevelMemory
 
 import iosim
@@ -26,7 +26,7 @@ def _count(algo, p, Br, Bc, gqa, fast):
     M = getattr(io_model, f"{algo}_backward_problem_working_set")(p.d_qk, p.d_v, br, Bc) + 64
     mem = TwoLevelMemory(M, fast=fast)
     nargs = 7 if algo == "flash1" else 6  # flash1 reads l and m, flash2 L
-    getattr(decoding, f"{algo}_backward_problem")(mem, p, *(None,) * nargs, Br=br, Bc=Bc, gqa=gqa, scale=1.0)
+    getattr(flash, f"{algo}_backward_problem")(mem, p, *(None,) * nargs, Br=br, Bc=Bc, gqa=gqa, scale=1.0)
     return mem.stats(), getattr(io_model, f"{algo}_backward_problem")(p, br, Bc, gqa), M
 
 
@@ -53,7 +53,7 @@ def test_one_head_problem_is_the_one_head_backward(algo, N, d, Br, Bc, causal):
     one = TwoLevelMemory(10**6)
     getattr(flash, f"{algo}_backward")(one, *(None,) * nargs, N=N, d=d, Br=Br, Bc=Bc, scale=1.0, causal=causal)
     prob = TwoLevelMemory(10**6)
-    getattr(decoding, f"{algo}_backward_problem")(prob, p, *(None,) * nargs, Br=Br, Bc=Bc, gqa="per-head", scale=1.0)
+    getattr(flash, f"{algo}_backward_problem")(prob, p, *(None,) * nargs, Br=Br, Bc=Bc, gqa="per-head", scale=1.0)
     assert one.stats().per_array == prob.stats().per_array
     assert one.stats().peak == prob.stats().peak
     a = getattr(io_model, f"{algo}_backward")(N, d, Br, Bc, causal)

@@ -55,7 +55,7 @@ def command(args) -> None:
     if args.mask is not None:  # the nnz bound and Proposition 4 on two tilings each count the mask
         from iosim import estimate
 
-        mask = masks.compile_mask(args.mask, N)
+        mask = masks.compile_mask(args.mask, N, allow_long=args.yes)
         estimate.check_mask(mask, passes=3, allow_long=args.yes)
     if args.json:
         from iosim.version import __version__

@@ -74,7 +74,7 @@ def command(args) -> int:
     results = []
     failures = []
     sparse = args.mask not in (None, "none", "dense") and args.mask != "causal"
-    mask = masks.compile_mask(args.mask, args.N) if sparse else None
+    mask = masks.compile_mask(args.mask, args.N, allow_long=args.yes) if sparse else None
     if mask is not None:  # the lower bound, then each algorithm's estimate, closed form and run count the mask
         from iosim import estimate
 

@@ -298,15 +298,31 @@ def problem_of(args, *, with_gqa: bool = False):
     )  # fmt: skip
 
 
-def problem_run_kwargs(args) -> dict:
-    """:func:`run_kwargs` with the problem, schedule and tile options (iosim.run's problem=, gqa=, ...)."""
+def schedule_of(args, algorithm: str):
+    """The iosim.Schedule the options describe for ``algorithm``: the one place a command's options become a
+    schedule, checked once before any work (a command that takes no such option gets the Schedule's default)."""
+    from iosim.schedule import Schedule
+
+    opt = lambda name, default=None: getattr(args, name, None) or default  # noqa: E731
+    return Schedule(
+        algorithm, backward=bool(opt("backward", False)), tiling=opt("tiling", "fit"), Br=opt("Br"), Bc=opt("Bc"),
+        B=opt("B"), gqa=opt("gqa", "per-head"), splits=opt("splits", 1), mla=opt("mla", "shared"),
+        kv_policy=opt("kv_policy"),
+    )  # fmt: skip
+
+
+def problem_run_kwargs(args, algorithm: str | None = None) -> dict:
+    """:func:`run_kwargs` with the problem (:func:`problem_of`) and the schedule (:func:`schedule_of` for
+    ``algorithm``, default the command's own) as iosim.run's keywords."""
     kw = run_kwargs(args)
     problem = problem_of(args)
     if problem is not None:
         kw.update(problem=problem, N=None, d=None, causal=False)
-    kw.update(gqa=args.gqa, splits=args.splits, Br=args.Br, Bc=args.Bc, B=args.B)
-    if args.mla is not None:
-        kw["mla"] = args.mla
+    algorithm = algorithm or getattr(args, "algorithm", None)
+    if algorithm is None:  # several algorithms (compare): each run builds its Schedule from these keywords
+        kw.update(gqa=args.gqa, splits=args.splits, Br=args.Br, Bc=args.Bc, B=args.B, mla=args.mla or "shared")
+    else:
+        kw.update(schedule_of(args, algorithm).run_options())
     return kw
 
 

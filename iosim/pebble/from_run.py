@@ -373,11 +373,11 @@ _OPS = ("load", "load_vec", "store", "store_vec", "store_to", "free", "init_slow
 def _symbolic(session: _Session):
     """Patch the driver modules for the run: plain-Python functions, Value-aware math/max, object buffers and
     recorded memory ops; restored afterwards."""
-    from iosim.algorithms import _tiles, decoding, flash, square_tiling, standard
+    from iosim.algorithms import _tiles, flash, paged, square_tiling, standard
     from iosim.algorithms import tile_masks as masks
 
     saved = []
-    for mod in (_tiles, masks, flash, square_tiling, standard, decoding):
+    for mod in (_tiles, masks, flash, square_tiling, standard, paged):
         for name, obj in list(vars(mod).items()):
             new = None
             if isinstance(obj, Dispatcher):  # an @njit function: its plain Python
@@ -624,9 +624,9 @@ def _problem_run(algorithm: str, problem, M: int, pass_: str, gqa: str, seed: in
                  kv_policy=None, Br=None, Bc=None, B=None) -> PebbleRun:  # fmt: skip
     """:func:`pebble_run` over an :class:`iosim.Problem`: flash1 or flash2 over batch and heads (GQA per-head or
     packed), N_q against N_k keys, d_qk and d_v, causal bottom-right or a mask over the N_k positions (the queries
-    its last N_q rows), run symbolically through the problem drivers of :mod:`iosim.algorithms.decoding` (a
+    its last N_q rows), run symbolically through the problem drivers of :mod:`iosim.algorithms.flash` (a
     contiguous cache, one split, no latent)."""
-    from iosim.algorithms import decoding
+    from iosim.algorithms import flash
     from iosim.problem import GQA_POLICIES, Problem
     from iosim.problem_runs import problem_mask
     from iosim.references import problem_reference
@@ -672,9 +672,9 @@ def _problem_run(algorithm: str, problem, M: int, pass_: str, gqa: str, seed: in
         kw = dict(Br=t.Br, Bc=t.Bc, gqa=gqa, mla="shared", scale=scale, dtype=np.dtype(object), mask=tmask)
         with _symbolic(_Session(rec, mem.names)):
             if algorithm == "flash2":
-                O, _ = decoding.flash2_problem(mem, p, *ins, None, splits=1, combine_rows=1, **kw)
+                O, _ = flash.flash2_problem(mem, p, *ins, None, splits=1, combine_rows=1, **kw)
             else:
-                O = decoding.flash1_problem(mem, p, *ins, None, **kw)[0]
+                O = flash.flash1_problem(mem, p, *ins, None, **kw)[0]
     finally:
         _REC.pop()
     graph, moves, outcome, illegal = _played(rec, f"{algorithm}-forward-{gqa}:{p},M={M}", [O], M)

@@ -448,7 +448,7 @@ def standard_backward(N: int, d: int, M: int, B: int, causal: bool = False) -> P
 
 # ---------------------------------------------------------------------------------------------------------------
 # Whole problems (iosim.problem.Problem): batch and heads, GQA per-head / packed, N_q != N_k with the bottom-right
-# causal mask, split-KV with its combine step, paged KV, MLA shared / naive (algorithms/decoding.py).
+# causal mask, split-KV with its combine step, paged KV, MLA shared / naive (algorithms/flash.py).
 # Notation: G thread-block groups per key/value head (g per-head, 1 packed), R = N_q g / G rows per group,
 # T_r = ceil(R / B_r), T_c = ceil(N_k / B_c), s splits of ceil(T_c / s) column blocks, P the page size. Every
 # group is the same schedule, so the counts are groups = B H_kv G times one group's sums; the sums run over the
@@ -569,7 +569,7 @@ class ProblemPrediction(Prediction):
 
 def flash2_problem(p, Br: int, Bc: int, gqa: str = "per-head", splits: int = 1, mla: str = "shared",
                    combine_rows: int = 1, mask: TileMask | None = None) -> ProblemPrediction:  # fmt: skip
-    """FlashAttention-2's forward over a problem (algorithms/decoding.py), per group of R rows:
+    """FlashAttention-2's forward over a problem (algorithms/flash.py), per group of R rows:
 
     for each row block i (R_i rows) and split k: the nonempty tiles among the split's column blocks (causal: those
     before ceil(hi_i / B_c), keys [0, hi_i) possible; any other ``mask``, a TileMask over N_k x N_k whose last N_q
@@ -627,7 +627,7 @@ def flash2_problem(p, Br: int, Bc: int, gqa: str = "per-head", splits: int = 1, 
 
 def flash1_problem(p, Br: int, Bc: int, gqa: str = "per-head", mla: str = "shared",
                    mask: TileMask | None = None, gather: bool = False) -> ProblemPrediction:  # fmt: skip
-    """FlashAttention Algorithm 1 over a problem (algorithms/decoding.py), per group of R rows: for each page piece
+    """FlashAttention Algorithm 1 over a problem (algorithms/flash.py), per group of R rows: for each page piece
     (a column block when contiguous) of n keys and each row block i whose tile with it is nonempty (causal: the
     piece starts before hi_i; any other ``mask``: its tile summary): Q_i, O_i read (R_i d_qk, R_i d_v), l_i, m_i
     read, O_i, l_i, m_i written. A piece some row block sees is loaded once: K n d_qk, V n d_v (none under MLA
@@ -720,7 +720,7 @@ def group_sum_rows(p, M: int) -> int:
 
 
 def group_sum(p, rows: int) -> tuple[dict, int]:
-    """The GQA backward's group sum (algorithms/decoding.py ``sum_group``: per key/value head and block of ``rows``
+    """The GQA backward's group sum (algorithms/flash.py ``sum_group``: per key/value head and block of ``rows``
     keys, the g partials read one after another into a resident accumulator, the sum written once): dKpart,
     dVpart read once (B H_q N_k d_qk, d_v words), dK, dV written once (B H_kv N_k d_qk, d_v); peak an accumulator
     and one partial of the wider array. Returns ({array: (reads, writes)}, peak)."""
@@ -732,7 +732,7 @@ def group_sum(p, rows: int) -> tuple[dict, int]:
 def flash2_backward_problem(
     p, Br: int, Bc: int, gqa: str = "per-head", mask: TileMask | None = None
 ) -> ProblemPrediction:
-    """FlashAttention-2's backward over a problem (algorithms/decoding.py), per group of R rows (groups = B H_kv G):
+    """FlashAttention-2's backward over a problem (algorithms/flash.py), per group of R rows (groups = B H_kv G):
 
     K_j, V_j read once per group (N_k d_qk, N_k d_v); for each column block j (starting at key c_j) and each row
     block i (R_i rows) with c_j < hi_i (some row sees a key of the block): Q_i, dQ_i read (R_i d_qk each), dO_i
