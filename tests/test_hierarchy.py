@@ -486,7 +486,7 @@ def _model_blocks(n, b):
     return [(s, min(b, n - s)) for s in range(0, n, b)]
 
 
-def _model_unit(alg, backward, p, R, Br, Bc, mask, policy, mla):  # noqa: N803
+def _model_unit(alg, backward, p, R, Br, Bc, mask, policy, mla, splits=1, M=100_000):  # noqa: N803
     """One unit's kernels, in order: [(kernel name, [CTA requests])]; a request is (write, array, r0, nr, c0, nc).
     R packed rows (row x is query row x mod N_q)."""
     N_q, N_k, dqk, dv = p["N_q"], p["N_k"], p["d_qk"], p["d_v"]
@@ -496,6 +496,27 @@ def _model_unit(alg, backward, p, R, Br, Bc, mask, policy, mla):  # noqa: N803
 
     kv = [("K", dqk)] + ([] if p.get("latent") and mla == "shared" else [("V", dv)])  # shared: V is in K_j
     loads_kv = [lambda c0, bc, name=name, w=w: (0, name, c0, bc, 0, w) for name, w in kv]
+    if alg == "flash2" and not backward and splits > 1:  # Flash-Decoding: the split kernel, then the combine
+        cols = _model_blocks(N_k, Bc)
+        per = -(-len(cols) // splits)  # column blocks per split (the last splits ragged or empty)
+        rows = _model_blocks(R, Br)
+        part = {}
+        for i, (r0, br) in enumerate(rows):
+            for k in range(splits):
+                mine = cols[k * per : (k + 1) * per]
+                reqs = [(0, "Q", r0, br, 0, dqk)] if policy == "paper" and mine else []
+                for c0, bc in mine:
+                    if not nonempty(r0, br, c0, bc):
+                        continue
+                    if not reqs:
+                        reqs.append((0, "Q", r0, br, 0, dqk))
+                    reqs += [f(c0, bc) for f in loads_kv]
+                part[i, k] = reqs + [(1, "Opart", k * R + r0, br, 0, dv), (1, "Lpart", r0, br, k, 1)]
+        main = [part[i, k] for k in range(splits) for i in range(len(rows))]  # the grid: row block fastest
+        Bm = min(R, M // (splits + 2 * dv + 1))  # the combine's rows: the s logsumexps, O_i, one partial, L_i
+        combine = [[(0, "Lpart", r0, br, 0, splits)] + [(0, "Opart", k * R + r0, br, 0, dv) for k in range(splits)]
+                   + [(1, "O", r0, br, 0, dv), (1, "L", r0, br, 0, 1)] for r0, br in _model_blocks(R, Bm)]  # fmt: skip
+        return [("flash2 split-KV forward", main), ("split-KV combine", combine)]
     if alg == "flash2" and not backward:
         ctas_ = []
         for r0, br in _model_blocks(R, Br):
@@ -545,15 +566,15 @@ def _model_unit(alg, backward, p, R, Br, Bc, mask, policy, mla):  # noqa: N803
     return [("memset dQ", memset), ("preprocess D", pre), ("flash2 backward", main)]
 
 
-def _model_dram(alg, backward, p, Br, Bc, mask, policy, mla, gqa, P, C, L):  # noqa: N803
+def _model_dram(alg, backward, p, Br, Bc, mask, policy, mla, gqa, P, C, L, splits=1, M=100_000):  # noqa: N803
     """(per-array L2 fills, per-array write-backs, kernel names) of the whole launch, head-grouped order."""
     g = p["H_q"] // p["H_kv"]
     units = p["H_kv"] if gqa == "packed" else p["H_q"]
     R = p["N_q"] * (g if gqa == "packed" else 1)
     width = {"Q": p["d_qk"], "O": p["d_v"], "K": p["d_qk"], "V": p["d_v"], "dO": p["d_v"], "dQ": p["d_qk"],
-             "dK": p["d_qk"], "dV": p["d_v"]}  # fmt: skip
+             "dK": p["d_qk"], "dV": p["d_v"], "Opart": p["d_v"], "Lpart": splits}  # fmt: skip
     latent = p.get("latent", False)
-    kernels = _model_unit(alg, backward, p, R, Br, Bc, mask, policy, mla)
+    kernels = _model_unit(alg, backward, p, R, Br, Bc, mask, policy, mla, splits, M)
     launches_ = []  # per kernel: CTAs as (requests, unit copy, KV copy), for b, for unit, for piece
     for _, ctas_ in kernels:
         launches_.append([(c, b * units + u, b * p["H_kv"] + (u if gqa == "packed" else u // g))
@@ -719,3 +740,68 @@ def test_hierarchy_json_lists_the_launches(capsys):
         ("memset dQ", "piece", 2), ("preprocess D", "piece", 4), ("flash2 backward", "piece", 10)]  # fmt: skip
     assert out["launches"][2]["atomic"] == ["dQ"] and "flash_bwd" in out["launches"][2]["models"]
     assert out["dram"] == 2344
+
+
+# fmt: off
+SPLIT_CASES = [  # (problem, Br, Bc, mask, policy, gqa, splits, M, P, C, L): Tc = ceil(N_k / Bc) column blocks
+    (_p(2, 4, 2, 1, 60, 8, 8), 1, 8, None, "skip", "per-head", 3, 100_000, 3, 96, 4),  # Tc 8: splits of 3, 3, 2
+    (_p(1, 2, 1, 7, 40, 8, 16), 3, 4, "causal", "skip", "packed", 4, 100_000, 2, 200, 8),  # splits past the diagonal
+    (_p(1, 2, 2, 9, 30, 8, 8), 4, 6, "window:5", "paper", "per-head", 4, 100_000, 3, 64, 4),  # Tc 5: 2, 2, 1, empty
+    (_p(2, 2, 1, 5, 24, 8, 8), 2, 5, None, "paper", "per-head", 7, 100_000, 2, 128, 8),  # Tc 5, 7 splits: 2 empty
+    (_p(1, 3, 1, 4, 33, 8, 8), 2, 4, "causal", "paper", "packed", 3, 200, 4, 160, 4),  # combine: 9 rows a CTA
+]
+# fmt: on
+
+
+@pytest.mark.parametrize("case", SPLIT_CASES, ids=lambda c: f"{c[3]}-{c[4]}-{c[5]}-s{c[6]}")
+def test_the_independent_model_agrees_on_split_kv_word_for_word(case):
+    """Split-KV in the hierarchy: the split kernel (one CTA per (row block, split), the row block fastest, each
+    writing its Opart, Lpart; ragged and empty splits write their partials too) and the combine kernel, against the
+    independent model's own schedule, line LRU and clock, per array, word for word; with no L2 (C = 0) the DRAM is
+    iosim run's two-level count of the same split schedule, per array; the split CTAs write disjoint partials (the
+    race check passes)."""
+    pd, Br, Bc, mask, policy, gqa, splits, M, P, C, L = case
+    problem = iosim.Problem(**pd, causal=mask == "causal")
+    kw = dict(problem=problem, M=M, Br=Br, Bc=Bc, P=P, L=L, blocks_per_sm=1, mask=None if mask in (None, "causal")
+              else mask, kv_policy=policy, gqa=gqa, splits=splits)  # fmt: skip
+    h = hierarchy("flash2", C=C, **kw)
+    fill, wb, names = _model_dram("flash2", False, pd, Br, Bc, mask, policy, "shared", gqa, P, C, L, splits, M)
+    assert [k["kernel"] for k in h.launches] == names == ["flash2 split-KV forward", "split-KV combine"]
+    assert h.launches[0]["splits"] == splits and h.splits == splits
+    got_fill = {n: c.l2_fill for n, c in h.per_array.items() if c.l2_fill}
+    got_wb = {n: c.l2_writeback for n, c in h.per_array.items() if c.l2_writeback}
+    assert (got_fill, got_wb) == (fill, wb)
+    h0 = hierarchy("flash2", C=0, **kw)
+    run = iosim.run(iosim.Problem(**pd, causal=mask == "causal"), iosim.Schedule("flash2", Br=Br, Bc=Bc, gqa=gqa,
+                    splits=splits, kv_policy=policy), M, mask=kw["mask"], count_only=True)  # fmt: skip
+    want = {n: (c.reads, c.writes) for n, c in run.stats.per_array.items() if c.reads or c.writes}
+    assert {n: (c.dram_read, c.dram_update) for n, c in h0.per_array.items() if c.dram} == want
+    assert {n: (c.two_level_reads, c.two_level_writes) for n, c in h0.per_array.items() if c.two_level} == want
+    fill0, wb0, _ = _model_dram("flash2", False, pd, Br, Bc, mask, policy, "shared", gqa, P, 0, 1, splits, M)
+    assert {n: (fill0.get(n, 0), wb0.get(n, 0)) for n in want} == want
+
+
+def test_split_kv_from_the_objects_and_the_command_line(capsys):
+    """hierarchy(problem, Schedule(..., splits=S), device) and iosim hierarchy --splits S launch the split kernel
+    and the combine; --json lists both launches; splits without a problem are refused in one line."""
+    import json
+
+    from iosim.cli import main
+
+    p = iosim.Problem(B=2, H_q=4, H_kv=1, N_q=1, N_k=300, d=16, dtype_q="bf16")
+    h = hierarchy(p, iosim.Schedule("flash2", splits=4, Bc=32), 20_000, P=4, C=4096, L=8)
+    assert [(k["kernel"], k["ctas"]) for k in h.launches] == [("flash2 split-KV forward", 32), ("split-KV combine", 8)]
+    argv = ["hierarchy", "flash2", "--batch", "2", "--heads", "4", "--kv-heads", "1", "--Nq", "1", "--Nk", "300",
+            "--d", "16", "--M", "20000", "--Bc", "32", "--splits", "4", "--P", "4", "--C", "4096", "--L", "8",
+            "--json"]  # fmt: skip
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [(k["kernel"], k["ctas"], k["splits"]) for k in out["launches"]] == [
+        ("flash2 split-KV forward", 32, 4), ("split-KV combine", 8, 1)]  # fmt: skip
+    assert out["dram"] == h.dram and out["splits"] == 4
+    with pytest.raises(InputError) as e:
+        hierarchy("flash2", N=64, d=16, M=4000, C=0, splits=2)
+    assert e.value.parameter == "splits"
+    with pytest.raises(InputError) as e:
+        hierarchy("flash1", problem=p, M=20_000, C=0, splits=2)
+    assert e.value.parameter == "splits"

@@ -10,7 +10,11 @@ Every schedule and pass here **names** its kernels, in launch order, each with
 * ``grid``: ``piece`` (one CTA per piece of each unit: flash2's row block i, the backward's column block j, a
   product's output tile) or ``unit`` (one CTA per (batch, head) unit, or per KV head when packed, looping over
   its pieces inside: FlashAttention-1's forward and backward kernels);
-* ``atomic``: the arrays its CTAs accumulate into with atomic adds (flash2's backward adds dQ_i in fp32).
+* ``atomic``: the arrays its CTAs accumulate into with atomic adds (flash2's backward adds dQ_i in fp32);
+* ``splits``: split-KV's main kernel (s > 1): a unit's pieces are (row block i, split k) with k fastest, as the
+  schedule runs them; its grid puts the row block fastest (flash-attn 2's ``flash_fwd_splitkv_kernel``:
+  blockIdx.x the row block, blockIdx.y the split, blockIdx.z the (batch, head)), which :meth:`Launches.grid_order`
+  gives.
 
 :func:`assign` maps the pieces onto the kernels and refuses a trace whose pieces do not follow the declared order.
 :func:`check_races` refuses a launch whose CTAs would race: a region one CTA stores that another CTA of the same
@@ -38,6 +42,7 @@ class Kernel:
     select: tuple
     grid: str = "piece"
     atomic: tuple = ()
+    splits: int = 1
 
 
 _FA1_FWD = "FlashAttention-1's fmha_fwd_loop_kernel: one thread block per (batch, head), column blocks looped inside"
@@ -46,7 +51,6 @@ _FA1_BWD = "FlashAttention-1's fmha_bwd_dq_dk_dv_loop_kernel: one thread block p
 KERNELS = {
     ("flash2", False): [
         Kernel("flash2 forward", "flash-attn 2 flash_fwd_kernel: one CTA per (row block, batch, head)", ("rest",)),
-        Kernel("split-KV combine", "flash-attn 2 flash_fwd_splitkv_combine_kernel", ("reads", "Lpart")),
     ],
     ("flash1", False): [
         Kernel("memset O, l, m", "cudaMemset of O, l, m (Algorithm 1, step 2)", ("init",)),
@@ -94,10 +98,32 @@ KERNELS = {
 }
 
 
-def kernels(algorithm: str, backward: bool) -> list[Kernel]:
-    """The kernels ``algorithm``'s pass launches, in order (module docstring). An algorithm registered by a user
-    declares none: its memset (if it initialises memory), then one kernel with a CTA per piece, which
-    :func:`check_races` refuses if its pieces read-modify-write one another's regions."""
+def split_kv(s: int) -> list[Kernel]:
+    """flash2's forward under split-KV with s splits: the split kernel (one CTA per (row block, split, batch, head),
+    each writing its partial O_i and logsumexp into Opart, Lpart), then the combine kernel (one CTA per block of
+    rows, reading the s partials and writing O, L)."""
+    return [
+        Kernel(
+            "flash2 split-KV forward",
+            "flash-attn 2 flash_fwd_splitkv_kernel: one CTA per (row block, split, batch, head), writing Opart, Lpart",
+            ("rest",),
+            splits=s,
+        ),
+        Kernel(
+            "split-KV combine",
+            "flash-attn 2 flash_fwd_splitkv_combine_kernel: one CTA per block of rows, reading the s partials",
+            ("reads", "Lpart"),
+        ),
+    ]
+
+
+def kernels(algorithm: str, backward: bool, splits: int = 1) -> list[Kernel]:
+    """The kernels ``algorithm``'s pass launches, in order (module docstring); ``splits`` > 1: flash2's forward under
+    split-KV (:func:`split_kv`). An algorithm registered by a user declares none: its memset (if it initialises
+    memory), then one kernel with a CTA per piece, which :func:`check_races` refuses if its pieces read-modify-write
+    one another's regions."""
+    if splits != 1 and (algorithm, bool(backward)) == ("flash2", False):
+        return split_kv(int(splits))
     if (algorithm, bool(backward)) in KERNELS:
         return KERNELS[(algorithm, bool(backward))]
     return [Kernel("memset", "cudaMemset of what it initialises", ("init",)),
@@ -117,6 +143,18 @@ class Launches:
     @property
     def ctas(self) -> int:
         return len(self.cta_ptr) - 1
+
+    def grid_order(self, k: int) -> np.ndarray:
+        """The CTAs of launch k in its grid's order: piece order, except split-KV's main kernel, whose (row block,
+        split) pieces run with the row block fastest (module docstring)."""
+        c0, c1 = int(self.launch_ptr[k]), int(self.launch_ptr[k + 1])
+        ids = np.arange(c0, c1, dtype=np.int64)
+        s = self.kernels[k].splits
+        if s == 1:
+            return ids
+        if (c1 - c0) % s:
+            raise InputError("splits", f"must cut every row block into {s} pieces; the split kernel has {c1 - c0}", s)
+        return ids.reshape(-1, s).T.ravel()
 
 
 def _piece_kernel(kinds: list[Kernel], names: list[str], reqs: np.ndarray, has_init: bool) -> int:

@@ -126,6 +126,7 @@ class HierarchyResult:
     clock: list[int] = field(default_factory=list)
     problem: object = None  # the iosim.Problem launched, when it is not one head of N x d copied (N_q != N_k, ...)
     gqa: str = "per-head"  # per-head: a CTA family per query head; packed: per KV head, its g heads' rows together
+    splits: int = 1  # split-KV (flash2's forward): the split kernel's splits per row block, then the combine kernel
 
     def _sum(self, attr: str) -> int:
         return sum(getattr(c, attr) for c in self.per_array.values())
@@ -197,7 +198,7 @@ class HierarchyResult:
     def as_dict(self) -> dict:
         keys = ("algorithm", "backward", "B", "H_q", "H_kv", "N", "d", "M", "P", "blocks_per_sm", "C", "L")
         out = {k: getattr(self, k) for k in keys}
-        out.update(problem=None if self.problem is None else self.problem.as_dict(), gqa=self.gqa)
+        out.update(problem=None if self.problem is None else self.problem.as_dict(), gqa=self.gqa, splits=self.splits)
         out.update(
             bytes_per_word=self.bytes_per_word,
             order=self.order,
@@ -318,7 +319,7 @@ def _single(N: int, d: int):  # noqa: N803
     return Problem(N=N, d=d)
 
 
-def _from_problem(problem, N, d, gqa: str) -> tuple:
+def _from_problem(problem, N, d, gqa: str, splits: int = 1) -> tuple:
     """(N, d, B, H_q, H_kv, causal, bytes per word, unit) of an :class:`iosim.Problem` the hierarchy can run. The
     unit is the problem one family of CTAs runs (None: one head of N x d, the seed case): one query head of N_q
     rows against N_k keys (GQA ``per-head``), or one KV head's g query heads packed together (``packed``); the
@@ -333,7 +334,7 @@ def _from_problem(problem, N, d, gqa: str) -> tuple:
         raise InputError("gqa", f"must be one of {', '.join(GQA_POLICIES)}", gqa)
     p = problem
     unit = None
-    if p.N_q != p.N_k or p.d_qk != p.d_v or p.latent or p.page_size or (gqa == "packed" and p.g > 1):
+    if p.N_q != p.N_k or p.d_qk != p.d_v or p.latent or p.page_size or (gqa == "packed" and p.g > 1) or splits != 1:
         unit = Problem(B=1, H_q=p.g if gqa == "packed" else 1, H_kv=1, N_q=p.N_q, N_k=p.N_k, d_qk=p.d_qk,
                        d_v=p.d_v, causal=p.causal, latent=p.latent, page_size=p.page_size)  # fmt: skip
     word = p.bytes_of("K", 1)  # one word of the K/V cache, which dominates the traffic
@@ -370,6 +371,7 @@ def hierarchy(
     block: int | None = None,
     gqa: str = "per-head",
     mla: str = "shared",
+    splits: int = 1,
     allow_long: bool = False,
     record: bool = False,
     opt_limit_bytes: int | None = None,
@@ -410,20 +412,16 @@ def hierarchy(
         given = dict(N=N, d=d, causal=causal, problem=problem, B=None if B == 1 else B, H_q=None if H_q == 1 else H_q,
                      H_kv=H_kv, backward=backward or None, tiling=None if tiling == "fit" else tiling, Br=Br, Bc=Bc,
                      block=block, gqa=None if gqa == "per-head" else gqa, mla=None if mla == "shared" else mla,
-                     kv_policy=kv_policy)  # fmt: skip
+                     kv_policy=kv_policy, splits=None if splits == 1 else splits)  # fmt: skip
         clash = [k for k, v in given.items() if v is not None and k not in ("N", "d", "causal", "problem")]
         if clash:
             raise InputError(clash[0], "belongs to the Schedule or the Problem when they are given as objects")
         spec, options = from_objects(algorithm, schedule, {k: given[k] for k in ("N", "d", "causal", "problem")})
-        if spec.splits != 1:
-            raise InputError(
-                "splits", "are not launched by the hierarchy (no split-KV combine runs there)", spec.splits
-            )
         if isinstance(device_or_memory, (str, Device)):
             device = device_or_memory
         elif device_or_memory is not None:
             M = device_or_memory
-        opts = {k: options[k] for k in ("backward", "tiling", "Br", "Bc", "gqa", "mla", "kv_policy")}
+        opts = {k: options[k] for k in ("backward", "tiling", "Br", "Bc", "gqa", "mla", "kv_policy", "splits")}
         return hierarchy(
             spec.algorithm, problem=algorithm, M=M, device=device, P=P, C=C, L=L, blocks_per_sm=blocks_per_sm,
             bytes_per_word=bytes_per_word, order=order, policy=policy, mask=mask, block=options["B"],
@@ -435,11 +433,11 @@ def hierarchy(
 
     unit = None
     if problem is not None:
-        N, d, B, H_q, H_kv, causal, bytes_per_word, unit = _from_problem(problem, N, d, gqa)
+        N, d, B, H_q, H_kv, causal, bytes_per_word, unit = _from_problem(problem, N, d, gqa, splits)
         if kv_policy is None and not problem.is_single:  # iosim.run's default over a problem, as the kernels do
             kv_policy = "skip"
-    elif gqa != "per-head" or mla != "shared":
-        which, value = ("gqa", gqa) if gqa != "per-head" else ("mla", mla)
+    elif gqa != "per-head" or mla != "shared" or splits != 1:
+        which, value = ("gqa", gqa) if gqa != "per-head" else ("mla", mla) if mla != "shared" else ("splits", splits)
         raise InputError(which, "applies to a problem (problem=iosim.Problem(...)); N, d launch one head each", value)
     if N is None or d is None:
         raise InputError("N" if N is None else "d", "must be given (or a problem)", None)
@@ -498,7 +496,7 @@ def hierarchy(
 
     t0 = time.perf_counter()
     if _trace is None:
-        shape = dict(N=N, d=d, causal=causal) if unit is None else dict(problem=unit, gqa=gqa, mla=mla)
+        shape = dict(N=N, d=d, causal=causal) if unit is None else dict(problem=unit, gqa=gqa, mla=mla, splits=splits)
         try:
             r = api.run(
                 algorithm, M=M, backward=backward, mask=mask, kv_policy=kv_policy, tiling=tiling, Br=Br, Bc=Bc,
@@ -516,7 +514,7 @@ def hierarchy(
     else:
         trace, stats, tiling_used = _trace, _trace.replay(), "given trace"
     cut = ctas_mod.cut(trace)
-    declared = launches_mod.assign(cut, trace, launches_mod.kernels(algorithm, backward))
+    declared = launches_mod.assign(cut, trace, launches_mod.kernels(algorithm, backward, splits))
     launches_mod.check_races(cut, trace, declared)
     Hu = H_kv if unit is not None and unit.H_q > 1 else H_q  # CTA families per batch item: packed, one per KV head
     # The time rule before any array of the launch's size (the layout, the block order: B Hu rows per CTA) exists:
@@ -531,8 +529,7 @@ def hierarchy(
     where = (problem if problem is not None else _single(N, d)).storage
     lay = _layout(trace, cut, B, Hu, H_kv, L, where)
     n_launch = declared.launch_ptr.size - 1
-    blocks = [block_order(order, np.arange(declared.launch_ptr[k], declared.launch_ptr[k + 1]), B, Hu, H_kv)
-              for k in range(n_launch)]  # fmt: skip
+    blocks = [block_order(order, declared.grid_order(k), B, Hu, H_kv) for k in range(n_launch)]
     inst = np.concatenate(blocks) if blocks else np.zeros((0, 3), np.int64)
     launch_ptr = np.concatenate(([0], np.cumsum([len(b) for b in blocks]))).astype(np.int64)
     slots = P * blocks_per_sm
@@ -574,7 +571,7 @@ def hierarchy(
     per = {}
     copies = np.full(n_aids, B * Hu)  # every unit's schedule moves its own words (K, V included)
     kinds = [
-        {"kernel": k.name, "models": k.models, "grid": k.grid, "atomic": list(k.atomic),
+        {"kernel": k.name, "models": k.models, "grid": k.grid, "atomic": list(k.atomic), "splits": k.splits,
          "ctas": int(launch_ptr[i + 1] - launch_ptr[i]), "waves": int(-(-(launch_ptr[i + 1] - launch_ptr[i]) // slots))}
         for i, k in enumerate(declared.kernels)
     ]  # fmt: skip
@@ -600,7 +597,7 @@ def hierarchy(
         algorithm, bool(backward), B, H_q, H_kv, int(N), int(d), M, P, blocks_per_sm, C, L, bytes_per_word, order,
         policy, None if dev is None else dev.name, tiling_used, len(inst), kinds, [k["waves"] for k in kinds], per,
         int(n_rec), time.perf_counter() - t0, [int(x) for x in clock[:n_launch]], problem if unit is not None else None,
-        gqa,
+        gqa, int(splits),
     )  # fmt: skip
     if record:
         res.record = np.stack([rec_inst[:n_rec], rec_req[:n_rec]], axis=1)
