@@ -121,6 +121,14 @@ def command(args) -> int:
         f"DRAM: {r.dram_read:,} words read + {r.dram_update:,} written = {r.dram:,} words = {r.dram_bytes:,} bytes; "
         f"{r.ratio:.4f} of the two-level count {r.two_level:,}"
     )
+    for k in (k for k in r.launches if "read_bytes" in k):  # dQ's conversion: its own launch, its own dtypes
+        (src, n_in), (dst, n_out) = next(iter(k["reads"].items())), next(iter(k["writes"].items()))
+        print(
+            f"= the schedule's launches {r.schedule_dram:,} words ({r.schedule_dram / r.two_level:.4f} of the "
+            f"two-level count) + convert dQ {r.convert_dq_dram:,} words; convert dQ reads {n_in:,} words of {src} "
+            f"({k['read_dtype']}, {k['read_bytes']:,} bytes) and writes {n_out:,} of {dst} ({k['write_dtype']}, "
+            f"{k['write_bytes']:,} bytes)"
+        )
     return 0
 
 

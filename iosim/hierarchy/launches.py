@@ -30,6 +30,7 @@ import numpy as np
 from numba import njit
 
 from iosim.errors import InputError
+from iosim.hierarchy.ctas import REQ_WIDTH, Cut
 from iosim.memory_model.core import INIT
 
 
@@ -128,6 +129,18 @@ def kernels(algorithm: str, backward: bool, splits: int = 1) -> list[Kernel]:
         return KERNELS[(algorithm, bool(backward))]
     return [Kernel("memset", "cudaMemset of what it initialises", ("init",)),
             Kernel(algorithm, "a user schedule: one CTA per piece", ("rest",))]  # fmt: skip
+
+
+# dQ's conversion (flash2's backward, where dQ's output dtype is not its fp32 accumulator's): a launch after the
+# schedule's, which iosim run does not count (the paper's schedule ends with dQ in HBM). It reads the accumulator,
+# DQ_ACCUM (dQ's own addresses: the same lines), and writes DQ_OUT (an array of its own, at the output dtype).
+DQ_ACCUM, DQ_OUT = "dq_accum", "dQ_out"
+CONVERT_DQ = Kernel(
+    "convert dQ",
+    "flash-attn 2 flash_bwd_convert_dq_kernel: one CTA per (row block, batch, head), reading dq_accum (fp32) and "
+    "writing dQ at the output dtype",
+    ("convert",),
+)
 
 
 @dataclass(frozen=True)
@@ -257,3 +270,24 @@ def check_races(cut, trace, launches: Launches) -> None:
                 "block per head",
                 kern.grid,
             )
+
+
+def append_convert_dq(cut: Cut, launched: Launches, names: list, shapes: dict, Br: int) -> tuple:
+    """The cut, launches, names and shapes with dQ's conversion appended (:data:`CONVERT_DQ`): one CTA per row block
+    of Br rows of the unit's dQ (the backward kernel's row block, as flash-attn's kBlockM), each loading its rows of
+    :data:`DQ_ACCUM` and storing them to :data:`DQ_OUT`; every row once, so exactly the words of dQ each way."""
+    rows, width = shapes["dQ"]
+    names = [*names, DQ_ACCUM, DQ_OUT]
+    shapes = {**shapes, DQ_ACCUM: (rows, width), DQ_OUT: (rows, width)}
+    a_in, a_out = len(names) - 2, len(names) - 1
+    req = []
+    for r0 in range(0, rows, Br):
+        br = min(Br, rows - r0)
+        req += [(0, a_in, r0, br, 0, width, br * width), (1, a_out, r0, br, 0, width, br * width)]
+    new = np.asarray(req, np.int64).reshape(-1, REQ_WIDTH)
+    ends = len(cut.requests) + np.arange(2, len(new) + 1, 2, dtype=np.int64)  # each CTA: its load, its store
+    events = np.concatenate((cut.piece_events, np.full((len(ends), 2), -1, np.int64)))  # no trace events
+    cut = Cut(np.concatenate((cut.requests, new)), np.concatenate((cut.piece_ptr, ends)), events)
+    cta_ptr = np.concatenate((launched.cta_ptr, ends))  # the schedule's last CTA ends at its last request
+    launch_ptr = np.append(launched.launch_ptr, len(cta_ptr) - 1)
+    return cut, Launches([*launched.kernels, CONVERT_DQ], launch_ptr, cta_ptr), names, shapes

@@ -11,9 +11,15 @@ array lives is :meth:`iosim.Problem.storage` (an MLA latent's V at K's addresses
 Gradients dK, dV are per query head (FlashAttention-2's GQA backward accumulates them per query head and sums
 afterwards). The single-head schedule is cut into pieces by :mod:`iosim.hierarchy.ctas`, and the pieces run as the
 kernels :mod:`iosim.hierarchy.launches` declares (one CTA per piece, or one per head for FlashAttention-1's kernels; a
-launch whose CTAs would race is refused). Each CTA has M words of shared memory; an SM holds ``floor(smem_per_sm / (M x
-bytes_per_word + 1 KB))`` of them (at most 32; the 1 KB is the CUDA driver's reservation per block), so ``P x
-blocks_per_sm`` CTAs are resident at once.
+launch whose CTAs would race is refused). Split-KV (``splits`` > 1, flash2's forward) is the split kernel, one CTA per
+(row block, split), then the combine kernel. flash2's backward over a problem whose dQ output dtype is not its fp32
+accumulator's ends with **dQ's conversion**, a launch of its own after the schedule's (reading ``dq_accum``, dQ's own
+lines, and writing ``dQ_out``): iosim run does not count it, so the result keeps it apart (its arrays' ``launch``
+"convert dQ"): DRAM = the schedule's launches (:attr:`HierarchyResult.schedule_dram`; with C = 0 the two-level count,
+per array) + the conversion (:attr:`HierarchyResult.convert_dq_dram`).
+
+Each CTA has M words of shared memory; an SM holds ``floor(smem_per_sm / (M x bytes_per_word + 1 KB))`` of them (at
+most 32; the 1 KB is the CUDA driver's reservation per block), so ``P x blocks_per_sm`` CTAs are resident at once.
 
 **Block orders** (within each launch; p = the CTA's piece, the row block of flash2's forward):
 
@@ -44,6 +50,7 @@ from __future__ import annotations
 import numbers
 import time
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -69,7 +76,8 @@ OPT_BYTES_PER_LINE = 21
 
 @dataclass
 class LevelCounts:
-    """One array's words at each level (summed over every head)."""
+    """One array's words at each level (summed over every head); ``launch``: "schedule" (the schedule's launches,
+    what iosim run counts) or "convert dQ" (dQ's conversion, which it does not)."""
 
     two_level_reads: int = 0
     two_level_writes: int = 0
@@ -78,6 +86,7 @@ class LevelCounts:
     l2_fill: int = 0
     l2_writeback: int = 0
     compulsory: int = 0  # every copy's lines once: fetched if first read, written back if ever written
+    launch: str = "schedule"
 
     @property
     def dram_read(self) -> int:
@@ -154,6 +163,18 @@ class HierarchyResult:
         return self.dram * self.bytes_per_word
 
     @property
+    def schedule_dram(self) -> int:
+        """DRAM words of the schedule's launches (the arrays iosim run counts): with C = 0, its two-level count.
+        Under ``policy="opt"`` a fill is counted by the line's owner, so the conversion's fills of ``dq_accum`` count
+        under dQ here (the total is exact)."""
+        return sum(c.dram for c in self.per_array.values() if c.launch == "schedule")
+
+    @property
+    def convert_dq_dram(self) -> int:
+        """DRAM words of dQ's conversion launch (0 where it does not run): dram = schedule_dram + this."""
+        return self.dram - self.schedule_dram
+
+    @property
     def compulsory(self) -> int:
         """The compulsory DRAM words of a launch that touches every word of its arrays (a non-causal, unmasked
         run): each copy's lines once, fetched where the array's first access reads it, written back where it is
@@ -170,10 +191,16 @@ class HierarchyResult:
 
         head = ["array", "smem fill", "L2 read", "L2 update", "L2 fill", "L2 write-back", "DRAM / two-level"]
         rows = []
+        convert = [n for n, c in self.per_array.items() if c.launch != "schedule"]
         for name, c in self.per_array.items():
+            if convert and name == convert[0]:  # the schedule's launches, then dQ's conversion (its own rows)
+                sched = [c for c in self.per_array.values() if c.launch == "schedule"]
+                rows.append(["schedule's launches", *(f"{sum(getattr(c, k) for c in sched):,}" for k in
+                             ("two_level_reads", "l2_read", "l2_update", "l2_fill", "l2_writeback")),
+                             f"{self.schedule_dram / self.two_level:.3f}" if self.two_level else "-"])  # fmt: skip
             rows.append(
                 [
-                    name,
+                    name if c.launch == "schedule" else f"{name} ({c.launch})",
                     f"{c.two_level_reads:,}",
                     f"{c.l2_read:,}",
                     f"{c.l2_update:,}",
@@ -184,7 +211,7 @@ class HierarchyResult:
             )
         rows.append(
             [
-                "total",
+                "total" if not convert else "total (schedule's launches + convert dQ)",
                 f"{self._sum('two_level_reads'):,}",
                 f"{self._sum('l2_read'):,}",
                 f"{self._sum('l2_update'):,}",
@@ -215,6 +242,8 @@ class HierarchyResult:
             dram_update=self.dram_update,
             dram=self.dram,
             dram_bytes=self.dram_bytes,
+            schedule_dram=self.schedule_dram,
+            convert_dq_dram=self.convert_dq_dram,
             ratio=self.ratio,
             compulsory=self.compulsory,
             per_array={
@@ -317,6 +346,28 @@ def _single(N: int, d: int):  # noqa: N803
     from iosim.problem import Problem
 
     return Problem(N=N, d=d)
+
+
+def _converts_dq(algorithm: str, backward: bool, problem) -> bool:
+    """Whether dQ's conversion launch runs: flash2's backward over a problem whose dQ output dtype (dtype_o) is not
+    the dtype its accumulator is kept in (fp32; fp64 in a problem at fp64)."""
+    return (
+        algorithm == "flash2" and bool(backward) and problem is not None and problem.dtype_of("dQ") != problem.dtype_o
+    )
+
+
+def _with_convert_dq(storage):
+    """The address map with the conversion's arrays: the accumulator it reads is dQ's words (the same lines), the
+    dQ it writes an array of its own, one copy per head unit as dQ."""
+
+    def where(array: str) -> tuple[str, str]:
+        if array == launches_mod.DQ_ACCUM:
+            return storage("dQ")
+        if array == launches_mod.DQ_OUT:
+            return launches_mod.DQ_OUT, storage("dQ")[1]
+        return storage(array)
+
+    return where
 
 
 def _from_problem(problem, N, d, gqa: str, splits: int = 1) -> tuple:
@@ -516,6 +567,14 @@ def hierarchy(
     cut = ctas_mod.cut(trace)
     declared = launches_mod.assign(cut, trace, launches_mod.kernels(algorithm, backward, splits))
     launches_mod.check_races(cut, trace, declared)
+    arrays = trace  # the arrays' names and shapes: the trace's, and the conversion's two where it runs
+    where = (problem if problem is not None else _single(N, d)).storage
+    if _trace is None and _converts_dq(algorithm, backward, problem):
+        cut, declared, names, shapes = launches_mod.append_convert_dq(
+            cut, declared, list(trace.names), dict(trace.shapes), r.tiling.Br
+        )
+        arrays = SimpleNamespace(names=names, shapes=shapes)
+        where = _with_convert_dq(where)
     Hu = H_kv if unit is not None and unit.H_q > 1 else H_q  # CTA families per batch item: packed, one per KV head
     # The time rule before any array of the launch's size (the layout, the block order: B Hu rows per CTA) exists:
     # every CTA of every launch runs once per (batch item, head unit), each making its tile requests.
@@ -526,14 +585,13 @@ def hierarchy(
                    parameter="problem" if problem is not None else "N",
                    value=str(problem) if problem is not None else N,
                    remedy="a smaller batch, fewer heads or a shorter sequence")  # fmt: skip
-    where = (problem if problem is not None else _single(N, d)).storage
-    lay = _layout(trace, cut, B, Hu, H_kv, L, where)
+    lay = _layout(arrays, cut, B, Hu, H_kv, L, where)
     n_launch = declared.launch_ptr.size - 1
     blocks = [block_order(order, declared.grid_order(k), B, Hu, H_kv) for k in range(n_launch)]
     inst = np.concatenate(blocks) if blocks else np.zeros((0, 3), np.int64)
     launch_ptr = np.concatenate(([0], np.cumsum([len(b) for b in blocks]))).astype(np.int64)
     slots = P * blocks_per_sm
-    n_aids = len(trace.names)
+    n_aids = len(arrays.names)
     fill, wb = np.zeros(n_aids, np.int64), np.zeros(n_aids, np.int64)
     l2_read, l2_update = np.zeros(n_aids, np.int64), np.zeros(n_aids, np.int64)
     assert n_req_total == (int(np.sum(np.diff(declared.cta_ptr)[inst[:, 0]])) if len(inst) else 0)
@@ -575,13 +633,21 @@ def hierarchy(
          "ctas": int(launch_ptr[i + 1] - launch_ptr[i]), "waves": int(-(-(launch_ptr[i + 1] - launch_ptr[i]) // slots))}
         for i, k in enumerate(declared.kernels)
     ]  # fmt: skip
+    if kinds and declared.kernels[-1] is launches_mod.CONVERT_DQ:  # its words each way, priced at their dtypes
+        a_in, a_out = len(arrays.names) - 2, len(arrays.names) - 1
+        n_in, n_out = int(l2_read[a_in]), int(l2_update[a_out])
+        kinds[-1].update(
+            reads={launches_mod.DQ_ACCUM: n_in}, writes={launches_mod.DQ_OUT: n_out},
+            read_bytes=problem.bytes_of("dQ", n_in), write_bytes=problem.bytes_of("O", n_out),
+            read_dtype=problem.dtype_of("dQ"), write_dtype=problem.dtype_o,
+        )  # fmt: skip
     first_write = {}
     for row in cut.requests:  # an array's first access in schedule order
         first_write.setdefault(int(row[1]), bool(row[0]))
     written = set(cut.requests[cut.requests[:, 0] == 1][:, 1].tolist())
     array_copies = np.choose(lay.kv, [B * Hu, B * H_kv, B])
-    for a, name in enumerate(trace.names):
-        c = stats.per_array.get(name)
+    for a, name in enumerate(arrays.names):
+        c = stats.per_array.get(name) if a < len(trace.names) else None
         if c is None and not (fill[a] or wb[a] or l2_read[a] or l2_update[a]):
             continue
         per[name] = LevelCounts(
@@ -592,6 +658,7 @@ def hierarchy(
             int(fill[a]),
             int(wb[a]),
             int(lay.nl[a] * L * array_copies[a]) * ((not first_write.get(a, True)) + (a in written)),
+            "schedule" if a < len(trace.names) else launches_mod.CONVERT_DQ.name,
         )
     res = HierarchyResult(
         algorithm, bool(backward), B, H_q, H_kv, int(N), int(d), M, P, blocks_per_sm, C, L, bytes_per_word, order,
