@@ -866,3 +866,23 @@ def test_no_dq_conversion_where_dq_is_already_its_accumulators_dtype():
     for alg, bwd in (("flash1", True), ("flash2", False)):
         assert "convert dQ" not in [k["kernel"] for k in hierarchy(alg, problem=bf16, backward=bwd, **kw).launches]
     assert hierarchy("flash2", N=12, d=8, backward=True, **kw).convert_dq_dram == 0
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        ("flash2 --N 64 --d 8 --splits 0", "--splits must be an integer from 1"),
+        ("flash2 --Nq 1 --Nk 20 --d 8 --splits 21", "splits must be an integer from 1 to 20"),
+        ("flash1 --N 64 --d 8 --splits 2", "splits applies to flash2"),
+        ("flash2 --N 64 --d 8 --splits 2 --backward", "splits is an inference option with no backward"),
+    ],
+)
+def test_bad_splits_on_the_command_line_are_one_line_exit_2(args, says, capsys):
+    from iosim.cli import main
+
+    try:
+        rc = main(["hierarchy", *args.split(), "--M", "4000", "--C", "0"])
+    except SystemExit as e:  # argparse's own refusal
+        rc = e.code
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and says in err[-1] and "Traceback" not in "\n".join(err)
