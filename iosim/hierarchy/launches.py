@@ -6,7 +6,8 @@ Every schedule and pass here **names** its kernels, in launch order, each with
 * ``select``: which pieces are its work: ``("init",)`` the memset's (the trace's initialisations), ``("writes",
   X)`` the pieces that store array X, ``("reads", X)`` those that load X, ``("rest",)`` every other piece (the
   main kernel; a piece that moves only operands, such as a column block no query row sees under ``paper``, stays
-  in it);
+  in it); ``("convert",)`` dQ's conversion (:data:`CONVERT_DQ`), which :func:`append_convert_dq` appends after the
+  schedule's launches (it is no piece of the schedule's trace);
 * ``grid``: ``piece`` (one CTA per piece of each unit: flash2's row block i, the backward's column block j, a
   product's output tile) or ``unit`` (one CTA per (batch, head) unit, or per KV head when packed, looping over
   its pieces inside: FlashAttention-1's forward and backward kernels);

@@ -441,6 +441,7 @@ def hierarchy(
     ``block`` (the square tile of standard attention and square tiling: :func:`iosim.run`'s ``B``; here ``B`` is
     the batch) fix the tiles in place of the ``tiling`` rule, checked against M as :func:`iosim.run` checks them.
     ``kv_policy`` None is :func:`iosim.run`'s default (paper for one head of N x d, skip over a problem).
+    ``splits`` > 1 (flash2's forward over a problem) launches split-KV's split kernel, then its combine kernel.
 
     ``problem`` (an :class:`iosim.Problem`) gives N, d, B, H_q, H_kv, causal and the bytes per word (of its K/V cache's
     dtype) in place of those arguments: any N_q against N_k keys (decoding, chunked prefill), d_qk and d_v, an MLA
