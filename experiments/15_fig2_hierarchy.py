@@ -8,11 +8,12 @@ length 1024, head dimension 64, 16 heads, batch 64, forward + backward on an A10
 Predicted: :func:`iosim.hierarchy` on the ``A100`` preset (108 SMs, 40 MB L2, 128-byte lines, 163 KB of shared
 memory per block = M = 83,456 fp16 words; tiles by the ``fit`` rule), each pass's declared launches (standard: the
 S, softmax and P V kernels and the five backward products; FlashAttention = flash1, the paper's Algorithms 1 and 4:
-the memset and one CTA per (batch, head); flash2 beside it), B x H = 64 x 16 heads, 2 bytes per word, head-grouped
-order. Beside it the two-level count (the same launches with no L2, what experiment 03 reports). GB = 10^9 bytes.
-GPT-2 is a causal decoder: causal and non-causal are both shown.
+the memset and one CTA per (batch, head); flash2 beside it, its backward ending with FlashAttention-2's dQ
+conversion from the fp32 accumulator to fp16, a launch of its own), B x H = 64 x 16 heads, 2 bytes per word,
+head-grouped order. Beside it the two-level count (the same launches with no L2, what experiment 03 reports). GB =
+10^9 bytes. GPT-2 is a causal decoder: causal and non-causal are both shown.
 
-Run: ``iosim experiments run fig2-hierarchy`` (about 4 minutes on 2 cores; ``--quick``: batch 1, seconds, a smoke
+Run: ``iosim experiments run fig2-hierarchy`` (75 s on 2 cores; ``--quick``: batch 1, seconds, a smoke
 run whose L2 holds a larger share of the launch).
 """
 
@@ -41,9 +42,24 @@ QUICK = {"batch": 1}
 
 
 def _bytes(name: str, words: int) -> int:
-    """Bytes at the kernels' dtypes: fp16 operands and gradients, fp32 statistics and dQ accumulator; standard
-    attention's S, P, dP, dS fp16 (PyTorch's half-precision matmul and softmax outputs)."""
-    return 2 * words if name in ("S", "P", "dP", "dS") else FP16.bytes_of(name, words)
+    """Bytes at the kernels' dtypes: fp16 operands and gradients, fp32 statistics and dQ accumulator (dq_accum, as
+    dQ's conversion reads it); the converted dQ (dQ_out) fp16; standard attention's S, P, dP, dS fp16 (PyTorch's
+    half-precision matmul and softmax outputs)."""
+    if name == "dq_accum":
+        return FP16.bytes_of("dQ", words)
+    return 2 * words if name in ("S", "P", "dP", "dS", "dQ_out") else FP16.bytes_of(name, words)
+
+
+def _launch(alg: str, backward: bool, causal: bool, batch: int, Br, Bc):  # noqa: N803
+    """One pass's launches on the A100 preset. flash2's backward runs over the problem in fp16, so it ends with
+    FlashAttention-2's dQ conversion (fp32 accumulator to fp16), a launch of its own; the same schedule (the paper
+    policy of a launch given as N and d) and the same tiles as the others."""
+    if alg == "flash2" and backward:
+        p = Problem(B=batch, H_q=HEADS, N=N, d=d, causal=causal, dtype_q="fp16")
+        return hierarchy(alg, problem=p, device="A100", backward=True, kv_policy="paper", Br=Br, Bc=Bc,
+                         allow_long=True)  # fmt: skip
+    return hierarchy(alg, N=N, d=d, B=batch, H_q=HEADS, device="A100", backward=backward, causal=causal, Br=Br,
+                     Bc=Bc, allow_long=True)  # fmt: skip
 
 
 def measure(g) -> list[dict]:
@@ -51,22 +67,7 @@ def measure(g) -> list[dict]:
     for causal in (True, False):
         for alg, tiles in [(a, None) for a in ALGORITHMS] + [("flash1", KERNEL_BLOCKS)]:
             Br, Bc = tiles or (None, None)
-            passes = [
-                hierarchy(
-                    alg,
-                    N=N,
-                    d=d,
-                    B=g.batch,
-                    H_q=HEADS,
-                    device="A100",
-                    backward=bw,
-                    causal=causal,
-                    Br=Br,
-                    Bc=Bc,
-                    allow_long=True,
-                )  # fmt: skip
-                for bw in (False, True)
-            ]
+            passes = [_launch(alg, bw, causal, g.batch, Br, Bc) for bw in (False, True)]
             two, dram = sum(h.two_level for h in passes), sum(h.dram for h in passes)
             typed = sum(_bytes(n, c.dram) for h in passes for n, c in h.per_array.items())
             scale = 64 / g.batch  # the paper's batch of 64 (the quick run scales its smaller launch up)

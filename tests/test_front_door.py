@@ -186,8 +186,8 @@ def test_hierarchy_takes_the_same_objects():
     assert timeless(a) == timeless(b)
     with pytest.raises(InputError, match="^gqa belongs"):
         iosim.hierarchy(p, Schedule("flash2"), 600, P=2, C=4096, gqa="packed")
-    with pytest.raises(InputError, match="^splits "):
-        iosim.hierarchy(p, Schedule("flash2", splits=2), 600, P=2, C=4096)
+    split = iosim.hierarchy(p, Schedule("flash2", splits=2), 600, P=2, C=4096)  # the split kernel, then the combine
+    assert [k["kernel"] for k in split.launches] == ["flash2 split-KV forward", "split-KV combine"]
     with pytest.raises(InputError, match="^schedule "):
         iosim.hierarchy("flash2", Schedule("flash2"), N=16, d=4, M=600, P=1, C=0)
 

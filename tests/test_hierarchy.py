@@ -486,7 +486,7 @@ def _model_blocks(n, b):
     return [(s, min(b, n - s)) for s in range(0, n, b)]
 
 
-def _model_unit(alg, backward, p, R, Br, Bc, mask, policy, mla):  # noqa: N803
+def _model_unit(alg, backward, p, R, Br, Bc, mask, policy, mla, splits=1, M=100_000, convert=False):  # noqa: N803
     """One unit's kernels, in order: [(kernel name, [CTA requests])]; a request is (write, array, r0, nr, c0, nc).
     R packed rows (row x is query row x mod N_q)."""
     N_q, N_k, dqk, dv = p["N_q"], p["N_k"], p["d_qk"], p["d_v"]
@@ -496,6 +496,27 @@ def _model_unit(alg, backward, p, R, Br, Bc, mask, policy, mla):  # noqa: N803
 
     kv = [("K", dqk)] + ([] if p.get("latent") and mla == "shared" else [("V", dv)])  # shared: V is in K_j
     loads_kv = [lambda c0, bc, name=name, w=w: (0, name, c0, bc, 0, w) for name, w in kv]
+    if alg == "flash2" and not backward and splits > 1:  # Flash-Decoding: the split kernel, then the combine
+        cols = _model_blocks(N_k, Bc)
+        per = -(-len(cols) // splits)  # column blocks per split (the last splits ragged or empty)
+        rows = _model_blocks(R, Br)
+        part = {}
+        for i, (r0, br) in enumerate(rows):
+            for k in range(splits):
+                mine = cols[k * per : (k + 1) * per]
+                reqs = [(0, "Q", r0, br, 0, dqk)] if policy == "paper" and mine else []
+                for c0, bc in mine:
+                    if not nonempty(r0, br, c0, bc):
+                        continue
+                    if not reqs:
+                        reqs.append((0, "Q", r0, br, 0, dqk))
+                    reqs += [f(c0, bc) for f in loads_kv]
+                part[i, k] = reqs + [(1, "Opart", k * R + r0, br, 0, dv), (1, "Lpart", r0, br, k, 1)]
+        main = [part[i, k] for k in range(splits) for i in range(len(rows))]  # the grid: row block fastest
+        Bm = min(R, M // (splits + 2 * dv + 1))  # the combine's rows: the s logsumexps, O_i, one partial, L_i
+        combine = [[(0, "Lpart", r0, br, 0, splits)] + [(0, "Opart", k * R + r0, br, 0, dv) for k in range(splits)]
+                   + [(1, "O", r0, br, 0, dv), (1, "L", r0, br, 0, 1)] for r0, br in _model_blocks(R, Bm)]  # fmt: skip
+        return [("flash2 split-KV forward", main), ("split-KV combine", combine)]
     if alg == "flash2" and not backward:
         ctas_ = []
         for r0, br in _model_blocks(R, Br):
@@ -542,18 +563,22 @@ def _model_unit(alg, backward, p, R, Br, Bc, mask, policy, mla):  # noqa: N803
             reqs += [(0, a, r0, br, 0, w) for a, w in (("Q", dqk), ("dO", dv), ("dQ", dqk), ("L", 1), ("D", 1))]
             reqs.append((1, "dQ", r0, br, 0, dqk))
         main.append(reqs + [(1, "dK", c0, bc, 0, dqk), (1, "dV", c0, bc, 0, dv)])
-    return [("memset dQ", memset), ("preprocess D", pre), ("flash2 backward", main)]
+    out = [("memset dQ", memset), ("preprocess D", pre), ("flash2 backward", main)]
+    if convert:  # flash_bwd_convert_dq_kernel: a row block's dq_accum (dQ's lines) read, dQ written at its dtype
+        out.append(("convert dQ", [[(0, "dq_accum", r0, br, 0, dqk), (1, "dQ_out", r0, br, 0, dqk)]
+                                   for r0, br in _model_blocks(R, Br)]))  # fmt: skip
+    return out
 
 
-def _model_dram(alg, backward, p, Br, Bc, mask, policy, mla, gqa, P, C, L):  # noqa: N803
+def _model_dram(alg, backward, p, Br, Bc, mask, policy, mla, gqa, P, C, L, splits=1, M=100_000, convert=False):  # noqa: N803
     """(per-array L2 fills, per-array write-backs, kernel names) of the whole launch, head-grouped order."""
     g = p["H_q"] // p["H_kv"]
     units = p["H_kv"] if gqa == "packed" else p["H_q"]
     R = p["N_q"] * (g if gqa == "packed" else 1)
     width = {"Q": p["d_qk"], "O": p["d_v"], "K": p["d_qk"], "V": p["d_v"], "dO": p["d_v"], "dQ": p["d_qk"],
-             "dK": p["d_qk"], "dV": p["d_v"]}  # fmt: skip
+             "dK": p["d_qk"], "dV": p["d_v"], "Opart": p["d_v"], "Lpart": splits, "dQ_out": p["d_qk"]}  # fmt: skip
     latent = p.get("latent", False)
-    kernels = _model_unit(alg, backward, p, R, Br, Bc, mask, policy, mla)
+    kernels = _model_unit(alg, backward, p, R, Br, Bc, mask, policy, mla, splits, M, convert)
     launches_ = []  # per kernel: CTAs as (requests, unit copy, KV copy), for b, for unit, for piece
     for _, ctas_ in kernels:
         launches_.append([(c, b * units + u, b * p["H_kv"] + (u if gqa == "packed" else u // g))
@@ -579,6 +604,7 @@ def _model_dram(alg, backward, p, Br, Bc, mask, policy, mla, gqa, P, C, L):  # n
     def issue(req, ucopy, kvcopy):
         w, a, r0, nr, c0, nc = req
         owner = "K" if (a == "V" and latent) else a  # MLA: V is the latent's first d_v columns, K's addresses
+        owner = "dQ" if a == "dq_accum" else owner  # dQ's conversion reads the accumulator: dQ's own words
         stride = width.get(owner, 1)
         copy = kvcopy if a in ("K", "V") else ucopy
         for r in range(r0, r0 + nr):
@@ -716,6 +742,147 @@ def test_hierarchy_json_lists_the_launches(capsys):
     assert main(argv) == 0
     out = json.loads(capsys.readouterr().out)
     assert [(k["kernel"], k["grid"], k["ctas"]) for k in out["launches"]] == [
-        ("memset dQ", "piece", 2), ("preprocess D", "piece", 4), ("flash2 backward", "piece", 10)]  # fmt: skip
+        ("memset dQ", "piece", 2), ("preprocess D", "piece", 4), ("flash2 backward", "piece", 10),
+        ("convert dQ", "piece", 4)]  # fmt: skip
     assert out["launches"][2]["atomic"] == ["dQ"] and "flash_bwd" in out["launches"][2]["models"]
-    assert out["dram"] == 2344
+    # the issue's 2,344 words are the schedule's launches; bf16's dQ conversion (96 words read, 96 written) adds 144
+    assert (out["schedule_dram"], out["convert_dq_dram"], out["dram"]) == (2344, 144, 2488)
+
+
+# fmt: off
+SPLIT_CASES = [  # (problem, Br, Bc, mask, policy, gqa, splits, M, P, C, L): Tc = ceil(N_k / Bc) column blocks
+    (_p(2, 4, 2, 1, 60, 8, 8), 1, 8, None, "skip", "per-head", 3, 100_000, 3, 96, 4),  # Tc 8: splits of 3, 3, 2
+    (_p(1, 2, 1, 7, 40, 8, 16), 3, 4, "causal", "skip", "packed", 4, 100_000, 2, 200, 8),  # splits past the diagonal
+    (_p(1, 2, 2, 9, 30, 8, 8), 4, 6, "window:5", "paper", "per-head", 4, 100_000, 3, 64, 4),  # Tc 5: 2, 2, 1, empty
+    (_p(2, 2, 1, 5, 24, 8, 8), 2, 5, None, "paper", "per-head", 7, 100_000, 2, 128, 8),  # Tc 5, 7 splits: 2 empty
+    (_p(1, 3, 1, 4, 33, 8, 8), 2, 4, "causal", "paper", "packed", 3, 200, 4, 160, 4),  # combine: 9 rows a CTA
+]
+# fmt: on
+
+
+@pytest.mark.parametrize("case", SPLIT_CASES, ids=lambda c: f"{c[3]}-{c[4]}-{c[5]}-s{c[6]}")
+def test_the_independent_model_agrees_on_split_kv_word_for_word(case):
+    """Split-KV in the hierarchy: the split kernel (one CTA per (row block, split), the row block fastest, each
+    writing its Opart, Lpart; ragged and empty splits write their partials too) and the combine kernel, against the
+    independent model's own schedule, line LRU and clock, per array, word for word; with no L2 (C = 0) the DRAM is
+    iosim run's two-level count of the same split schedule, per array; the split CTAs write disjoint partials (the
+    race check passes)."""
+    pd, Br, Bc, mask, policy, gqa, splits, M, P, C, L = case
+    problem = iosim.Problem(**pd, causal=mask == "causal")
+    kw = dict(problem=problem, M=M, Br=Br, Bc=Bc, P=P, L=L, blocks_per_sm=1, mask=None if mask in (None, "causal")
+              else mask, kv_policy=policy, gqa=gqa, splits=splits)  # fmt: skip
+    h = hierarchy("flash2", C=C, **kw)
+    fill, wb, names = _model_dram("flash2", False, pd, Br, Bc, mask, policy, "shared", gqa, P, C, L, splits, M)
+    assert [k["kernel"] for k in h.launches] == names == ["flash2 split-KV forward", "split-KV combine"]
+    assert h.launches[0]["splits"] == splits and h.splits == splits
+    got_fill = {n: c.l2_fill for n, c in h.per_array.items() if c.l2_fill}
+    got_wb = {n: c.l2_writeback for n, c in h.per_array.items() if c.l2_writeback}
+    assert (got_fill, got_wb) == (fill, wb)
+    h0 = hierarchy("flash2", C=0, **kw)
+    run = iosim.run(iosim.Problem(**pd, causal=mask == "causal"), iosim.Schedule("flash2", Br=Br, Bc=Bc, gqa=gqa,
+                    splits=splits, kv_policy=policy), M, mask=kw["mask"], count_only=True)  # fmt: skip
+    want = {n: (c.reads, c.writes) for n, c in run.stats.per_array.items() if c.reads or c.writes}
+    assert {n: (c.dram_read, c.dram_update) for n, c in h0.per_array.items() if c.dram} == want
+    assert {n: (c.two_level_reads, c.two_level_writes) for n, c in h0.per_array.items() if c.two_level} == want
+    fill0, wb0, _ = _model_dram("flash2", False, pd, Br, Bc, mask, policy, "shared", gqa, P, 0, 1, splits, M)
+    assert {n: (fill0.get(n, 0), wb0.get(n, 0)) for n in want} == want
+
+
+def test_split_kv_from_the_objects_and_the_command_line(capsys):
+    """hierarchy(problem, Schedule(..., splits=S), device) and iosim hierarchy --splits S launch the split kernel
+    and the combine; --json lists both launches; splits without a problem are refused in one line."""
+    import json
+
+    from iosim.cli import main
+
+    p = iosim.Problem(B=2, H_q=4, H_kv=1, N_q=1, N_k=300, d=16, dtype_q="bf16")
+    h = hierarchy(p, iosim.Schedule("flash2", splits=4, Bc=32), 20_000, P=4, C=4096, L=8)
+    assert [(k["kernel"], k["ctas"]) for k in h.launches] == [("flash2 split-KV forward", 32), ("split-KV combine", 8)]
+    argv = ["hierarchy", "flash2", "--batch", "2", "--heads", "4", "--kv-heads", "1", "--Nq", "1", "--Nk", "300",
+            "--d", "16", "--M", "20000", "--Bc", "32", "--splits", "4", "--P", "4", "--C", "4096", "--L", "8",
+            "--json"]  # fmt: skip
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [(k["kernel"], k["ctas"], k["splits"]) for k in out["launches"]] == [
+        ("flash2 split-KV forward", 32, 4), ("split-KV combine", 8, 1)]  # fmt: skip
+    assert out["dram"] == h.dram and out["splits"] == 4
+    with pytest.raises(InputError) as e:
+        hierarchy("flash2", N=64, d=16, M=4000, C=0, splits=2)
+    assert e.value.parameter == "splits"
+    with pytest.raises(InputError) as e:
+        hierarchy("flash1", problem=p, M=20_000, C=0, splits=2)
+    assert e.value.parameter == "splits"
+
+
+@pytest.mark.parametrize("case", [MODEL_CASES[6], MODEL_CASES[7], MODEL_CASES[8]], ids=["window", "dense", "packed"])
+def test_the_independent_model_agrees_with_the_dq_conversion(case):
+    """flash2's backward in bf16: the schedule's launches, then dQ's conversion (one CTA per row block reading
+    dq_accum at dQ's own lines and writing dQ_out), against the independent model, per array, word for word."""
+    alg, backward, pd, Br, Bc, mask, policy, mla, gqa, P, C, L = case
+    problem = iosim.Problem(**pd, causal=mask == "causal", dtype_q="bf16")
+    h = hierarchy(alg, problem=problem, M=100_000, Br=Br, Bc=Bc, backward=True, P=P, C=C, L=L, blocks_per_sm=1,
+                  mask=None if mask in (None, "causal") else mask, kv_policy=policy, gqa=gqa)  # fmt: skip
+    fill, wb, names = _model_dram(alg, True, pd, Br, Bc, mask, policy, mla, gqa, P, C, L, convert=True)
+    assert [k["kernel"] for k in h.launches] == names and names[-1] == "convert dQ"
+    got_fill = {n: c.l2_fill for n, c in h.per_array.items() if c.l2_fill}
+    got_wb = {n: c.l2_writeback for n, c in h.per_array.items() if c.l2_writeback}
+    assert (got_fill, got_wb) == (fill, wb)
+
+
+@pytest.mark.parametrize(("gqa", "H_kv"), [("per-head", 4), ("packed", 2)])  # per-head g = 1: no group sum
+def test_dq_conversion_is_its_own_launch_at_its_dtypes(gqa, H_kv):  # noqa: N803
+    """FlashAttention-2's backward accumulates dQ in fp32 and converts it in a launch of its own: it reads and writes
+    exactly B H_q N_q d_qk words each way, priced at fp32 read and dtype_o written; the schedule's launches stay
+    iosim run's count (C = 0, per array), and the total is the schedule's launches + the conversion. With an L2
+    that holds everything, the conversion reads dq_accum from the lines the backward left (dQ's own)."""
+    p = iosim.Problem(B=2, H_q=4, H_kv=H_kv, N_q=7, N_k=12, d_qk=8, d_v=16, dtype_q="bf16", dtype_o="fp8")
+    words = p.B * p.H_q * p.N_q * p.d_qk
+    kw = dict(problem=p, M=100_000, Br=3, Bc=5, backward=True, P=3, L=4, gqa=gqa)
+    h0 = hierarchy("flash2", C=0, **kw)
+    conv = h0.launches[-1]
+    assert conv["kernel"] == "convert dQ" and "flash_bwd_convert_dq_kernel" in conv["models"]
+    assert conv["reads"] == {"dq_accum": words} and conv["writes"] == {"dQ_out": words}
+    assert (conv["read_bytes"], conv["write_bytes"]) == (4 * words, 1 * words)
+    assert (conv["read_dtype"], conv["write_dtype"]) == ("fp32", "fp8")
+    run = iosim.run("flash2", problem=p, M=100_000, Br=3, Bc=5, backward=True, gqa=gqa, count_only=True)
+    want = {n: (c.reads, c.writes) for n, c in run.passes["backward"].stats.per_array.items() if c.reads or c.writes}
+    sched = {n: (c.dram_read, c.dram_update) for n, c in h0.per_array.items() if c.launch == "schedule" and c.dram}
+    assert sched == want and h0.schedule_dram == h0.two_level == run.passes["backward"].stats.total
+    assert h0.per_array["dq_accum"].dram == h0.per_array["dQ_out"].dram == words
+    assert h0.convert_dq_dram == 2 * words and h0.dram == h0.schedule_dram + h0.convert_dq_dram
+    big = hierarchy("flash2", C=1 << 24, **kw)
+    assert big.per_array["dq_accum"].dram == 0 and big.per_array["dQ_out"].dram == words
+    assert big.as_dict()["convert_dq_dram"] == words
+
+
+def test_no_dq_conversion_where_dq_is_already_its_accumulators_dtype():
+    """The conversion runs where dQ's output dtype differs from its fp32 accumulator's: not at fp32 (or fp64, where
+    the accumulator is fp64), not for flash1's backward or a forward, not for N and d (no dtypes)."""
+    kw = dict(M=100_000, Br=3, Bc=5, P=2, C=0)
+    for p in (iosim.Problem(H_q=2, N_q=7, N_k=12, d=8, dtype_q="fp32"), iosim.Problem(H_q=2, N_q=7, N_k=12, d=8)):
+        h = hierarchy("flash2", problem=p, backward=True, **kw)
+        assert "convert dQ" not in [k["kernel"] for k in h.launches] and h.convert_dq_dram == 0
+    bf16 = iosim.Problem(H_q=2, N_q=7, N_k=12, d=8, dtype_q="bf16")
+    for alg, bwd in (("flash1", True), ("flash2", False)):
+        assert "convert dQ" not in [k["kernel"] for k in hierarchy(alg, problem=bf16, backward=bwd, **kw).launches]
+    assert hierarchy("flash2", N=12, d=8, backward=True, **kw).convert_dq_dram == 0
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        ("flash2 --N 64 --d 8 --splits 0", "--splits must be an integer from 1"),
+        ("flash2 --Nq 1 --Nk 20 --d 8 --splits 21", "splits must be an integer from 1 to 20"),
+        ("flash1 --N 64 --d 8 --splits 2", "splits applies to flash2"),
+        ("flash2 --N 64 --d 8 --splits 2 --backward", "splits is an inference option with no backward"),
+    ],
+)
+def test_bad_splits_on_the_command_line_are_one_line_exit_2(args, says, capsys):
+    from iosim.cli import main
+
+    try:
+        rc = main(["hierarchy", *args.split(), "--M", "4000", "--C", "0"])
+    except SystemExit as e:  # argparse's own refusal
+        rc = e.code
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and says in err[-1] and "Traceback" not in "\n".join(err)

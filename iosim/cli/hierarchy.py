@@ -42,6 +42,9 @@ def add_arguments(p) -> None:
     p.add_argument("--gqa", choices=("per-head", "packed"), default="per-head",
                    help="per-head: a CTA family per query head; packed (flash1, flash2): per KV head, its g query "
                    "heads' rows together (default per-head)")  # fmt: skip
+    # the spelling and range of iosim run's --splits (iosim.cli.options defines it inside the problem group)
+    p.add_argument("--splits", type=positive("--splits", api.MAX_N), default=1,
+                   help="split-KV splits (flash2's forward): the split kernel, then the combine kernel")  # fmt: skip
     p.add_argument(
         "--M", type=positive("--M"), default=None, help="shared memory per block in words (default: the device's)"
     )
@@ -93,6 +96,7 @@ def command(args) -> int:
         block=args.B,
         gqa=args.gqa,
         mla=args.mla or "shared",
+        splits=args.splits,
         allow_long=args.yes,
     )
     if args.json:
@@ -101,6 +105,7 @@ def command(args) -> int:
     where = f"{r.device}: " if r.device else ""
     what = f"B={r.B}, H_q={r.H_q}, H_kv={r.H_kv}, N={r.N}, d={r.d}" if r.problem is None else f"{r.problem}"
     what += f", GQA {r.gqa}" if r.problem is not None and r.H_q > r.H_kv else ""
+    what += f", split-KV {r.splits} splits" if r.splits > 1 else ""
     print(
         f"{r.algorithm} {'backward' if r.backward else 'forward'}: {what}; {where}P={r.P} SMs x {r.blocks_per_sm} "
         f"block(s) of M={r.M:,} words, L2 C={r.C:,} words "
@@ -116,12 +121,20 @@ def command(args) -> int:
         f"DRAM: {r.dram_read:,} words read + {r.dram_update:,} written = {r.dram:,} words = {r.dram_bytes:,} bytes; "
         f"{r.ratio:.4f} of the two-level count {r.two_level:,}"
     )
+    for k in (k for k in r.launches if "read_bytes" in k):  # dQ's conversion: its own launch, its own dtypes
+        (src, n_in), (dst, n_out) = next(iter(k["reads"].items())), next(iter(k["writes"].items()))
+        print(
+            f"= the schedule's launches {r.schedule_dram:,} words ({r.schedule_dram / r.two_level:.4f} of the "
+            f"two-level count) + convert dQ {r.convert_dq_dram:,} words; convert dQ reads {n_in:,} words of {src} "
+            f"({k['read_dtype']}, {k['read_bytes']:,} bytes) and writes {n_out:,} of {dst} ({k['write_dtype']}, "
+            f"{k['write_bytes']:,} bytes)"
+        )
     return 0
 
 
 def _shape(args) -> dict:
     """N, d, the launch's heads and the word size, or a problem (iosim.Problem) when --Nq, --Nk, --dv,
-    --page-size, --mla or --gqa packed asks for one beyond N x d."""
+    --page-size, --mla, --gqa packed or --splits asks for one beyond N x d."""
     from iosim.errors import InputError
     from iosim.problem import BYTES, Problem
 
@@ -129,7 +142,7 @@ def _shape(args) -> dict:
 
     fields = dict(B=args.batch, H_q=args.H_q, H_kv=args.H_kv, causal=args.causal)
     beyond = (args.Nq, args.Nk, args.dv, args.page_size, args.mla)
-    if all(x is None for x in beyond) and args.gqa == "per-head":
+    if all(x is None for x in beyond) and args.gqa == "per-head" and args.splits == 1:
         if args.N is None:
             raise InputError("--N", "must be given (or --Nq and --Nk)", None)
         return dict(N=args.N, d=args.d, bytes_per_word=args.bytes_per_word, **fields)

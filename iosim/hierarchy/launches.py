@@ -6,11 +6,16 @@ Every schedule and pass here **names** its kernels, in launch order, each with
 * ``select``: which pieces are its work: ``("init",)`` the memset's (the trace's initialisations), ``("writes",
   X)`` the pieces that store array X, ``("reads", X)`` those that load X, ``("rest",)`` every other piece (the
   main kernel; a piece that moves only operands, such as a column block no query row sees under ``paper``, stays
-  in it);
+  in it); ``("convert",)`` dQ's conversion (:data:`CONVERT_DQ`), which :func:`append_convert_dq` appends after the
+  schedule's launches (it is no piece of the schedule's trace);
 * ``grid``: ``piece`` (one CTA per piece of each unit: flash2's row block i, the backward's column block j, a
   product's output tile) or ``unit`` (one CTA per (batch, head) unit, or per KV head when packed, looping over
   its pieces inside: FlashAttention-1's forward and backward kernels);
-* ``atomic``: the arrays its CTAs accumulate into with atomic adds (flash2's backward adds dQ_i in fp32).
+* ``atomic``: the arrays its CTAs accumulate into with atomic adds (flash2's backward adds dQ_i in fp32);
+* ``splits``: split-KV's main kernel (s > 1): a unit's pieces are (row block i, split k) with k fastest, as the
+  schedule runs them; its grid puts the row block fastest (flash-attn 2's ``flash_fwd_splitkv_kernel``:
+  blockIdx.x the row block, blockIdx.y the split, blockIdx.z the (batch, head)), which :meth:`Launches.grid_order`
+  gives.
 
 :func:`assign` maps the pieces onto the kernels and refuses a trace whose pieces do not follow the declared order.
 :func:`check_races` refuses a launch whose CTAs would race: a region one CTA stores that another CTA of the same
@@ -26,6 +31,7 @@ import numpy as np
 from numba import njit
 
 from iosim.errors import InputError
+from iosim.hierarchy.ctas import REQ_WIDTH, Cut
 from iosim.memory_model.core import INIT
 
 
@@ -38,6 +44,7 @@ class Kernel:
     select: tuple
     grid: str = "piece"
     atomic: tuple = ()
+    splits: int = 1
 
 
 _FA1_FWD = "FlashAttention-1's fmha_fwd_loop_kernel: one thread block per (batch, head), column blocks looped inside"
@@ -46,7 +53,6 @@ _FA1_BWD = "FlashAttention-1's fmha_bwd_dq_dk_dv_loop_kernel: one thread block p
 KERNELS = {
     ("flash2", False): [
         Kernel("flash2 forward", "flash-attn 2 flash_fwd_kernel: one CTA per (row block, batch, head)", ("rest",)),
-        Kernel("split-KV combine", "flash-attn 2 flash_fwd_splitkv_combine_kernel", ("reads", "Lpart")),
     ],
     ("flash1", False): [
         Kernel("memset O, l, m", "cudaMemset of O, l, m (Algorithm 1, step 2)", ("init",)),
@@ -94,14 +100,48 @@ KERNELS = {
 }
 
 
-def kernels(algorithm: str, backward: bool) -> list[Kernel]:
-    """The kernels ``algorithm``'s pass launches, in order (module docstring). An algorithm registered by a user
-    declares none: its memset (if it initialises memory), then one kernel with a CTA per piece, which
-    :func:`check_races` refuses if its pieces read-modify-write one another's regions."""
+def split_kv(s: int) -> list[Kernel]:
+    """flash2's forward under split-KV with s splits: the split kernel (one CTA per (row block, split, batch, head),
+    each writing its partial O_i and logsumexp into Opart, Lpart), then the combine kernel (one CTA per block of
+    rows, reading the s partials and writing O, L)."""
+    return [
+        Kernel(
+            "flash2 split-KV forward",
+            "flash-attn 2 flash_fwd_splitkv_kernel: one CTA per (row block, split, batch, head), writing Opart, Lpart",
+            ("rest",),
+            splits=s,
+        ),
+        Kernel(
+            "split-KV combine",
+            "flash-attn 2 flash_fwd_splitkv_combine_kernel: one CTA per block of rows, reading the s partials",
+            ("reads", "Lpart"),
+        ),
+    ]
+
+
+def kernels(algorithm: str, backward: bool, splits: int = 1) -> list[Kernel]:
+    """The kernels ``algorithm``'s pass launches, in order (module docstring); ``splits`` > 1: flash2's forward under
+    split-KV (:func:`split_kv`). An algorithm registered by a user declares none: its memset (if it initialises
+    memory), then one kernel with a CTA per piece, which :func:`check_races` refuses if its pieces read-modify-write
+    one another's regions."""
+    if splits != 1 and (algorithm, bool(backward)) == ("flash2", False):
+        return split_kv(int(splits))
     if (algorithm, bool(backward)) in KERNELS:
         return KERNELS[(algorithm, bool(backward))]
     return [Kernel("memset", "cudaMemset of what it initialises", ("init",)),
             Kernel(algorithm, "a user schedule: one CTA per piece", ("rest",))]  # fmt: skip
+
+
+# dQ's conversion (flash2's backward, where dQ's output dtype is not its fp32 accumulator's): a launch after the
+# schedule's, which iosim run does not count (the paper's schedule ends with dQ in HBM). It reads the accumulator,
+# DQ_ACCUM (dQ's own addresses: the same lines), and writes DQ_OUT (an array of its own, at the output dtype).
+DQ_ACCUM, DQ_OUT = "dq_accum", "dQ_out"
+CONVERT_DQ = Kernel(
+    "convert dQ",
+    "flash-attn 2 flash_bwd_convert_dq_kernel: one CTA per (row block, batch, head), reading dq_accum (fp32) and "
+    "writing dQ at the output dtype",
+    ("convert",),
+)
 
 
 @dataclass(frozen=True)
@@ -117,6 +157,18 @@ class Launches:
     @property
     def ctas(self) -> int:
         return len(self.cta_ptr) - 1
+
+    def grid_order(self, k: int) -> np.ndarray:
+        """The CTAs of launch k in its grid's order: piece order, except split-KV's main kernel, whose (row block,
+        split) pieces run with the row block fastest (module docstring)."""
+        c0, c1 = int(self.launch_ptr[k]), int(self.launch_ptr[k + 1])
+        ids = np.arange(c0, c1, dtype=np.int64)
+        s = self.kernels[k].splits
+        if s == 1:
+            return ids
+        if (c1 - c0) % s:
+            raise InputError("splits", f"must cut every row block into {s} pieces; the split kernel has {c1 - c0}", s)
+        return ids.reshape(-1, s).T.ravel()
 
 
 def _piece_kernel(kinds: list[Kernel], names: list[str], reqs: np.ndarray, has_init: bool) -> int:
@@ -219,3 +271,24 @@ def check_races(cut, trace, launches: Launches) -> None:
                 "block per head",
                 kern.grid,
             )
+
+
+def append_convert_dq(cut: Cut, launched: Launches, names: list, shapes: dict, Br: int) -> tuple:
+    """The cut, launches, names and shapes with dQ's conversion appended (:data:`CONVERT_DQ`): one CTA per row block
+    of Br rows of the unit's dQ (the backward kernel's row block, as flash-attn's kBlockM), each loading its rows of
+    :data:`DQ_ACCUM` and storing them to :data:`DQ_OUT`; every row once, so exactly the words of dQ each way."""
+    rows, width = shapes["dQ"]
+    names = [*names, DQ_ACCUM, DQ_OUT]
+    shapes = {**shapes, DQ_ACCUM: (rows, width), DQ_OUT: (rows, width)}
+    a_in, a_out = len(names) - 2, len(names) - 1
+    req = []
+    for r0 in range(0, rows, Br):
+        br = min(Br, rows - r0)
+        req += [(0, a_in, r0, br, 0, width, br * width), (1, a_out, r0, br, 0, width, br * width)]
+    new = np.asarray(req, np.int64).reshape(-1, REQ_WIDTH)
+    ends = len(cut.requests) + np.arange(2, len(new) + 1, 2, dtype=np.int64)  # each CTA: its load, its store
+    events = np.concatenate((cut.piece_events, np.full((len(ends), 2), -1, np.int64)))  # no trace events
+    cut = Cut(np.concatenate((cut.requests, new)), np.concatenate((cut.piece_ptr, ends)), events)
+    cta_ptr = np.concatenate((launched.cta_ptr, ends))  # the schedule's last CTA ends at its last request
+    launch_ptr = np.append(launched.launch_ptr, len(cta_ptr) - 1)
+    return cut, Launches([*launched.kernels, CONVERT_DQ], launch_ptr, cta_ptr), names, shapes

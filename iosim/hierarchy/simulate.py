@@ -11,9 +11,15 @@ array lives is :meth:`iosim.Problem.storage` (an MLA latent's V at K's addresses
 Gradients dK, dV are per query head (FlashAttention-2's GQA backward accumulates them per query head and sums
 afterwards). The single-head schedule is cut into pieces by :mod:`iosim.hierarchy.ctas`, and the pieces run as the
 kernels :mod:`iosim.hierarchy.launches` declares (one CTA per piece, or one per head for FlashAttention-1's kernels; a
-launch whose CTAs would race is refused). Each CTA has M words of shared memory; an SM holds ``floor(smem_per_sm / (M x
-bytes_per_word + 1 KB))`` of them (at most 32; the 1 KB is the CUDA driver's reservation per block), so ``P x
-blocks_per_sm`` CTAs are resident at once.
+launch whose CTAs would race is refused). Split-KV (``splits`` > 1, flash2's forward) is the split kernel, one CTA per
+(row block, split), then the combine kernel. flash2's backward over a problem whose dQ output dtype is not its fp32
+accumulator's ends with **dQ's conversion**, a launch of its own after the schedule's (reading ``dq_accum``, dQ's own
+lines, and writing ``dQ_out``): iosim run does not count it, so the result keeps it apart (its arrays' ``launch``
+"convert dQ"): DRAM = the schedule's launches (:attr:`HierarchyResult.schedule_dram`; with C = 0 the two-level count,
+per array) + the conversion (:attr:`HierarchyResult.convert_dq_dram`).
+
+Each CTA has M words of shared memory; an SM holds ``floor(smem_per_sm / (M x bytes_per_word + 1 KB))`` of them (at
+most 32; the 1 KB is the CUDA driver's reservation per block), so ``P x blocks_per_sm`` CTAs are resident at once.
 
 **Block orders** (within each launch; p = the CTA's piece, the row block of flash2's forward):
 
@@ -44,6 +50,7 @@ from __future__ import annotations
 import numbers
 import time
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -69,7 +76,8 @@ OPT_BYTES_PER_LINE = 21
 
 @dataclass
 class LevelCounts:
-    """One array's words at each level (summed over every head)."""
+    """One array's words at each level (summed over every head); ``launch``: "schedule" (the schedule's launches,
+    what iosim run counts) or "convert dQ" (dQ's conversion, which it does not)."""
 
     two_level_reads: int = 0
     two_level_writes: int = 0
@@ -78,6 +86,7 @@ class LevelCounts:
     l2_fill: int = 0
     l2_writeback: int = 0
     compulsory: int = 0  # every copy's lines once: fetched if first read, written back if ever written
+    launch: str = "schedule"
 
     @property
     def dram_read(self) -> int:
@@ -126,6 +135,7 @@ class HierarchyResult:
     clock: list[int] = field(default_factory=list)
     problem: object = None  # the iosim.Problem launched, when it is not one head of N x d copied (N_q != N_k, ...)
     gqa: str = "per-head"  # per-head: a CTA family per query head; packed: per KV head, its g heads' rows together
+    splits: int = 1  # split-KV (flash2's forward): the split kernel's splits per row block, then the combine kernel
 
     def _sum(self, attr: str) -> int:
         return sum(getattr(c, attr) for c in self.per_array.values())
@@ -153,6 +163,18 @@ class HierarchyResult:
         return self.dram * self.bytes_per_word
 
     @property
+    def schedule_dram(self) -> int:
+        """DRAM words of the schedule's launches (the arrays iosim run counts): with C = 0, its two-level count.
+        Under ``policy="opt"`` a fill is counted by the line's owner, so the conversion's fills of ``dq_accum`` count
+        under dQ here (the total is exact)."""
+        return sum(c.dram for c in self.per_array.values() if c.launch == "schedule")
+
+    @property
+    def convert_dq_dram(self) -> int:
+        """DRAM words of dQ's conversion launch (0 where it does not run): dram = schedule_dram + this."""
+        return self.dram - self.schedule_dram
+
+    @property
     def compulsory(self) -> int:
         """The compulsory DRAM words of a launch that touches every word of its arrays (a non-causal, unmasked
         run): each copy's lines once, fetched where the array's first access reads it, written back where it is
@@ -169,10 +191,16 @@ class HierarchyResult:
 
         head = ["array", "smem fill", "L2 read", "L2 update", "L2 fill", "L2 write-back", "DRAM / two-level"]
         rows = []
+        convert = [n for n, c in self.per_array.items() if c.launch != "schedule"]
         for name, c in self.per_array.items():
+            if convert and name == convert[0]:  # the schedule's launches, then dQ's conversion (its own rows)
+                sched = [c for c in self.per_array.values() if c.launch == "schedule"]
+                rows.append(["schedule's launches", *(f"{sum(getattr(c, k) for c in sched):,}" for k in
+                             ("two_level_reads", "l2_read", "l2_update", "l2_fill", "l2_writeback")),
+                             f"{self.schedule_dram / self.two_level:.3f}" if self.two_level else "-"])  # fmt: skip
             rows.append(
                 [
-                    name,
+                    name if c.launch == "schedule" else f"{name} ({c.launch})",
                     f"{c.two_level_reads:,}",
                     f"{c.l2_read:,}",
                     f"{c.l2_update:,}",
@@ -183,7 +211,7 @@ class HierarchyResult:
             )
         rows.append(
             [
-                "total",
+                "total" if not convert else "total (schedule's launches + convert dQ)",
                 f"{self._sum('two_level_reads'):,}",
                 f"{self._sum('l2_read'):,}",
                 f"{self._sum('l2_update'):,}",
@@ -197,7 +225,7 @@ class HierarchyResult:
     def as_dict(self) -> dict:
         keys = ("algorithm", "backward", "B", "H_q", "H_kv", "N", "d", "M", "P", "blocks_per_sm", "C", "L")
         out = {k: getattr(self, k) for k in keys}
-        out.update(problem=None if self.problem is None else self.problem.as_dict(), gqa=self.gqa)
+        out.update(problem=None if self.problem is None else self.problem.as_dict(), gqa=self.gqa, splits=self.splits)
         out.update(
             bytes_per_word=self.bytes_per_word,
             order=self.order,
@@ -214,6 +242,8 @@ class HierarchyResult:
             dram_update=self.dram_update,
             dram=self.dram,
             dram_bytes=self.dram_bytes,
+            schedule_dram=self.schedule_dram,
+            convert_dq_dram=self.convert_dq_dram,
             ratio=self.ratio,
             compulsory=self.compulsory,
             per_array={
@@ -318,7 +348,29 @@ def _single(N: int, d: int):  # noqa: N803
     return Problem(N=N, d=d)
 
 
-def _from_problem(problem, N, d, gqa: str) -> tuple:
+def _converts_dq(algorithm: str, backward: bool, problem) -> bool:
+    """Whether dQ's conversion launch runs: flash2's backward over a problem whose dQ output dtype (dtype_o) is not
+    the dtype its accumulator is kept in (fp32; fp64 in a problem at fp64)."""
+    return (
+        algorithm == "flash2" and bool(backward) and problem is not None and problem.dtype_of("dQ") != problem.dtype_o
+    )
+
+
+def _with_convert_dq(storage):
+    """The address map with the conversion's arrays: the accumulator it reads is dQ's words (the same lines), the
+    dQ it writes an array of its own, one copy per head unit as dQ."""
+
+    def where(array: str) -> tuple[str, str]:
+        if array == launches_mod.DQ_ACCUM:
+            return storage("dQ")
+        if array == launches_mod.DQ_OUT:
+            return launches_mod.DQ_OUT, storage("dQ")[1]
+        return storage(array)
+
+    return where
+
+
+def _from_problem(problem, N, d, gqa: str, splits: int = 1) -> tuple:
     """(N, d, B, H_q, H_kv, causal, bytes per word, unit) of an :class:`iosim.Problem` the hierarchy can run. The
     unit is the problem one family of CTAs runs (None: one head of N x d, the seed case): one query head of N_q
     rows against N_k keys (GQA ``per-head``), or one KV head's g query heads packed together (``packed``); the
@@ -333,7 +385,7 @@ def _from_problem(problem, N, d, gqa: str) -> tuple:
         raise InputError("gqa", f"must be one of {', '.join(GQA_POLICIES)}", gqa)
     p = problem
     unit = None
-    if p.N_q != p.N_k or p.d_qk != p.d_v or p.latent or p.page_size or (gqa == "packed" and p.g > 1):
+    if p.N_q != p.N_k or p.d_qk != p.d_v or p.latent or p.page_size or (gqa == "packed" and p.g > 1) or splits != 1:
         unit = Problem(B=1, H_q=p.g if gqa == "packed" else 1, H_kv=1, N_q=p.N_q, N_k=p.N_k, d_qk=p.d_qk,
                        d_v=p.d_v, causal=p.causal, latent=p.latent, page_size=p.page_size)  # fmt: skip
     word = p.bytes_of("K", 1)  # one word of the K/V cache, which dominates the traffic
@@ -370,6 +422,7 @@ def hierarchy(
     block: int | None = None,
     gqa: str = "per-head",
     mla: str = "shared",
+    splits: int = 1,
     allow_long: bool = False,
     record: bool = False,
     opt_limit_bytes: int | None = None,
@@ -388,6 +441,7 @@ def hierarchy(
     ``block`` (the square tile of standard attention and square tiling: :func:`iosim.run`'s ``B``; here ``B`` is
     the batch) fix the tiles in place of the ``tiling`` rule, checked against M as :func:`iosim.run` checks them.
     ``kv_policy`` None is :func:`iosim.run`'s default (paper for one head of N x d, skip over a problem).
+    ``splits`` > 1 (flash2's forward over a problem) launches split-KV's split kernel, then its combine kernel.
 
     ``problem`` (an :class:`iosim.Problem`) gives N, d, B, H_q, H_kv, causal and the bytes per word (of its K/V cache's
     dtype) in place of those arguments: any N_q against N_k keys (decoding, chunked prefill), d_qk and d_v, an MLA
@@ -410,20 +464,16 @@ def hierarchy(
         given = dict(N=N, d=d, causal=causal, problem=problem, B=None if B == 1 else B, H_q=None if H_q == 1 else H_q,
                      H_kv=H_kv, backward=backward or None, tiling=None if tiling == "fit" else tiling, Br=Br, Bc=Bc,
                      block=block, gqa=None if gqa == "per-head" else gqa, mla=None if mla == "shared" else mla,
-                     kv_policy=kv_policy)  # fmt: skip
+                     kv_policy=kv_policy, splits=None if splits == 1 else splits)  # fmt: skip
         clash = [k for k, v in given.items() if v is not None and k not in ("N", "d", "causal", "problem")]
         if clash:
             raise InputError(clash[0], "belongs to the Schedule or the Problem when they are given as objects")
         spec, options = from_objects(algorithm, schedule, {k: given[k] for k in ("N", "d", "causal", "problem")})
-        if spec.splits != 1:
-            raise InputError(
-                "splits", "are not launched by the hierarchy (no split-KV combine runs there)", spec.splits
-            )
         if isinstance(device_or_memory, (str, Device)):
             device = device_or_memory
         elif device_or_memory is not None:
             M = device_or_memory
-        opts = {k: options[k] for k in ("backward", "tiling", "Br", "Bc", "gqa", "mla", "kv_policy")}
+        opts = {k: options[k] for k in ("backward", "tiling", "Br", "Bc", "gqa", "mla", "kv_policy", "splits")}
         return hierarchy(
             spec.algorithm, problem=algorithm, M=M, device=device, P=P, C=C, L=L, blocks_per_sm=blocks_per_sm,
             bytes_per_word=bytes_per_word, order=order, policy=policy, mask=mask, block=options["B"],
@@ -435,11 +485,11 @@ def hierarchy(
 
     unit = None
     if problem is not None:
-        N, d, B, H_q, H_kv, causal, bytes_per_word, unit = _from_problem(problem, N, d, gqa)
+        N, d, B, H_q, H_kv, causal, bytes_per_word, unit = _from_problem(problem, N, d, gqa, splits)
         if kv_policy is None and not problem.is_single:  # iosim.run's default over a problem, as the kernels do
             kv_policy = "skip"
-    elif gqa != "per-head" or mla != "shared":
-        which, value = ("gqa", gqa) if gqa != "per-head" else ("mla", mla)
+    elif gqa != "per-head" or mla != "shared" or splits != 1:
+        which, value = ("gqa", gqa) if gqa != "per-head" else ("mla", mla) if mla != "shared" else ("splits", splits)
         raise InputError(which, "applies to a problem (problem=iosim.Problem(...)); N, d launch one head each", value)
     if N is None or d is None:
         raise InputError("N" if N is None else "d", "must be given (or a problem)", None)
@@ -498,7 +548,7 @@ def hierarchy(
 
     t0 = time.perf_counter()
     if _trace is None:
-        shape = dict(N=N, d=d, causal=causal) if unit is None else dict(problem=unit, gqa=gqa, mla=mla)
+        shape = dict(N=N, d=d, causal=causal) if unit is None else dict(problem=unit, gqa=gqa, mla=mla, splits=splits)
         try:
             r = api.run(
                 algorithm, M=M, backward=backward, mask=mask, kv_policy=kv_policy, tiling=tiling, Br=Br, Bc=Bc,
@@ -516,8 +566,16 @@ def hierarchy(
     else:
         trace, stats, tiling_used = _trace, _trace.replay(), "given trace"
     cut = ctas_mod.cut(trace)
-    declared = launches_mod.assign(cut, trace, launches_mod.kernels(algorithm, backward))
+    declared = launches_mod.assign(cut, trace, launches_mod.kernels(algorithm, backward, splits))
     launches_mod.check_races(cut, trace, declared)
+    arrays = trace  # the arrays' names and shapes: the trace's, and the conversion's two where it runs
+    where = (problem if problem is not None else _single(N, d)).storage
+    if _trace is None and _converts_dq(algorithm, backward, problem):
+        cut, declared, names, shapes = launches_mod.append_convert_dq(
+            cut, declared, list(trace.names), dict(trace.shapes), r.tiling.Br
+        )
+        arrays = SimpleNamespace(names=names, shapes=shapes)
+        where = _with_convert_dq(where)
     Hu = H_kv if unit is not None and unit.H_q > 1 else H_q  # CTA families per batch item: packed, one per KV head
     # The time rule before any array of the launch's size (the layout, the block order: B Hu rows per CTA) exists:
     # every CTA of every launch runs once per (batch item, head unit), each making its tile requests.
@@ -528,15 +586,13 @@ def hierarchy(
                    parameter="problem" if problem is not None else "N",
                    value=str(problem) if problem is not None else N,
                    remedy="a smaller batch, fewer heads or a shorter sequence")  # fmt: skip
-    where = (problem if problem is not None else _single(N, d)).storage
-    lay = _layout(trace, cut, B, Hu, H_kv, L, where)
+    lay = _layout(arrays, cut, B, Hu, H_kv, L, where)
     n_launch = declared.launch_ptr.size - 1
-    blocks = [block_order(order, np.arange(declared.launch_ptr[k], declared.launch_ptr[k + 1]), B, Hu, H_kv)
-              for k in range(n_launch)]  # fmt: skip
+    blocks = [block_order(order, declared.grid_order(k), B, Hu, H_kv) for k in range(n_launch)]
     inst = np.concatenate(blocks) if blocks else np.zeros((0, 3), np.int64)
     launch_ptr = np.concatenate(([0], np.cumsum([len(b) for b in blocks]))).astype(np.int64)
     slots = P * blocks_per_sm
-    n_aids = len(trace.names)
+    n_aids = len(arrays.names)
     fill, wb = np.zeros(n_aids, np.int64), np.zeros(n_aids, np.int64)
     l2_read, l2_update = np.zeros(n_aids, np.int64), np.zeros(n_aids, np.int64)
     assert n_req_total == (int(np.sum(np.diff(declared.cta_ptr)[inst[:, 0]])) if len(inst) else 0)
@@ -574,17 +630,25 @@ def hierarchy(
     per = {}
     copies = np.full(n_aids, B * Hu)  # every unit's schedule moves its own words (K, V included)
     kinds = [
-        {"kernel": k.name, "models": k.models, "grid": k.grid, "atomic": list(k.atomic),
+        {"kernel": k.name, "models": k.models, "grid": k.grid, "atomic": list(k.atomic), "splits": k.splits,
          "ctas": int(launch_ptr[i + 1] - launch_ptr[i]), "waves": int(-(-(launch_ptr[i + 1] - launch_ptr[i]) // slots))}
         for i, k in enumerate(declared.kernels)
     ]  # fmt: skip
+    if kinds and declared.kernels[-1] is launches_mod.CONVERT_DQ:  # its words each way, priced at their dtypes
+        a_in, a_out = len(arrays.names) - 2, len(arrays.names) - 1
+        n_in, n_out = int(l2_read[a_in]), int(l2_update[a_out])
+        kinds[-1].update(
+            reads={launches_mod.DQ_ACCUM: n_in}, writes={launches_mod.DQ_OUT: n_out},
+            read_bytes=problem.bytes_of("dQ", n_in), write_bytes=problem.bytes_of("O", n_out),
+            read_dtype=problem.dtype_of("dQ"), write_dtype=problem.dtype_o,
+        )  # fmt: skip
     first_write = {}
     for row in cut.requests:  # an array's first access in schedule order
         first_write.setdefault(int(row[1]), bool(row[0]))
     written = set(cut.requests[cut.requests[:, 0] == 1][:, 1].tolist())
     array_copies = np.choose(lay.kv, [B * Hu, B * H_kv, B])
-    for a, name in enumerate(trace.names):
-        c = stats.per_array.get(name)
+    for a, name in enumerate(arrays.names):
+        c = stats.per_array.get(name) if a < len(trace.names) else None
         if c is None and not (fill[a] or wb[a] or l2_read[a] or l2_update[a]):
             continue
         per[name] = LevelCounts(
@@ -595,12 +659,13 @@ def hierarchy(
             int(fill[a]),
             int(wb[a]),
             int(lay.nl[a] * L * array_copies[a]) * ((not first_write.get(a, True)) + (a in written)),
+            "schedule" if a < len(trace.names) else launches_mod.CONVERT_DQ.name,
         )
     res = HierarchyResult(
         algorithm, bool(backward), B, H_q, H_kv, int(N), int(d), M, P, blocks_per_sm, C, L, bytes_per_word, order,
         policy, None if dev is None else dev.name, tiling_used, len(inst), kinds, [k["waves"] for k in kinds], per,
         int(n_rec), time.perf_counter() - t0, [int(x) for x in clock[:n_launch]], problem if unit is not None else None,
-        gqa,
+        gqa, int(splits),
     )  # fmt: skip
     if record:
         res.record = np.stack([rec_inst[:n_rec], rec_req[:n_rec]], axis=1)
