@@ -88,7 +88,7 @@ def command(args) -> int:
     config = None if args.config in (None, "all") else args.config
     first = count_file(path, launcher or None, backend, params, args.timeout, arrays=not args.no_numerics,
                        shared_memory=90 if args.shared_memory else None, config=config,
-                       gpu_standin=args.gpu_standin)  # fmt: skip
+                       gpu_standin=args.gpu_standin, strict=False)  # fmt: skip
     runs = first[0].runs or [first]
     rc, docs = 0, []
     for k, (counts, numbers, arrays) in enumerate(runs):
@@ -130,20 +130,13 @@ def _compare(args, counts, numbers, arrays):
 
 def leftover(counts, cmp) -> str | None:
     """One line when data the kernel moved cannot be attributed: accesses out of bounds (outside every argument, or
-    past the end of the argument they started in), or, beside a model, none of the model's arrays moved at all."""
-    from iosim.kernels.counting import UNKNOWN
+    past the end of the argument they started in), stray accesses (a load/store site that moved one argument, then
+    another), or, beside a model, none of the model's arrays moved at all."""
+    from iosim.kernels.counting import access_problem
 
-    if counts.out_of_bounds_lanes or UNKNOWN in counts.per_array:
-        o = counts.out_of_bounds[0] if counts.out_of_bounds else {}
-        verb = {"r": "loaded", "w": "stored", "a": "updated atomically"}.get(o.get("kind"), "moved")
-        if o.get("array"):
-            offs, n = o["offsets"], o["elements"]
-            side = "past the end of" if min(offs) >= n else "before the start of" if max(offs) < 0 else "outside"
-            where = f"{side} {o['array']} ({n:,} elements) at element offsets {offs}"
-        else:
-            where = f"outside every argument at addresses {[hex(a) for a in o.get('offsets', [])]}"
-        return (f"{counts.out_of_bounds_lanes:,} lanes out of bounds ({UNKNOWN}): first, kernel {o.get('kernel')} "
-                f"program {tuple(o.get('program', ()))} {verb} {o.get('lanes')} lanes {where}")  # fmt: skip
+    problem = access_problem(counts)
+    if problem:
+        return problem
     if cmp is not None and counts.total and not any(r.reads or r.writes for r in cmp.rows if r.model_reads is not None):
         moved = ", ".join(r.array for r in cmp.rows if r.reads or r.writes)
         return (f"none of {cmp.like}'s arrays ({', '.join(r.array for r in cmp.rows if r.model_reads is not None)}) "
