@@ -7,6 +7,8 @@ bounds at the working set its block sizes imply, a verdict per array, and the nu
   ``flash_working_set(d, Br, Bc)`` (Q_i, O_i, K_j, V_j, S_ij, m_i, l_i);
 * ``flash2-backward``: ``io_model.flash2_backward`` with D precomputed (the D pass reads O and dO, writes D) and
   dQ accumulated in global memory (its zero initialisation counted as writes), M = ``flash2_backward_working_set``;
+  over a whole problem (batch, GQA/MQA per-head with the expanded dKpart, dVpart and their group sum, or packed)
+  ``io_model.flash2_backward_problem``, the lower bound the problem's compulsory backward traffic;
 * ``decode-splitkv``: split-KV decoding (one query row per head, the keys cut into ``splits`` chunks, partial
   results combined by a second kernel), :func:`decode_splitkv` below (derived here; no io_model entry yet).
 
@@ -248,7 +250,14 @@ def model(like: str, N: int, d: int, Br: int | None, Bc: int | None, causal: boo
         lb = max(b.value for b in bounds.problem_bounds(p, M) if b.is_lower)
         return per, M, lb, "the whole problem's (bounds.problem_bounds)"
     if like == "flash2-backward":
-        raise InputError("--kv-heads/--N-q/--page-size", "are modelled for flash2 and decode-splitkv, not the backward")
+        _need(Br=Br, Bc=Bc)
+        if w.page_size:
+            raise InputError("--page-size", "is modelled for flash2 and decode-splitkv, not the backward", w.page_size)
+        p = w.problem(N, d, causal)
+        pred = io_model.flash2_backward_problem(p, Br, Bc, gqa=gqa)
+        M = io_model.flash2_backward_problem_working_set(d, d, Br, Bc)
+        return (dict(pred.per_array), M, float(sum(p.compulsory_backward().values())), "the whole problem's "
+                "compulsory backward traffic (read Q, O, dO, L, K/V once per KV head; write dQ, dK, dV)")  # fmt: skip
     if like == "decode-splitkv":
         _need(Bc=Bc, splits=splits)
         per = decode_splitkv(N, d, splits, Bc, w.B, w.H_q, w.H_kv, gqa, w.empty_splits, w.page_size,
