@@ -93,7 +93,7 @@ def _one(out: Path, i: int, mod, backend: str, job: dict, want_arrays: bool) -> 
     docs = []
     for k, (counts, result) in enumerate(runs):
         numbers = {k: v for k, v in result.items() if isinstance(v, (int, float, bool, str))}
-        for key in ("layout", "metadata"):  # declarations per array (JSON carries them)
+        for key in ("layout", "metadata", "buffers"):  # declarations per array (JSON carries them)
             if isinstance(result.get(key), dict):
                 numbers[key] = {str(k): v if isinstance(v, (int, str)) else list(v) for k, v in result[key].items()}
         if "dtype" not in numbers and getattr(result.get("Q"), "dtype", None) is not None:

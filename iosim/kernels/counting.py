@@ -498,7 +498,13 @@ def require_extra(backend: str) -> None:
             raise InputError(f"backend {backend}", f'needs the extra: pip install "iosim[{extra}]" ({m} is missing)')
 
 
-DECLARATIONS = ("names", "layout", "metadata", "selects_pointers")  # launcher result keys that are not arrays
+DECLARATIONS = (
+    "names",
+    "layout",
+    "metadata",
+    "buffers",
+    "selects_pointers",
+)  # launcher result keys that are not arrays
 _ACTIVE: list[Recorder] = []
 LAST_RECORDER: list[Recorder | None] = [None]  # the recorder of the last count() (its launches, for compiling)
 
