@@ -264,7 +264,7 @@ def launch_stray(N, d, B=2):
     L, O = buf[:N].view(1, 1, N), buf[N:].view(B, 1, N, d)
     strided_fwd[(triton.cdiv(N, 32), B)](Q, K, V, O, L, N, d, 1, d**-0.5, *Q.stride()[:3], LOG2=False, MASK_L=True,
                                          BLOCK_M=32, BLOCK_N=16, BLOCK_D=triton.next_power_of_2(d))  # fmt: skip
-    return {"Q": Q, "K": K, "V": V, "O": O, "L": L}
+    return {"Q": Q, "K": K, "V": V, "O": O, "L": L, "B": B}
 
 
 @triton.jit
