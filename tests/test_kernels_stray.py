@@ -165,3 +165,19 @@ def test_every_triton_example_counts_with_nothing_flagged():
     for name, (counts, _, _) in zip(TRITON_EXAMPLES, runs, strict=True):
         assert counts.stray == [] and counts.stray_lanes == 0, (name, counts.stray)
         assert counts.out_of_bounds_lanes == 0, (name, counts.out_of_bounds)
+
+
+NUMBA_FILE = str(Path(__file__).with_name("_kernel_numba_stray.py"))
+
+
+def test_numba_cuda_sites_flag_a_kernel_picking_its_array_at_run_time():
+    pytest.importorskip("numba")
+    names = ["launch_pick", "launch_pick_declared", "launch_copy"]
+    runs = count_batch([(NUMBA_FILE, n, {}) for n in names], "numba-cuda", arrays=False, strict=False)
+    picked, declared, copied = (c for c, _, _ in runs)
+    assert picked.stray_lanes == 8 and access_problem(picked).startswith(
+        "8 stray lanes (a site that moved one argument, then another): first, kernel pick site "
+        "_kernel_numba_stray.py:15 program (1, 0, 0) loaded 8 lanes inside B at element offsets [0, 1, 2, 3, 4, 5]"
+    )
+    assert declared.stray_lanes == 0 and declared.per_array["B"].reads == 8
+    assert copied.stray_lanes == 0 and copied.out_of_bounds_lanes == 0
