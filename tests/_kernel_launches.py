@@ -301,3 +301,25 @@ def launch_pick_site(N, d):
 
 def launch_pick_wrong(N, d):
     return launch_pick(N, d, ["_kernel_launches.py:1"])
+
+
+@triton.jit
+def _copy_block(src, Out, pid, BLOCK: tl.constexpr):
+    tl.store(Out + pid * BLOCK + tl.arange(0, BLOCK), tl.load(src + tl.arange(0, BLOCK)))
+
+
+@triton.jit
+def two_calls(A, B, Out, BLOCK: tl.constexpr):
+    # one jitted helper called from two lines with two pointers: two sites, nothing stray
+    pid = tl.program_id(0)
+    if pid == 0:
+        _copy_block(A, Out, pid, BLOCK)
+    else:
+        _copy_block(B, Out, pid, BLOCK)
+
+
+def launch_two_calls(N, d):
+    A, B = torch.arange(16.0), torch.arange(16.0, 32.0)
+    Out = torch.empty(32)
+    two_calls[(2,)](A, B, Out, BLOCK=16)
+    return {"A": A, "B": B, "Out": Out}

@@ -35,3 +35,24 @@ def launch_copy(N=4, d=4):
     X, Out = np.arange(16.0), np.zeros(16)
     copy_rows[2, 8](X, Out)
     return {"X": X, "Out": Out}
+
+
+@cuda.jit(device=True)
+def _copy(src, Out, i, t):
+    Out[i * 8 + t] = src[t]
+
+
+@cuda.jit
+def two_calls(A, B, Out):
+    # one device function called from two lines with two arrays: two sites, nothing stray
+    i, t = cuda.blockIdx.x, cuda.threadIdx.x
+    if i == 0:
+        _copy(A, Out, i, t)
+    else:
+        _copy(B, Out, i, t)
+
+
+def launch_two_calls(N=4, d=4):
+    A, B, Out = np.arange(8.0), np.arange(8.0, 16.0), np.zeros(16)
+    two_calls[2, 8](A, B, Out)
+    return {"A": A, "B": B, "Out": Out}

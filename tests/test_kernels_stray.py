@@ -150,6 +150,12 @@ def test_a_kernel_picking_its_pointer_at_run_time_is_flagged_until_declared(cli)
     )
 
 
+def test_a_jitted_helper_called_from_two_lines_with_two_pointers_is_two_sites(cli):
+    rc, out, err = cli(f"{FILE}:launch_two_calls", "--N", "4", "--d", "4")
+    assert rc == 0 and err == "", err
+    assert "B        16" in out
+
+
 TRITON_EXAMPLES = {  # the project's Triton example launchers, small (the library launchers: tests/test_kernels_libs)
     "triton_flash2.py": dict(N=80, d=16, Br=32, Bc=16, H=2),
     "triton_flash2_masked.py": dict(N=80, d=16, Br=32, Bc=16, H=2),
@@ -172,12 +178,13 @@ NUMBA_FILE = str(Path(__file__).with_name("_kernel_numba_stray.py"))
 
 def test_numba_cuda_sites_flag_a_kernel_picking_its_array_at_run_time():
     pytest.importorskip("numba")
-    names = ["launch_pick", "launch_pick_declared", "launch_copy"]
+    names = ["launch_pick", "launch_pick_declared", "launch_copy", "launch_two_calls"]
     runs = count_batch([(NUMBA_FILE, n, {}) for n in names], "numba-cuda", arrays=False, strict=False)
-    picked, declared, copied = (c for c, _, _ in runs)
+    picked, declared, copied, helper = (c for c, _, _ in runs)
     assert picked.stray_lanes == 8 and access_problem(picked).startswith(
         "8 stray lanes (a site that moved one argument, then another): first, kernel pick site "
         "_kernel_numba_stray.py:15 program (1, 0, 0) loaded 8 lanes inside B at element offsets [0, 1, 2, 3, 4, 5]"
     )
     assert declared.stray_lanes == 0 and declared.per_array["B"].reads == 8
     assert copied.stray_lanes == 0 and copied.out_of_bounds_lanes == 0
+    assert helper.stray_lanes == 0 and helper.per_array["B"].reads == 8  # a device function's call sites differ

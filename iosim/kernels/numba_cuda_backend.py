@@ -115,18 +115,16 @@ def hooks(recorder):
 
     import numba
 
-    numba_dir = os.path.dirname(numba.__file__) + os.sep
+    skip = (os.path.dirname(numba.__file__) + os.sep, os.path.dirname(threading.__file__) + os.sep)
 
     def site() -> tuple | None:
-        """The access's site: the kernel's (and its device functions') source lines and instructions on the stack,
-        kernel first, down to the element access; the simulator runs them as plain Python."""
+        """The access's site: the kernel's (and its device functions') source lines and instructions on the stack
+        of its simulator thread, kernel first, down to the element access (numba's, the standard library's and this
+        module's frames skipped); the simulator runs them as plain Python."""
         frames, f = [], sys._getframe(2)
         while f is not None:
             name = f.f_code.co_filename
-            if name.startswith(numba_dir):
-                if frames:
-                    break
-            elif name != __file__:
+            if not name.startswith(skip) and name != __file__:
                 frames.append((name, f.f_lineno, f.f_lasti))
             f = f.f_back
         return tuple(reversed(frames)) or None
