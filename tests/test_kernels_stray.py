@@ -34,13 +34,22 @@ def _lanes(start, n):
     return 1000 + 4 * np.arange(start, start + n)
 
 
-def test_a_site_that_moves_a_then_b_is_stray_and_the_lanes_stay_where_they_land():
+SITE = (("k.py", 10, 4),)
+
+
+def _a_then_b(kind, n):
+    """A recorder whose site SITE moved n elements of A in program 0, then n of B in program 1 (the last access's
+    result returned beside it)."""
     rec = _recorder()
-    site = (("k.py", 10, 4),)
     rec.begin_program((0, 0, 0))
-    rec.access(_lanes(0, 8), "w", 4, site=site)
+    rec.access(_lanes(0, n), kind, 4, site=SITE)
     rec.begin_program((1, 0, 0))
-    assert rec.access(_lanes(16, 8), "w", 4, site=site) is None  # inside B: nothing switched off
+    return rec, rec.access(_lanes(16, n), kind, 4, site=SITE)
+
+
+def test_a_site_that_moves_a_then_b_is_stray_and_the_lanes_stay_where_they_land():
+    rec, switched_off = _a_then_b("w", 8)
+    assert switched_off is None  # inside B: nothing switched off
     counts = rec.result("triton", 0.0)
     assert counts.stray_lanes == 8 and counts.out_of_bounds_lanes == 0
     assert counts.per_array["B"].writes == 8  # counted where a GPU would move them
@@ -79,12 +88,7 @@ def test_an_access_spanning_two_arguments_is_out_of_bounds_naming_where_it_lands
 
 
 def test_selects_pointers_must_name_a_kernel_or_a_site_that_ran():
-    rec = _recorder()
-    site = (("k.py", 10, 4),)
-    rec.begin_program((0, 0, 0))
-    rec.access(_lanes(0, 4), "r", 4, site=site)
-    rec.begin_program((1, 0, 0))
-    rec.access(_lanes(16, 4), "r", 4, site=site)
+    rec, _ = _a_then_b("r", 4)
     assert rec.result("triton", 0.0, selects_pointers=["k.py:10"]).stray_lanes == 0
     assert rec.result("triton", 0.0, selects_pointers=["k"]).stray_lanes == 0
     with pytest.raises(InputError, match="'selects_pointers' must name a kernel launched \\(k\\) or a FILE.py:LINE"):
@@ -97,19 +101,8 @@ def test_selects_pointers_must_name_a_kernel_or_a_site_that_ran():
 pytest.importorskip("triton")
 pytest.importorskip("torch")
 
-from iosim.cli import main  # noqa: E402
 from iosim.kernels import count_batch, count_file  # noqa: E402
-
-
-@pytest.fixture
-def cli(capsys):
-    def run(*args):
-        rc = main(["kernel", *args])
-        out = capsys.readouterr()
-        return rc, out.out, out.err
-
-    return run
-
+from tests._kernel_cli import cli_fixture  # noqa: E402, F401 (the cli fixture)
 
 STRAY = (
     "iosim: error: 64 stray lanes (a site that moved one argument, then another): first, kernel strided_fwd site "
