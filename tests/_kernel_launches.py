@@ -252,3 +252,74 @@ def launch_decode_bhd(N, d, H=2):
 
 def launch_decode_bhd_undeclared(N, d, H=2):
     return {k: v for k, v in launch_decode_bhd(N, d, H).items() if k != "layout"}
+
+
+# --- stray accesses: a site that moves one argument, then another -------------------------------------------------
+def launch_stray(N, d, B=2):
+    """L allocated for one batch item of two, and O carved from the same allocation right after it: batch item 1's
+    logsumexp stores run past L's end and land wholly inside O (no lane outside every argument)."""
+    g = torch.Generator().manual_seed(2)
+    Q, K, V = (torch.randn(B, 1, N, d, generator=g) for _ in range(3))
+    buf = torch.zeros(N + B * N * d)
+    L, O = buf[:N].view(1, 1, N), buf[N:].view(B, 1, N, d)
+    strided_fwd[(triton.cdiv(N, 32), B)](Q, K, V, O, L, N, d, 1, d**-0.5, *Q.stride()[:3], LOG2=False, MASK_L=True,
+                                         BLOCK_M=32, BLOCK_N=16, BLOCK_D=triton.next_power_of_2(d))  # fmt: skip
+    return {"Q": Q, "K": K, "V": V, "O": O, "L": L, "B": B}
+
+
+@triton.jit
+def pick(A, B, Out, BLOCK: tl.constexpr):
+    # program 0 copies A, program 1 copies B: one load site whose pointer is chosen at run time
+    pid = tl.program_id(0)
+    src = A
+    if pid == 1:
+        src = B
+    x = tl.load(src + tl.arange(0, BLOCK))  # the site that selects its pointer
+    tl.store(Out + pid * BLOCK + tl.arange(0, BLOCK), x)
+
+
+def launch_pick(N, d, declare=None):
+    A, B = torch.arange(16.0), torch.arange(16.0, 32.0)
+    Out = torch.empty(32)
+    pick[(2,)](A, B, Out, BLOCK=16)
+    return {"A": A, "B": B, "Out": Out, **({"selects_pointers": declare} if declare is not None else {})}
+
+
+def launch_pick_kernel(N, d):
+    """The same kernel, declared by name."""
+    return launch_pick(N, d, ["pick"])
+
+
+def launch_pick_site(N, d):
+    """The same kernel, declared by its load's FILE.py:LINE."""
+    import inspect
+
+    lines, first = inspect.getsourcelines(pick.fn)
+    line = first + next(i for i, t in enumerate(lines) if "x = tl.load(src" in t)
+    return launch_pick(N, d, [f"_kernel_launches.py:{line}"])
+
+
+def launch_pick_wrong(N, d):
+    return launch_pick(N, d, ["_kernel_launches.py:1"])
+
+
+@triton.jit
+def _copy_block(src, Out, pid, BLOCK: tl.constexpr):
+    tl.store(Out + pid * BLOCK + tl.arange(0, BLOCK), tl.load(src + tl.arange(0, BLOCK)))
+
+
+@triton.jit
+def two_calls(A, B, Out, BLOCK: tl.constexpr):
+    # one jitted helper called from two lines with two pointers: two sites, nothing stray
+    pid = tl.program_id(0)
+    if pid == 0:
+        _copy_block(A, Out, pid, BLOCK)
+    else:
+        _copy_block(B, Out, pid, BLOCK)
+
+
+def launch_two_calls(N, d):
+    A, B = torch.arange(16.0), torch.arange(16.0, 32.0)
+    Out = torch.empty(32)
+    two_calls[(2,)](A, B, Out, BLOCK=16)
+    return {"A": A, "B": B, "Out": Out}

@@ -98,6 +98,9 @@ def test_command_runs_as_documented(cmd, tmp_path):
     args = shlex.split(cmd)
     # the repository's files by their path from the root; whatever the command writes lands in tmp_path
     args = [str(ROOT / a) if (ROOT / a.split(":")[0]).is_file() and "/" in a else a for a in args]
+    # a mask_mod file named by --mask mod:FILE.py:NAME, by its path from the root too
+    args = [f"mod:{ROOT / a.split(':')[1]}:{a.split(':', 2)[2]}" if a.startswith("mod:") and a.count(":") == 2
+            and (ROOT / a.split(":")[1]).is_file() else a for a in args]  # fmt: skip
     env = dict(os.environ)
     if matches(cmd, OWN_PROCESS):
         env.pop("NUMBA_ENABLE_CUDASIM", None)

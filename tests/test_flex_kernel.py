@@ -51,3 +51,71 @@ def test_kernel_moves_what_the_schedule_counts(N, Br, Bc, H, bias):  # noqa: N80
     P = np.exp(S - S.max(-1, keepdims=True))
     O = np.einsum("hnm,hmd->hnd", P / P.sum(-1, keepdims=True), V)
     assert np.abs(arrays["O"] - O).max() < 1e-4
+
+
+MASK = "mod:iosim/kernels/examples/flex_document_mask.py:causal_document"  # the example's mask_mod at N = 200
+
+
+@pytest.fixture
+def cli(capsys, monkeypatch):
+    from iosim.cli import main
+
+    monkeypatch.chdir(FILE.parents[3])  # the mask file's path is relative to the repository root
+
+    def run(*args):
+        rc = main(["kernel", str(FILE), "--N", "200", "--d", "16", "--H", "2", "--like", "block-sparse", *args])
+        out = capsys.readouterr()
+        return rc, out.out, out.err
+
+    return run
+
+
+def test_like_block_sparse_on_the_command_line_equals_the_schedule_per_array_and_in_bytes(cli):
+    rc, out, err = cli("--mask", MASK)
+    assert rc == 0, err
+    rows = {line.split()[0]: line.split()[1:5] for line in out.splitlines() if "closed form to the word" in line}
+    assert set(rows) == {"Q", "K", "V", "O", "L", "kv_num_blocks", "kv_indices", "full_kv_num_blocks",
+                         "full_kv_indices", "doc", "bias"}  # fmt: skip
+    assert rows["doc"] == ["1,856", "0", "1,856", "0"] and rows["bias"] == ["29,824", "0", "29,824", "0"]
+    assert "1x the closed form" in out
+    assert "note: bytes: equal per array, 312,888 in all (the schedule's 312,888)" in out
+    assert "16 partial and 1 full blocks of 49 per head" in out
+
+
+def test_a_mask_other_than_the_kernels_block_mask_is_one_line_exit_2(cli):
+    rc, _, err = cli("--mask", "causal")  # (a first run may say first that Numba compiles)
+    assert rc == 2 and err.strip().splitlines()[-1] == (
+        "iosim: error: --mask must be the mask the kernel's BlockMask was built for: at (b, h, row block) (0, 0, 1) "
+        "the kernel's lists partial blocks [0, 1] and full [], the mask's [1] and [0]"
+    )
+
+
+def test_block_sparse_needs_a_mask_and_a_mask_needs_block_sparse(cli, capsys):
+    from iosim.cli import main
+
+    rc, _, err = cli()
+    assert rc == 2 and err.startswith("iosim: error: --mask is needed by --like block-sparse") and err.count("\n") == 1
+    rc = main(["kernel", str(FILE), "--N", "200", "--d", "16", "--like", "flash2", "--mask", "causal"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "--mask is read by --like block-sparse (the mask of the kernel's BlockMask), got 'causal'" in err
+    rc, _, err = cli("--mask", "window:x")
+    assert rc == 2 and len(err.strip().splitlines()) == 1
+
+
+def test_compare_takes_a_mask_mod_function_in_python():
+    from iosim.kernels import Whole, compare
+    from iosim.kernels.counting import count_file
+    from iosim.kernels.examples.triton_flex_blocksparse import documents
+    from iosim.masks import from_mask_mod
+
+    counts, numbers, arrays = count_file(str(FILE), "launch", "triton", dict(N=160, d=16, Br=16, Bc=32, H=1,
+                                                                             bias=False))  # fmt: skip
+    doc = documents(160)
+
+    def causal_document(b, h, q_idx, kv_idx):
+        return (doc[q_idx] == doc[kv_idx]) & (q_idx >= kv_idx)
+
+    whole = Whole(mask=from_mask_mod(causal_document), buffers=numbers["buffers"], dtype=numbers["dtype"])
+    cmp = compare(counts, "block-sparse", 160, 16, 16, 32, heads=1, arrays=arrays, whole=whole)
+    assert cmp.equal and cmp.extra_words == 0, cmp.table()
+    assert cmp.notes[-2].startswith("bytes: equal per array")

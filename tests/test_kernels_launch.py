@@ -16,8 +16,8 @@ import pytest
 pytest.importorskip("triton")
 pytest.importorskip("torch")
 
-from iosim.cli import main  # noqa: E402
 from iosim.kernels.comparison import block_sizes, compare  # noqa: E402
+from tests._kernel_cli import cli_fixture  # noqa: E402, F401 (the cli fixture)
 
 FILE = str(Path(__file__).with_name("_kernel_launches.py"))
 N, d = 100, 16
@@ -72,16 +72,6 @@ def test_several_autotune_configs_are_each_counted_at_their_own_block_sizes(runs
     assert _equal(c1, n1) == {"Br": 32, "Bc": 16} and c1.programs == 4
     assert _equal(c2, n2) == {"Br": 16, "Bc": 32} and c2.programs == 7
     assert c2.per_array["K"].reads == 7 * N * d  # every one of the 7 row blocks reads all of K
-
-
-@pytest.fixture
-def cli(capsys):
-    def run(*args):
-        rc = main(["kernel", *args])
-        out = capsys.readouterr()
-        return rc, out.out, out.err
-
-    return run
 
 
 def test_a_named_config_is_the_only_one_counted(cli):

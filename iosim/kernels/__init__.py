@@ -14,7 +14,7 @@ _LAZY = {
     "BACKENDS": "counting", "ArrayTraffic": "counting", "KernelCounts": "counting", "count": "counting",
     "count_file": "counting", "count_batch": "counting", "paused": "counting", "LIKE": "comparison",
     "Comparison": "comparison", "compare": "comparison", "count_configs": "counting", "Whole": "comparison",
-    "block_sizes": "comparison",
+    "block_sizes": "comparison", "AccessError": "counting",
 }  # fmt: skip
 __all__ = sorted(_LAZY)
 

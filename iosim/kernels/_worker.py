@@ -59,7 +59,7 @@ def main(argv: list[str]) -> int:
 
 def _one(out: Path, i: int, mod, backend: str, job: dict, want_arrays: bool) -> int:
     from iosim.errors import InputError
-    from iosim.kernels.counting import count_configs
+    from iosim.kernels.counting import DECLARATIONS, count_configs
 
     if job.get("gpu_standin"):
         from iosim.kernels.standin import install
@@ -81,7 +81,7 @@ def _one(out: Path, i: int, mod, backend: str, job: dict, want_arrays: bool) -> 
     if missing:
         return _fail(out, "launcher", f"needs {', '.join(missing)}: give them as options", fn.__name__, i)
     try:
-        runs = count_configs(lambda: fn(**kw), backend, job.get("config"))
+        runs = count_configs(lambda: fn(**kw), backend, job.get("config"), strict=False)
     except InputError as e:
         return _fail(out, e.parameter, e.accepted, e.got, i)
     except Exception as e:
@@ -93,7 +93,7 @@ def _one(out: Path, i: int, mod, backend: str, job: dict, want_arrays: bool) -> 
     docs = []
     for k, (counts, result) in enumerate(runs):
         numbers = {k: v for k, v in result.items() if isinstance(v, (int, float, bool, str))}
-        for key in ("layout", "metadata"):  # declarations per array (JSON carries them)
+        for key in ("layout", "metadata", "buffers"):  # declarations per array (JSON carries them)
             if isinstance(result.get(key), dict):
                 numbers[key] = {str(k): v if isinstance(v, (int, str)) else list(v) for k, v in result[key].items()}
         if "dtype" not in numbers and getattr(result.get("Q"), "dtype", None) is not None:
@@ -103,7 +103,7 @@ def _one(out: Path, i: int, mod, backend: str, job: dict, want_arrays: bool) -> 
 
             arrays = {}
             for name, v in result.items():
-                if name not in numbers and v is not None and name not in ("names", "layout", "metadata"):
+                if name not in numbers and v is not None and name not in DECLARATIONS:
                     a = mod.to_numpy(v)
                     if a is not None:
                         arrays[name] = a

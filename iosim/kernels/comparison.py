@@ -7,10 +7,18 @@ bounds at the working set its block sizes imply, a verdict per array, and the nu
   ``flash_working_set(d, Br, Bc)`` (Q_i, O_i, K_j, V_j, S_ij, m_i, l_i);
 * ``flash2-backward``: ``io_model.flash2_backward`` with D precomputed (the D pass reads O and dO, writes D) and
   dQ accumulated in global memory (its zero initialisation counted as writes), M = ``flash2_backward_working_set``;
+  over a whole problem (batch, GQA/MQA per-head with the expanded dKpart, dVpart and their group sum, or packed)
+  ``io_model.flash2_backward_problem``, the lower bound the problem's compulsory backward traffic;
 * ``decode-splitkv``: split-KV decoding (one query row per head, the keys cut into ``splits`` chunks, partial
-  results combined by a second kernel), :func:`decode_splitkv` below (derived here; no io_model entry yet).
+  results combined by a second kernel), :func:`decode_splitkv` below (derived here; no io_model entry yet);
+* ``block-sparse``: FlexAttention's block-sparse forward on the mask ``whole.mask`` (a ``--mask`` string:
+  ``mod:FILE.py:NAME`` classified as ``create_block_mask`` classifies it), :func:`iosim.block_sparse.block_sparse`
+  with the launcher's declared ``buffers`` (mask_mod's and score_mod's captured tensors), per array in words and
+  bytes, the BlockMask's four index tensors as arrays of their own; the kernel's BlockMask (when the launcher
+  returns it) must be the mask's.
 
-Every closed form is per head; a kernel over H heads (B x H) is compared with H x the per-head form.
+A square multi-head problem (B x H heads, no GQA, N_q = N) is compared with B H x the per-head closed form; any
+other with the closed form of the whole problem.
 """
 
 from __future__ import annotations
@@ -24,7 +32,7 @@ from iosim.kernels._theory import bounds, check, io_model
 from iosim.kernels.counting import KernelCounts
 from iosim.memory_model import ArrayCounts
 
-LIKE = ("flash2", "flash2-backward", "decode-splitkv")
+LIKE = ("flash2", "flash2-backward", "decode-splitkv", "block-sparse")
 
 
 def cdiv(a: int, b: int) -> int:
@@ -213,6 +221,9 @@ class Whole:
     empty_splits: str = "written"
     chunk_multiple: int | None = None  # decode-splitkv: what a split's length is rounded up to (default Bc)
     metadata: dict | None = None  # decode-splitkv: array -> (words per split program, per combine program)
+    mask: str | None = None  # block-sparse: the --mask the kernel's BlockMask was built for
+    buffers: dict | None = None  # block-sparse: captured tensor -> (index, scope[, dtype]) (iosim.block_sparse.Buffer)
+    dtype: str | None = None  # block-sparse: the inputs' dtype (bytes per word of Q, K, V, O)
 
     def one_head_family(self, N: int) -> bool:
         """Square, multi-head, contiguous: the per-head closed form times B H_q is the whole problem's."""
@@ -248,7 +259,16 @@ def model(like: str, N: int, d: int, Br: int | None, Bc: int | None, causal: boo
         lb = max(b.value for b in bounds.problem_bounds(p, M) if b.is_lower)
         return per, M, lb, "the whole problem's (bounds.problem_bounds)"
     if like == "flash2-backward":
-        raise InputError("--kv-heads/--N-q/--page-size", "are modelled for flash2 and decode-splitkv, not the backward")
+        _need(Br=Br, Bc=Bc)
+        if w.page_size:
+            raise InputError("--page-size", "is modelled for flash2 and decode-splitkv, not the backward", w.page_size)
+        p = w.problem(N, d, causal)
+        pred = io_model.flash2_backward_problem(p, Br, Bc, gqa=gqa)
+        M = io_model.flash2_backward_problem_working_set(d, d, Br, Bc)
+        return (dict(pred.per_array), M, float(sum(p.compulsory_backward().values())), "the whole problem's "
+                "compulsory backward traffic (read Q, O, dO, L, K/V once per KV head; write dQ, dK, dV)")  # fmt: skip
+    if like == "block-sparse":
+        return block_sparse_model(N, d, Br, Bc, w)[:4]
     if like == "decode-splitkv":
         _need(Bc=Bc, splits=splits)
         per = decode_splitkv(N, d, splits, Bc, w.B, w.H_q, w.H_kv, gqa, w.empty_splits, w.page_size,
@@ -260,8 +280,63 @@ def model(like: str, N: int, d: int, Br: int | None, Bc: int | None, causal: boo
     raise InputError("--like", f"must be one of {', '.join(LIKE)}", like)
 
 
+def block_sparse_model(N: int, d: int, Br: int | None, Bc: int | None, w: Whole):
+    """(per-array counts, M, lower bound, its name, the :class:`iosim.block_sparse.BlockSparseResult`, the
+    BlockIndex of the mask) of the block-sparse schedule on ``w.mask`` with blocks Br x Bc and ``w.buffers``; the
+    lower bound is the problem's compulsory traffic under the mask (rows that see a key, keys some row sees)."""
+    from iosim import masks
+    from iosim.block_sparse import Buffer, block_sparse, blocks_of
+    from iosim.problem import ALIASES, Problem
+    from iosim.problem_runs import problem_seen
+
+    _need(Br=Br, Bc=Bc)
+    if w.mask is None:
+        raise InputError("--mask", f"is needed by --like block-sparse: the mask the kernel's BlockMask was built for "
+                         f"({masks.FORMS})")  # fmt: skip
+    bufs = []
+    for name, spec in (w.buffers or {}).items():
+        spec = [spec] if isinstance(spec, str) else list(spec)
+        if not 1 <= len(spec) <= 3:
+            raise InputError(f"launcher result 'buffers' {name}", "must be index, (index, scope) or (index, scope, "
+                             "dtype) as iosim.block_sparse.Buffer takes them", spec)  # fmt: skip
+        bufs.append(Buffer(name, *spec))
+    dt = ALIASES.get(w.dtype or "float32", w.dtype or "float32")
+    p = Problem(B=w.B, H_q=w.H_q, H_kv=w.H_kv, N_q=w.N_q or N, N_k=N, d_qk=d, dtype_q=dt)
+    m = masks.parse(w.mask)
+    fn = getattr(m, "fn", None)  # a mask_mod: its blocks classified as create_block_mask classifies them
+    bi = blocks_of(p, fn if fn is not None else w.mask, (Br, Bc))
+    res = block_sparse(p, bi, block=(Br, Bc), buffers=bufs)
+    per = {k: ArrayCounts(c.reads, c.writes) for k, c in res.stats.per_array.items()}
+    lb = float(sum(p.compulsory(problem_seen(p, w.mask)).values()))
+    return per, res.stats.peak, lb, "the problem's compulsory traffic under the mask", res, bi
+
+
+def check_block_mask(arrays: dict, bi) -> None:
+    """InputError unless the BlockMask the kernel received (its four index tensors, when the launcher returns
+    them) lists, per row block, the partial and full blocks of ``bi`` (the model's, from the mask)."""
+    names = ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices")
+    if not all(k in arrays for k in names):
+        return
+    got = [np.asarray(arrays[k]).astype(np.int64) for k in names]
+    want = (bi.kv_num, bi.kv_idx, bi.full_num, bi.full_idx)
+    if got[0].shape != want[0].shape:
+        raise InputError("--mask", f"must be the mask the kernel's BlockMask was built for: the kernel's has "
+                         f"{got[0].shape} row blocks (B, H, Tr), the mask's {want[0].shape}")  # fmt: skip
+    for at in np.ndindex(*want[0].shape):
+        lists = []
+        for num, idx in ((0, 1), (2, 3)):
+            k, m = int(got[num][at]), int(want[num][at])
+            lists.append((sorted(got[idx][at][:k].tolist()), sorted(np.asarray(want[idx][at][:m]).tolist())))
+        if any(a != b for a, b in lists):
+            (kp, mp), (kf, mf) = lists
+            raise InputError("--mask", f"must be the mask the kernel's BlockMask was built for: at (b, h, row block) "
+                             f"{tuple(int(x) for x in at)} the kernel's lists partial blocks {kp} and full {kf}, the "
+                             f"mask's {mp} and {mf}")  # fmt: skip
+
+
 # the block sizes each model needs, and the array whose per-program loads show each (rows of Q_i, keys of K_j)
-BLOCKS = {"flash2": {"Br": "Q", "Bc": "K"}, "flash2-backward": {"Br": "Q", "Bc": "K"}, "decode-splitkv": {"Bc": "K"}}
+BLOCKS = {"flash2": {"Br": "Q", "Bc": "K"}, "flash2-backward": {"Br": "Q", "Bc": "K"}, "decode-splitkv": {"Bc": "K"},
+          "block-sparse": {"Br": "Q", "Bc": "K"}}  # fmt: skip
 
 
 def _block_of(shape: tuple, d: int) -> int | None:
@@ -365,7 +440,15 @@ def compare(
 
     w = dataclasses.replace(whole or Whole(), H_q=int(heads))
     gqa, g = "per-head", w.H_q // (w.H_kv or w.H_q)
-    per, M, lb, bname = model(like, N, d, Br, Bc, causal, splits, w, gqa)
+    sparse = None
+    if like == "block-sparse":
+        w = dataclasses.replace(w, dtype=w.dtype or dtype)
+        per, M, lb, bname, sparse, bi = block_sparse_model(N, d, Br, Bc, w)
+        if arrays:
+            check_block_mask(arrays, bi)
+        g = 1  # the schedule's K/V per query head (no GQA policy to choose)
+    else:
+        per, M, lb, bname = model(like, N, d, Br, Bc, causal, splits, w, gqa)
     if g > 1:
         packed = model(like, N, d, Br, Bc, causal, splits, w, "packed")
         k_reads = counts.per_array["K"].reads if "K" in counts.per_array else -1
@@ -389,9 +472,23 @@ def compare(
     reload = [r.array for r in rows if r.reads > r.distinct_reads]
     if reload:
         cmp.notes.append(f"re-loaded within a program (issued > distinct): {', '.join(reload)}")
-    if arrays:
+    if sparse is not None:
+        cmp.notes.append(_bytes_note(counts, sparse))
+        c, label = sparse.census, getattr(w.mask, "label", w.mask)
+        cmp.notes.append(f"mask {label}: {c['partial']} partial and {c['full']} full blocks of {c['blocks']} per "
+                         "head (numerics are not checked for block-sparse)")  # fmt: skip
+    elif arrays:
         cmp.numerics = numerics(like, arrays, causal, scale, dtype, N, d, layout, logsumexp)
     return cmp
+
+
+def _bytes_note(counts: KernelCounts, res) -> str:
+    """The kernel's bytes per array against the block-sparse schedule's (each array at its own element size)."""
+    got = {k: a.read_bytes + a.write_bytes for k, a in counts.per_array.items() if a.reads or a.writes}
+    off = [f"{k}: {got.get(k, 0):,} against {b:,}" for k, b in res.bytes.items() if got.get(k, 0) != b]
+    if not off:
+        return f"bytes: equal per array, {sum(got.values()):,} in all (the schedule's {res.bytes_total:,})"
+    return "bytes differ: " + "; ".join(off)
 
 
 # ---------------------------------------------------------------------------------------------------------------

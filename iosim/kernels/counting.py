@@ -75,6 +75,10 @@ class KernelCounts:
     out_of_bounds: list[dict] = field(default_factory=list)  # the first out-of-bounds accesses (kernel, program, ...)
     out_of_bounds_lanes: int = 0  # lanes out of bounds in all (counted under <unattributed>)
     config: str | None = None  # the autotune config counted (when a kernel had several)
+    # stray accesses: a load/store site that touched one argument and then another in the same launch (the first
+    # access of each such site, described: kernel, site, programs, arrays, offsets); stray_lanes counts them all
+    stray: list[dict] = field(default_factory=list)
+    stray_lanes: int = 0
     # count_file: every config's (counts, numbers, arrays) when an autotuned kernel had several (this one first)
     runs: list = field(default_factory=list, repr=False)
 
@@ -104,6 +108,8 @@ class KernelCounts:
             "out_of_bounds": self.out_of_bounds,
             "out_of_bounds_lanes": self.out_of_bounds_lanes,
             "config": self.config,
+            "stray": self.stray,
+            "stray_lanes": self.stray_lanes,
         }
 
     @classmethod
@@ -121,6 +127,8 @@ class KernelCounts:
             out_of_bounds=list(d.get("out_of_bounds", [])),
             out_of_bounds_lanes=int(d.get("out_of_bounds_lanes", 0)),
             config=d.get("config"),
+            stray=list(d.get("stray", [])),
+            stray_lanes=int(d.get("stray_lanes", 0)),
         )
 
 
@@ -145,7 +153,13 @@ class Recorder:
     An access's lanes are attributed with one binary search over the ranges' end points (a view inside a larger
     argument wins: the tightest range holding an address names it). An access whose lanes do not all lie in the
     argument its first lane lies in (or in a larger argument holding that one), or that lies outside every argument,
-    is out of bounds: its lanes are counted under ``<unattributed>`` and described (kernel, program id, offsets)."""
+    is out of bounds: its lanes are counted under ``<unattributed>`` and described (kernel, program id, offsets).
+
+    An access wholly inside another argument is caught by its *site* (a backend that can tell gives one: the chain
+    of source lines, kernel to ``tl.load``, that issued it): within a launch each site touches one argument (or
+    views inside it); a site that touched argument A and later touches B is a *stray* access, described like an
+    out-of-bounds one (its lanes stay counted under the argument holding them, which is where a GPU would move
+    them). A kernel that selects its pointer at run time declares the site (see :func:`count`)."""
 
     def __init__(self) -> None:
         self.ranges: list[_Range] = []
@@ -161,6 +175,10 @@ class Recorder:
         self.program: tuple = ()  # the current program's id (grid index)
         self.oob: list[dict] = []  # the first OOB_KEPT out-of-bounds accesses
         self.oob_lanes = 0
+        self._outer = np.zeros(0, dtype=np.int64)  # the outermost range holding each range (views -> their base)
+        self._sites: dict[tuple, tuple[int, tuple]] = {}  # this launch: site -> (outermost range, first program)
+        self.strays: dict[tuple, dict] = {}  # (kernel, site) -> its first stray access and the lanes of all
+        self.sites_seen: set[str] = set()  # innermost FILE:LINE of every site that moved data
         self._in_program = False
         self.paused = False  # inside ``paused()``: launches run uncounted
 
@@ -184,6 +202,7 @@ class Recorder:
             seg.append(min(holding, key=lambda i: self.ranges[i].end - self.ranges[i].start) if holding else -1)
         self._bounds = np.asarray(pts, dtype=np.uint64)
         self._seg = np.asarray(seg, dtype=np.int64)
+        self._outer = np.asarray([self.ranges.index(self._outermost(i)) for i in range(len(self.ranges))], np.int64)
 
     def _outermost(self, rid: int) -> _Range:
         r = self.ranges[rid]
@@ -192,6 +211,7 @@ class Recorder:
     # --- programs -------------------------------------------------------------------------------------------
     def begin_launch(self, kernel: str, info: dict | None = None) -> None:
         self.end_program()
+        self._sites = {}
         if self.paused:
             return
         self.launches += 1
@@ -222,10 +242,13 @@ class Recorder:
         addr = np.asarray(addresses, dtype=np.uint64).ravel()
         return self._seg[np.searchsorted(self._bounds, addr, side="right")]
 
-    def access(self, addresses: np.ndarray, kind: str, nbytes: int, shape: tuple | None = None) -> np.ndarray | None:
+    def access(
+        self, addresses: np.ndarray, kind: str, nbytes: int, shape: tuple | None = None, site: tuple | None = None
+    ) -> np.ndarray | None:
         """Lanes that moved data: their byte addresses (enabled lanes only), kind "r", "w" or "a" (atomic: a read and
-        a write), the bytes one lane moves, and the shape of the access's block (for reading block sizes off).
-        Returns None, or which of the lanes are out of bounds (a backend may then keep them from touching memory)."""
+        a write), the bytes one lane moves, the shape of the access's block (for reading block sizes off) and its
+        site (a tuple of (file, line, ...) frames, kernel first; None when the backend cannot tell). Returns None, or
+        which of the lanes are out of bounds (a backend may then keep them from touching memory)."""
         if self.paused:
             return None
         if not self._in_program:
@@ -235,6 +258,8 @@ class Recorder:
             return None
         rids = self._seg[np.searchsorted(self._bounds, addr, side="right")]
         first = int(rids[0])
+        if site is not None and first >= 0:
+            self._check_site(site, first, rids, addr, kind)
         if shape is not None and first >= 0 and self.launch_info:
             self.launch_info[-1]["shapes"].setdefault((first, kind), set()).add(tuple(int(s) for s in shape))
         if first >= 0 and (rids.size == 1 or (rids[1:] == first).all()):  # the common case: one argument
@@ -259,10 +284,44 @@ class Recorder:
             info = self.launch_info[-1] if self.launch_info else {"kernel": "kernel"}
             r = self.ranges[first] if first >= 0 else None
             offs = (addr[out].astype(np.int64) - r.start) // r.itemsize if r else addr[out].astype(np.int64)
+            landed = rids[out][rids[out] >= 0]  # out of the argument it started in, inside another one
             self.oob.append({"kernel": info["kernel"], "program": list(self.program), "kind": kind, "lanes": n,
                              "rid": first, "offsets": [int(x) for x in offs[:6]],
-                             "elements": (r.end - r.start) // r.itemsize if r else None})  # fmt: skip
+                             "elements": (r.end - r.start) // r.itemsize if r else None,
+                             "inside_rid": int(self._outer[landed[0]]) if landed.size else -1})  # fmt: skip
         return out
+
+    def _check_site(self, site: tuple, first: int, rids: np.ndarray, addr: np.ndarray, kind: str) -> None:
+        """One site, one argument per launch: the first argument a site touches is its own; lanes of a later access
+        by that site inside another argument are stray (recorded; the first per site described)."""
+        self.sites_seen.add(site_label(site[-1:]))
+        home = int(self._outer[first])
+        known = self._sites.get(site)
+        if known is None:
+            self._sites[site] = (home, self.program)
+            return
+        if known[0] == home and (rids.size == 1 or (rids[1:] == first).all()):
+            return
+        own, seen_in = known
+        outer = self._outer[np.maximum(rids, 0)]
+        stray = (rids >= 0) & (outer != own)
+        n = int(stray.sum())
+        if not n:
+            return
+        kernel = self.launch_info[-1]["kernel"] if self.launch_info else "kernel"
+        key = (kernel, site)
+        if key in self.strays:
+            self.strays[key]["total"] += n
+            return
+        other = int(outer[stray][0])
+        o, r = self.ranges[own], self.ranges[other]
+        lanes = addr[stray].astype(np.int64)
+        self.strays[key] = {
+            "kernel": kernel, "site": site_label(site), "program": list(self.program), "kind": kind, "lanes": n,
+            "own_rid": own, "own_program": list(seen_in), "own_elements": (o.end - o.start) // o.itemsize,
+            "rid": other, "offsets": [int(x) for x in (lanes[:6] - r.start) // r.itemsize],
+            "own_offsets": [int(x) for x in (lanes[:6] - o.start) // o.itemsize], "total": n,
+        }  # fmt: skip
 
     def _add(self, rid: int, kind: str, n: int, nbytes: int, elements: np.ndarray) -> None:
         c, prog = self.issued[rid], self.per_program[-1]
@@ -279,8 +338,11 @@ class Recorder:
         if kind == "a":
             c[4] += n
 
-    def result(self, backend: str, seconds: float, names: dict[str, tuple[int, int]] | None = None) -> KernelCounts:
-        """The counts; ``names`` (name -> (start, nbytes)) renames the ranges of the arrays the launcher named."""
+    def result(
+        self, backend: str, seconds: float, names: dict[str, tuple[int, int]] | None = None, selects_pointers=()
+    ) -> KernelCounts:
+        """The counts; ``names`` (name -> (start, nbytes)) renames the ranges of the arrays the launcher named;
+        ``selects_pointers`` (kernel names or sites ``FILE.py:LINE``) are let touch several arguments."""
         self.end_program()
         label = {-1: UNKNOWN}
         for rid, r in enumerate(self.ranges):
@@ -312,9 +374,80 @@ class Recorder:
             launches.append({**info, "shapes": shapes})
         oob = [{**{k: v for k, v in o.items() if k != "rid"}, "array": final[o["rid"]] if o["rid"] >= 0 else None}
                for o in self.oob]  # fmt: skip
+        for o in oob:
+            o["inside"] = final[o.pop("inside_rid")] if o.get("inside_rid", -1) >= 0 else None
+        allowed = _allowed_sites(selects_pointers, set(self.kernels), self.sites_seen)
+        stray = [{**{k: v for k, v in e.items() if not k.endswith("rid")}, "own": final[e["own_rid"]],
+                  "array": final[e["rid"]]}
+                 for (kernel, site), e in self.strays.items()
+                 if kernel not in allowed and site_label(site[-1:]) not in allowed]  # fmt: skip
         pp = np.asarray(self.per_program, dtype=np.int64).reshape(-1, 2)
         return KernelCounts(backend, per, len(pp), self.launches, pp, seconds, list(self.kernels),
-                            launch_info=launches, out_of_bounds=oob, out_of_bounds_lanes=self.oob_lanes)  # fmt: skip
+                            launch_info=launches, out_of_bounds=oob, out_of_bounds_lanes=self.oob_lanes,
+                            stray=stray[:OOB_KEPT], stray_lanes=sum(e["total"] for e in stray))  # fmt: skip
+
+
+def site_label(site: tuple) -> str:
+    """A site (frames (file, line, ...), kernel first) as ``file.py:LINE`` (the load or store), then
+    ``<- file.py:LINE`` for each call above it up to the kernel."""
+    import os
+
+    return " <- ".join(f"{os.path.basename(f[0])}:{f[1]}" for f in reversed(site))
+
+
+def _allowed_sites(declared, kernels: set[str], sites: set[str]) -> set[str]:
+    """The launcher's ``selects_pointers``: kernel names or ``FILE.py:LINE`` sites that ran, else one line."""
+    if isinstance(declared, str):
+        declared = [declared]
+    if not isinstance(declared, (list, tuple, set)) or not all(isinstance(x, str) for x in declared):
+        raise InputError("launcher result 'selects_pointers'", "must be a list of kernel names or FILE.py:LINE sites",
+                         declared)  # fmt: skip
+    for x in declared:
+        if x not in kernels and x not in sites:
+            accepted = f"must name a kernel launched ({', '.join(sorted(kernels)) or 'none'}) or a FILE.py:LINE " \
+                       "site of one of its loads or stores"  # fmt: skip
+            raise InputError("launcher result 'selects_pointers'", accepted, x)
+    return set(declared)
+
+
+class AccessError(Exception):
+    """A kernel moved data no argument accounts for: lanes out of bounds (outside every argument, or past the end of
+    the one they started in) or stray (a load/store site that touched one argument, then another). The message is
+    one line naming the kernel, the site or program, the arrays and the offsets; ``counts`` holds what was counted."""
+
+    def __init__(self, message: str, counts: KernelCounts) -> None:
+        super().__init__(message)
+        self.counts = counts
+
+
+_VERB = {"r": "loaded", "w": "stored", "a": "updated atomically"}
+
+
+def access_problem(counts: KernelCounts) -> str | None:
+    """One line describing the first out-of-bounds or stray access of ``counts`` (None when there is none)."""
+    if counts.out_of_bounds_lanes or UNKNOWN in counts.per_array:
+        o = counts.out_of_bounds[0] if counts.out_of_bounds else {}
+        verb = _VERB.get(o.get("kind"), "moved")
+        if o.get("array"):
+            offs, n = o["offsets"], o["elements"]
+            side = "past the end of" if min(offs) >= n else "before the start of" if max(offs) < 0 else "outside"
+            where = f"{side} {o['array']} ({n:,} elements) at element offsets {offs}"
+            if o.get("inside"):
+                where += f", inside {o['inside']}"
+        else:
+            where = f"outside every argument at addresses {[hex(a) for a in o.get('offsets', [])]}"
+        return (f"{counts.out_of_bounds_lanes:,} lanes out of bounds ({UNKNOWN}): first, kernel {o.get('kernel')} "
+                f"program {tuple(o.get('program', ()))} {verb} {o.get('lanes')} lanes {where}")  # fmt: skip
+    if counts.stray_lanes:
+        e = counts.stray[0]
+        offs, n = e["own_offsets"], e["own_elements"]
+        side = "past the end of" if min(offs) >= n else "before the start of" if max(offs) < 0 else "outside"
+        return (f"{counts.stray_lanes:,} stray lanes (a site that moved one argument, then another): first, kernel "
+                f"{e['kernel']} site {e['site']} program {tuple(e['program'])} {_VERB[e['kind']]} {e['lanes']} lanes "
+                f"inside {e['array']} at element offsets {e['offsets']}, {side} {e['own']} ({n:,} elements, which the "
+                f"site moved in program {tuple(e['own_program'])}) at its offsets {offs}; a kernel that picks its "
+                f"pointer at run time declares the site ('selects_pointers')")  # fmt: skip
+    return None
 
 
 def _distinct(chunks: list[np.ndarray], r: _Range | None) -> int:
@@ -365,6 +498,13 @@ def require_extra(backend: str) -> None:
             raise InputError(f"backend {backend}", f'needs the extra: pip install "iosim[{extra}]" ({m} is missing)')
 
 
+DECLARATIONS = (
+    "names",
+    "layout",
+    "metadata",
+    "buffers",
+    "selects_pointers",
+)  # launcher result keys that are not arrays
 _ACTIVE: list[Recorder] = []
 LAST_RECORDER: list[Recorder | None] = [None]  # the recorder of the last count() (its launches, for compiling)
 
@@ -383,7 +523,7 @@ def paused():
             r.paused = p
 
 
-def count(launch, backend: str = "triton", config=None) -> tuple[KernelCounts, dict]:
+def count(launch, backend: str = "triton", config=None, strict: bool = True) -> tuple[KernelCounts, dict]:
     """Count the traffic of ``launch()`` (a callable that launches one or more kernels) in this process.
 
     ``launch`` may return a dict naming the arrays (name -> array, as the model names them: Q, K, V, O, L, ...)
@@ -393,6 +533,12 @@ def count(launch, backend: str = "triton", config=None) -> tuple[KernelCounts, d
     config of an autotuned kernel with several: a label or part of one (``BLOCK_M=64,num_warps=4``) or an index;
     with none the first is counted (:func:`count_configs` counts each). Returns the counts and the dict ``launch``
     returned (or {}).
+
+    Data the kernel moved that no argument accounts for (lanes out of bounds; a load/store site that touched one
+    argument and then another in the same launch) raises :class:`AccessError` (one line; its ``counts`` hold the
+    counts) unless ``strict`` is False, when it is only described in ``counts.out_of_bounds`` and ``counts.stray``.
+    A kernel that selects its pointer at run time (one ``tl.load`` reading A in some programs and B in others) is
+    declared by the launcher: ``"selects_pointers": [kernel name or "FILE.py:LINE" of the load or store]``.
     """
     mod = backend_module(backend)
     rec = Recorder()
@@ -411,7 +557,7 @@ def count(launch, backend: str = "triton", config=None) -> tuple[KernelCounts, d
     if not isinstance(rename, dict):
         raise InputError("launcher result 'names'", "must be a dict (kernel's name -> model's name)", rename)
     for name, x in out.items():
-        if isinstance(x, (int, float, bool, str)) or x is None or name in ("names", "layout", "metadata"):
+        if isinstance(x, (int, float, bool, str)) or x is None or name in DECLARATIONS:
             continue
         r = mod.array_range(x)
         if r is None and not (hasattr(x, "shape") and hasattr(x, "dtype")):
@@ -420,18 +566,31 @@ def count(launch, backend: str = "triton", config=None) -> tuple[KernelCounts, d
             names[name] = r
     if hasattr(mod, "name_arrays"):
         mod.name_arrays(rec, out)
-    counts = rec.result(backend, seconds, names)
+    counts = rec.result(backend, seconds, names, out.get("selects_pointers") or ())
     counts.config = next((i["config"] for i in counts.launch_info if " of " in str(i.get("config"))), None)
     LAST_RECORDER[0] = rec
     if rename:
         counts.per_array = {str(rename.get(k, k)): v for k, v in counts.per_array.items()}
+        for e in counts.stray + counts.out_of_bounds:
+            for k in ("array", "own", "inside"):
+                if e.get(k) is not None:
+                    e[k] = str(rename.get(e[k], e[k]))
+    if strict:
+        raise_access(counts)
     return counts, out
 
 
-def count_configs(launch, backend: str = "triton", config=None) -> list[tuple[KernelCounts, dict]]:
+def raise_access(counts: KernelCounts) -> None:
+    """:class:`AccessError` when ``counts`` hold out-of-bounds or stray lanes."""
+    problem = access_problem(counts)
+    if problem:
+        raise AccessError(problem, counts)
+
+
+def count_configs(launch, backend: str = "triton", config=None, strict: bool = True) -> list[tuple[KernelCounts, dict]]:
     """:func:`count` once per config of the autotuned kernel(s) ``launch`` runs (each config its own counts, its
     ``config`` naming it), or once for the config named (``config``) or when no kernel has several configs."""
-    runs = [count(launch, backend, 0 if config is None else config)]
+    runs = [count(launch, backend, 0 if config is None else config, strict)]
     tuned = getattr(LAST_RECORDER[0], "autotuned", {})
     if config is not None and not tuned:
         raise InputError(
@@ -439,7 +598,7 @@ def count_configs(launch, backend: str = "triton", config=None) -> list[tuple[Ke
         )
     many = max((len(v) for v in tuned.values()), default=1)
     if config is None and many > 1:
-        runs += [count(launch, backend, k) for k in range(1, many)]
+        runs += [count(launch, backend, k, strict) for k in range(1, many)]
     return runs
 
 
@@ -477,6 +636,7 @@ def count_file(
     shared_memory: int | None = None,
     config: str | None = None,
     gpu_standin: bool = False,
+    strict: bool = True,
 ) -> tuple[KernelCounts, dict, dict]:
     """Count a launcher file's kernels in a fresh process with the backend's mode on.
 
@@ -489,10 +649,11 @@ def count_file(
     kernel to count; with none, a kernel with several configs is counted once per config: ``counts.runs`` holds
     every config's (counts, numbers, arrays), each ``counts.config`` naming it. ``gpu_standin`` installs the CPU
     stand-ins for the GPU queries libraries make at import (:mod:`iosim.kernels.standin`) in the counting process
-    before the launcher file is imported.
+    before the launcher file is imported. Out-of-bounds or stray accesses raise :class:`AccessError` unless
+    ``strict`` is False (see :func:`count`).
     """
     return count_batch([(path, launcher, params or {})], backend, timeout, arrays, shared_memory, config,
-                       gpu_standin)[0]  # fmt: skip
+                       gpu_standin, strict)[0]  # fmt: skip
 
 
 def count_batch(
@@ -503,6 +664,7 @@ def count_batch(
     shared_memory: int | None = None,
     config: str | None = None,
     gpu_standin: bool = False,
+    strict: bool = True,
 ) -> list[tuple]:
     """:func:`count_file` for several (path, launcher, params) jobs in one fresh process (one import of the backend's
     packages): a list of (counts, numbers, arrays). ``timeout`` bounds the whole batch."""
@@ -556,6 +718,9 @@ def count_batch(
                 counts.runs = runs
             if shared_memory and res.get("launch_specs"):
                 counts.shared_memory = _compile_shared(res["launch_specs"], int(shared_memory), tmp, i, timeout)
+            if strict:
+                for run in runs:
+                    raise_access(run[0])
             results.append(runs[0])
         return results
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import os
+import sys
 import threading
 from collections import defaultdict
 
@@ -112,24 +113,41 @@ def hooks(recorder):
     quiet = threading.local()
     launch = {"params": None}
 
+    import numba
+
+    skip = (os.path.dirname(numba.__file__) + os.sep, os.path.dirname(threading.__file__) + os.sep)
+
+    def site() -> tuple | None:
+        """The access's site: the kernel's (and its device functions') source lines and instructions on the stack
+        of its simulator thread, kernel first, down to the element access (numba's, the standard library's and this
+        module's frames skipped); the simulator runs them as plain Python."""
+        frames, f = [], sys._getframe(2)
+        while f is not None:
+            name = f.f_code.co_filename
+            if not name.startswith(skip) and name != __file__:
+                frames.append((name, f.f_lineno, f.f_lasti))
+            f = f.f_back
+        return tuple(reversed(frames)) or None
+
     def note(a, idx, kind):
         if getattr(quiet, "on", False):
             return
         addr = _addresses(a, idx)
         if addr is None:
             return
+        key = (kind, a.itemsize, site())
         if isinstance(addr, np.ndarray):
-            buf[(kind, a.itemsize)].extend(addr.tolist())
+            buf[key].extend(addr.tolist())
         else:
-            buf[(kind, a.itemsize)].append(addr)
+            buf[key].append(addr)
 
     def flush():
-        for (kind, size), addrs in list(buf.items()):
+        for (kind, size, where), addrs in list(buf.items()):
             if addrs:  # a block's element accesses mix arguments: one access per argument they fall in
                 addr = np.asarray(addrs, dtype=np.uint64)
                 rids = recorder.range_ids(addr)
                 for rid in np.unique(rids):
-                    recorder.access(addr[rids == rid], kind, size)
+                    recorder.access(addr[rids == rid], kind, size, site=where)
         buf.clear()
 
     def get(self, idx):
@@ -174,7 +192,7 @@ def hooks(recorder):
                     recorder.register(name, int(a.ctypes.data), int(a.nbytes), a.itemsize)
                 elif not isinstance(arg, (int, float, bool, complex, np.number, np.bool_)) and a is None:
                     raise InputError(f"argument {name}", "must be an array or a number", type(arg).__name__)
-        recorder.begin_program()
+        recorder.begin_program(tuple(int(x) for x in grid_point) if isinstance(grid_point, (tuple, list)) else ())
         try:
             return saved["run"](self, grid_point, *args)
         finally:

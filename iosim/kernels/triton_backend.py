@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import os
+import sys
 
 import numpy as np
 
@@ -145,8 +146,11 @@ def hooks(recorder, config=None):
     the config of an autotuned kernel with several (see :func:`choose_config`); each autotuned kernel's configs are
     recorded in ``recorder.autotuned`` (kernel -> labels)."""
     require()
+    import triton
     import triton.language as tl
     from triton.runtime import autotuner, interpreter
+
+    triton_dir = os.path.dirname(triton.__file__) + os.sep
 
     B, G, T = interpreter.InterpreterBuilder, interpreter.GridExecutor, autotuner.Autotuner
     F = interpreter.InterpretedFunction
@@ -168,20 +172,33 @@ def hooks(recorder, config=None):
         flat[np.flatnonzero(flat)[oob]] = False
         return interpreter.TensorHandle(flat.reshape(shape), tl.int1)
 
+    def site() -> tuple | None:
+        """The access's site: the kernel's source lines (and call instructions) on the stack, kernel first, down
+        to the ``tl.load`` (or store, atomic) that issued it; the interpreter runs a kernel and its jitted helpers as
+        Python code compiled with their own file and line numbers. Frames of Triton and of this module are skipped
+        (None: a kernel living inside Triton, whose sites cannot be told apart this way)."""
+        frames, f = [], sys._getframe(2)
+        while f is not None and f.f_code is not call.__code__:
+            name = f.f_code.co_filename
+            if not name.startswith(triton_dir) and name != __file__:
+                frames.append((name, f.f_lineno, f.f_lasti))  # f_lasti: two calls on one line are two sites
+            f = f.f_back
+        return tuple(reversed(frames)) or None
+
     def load(self, ptrs, mask, *rest, **kw):
-        oob = recorder.access(_lanes(ptrs, mask), "r", _itemsize(ptrs), np.shape(ptrs.data))
+        oob = recorder.access(_lanes(ptrs, mask), "r", _itemsize(ptrs), np.shape(ptrs.data), site())
         return saved["create_masked_load"](self, ptrs, guard(ptrs, mask, oob), *rest, **kw)
 
     def store(self, ptrs, value, mask, *rest, **kw):
-        oob = recorder.access(_lanes(ptrs, mask), "w", _itemsize(ptrs), np.shape(ptrs.data))
+        oob = recorder.access(_lanes(ptrs, mask), "w", _itemsize(ptrs), np.shape(ptrs.data), site())
         return saved["create_masked_store"](self, ptrs, value, guard(ptrs, mask, oob), *rest, **kw)
 
     def rmw(self, op, ptr, val, mask, *rest, **kw):
-        oob = recorder.access(_lanes(ptr, mask), "a", _itemsize(ptr), np.shape(ptr.data))
+        oob = recorder.access(_lanes(ptr, mask), "a", _itemsize(ptr), np.shape(ptr.data), site())
         return saved["create_atomic_rmw"](self, op, ptr, val, guard(ptr, mask, oob), *rest, **kw)
 
     def cas(self, ptr, cmp, val, *rest, **kw):
-        recorder.access(_lanes(ptr, None), "a", _itemsize(ptr), np.shape(ptr.data))
+        recorder.access(_lanes(ptr, None), "a", _itemsize(ptr), np.shape(ptr.data), site())
         return saved["create_atomic_cas"](self, ptr, cmp, val, *rest, **kw)
 
     def set_grid_idx(self, x, y, z, *a, **kw):

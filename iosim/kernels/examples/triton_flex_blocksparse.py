@@ -97,7 +97,8 @@ def launch(N: int, d: int, Br: int = 32, Bc: int = 32, causal: bool = True, H: i
                                            BKV=Bc, HAS_BIAS=bias)  # fmt: skip
     out = {"Q": Q, "K": K, "V": V, "O": O, "L": L, "kv_num_blocks": kv_num, "kv_indices": kv_idx,
            "full_kv_num_blocks": full_num, "full_kv_indices": full_idx, "doc": doc32, "scale": default_scale(d),
-           "Br": Br, "Bc": Bc, "H": H}  # fmt: skip
+           "Br": Br, "Bc": Bc, "H": H,
+           "buffers": {"doc": ("q+kv", "mask", "int32"), **({"bias": ("qkv", "score")} if bias else {})}}  # fmt: skip
     if bias:
         out["bias"] = B
     return out
