@@ -82,7 +82,7 @@ from iosim.problem import Problem
 @njit(cache=True)
 def flash1_row_update(S, Vj, Oi, l_i, m_i):
     """On-chip update of Algorithm 1, steps 10-13, one row at a time (P~ overwrites S in place). ``Vj`` may be wider
-    than O_i: its first columns are used (MLA's shared latent, algorithms/decoding.py)."""
+    than O_i: its first columns are used (MLA's shared latent)."""
     br, bc = S.shape
     d = Oi.shape[1]
     for r in range(br):

@@ -134,6 +134,7 @@ def run(
     Br: int | None = None,
     Bc: int | None = None,
     B: int | None = None,
+    pages: str = "pieces",
 ) -> Result:
     """Run ``algorithm`` under a fast memory of ``M`` words and return counts, prediction, bounds and errors.
 
@@ -165,16 +166,17 @@ def run(
     (split-KV, flash2) and ``mla`` ("shared" or "naive", a latent problem) choose the schedule over it
     (:mod:`iosim.algorithms.flash`). A one-head problem with N_q = N_k and the default schedule runs the
     algorithms above unchanged. ``Br``, ``Bc`` (flash1, flash2) and ``B`` (standard, square-tiling) fix the tiles
-    instead of the tiling rule; their working set must fit in M.
+    instead of the tiling rule; their working set must fit in M. ``pages`` ("pieces" or "gather") is how flash1
+    reads a paged cache (:class:`iosim.Schedule`).
     """
     algo = registry.get(algorithm)
     M = positive_int("M", M, MAX_M)
-    if problem is not None or gqa != "per-head" or splits != 1 or mla != "shared":
+    if problem is not None or gqa != "per-head" or splits != 1 or mla != "shared" or pages != "pieces":
         problem = problem_arg(problem, N, d, causal, Q, dtype)
-        if not is_plain(problem, gqa, splits, mla):
+        if not is_plain(problem, gqa, splits, mla, pages):
             opts = dict(backward=backward, count_only=count_only, tiling=tiling, dtype=dtype, seed=seed, scale=scale)
             opts.update(strict=strict, trace=trace, reference=reference, allow_long=allow_long, mask=mask)
-            opts.update(kv_policy=kv_policy, arrays=(Q, K, V, dO))
+            opts.update(kv_policy=kv_policy, arrays=(Q, K, V, dO), pages=pages)
             return run_problem(algo, problem, M, gqa, splits, mla, Br, Bc, B, run, **opts)
         N, d, causal = problem.N_q, problem.d_qk, problem.causal
         if Q is not None or K is not None or V is not None:  # one head's arrays, given as (B, H, N, d) or (N, d)

@@ -38,6 +38,9 @@ BYTES = {"fp64": 8, "fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 ALIASES = {"float64": "fp64", "float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "half": "fp16"}
 GQA_POLICIES = ("per-head", "packed")
 MLA_POLICIES = ("shared", "naive")
+# How flash1 (K/V outer) reads a paged cache: each page piece of a column block an outer step of its own ("pieces"),
+# or the block's keys gathered from their pages into one tile first ("gather"); flash2 reads pieces in its inner loop.
+PAGE_READS = ("pieces", "gather")
 # Arrays whose dtype is fixed by what the kernels keep (fp32 statistics and split partials, int32 page table).
 FIXED_DTYPES = {"L": "fp32", "l": "fp32", "m": "fp32", "Opart": "fp32", "Lpart": "fp32", "page_table": "int32"}
 INT_BYTES = {"int32": 4}

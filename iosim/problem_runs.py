@@ -12,7 +12,7 @@ from iosim.memory_model import Stats, TwoLevelMemory
 from iosim.problem import Problem
 from iosim.references import all_finite, logsumexp_error, problem_reference, problem_reference_backward
 from iosim.results import PassResult, Result
-from iosim.theory.tiling import RULES, Tiling
+from iosim.theory.tiling import Tiling
 from iosim.validate import MAX_D, MAX_N, dtype_arg, estimated_steps, flag, positive_int, scale_arg, seed_arg
 
 PROBLEM_ALGORITHMS = ("flash1", "flash2")
@@ -35,9 +35,9 @@ def problem_arg(problem, N, d, causal, Q, dtype) -> Problem:
     return problem
 
 
-def is_plain(p: Problem, gqa: str, splits, mla: str) -> bool:
+def is_plain(p: Problem, gqa: str, splits, mla: str, pages: str = "pieces") -> bool:
     """Whether a problem and its schedule are the seed papers' case (one head, N_q = N_k, no split, no latent)."""
-    return p.is_single and gqa == "per-head" and splits == 1 and mla == "shared"
+    return p.is_single and gqa == "per-head" and splits == 1 and mla == "shared" and pages == "pieces"
 
 
 def explicit_tiling(algo, given: dict, t, t_bwd, N, d, M, causal_arg, strict: bool):
@@ -59,7 +59,7 @@ def explicit_tiling(algo, given: dict, t, t_bwd, N, d, M, causal_arg, strict: bo
     return t, t_bwd
 
 
-def _problem_schedule(algo, p: Problem, gqa, splits, mla, B) -> tuple[int, str]:
+def _problem_schedule(algo, p: Problem, gqa, splits, mla, B, pages="pieces") -> tuple[int, str]:
     """The schedule's options (each checked on its own by :class:`iosim.Schedule`) against the algorithm and the
     problem: (splits, mla)."""
     if algo.name in ONE_HEAD_ALGORITHMS:
@@ -81,6 +81,14 @@ def _problem_schedule(algo, p: Problem, gqa, splits, mla, B) -> tuple[int, str]:
             f"must be one of {', '.join(PROBLEM_ALGORITHMS + ONE_HEAD_ALGORITHMS)} for a problem beyond one head "
             "with N_q = N_k",
             algo.name,
+        )
+    if pages == "gather" and (algo.name != "flash1" or p.page_size is None):
+        raise InputError(
+            "pages",
+            "gather applies to flash1 over a paged cache (page_size): its K/V-outer steps gather a column block's "
+            f"keys from their pages; flash2 reads page pieces in its inner loop either way ({algo.name}, page_size "
+            f"{p.page_size})",
+            pages,
         )
     if mla == "naive" and not p.latent:
         raise InputError("mla", "naive applies to a latent (MLA) problem: Problem(latent=True)", mla)
@@ -232,7 +240,8 @@ def run_problem(algo, p: Problem, M: int, gqa, splits, mla, Br, Bc, B, one_head,
     backward = flag("backward", o["backward"])
     if algo.name not in PROBLEM_ALGORITHMS and backward:
         return run_by_heads(algo, p, M, gqa, splits, mla, Br, Bc, B, masked, o, one_head)
-    splits, mla = _problem_schedule(algo, p, gqa, splits, mla, B)
+    splits, mla = _problem_schedule(algo, p, gqa, splits, mla, B, o.get("pages", "pieces"))
+    gather = o.get("pages") == "gather"
     tmask = problem_mask(p, o["mask"], o["kv_policy"], o["allow_long"] is True) if masked else None
     if not masked and p.causal and o["kv_policy"] == "paper":  # the causal field under the policy asked for
         tmask = compile_mask(None, p.N_k, True, "paper")
@@ -240,8 +249,6 @@ def run_problem(algo, p: Problem, M: int, gqa, splits, mla, Br, Bc, B, one_head,
         _problem_backward_check(algo, p, splits)
     trace = flag("trace", o["trace"])
     user = _user_arrays(p, o, backward)
-    if not isinstance(o["tiling"], str) or o["tiling"] not in RULES:
-        raise InputError("tiling", f"must be one of {', '.join(RULES)}", o["tiling"])
     count_only, strict = flag("count_only", o["count_only"]), flag("strict", o["strict"])
     reference, allow_long = flag("reference", o["reference"]), flag("allow_long", o["allow_long"])
     dtype = dtype_arg(o["dtype"])
@@ -302,6 +309,7 @@ def run_problem(algo, p: Problem, M: int, gqa, splits, mla, Br, Bc, B, one_head,
         "splits": splits,
         "mla": mla if p.latent else None,
         "combine_rows": bm if splits > 1 else None,
+        "pages": o.get("pages", "pieces") if p.page_size else None,
     }
     errors: dict[str, float] = {}
     if count_only:
@@ -318,12 +326,13 @@ def run_problem(algo, p: Problem, M: int, gqa, splits, mla, Br, Bc, B, one_head,
         predicted = io_model.flash2_problem(p, t.Br, t.Bc, gqa, splits, mla, bm, tmask)
     else:
         O, l_, m = flash.flash1_problem(
-            mem, p, *data, table, Br=t.Br, Bc=t.Bc, gqa=gqa, mla=mla, scale=scale, dtype=np_dtype, mask=tmask
-        )
+            mem, p, *data, table, Br=t.Br, Bc=t.Bc, gqa=gqa, mla=mla, scale=scale, dtype=np_dtype, mask=tmask,
+            gather=gather,
+        )  # fmt: skip
         with np.errstate(divide="ignore"):
             L = None if m is None else m + np.log(l_)
         outputs = {"O": O, "l": l_, "m": m, "L": L}
-        predicted = io_model.flash1_problem(p, t.Br, t.Bc, gqa, mla, tmask)
+        predicted = io_model.flash1_problem(p, t.Br, t.Bc, gqa, mla, tmask, gather=gather)
     schedule["thread_blocks"] = predicted.thread_blocks
     if not count_only and reference:
         O_ref, L_ref = problem_reference(p, Q, K, V, scale, tmask)

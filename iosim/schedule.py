@@ -21,7 +21,7 @@ import numpy as np
 from iosim import registry
 from iosim.errors import InputError
 from iosim.masks import check_policy
-from iosim.problem import GQA_POLICIES, MLA_POLICIES, Problem
+from iosim.problem import GQA_POLICIES, MLA_POLICIES, PAGE_READS, Problem
 from iosim.theory.tiling import RULES
 from iosim.validate import MAX_N, positive_int
 
@@ -48,8 +48,10 @@ def explicit_tiles(algo: registry.Algorithm, Br, Bc, B) -> dict:
 class Schedule:
     """How to schedule a problem: ``algorithm`` (a registered name), ``backward`` (the pass), ``tiling`` ("fit" or
     "paper") or explicit tiles (``Br``, ``Bc`` for flash1 and flash2; ``B`` for standard and square tiling), and
-    over a problem ``gqa`` ("per-head" or "packed"), ``splits`` (split-KV, flash2), ``mla`` ("shared" or "naive")
-    and ``kv_policy`` (None: the run's default; "paper" or "skip": whether an empty block's outer operands load)."""
+    over a problem ``gqa`` ("per-head" or "packed"), ``splits`` (split-KV, flash2), ``mla`` ("shared" or "naive"),
+    ``pages`` (flash1 over a paged cache: "pieces", an outer step per page piece, or "gather", a column block's keys
+    gathered from their pages first) and ``kv_policy`` (None: the run's default; "paper" or "skip": whether an empty
+    block's outer operands load)."""
 
     algorithm: str
     backward: bool = False
@@ -61,6 +63,7 @@ class Schedule:
     splits: int = 1
     mla: str = "shared"
     kv_policy: str | None = None
+    pages: str = "pieces"
 
     def __post_init__(self) -> None:
         algo = registry.get(self.algorithm)
@@ -80,6 +83,8 @@ class Schedule:
         if not isinstance(self.mla, str) or self.mla not in MLA_POLICIES:
             raise InputError("mla", f"must be one of {', '.join(MLA_POLICIES)}", self.mla)
         check_policy(self.kv_policy, None)
+        if not isinstance(self.pages, str) or self.pages not in PAGE_READS:
+            raise InputError("pages", f"must be one of {', '.join(PAGE_READS)}", self.pages)
 
     @property
     def pass_name(self) -> str:

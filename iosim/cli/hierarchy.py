@@ -45,6 +45,9 @@ def add_arguments(p) -> None:
     # the spelling and range of iosim run's --splits (iosim.cli.options defines it inside the problem group)
     p.add_argument("--splits", type=positive("--splits", api.MAX_N), default=1,
                    help="split-KV splits (flash2's forward): the split kernel, then the combine kernel")  # fmt: skip
+    p.add_argument("--pages", choices=("pieces", "gather"), default="pieces",
+                   help="flash1 over a paged cache: an outer step per page piece, or each column block gathered from "
+                   "its pages (default pieces)")  # fmt: skip
     p.add_argument(
         "--M", type=positive("--M"), default=None, help="shared memory per block in words (default: the device's)"
     )
@@ -97,6 +100,7 @@ def command(args) -> int:
         gqa=args.gqa,
         mla=args.mla or "shared",
         splits=args.splits,
+        pages=args.pages,
         allow_long=args.yes,
     )
     if args.json:
@@ -142,7 +146,7 @@ def _shape(args) -> dict:
 
     fields = dict(B=args.batch, H_q=args.H_q, H_kv=args.H_kv, causal=args.causal)
     beyond = (args.Nq, args.Nk, args.dv, args.page_size, args.mla)
-    if all(x is None for x in beyond) and args.gqa == "per-head" and args.splits == 1:
+    if all(x is None for x in beyond) and args.gqa == "per-head" and args.splits == 1 and args.pages == "pieces":
         if args.N is None:
             raise InputError("--N", "must be given (or --Nq and --Nk)", None)
         return dict(N=args.N, d=args.d, bytes_per_word=args.bytes_per_word, **fields)

@@ -161,7 +161,8 @@ PROBLEM_HELP = (
     "--batch B, --heads H_q, --kv-heads H_kv (GQA; 1 = MQA), --Nq and "
     "--Nk (decoding: --Nq 1; chunked prefill: --Nq < --Nk; --causal aligns bottom-right), --dqk and --dv, "
     "--page-size P (paged KV), --mla shared|naive (one latent cache, V = first d_v columns of K), --dtype-q/kv/o "
-    "(bytes). Schedule: --gqa per-head|packed, --splits S (split-KV, flash2). Tiles: --Br/--Bc (flash), --B (square)."
+    "(bytes). Schedule: --gqa per-head|packed, --splits S (split-KV, flash2), --pages pieces|gather (how flash1 reads "
+    "a paged cache). Tiles: --Br/--Bc (flash), --B (square)."
 )
 
 
@@ -247,12 +248,15 @@ def add_problem_shape(g) -> None:
 
 def add_problem_options(p: argparse.ArgumentParser) -> None:
     """The problem and schedule options of run, compare, trace (:data:`PROBLEM_HELP`)."""
-    from iosim.problem import GQA_POLICIES, MLA_POLICIES
+    from iosim.problem import GQA_POLICIES, MLA_POLICIES, PAGE_READS
 
     g = p.add_argument_group("problem (iosim.Problem)", PROBLEM_HELP)
     add_problem_shape(g)
     g.add_argument("--page-size", type=positive("--page-size", api.MAX_N), default=None, help="paged KV: P tokens")
     g.add_argument("--mla", choices=MLA_POLICIES, default=None, help="MLA latent cache; V read shared or naive")
+    g.add_argument("--pages", choices=PAGE_READS, default="pieces",
+                   help="flash1 over a paged cache: an outer step per page piece, or each column block gathered from "
+                   "its pages (default pieces)")  # fmt: skip
     g.add_argument("--dtype-q", type=dtype_choice("--dtype-q"), default=None, help="storage dtype of Q (bytes)")
     g.add_argument("--dtype-kv", type=dtype_choice("--dtype-kv"), default=None, help="storage dtype of K, V")
     g.add_argument("--dtype-o", type=dtype_choice("--dtype-o"), default=None, help="storage dtype of O")
@@ -307,7 +311,7 @@ def schedule_of(args, algorithm: str):
     return Schedule(
         algorithm, backward=bool(opt("backward", False)), tiling=opt("tiling", "fit"), Br=opt("Br"), Bc=opt("Bc"),
         B=opt("B"), gqa=opt("gqa", "per-head"), splits=opt("splits", 1), mla=opt("mla", "shared"),
-        kv_policy=opt("kv_policy"),
+        kv_policy=opt("kv_policy"), pages=opt("pages", "pieces"),
     )  # fmt: skip
 
 

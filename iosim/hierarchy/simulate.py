@@ -423,6 +423,7 @@ def hierarchy(
     gqa: str = "per-head",
     mla: str = "shared",
     splits: int = 1,
+    pages: str = "pieces",
     allow_long: bool = False,
     record: bool = False,
     opt_limit_bytes: int | None = None,
@@ -442,6 +443,7 @@ def hierarchy(
     the batch) fix the tiles in place of the ``tiling`` rule, checked against M as :func:`iosim.run` checks them.
     ``kv_policy`` None is :func:`iosim.run`'s default (paper for one head of N x d, skip over a problem).
     ``splits`` > 1 (flash2's forward over a problem) launches split-KV's split kernel, then its combine kernel.
+    ``pages`` ("pieces" or "gather") is how flash1 reads a paged cache, as :func:`iosim.run` takes it.
 
     ``problem`` (an :class:`iosim.Problem`) gives N, d, B, H_q, H_kv, causal and the bytes per word (of its K/V cache's
     dtype) in place of those arguments: any N_q against N_k keys (decoding, chunked prefill), d_qk and d_v, an MLA
@@ -464,7 +466,8 @@ def hierarchy(
         given = dict(N=N, d=d, causal=causal, problem=problem, B=None if B == 1 else B, H_q=None if H_q == 1 else H_q,
                      H_kv=H_kv, backward=backward or None, tiling=None if tiling == "fit" else tiling, Br=Br, Bc=Bc,
                      block=block, gqa=None if gqa == "per-head" else gqa, mla=None if mla == "shared" else mla,
-                     kv_policy=kv_policy, splits=None if splits == 1 else splits)  # fmt: skip
+                     kv_policy=kv_policy, splits=None if splits == 1 else splits,
+                     pages=None if pages == "pieces" else pages)  # fmt: skip
         clash = [k for k, v in given.items() if v is not None and k not in ("N", "d", "causal", "problem")]
         if clash:
             raise InputError(clash[0], "belongs to the Schedule or the Problem when they are given as objects")
@@ -473,7 +476,7 @@ def hierarchy(
             device = device_or_memory
         elif device_or_memory is not None:
             M = device_or_memory
-        opts = {k: options[k] for k in ("backward", "tiling", "Br", "Bc", "gqa", "mla", "kv_policy", "splits")}
+        opts = {k: options[k] for k in ("backward", "tiling", "Br", "Bc", "gqa", "mla", "kv_policy", "splits", "pages")}
         return hierarchy(
             spec.algorithm, problem=algorithm, M=M, device=device, P=P, C=C, L=L, blocks_per_sm=blocks_per_sm,
             bytes_per_word=bytes_per_word, order=order, policy=policy, mask=mask, block=options["B"],
@@ -548,7 +551,8 @@ def hierarchy(
 
     t0 = time.perf_counter()
     if _trace is None:
-        shape = dict(N=N, d=d, causal=causal) if unit is None else dict(problem=unit, gqa=gqa, mla=mla, splits=splits)
+        shape = (dict(N=N, d=d, causal=causal) if unit is None
+                 else dict(problem=unit, gqa=gqa, mla=mla, splits=splits, pages=pages))  # fmt: skip
         try:
             r = api.run(
                 algorithm, M=M, backward=backward, mask=mask, kv_policy=kv_policy, tiling=tiling, Br=Br, Bc=Bc,
