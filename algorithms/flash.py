@@ -59,6 +59,7 @@ Exact counts: :mod:`iosim.theory.io_model` (``flash1_forward``, ``flash2_forward
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 from iosim.algorithms._tiles import buffer, cdiv, exp_nonpos, score_tile, tile
@@ -75,8 +76,6 @@ from iosim.algorithms.tile_masks import (
 )
 from iosim.memory_model import alloc, alloc_vec, free, init_slow, load, load_vec, store, store_vec
 from numba import njit
-
-from iosim.problem import Problem
 
 
 @njit(cache=True)
@@ -726,8 +725,24 @@ def flash1_backward_problem(mem, problem, Q, K, V, O, dO, l, m, *, Br, Bc, gqa, 
 _ONE_HEAD = dict(gqa="per-head")
 
 
+@dataclass(frozen=True)
+class _Head:
+    """One head of N x d as the problem drivers read a problem (the fields of :class:`iosim.Problem` they use; the
+    algorithms import nothing of iosim's front door): B = H_q = H_kv = 1, N_q = N_k = N, d_qk = d_v = d."""
+
+    N: int
+    d: int
+    B, H_q, H_kv, g, pages, page_size, latent, causal = 1, 1, 1, 1, 0, None, False, False
+
+    N_q = N_k = property(lambda self: self.N)
+    d_qk = d_v = property(lambda self: self.d)
+
+    def groups(self, gqa):  # (G, groups, R): one group of N rows
+        return 1, 1, self.N
+
+
 def _one_head(N, d, causal):  # noqa: N803
-    return Problem(N=N, d=d), resolve(causal, N)
+    return _Head(N, d), resolve(causal, N)
 
 
 def flash1_forward(mem, Q, K, V, *, N, d, Br, Bc, scale, causal=False, dtype=np.float64):  # noqa: N803

@@ -309,7 +309,7 @@ def run_problem(algo, p: Problem, M: int, gqa, splits, mla, Br, Bc, B, one_head,
         "splits": splits,
         "mla": mla if p.latent else None,
         "combine_rows": bm if splits > 1 else None,
-        "pages": o.get("pages", "pieces") if p.page_size else None,
+        "pages": o.get("pages", "pieces") if p.page_size and algo.name == "flash1" else None,
     }
     errors: dict[str, float] = {}
     if count_only:

@@ -114,8 +114,10 @@ def hooks(recorder):
     launch = {"params": None}
 
     import numba
+    import numba.cuda
 
-    skip = (os.path.dirname(numba.__file__) + os.sep, os.path.dirname(threading.__file__) + os.sep)
+    # numba's frames, numba.cuda's (the numba-cuda package installs it apart from numba) and the standard library's
+    skip = tuple(os.path.dirname(m.__file__) + os.sep for m in (numba, numba.cuda, threading))
 
     def site() -> tuple | None:
         """The access's site: the kernel's (and its device functions') source lines and instructions on the stack
