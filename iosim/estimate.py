@@ -11,13 +11,16 @@ tiling's count-only backward). Each is a cost per unit of work, so it carries ov
 
 - count-only schedule: :data:`COUNT_STEP` per tile step (:func:`iosim.validate.estimated_steps`), least squares over
   flash1, flash2, standard and square tiling forward and backward at N = 2^17-2^20: 4 ns (measured 2.6-5.8 ns; flash1
-  is the slowest, square tiling's forward the fastest). Square tiling's count-only backward costs about 0.35 ns times
-  B per tile step (it walks rows), 0.1 of its estimate at B = 78;
+  is the slowest, square tiling's forward the fastest; the fit gives 3.3-3.4 ns). Square tiling's count-only backward
+  costs about 0.35 ns times B per tile step (it walks the rows of its tiles), so its estimate is 0.13 of its time at
+  B = 78: the estimate gets the tiling, not the algorithm, and standard attention's backward, on the same kind of
+  tiling, costs 4 ns a step;
 - numeric schedule plus its float64 reference: :data:`NUMERIC_N2D` per N_q N_k (d_qk + d_v) (2 N^2 d for one head),
   :data:`NUMERIC_BACKWARD` times that for a backward run (its forward, the backward and both references), plus
   :data:`NUMERIC_STEP` per tile step; least squares over the four algorithms, forward and backward, N = 2048-8192,
-  d = 32-128, M = 1024-16384: 0.35 ns, 2.7 and 0.8 us (standard attention's forward, which writes and reads S and P,
-  takes about twice the arithmetic of flash2's);
+  d = 32-128, M = 1024-16384, gives 0.34-0.35 ns, 2.5-2.7 and 0.75-0.97 us; taken as 0.38 ns, 2.5 and 0.8 us, the
+  middle of the grid's spread (standard attention's forward, which writes and reads S and P, takes about twice
+  flash2's time);
 - a kernel on the CUDA simulator: 12 s at N = 256, d = 16 (about 12 us per N_q N_k d of one head), taken as 15 us
   (not on the grid: the simulator of numba-cuda 0.30 raises inside kernels on this machine, so a check cannot be
   timed to its end here);
@@ -27,7 +30,7 @@ tiling's count-only backward). Each is a cost per unit of work, so it carries ov
 - the pebble search (A*): 110-260 us per expanded state on graphs of 20-28 vertices (matmul:2x2x2, attention:2x1,
   matmul:2x2x3 with M = 3, each stopped at its ``max_states``), taken as :data:`PEBBLE_STATE` = 150 us, so the
   default 400,000 states is estimated at a minute (the ask is for more);
-- counting a random mask (``random:S``, ``random-blocks``, ``bigbird``): :data:`MASK_SCAN_DRAW` = 0.3 ns per draw
+- counting a random mask (``random:S``, ``random-blocks``, ``bigbird``): :data:`MASK_SCAN_DRAW` = 0.27 ns per draw
   of a count of the whole mask (:attr:`TileMask.scan_tests`; measured 0.4 ns: ``iosim bounds`` over ``random:0.01``
   at N = 32768 makes one count, a one-head run about two and a half), :data:`MASK_DRAW` = 2 ns per draw of a tile's
   test (:meth:`TileMask.visit_tests`, :meth:`TileMask.tile_tests`). A one-head run is priced as three counts (its
@@ -48,8 +51,8 @@ LONG_SECONDS = 60.0
 MAX_SECONDS = 3600.0
 
 COUNT_STEP = 4e-9
-NUMERIC_N2D = 3.5e-10  # per N_q N_k (d_qk + d_v): 2 N^2 d for one head
-NUMERIC_BACKWARD = 2.7  # a backward run (its forward, the backward and both references) on the arithmetic
+NUMERIC_N2D = 3.8e-10  # per N_q N_k (d_qk + d_v): 2 N^2 d for one head
+NUMERIC_BACKWARD = 2.5  # a backward run (its forward, the backward and both references) on the arithmetic
 NUMERIC_STEP = 8e-7
 SIMULATOR_N2D = 1.5e-5
 REPLAY_ACCESS = 5e-9
@@ -57,7 +60,7 @@ REPLAY_OPT_FACTOR = 8.0  # Belady's OPT costs about 8 times an LRU access (it ho
 REPLAY_FIFO_FACTOR = 0.6  # FIFO about 0.6 of LRU (no reordering on a hit)
 PEBBLE_STATE = 1.5e-4
 MASK_DRAW = 2e-9  # a draw of a tile's test (TileMask.visit_tests, tile_tests)
-MASK_SCAN_DRAW = 3e-10  # a draw of a count of the whole mask (TileMask.scan_tests)
+MASK_SCAN_DRAW = 2.7e-10  # a draw of a count of the whole mask (TileMask.scan_tests)
 HIERARCHY_REQUEST = 6e-7
 
 
