@@ -7,10 +7,11 @@ A run estimated at over :data:`LONG_SECONDS` (a minute) needs the caller's conse
 The costs per unit are fitted to CPU time (``time.process_time``; the runs are single-threaded) by
 ``python experiments/bench/estimates.py --fit`` on the 2-core development machine, which prints estimate / measured
 for every path below on a grid of sizes (docs/benchmarks.md has the table: every ratio within 0.5-2 but square
-tiling's count-only backward). Each is a cost per unit of work, so it carries over to the problem drivers:
+tiling's count-only backward, and a count-only backward and ``block_sparse``'s count of a random mask over a
+problem, which the problem drivers price). Each is a cost per unit of work, so it carries over to the problem drivers:
 
 - count-only schedule: :data:`COUNT_STEP` per tile step (:func:`iosim.validate.estimated_steps`), least squares over
-  flash1, flash2, standard and square tiling forward and backward at N = 2^17-2^20: 4 ns (measured 2.6-5.8 ns; flash1
+  flash1, flash2, standard and square tiling forward and backward at N = 2^17-2^20: 4 ns (measured 2.5-5.3 ns; flash1
   is the slowest, square tiling's forward the fastest; the fit gives 3.3-3.4 ns). Square tiling's count-only backward
   costs about 0.35 ns times B per tile step (it walks the rows of its tiles), so its estimate is 0.13 of its time at
   B = 78: the estimate gets the tiling, not the algorithm, and standard attention's backward, on the same kind of

@@ -1,7 +1,7 @@
 """The long-run rule's estimates against the time they stand for: estimate / measured for every guarded path that
 runs on a CPU, on a grid of sizes, in this process (iosim/estimate.py's constants; a ratio above 1 errs long).
 
-    python experiments/bench/estimates.py          # about 2-3 minutes on 2 cores when quiet
+    python experiments/bench/estimates.py          # about 35 s on 2 cores (2-3 minutes when Numba compiles)
     python experiments/bench/estimates.py --fit    # the same, then the least-squares constants of the grid
 
 Each row's estimate is the one the path itself computes from the sizes before any work: the seconds of the last
@@ -35,6 +35,7 @@ from tabulate import tabulate  # noqa: E402
 
 import iosim  # noqa: E402
 from iosim import estimate  # noqa: E402
+from iosim.block_sparse import block_sparse  # noqa: E402
 from iosim.cli import main as cli  # noqa: E402
 from iosim.errors import InputError  # noqa: E402
 from iosim.pebble.search import optimum  # noqa: E402
@@ -70,8 +71,10 @@ def recorded():
 WARMED: set = set()
 
 
-def measure(kind: str, path: str, size: str, fn, warm=None, key=None) -> None:
-    """Time ``fn`` (CPU and wall) after ``warm`` (once per ``key``) and record the estimate it made."""
+def measure(kind: str, path: str, size: str, fn, warm=None, key=None, checks="last") -> None:
+    """Time ``fn`` (CPU and wall) after ``warm`` (once per ``key``) and record the estimate it made: its last check
+    (a run's last check holds all its work; a replay's first is a lower bound before the exact count), or with
+    ``checks="sum"`` the sum of its checks (each for a piece of work of its own)."""
     if warm is not None and (key is None or key not in WARMED):
         WARMED.add(key)
         with contextlib.redirect_stdout(io.StringIO()):
@@ -81,7 +84,8 @@ def measure(kind: str, path: str, size: str, fn, warm=None, key=None) -> None:
         with contextlib.redirect_stdout(io.StringIO()):
             fn()
         cpu, wall = time.process_time() - c0, time.perf_counter() - w0
-    ROWS.append(dict(kind=kind, path=path, size=size, estimate=log["check"][-1], cpu=cpu, wall=wall, log=log))
+    est = sum(log["check"]) if checks == "sum" else log["check"][-1]
+    ROWS.append(dict(kind=kind, path=path, size=size, estimate=est, cpu=cpu, wall=wall, log=log))
     r = ROWS[-1]
     print(f"  {path}, {size}: estimate {r['estimate']:.2f} s, cpu {cpu:.2f} s, wall {wall:.2f} s", flush=True)
 
@@ -108,43 +112,32 @@ def over_problem(algo: str, p: iosim.Problem, M: int, count_only: bool, backward
             warm=lambda: iosim.run(algo, problem=small, **opts), key=key)  # fmt: skip
 
 
+# one head: (algorithm, N, d, M, count-only, backward); each count-only run takes about half a second, each
+# numeric run (with its float64 reference) 0.2-2 s
+ONE_HEAD = [
+    *[(algo, N, d, M, True, False) for algo, N, d, M in [("flash2", 524288, 64, 16384), ("flash2", 1048576, 128, 65536),
+      ("flash1", 524288, 64, 16384), ("standard", 524288, 64, 16384), ("square-tiling", 524288, 64, 16384)]],
+    *[(algo, N, d, M, True, True) for algo, N, d, M in [("flash2", 262144, 64, 16384), ("flash1", 262144, 64, 16384),
+      ("standard", 131072, 64, 4096), ("square-tiling", 131072, 64, 16384)]],
+    *[(algo, N, d, M, False, False) for algo, N, d, M in [("flash2", 4096, 64, 16384), ("flash2", 8192, 32, 16384),
+      ("flash2", 4096, 64, 2048), ("flash1", 4096, 64, 16384), ("flash1", 4096, 128, 4096),
+      ("standard", 4096, 64, 16384), ("standard", 2048, 64, 1024), ("square-tiling", 4096, 64, 16384),
+      ("square-tiling", 2048, 64, 4096)]],
+    *[(algo, 2048, 64, M, False, True) for algo, M in [("flash2", 16384), ("flash2", 2048), ("flash1", 16384),
+      ("standard", 16384), ("square-tiling", 16384)]],
+]  # fmt: skip
+
+
 def run_rows() -> None:
-    print("count-only runs", flush=True)
-    for algo, N, d, M, backward in [
-        ("flash2", 524288, 64, 16384, False),
-        ("flash2", 1048576, 128, 65536, False),
-        ("flash1", 524288, 64, 16384, False),
-        ("standard", 524288, 64, 16384, False),
-        ("square-tiling", 524288, 64, 16384, False),
-        ("flash2", 262144, 64, 16384, True),
-        ("flash1", 262144, 64, 16384, True),
-        ("standard", 131072, 64, 4096, True),
-        ("square-tiling", 131072, 64, 16384, True),
-    ]:
-        one_head(algo, N, d, M, True, backward)
+    print("runs of one head, count-only and numeric (float64, with the reference)", flush=True)
+    for row in ONE_HEAD:
+        one_head(*row)
+    print("runs over a problem", flush=True)
     P = iosim.Problem
     over_problem("flash2", P(H_q=8, H_kv=2, N=131072, d=64), 16384, True)
     over_problem("flash2", P(B=16, H_q=32, H_kv=8, N_q=16, N_k=4194304, d=128), 16384, True, splits=4)
     over_problem("square-tiling", P(H_q=4, N=131072, d=64), 16384, True)
     over_problem("flash2", P(H_q=4, N=131072, d=64), 16384, True, backward=True)
-    print("numeric runs (float64, with the reference)", flush=True)
-    for algo, N, d, M, backward in [
-        ("flash2", 4096, 64, 16384, False),
-        ("flash2", 8192, 32, 16384, False),
-        ("flash2", 4096, 64, 2048, False),
-        ("flash1", 4096, 64, 16384, False),
-        ("flash1", 4096, 128, 4096, False),
-        ("standard", 4096, 64, 16384, False),
-        ("standard", 2048, 64, 1024, False),
-        ("square-tiling", 4096, 64, 16384, False),
-        ("square-tiling", 2048, 64, 4096, False),
-        ("flash2", 2048, 64, 16384, True),
-        ("flash2", 2048, 64, 2048, True),
-        ("flash1", 2048, 64, 16384, True),
-        ("standard", 2048, 64, 16384, True),
-        ("square-tiling", 2048, 64, 16384, True),
-    ]:
-        one_head(algo, N, d, M, False, backward)
     over_problem("flash2", P(H_q=4, H_kv=1, N=2048, d=64), 16384, False)
     over_problem("standard", P(H_q=2, N=2048, d=64), 16384, False)
     over_problem("flash2", P(H_q=2, N=2048, d=64), 16384, False, backward=True)
@@ -156,6 +149,10 @@ def mask_rows() -> None:
     one_head("flash2", 16384, 64, 4096, True, False, mask="random:0.5")
     one_head("flash1", 65536, 64, 16384, True, False, mask="random-blocks:0.1:16x16")
     over_problem("flash2", iosim.Problem(H_q=4, N=32768, d=64), 16384, True, mask="random:0.01")
+    p = iosim.Problem(N=32768, d=64)  # the compulsory traffic's count of the mask, then the blocks' classes
+    measure("mask", "block_sparse --mask random:0.01 (blocks 128 x 128)", "N=32768, d=64",
+            lambda: block_sparse(p, "random:0.01", allow_long=True), checks="sum",
+            warm=lambda: block_sparse(iosim.Problem(N=256, d=64), "random:0.01"))  # fmt: skip
     for mask in ("random:0.01", "random:0.0001"):  # the tilings' block counts stop early (dense) or scan (sparse)
         argv = ["bounds", "--d", "64", "--M", "16384", "--mask", mask]
         measure("mask", f"iosim bounds --mask {mask}", "N=32768, d=64, M=16384",
