@@ -8,7 +8,8 @@ The costs per unit are fitted to CPU time (``time.process_time``; the runs are s
 ``python experiments/bench/estimates.py --fit`` on the 2-core development machine, which prints estimate / measured
 for every path below on a grid of sizes (docs/benchmarks.md has the table: every ratio within 0.5-2 but square
 tiling's count-only backward, and a count-only backward and ``block_sparse``'s count of a random mask over a
-problem, which the problem drivers price). Each is a cost per unit of work, so it carries over to the problem drivers:
+problem, which the problem drivers price; the CUDA simulator has a benchmark of its own). Each is a cost per unit
+of work, so it carries over to the problem drivers:
 
 - count-only schedule: :data:`COUNT_STEP` per tile step (:func:`iosim.validate.estimated_steps`), least squares over
   flash1, flash2, standard and square tiling forward and backward at N = 2^17-2^20: 4 ns (measured 2.5-5.3 ns; flash1
@@ -22,9 +23,12 @@ problem, which the problem drivers price). Each is a cost per unit of work, so i
   d = 32-128, M = 1024-16384, gives 0.34-0.35 ns, 2.5-2.7 and 0.75-0.97 us; taken as 0.38 ns, 2.5 and 0.8 us, the
   middle of the grid's spread (standard attention's forward, which writes and reads S and P, takes about twice
   flash2's time);
-- a kernel on the CUDA simulator: 12 s at N = 256, d = 16 (about 12 us per N_q N_k d of one head), taken as 15 us
-  (not on the grid: the simulator of numba-cuda 0.30 raises inside kernels on this machine, so a check cannot be
-  timed to its end here);
+- a kernel on the CUDA simulator (``iosim check`` without a GPU): :data:`SIMULATOR_N2D` = 12 us per N_q N_k d of a
+  head (three times that for a kernel with a backward), the geometric middle of 3.5-25 us measured over the four
+  kernels at N = 32-64, d = 16-32 (``python experiments/bench/simulator.py``, its own benchmark: the simulator's
+  threads race unless its module swap is made thread-safe, which that benchmark does). The simulator's time moves by
+  two to three times between runs on this shared machine (its threads contend for the interpreter), and the kernels
+  differ by four times (flash1's the cheapest, square tiling's the dearest), so its ratios span about 0.5-3;
 - a cache replay, the traced run and the ops' derivation included (flash1 and flash2 at N = 512 and 1024): 3.4-5 ns
   per operand access under LRU, 0.6 of that under FIFO, 26 ns under Belady's OPT (its trace and next-use array);
   taken as :data:`REPLAY_ACCESS` = 5 ns, 3 ns and 40 ns, and at least N^2 d accesses before the run;
@@ -55,7 +59,7 @@ COUNT_STEP = 4e-9
 NUMERIC_N2D = 3.8e-10  # per N_q N_k (d_qk + d_v): 2 N^2 d for one head
 NUMERIC_BACKWARD = 2.5  # a backward run (its forward, the backward and both references) on the arithmetic
 NUMERIC_STEP = 8e-7
-SIMULATOR_N2D = 1.5e-5
+SIMULATOR_N2D = 1.2e-5
 REPLAY_ACCESS = 5e-9
 REPLAY_OPT_FACTOR = 8.0  # Belady's OPT costs about 8 times an LRU access (it holds the trace and its next uses)
 REPLAY_FIFO_FACTOR = 0.6  # FIFO about 0.6 of LRU (no reordering on a hit)
