@@ -30,7 +30,8 @@ SLOW = {
     "iosim kernel iosim/kernels/examples/pallas_gpu_decode.py": "a Pallas kernel at N = 1024 under the interpreter",
     "python -m iosim.algorithms.cuda.ptx": "compiles every kernel for sm_90 (tests/test_cuda.py compiles them too)",
     "python experiments/bench/kernel_count.py": "a benchmark: counts a kernel up to N = 4096",
-    "python experiments/bench/estimates.py": "a benchmark: times every guarded path (about 30 s)",
+    "python experiments/bench/estimates.py": "a benchmark: times every guarded path (35 s, 2-3 minutes compiling)",
+    "python experiments/bench/simulator.py": "a benchmark: iosim check of each kernel on the CUDA simulator (minutes)",
     "iosim gpu-resources": "compiles every kernel for two targets (tests/test_gpu_resources.py runs it too)",
 }
 # Commands that need a process of their own: the resource report compiles for a real GPU target, which the CUDA

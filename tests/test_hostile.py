@@ -151,21 +151,21 @@ def test_api_output_paths(call, parameter, tmp_path):
 # ------------------------------------------------------------------------------------------- 1. the long-run rule
 LONG_CASES = [
     (["run", "flash2", "--N", "524288", "--d", "64", "--M", "100000"], ["N gives", "hour", "numeric run"]),
-    (["run", "flash2", "--N", "30000", "--d", "64", "--M", "100000"], ["allow_long", "--yes", "numeric run"]),
-    (["run", "flash2", "--N", "30000", "--d", "64", "--M", "100000", "--backward"], ["allow_long", "minutes"]),
-    (["run", "flash2", "--N", "200000", "--d", "64", "--M", "100000", "--backward"], ["N gives", "hours"]),
-    (["run", "flash2", "--N", "10000000", "--d", "64", "--M", "100000", "--count-only"], ["allow_long", "count-only"]),
-    (["trace", "flash2", "--N", "30000", "--d", "64", "--M", "100000", "-o", "t.csv"], ["allow_long", "--yes"]),
-    (["compare", "--N", "10000000", "--d", "64", "--M", "100000", "--count-only"], ["allow_long", "count-only"]),
+    (["run", "flash2", "--N", "50000", "--d", "64", "--M", "100000"], ["allow_long", "--yes", "numeric run"]),
+    (["run", "flash2", "--N", "40000", "--d", "64", "--M", "100000", "--backward"], ["allow_long", "minutes"]),
+    (["run", "flash2", "--N", "300000", "--d", "64", "--M", "100000", "--backward"], ["N gives", "hours"]),
+    (["run", "flash2", "--N", "30000000", "--d", "64", "--M", "100000", "--count-only"], ["allow_long", "count-only"]),
+    (["trace", "flash2", "--N", "50000", "--d", "64", "--M", "100000", "-o", "t.csv"], ["allow_long", "--yes"]),
+    (["compare", "--N", "30000000", "--d", "64", "--M", "100000", "--count-only"], ["allow_long", "count-only"]),
     (["check", "--kernel", "flash2", "--N", "100000"], ["--N", "simulator", "hour"]),
     (["check", "--kernel", "flash2", "--N", "300", "--d", "16"], ["allow_long", "--yes", "simulator"]),
     (["pebble", "matmul:2x2x2", "--M", "4", "--optimum", "--max-states", "1000000000"], ["max_states", "hour"]),
     (["pebble", "matmul:2x2x2", "--M", "4", "--optimum", "--max-states", "10000000"], ["allow_long", "--yes"]),
-    (["replay", "flash2", "--N", "4096", "--d", "64", "--M", "16384"], ["allow_long", "replay"]),
+    (["replay", "flash2", "--N", "8192", "--d", "64", "--M", "16384"], ["allow_long", "replay"]),
     (["replay", "flash2", "--N", "16384", "--d", "64", "--M", "16384", "--policy", "lru"], ["allow_long", "replay"]),
-    (["sweep", "--algorithm", "flash2", "--N", "10000000", "--d", "64", "--M", "100000", "--jobs", "1", "--no-cache"],
+    (["sweep", "--algorithm", "flash2", "--N", "30000000", "--d", "64", "--M", "100000", "--jobs", "1", "--no-cache"],
      ["allow_long", "sweep"]),
-    (["sweep", "--algorithm", "flash2", "--N", *(str(10_000_000 + i) for i in range(60)), "--d", "64", "--M", "100000",
+    (["sweep", "--algorithm", "flash2", "--N", *(str(30_000_000 + i) for i in range(60)), "--d", "64", "--M", "100000",
       "--jobs", "1", "--no-cache", "--yes"], ["grid", "hour"]),
 ]  # fmt: skip
 
@@ -179,10 +179,10 @@ def test_long_runs_need_consent_and_very_long_ones_are_refused(argv, words, tmp_
     ("call", "parameter"),
     [
         (lambda: iosim.run("flash2", N=524288, d=64, M=100000), "N"),
-        (lambda: iosim.run("flash1", N=30000, d=64, M=100000), "allow_long"),
-        (lambda: iosim.run("flash2", N=10_000_000, d=64, M=100000, count_only=True), "allow_long"),
-        (lambda: iosim.replay("flash2", N=4096, d=64, M=16384), "allow_long"),
-        (lambda: iosim.sweep({"N": 10_000_000, "d": 64, "M": 100000, "algorithm": "flash2"}, executor="serial"),
+        (lambda: iosim.run("flash1", N=50000, d=64, M=100000), "allow_long"),
+        (lambda: iosim.run("flash2", N=30_000_000, d=64, M=100000, count_only=True), "allow_long"),
+        (lambda: iosim.replay("flash2", N=8192, d=64, M=16384), "allow_long"),
+        (lambda: iosim.sweep({"N": 30_000_000, "d": 64, "M": 100000, "algorithm": "flash2"}, executor="serial"),
          "allow_long"),
         (lambda: _opt(max_states=10**9), "max_states"),
         (lambda: _opt(max_states=10**7), "allow_long"),
@@ -212,9 +212,9 @@ def test_estimate_rule():
 
 # ------------------------------------------------------------------------------------------ 2. masks too large
 # A random mask holds no table (a counter-based generator answers per tile), so nothing of N x N is allocated; at
-# N = 2^20 with one-element blocks counting it takes hours, which the long-run rule refuses up front.
+# N = 2^22 with one-element blocks counting it takes hours, which the long-run rule refuses up front.
 BIG_MASKS = ["random:0.5", "bigbird:1:1:1:1", "random-blocks:0.5:1x1"]
-BIGN = ["--N", "1048576", "--d", "64", "--M", "65536"]
+BIGN = ["--N", "4194304", "--d", "64", "--M", "65536"]
 MASK_SIZE_CASES = [
     (["bounds", *BIGN, "--mask", m], ["mask", m.split(":")[0], "generator draws", "limit is 1 hour"]) for m in BIG_MASKS
 ] + [
@@ -238,10 +238,10 @@ def test_compile_mask_checks_n(N):
 
 @pytest.mark.parametrize("mask", BIG_MASKS)
 def test_api_masks_too_long_to_count(mask):
-    m = iosim.masks.compile_mask(mask, 2**20)  # no table: compiling is O(1)
+    m = iosim.masks.compile_mask(mask, 2**22)  # no table: compiling is O(1)
     assert m.table.size == 1
     with pytest.raises(InputError) as e:
-        iosim.run("flash2", N=2**20, d=64, M=65536, mask=mask, count_only=True, allow_long=True)
+        iosim.run("flash2", N=2**22, d=64, M=65536, mask=mask, count_only=True, allow_long=True)
     assert e.value.parameter == "mask" and "hour" in str(e.value)
 
 

@@ -326,10 +326,10 @@ def _cli(argv, capsys):
     return rc, out.out, [x for x in out.err.splitlines() if x.strip() and not x.startswith("iosim: compiling")]
 
 
-def test_bounds_of_random_elements_at_n_2_20_are_priced_not_allocated(capsys):
-    """random:0.01 at N = 2^20 holds no table; counting it three times (the nnz bound and Proposition 4 on two
-    tilings) is 3 x 2^40 draws: refused up front in one line naming the mask, never a MemoryError."""
-    rc, _, err = _cli(["bounds", "--N", "1048576", "--d", "64", "--M", "65536", "--mask", "random:0.01"], capsys)
+def test_bounds_of_random_elements_at_n_2_22_are_priced_not_allocated(capsys):
+    """random:0.01 at N = 2^22 holds no table; counting it three times (the nnz bound and Proposition 4 on two
+    tilings) is 3 x 2^44 draws: refused up front in one line naming the mask, never a MemoryError."""
+    rc, _, err = _cli(["bounds", "--N", "4194304", "--d", "64", "--M", "65536", "--mask", "random:0.01"], capsys)
     assert rc == 2 and len(err) == 1, err
     assert "mask" in err[0] and "random:0.01" in err[0] and "hour" in err[0] and "Memory" not in err[0]
 

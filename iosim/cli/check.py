@@ -43,7 +43,7 @@ def command(args) -> int:
             "up to N=1023, d=128 takes hours without a GPU",
             "no --quick",
         )
-    if target == "simulator":  # the long-run rule: the simulator runs a kernel on the CPU, about 15 us per N^2 d
+    if target == "simulator":  # the long-run rule: the simulator runs a kernel on the CPU (estimate.SIMULATOR_N2D)
         cases = planned_cases(args.N, args.d, args.quick, args.distribution)
         backward = args.kernel in gpu.BACKWARD_KERNELS
         estimate.check(
