@@ -285,7 +285,7 @@ class _OneHead:
         """The long-run rule (and, numeric, the memory check), then the random inputs the caller did not give."""
         mask = self.tmask if self.masked else None
         if self.count_only:
-            check_time(self.t_bwd or self.t, self.N, self.d, self.backward, allow_long, mask)
+            check_time(self.t_bwd or self.t, self.N, self.d, self.backward, allow_long, mask, algorithm=self.algo.name)
             return
         check_memory(self.algo, self.N, self.d, self.backward, self.reference, np.dtype(self.dtype).itemsize)
         check_time(self.t_bwd or self.t, self.N, self.d, self.backward, allow_long, mask, count_only=False)

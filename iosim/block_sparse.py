@@ -187,7 +187,7 @@ def blocks_of(p: Problem, mask, block=(128, 128), mask_B: int | None = None, mas
         from iosim import estimate
 
         tests = -(-p.N_q // BQ) * -(-p.N_k // BKV)
-        seconds = estimate.count_only_seconds(4 * tests) + tmask.scan_tests * estimate.MASK_DRAW
+        seconds = estimate.count_only_seconds(4 * tests) + tmask.scan_tests * estimate.MASK_SCAN_DRAW
         estimate.check(seconds, f"classifying {tests:,} blocks of the mask", allow_long=allow_long, parameter="block",
                        value=f"{BQ}x{BKV}")  # fmt: skip
         cls = _bs.block_classes(tmask.kind, tmask.params, tmask.table, p.N_q, p.N_k, BQ, BKV)[None, None]

@@ -64,6 +64,8 @@ REPLAY_ACCESS = 5e-9
 REPLAY_OPT_FACTOR = 8.0  # Belady's OPT costs about 8 times an LRU access (it holds the trace and its next uses)
 REPLAY_FIFO_FACTOR = 0.6  # FIFO about 0.6 of LRU (no reordering on a hit)
 PEBBLE_STATE = 1.5e-4
+COUNT_BACKWARD = 2.0  # a count-only backward tile step over a problem moves about twice a forward step's operands
+SQUARE_BACKWARD_PER_B = 3.5e-10  # square tiling's count-only backward: about 0.35 ns x B a tile step (its products)
 MASK_DRAW = 2e-9  # a draw of a tile's test (TileMask.visit_tests, tile_tests)
 MASK_SCAN_DRAW = 2.7e-10  # a draw of a count of the whole mask (TileMask.scan_tests)
 HIERARCHY_REQUEST = 6e-7
@@ -101,13 +103,23 @@ def check(seconds: float, what: str, *, allow_long, parameter: str, value=None, 
     return seconds
 
 
-def count_only_seconds(steps: int) -> float:
-    return steps * COUNT_STEP
+def count_only_seconds(steps: int, per_step: float = COUNT_STEP) -> float:
+    return steps * per_step
 
 
-def numeric_seconds(N: int, d: int, steps: int, backward: bool) -> float:  # noqa: N803
-    """A numeric run and its float64 reference: arithmetic (N^2 (d_qk + d_v) = 2 N^2 d) plus per-tile overhead."""
-    return N * N * 2 * d * NUMERIC_N2D * (NUMERIC_BACKWARD if backward else 1) + steps * NUMERIC_STEP
+def count_step(algorithm: str | None, backward: bool, tiling) -> float:
+    """The cost of one count-only tile step of ``algorithm``'s pass on ``tiling``: :data:`COUNT_STEP`, except square
+    tiling's backward, whose step grows with its tile side B (:data:`SQUARE_BACKWARD_PER_B`)."""
+    B = getattr(tiling, "B", None)
+    if algorithm == "square-tiling" and backward and B:
+        return max(COUNT_STEP, SQUARE_BACKWARD_PER_B * B)
+    return COUNT_STEP
+
+
+def numeric_seconds(N: int, d: int, steps: int, backward: bool, heads: int = 1) -> float:  # noqa: N803
+    """A numeric run and its float64 reference: arithmetic (N^2 (d_qk + d_v) = 2 N^2 d per head) plus per-tile
+    overhead (``steps``: every head's)."""
+    return heads * N * N * 2 * d * NUMERIC_N2D * (NUMERIC_BACKWARD if backward else 1) + steps * NUMERIC_STEP
 
 
 def simulator_seconds(cases, heads: int, batch: int = 1, backward: bool = False) -> float:

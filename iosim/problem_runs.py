@@ -202,7 +202,8 @@ def problem_seen(p: Problem, mask, allow_long: bool = False) -> tuple[int, int] 
     draws = -(-getattr(tm, "scan_tests", 0) * p.N_q // p.N_k)  # the scan of the whole N_k x N_k, for N_q rows
     if draws:
         estimate.check(
-            draws * estimate.MASK_DRAW, f"a count of the mask {tm.label} over {p.N_q:,} x {p.N_k:,} ({draws:,} draws)",
+            draws * estimate.MASK_SCAN_DRAW,
+            f"a count of the mask {tm.label} over {p.N_q:,} x {p.N_k:,} ({draws:,} draws)",
             allow_long=allow_long, parameter="mask", value=tm.label, remedy="use a smaller N or a structured mask",
         )  # fmt: skip
     return None if tm.kind == DENSE else _seen(p, tm)
@@ -283,15 +284,23 @@ def run_problem(algo, p: Problem, M: int, gqa, splits, mla, Br, Bc, B, one_head,
     bm = combine_rows(p, splits, M)
     groups = p.B * p.H_kv * G
     steps = groups * -(-rows // t.Br) * (-(-p.N_k // t.Bc) + p.pages + splits)
-    passes_n = 3 if backward else 1  # the backward: about twice the forward's tile steps and arithmetic
+    passes_n = 3 if backward else 1  # a random mask's tests: the backward about twice the forward's
+    steps_b = 0
+    if backward:  # the backward's own tiles (smaller than the forward's, so more of them)
+        from iosim.theory.tiling import problem_backward_tiling
+
+        tb = problem_backward_tiling(p, M, o["tiling"], rows, Br, Bc, algo.name)
+        steps_b = groups * -(-rows // tb.Br) * -(-p.N_k // tb.Bc)
     # a random mask: every tile of every group is tested by the run, and once more by the closed form's summary
     draws = (groups + 1) * -(-rows // t.Br) * -(-p.N_k // t.Bc) * (tmask.tile_tests(t.Br, t.Bc) if tmask else 0)
     # one head of N_q x N_k per group: the numeric estimate's arithmetic is per head (N_q N_k d), times the heads
     if count_only:
-        seconds = estimate.count_only_seconds(steps * passes_n)
+        seconds = estimate.count_only_seconds(steps + estimate.COUNT_BACKWARD * steps_b)
     else:
         flops = estimate.NUMERIC_N2D * p.B * p.H_q * p.N_q * p.N_k * (p.d_qk + p.d_v)
-        seconds = (estimate.numeric_seconds(1, 1, steps, False) + flops) * passes_n
+        seconds = (steps + steps_b) * estimate.NUMERIC_STEP + flops * (
+            1 + (estimate.NUMERIC_BACKWARD if backward else 0)
+        )
     seconds += _priced_tile_tests(tmask, p, draws * passes_n, allow_long, "larger blocks")
     estimate.check(seconds, f"a run of {algo.name} over {p}", allow_long=allow_long, parameter="problem", value=str(p))
     if not count_only:
@@ -398,7 +407,10 @@ def run_by_heads(algo, p: Problem, M: int, gqa, splits, mla, Br, Bc, B, masked: 
     N, d, heads = p.N_q, p.d_qk, p.B * p.H_q
     algo_t = algo.backward_tiling(N, d, M, o["tiling"]) if backward else algo.choose_tiling(N, d, M, o["tiling"])
     steps = heads * estimated_steps(algo_t, N, d, backward) + (heads * N if backward else 0)
-    seconds = estimate.count_only_seconds(steps) if count_only else estimate.numeric_seconds(N, d, steps, backward)
+    if count_only:
+        seconds = estimate.count_only_seconds(steps, estimate.count_step(algo.name, backward, algo_t))
+    else:
+        seconds = estimate.numeric_seconds(N, d, steps, backward, heads)
     estimate.check(seconds, f"{what} of {algo.name} over {p}", allow_long=allow_long, parameter="problem",
                    value=str(p))  # fmt: skip
     if backward and p.g > 1 and M < 2 * d:

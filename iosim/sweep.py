@@ -287,7 +287,7 @@ def point_seconds(p: dict) -> float:
     except Exception:
         return 0.0
     if p["count_only"] is not False:
-        return estimate.count_only_seconds(steps) + counting
+        return estimate.count_only_seconds(steps, estimate.count_step(algo.name, backward, t)) + counting
     return estimate.numeric_seconds(N, d, steps, backward) + counting
 
 

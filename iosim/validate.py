@@ -132,13 +132,15 @@ def estimated_steps(t: Tiling, N: int, d: int, backward: bool, mask=None) -> int
     return steps * (2 if backward else 1)
 
 
-def check_time(t: Tiling, N: int, d: int, backward: bool, allow_long: bool, mask=None, count_only=True) -> None:
+def check_time(t: Tiling, N: int, d: int, backward: bool, allow_long: bool, mask=None, count_only=True,
+               algorithm: str | None = None) -> None:  # fmt: skip
     """The long-run rule (:mod:`iosim.estimate`) for a count-only or a numeric run (with its reference)."""
     # a random mask is counted by the estimate below, the closed form and the run: that alone may be too long
     counting = estimate.check_mask(mask, passes=3, allow_long=allow_long, tiling=t) if mask is not None else 0.0
     steps = estimated_steps(t, N, d, backward, mask)
     if count_only:
-        seconds, what = estimate.count_only_seconds(steps), f"a count-only run with {t}"
+        per_step = estimate.count_step(algorithm, backward, t)
+        seconds, what = estimate.count_only_seconds(steps, per_step), f"a count-only run with {t}"
     else:
         seconds, what = estimate.numeric_seconds(N, d, steps, backward), f"a numeric run with {t}"
     seconds += counting

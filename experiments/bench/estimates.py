@@ -53,13 +53,13 @@ def recorded():
         log["check"].append(seconds)
         return saved[0](seconds, *a, **k)
 
-    def count_only_seconds(steps):
-        log["count_only"].append(steps)
-        return saved[1](steps)
+    def count_only_seconds(steps, per_step=estimate.COUNT_STEP):
+        log["count_only"].append(steps * per_step / estimate.COUNT_STEP)  # in steps of COUNT_STEP
+        return saved[1](steps, per_step)
 
-    def numeric_seconds(N, d, steps, backward):  # noqa: N803
-        log["numeric"].append((N, d, steps, backward))
-        return saved[2](N, d, steps, backward)
+    def numeric_seconds(N, d, steps, backward, heads=1):  # noqa: N803
+        log["numeric"].append((N * heads**0.5, d, steps, backward))  # heads x N^2 d as one N^2 d
+        return saved[2](N, d, steps, backward, heads)
 
     estimate.check, estimate.count_only_seconds, estimate.numeric_seconds = check, count_only_seconds, numeric_seconds
     try:

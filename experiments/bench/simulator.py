@@ -6,9 +6,8 @@ each built-in kernel at small N and d (iosim/estimate.py's SIMULATOR_N2D; a rati
 The simulator runs each thread of a block as a Python thread, and on entering a device function it swaps the
 ``cuda`` global of that function's module for its fake module and swaps it back on leaving: two threads in device
 functions of one module race (the second finds no ``cuda`` to swap, the first restores it while the second still
-runs), and on a loaded 2-core machine ``iosim check`` then fails with ``module 'numba.cuda' has no attribute
-'threadIdx'`` (or ``blockDim``, ``atomic``). Here, in this process only, the swap is counted per module (the first
-thread in swaps, the last one out restores), so every check runs to its end and can be timed. The estimate is the
+runs); iosim counts that swap per module (:mod:`iosim.gpu.simulator`), so every check runs to its end and can be
+timed. The estimate is the
 one ``iosim check`` computes before any work (its cases, heads and the backward's factor).
 """
 
@@ -17,14 +16,12 @@ from __future__ import annotations
 import contextlib
 import io
 import os
-import threading
 import time
 
 os.environ["NUMBA_ENABLE_CUDASIM"] = "1"  # before numba.cuda is imported
 for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):  # BLAS's idle threads spin on CPU time
     os.environ.setdefault(_var, "1")
 
-from numba.cuda.simulator import kernel as _sim_kernel  # noqa: E402
 from tabulate import tabulate  # noqa: E402
 
 from iosim import estimate  # noqa: E402
@@ -34,34 +31,9 @@ from iosim.kernels.check import planned_cases  # noqa: E402
 
 GRID = [("flash2", 64, 16), ("flash2", 32, 32), ("flash1", 64, 16), ("standard", 64, 16), ("square-tiling", 32, 16)]
 HEADS = 2
-_lock = threading.Lock()
-_inside: dict[int, int] = {}
-_saved: dict[int, dict] = {}
-
-
-@contextlib.contextmanager
-def _counted_swap(fn, fake_cuda_module):
-    """The simulator's swap of a function's ``cuda`` global, counted per module: thread-safe."""
-    from numba import cuda
-
-    globs = fn.__globals__
-    key = id(globs)
-    with _lock:
-        if not _inside.get(key):
-            _saved[key] = {k: v for k, v in globs.items() if v is cuda}
-            globs.update(dict.fromkeys(_saved[key], fake_cuda_module))
-        _inside[key] = _inside.get(key, 0) + 1
-    try:
-        yield
-    finally:
-        with _lock:
-            _inside[key] -= 1
-            if not _inside[key]:
-                globs.update(_saved.pop(key))
 
 
 def main() -> None:
-    _sim_kernel.swapped_cuda_module = _counted_swap
     rows = []
     for kernel, N, d in GRID:
         cases = planned_cases([N], [d], False, None)

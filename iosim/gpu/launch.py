@@ -299,6 +299,10 @@ def select_target() -> str:
         if "NUMBA_ENABLE_CUDASIM" not in os.environ and not _driver_sees_a_gpu():
             os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
         config.reload_config()
+    if config.ENABLE_CUDASIM:  # its threads' swap of the cuda global, made thread-safe (iosim.gpu.simulator)
+        from iosim.gpu import simulator
+
+        simulator.install()
     return "simulator" if config.ENABLE_CUDASIM else "gpu"
 
 

@@ -43,6 +43,9 @@ def require() -> None:
         kernel, kernelapi, devicearray = _sim()
     except ImportError as e:
         raise InputError("backend numba-cuda", f"supports {SUPPORTED}", str(e)) from None
+    from iosim.gpu import simulator
+
+    simulator.install()  # the simulator's threads swap the cuda global safely
     ok = (
         hasattr(kernel, "FakeCUDAKernel")
         and hasattr(getattr(kernel, "BlockManager", None), "run")
