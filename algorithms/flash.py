@@ -113,8 +113,9 @@ def flash1_row_update(S, Vj, Oi, l_i, m_i):
 
 @njit(cache=True)
 def _online_update(S, Vs, Oi, l_i, m_i):
-    """FlashAttention-2's on-chip step with explicit loops: P~ = exp(S - m_new) in place, l_i, m_i, O_i += P~ V.
-    ``Vs`` may be wider than O_i (MLA shared: the resident K tile, whose first d_v columns are V)."""
+    """FlashAttention-2's on-chip step: P~_ij = exp(S_ij - m_new) in place of S_ij, the running l_i and m_i, and the
+    unnormalised O_i = diag(exp(m_i - m_new)) O_i + P~_ij V_j. ``Vs`` may be wider than O_i (MLA shared: the
+    resident K tile, whose first d_v columns are V)."""
     br, bc = S.shape
     dv = Oi.shape[1]
     for r in range(br):
@@ -123,20 +124,29 @@ def _online_update(S, Vs, Oi, l_i, m_i):
         for c in range(bc):
             m_tilde = max(m_tilde, S_r[c])
         m_new = max(m_i[r], m_tilde)
-        if m_new == -np.inf:
+        if m_new == -np.inf:  # nothing unmasked seen yet in this row
+            for c in range(bc):
+                S_r[c] = 0.0
             continue
         alpha = math.exp(m_i[r] - m_new)
+        for c in range(bc):  # a vectorised loop
+            S_r[c] = exp_nonpos(S_r[c] - m_new)
         s = 0.0
-        for k in range(dv):
-            Oi[r, k] *= alpha
         for c in range(bc):
-            p = exp_nonpos(S_r[c] - m_new)
-            s += p
-            if p != 0.0:
-                for k in range(dv):
-                    Oi[r, k] += p * Vs[c, k]
+            s += S_r[c]
         l_i[r] = alpha * l_i[r] + s
         m_i[r] = m_new
+        Oi_r = Oi[r]  # a view: scaling it in place writes O_i's row
+        Oi_r *= alpha
+    if Vs.shape[1] == dv:
+        Oi += np.dot(S, Vs)  # BLAS temporary: an implementation detail; the model accumulates in place
+    else:  # V is the first d_v columns of the wider K tile
+        for r in range(br):
+            for c in range(bc):
+                p = S[r, c]
+                if p != 0.0:
+                    for k in range(dv):
+                        Oi[r, k] += p * Vs[c, k]
 
 
 @njit(cache=True)

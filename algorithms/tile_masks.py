@@ -843,6 +843,8 @@ def _ol_block_nonempty(kind, p, T, N, B, x0, bx, column):
 def _runs(r0, nr, Nq, off):  # noqa: N803
     """The packed rows [r0, r0 + nr) as mask rows: (a, n, heads, m): a first run [a, a + n), ``heads`` whole heads
     (mask rows [off, off + N_q)) and a last run [off, off + m)."""
+    if r0 + nr <= Nq:  # rows of the first head (every row block of a per-head schedule): one run
+        return r0 + off, nr, 0, 0
     q0 = r0 % Nq
     if q0 + nr <= Nq:
         return q0 + off, nr, 0, 0
@@ -942,11 +944,24 @@ def rows_apply(S, kind, p, T, r0, c0, Nq, off):  # noqa: N803
         _rows_apply(S, kind, p, T, r0, c0, Nq, off)
 
 
+def _rows_tile_nnz(kind, p, T, r0, nr, c0, nc, Nq, off):  # noqa: N803
+    """:func:`rows_nnz` in the drivers' inner loops, inlined as :func:`_tile_nnz` is: the rows of one head when
+    N_q = N_k (every one-head run) are the mask's own rows, so a band tile costs no call; other rows are cut into
+    runs (:func:`_rows_nnz`)."""
+    if off == 0 and r0 + nr <= Nq:
+        if kind == BAND:
+            return _band_count(r0, nr, c0, nc, p[0], p[1])
+        if kind == RANDOM and nr > 0 and nc > 0:
+            return _random_class(p, r0, nr, c0, nc)
+        return mask_nnz(kind, p, T, r0, nr, c0, nc)
+    return _rows_nnz(kind, p, T, r0, nr, c0, nc, Nq, off)
+
+
 @overload(rows_nnz, jit_options={"cache": True}, inline="always")
 def _ol_rows_nnz(kind, p, T, r0, nr, c0, nc, Nq, off):  # noqa: N803
     if _dense(p):
         return lambda kind, p, T, r0, nr, c0, nc, Nq, off: max(nr, 0) * max(nc, 0)
-    return lambda kind, p, T, r0, nr, c0, nc, Nq, off: _rows_nnz(kind, p, T, r0, nr, c0, nc, Nq, off)
+    return _rows_tile_nnz  # inlined itself (one level, as tile_nnz)
 
 
 @overload(rows_cols, jit_options={"cache": True})
