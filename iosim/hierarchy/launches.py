@@ -68,12 +68,12 @@ KERNELS = {
             ("rest",),
             atomic=("dQ",),
         ),
-        Kernel("GQA group sum", "the sum of dK, dV over a KV head's g query heads", ("reads", "dKpart")),
+        Kernel("GQA group sum", "the sum of dK, dV over a KV head's g query heads", ("reads", "dKpart", "dVpart")),
     ],
     ("flash1", True): [
         Kernel("memset dQ, dK, dV", "cudaMemset of dQ, dK, dV (Algorithm 4, steps 3 and 6)", ("init",)),
         Kernel("flash1 backward", _FA1_BWD, ("rest",), grid="unit"),
-        Kernel("GQA group sum", "the sum of dK, dV over a KV head's g query heads", ("reads", "dKpart")),
+        Kernel("GQA group sum", "the sum of dK, dV over a KV head's g query heads", ("reads", "dKpart", "dVpart")),
     ],
     ("standard", False): [
         Kernel("S = Q K^T", "a GEMM: one CTA per output tile of S", ("writes", "S")),
@@ -176,10 +176,9 @@ def _piece_kernel(kinds: list[Kernel], names: list[str], reqs: np.ndarray, has_i
         sel = kern.select
         if sel[0] == "init" and has_init:
             return k
-        if sel[0] in ("writes", "reads") and sel[1] in names:
-            aid = names.index(sel[1])
-            want = 1 if sel[0] == "writes" else 0
-            if np.any((reqs[:, 1] == aid) & (reqs[:, 0] == want)):
+        want = 1 if sel[0] == "writes" else 0
+        for array in sel[1:] if sel[0] in ("writes", "reads") else ():  # any of the arrays named
+            if array in names and np.any((reqs[:, 1] == names.index(array)) & (reqs[:, 0] == want)):
                 return k
     for k, kern in enumerate(kinds):
         if kern.select[0] == "rest":

@@ -370,11 +370,13 @@ def _with_convert_dq(storage):
     return where
 
 
-def _from_problem(problem, N, d, gqa: str, splits: int = 1) -> tuple:
+def _from_problem(problem, N, d, gqa: str, splits: int = 1, backward: bool = False) -> tuple:
     """(N, d, B, H_q, H_kv, causal, bytes per word, unit) of an :class:`iosim.Problem` the hierarchy can run. The
     unit is the problem one family of CTAs runs (None: one head of N x d, the seed case): one query head of N_q
     rows against N_k keys (GQA ``per-head``), or one KV head's g query heads packed together (``packed``); the
-    launch is B H_q (per-head) or B H_kv (packed) copies of it."""
+    launch is B H_q (per-head) or B H_kv (packed) copies of it. The backward under per-head GQA (g > 1) runs a KV
+    head's g query heads as one unit too, each head's CTAs on its own, because their dK, dV partials meet in the
+    group sum that follows (a launch of its own)."""
     from iosim.problem import GQA_POLICIES, Problem
 
     if not isinstance(problem, Problem):
@@ -385,8 +387,9 @@ def _from_problem(problem, N, d, gqa: str, splits: int = 1) -> tuple:
         raise InputError("gqa", f"must be one of {', '.join(GQA_POLICIES)}", gqa)
     p = problem
     unit = None
-    if p.N_q != p.N_k or p.d_qk != p.d_v or p.latent or p.page_size or (gqa == "packed" and p.g > 1) or splits != 1:
-        unit = Problem(B=1, H_q=p.g if gqa == "packed" else 1, H_kv=1, N_q=p.N_q, N_k=p.N_k, d_qk=p.d_qk,
+    group = p.g > 1 and (gqa == "packed" or backward)  # a KV head's g query heads in one unit
+    if p.N_q != p.N_k or p.d_qk != p.d_v or p.latent or p.page_size or group or splits != 1:
+        unit = Problem(B=1, H_q=p.g if group else 1, H_kv=1, N_q=p.N_q, N_k=p.N_k, d_qk=p.d_qk,
                        d_v=p.d_v, causal=p.causal, latent=p.latent, page_size=p.page_size)  # fmt: skip
     word = p.bytes_of("K", 1)  # one word of the K/V cache, which dominates the traffic
     return p.N_q, p.d_qk, p.B, p.H_q, p.H_kv, p.causal, word, unit
@@ -488,7 +491,7 @@ def hierarchy(
 
     unit = None
     if problem is not None:
-        N, d, B, H_q, H_kv, causal, bytes_per_word, unit = _from_problem(problem, N, d, gqa, splits)
+        N, d, B, H_q, H_kv, causal, bytes_per_word, unit = _from_problem(problem, N, d, gqa, splits, backward)
         if kv_policy is None and not problem.is_single:  # iosim.run's default over a problem, as the kernels do
             kv_policy = "skip"
     elif gqa != "per-head" or mla != "shared" or splits != 1:
