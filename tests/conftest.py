@@ -56,6 +56,19 @@ CI_EXTRAS = ("matplotlib", "pandas", "pyarrow", "distributed", "dask", "numba_cu
              "triton", "torch", "jax", "mkdocs", "selenium", "chromium")  # fmt: skip
 
 
+@pytest.fixture(name="cli")
+def cli_fixture(capsys):
+    """``cli(*args)`` runs ``iosim kernel *args`` in this process and returns (exit code, stdout, stderr)."""
+    from iosim.cli import main
+
+    def run(*args):
+        rc = main(["kernel", *args])
+        out = capsys.readouterr()
+        return rc, out.out, out.err
+
+    return run
+
+
 def ci_failure(reason: str) -> str | None:
     """The failure message for a skip under IOSIM_CI=1 whose reason names a missing extra, else None."""
     if os.environ.get("IOSIM_CI") != "1":

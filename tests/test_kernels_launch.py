@@ -17,7 +17,6 @@ pytest.importorskip("triton")
 pytest.importorskip("torch")
 
 from iosim.kernels.comparison import block_sizes, compare  # noqa: E402
-from tests._kernel_cli import cli_fixture  # noqa: E402, F401 (the cli fixture)
 
 FILE = str(Path(__file__).with_name("_kernel_launches.py"))
 N, d = 100, 16

@@ -102,7 +102,6 @@ pytest.importorskip("triton")
 pytest.importorskip("torch")
 
 from iosim.kernels import count_batch, count_file  # noqa: E402
-from tests._kernel_cli import cli_fixture  # noqa: E402, F401 (the cli fixture)
 
 STRAY = (
     "iosim: error: 64 stray lanes (a site that moved one argument, then another): first, kernel strided_fwd site "
