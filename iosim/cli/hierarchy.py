@@ -6,7 +6,15 @@ import argparse
 import json
 
 from iosim import api
-from iosim.cli.options import FORMATS, add_algorithm, add_mask_options, add_yes, positive
+from iosim.cli.options import (
+    FORMATS,
+    add_algorithm,
+    add_mask_options,
+    add_yes,
+    positive,
+    refuse_contradictions,
+    schedule_of,
+)
 
 
 def _nonnegative(name: str):
@@ -79,6 +87,7 @@ def command(args) -> int:
     from iosim.hierarchy import hierarchy
 
     shape = _shape(args)
+    s = schedule_of(args, args.algorithm)  # the Schedule, checked once before any work, as every command's
     r = hierarchy(
         args.algorithm,
         **shape,
@@ -90,17 +99,17 @@ def command(args) -> int:
         blocks_per_sm=args.blocks_per_sm,
         order=args.order,
         policy=args.policy,
-        backward=args.backward,
+        backward=s.backward,
         mask=args.mask,
-        kv_policy=args.kv_policy,
-        tiling=args.tiling,
-        Br=args.Br,
-        Bc=args.Bc,
-        block=args.B,
-        gqa=args.gqa,
-        mla=args.mla or "shared",
-        splits=args.splits,
-        pages=args.pages,
+        kv_policy=s.kv_policy,
+        tiling=s.tiling,
+        Br=s.Br,
+        Bc=s.Bc,
+        block=s.B,
+        gqa=s.gqa,
+        mla=s.mla,
+        splits=s.splits,
+        pages=s.pages,
         allow_long=args.yes,
     )
     if args.json:
@@ -150,8 +159,7 @@ def _shape(args) -> dict:
         if args.N is None:
             raise InputError("--N", "must be given (or --Nq and --Nk)", None)
         return dict(N=args.N, d=args.d, bytes_per_word=args.bytes_per_word, **fields)
-    if args.N is not None and (args.Nq is not None or args.Nk is not None):  # as options.problem_of says it
-        raise InputError("--N", "means N_q = N_k = N: give --N, or --Nq and --Nk, not both", args.N)
+    refuse_contradictions(args)  # as every command with a problem's options
     Nq, Nk = args.Nq or args.N, args.Nk or args.N
     if Nq is None or Nk is None:
         raise InputError("--Nq, --Nk", "must be given (or --N for both)", (Nq, Nk))

@@ -271,6 +271,19 @@ def add_problem_options(p: argparse.ArgumentParser) -> None:
 PROBLEM_FIELDS = ("batch", "heads", "kv_heads", "Nq", "Nk", "dqk", "dv", "page_size", "mla", "dtype_q", "dtype_kv")
 
 
+def refuse_contradictions(args) -> None:
+    """--N stands for N_q = N_k and --d for d_qk: each is refused beside the options it would contradict (a default
+    is not a contradiction: only a value the user typed counts)."""
+    from iosim.errors import InputError
+
+    opt = lambda name: getattr(args, name, None)  # noqa: E731 (commands add the options they take)
+    typed = lambda name: getattr(args, f"given_{name}", opt(name) is not None)  # noqa: E731
+    if typed("N") and (opt("Nq") is not None or opt("Nk") is not None):
+        raise InputError("--N", "means N_q = N_k = N: give --N, or --Nq and --Nk, not both", opt("N"))
+    if typed("d") and opt("dqk") is not None:
+        raise InputError("--d", "means d_qk = d: give --d or --dqk, not both", opt("d"))
+
+
 def problem_of(args, *, with_gqa: bool = False):
     """The iosim.Problem the options describe, or None for today's one-head --N --d run (``with_gqa``: a GQA policy
     other than per-head asks for a problem too). The one place a command's options become a problem: --N stands for
@@ -280,11 +293,7 @@ def problem_of(args, *, with_gqa: bool = False):
 
     opt = lambda name: getattr(args, name, None)  # noqa: E731 (commands add the options they take)
     N, d = opt("N"), opt("d")
-    typed = lambda name: getattr(args, f"given_{name}", opt(name) is not None)  # noqa: E731 (a default is not typed)
-    if typed("N") and (opt("Nq") is not None or opt("Nk") is not None):
-        raise InputError("--N", "means N_q = N_k = N: give --N, or --Nq and --Nk, not both", N)
-    if typed("d") and opt("dqk") is not None:
-        raise InputError("--d", "means d_qk = d: give --d or --dqk, not both", d)
+    refuse_contradictions(args)
     given = any(opt(f) is not None for f in (*PROBLEM_FIELDS, "dtype_o"))
     if not given and not (with_gqa and opt("gqa") not in (None, "per-head")):
         if N is None or d is None:
