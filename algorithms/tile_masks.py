@@ -726,20 +726,6 @@ def _tile_summary(kind, p, T, N, Br, Bc):
     return sums, row_ne, col_ne
 
 
-@njit(cache=True)
-def _block_nonempty(kind, p, T, N, B, x0, bx, column):
-    """Whether the block [x0, x0 + bx) of columns (``column``; the K/V-outer skip test, on the row tiling of side
-    B) or of rows (the Q-outer skip test, on the column tiling of side B) has a nonempty tile."""
-    lo, hi = _mask_rows(kind, p, T, x0, bx, N) if column else _mask_cols(kind, p, T, x0, bx, N)
-    k0, k1 = block_range(lo, hi, B)
-    for k in range(k0, k1):
-        y0 = k * B
-        by = min(B, N - y0)
-        if (mask_nnz(kind, p, T, y0, by, x0, bx) if column else mask_nnz(kind, p, T, x0, bx, y0, by)) > 0:
-            return True
-    return False
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # What the drivers call. A run without a mask passes params and table as None (TileMask.args), and each helper
 # below resolves by type at compile time: the dense specialisation of a driver is the plain loop nest, with no mask
@@ -775,12 +761,6 @@ def apply_mask(S, kind, p, T, r0, c0):
     """S[r, c] = -inf where (r0 + r, c0 + c) is not allowed (a partial tile; the dense mask has none)."""
     if p is not None:
         _apply_mask(S, kind, p, T, r0, c0)
-
-
-def block_nonempty(kind, p, T, N, B, x0, bx, column):
-    """Whether the column block (``column``) or row block [x0, x0 + bx) has a nonempty tile on the tiling of side
-    B (the skip policy's test for an outer-loop operand)."""
-    return bx > 0 and N > 0 if p is None else _block_nonempty(kind, p, T, N, B, x0, bx, column)
 
 
 def _dense(p) -> bool:
@@ -820,13 +800,6 @@ def _ol_apply_mask(S, kind, p, T, r0, c0):
     if _dense(p):
         return lambda S, kind, p, T, r0, c0: None
     return lambda S, kind, p, T, r0, c0: _apply_mask(S, kind, p, T, r0, c0)
-
-
-@overload(block_nonempty, jit_options={"cache": True})
-def _ol_block_nonempty(kind, p, T, N, B, x0, bx, column):
-    if _dense(p):
-        return lambda kind, p, T, N, B, x0, bx, column: bx > 0 and N > 0
-    return lambda kind, p, T, N, B, x0, bx, column: _block_nonempty(kind, p, T, N, B, x0, bx, bool(column))
 
 
 # ---------------------------------------------------------------------------------------------------------------
