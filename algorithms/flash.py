@@ -732,9 +732,6 @@ def flash1_backward_problem(mem, problem, Q, K, V, O, dO, l, m, *, Br, Bc, gqa, 
 # ---------------------------------------------------------------------------------------------------------------
 # One head, as the papers write it: the B = H = 1, N_q = N_k case of the nests above (the paper's operand order).
 # ---------------------------------------------------------------------------------------------------------------
-_ONE_HEAD = dict(gqa="per-head")
-
-
 @dataclass(frozen=True)
 class _Head:
     """One head of N x d as the problem drivers read a problem (the fields of :class:`iosim.Problem` they use; the
@@ -764,7 +761,7 @@ def flash1_forward(mem, Q, K, V, *, N, d, Br, Bc, scale, causal=False, dtype=np.
     """
     p, mask = _one_head(N, d, causal)
     return flash1_problem(mem, p, Q, K, V, None, Br=Br, Bc=Bc, mla="shared", scale=scale, dtype=dtype, mask=mask,
-                          **_ONE_HEAD)  # fmt: skip
+                          gqa="per-head")  # fmt: skip
 
 
 def flash2_forward(mem, Q, K, V, *, N, d, Br, Bc, scale, causal=False, dtype=np.float64):  # noqa: N803
@@ -774,7 +771,7 @@ def flash2_forward(mem, Q, K, V, *, N, d, Br, Bc, scale, causal=False, dtype=np.
     """
     p, mask = _one_head(N, d, causal)
     return flash2_problem(mem, p, Q, K, V, None, Br=Br, Bc=Bc, splits=1, mla="shared", combine_rows=1, scale=scale,
-                          dtype=dtype, mask=mask, **_ONE_HEAD)  # fmt: skip
+                          dtype=dtype, mask=mask, gqa="per-head")  # fmt: skip
 
 
 def flash1_backward(mem, Q, K, V, O, dO, l, m, *, N, d, Br, Bc, scale, causal=False, dtype=np.float64):  # noqa: E741, N803
@@ -790,7 +787,7 @@ def flash1_backward(mem, Q, K, V, O, dO, l, m, *, N, d, Br, Bc, scale, causal=Fa
     """
     p, mask = _one_head(N, d, causal)
     return flash1_backward_problem(mem, p, Q, K, V, O, dO, l, m, Br=Br, Bc=Bc, scale=scale, dtype=dtype, mask=mask,
-                                   **_ONE_HEAD)  # fmt: skip
+                                   gqa="per-head")  # fmt: skip
 
 
 def flash2_backward(mem, Q, K, V, O, dO, L, *, N, d, Br, Bc, scale, causal=False, dtype=np.float64):  # noqa: N803
@@ -805,4 +802,4 @@ def flash2_backward(mem, Q, K, V, O, dO, L, *, N, d, Br, Bc, scale, causal=False
     """
     p, mask = _one_head(N, d, causal)
     return flash2_backward_problem(mem, p, Q, K, V, O, dO, L, Br=Br, Bc=Bc, scale=scale, dtype=dtype, mask=mask,
-                                   **_ONE_HEAD)  # fmt: skip
+                                   gqa="per-head")  # fmt: skip
