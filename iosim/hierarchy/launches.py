@@ -48,6 +48,7 @@ class Kernel:
 
 
 _FA1_FWD = "FlashAttention-1's fmha_fwd_loop_kernel: one thread block per (batch, head), column blocks looped inside"
+_GROUP_SUM = Kernel("GQA group sum", "the sum of dK, dV over a KV head's g query heads", ("reads", "dKpart", "dVpart"))
 _FA1_BWD = "FlashAttention-1's fmha_bwd_dq_dk_dv_loop_kernel: one thread block per (batch, head), column blocks inside"
 
 KERNELS = {
@@ -68,12 +69,12 @@ KERNELS = {
             ("rest",),
             atomic=("dQ",),
         ),
-        Kernel("GQA group sum", "the sum of dK, dV over a KV head's g query heads", ("reads", "dKpart", "dVpart")),
+        _GROUP_SUM,
     ],
     ("flash1", True): [
         Kernel("memset dQ, dK, dV", "cudaMemset of dQ, dK, dV (Algorithm 4, steps 3 and 6)", ("init",)),
         Kernel("flash1 backward", _FA1_BWD, ("rest",), grid="unit"),
-        Kernel("GQA group sum", "the sum of dK, dV over a KV head's g query heads", ("reads", "dKpart", "dVpart")),
+        _GROUP_SUM,
     ],
     ("standard", False): [
         Kernel("S = Q K^T", "a GEMM: one CTA per output tile of S", ("writes", "S")),
