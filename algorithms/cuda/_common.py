@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import cuda
+from numba import cuda, float32, int32
 
 READS, WRITES, INIT = 0, 1, 2
 NEG_INF = np.float32(-np.inf)
@@ -48,6 +48,33 @@ def store_tile(sm, off, dst, bh, r0, nr, c0, nc, cnt, aid):
     for e in range(cuda.threadIdx.x, nr * nc, cuda.blockDim.x):
         r = e // nc
         dst[bh, r0 + r, c0 + e - r * nc] = sm[off + e]
+        moved += 1
+    _tally(cnt, aid, WRITES, moved)
+
+
+@cuda.jit(device=True)
+def load_tile_t(src, bh, r0, nr, d, sm, off, cnt, aid):
+    """sm[off + c * nr + r] = src[bh, r0 + r, c] for r < nr, c < d: the tile stored transposed (column-major).
+
+    The global reads are :func:`load_tile`'s (row-major, coalesced, the same count); only the on-chip
+    arrangement differs, so that threads holding consecutive rows read consecutive shared-memory words."""
+    moved = 0
+    for e in range(cuda.threadIdx.x, nr * d, cuda.blockDim.x):
+        r = e // d
+        c = e - r * d
+        sm[off + c * nr + r] = src[bh, r0 + r, c]
+        moved += 1
+    _tally(cnt, aid, READS, moved)
+
+
+@cuda.jit(device=True)
+def store_tile_t(sm, off, dst, bh, r0, nr, d, cnt, aid):
+    """dst[bh, r0 + r, c] = sm[off + c * nr + r] for r < nr, c < d: a transposed on-chip tile, stored row-major."""
+    moved = 0
+    for e in range(cuda.threadIdx.x, nr * d, cuda.blockDim.x):
+        r = e // d
+        c = e - r * d
+        dst[bh, r0 + r, c] = sm[off + c * nr + r]
         moved += 1
     _tally(cnt, aid, WRITES, moved)
 
@@ -156,6 +183,68 @@ def tile_product_acc(sm, dst, m, n, kk, a, a_rs, a_cs, b, b_rs, b_cs, rotate):
         c = e - r * n
         k0 = c % kk if rotate else 0
         sm[dst + e] += dot(sm, a + r * a_rs, a_cs, b + c * b_cs, b_rs, kk, k0)
+
+
+# Register tiles of the on-chip products: each thread owns TM x TN outputs, TM rows strided by the warp's 32
+# lanes (consecutive lanes, consecutive rows: conflict-free shared-memory reads of row-contiguous operands) and TN
+# columns strided by the warps (one column per warp at a time: a broadcast read).
+TM = 2
+TN = 8
+
+
+@cuda.jit(device=True)
+def lanes():
+    """(row lane, column lane, row lanes, column lanes) of this thread in the register tiling of a block."""
+    nt = cuda.blockDim.x
+    RT = 32 if nt >= 32 else nt
+    tid = cuda.threadIdx.x
+    return tid % RT, tid // RT, RT, nt // RT
+
+
+@cuda.jit(device=True)
+def product_t(sm, dst, m, n, kk, a, a_xs, b, b_xs, b_js, scale, accumulate, causal, i0, j0):
+    """D[i, j] (+)= scale * sum_x A[x, i] B[x, j] for i < m, j < n, x < kk, in register tiles (TM x TN per thread).
+
+    A[x, i] = sm[a + x * a_xs + i] (row-contiguous: transposed Q_i, or P_ij^T), B[x, j] = sm[b + x * b_xs + j * b_js]
+    and D[i, j] = sm[dst + j * m + i] (stored transposed). ``accumulate``: D += (O_i^T += P_ij V_j); else D = (S_ij^T
+    = scale Q_i K_j^T), with ``causal`` entries j0 + j > i0 + i set to -inf. The sums run in the order x = 0, 1, ...
+    """
+    ri, cj, RT, CT = lanes()
+    if cj >= CT:
+        return
+    acc = cuda.local.array((TM, TN), float32)
+    ia = cuda.local.array(TM, int32)
+    jb = cuda.local.array(TN, int32)
+    for I0 in range(0, m, RT * TM):
+        for u in range(TM):
+            ia[u] = min(I0 + ri + u * RT, m - 1)  # rows past the tile read a valid row; their sums are dropped
+        for J0 in range(0, n, CT * TN):
+            for v in range(TN):
+                jb[v] = min(J0 + cj + v * CT, n - 1) * b_js
+            for u in range(TM):
+                for v in range(TN):
+                    acc[u, v] = float32(0.0)
+            for x in range(kk):
+                ax = a + x * a_xs
+                bx = b + x * b_xs
+                a0 = sm[ax + ia[0]]
+                a1 = sm[ax + ia[1]]
+                for v in range(TN):
+                    bv = sm[bx + jb[v]]
+                    acc[0, v] += a0 * bv
+                    acc[1, v] += a1 * bv
+            for u in range(TM):
+                i = I0 + ri + u * RT
+                if i < m:
+                    for v in range(TN):
+                        j = J0 + cj + v * CT
+                        if j < n:
+                            if accumulate:
+                                sm[dst + j * m + i] += acc[u, v]
+                            elif causal and j0 + j > i0 + i:
+                                sm[dst + j * m + i] = NEG_INF
+                            else:
+                                sm[dst + j * m + i] = acc[u, v] * scale
 
 
 @cuda.jit(device=True)

@@ -50,10 +50,13 @@ from iosim.algorithms.cuda._common import (
     init_tile,
     init_vec,
     load_tile,
+    load_tile_t,
     load_vec,
     logsumexp_rows,
+    product_t,
     span,
     store_tile,
+    store_tile_t,
     store_vec,
     tile_product_acc,
 )
@@ -123,7 +126,11 @@ def _scores(sm, q_off, k_off, s_off, br, bc, d, scale, causal, r0, c0):
 @cuda.jit
 def flash2_forward_kernel(Q, K, V, O, L, Br, Bc, scale, causal, blocks, cnt):
     """FlashAttention-2 forward for row block i = blockIdx.x of (b, h) = blockIdx.y; ``blocks`` (Tr x Tc) is the
-    block mask (0: an empty tile, skipped), all ones without a mask."""
+    block mask (0: an empty tile, skipped), all ones without a mask.
+
+    On chip, Q_i, S_ij and O_i are held transposed (row index fastest) so that the register-tiled products
+    (:func:`product_t`) and the one-thread-per-row statistics read conflict-free; K_j and V_j stay row-major.
+    The global <-> shared traffic is the schedule's, word for word."""
     sm = cuda.shared.array(0, dtype=float32)
     tid, nt, i, bh = block_ids()
     N, d = Q.shape[1], Q.shape[2]
@@ -135,7 +142,7 @@ def flash2_forward_kernel(Q, K, V, O, L, Br, Bc, scale, causal, blocks, cnt):
         if blocks[i, j] != 0:
             nonempty = True
     if nonempty:
-        load_tile(Q, bh, r0, br, 0, d, sm, q_off, cnt, _Q)
+        load_tile_t(Q, bh, r0, br, d, sm, q_off, cnt, _Q)  # Q_i^T
     fill_shared(sm, o_off, br * d, np.float32(0.0))  # O_i = 0, l_i = 0, m_i = -inf on chip
     fill_shared(sm, l_off, br, np.float32(0.0))
     fill_shared(sm, m_off, br, NEG_INF)
@@ -147,39 +154,42 @@ def flash2_forward_kernel(Q, K, V, O, L, Br, Bc, scale, causal, blocks, cnt):
         load_tile(K, bh, c0, bc, 0, d, sm, k_off, cnt, _K)
         load_tile(V, bh, c0, bc, 0, d, sm, v_off, cnt, _V)
         cuda.syncthreads()
-        _scores(sm, q_off, k_off, s_off, br, bc, d, scale, causal, r0, c0)
+        product_t(sm, s_off, br, bc, d, q_off, br, k_off, 1, d, scale, False, causal, r0, c0)  # S_ij^T
         cuda.syncthreads()
         for r in range(tid, br, nt):  # row statistics, one thread per row; P~ overwrites S in place
-            ps = s_off + r * bc
             m_tilde = NEG_INF
             for c in range(bc):
-                m_tilde = max(m_tilde, sm[ps + c])
+                m_tilde = max(m_tilde, sm[s_off + c * br + r])
             m_old = sm[m_off + r]
             m_new = max(m_old, m_tilde)
             if m_new == NEG_INF:  # nothing unmasked seen yet in this row
                 for c in range(bc):
-                    sm[ps + c] = np.float32(0.0)
+                    sm[s_off + c * br + r] = np.float32(0.0)
                 continue
             alpha = math.exp(m_old - m_new)
-            s = np.float32(0.0)
+            s, comp = np.float32(0.0), np.float32(0.0)  # rowsum(P~), compensated (Kahan)
             for c in range(bc):
-                p = math.exp(sm[ps + c] - m_new)
-                sm[ps + c] = p
-                s += p
+                p = math.exp(sm[s_off + c * br + r] - m_new)
+                sm[s_off + c * br + r] = p
+                y = p - comp
+                t = s + y
+                comp = (t - s) - y
+                s = t
             sm[l_off + r] = alpha * sm[l_off + r] + s
             sm[m_off + r] = m_new
             for k in range(d):
-                sm[o_off + r * d + k] *= alpha
+                sm[o_off + k * br + r] *= alpha
         cuda.syncthreads()
-        tile_product_acc(sm, o_off, br, d, bc, s_off, bc, 1, v_off, d, 1, False)  # O_i += P_ij V_j
+        product_t(sm, o_off, br, d, bc, s_off, br, v_off, d, 1, np.float32(1.0), True, False, 0, 0)  # O_i += P V_j
     cuda.syncthreads()
     for e in range(tid, br * d, nt):  # O_i = diag(l_i)^-1 O_i (l = 0: no allowed entry, O_i stays 0)
-        if sm[l_off + e // d] > 0:
-            sm[o_off + e] /= sm[l_off + e // d]
+        r = e % br
+        if sm[l_off + r] > 0:
+            sm[o_off + e] /= sm[l_off + r]
     cuda.syncthreads()
     logsumexp_rows(sm, m_off, l_off, br)  # L_i = m_i + log(l_i), in place of l_i
     cuda.syncthreads()
-    store_tile(sm, o_off, O, bh, r0, br, 0, d, cnt, _O)
+    store_tile_t(sm, o_off, O, bh, r0, br, d, cnt, _O)
     store_vec(sm, l_off, L, bh, r0, br, cnt, _L2)
 
 

@@ -58,7 +58,7 @@ def run(Q, K, V, Br: int, Bc: int, causal: bool, skip: bool = True, scale: float
     """O, L of Q, K, V shaped (H, N, d) (torch, contiguous)."""
     H, N, d = Q.shape
     O = torch.full_like(Q, float("nan"))
-    L = torch.full((H, N), float("nan"), dtype=torch.float32)
+    L = torch.full((H, N), float("nan"), dtype=torch.float32, device=Q.device)
     sc = default_scale(d) if scale is None else scale
     grid = (triton.cdiv(N, Br), H)
     flash2_forward_kernel[grid](
