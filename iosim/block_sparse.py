@@ -183,14 +183,18 @@ def blocks_of(p: Problem, mask, block=(128, 128), mask_B: int | None = None, mas
                 cls[b, h] = _mm.classify(mask, b, h, p.N_q, p.N_k, BQ, BKV, padded=True).cls
         bi = _index_of(cls, BQ, BKV)
     else:
-        tmask = masks.compile_mask(mask, p.N_k)
-        from iosim import estimate
+        from iosim import estimate, head_masks
 
-        tests = -(-p.N_q // BQ) * -(-p.N_k // BKV)
-        seconds = estimate.count_only_seconds(4 * tests) + tmask.scan_tests * estimate.MASK_SCAN_DRAW
+        mask = head_masks.per_head_mask(mask)
+        grid = head_masks.grid(p, mask, allow_long)  # a mask that differs per (b, h): its classes at each
+        if grid is None or head_masks.uniform(grid):
+            grid = [[masks.compile_mask(mask, p.N_k) if grid is None else grid[0][0]]]
+        tests = -(-p.N_q // BQ) * -(-p.N_k // BKV) * len(grid) * len(grid[0])
+        seconds = estimate.count_only_seconds(4 * tests) + grid[0][0].scan_tests * estimate.MASK_SCAN_DRAW
         estimate.check(seconds, f"classifying {tests:,} blocks of the mask", allow_long=allow_long, parameter="block",
                        value=f"{BQ}x{BKV}")  # fmt: skip
-        cls = _bs.block_classes(tmask.kind, tmask.params, tmask.table, p.N_q, p.N_k, BQ, BKV)[None, None]
+        cls = np.array([[_bs.block_classes(t.kind, t.params, t.table, p.N_q, p.N_k, BQ, BKV) for t in row]
+                        for row in grid], dtype=np.int8)  # fmt: skip
         bi = _index_of(cls, BQ, BKV)
     _mm.check_shape(bi, p.N_q, p.N_k, p.B, p.H_q)
     return bi
