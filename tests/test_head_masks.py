@@ -73,7 +73,8 @@ def test_per_head_mask_mod_is_exact_and_each_head_its_own_mask(algo, backward):
 CUT_CASES = [("flash1", "per-head", {}, True), ("flash2", "per-head", {}, True), ("flash2", "packed", {}, True),
              ("flash1", "packed", {}, False), ("flash2", "per-head", {"page_size": 6}, False),
              ("flash1", "per-head", {"latent": True}, False), ("standard", "per-head", {}, False),
-             ("square-tiling", "per-head", {}, False)]  # fmt: skip
+             ("square-tiling", "per-head", {}, False), ("standard", "per-head", {"square": True}, True),
+             ("square-tiling", "per-head", {"square": True}, True)]  # fmt: skip
 
 
 @pytest.mark.parametrize("how, algo, gqa, sched, backward", [
@@ -83,7 +84,8 @@ def test_the_cut_is_exact(monkeypatch, how, algo, gqa, sched, backward):
     """A mask the same at every head, cut anyway: every pass's counts, peak, closed form and outputs equal the
     whole problem's (the parts' sums are the schedule over the whole problem)."""
     latent = sched.get("latent", False)
-    p = Problem(B=2, H_q=4, H_kv=1 if latent else 2, N_q=17, N_k=29, d_qk=6, d_v=5, latent=latent,
+    Nq, dv = (29, 6) if sched.get("square") else (17, 5)  # the one-head algorithms' backward: N_q = N_k, d_qk = d_v
+    p = Problem(B=2, H_q=4, H_kv=1 if latent else 2, N_q=Nq, N_k=29, d_qk=6, d_v=dv, latent=latent,
                 page_size=sched.get("page_size"))  # fmt: skip
     kw = dict(problem=p, M=900, gqa=gqa, seed=3, backward=backward)
     if algo.startswith("flash"):
