@@ -161,6 +161,8 @@ def test_refusals(tmp_path):
     with pytest.raises(InputError, match="^mask differs per \\(b, h\\); this count takes one mask"):
         iosim.api.problem_seen(P, mod)
     assert iosim.api.problem_seen(P, masks.from_mask_mod(doc_window, 1, 2)) is not None
+    with pytest.raises(InputError, match="^mask differs per \\(b, h\\)"):  # one unit's trace stands for every head
+        iosim.hierarchy("flash2", problem=P, M=900, C=0, mask=mod)
     src = tmp_path / "m.py"
     src.write_text("def mod(b, h, q_idx, kv_idx):\n    return (q_idx >= kv_idx) & (kv_idx > q_idx - 2 - 3 * h)\n")
     base = ["run", "flash2", "--batch", "2", "--heads", "4", "--kv-heads", "2", "--Nq", "17", "--Nk", "29", "--d", "6",
