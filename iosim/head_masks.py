@@ -40,16 +40,21 @@ def per_head_mask(mask):
 
 def grid(p, mask, allow_long: bool = False) -> list | None:
     """The tile oracles of ``mask`` at every (b, h) of problem ``p`` (B rows of H_q, over N_k x N_k), or None when
-    ``mask`` is one mask for every head (any other mask, a pinned (b, h), or a problem of one head)."""
+    ``mask`` is one mask for every head (any other mask, a pinned (b, h), a problem of one head, or a mask_mod that
+    never reads b or h, :func:`iosim.mask_mod.reads_b_or_h`)."""
+    from iosim import mask_mod as _mm
     from iosim import masks
 
     if not isinstance(mask, (masks.FromMaskMod, masks.FromBlockMask)) or not mask.per_head or p.B * p.H_q == 1:
         return None
+    fn, held = mask.fn if isinstance(mask, masks.FromMaskMod) else mask.index.mask_mod, (1, 1)
     if isinstance(mask, masks.FromBlockMask):
-        Bm, Hm = mask.index.kv_num.shape[:2]
+        Bm, Hm = held = mask.index.kv_num.shape[:2]
         if Bm not in (1, p.B) or Hm not in (1, p.H_q):
             raise InputError("block_mask", f"has (B, H) = ({Bm}, {Hm}); the problem's is ({p.B}, {p.H_q}) (1 "
                              "broadcasts)", (Bm, Hm))  # fmt: skip
+    if held == (1, 1) and (fn is None or not _mm.reads_b_or_h(fn, p.N_k)):
+        return None  # it never reads b or h: one mask for every head, evaluated once
     with_long = allow_long is True or mask.allow_long
     masks.price_mod(p.N_k, mask.label, with_long, heads=p.B * p.H_q)
     return [[masks.compile_mask(mask.at(b, h), p.N_k, allow_long=with_long) for h in range(p.H_q)]

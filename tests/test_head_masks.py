@@ -93,7 +93,7 @@ def test_the_cut_is_exact(monkeypatch, how, algo, gqa, sched, backward):
     whole = iosim.run(algo, mask=masks.from_mask_mod(doc_only, 0, 0), **kw)
     monkeypatch.setattr(head_masks, "uniform", lambda g: False)
     monkeypatch.setattr(head_masks, "cut", lambda p, g: how)
-    cut = iosim.run(algo, mask=masks.from_mask_mod(lambda b, h, q, kv: doc_only(0, 0, q, kv)), **kw)
+    cut = iosim.run(algo, mask=masks.from_mask_mod(lambda b, h, q, kv: doc_only(0 * b, 0 * h, q, kv)), **kw)
     assert cut.schedule["mask_parts"].endswith(f"({how})") and _exact(cut) and _exact(whole)
     assert _counts(cut) == _counts(whole)
     for k, v in whole.outputs.items():
@@ -169,3 +169,19 @@ def test_refusals(tmp_path):
             "--M", "900", "--mask", f"mod:{src}:mod", "--count-only"]  # fmt: skip
     assert main([*base, "--json"]) == 0
     assert main([*base, "--splits", "2"]) == 2
+
+
+def test_a_mask_mod_that_never_reads_b_or_h_is_evaluated_once():
+    """b and h that raise on every use tell a mask_mod that reads them (NumPy or torch, indexing, arithmetic,
+    comparison) from one that does not, which runs as one mask for every head."""
+    torch = pytest.importorskip("torch")
+    from iosim.mask_mod import reads_b_or_h
+
+    tdoc = torch.from_numpy(DOCS)
+    reads = [doc_window, doc_only, per_group, lambda b, h, q, kv: (q >= kv) & (h < 3),
+             lambda b, h, q, kv: tdoc[b, q] == tdoc[b, kv], lambda b, h, q, kv: q - kv < [4, 8][h % 2]]  # fmt: skip
+    never = [lambda b, h, q, kv: q >= kv, lambda b, h, q, kv: DOCS[0][q] == DOCS[0][kv],
+             lambda b, h, q, kv: torch.as_tensor(q) >= torch.as_tensor(kv)]  # fmt: skip
+    assert all(reads_b_or_h(fn, 29) for fn in reads) and not any(reads_b_or_h(fn, 29) for fn in never)
+    assert head_masks.grid(P, masks.from_mask_mod(never[1])) is None
+    assert len(head_masks.grid(P, masks.from_mask_mod(doc_only))) == P.B
