@@ -8,8 +8,8 @@ loads every column block and masks afterwards.
 
 The mask is a torch ``BlockMask`` (built on the CPU), its four index tensors (:func:`iosim.mask_mod.block_index`),
 a ``mask_mod`` function (classified as ``create_block_mask`` does: a block is full only when every one of its
-BQ x BKV positions is allowed; per (b, h) with ``mask_B``, ``mask_H``), or any iosim mask (``"causal"``,
-``"window:256"``, ...; its rows are the last N_q of an N_k x N_k mask, as everywhere in iosim).
+BQ x BKV positions is allowed; per (b, h) when it reads b or h, or as ``mask_B``, ``mask_H`` say), or any iosim
+mask (``"causal"``, ``"window:256"``, ...; its rows are the last N_q of an N_k x N_k mask, as everywhere in iosim).
 
 >>> from iosim import Problem
 >>> r = block_sparse(Problem(N=1024, d=64, dtype_q="bf16"), "causal", block=128)
@@ -170,6 +170,8 @@ def blocks_of(p: Problem, mask, block=(128, 128), mask_B: int | None = None, mas
     elif callable(mask) and not isinstance(mask, masks.Mask):
         _mm.check_mask_mod(mask)
         Bm, Hm = (mask_B or 1), (mask_H or 1)
+        if mask_B is None and mask_H is None and p.B * p.H_q > 1 and _mm.reads_b_or_h(mask, p.N_k):
+            Bm, Hm = p.B, p.H_q  # it reads b or h: classified at every (b, h)
         if Bm not in (1, p.B) or Hm not in (1, p.H_q):
             raise InputError("mask_B", f"and mask_H must be 1 or the problem's B = {p.B}, H_q = {p.H_q}", (Bm, Hm))
         from iosim import estimate

@@ -147,7 +147,9 @@ def test_block_sparse_per_head_from_a_mask_object():
     p = Problem(B=2, H_q=4, H_kv=2, N_q=29, N_k=29, d=8)
     a = block_sparse(p, masks.from_mask_mod(doc_window), block=8)
     b = block_sparse(p, doc_window, block=8, mask_B=2, mask_H=4)
-    assert a.exact and a.census == b.census and a.census["heads_per_mask"] == 1
+    c = block_sparse(p, doc_window, block=8)  # the function reads b and h: classified at every (b, h)
+    assert a.exact and a.census == b.census == c.census and a.census["heads_per_mask"] == 1
+    assert block_sparse(p, doc_window, block=8, mask_B=1, mask_H=1).census["heads_per_mask"] == 8
 
 
 def test_refusals(tmp_path):
