@@ -33,6 +33,7 @@ from iosim.theory.block_sparse import block_sparse_counts
 __all__ = ["BlockSparseResult", "Buffer", "block_sparse", "blocks_of"]
 
 SCOPES = ("mask", "score")
+INDEX_READS = ("once", "template")  # each listed index read once; as torch's FlexAttention Triton template reads them
 INT_BYTES = {"int32": 4, "int64": 8, "bool": 1}
 ARRAY_BYTES_FIXED = {"L": 4, "kv_num_blocks": 4, "kv_indices": 4, "full_kv_num_blocks": 4, "full_kv_indices": 4}
 
@@ -203,9 +204,12 @@ def blocks_of(p: Problem, mask, block=(128, 128), mask_B: int | None = None, mas
 
 
 def block_sparse(problem: Problem, mask, *, block=(128, 128), buffers=(), dense: bool = False, M: int | None = None,
-                 mask_B: int | None = None, mask_H: int | None = None, allow_long: bool = False) -> BlockSparseResult:  # noqa: N803  # fmt: skip
+                 mask_B: int | None = None, mask_H: int | None = None, allow_long: bool = False,
+                 indices: str = "once") -> BlockSparseResult:  # noqa: N803  # fmt: skip
     """Count the block-sparse schedule (or with ``dense`` the load-everything-then-mask kernel) on ``problem`` for
-    ``mask`` with ``buffers`` (:class:`Buffer`); M defaults to the schedule's peak (it fits exactly)."""
+    ``mask`` with ``buffers`` (:class:`Buffer`); M defaults to the schedule's peak (it fits exactly). ``indices``:
+    ``once`` reads each listed block's index once; ``template`` as torch's FlexAttention Triton template reads
+    them (each list's first index before its loop, then each block's own and the next one's but the last's)."""
     p = problem
     if not isinstance(p, Problem):
         raise InputError("problem", "must be an iosim.Problem", type(p).__name__)
@@ -214,6 +218,9 @@ def block_sparse(problem: Problem, mask, *, block=(128, 128), buffers=(), dense:
                          "mask as the mask)", p)  # fmt: skip
     if not isinstance(dense, bool):
         raise InputError("dense", "must be True or False", dense)
+    if indices not in INDEX_READS:
+        raise InputError("indices", f"must be one of {', '.join(INDEX_READS)}", indices)
+    template = indices == "template"
     buffers = tuple(buffers)
     for b in buffers:
         if not isinstance(b, Buffer):
@@ -229,7 +236,7 @@ def block_sparse(problem: Problem, mask, *, block=(128, 128), buffers=(), dense:
     cls = bi.classes(Tc)
     dims = (p.B, p.H_q, p.H_kv, p.N_q, p.N_k, p.d_qk, p.d_v, BQ, BKV)
     spec = tuple((b.name, b.index, b.scope) for b in buffers)
-    predicted = block_sparse_counts(cls, dims, spec, dense, M)
+    predicted = block_sparse_counts(cls, dims, spec, dense, M, template)
     weight = (p.B // bi.kv_num.shape[0]) * (p.H_q // bi.kv_num.shape[1])
     steps = p.B * p.H_q * Tr * Tc if dense else int(bi.kv_num.sum() + bi.full_num.sum()) * weight
     from iosim import estimate
@@ -253,7 +260,7 @@ def block_sparse(problem: Problem, mask, *, block=(128, 128), buffers=(), dense:
                      for b in buffers], dtype=np.int64).reshape(-1, 3)  # fmt: skip
     handles = np.full(2 * len(buffers), -1, dtype=np.int64)
     mem.call(_bs.block_sparse_forward, np.array(ids, dtype=np.int64), np.array(dims, dtype=np.int64), bi.kv_num,
-             bi.kv_idx, bi.full_num, bi.full_idx, bufs, handles, dense)  # fmt: skip
+             bi.kv_idx, bi.full_num, bi.full_idx, bufs, handles, dense, template)  # fmt: skip
     stats = mem.stats()
     if M is None:
         stats = Stats(M=predicted.M, peak=stats.peak, overflowed=stats.overflowed, per_array=stats.per_array,
