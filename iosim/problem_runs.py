@@ -249,7 +249,7 @@ def run_problem(algo, p: Problem, M: int, gqa, splits, mla, Br, Bc, B, one_head,
         mask = head_masks.per_head_mask(o["mask"])
         grid = head_masks.grid(p, mask, o["allow_long"] is True)
         if grid is not None and not head_masks.uniform(grid):
-            return _run_mask_parts(algo, p, M, gqa, splits, mla, Br, Bc, B, o, one_head, grid)
+            return _run_mask_parts(algo, p, M, gqa, splits, mla, Br, Bc, B, {**o, "mask": mask}, one_head, grid)
         o = {**o, "mask": mask if grid is None else grid[0][0]}
     if algo.name not in PROBLEM_ALGORITHMS and backward:
         return run_by_heads(algo, p, M, gqa, splits, mla, Br, Bc, B, masked, o, one_head)
@@ -550,7 +550,7 @@ def _run_mask_parts(algo, p: Problem, M: int, gqa, splits, mla, Br, Bc, B, o: di
         if isinstance(schedule.get(k), int):
             schedule[k] = sum(r.schedule[k] for r in runs)
     schedule["mask_parts"] = f"{len(runs)} ({how})"
-    label = f"{head_masks.per_head_mask(o['mask']).label} per (b, h)"
+    label = f"{o['mask'].label} per (b, h)"
     return Result(
         algo.name, p.N_q, p.d_qk, M, p.causal, count_only, first.dtype, first.tiling, passes, outputs, seed,
         first.scale, None, label, first.kv_policy, p, schedule, seen,
