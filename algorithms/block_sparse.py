@@ -88,10 +88,13 @@ def _free_all(W, handles):
 
 
 @njit(cache=True)
-def block_sparse_forward(W, ids, dims, kv_num, kv_idx, full_num, full_idx, bufs, handles, dense):  # noqa: N803
+def block_sparse_forward(W, ids, dims, kv_num, kv_idx, full_num, full_idx, bufs, handles, dense, template=False):  # noqa: N803
     """The schedule above. ids = (Q, K, V, O, L, m, l, S, kv_num_blocks, kv_indices, full_kv_num_blocks,
     full_kv_indices); dims = (B, H_q, H_kv, N_q, N_k, d_qk, d_v, BQ, BKV); the BlockMask tensors (B', H', T_r[, C])
-    with B', H' in {1, B}, {1, H_q} (broadcast); bufs (aid, index, scope) per buffer; handles 2 per buffer."""
+    with B', H' in {1, B}, {1, H_q} (broadcast); bufs (aid, index, scope) per buffer; handles 2 per buffer.
+    ``template``: the indices read as torch's FlexAttention Triton template reads them (one program per sparse
+    block): each list's first index before its loop (an empty list's too), then after each block its own index and,
+    unless it is the last, the next one's (``get_offset_for_next_block``)."""
     B, H_q, H_kv, N_q, N_k, d_qk, d_v = dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6]
     BQ, BKV = dims[7], dims[8]
     Q, K, V, O, L, m, l, S = ids[0], ids[1], ids[2], ids[3], ids[4], ids[5], ids[6], ids[7]
@@ -118,16 +121,17 @@ def block_sparse_forward(W, ids, dims, kv_num, kv_idx, full_num, full_idx, bufs,
                     n = Tc if dense else (full_num[bm, hm, i] if full else kv_num[bm, hm, i])
                     if dense and full:
                         n = 0
+                    lst = ids[11] if full else ids[9]
+                    if template and not dense:  # the first block's index, loaded before the loop
+                        free(W, load(W, lst, None, meta, 1, 0, 1, None))
                     for t in range(n):
                         hidx = -1
                         if dense:
                             j = t
-                        elif full:
-                            j = full_idx[bm, hm, i, t]
-                            hidx = load(W, ids[11], None, meta, 1, t, 1, None)
                         else:
-                            j = kv_idx[bm, hm, i, t]
-                            hidx = load(W, ids[9], None, meta, 1, t, 1, None)
+                            j = full_idx[bm, hm, i, t] if full else kv_idx[bm, hm, i, t]
+                            if not template:
+                                hidx = load(W, lst, None, meta, 1, t, 1, None)
                         c0 = j * BKV
                         bc = min(BKV, N_k - c0)
                         kvrow = (b * H_kv + h // g) * N_k + c0
@@ -141,6 +145,10 @@ def block_sparse_forward(W, ids, dims, kv_num, kv_idx, full_num, full_idx, bufs,
                         free(W, hK)
                         if hidx >= 0:
                             free(W, hidx)
+                        if template and not dense:  # this block's index and the next one's, for the jump
+                            free(W, load(W, lst, None, meta, 1, t, 1, None))
+                            if t + 1 < n:
+                                free(W, load(W, lst, None, meta, 1, t + 1, 1, None))
                 if not dense:  # 3. L_i, then O_i and L_i stored
                     free(W, hc)
                     free(W, hf)

@@ -8,8 +8,8 @@ loads every column block and masks afterwards.
 
 The mask is a torch ``BlockMask`` (built on the CPU), its four index tensors (:func:`iosim.mask_mod.block_index`),
 a ``mask_mod`` function (classified as ``create_block_mask`` does: a block is full only when every one of its
-BQ x BKV positions is allowed; per (b, h) with ``mask_B``, ``mask_H``), or any iosim mask (``"causal"``,
-``"window:256"``, ...; its rows are the last N_q of an N_k x N_k mask, as everywhere in iosim).
+BQ x BKV positions is allowed; per (b, h) when it reads b or h, or as ``mask_B``, ``mask_H`` say), or any iosim
+mask (``"causal"``, ``"window:256"``, ...; its rows are the last N_q of an N_k x N_k mask, as everywhere in iosim).
 
 >>> from iosim import Problem
 >>> r = block_sparse(Problem(N=1024, d=64, dtype_q="bf16"), "causal", block=128)
@@ -33,6 +33,7 @@ from iosim.theory.block_sparse import block_sparse_counts
 __all__ = ["BlockSparseResult", "Buffer", "block_sparse", "blocks_of"]
 
 SCOPES = ("mask", "score")
+INDEX_READS = ("once", "template")  # each listed index read once; as torch's FlexAttention Triton template reads them
 INT_BYTES = {"int32": 4, "int64": 8, "bool": 1}
 ARRAY_BYTES_FIXED = {"L": 4, "kv_num_blocks": 4, "kv_indices": 4, "full_kv_num_blocks": 4, "full_kv_indices": 4}
 
@@ -170,6 +171,8 @@ def blocks_of(p: Problem, mask, block=(128, 128), mask_B: int | None = None, mas
     elif callable(mask) and not isinstance(mask, masks.Mask):
         _mm.check_mask_mod(mask)
         Bm, Hm = (mask_B or 1), (mask_H or 1)
+        if mask_B is None and mask_H is None and p.B * p.H_q > 1 and _mm.reads_b_or_h(mask, p.N_k):
+            Bm, Hm = p.B, p.H_q  # it reads b or h: classified at every (b, h)
         if Bm not in (1, p.B) or Hm not in (1, p.H_q):
             raise InputError("mask_B", f"and mask_H must be 1 or the problem's B = {p.B}, H_q = {p.H_q}", (Bm, Hm))
         from iosim import estimate
@@ -183,23 +186,30 @@ def blocks_of(p: Problem, mask, block=(128, 128), mask_B: int | None = None, mas
                 cls[b, h] = _mm.classify(mask, b, h, p.N_q, p.N_k, BQ, BKV, padded=True).cls
         bi = _index_of(cls, BQ, BKV)
     else:
-        tmask = masks.compile_mask(mask, p.N_k)
-        from iosim import estimate
+        from iosim import estimate, head_masks
 
-        tests = -(-p.N_q // BQ) * -(-p.N_k // BKV)
-        seconds = estimate.count_only_seconds(4 * tests) + tmask.scan_tests * estimate.MASK_SCAN_DRAW
+        mask = head_masks.per_head_mask(mask)
+        grid = head_masks.grid(p, mask, allow_long)  # a mask that differs per (b, h): its classes at each
+        if grid is None or head_masks.uniform(grid):
+            grid = [[masks.compile_mask(mask, p.N_k) if grid is None else grid[0][0]]]
+        tests = -(-p.N_q // BQ) * -(-p.N_k // BKV) * len(grid) * len(grid[0])
+        seconds = estimate.count_only_seconds(4 * tests) + grid[0][0].scan_tests * estimate.MASK_SCAN_DRAW
         estimate.check(seconds, f"classifying {tests:,} blocks of the mask", allow_long=allow_long, parameter="block",
                        value=f"{BQ}x{BKV}")  # fmt: skip
-        cls = _bs.block_classes(tmask.kind, tmask.params, tmask.table, p.N_q, p.N_k, BQ, BKV)[None, None]
+        cls = np.array([[_bs.block_classes(t.kind, t.params, t.table, p.N_q, p.N_k, BQ, BKV) for t in row]
+                        for row in grid], dtype=np.int8)  # fmt: skip
         bi = _index_of(cls, BQ, BKV)
     _mm.check_shape(bi, p.N_q, p.N_k, p.B, p.H_q)
     return bi
 
 
 def block_sparse(problem: Problem, mask, *, block=(128, 128), buffers=(), dense: bool = False, M: int | None = None,
-                 mask_B: int | None = None, mask_H: int | None = None, allow_long: bool = False) -> BlockSparseResult:  # noqa: N803  # fmt: skip
+                 mask_B: int | None = None, mask_H: int | None = None, allow_long: bool = False,
+                 indices: str = "once") -> BlockSparseResult:  # noqa: N803  # fmt: skip
     """Count the block-sparse schedule (or with ``dense`` the load-everything-then-mask kernel) on ``problem`` for
-    ``mask`` with ``buffers`` (:class:`Buffer`); M defaults to the schedule's peak (it fits exactly)."""
+    ``mask`` with ``buffers`` (:class:`Buffer`); M defaults to the schedule's peak (it fits exactly). ``indices``:
+    ``once`` reads each listed block's index once; ``template`` as torch's FlexAttention Triton template reads
+    them (each list's first index before its loop, then each block's own and the next one's but the last's)."""
     p = problem
     if not isinstance(p, Problem):
         raise InputError("problem", "must be an iosim.Problem", type(p).__name__)
@@ -208,6 +218,9 @@ def block_sparse(problem: Problem, mask, *, block=(128, 128), buffers=(), dense:
                          "mask as the mask)", p)  # fmt: skip
     if not isinstance(dense, bool):
         raise InputError("dense", "must be True or False", dense)
+    if indices not in INDEX_READS:
+        raise InputError("indices", f"must be one of {', '.join(INDEX_READS)}", indices)
+    template = indices == "template"
     buffers = tuple(buffers)
     for b in buffers:
         if not isinstance(b, Buffer):
@@ -223,7 +236,7 @@ def block_sparse(problem: Problem, mask, *, block=(128, 128), buffers=(), dense:
     cls = bi.classes(Tc)
     dims = (p.B, p.H_q, p.H_kv, p.N_q, p.N_k, p.d_qk, p.d_v, BQ, BKV)
     spec = tuple((b.name, b.index, b.scope) for b in buffers)
-    predicted = block_sparse_counts(cls, dims, spec, dense, M)
+    predicted = block_sparse_counts(cls, dims, spec, dense, M, template)
     weight = (p.B // bi.kv_num.shape[0]) * (p.H_q // bi.kv_num.shape[1])
     steps = p.B * p.H_q * Tr * Tc if dense else int(bi.kv_num.sum() + bi.full_num.sum()) * weight
     from iosim import estimate
@@ -247,7 +260,7 @@ def block_sparse(problem: Problem, mask, *, block=(128, 128), buffers=(), dense:
                      for b in buffers], dtype=np.int64).reshape(-1, 3)  # fmt: skip
     handles = np.full(2 * len(buffers), -1, dtype=np.int64)
     mem.call(_bs.block_sparse_forward, np.array(ids, dtype=np.int64), np.array(dims, dtype=np.int64), bi.kv_num,
-             bi.kv_idx, bi.full_num, bi.full_idx, bufs, handles, dense)  # fmt: skip
+             bi.kv_idx, bi.full_num, bi.full_idx, bufs, handles, dense, template)  # fmt: skip
     stats = mem.stats()
     if M is None:
         stats = Stats(M=predicted.M, peak=stats.peak, overflowed=stats.overflowed, per_array=stats.per_array,

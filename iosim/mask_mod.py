@@ -135,6 +135,47 @@ def call(fn, b: int, h: int, q: np.ndarray, kv: np.ndarray, name: str = "mask_mo
     return _as_bool(out, (qi.size, ki.size), label, name)
 
 
+class _Touched(BaseException):  # a BaseException: a mask_mod's own ``except Exception`` does not swallow it
+    """A probe index was used."""
+
+
+def _touched(*args, **kwargs):
+    raise _Touched
+
+
+_USES = ("__index__ __int__ __float__ __complex__ __bool__ __round__ __eq__ __ne__ __lt__ __le__ __gt__ __ge__ "
+         "__hash__ __add__ __radd__ __sub__ __rsub__ __mul__ __rmul__ __truediv__ __rtruediv__ __floordiv__ "
+         "__rfloordiv__ __mod__ __rmod__ __pow__ __rpow__ __and__ __rand__ __or__ __ror__ __xor__ __rxor__ "
+         "__lshift__ __rlshift__ __rshift__ __rrshift__ __neg__ __pos__ __abs__ __invert__ __format__ __len__ "
+         "__iter__ __contains__ __getitem__ __array__ __getattr__").split()  # fmt: skip
+_Probe = type("_Probe", (), dict.fromkeys(_USES, _touched))  # an index that raises on every use
+
+
+def reads_b_or_h(fn, N: int) -> bool:  # noqa: N803
+    """Whether the mask_mod reads b or h. It is called on a few query and key indices spanning [0, N) with b and h
+    that raise on every use (comparison, arithmetic, indexing, conversion, attributes), with NumPy and then torch
+    index arrays: False when a call returns booleans without using them, True when one uses them (and when no call
+    answers at all: then it is evaluated at every (b, h), which is exact either way). A mask_mod cannot branch in
+    Python on the index values (FlexAttention's vmap forbids it), so one that answers here never reads b or h."""
+    idx = np.unique(np.array([0, 1, N // 2, N - 1], dtype=np.int64).clip(0, N - 1))
+    calls = [(idx.reshape(-1, 1), idx.reshape(1, -1))]
+    torch = _torch()
+    if torch is not None:
+        calls.append((torch.from_numpy(idx).reshape(-1, 1), torch.from_numpy(idx).reshape(1, -1)))
+    for q, kv in calls:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                out = fn(_Probe(), _Probe(), q, kv)
+            _as_bool(out, (idx.size, idx.size), fn_label(fn), "mask_mod")
+        except _Touched:
+            return True
+        except Exception:  # noqa: BLE001, S112 (the other array kind may answer; a true error shows when evaluated)
+            continue
+        return False
+    return True
+
+
 @dataclass(frozen=True)
 class Classes:
     """A mask_mod on blocks of BQ x BKV: ``cls`` (block rows x block columns, int8: 0 empty, 1 partial, 2 full)

@@ -480,11 +480,10 @@ MOD_ELEMENT = (
 )
 
 
-def _mod_compile(fn, b: int, h: int, N: int, label: str, policy: str, allow_long: bool) -> TileMask:
-    """The MOD tile oracle of ``fn`` at (b, h) over N x N, priced by the long-run rule and sized before any work."""
-    from iosim import mask_mod as _mm
-
-    seconds, what = N * N * MOD_ELEMENT, f"evaluating the mask_mod {label} on {N:,} x {N:,} scores"
+def price_mod(N: int, label: str, allow_long: bool, heads: int = 1) -> None:  # noqa: N803
+    """The long-run rule on evaluating a mask_mod over N x N at ``heads`` (b, h) pairs."""
+    seconds = heads * N * N * MOD_ELEMENT
+    what = f"evaluating the mask_mod {label} on {f'{heads:,} x ' if heads > 1 else ''}{N:,} x {N:,} scores"
     if seconds > estimate.LONG_SECONDS and not allow_long and seconds <= estimate.MAX_SECONDS:
         raise InputError(
             "allow_long",
@@ -493,6 +492,13 @@ def _mod_compile(fn, b: int, h: int, N: int, label: str, policy: str, allow_long
             allow_long,
         )
     estimate.check(seconds, what, allow_long=allow_long, parameter="mask", value=label)
+
+
+def _mod_compile(fn, b: int, h: int, N: int, label: str, policy: str, allow_long: bool) -> TileMask:
+    """The MOD tile oracle of ``fn`` at (b, h) over N x N, priced by the long-run rule and sized before any work."""
+    from iosim import mask_mod as _mm
+
+    price_mod(N, label, allow_long)
     n = -(-N // _m.MOD_G)
     _table_fits((n, n + 2), label)
     c = _mm.classify(fn, b, h, N, N, _m.MOD_G, _m.MOD_G, padded=False, bits=True, name="mask_mod")
@@ -501,27 +507,38 @@ def _mod_compile(fn, b: int, h: int, N: int, label: str, policy: str, allow_long
 
 
 class _Evaluated(Mask):
-    """A mask given as a function evaluated at (b, h) (:meth:`allowed`), compiled to the MOD kind once per N."""
+    """A mask given as a function evaluated at (b, h) (:meth:`allowed`), compiled to the MOD kind once per N. With b
+    (h) None it is evaluated at every batch item (head) of a problem (:mod:`iosim.head_masks`), at 0 on one head."""
 
     def allowed(self, N: int):
         raise NotImplementedError
 
+    @property
+    def per_head(self) -> bool:
+        """Whether it may differ per (b, h): evaluated at each (b, h) of a problem rather than at one."""
+        return self.b is None or self.h is None
+
+    def at(self, b: int, h: int) -> _Evaluated:
+        """This mask at (b, h) (its own b or h where it has one)."""
+        return replace(self, b=self.b if self.b is not None else b, h=self.h if self.h is not None else h, _cache={})
+
     def compile(self, N: int, policy: str = "paper") -> TileMask:
         if N not in self._cache:
             self._cache.clear()  # one N at a time: a table of (N / 64)^2 words
-            self._cache[N] = _mod_compile(self.allowed(N), self.b, self.h, N, self.label, "paper", self.allow_long)
+            b, h = self.b or 0, self.h or 0
+            self._cache[N] = _mod_compile(self.allowed(N), b, h, N, self.label, "paper", self.allow_long)
         return self._cache[N].with_policy(policy)
 
 
 @dataclass(frozen=True, eq=False)
 class FromMaskMod(_Evaluated):
-    """A FlexAttention ``mask_mod(b, h, q_idx, kv_idx)``, evaluated at one (b, h) (:mod:`iosim.mask_mod`): the
-    schedules take one mask for every head, so a mask_mod that depends on b or h runs here for the (b, h) given,
-    and per (b, h) on the block-sparse schedule (:mod:`iosim.block_sparse`)."""
+    """A FlexAttention ``mask_mod(b, h, q_idx, kv_idx)`` (:mod:`iosim.mask_mod`), evaluated at every (b, h) of a
+    problem (b, h None: each head runs under its own mask, :mod:`iosim.head_masks`) or at the (b, h) given for
+    every head."""
 
     fn: object = field(repr=False)
-    b: int = 0
-    h: int = 0
+    b: int | None = None
+    h: int | None = None
     label: str = ""
     allow_long: bool = False
     _cache: dict = field(default_factory=dict, repr=False, compare=False)
@@ -531,8 +548,8 @@ class FromMaskMod(_Evaluated):
 
         _mm.check_mask_mod(self.fn)
         for name, v in (("mask_mod b", self.b), ("mask_mod h", self.h)):
-            if isinstance(v, bool) or not isinstance(v, numbers.Integral) or not 0 <= v < 1 << 16:
-                raise InputError(name, "must be an integer from 0 to 65,535", v)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, numbers.Integral) or not 0 <= v < 1 << 16):
+                raise InputError(name, "must be None (every one of the problem's) or an integer from 0 to 65,535", v)
         if not isinstance(self.allow_long, bool):
             raise InputError("allow_long", "must be True or False", self.allow_long)
         if not self.label:
@@ -542,20 +559,23 @@ class FromMaskMod(_Evaluated):
         return self.fn
 
 
-def from_mask_mod(fn, b: int = 0, h: int = 0, *, label: str = "", allow_long: bool = False) -> FromMaskMod:
-    """A FlexAttention ``mask_mod`` as an iosim mask (:class:`FromMaskMod`)."""
+def from_mask_mod(fn, b: int | None = None, h: int | None = None, *, label: str = "",
+                  allow_long: bool = False) -> FromMaskMod:  # fmt: skip
+    """A FlexAttention ``mask_mod`` as an iosim mask (:class:`FromMaskMod`): per (b, h) of the problem, or at the
+    (b, h) given for every head."""
     return FromMaskMod(fn, b, h, label, allow_long)
 
 
 @dataclass(frozen=True, eq=False)
 class FromBlockMask(_Evaluated):
     """A torch ``BlockMask`` (or its index tensors, :func:`iosim.mask_mod.block_index`) as an iosim mask at one
-    (b, h): a score is allowed when its block is listed full, or listed partial and its mask_mod allows it (every
-    position of a partial block when it has none)."""
+    (b, h), or per (b, h) of a problem (b, h None, its index tensors' leading 1s broadcast): a score is allowed when
+    its block is listed full, or listed partial and its mask_mod allows it (every position of a partial block when
+    it has none)."""
 
     index: object = field(repr=False)
-    b: int = 0
-    h: int = 0
+    b: int | None = None
+    h: int | None = None
     label: str = "blockmask"
     allow_long: bool = False
     _cache: dict = field(default_factory=dict, repr=False, compare=False)
@@ -569,8 +589,9 @@ class FromBlockMask(_Evaluated):
             whole = f"must cover the whole sequence, (N_k, N_k) = ({N}, {N}), as every iosim mask does"
             raise InputError("block_mask", f"{whole} (the queries are its last N_q rows); iosim.block_sparse takes it "
                              "as built", bi.seq_lengths)  # fmt: skip
-        Tc = _mm.check_shape(bi, N, N)
-        cls = bi.classes(Tc)[min(self.b, bi.kv_num.shape[0] - 1), min(self.h, bi.kv_num.shape[1] - 1)]
+        Tc = _mm.check_shape(bi, N, N, *bi.kv_num.shape[:2])
+        b, h = self.b or 0, self.h or 0
+        cls = bi.classes(Tc)[min(b, bi.kv_num.shape[0] - 1), min(h, bi.kv_num.shape[1] - 1)]
         inner = bi.mask_mod
 
         def block_mask_mod(b, h, q_idx, kv_idx):
@@ -584,18 +605,25 @@ class FromBlockMask(_Evaluated):
 
         return block_mask_mod
 
+    @property
+    def per_head(self) -> bool:  # one (b, h) held and no mask_mod to call: the same at every head
+        bi = self.index
+        return super().per_head and (bi.kv_num.shape[:2] != (1, 1) or bi.mask_mod is not None)
 
-def from_block_mask(block_mask=None, b: int = 0, h: int = 0, *, label: str = "blockmask", allow_long: bool = False,
-                    **tensors) -> FromBlockMask:  # fmt: skip
+
+def from_block_mask(block_mask=None, b: int | None = None, h: int | None = None, *, label: str = "blockmask",
+                    allow_long: bool = False, **tensors) -> FromBlockMask:  # fmt: skip
     """A torch ``BlockMask`` built on the CPU, or its four index tensors (``kv_num_blocks``, ``kv_indices``,
     ``full_kv_num_blocks``, ``full_kv_indices``) with ``block_size`` (and optionally ``mask_mod``,
     ``seq_lengths``), as an iosim mask (:class:`FromBlockMask`)."""
     from iosim import mask_mod as _mm
 
     index = _mm.block_index(block_mask, **tensors)
-    for name, v, hi in (("block_mask b", b, index.kv_num.shape[0]), ("block_mask h", h, index.kv_num.shape[1])):
-        if isinstance(v, bool) or not isinstance(v, numbers.Integral) or not 0 <= v:
-            raise InputError(name, f"must be an integer from 0 (the BlockMask holds {hi})", v)
+    for name, v, held in (("block_mask b", b, index.kv_num.shape[0]), ("block_mask h", h, index.kv_num.shape[1])):
+        hi = held if held > 1 else 1 << 16  # one held broadcasts: any b (h) its mask_mod is called with
+        if v is not None and (isinstance(v, bool) or not isinstance(v, numbers.Integral) or not 0 <= v < hi):
+            raise InputError(name, f"must be None (every one of the problem's) or an integer from 0 to {hi - 1:,} "
+                             f"(the BlockMask holds {held})", v)  # fmt: skip
     return FromBlockMask(index, b, h, label, allow_long)
 
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import numbers
 from dataclasses import InitVar, asdict, dataclass
+from typing import NamedTuple
 
 from iosim.errors import InputError
 
@@ -62,6 +63,16 @@ def _int(name: str, value, lo: int, hi: int) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not lo <= value <= hi:
         raise InputError(name, f"must be an integer from {lo:,} to {hi:,}", value)
     return int(value)
+
+
+class SeenTotals(NamedTuple):
+    """What a mask that differs per (b, h) lets the compulsory traffic skip, over the whole problem (the ``seen``
+    of :meth:`Problem.compulsory` is per head otherwise): query rows that see a key, summed over every head, and
+    keys read, summed over the key/value heads, each the keys the most-seeing query head of its group sees (at
+    most what the group sees together: the floor stays a lower bound)."""
+
+    rows_q: int
+    rows_k: int
 
 
 @dataclass(frozen=True)
@@ -223,6 +234,8 @@ class Problem:
                 "dK": all_k * self.d_qk, "dV": all_k * self.d_v}  # fmt: skip
 
     def _seen(self, seen) -> tuple[int, int]:
+        if isinstance(seen, SeenTotals):
+            return seen.rows_q, seen.rows_k
         q, k = (self.N_q, self.N_k) if seen is None else seen
         return self.B * self.H_q * q, self.B * self.H_kv * k
 

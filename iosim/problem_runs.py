@@ -196,9 +196,10 @@ def problem_seen(p: Problem, mask, allow_long: bool = False) -> tuple[int, int] 
     if mask is None or (isinstance(mask, str) and mask in ("none", "dense")):
         return _seen(p, None)
     from iosim.algorithms.tile_masks import DENSE
+    from iosim.head_masks import one_mask
     from iosim.masks import compile_mask
 
-    tm = compile_mask(mask, p.N_k, p.causal, allow_long=allow_long)
+    tm = compile_mask(one_mask(p, mask, allow_long), p.N_k, p.causal, allow_long=allow_long)
     draws = -(-getattr(tm, "scan_tests", 0) * p.N_q // p.N_k)  # the scan of the whole N_k x N_k, for N_q rows
     if draws:
         estimate.check(
@@ -223,6 +224,9 @@ def problem_mask(p: Problem, mask, policy, allow_long: bool = False):
             f"N_q = {p.N_q:,}, N_k = {p.N_k:,}",
             mask if isinstance(mask, str) else type(mask).__name__,
         )
+    from iosim.head_masks import one_mask
+
+    mask = one_mask(p, mask, allow_long)
     tm = compile_mask(mask, p.N_k, p.causal, "skip" if policy is None else policy, allow_long=allow_long)
     return None if tm.kind == DENSE else tm
 
@@ -239,6 +243,14 @@ def run_problem(algo, p: Problem, M: int, gqa, splits, mla, Br, Bc, B, one_head,
     check_policy(o["kv_policy"], None)  # checked with or without a mask (None: skip over a problem)
     masked = not (o["mask"] is None or (isinstance(o["mask"], str) and o["mask"] in ("none", "dense")))
     backward = flag("backward", o["backward"])
+    if masked:  # a mask that differs per (b, h): each part of the problem under its own (iosim.head_masks)
+        from iosim import head_masks
+
+        mask = head_masks.per_head_mask(o["mask"])
+        grid = head_masks.grid(p, mask, o["allow_long"] is True)
+        if grid is not None and not head_masks.uniform(grid):
+            return _run_mask_parts(algo, p, M, gqa, splits, mla, Br, Bc, B, {**o, "mask": mask}, one_head, grid)
+        o = {**o, "mask": mask if grid is None else grid[0][0]}
     if algo.name not in PROBLEM_ALGORITHMS and backward:
         return run_by_heads(algo, p, M, gqa, splits, mla, Br, Bc, B, masked, o, one_head)
     splits, mla = _problem_schedule(algo, p, gqa, splits, mla, B, o.get("pages", "pieces"))
@@ -398,7 +410,7 @@ def run_by_heads(algo, p: Problem, M: int, gqa, splits, mla, Br, Bc, B, masked: 
             parameter,
             f"over a problem runs the heads one after another and needs {', '.join(k for k, _ in need)} "
             f"(this problem or schedule has not {', '.join(missing)})",
-            o["mask"] if masked else True,
+            (o["mask"] if isinstance(o["mask"], str) else getattr(o["mask"], "label", "a mask")) if masked else True,
         )
     if flag("trace", o["trace"]):
         raise InputError("trace", f"is not recorded for {what} over a problem (one head: N and d)", True)
@@ -468,17 +480,95 @@ def run_by_heads(algo, p: Problem, M: int, gqa, splits, mla, Br, Bc, B, masked: 
     )  # fmt: skip
 
 
-def _gqa_reduction(p: Problem, M: int, bwd: PassResult, outputs: dict, count_only: bool):
+def _run_mask_parts(algo, p: Problem, M: int, gqa, splits, mla, Br, Bc, B, o: dict, one_head, grid) -> Result:
+    """:func:`run_problem` under a mask that differs per (b, h) (``grid``: its tile oracle at each, not all the
+    same): the problem cut into parts within which it is the same (:mod:`iosim.head_masks`), each part run as its
+    own problem under its mask on the inputs of the whole (drawn from ``seed`` as the whole problem's are, or the
+    caller's), every pass's counts and closed form the parts' sums and the peak the largest part's; per-query-head
+    parts of a group of g > 1 write dK, dV as the group's partials and the group sum follows
+    (:func:`_gqa_reduction`). The floor reads each row that sees a key once and each key/value head's keys the
+    most-seeing head of its group sees (:class:`iosim.problem.SeenTotals`)."""
+    from dataclasses import replace
+
+    from iosim import head_masks
+    from iosim.problem import SeenTotals
+    from iosim.theory import io_model
+
+    how = head_masks.cut(p, grid)
+    head_masks.check_schedule(p, how, gqa, splits, o["trace"])
+    backward, count_only = flag("backward", o["backward"]), flag("count_only", o["count_only"])
+    user = _user_arrays(p, o, backward)
+    seed = None if user is not None else seed_arg(o["seed"])
+    if not count_only:
+        rng = np.random.default_rng(seed)
+        Q, K, V = _problem_inputs(p, rng, user)[:3]
+        dO = _problem_dO(rng, (p.B * p.H_q * p.N_q, p.d_v), user) if backward else None
+    runs, rows_q, rows_k = [], 0, {}
+    for b, h0, nh in head_masks.parts(p, grid, how):
+        nkv = max(1, nh // p.g)
+        sub = replace(p, B=1, H_q=nh, H_kv=nkv)
+        arrays = (None,) * 4
+        if not count_only:
+            q, k = (b * p.H_q + h0) * p.N_q, (b * p.H_kv + h0 // p.g) * p.N_k
+            qs, ks = slice(q, q + nh * p.N_q), slice(k, k + nkv * p.N_k)
+            grad = None if dO is None else dO[qs].reshape(1, nh, p.N_q, -1)
+            arrays = (Q[qs].reshape(1, nh, p.N_q, -1), K[ks].reshape(1, nkv, p.N_k, -1),
+                      V[ks].reshape(1, nkv, p.N_k, -1), grad)  # fmt: skip
+        part = {**o, "mask": grid[b][h0], "arrays": arrays, "seed": o["seed"] if count_only else None}
+        r = run_problem(algo, sub, M, gqa, splits, mla, Br, Bc, B, one_head, **part)
+        runs.append(r)
+        seen_q, seen_k = sub._seen(r.seen)
+        rows_q += seen_q
+        key = (b, h0 // p.g)  # the key/value head(s) the part reads: a per-head part shares its group's
+        rows_k[key] = max(rows_k.get(key, 0), seen_k)
+    seen = SeenTotals(rows_q, sum(rows_k.values()))
+    first = runs[0]
+    passes: dict[str, PassResult] = {}
+    for name, ps in first.passes.items():
+        each = [r.passes[name] for r in runs]
+        stats = each[0].stats
+        for x in each[1:]:
+            stats = stats + x.stats
+        predicted = None
+        if all(x.predicted is not None for x in each):
+            predicted = io_model.sum_predictions([x.predicted for x in each])
+        errors = {e: max(x.errors.get(e, 0.0) for x in each) for e in ps.errors}
+        floor = p.compulsory_backward(seen) if name == "backward" else p.compulsory(seen)
+        passes[name] = PassResult(name, stats, predicted, float(sum(floor.values())), ps.lower_bound_name, errors,
+                                  ps.tiling, all(x.finite for x in each))  # fmt: skip
+    outputs: dict[str, np.ndarray | None] = {}
+    for key in first.outputs:
+        pieces = [r.outputs.get(key) for r in runs]
+        outputs[key] = None if any(x is None for x in pieces) else np.concatenate(pieces)
+    if backward and how == "head" and p.g > 1:  # each head's dK, dV are its group's partials: the group sum
+        bwd = passes["backward"]
+        errs = {{"dK": "dKpart", "dV": "dVpart"}.get(e, e): v for e, v in bwd.errors.items()}
+        R = bwd.tiling.Bc if algo.name in PROBLEM_ALGORITHMS else None  # as the schedule over the whole sums
+        passes["backward"], outputs = _gqa_reduction(p, M, replace(bwd, errors=errs), outputs, count_only, R)
+    schedule = dict(first.schedule)
+    for k in ("thread_blocks", "backward_thread_blocks"):
+        if isinstance(schedule.get(k), int):
+            schedule[k] = sum(r.schedule[k] for r in runs)
+    schedule["mask_parts"] = f"{len(runs)} ({how})"
+    label = f"{o['mask'].label} per (b, h)"
+    return Result(
+        algo.name, p.N_q, p.d_qk, M, p.causal, count_only, first.dtype, first.tiling, passes, outputs, seed,
+        first.scale, None, label, first.kv_policy, p, schedule, seen,
+    )  # fmt: skip
+
+
+def _gqa_reduction(p: Problem, M: int, bwd: PassResult, outputs: dict, count_only: bool, R: int | None = None):  # noqa: N803
     """The group sum after a head-by-head backward of g > 1 query heads per key/value head: the per-head passes
     wrote dK, dV (renamed ``dKpart``, ``dVpart``); :func:`iosim.algorithms.flash.sum_group` reads the g partials
-    of each key/value head, R = :func:`iosim.theory.io_model.group_sum_rows` keys at a time, and writes dK, dV."""
+    of each key/value head, R keys at a time (default :func:`iosim.theory.io_model.group_sum_rows`; flash1 and
+    flash2 sum B_c at a time), and writes dK, dV."""
     from iosim.algorithms import flash
     from iosim.theory import io_model
 
     def renamed(per: dict) -> dict:
         return {{"dK": "dKpart", "dV": "dVpart"}.get(n, n): c for n, c in per.items()}
 
-    R = io_model.group_sum_rows(p, M)
+    R = io_model.group_sum_rows(p, M) if R is None else R
     mem = TwoLevelMemory(M, fast=count_only)
     out = dict(outputs)
     for name in ("dK", "dV"):

@@ -83,6 +83,7 @@ class Result:
     problem: Problem | None = None  # what was counted (provenance): B, heads, N_q, N_k, d_qk, d_v, dtypes
     schedule: dict = field(default_factory=dict)  # GQA policy, splits, MLA read, thread blocks (problem runs)
     seen: tuple[int, int] | None = None  # a mask over a problem: (rows that see a key, keys seen), per head
+    # (iosim.problem.SeenTotals: over the whole problem, a mask that differs per (b, h))
     spec: Schedule | None = None  # the schedule asked for (iosim.schedule.Schedule), stamped by run()
 
     @property

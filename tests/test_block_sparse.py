@@ -45,14 +45,16 @@ PROBLEMS = [dict(B=1, H_q=1, N_q=100, N_k=100, d_qk=8, d_v=8), dict(B=2, H_q=4, 
             dict(B=1, H_q=2, H_kv=1, N_q=30, N_k=91, d_qk=4, d_v=3)]  # fmt: skip
 
 
-@pytest.mark.parametrize("kw, block, dense", list(itertools.product(PROBLEMS, [(16, 16), (32, 16), (7, 20)],
-                                                                       [False, True])))  # fmt: skip
-def test_counts_equal_closed_form(kw, block, dense):
+@pytest.mark.parametrize("kw, block, dense, indices", [
+    (kw, block, dense, "once") for kw, block, dense in itertools.product(PROBLEMS, [(16, 16), (32, 16), (7, 20)],
+                                                                         [False, True])
+] + [(kw, (16, 16), False, "template") for kw in PROBLEMS])  # fmt: skip
+def test_counts_equal_closed_form(kw, block, dense, indices):
     p = Problem(**kw)
     document, window, per_head = _fns(p.N_k)
     for mask, mB, mH in ((document, None, None), (window, None, None), (per_head, p.B, p.H_q), ("causal", None, None),
                          ("window:9", None, None), ("random-blocks:0.4:8x8:3", None, None)):  # fmt: skip
-        r = block_sparse(p, mask, block=block, buffers=BUFFERS, dense=dense, mask_B=mB, mask_H=mH)
+        r = block_sparse(p, mask, block=block, buffers=BUFFERS, dense=dense, mask_B=mB, mask_H=mH, indices=indices)
         assert r.exact, (mask, r.stats.per_array, r.predicted.per_array)
         assert not r.stats.overflowed and r.stats.peak == r.predicted.M
         words = r.words

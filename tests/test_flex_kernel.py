@@ -119,3 +119,52 @@ def test_compare_takes_a_mask_mod_function_in_python():
     cmp = compare(counts, "block-sparse", 160, 16, 16, 32, heads=1, arrays=arrays, whole=whole)
     assert cmp.equal and cmp.extra_words == 0, cmp.table()
     assert cmp.notes[-2].startswith("bytes: equal per array")
+
+
+TEMPLATE = FILE.parent / "torch_flex_template.py"
+
+
+@pytest.mark.parametrize("N, block, H", [(128, 32, 2), (96, 16, 1), (200, 32, 2)])
+def test_torchs_own_flex_template_moves_what_the_schedule_counts(N, block, H):  # noqa: N803
+    """FlexAttention's own Triton forward (torch's installed template, rendered with iosim's hooks) on a real
+    BlockMask, counted in place under the interpreter: every array equals the block-sparse schedule with the
+    template's index reads, in words and bytes; its output equals flex_attention's. With N not a multiple of the
+    block, the template evaluates mask_mod at every padded position of a partial block (its bounded indices wrap):
+    the document ids are then read BQ + BKV times per partial block, the rest as the schedule counts."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    from iosim.kernels.counting import count_file
+    from iosim.kernels.examples.torch_flex_template import TORCH
+    from iosim.mask_mod import block_index
+
+    if not torch.__version__.startswith(TORCH + "."):
+        pytest.skip(f"the template's hooks are written against torch {TORCH}")
+
+    d = 16
+    counts, _, arrays = count_file(str(TEMPLATE), "launch", backend="triton", params={"N": N, "d": d, "block": block,
+                                                                                      "H": H})  # fmt: skip
+    names = ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices")
+    bi = block_index(**{k: arrays[k].astype(np.int64) for k in names}, block_size=block)
+    p = Problem(H_q=H, N=N, d=d, dtype_q="fp32")
+    model = block_sparse(p, bi, buffers=[Buffer("doc", "q+kv", "mask", "int32")], indices="template")
+    once = block_sparse(p, bi, buffers=[Buffer("doc", "q+kv", "mask", "int32")])
+    assert model.exact and once.exact
+    kernel = {k: (a.reads, a.writes) for k, a in counts.per_array.items() if a.reads or a.writes}
+    schedule = {k: (a.reads, a.writes) for k, a in model.stats.per_array.items()}
+    if N % block:
+        assert kernel.pop("doc") == (H * int(bi.kv_num.sum()) * 2 * block, 0) != schedule.pop("doc")
+    assert kernel == schedule
+    if N % block == 0:
+        assert {k: a.read_bytes + a.write_bytes for k, a in counts.per_array.items() if a.reads or a.writes} == (
+            model.bytes
+        )
+    for lst, num in (("kv_indices", bi.kv_num), ("full_kv_indices", bi.full_num)):  # each head: max(1, 2 n) a row
+        assert kernel[lst][0] == H * int(np.maximum(1, 2 * num).sum()) != once.words[lst]
+    doc = torch.from_numpy(arrays["doc"].astype(np.int64))
+    q, k, v = (torch.from_numpy(arrays[x]).reshape(1, H, N, d).float() for x in "QKV")
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    bm = create_block_mask(lambda b, h, qi, ki: (doc[qi] == doc[ki]) & (qi >= ki), None, None, N, N, device="cpu",
+                           BLOCK_SIZE=block)  # fmt: skip
+    ref = flex_attention(q, k, v, block_mask=bm)
+    assert np.abs(arrays["O"].reshape(1, H, N, d) - ref.numpy()).max() < 1e-5

@@ -2,7 +2,7 @@
 
 Each is written as a FlexAttention user writes it: a function of (b, h, q_idx, kv_idx) on index arrays, returning
 booleans; ``DOC`` holds the document id of each of 2048 tokens (five documents), captured as FlexAttention's
-document masks capture theirs."""
+document masks capture theirs. ``head_window`` differs per head: a causal window of 256 (h + 1) keys at head h."""
 
 import numpy as np
 
@@ -23,3 +23,7 @@ def causal_document(b, h, q_idx, kv_idx):
 
 def sliding_window(b, h, q_idx, kv_idx):
     return (q_idx >= kv_idx) & (q_idx - kv_idx < 256)
+
+
+def head_window(b, h, q_idx, kv_idx):
+    return (q_idx >= kv_idx) & (q_idx - kv_idx < 256 * (h + 1))

@@ -494,6 +494,10 @@ def hierarchy(
         N, d, B, H_q, H_kv, causal, bytes_per_word, unit = _from_problem(problem, N, d, gqa, splits, backward)
         if kv_policy is None and not problem.is_single:  # iosim.run's default over a problem, as the kernels do
             kv_policy = "skip"
+        if mask is not None:  # one unit's trace stands for every head: one mask for all (iosim.head_masks)
+            from iosim.head_masks import one_mask
+
+            mask = one_mask(problem, mask, allow_long is True)
     elif gqa != "per-head" or mla != "shared" or splits != 1:
         which, value = ("gqa", gqa) if gqa != "per-head" else ("mla", mla) if mla != "shared" else ("splits", splits)
         raise InputError(which, "applies to a problem (problem=iosim.Problem(...)); N, d launch one head each", value)

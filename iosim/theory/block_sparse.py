@@ -4,13 +4,16 @@ For each (b, h) and row block i (r_i = min(BQ, N_q - i BQ) rows) with partial bl
 (the BlockMask's classes; the dense kernel: every block partial, no metadata), column block j of c_j keys:
 
 * Q: sum r_i d_qk; O: sum r_i d_v (writes); L: sum r_i (writes);
-* kv_num_blocks, full_kv_num_blocks: one word per row block each; kv_indices: |P_i|; full_kv_indices: |F_i|;
+* kv_num_blocks, full_kv_num_blocks: one word per row block each; kv_indices: |P_i|; full_kv_indices: |F_i|
+  (``template``, torch's FlexAttention Triton template: max(1, 2 |P_i|) and max(1, 2 |F_i|): the first index
+  before the loop, then each block's own and the next one's but the last's);
 * K: sum over visited blocks (P_i and F_i) of c_j d_qk; V: of c_j d_v;
 * a buffer: its words per block w(i, j) (``q`` r_i, ``kv`` c_j, ``q+kv`` r_i + c_j, ``qkv`` and ``bhqkv`` r_i c_j,
   ``h`` 1) summed over P_i (a mask_mod buffer) or over P_i and F_i (a score_mod buffer);
 * peak: the largest of r_i (d_qk + d_v + 2) + 3 + c_j (d_qk + d_v) + r_i c_j + sum of the block's buffer words over
-  visited blocks (without the 3 metadata words in the dense kernel), and r_i (d_qk + d_v + 2) + 2 (a row block
-  before its first block, or with none).
+  visited blocks (without the 3 metadata words in the dense kernel; 2 with ``template``, which reads the index
+  after the block), and r_i (d_qk + d_v + 2) + 2 (a row block before its first block, or with none; + 1 with
+  ``template``: the first index, or one of a block's two after its tiles).
 
 Summed with NumPy over the class array (B', H', T_r, T_c), each (b', h') weighted by the heads it stands for.
 """
@@ -31,7 +34,8 @@ WORDS = {
 }
 
 
-def block_sparse_counts(cls: np.ndarray, dims: tuple, buffers: tuple, dense: bool, M: int | None = None) -> Stats:  # noqa: N803
+def block_sparse_counts(cls: np.ndarray, dims: tuple, buffers: tuple, dense: bool, M: int | None = None,  # noqa: N803
+                        template: bool = False) -> Stats:  # fmt: skip
     """Stats (per array and peak) of the schedule on classes ``cls`` (0 empty, 1 partial, 2 full); ``dims`` =
     (B, H_q, H_kv, N_q, N_k, d_qk, d_v, BQ, BKV); ``buffers`` = ((name, index, scope), ...), scope "mask"/"score"."""
     B, H_q, _, N_q, N_k, d_qk, d_v, BQ, BKV = dims
@@ -50,12 +54,14 @@ def block_sparse_counts(cls: np.ndarray, dims: tuple, buffers: tuple, dense: boo
     if not dense:
         per["kv_num_blocks"] = ArrayCounts(reads=heads * Tr)
         per["full_kv_num_blocks"] = ArrayCounts(reads=heads * Tr)
-        per["kv_indices"] = ArrayCounts(reads=weight * int(P.sum()))
-        per["full_kv_indices"] = ArrayCounts(reads=weight * int(F.sum()))
+        for name, sel in (("kv_indices", P), ("full_kv_indices", F)):
+            n = sel.sum(axis=3)  # B' x H' x T_r: the list's length per row block
+            per[name] = ArrayCounts(reads=weight * int(np.maximum(1, 2 * n).sum() if template else n.sum()))
     width = np.broadcast_to(c, (Tr, Tc))
     per["K"] = ArrayCounts(reads=weight * int((Vis * width).sum()) * d_qk)
     per["V"] = ArrayCounts(reads=weight * int((Vis * width).sum()) * d_v)
-    ws = r * (d_qk + d_v) + r * 2 + (0 if dense else 3) + c * (d_qk + d_v) + r * c  # a visited block's working set
+    meta = 0 if dense else 2 if template else 3  # the block counts, and the block's index (read after it: template)
+    ws = r * (d_qk + d_v) + r * 2 + meta + c * (d_qk + d_v) + r * c  # a visited block's working set
     ws_p, ws_f = np.broadcast_to(ws, (Tr, Tc)).copy(), np.broadcast_to(ws, (Tr, Tc)).copy()
     for name, index, scope in buffers:
         w = np.broadcast_to(WORDS[index](r, c), (Tr, Tc))
@@ -66,7 +72,7 @@ def block_sparse_counts(cls: np.ndarray, dims: tuple, buffers: tuple, dense: boo
             ws_f = ws_f + w
     per["O"] = ArrayCounts(writes=heads * N_q * d_v)
     per["L"] = ArrayCounts(writes=heads * N_q)
-    start = int(r.max()) * (d_qk + d_v + 2) + (0 if dense else 2)
+    start = int(r.max()) * (d_qk + d_v + 2) + (0 if dense else 3 if template else 2)
     peak = max(start, int((P * ws_p).max(initial=0)), int((F * ws_f).max(initial=0)))
     per = {k: v for k, v in per.items() if v.reads or v.writes}
     return Stats(M=M if M is not None else peak, peak=peak, overflowed=M is not None and peak > M, per_array=per)

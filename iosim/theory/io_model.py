@@ -812,6 +812,21 @@ def heads_problem(one: Prediction, heads: int) -> Prediction:
     return Prediction(per, one.peak)
 
 
+def sum_predictions(parts: list) -> Prediction:
+    """Parts of a problem run one after another, each its own schedule (a mask that differs per (b, h),
+    :mod:`iosim.head_masks`): every array's counts the parts' sums, the peak the largest part's (a part frees its
+    tiles before the next starts), the thread blocks the parts' sum."""
+    per: dict[str, ArrayCounts] = {}
+    for one in parts:
+        for n, c in one.per_array.items():
+            t = per.get(n, ArrayCounts())
+            per[n] = ArrayCounts(t.reads + c.reads, t.writes + c.writes, t.init_writes + c.init_writes)
+    peak = max(one.peak for one in parts)
+    if all(isinstance(one, ProblemPrediction) for one in parts):
+        return ProblemPrediction(per, peak, sum(one.thread_blocks for one in parts))
+    return Prediction(per, peak)
+
+
 def square_tiling_problem(p, B: int, mask=None) -> Prediction:
     """Square tiling's forward on one head of N_q rows against N_k keys, widths d_qk and d_v (algorithms/
     square_tiling.py), under the problem's mask (causal bottom-right, or a TileMask over the N_k x N_k sequence

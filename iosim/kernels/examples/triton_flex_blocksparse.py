@@ -2,7 +2,7 @@
 ``create_block_mask``): per row block it loads the block counts, then for each partial block its index, K_j, the
 document ids ``mask_mod`` reads (at the rows and at the columns), the bias ``score_mod`` reads and V_j, and for each
 full block the same without the document ids. Written for iosim from the structure of FlexAttention's forward
-kernel (it is not FlexAttention's own kernel: torch inductor generates that one only for CUDA devices); counted
+kernel (FlexAttention's own, torch's template, is torch_flex_template.py beside this one); counted
 under the Triton interpreter it moves, array by array, what ``iosim.block_sparse`` counts for the same BlockMask
 (tests/test_flex_kernel.py).
 

@@ -1,0 +1,189 @@
+"""A mask that differs per (b, h) over a problem (iosim.head_masks): a mask_mod reading b (document ids per batch
+item) and h (a window per head), or a BlockMask with an entry per (b, h), runs on flash1, flash2, standard and
+square tiling, forward and backward, with every array's counts and the peak equal to the closed form; the cut into
+parts is exact (a mask the same at every head counts the same cut or whole); each part counts what its own mask
+given as an N x N array counts; the outputs equal the float64 reference of each head's mask; the schedules whose
+steps mix heads are refused in one line."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import iosim
+from iosim import Problem, head_masks, masks
+from iosim.cli import main
+from iosim.errors import InputError
+
+DOCS = np.array([[0] * 20 + [1] * 9, [0] * 7 + [1] * 15 + [2] * 7])  # N_k = 29 tokens, documents per batch item
+
+
+def doc_window(b, h, q_idx, kv_idx):  # documents per batch item, a causal window that grows with the head
+    return (DOCS[b][q_idx] == DOCS[b][kv_idx]) & (q_idx >= kv_idx) & (kv_idx > q_idx - 3 - 4 * h)
+
+
+def doc_only(b, h, q_idx, kv_idx):  # the same at every head of a batch item
+    return (DOCS[b][q_idx] == DOCS[b][kv_idx]) & (q_idx >= kv_idx)
+
+
+def per_group(b, h, q_idx, kv_idx):  # the same within each pair of query heads (g = 2)
+    return doc_window(b, h // 2, q_idx, kv_idx)
+
+
+def _exact(r) -> bool:
+    return all(ps.stats.per_array == ps.predicted.per_array and ps.stats.peak == ps.predicted.peak
+               for ps in r.passes.values())  # fmt: skip
+
+
+def _counts(r) -> dict:
+    return {k: (v.stats.per_array, v.stats.peak, v.predicted.per_array, v.predicted.peak) for k, v in r.passes.items()}
+
+
+P = Problem(B=2, H_q=4, H_kv=2, N_q=17, N_k=29, d_qk=6, d_v=5)  # ragged: N_q != N_k, d_qk != d_v, g = 2
+
+
+def _dense(fn, b, h, p=P):
+    q, kv = np.arange(p.N_k)[:, None], np.arange(p.N_k)[None, :]
+    return np.ascontiguousarray(np.broadcast_to(fn(b, h, q, kv), (p.N_k, p.N_k)))
+
+
+PASSES = [("flash1", False), ("flash1", True), ("flash2", False), ("flash2", True), ("standard", False),
+          ("square-tiling", False)]  # fmt: skip
+
+
+@pytest.mark.parametrize("algo, backward", PASSES)
+def test_per_head_mask_mod_is_exact_and_each_head_its_own_mask(algo, backward):
+    """Counts equal the closed form per array and in peak; each (b, h) counts what its own mask as an N x N array
+    counts on one head; outputs equal the float64 reference; the floor is at most the counts."""
+    kw = dict(Br=4, Bc=5, backward=backward) if algo.startswith("flash") else {}
+    r = iosim.run(algo, problem=P, M=900, mask=masks.from_mask_mod(doc_window), seed=1, **kw)
+    assert _exact(r) and r.schedule["mask_parts"] == "8 (head)" and r.mask == "mod:doc_window per (b, h)"
+    assert max(r.errors.values()) < 1e-12 and r.finite
+    one = Problem(N_q=P.N_q, N_k=P.N_k, d_qk=P.d_qk, d_v=P.d_v)
+    heads = [iosim.run(algo, problem=one, M=900, mask=_dense(doc_window, b, h), count_only=True, **kw)
+             for b in range(P.B) for h in range(P.H_q)]  # fmt: skip
+    fwd = heads[0].passes["forward"].stats
+    for x in heads[1:]:
+        fwd = fwd + x.passes["forward"].stats
+    assert r.passes["forward"].stats.per_array == fwd.per_array and r.passes["forward"].stats.peak == fwd.peak
+    for ps in r.passes.values():
+        assert 0 < ps.lower_bound <= ps.stats.total
+
+
+CUT_CASES = [("flash1", "per-head", {}, True), ("flash2", "per-head", {}, True), ("flash2", "packed", {}, True),
+             ("flash1", "packed", {}, False), ("flash2", "per-head", {"page_size": 6}, False),
+             ("flash1", "per-head", {"latent": True}, False), ("standard", "per-head", {}, False),
+             ("square-tiling", "per-head", {}, False), ("standard", "per-head", {"square": True}, True),
+             ("square-tiling", "per-head", {"square": True}, True)]  # fmt: skip
+
+
+@pytest.mark.parametrize("how, algo, gqa, sched, backward", [
+    (how, *case) for how in head_masks.PARTS for case in CUT_CASES if not (how == "head" and case[1] == "packed")
+])  # fmt: skip
+def test_the_cut_is_exact(monkeypatch, how, algo, gqa, sched, backward):
+    """A mask the same at every head, cut anyway: every pass's counts, peak, closed form and outputs equal the
+    whole problem's (the parts' sums are the schedule over the whole problem)."""
+    latent = sched.get("latent", False)
+    Nq, dv = (29, 6) if sched.get("square") else (17, 5)  # the one-head algorithms' backward: N_q = N_k, d_qk = d_v
+    p = Problem(B=2, H_q=4, H_kv=1 if latent else 2, N_q=Nq, N_k=29, d_qk=6, d_v=dv, latent=latent,
+                page_size=sched.get("page_size"))  # fmt: skip
+    kw = dict(problem=p, M=900, gqa=gqa, seed=3, backward=backward)
+    if algo.startswith("flash"):
+        kw.update(Br=4, Bc=5)
+    whole = iosim.run(algo, mask=masks.from_mask_mod(doc_only, 0, 0), **kw)
+    monkeypatch.setattr(head_masks, "uniform", lambda g: False)
+    monkeypatch.setattr(head_masks, "cut", lambda p, g: how)
+    cut = iosim.run(algo, mask=masks.from_mask_mod(lambda b, h, q, kv: doc_only(0 * b, 0 * h, q, kv)), **kw)
+    assert cut.schedule["mask_parts"].endswith(f"({how})") and _exact(cut) and _exact(whole)
+    assert _counts(cut) == _counts(whole)
+    for k, v in whole.outputs.items():
+        if v is not None:
+            np.testing.assert_allclose(cut.outputs[k], v, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("fn, how, parts", [(doc_only, "batch", 2), (per_group, "kv-head", 4),
+                                            (doc_window, "head", 8)])  # fmt: skip
+def test_the_coarsest_cut_and_packed_gqa(fn, how, parts):
+    """The cut is the coarsest within whose parts the mask is the same; packed GQA runs whenever the g heads of a
+    group share a mask."""
+    for gqa in ("per-head", "packed"):
+        if how == "head" and gqa == "packed":
+            with pytest.raises(InputError, match="^gqa must be per-head"):
+                iosim.run("flash2", problem=P, M=900, gqa=gqa, mask=masks.from_mask_mod(fn), count_only=True)
+            continue
+        r = iosim.run("flash2", problem=P, M=900, gqa=gqa, mask=masks.from_mask_mod(fn), count_only=True,
+                      backward=True, Br=4, Bc=5)  # fmt: skip
+        assert _exact(r) and r.schedule["mask_parts"] == f"{parts} ({how})"
+
+
+def test_block_mask_per_head():
+    """A BlockMask built per (b, h) counts what its mask_mod counts, exactly; pinned, it is one mask for all."""
+    torch = pytest.importorskip("torch")
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    tdocs = torch.from_numpy(DOCS)
+
+    def tmod(b, h, q_idx, kv_idx):
+        return (tdocs[b, q_idx] == tdocs[b, kv_idx]) & (q_idx >= kv_idx) & (kv_idx > q_idx - 3 - 4 * h)
+
+    bm = create_block_mask(tmod, 2, 4, 29, 29, device="cpu", BLOCK_SIZE=8)
+    kw = dict(problem=P, M=900, count_only=True, backward=True, Br=4, Bc=5)
+    a = iosim.run("flash1", mask=masks.from_block_mask(bm), **kw)
+    b = iosim.run("flash1", mask=masks.from_mask_mod(doc_window), **kw)
+    assert _exact(a) and _counts(a) == _counts(b)
+    pinned = iosim.run("flash1", mask=masks.from_block_mask(bm, 1, 3), **kw)
+    assert "mask_parts" not in pinned.schedule and _exact(pinned)
+    with pytest.raises(InputError, match="^block_mask has \\(B, H\\) = \\(2, 4\\)"):
+        iosim.run("flash1", problem=Problem(B=3, H_q=4, N_q=17, N_k=29, d=6), M=900,
+                  mask=masks.from_block_mask(bm), count_only=True)  # fmt: skip
+    with pytest.raises(InputError, match="^block_mask h must be None"):
+        masks.from_block_mask(bm, 0, 4)
+
+
+def test_block_sparse_per_head_from_a_mask_object():
+    """The block-sparse schedule classifies a per-(b, h) mask object at each (b, h), as it does the function."""
+    from iosim.block_sparse import block_sparse
+
+    p = Problem(B=2, H_q=4, H_kv=2, N_q=29, N_k=29, d=8)
+    a = block_sparse(p, masks.from_mask_mod(doc_window), block=8)
+    b = block_sparse(p, doc_window, block=8, mask_B=2, mask_H=4)
+    c = block_sparse(p, doc_window, block=8)  # the function reads b and h: classified at every (b, h)
+    assert a.exact and a.census == b.census == c.census and a.census["heads_per_mask"] == 1
+    assert block_sparse(p, doc_window, block=8, mask_B=1, mask_H=1).census["heads_per_mask"] == 8
+
+
+def test_refusals(tmp_path):
+    """Schedules whose steps mix heads: one line naming the parameter; counts that take one mask refuse a mask
+    that differs; the command line gives exit 2 and runs the per-(b, h) mask otherwise."""
+    mod = masks.from_mask_mod(doc_window)
+    with pytest.raises(InputError, match="^splits must be 1 with a mask that differs per \\(b, h\\)"):
+        iosim.run("flash2", problem=P, M=900, mask=mod, splits=2, count_only=True)
+    with pytest.raises(InputError, match="^trace is not recorded with a mask that differs"):
+        iosim.run("flash2", problem=P, M=900, mask=mod, trace=True, count_only=True)
+    with pytest.raises(InputError, match="^mask differs per \\(b, h\\); this count takes one mask"):
+        iosim.api.problem_seen(P, mod)
+    assert iosim.api.problem_seen(P, masks.from_mask_mod(doc_window, 1, 2)) is not None
+    with pytest.raises(InputError, match="^mask differs per \\(b, h\\)"):  # one unit's trace stands for every head
+        iosim.hierarchy("flash2", problem=P, M=900, C=0, mask=mod)
+    src = tmp_path / "m.py"
+    src.write_text("def mod(b, h, q_idx, kv_idx):\n    return (q_idx >= kv_idx) & (kv_idx > q_idx - 2 - 3 * h)\n")
+    base = ["run", "flash2", "--batch", "2", "--heads", "4", "--kv-heads", "2", "--Nq", "17", "--Nk", "29", "--d", "6",
+            "--M", "900", "--mask", f"mod:{src}:mod", "--count-only"]  # fmt: skip
+    assert main([*base, "--json"]) == 0
+    assert main([*base, "--splits", "2"]) == 2
+
+
+def test_a_mask_mod_that_never_reads_b_or_h_is_evaluated_once():
+    """b and h that raise on every use tell a mask_mod that reads them (NumPy or torch, indexing, arithmetic,
+    comparison) from one that does not, which runs as one mask for every head."""
+    torch = pytest.importorskip("torch")
+    from iosim.mask_mod import reads_b_or_h
+
+    tdoc = torch.from_numpy(DOCS)
+    reads = [doc_window, doc_only, per_group, lambda b, h, q, kv: (q >= kv) & (h < 3),
+             lambda b, h, q, kv: tdoc[b, q] == tdoc[b, kv], lambda b, h, q, kv: q - kv < [4, 8][h % 2]]  # fmt: skip
+    never = [lambda b, h, q, kv: q >= kv, lambda b, h, q, kv: DOCS[0][q] == DOCS[0][kv],
+             lambda b, h, q, kv: torch.as_tensor(q) >= torch.as_tensor(kv)]  # fmt: skip
+    assert all(reads_b_or_h(fn, 29) for fn in reads) and not any(reads_b_or_h(fn, 29) for fn in never)
+    assert head_masks.grid(P, masks.from_mask_mod(never[1])) is None
+    assert len(head_masks.grid(P, masks.from_mask_mod(doc_only))) == P.B
