@@ -29,12 +29,14 @@ views and allocating is not reading. The outputs are not computed, so ``--fast``
 from __future__ import annotations
 
 import contextlib
+import os
 
 import numpy as np
 
 from iosim.errors import InputError
 
 ENABLED = [False]  # set by triton_backend.hooks(fast=True)
+AUDIT = [False]  # IOSIM_FAST_AUDIT=1: every cheap rule's type is checked against Triton's own (the tests set it)
 _FP32 = "fp32"
 _FLOATS = ("fp16", "bf16", "fp32", "fp64")
 
@@ -410,6 +412,21 @@ _ADDRESS_OPS = {  # builder calls whose every operand is an address, a mask, an 
 }  # fmt: skip
 
 
+def _transposed(x, fget):
+    out = _fast("T", (x,), {})
+    if out is None:
+        return _taint(fget(x), "T")
+    if AUDIT[0]:
+        audit("T", out, fget(x))
+    return out
+
+
+def audit(name: str, fake, real) -> None:
+    """IOSIM_FAST_AUDIT: the stand-in's type must be the type Triton's own operation gives."""
+    if getattr(real, "type", None) != fake.type:
+        raise AssertionError(f"--fast's rule for {name} gives {fake.type}, Triton gives {getattr(real, 'type', real)}")
+
+
 def _wrap_builtin(name: str, member):
     def wrapped(*args, **kwargs):
         fake = _any_fake(args, kwargs)
@@ -417,6 +434,8 @@ def _wrap_builtin(name: str, member):
             return member(*args, **kwargs)
         out = _fast(name, args, {k: v for k, v in kwargs.items() if k != "_semantic"})
         if out is not None:
+            if AUDIT[0]:
+                audit(name, out, member(*args, **kwargs))
             return out
         if not fake:
             return member(*args, **kwargs)
@@ -475,8 +494,7 @@ def active(span):
             value = _wrap_dunder(name, value)
         elif isinstance(value, property) and name == "T":
             fget = value.fget
-            value = property(lambda self: (_fast("T", (self,), {}) or _taint(fget(self), "T")) if is_fake(self)
-                             else fget(self))  # fmt: skip
+            value = property(lambda self: _transposed(self, fget) if is_fake(self) else fget(self))
         elif callable(value) and not isinstance(value, type) and name not in ("range", "static_range"):
             value = _wrap_builtin(name, value)
         return saved_set_attr(scope, obj, name, value)
@@ -500,6 +518,7 @@ def active(span):
         setattr(B, n, _wrap_builder(n, m))
     I._LangPatchScope.set_attr = set_attr
     ENABLED[0] = True
+    AUDIT[0] = os.environ.get("IOSIM_FAST_AUDIT") == "1"
     try:
         with HostGuard(), np.errstate(all="ignore"):
             yield STATE[0]

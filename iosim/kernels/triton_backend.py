@@ -285,6 +285,8 @@ def hooks(recorder, config=None, fast: bool = False):
         if fast_mode.ENABLED[0] and fast_mode.reduction_kind(self.fn):
             out = fast_mode.reduction(args, kwargs)
             if out is not None:
+                if fast_mode.AUDIT[0]:
+                    fast_mode.audit(self.fn.__name__, out, saved_device(self, *args, **kwargs))
                 return out
         langs = frozenset(id(v) for v in self.fn.__globals__.values() if v is tl or v is tl.core)
         if not (SKIP_REPATCH and in_launch[0] and langs <= patched):
