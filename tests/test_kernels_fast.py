@@ -167,9 +167,9 @@ REFUSED = textwrap.dedent(
 
 @pytest.mark.parametrize(
     "launcher, why",
-    [("launch_address", "the address or mask of a load of a value it skipped"),
-     ("launch_branch", "bool (a branch condition, loop bound or scalar) of a value it skipped"),
-     ("launch_host_read", "host code's torch abs() of an output it did not compute")],
+    [("launch_address", "the address or mask of a load, computed from a value it skipped"),
+     ("launch_branch", "a branch condition, loop bound or scalar (bool) computed from a value it skipped"),
+     ("launch_host_read", "host code's torch abs() reading an output it did not compute")],
 )  # fmt: skip
 def test_a_kernel_needing_a_skipped_value_is_refused_with_one_line(tmp_path, launcher, why):
     path = tmp_path / "needs_values.py"
@@ -193,7 +193,8 @@ def test_the_cli_refuses_with_exit_2_and_counts_fast_with_exit_0(tmp_path, capsy
     example = str(EXAMPLES / "triton_flash2.py")
     assert main(["kernel", example, "--N", "100", "--d", "16", "--like", "flash2", "--fast"]) == 0
     out = capsys.readouterr().out
-    assert "equal to flash2's closed form to the word" in out and "numerics" not in out
+    assert "equal to flash2's closed form to the word" in out and "numerics O" not in out
+    assert "note: --fast: the values no count depends on were not computed (no numerics checked)" in out
 
 
 def test_fast_is_for_triton_only():

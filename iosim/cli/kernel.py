@@ -119,6 +119,8 @@ def command(args) -> int:
             docs.append(_json(counts, numbers, cmp, problem))
         else:
             _print(args, counts, cmp)
+            if args.fast:
+                print("note: --fast: the values no count depends on were not computed (no numerics checked)")
         if problem:
             print(f"iosim: error: {problem}", file=sys.stderr)
         rc = max(rc, 1 if problem or (cmp is not None and cmp.numerics_ok is False) else 0)

@@ -238,7 +238,7 @@ def _taint(out, use: str):
         return out
     if hasattr(out, "handle") and mark(out.handle):  # a descriptor or another handle-backed value
         return out
-    raise FastRefusedError(f"{use} of a value it skipped")
+    raise FastRefusedError(f"{use} computed from a value it skipped")
 
 
 # --- result types, as Triton's semantics give them, for the cheap cases ----------------------------------------------
@@ -447,8 +447,9 @@ def _wrap_builtin(name: str, member):
 def _wrap_dunder(name: str, member):
     def wrapped(self, *args, **kwargs):
         if is_fake(self):
+            what = name.strip("_")
             raise FastRefusedError(
-                f"{name.strip('_')} (a branch condition, loop bound or scalar) of a value it skipped"
+                f"a branch condition, loop bound or scalar ({what}) computed from a value it skipped"
             )
         return member(self, *args, **kwargs)
 
@@ -465,10 +466,10 @@ def _wrap_builder(name: str, method):
                 mark(out)  # a descriptor load of memory a stand-in was stored to
             return out
         if name in _ADDRESS_OPS or (name == "create_descriptor_store" and _any_fake((args[0], args[2]), {})):
-            raise FastRefusedError(f"{name.removeprefix('create_')} given a value it skipped")
+            raise FastRefusedError(f"{name.removeprefix('create_')} given a value computed from one it skipped")
         out = method(self, *args, **kwargs)
         if out is not None and not mark(out):
-            raise FastRefusedError(f"{name.removeprefix('create_')} of a value it skipped")
+            raise FastRefusedError(f"{name.removeprefix('create_')} computed from a value it skipped")
         return out
 
     return wrapped
@@ -511,7 +512,7 @@ def active(span):
                     if all(_shares(out, t) for t in touched):
                         return out
                 if touched:
-                    raise FastRefusedError(f"host code's torch {name or func}() of an output it did not compute")
+                    raise FastRefusedError(f"host code's torch {name or func}() reading an output it did not compute")
             return func(*args, **kwargs)
 
     for n, m in saved_builder.items():

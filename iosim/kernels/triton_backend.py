@@ -192,7 +192,7 @@ def hooks(recorder, config=None, fast: bool = False):
     def real(what: str, *handles) -> None:
         """Under --fast: an address or a mask must be a computed value."""
         if fast_mode.ENABLED[0] and any(fast_mode.is_fake(h) for h in handles if h is not None):
-            raise fast_mode.FastRefusedError(f"the {what} of a value it skipped")
+            raise fast_mode.FastRefusedError(f"the {what}, computed from a value it skipped")
 
     def load(self, ptrs, mask, *rest, **kw):
         real("address or mask of a load", ptrs, mask)
