@@ -23,7 +23,9 @@ stored stand-in is counted like any store (its addresses and mask are real) but 
 *not computed*, a later load of any of them returns a stand-in, and a later real store over them makes them real
 again. Host code is checked too: once memory holds values not computed, any torch operation outside a launch that
 reads a tensor overlapping them (``.item()``, ``.max()``, ``.numpy()``, a copy) is refused; taking shapes, strides,
-views and allocating is not reading. The outputs are not computed, so ``--fast`` checks no numerics.
+views and allocating is not reading. The outputs are not computed, so ``--fast`` checks no numerics. What this guard
+cannot see: host code that reads an output through a NumPy array or a raw pointer it took *before* the launch (torch
+is not asked again); a launcher that does so must be counted without ``--fast``.
 """
 
 from __future__ import annotations
@@ -169,6 +171,15 @@ def mark(h) -> bool:
             h.__class__ = stand_in_handle()
         return True
     return False
+
+
+def _mark_all(out) -> bool:
+    """Mark every handle of a builder call's result (a handle, a tuple of them, or None) as a stand-in's."""
+    if out is None:
+        return True
+    if isinstance(out, (tuple, list)):
+        return all(_mark_all(o) for o in out)
+    return mark(out)
 
 
 def is_fake(x) -> bool:
@@ -468,7 +479,7 @@ def _wrap_builder(name: str, method):
         if name in _ADDRESS_OPS or (name == "create_descriptor_store" and _any_fake((args[0], args[2]), {})):
             raise FastRefusedError(f"{name.removeprefix('create_')} given a value computed from one it skipped")
         out = method(self, *args, **kwargs)
-        if out is not None and not mark(out):
+        if not _mark_all(out):
             raise FastRefusedError(f"{name.removeprefix('create_')} computed from a value it skipped")
         return out
 
