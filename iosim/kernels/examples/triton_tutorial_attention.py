@@ -6,11 +6,13 @@ Where the kernel comes from:
 - ``IOSIM_TUTORIAL_ATTENTION=PATH`` (a Triton checkout's ``python/tutorials/06-fused-attention.py``, or any file
   laid out like it): the file is imported by its path, after iosim's CPU stand-in for the GPU (the tutorial asks
   Triton's active driver for its device when imported);
-- otherwise the packaged copy in PyPI's ``flash-mlm`` (``flash_mlm.kernel``, MIT), whose forward is the current
-  tutorial's, reformatted (``pip install --no-deps flash-mlm==1.2.3``): it imports on a CPU as it is.
+- otherwise the packaged copy in PyPI's ``flash-mlm`` (``flash_mlm.kernel``, MIT): the tutorial's forward in its
+  recent tensor-descriptor form, reformatted (``pip install --no-deps flash-mlm==1.2.3``); it imports on a CPU as
+  it is.
 
 The launcher calls the module's own host function, ``_attention.forward`` (what the tutorial's ``attention`` runs),
-with a stand-in for autograd's context that keeps what it saves for the backward: the logsumexp ``M`` it allocated.
+with a small object in place of autograd's context that keeps what it saves for the backward: the logsumexp ``M``
+it allocated.
 The kernel has one program per (block of BLOCK_M query rows, batch x head): it loads its Q block once, steps over
 the key blocks (all of them; causal: those left of the diagonal, then the diagonal's, masked), stores O once and
 ``M`` = m_i + log2(l_i) for its rows, unmasked. Nothing masks the rows, so N must be a multiple of BLOCK_M (at
