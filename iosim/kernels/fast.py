@@ -545,10 +545,14 @@ _METADATA = {  # torch functions that read no element: shapes, strides, addresse
     "__get__", "data_ptr", "size", "stride", "dim", "numel", "element_size", "is_contiguous", "storage_offset",
     "untyped_storage", "empty_like", "new_empty", "view", "transpose", "permute", "unsqueeze", "squeeze", "expand",
     "as_strided", "select", "narrow", "__len__", "__hash__", "detach", "is_floating_point", "is_complex", "get_device",
+    "t", "movedim", "swapaxes", "swapdims", "diagonal",
 }  # fmt: skip
 
 
-_VIEW_OR_COPY = {"reshape", "flatten", "contiguous", "view_as", "reshape_as", "unflatten"}  # views where they can be
+_VIEW_OR_COPY = {  # a view where they can be (then allowed), else a copy (then refused)
+    "reshape", "flatten", "contiguous", "view_as", "reshape_as", "unflatten", "__getitem__", "to", "cpu", "float",
+    "half", "double", "bfloat16",
+}  # fmt: skip
 
 
 def _shares(out, t) -> bool:
