@@ -1,9 +1,8 @@
 """Launchers for tests/test_kernels_launch.py: one small FlashAttention-2 forward launched the ways kernel authors
-launch kernels (launch options, @triton.autotune pinned or with several configs, @triton.heuristics, tensor
-descriptors, a library-style host function), a tutorial-style variant that stores its logsumexp past the end of its
-array at a ragged N, launchers whose block sizes disagree with the kernel's, and a kernel whose store depends on a
-score's value (refused by --fast). Written for iosim's tests; imported only by the counting subprocess
-(TRITON_INTERPRET=1 set first).
+launch kernels (launch options, @triton.autotune pinned or several, @triton.heuristics, tensor descriptors, a
+library-style host function), a tutorial-style variant storing its logsumexp past the end of its array at a ragged N,
+launchers whose block sizes disagree with the kernel's, a kernel whose store depends on a score (refused by --fast).
+Written for iosim's tests; imported only by the counting subprocess (TRITON_INTERPRET=1 set first).
 """
 
 import torch
