@@ -1,8 +1,8 @@
 """Launchers for tests/test_kernels_launch.py: one small FlashAttention-2 forward launched the ways kernel authors
-launch kernels (launch options, @triton.autotune pinned or with several configs, @triton.heuristics, tensor
-descriptors, a library-style host function), a tutorial-style variant that stores its logsumexp past the end of its
-array at a ragged N, and launchers whose block sizes disagree with the kernel's. Written for iosim's tests; imported
-only by the counting subprocess (TRITON_INTERPRET=1 set first).
+launch kernels (launch options, @triton.autotune pinned or several, @triton.heuristics, tensor descriptors, a
+library-style host function), a tutorial-style variant storing its logsumexp past the end of its array at a ragged N,
+launchers whose block sizes disagree with the kernel's, a kernel whose store depends on a score (refused by --fast).
+Written for iosim's tests; imported only by the counting subprocess (TRITON_INTERPRET=1 set first).
 """
 
 import torch
@@ -323,3 +323,22 @@ def launch_two_calls(N, d):
     Out = torch.empty(32)
     two_calls[(2,)](A, B, Out, BLOCK=16)
     return {"A": A, "B": B, "Out": Out}
+
+
+@triton.jit
+def score_branch(Q, K, Out, BLOCK: tl.constexpr):
+    # whether a row is stored depends on the value of a score (iosim kernel --fast must compute it: refused)
+    r = tl.arange(0, BLOCK)
+    q = tl.load(Q + r[:, None] * BLOCK + r[None, :])
+    k = tl.load(K + r[:, None] * BLOCK + r[None, :])
+    total = tl.sum(tl.sum(tl.dot(q, tl.trans(k)), 1), 0)
+    if total > 0:
+        tl.store(Out + r, tl.load(Q + r))
+
+
+def launch_score_branch(N, d):
+    g = torch.Generator().manual_seed(0)
+    Q, K = torch.randn(16, 16, generator=g), torch.randn(16, 16, generator=g)
+    Out = torch.zeros(16)
+    score_branch[(1,)](Q, K, Out, BLOCK=16)
+    return {"Q": Q, "K": K, "Out": Out}

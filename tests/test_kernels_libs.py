@@ -135,6 +135,82 @@ def test_sglang_split_kv_decode_equals_decode_splitkv_over_the_problem(sglang, i
     assert cmp.equal and cmp.numerics_ok, [vars(r) for r in cmp.rows]
 
 
+# --- the Triton tutorial's autotuned fused-attention forward (flash-mlm's packaged copy, or a file by its path) -----
+TUTORIAL_CONFIG = "BLOCK_M=128,BLOCK_N=64,num_stages=2,num_warps=4"
+
+
+@pytest.fixture(scope="module")
+def tutorial():
+    pytest.importorskip("flash_mlm.kernel")
+    import flash_mlm.kernel
+
+    from iosim.kernels import count_batch, count_file
+
+    path = str(EXAMPLES / "triton_tutorial_attention.py")
+    cases = [dict(N=256, d=64, B=1, H=2), dict(N=256, d=64, B=2, H=2, causal=True)]
+    with pytest.MonkeyPatch.context() as mp:
+        # the tutorial keeps one config when PYTEST_VERSION is set: count the one named among all of them
+        mp.delenv("PYTEST_VERSION", raising=False)
+        runs = count_batch([(path, None, p) for p in cases], "triton", config=TUTORIAL_CONFIG)
+        mp.setenv("IOSIM_TUTORIAL_ATTENTION", flash_mlm.kernel.__file__)  # the same file, by its path
+        by_path = count_file(path, params=cases[1], config=TUTORIAL_CONFIG)
+        ragged = count_file(path, params=dict(N=200, d=64), config=TUTORIAL_CONFIG, strict=False)
+    return cases, runs, by_path, ragged
+
+
+def test_the_tutorial_attention_equals_the_hand_derivation(tutorial):
+    cases, runs, by_path, _ = tutorial
+    # N = 256, d = 64, BLOCK_M = 128, BLOCK_N = 64, 2 heads, non-causal: 2 row blocks per head, each loading its Q
+    # block once and all 256 keys of K and V; O and M stored once
+    counts, numbers, _ = runs[0]
+    per = {k: (a.reads, a.writes) for k, a in counts.per_array.items()}
+    assert per == {"Q": (32768, 0), "K": (65536, 0), "V": (65536, 0), "O": (0, 32768), "L": (0, 512)}
+    info = counts.launch_info[0]
+    assert info["kernel"] == "_attn_fwd" and info["constexprs"]["BLOCK_M"] == 128
+    assert info["config"] == "BLOCK_M=128,BLOCK_N=64,num_warps=4,num_ctas=1,num_stages=2 (config 25 of 36)"
+    assert numbers["logsumexp"] == "log2"
+    # causal, 2 batch items: row block 0 reads keys 0..127 (stage 2, the diagonal), row block 1 keys 0..127
+    # (stage 1) and 128..255 (stage 2): 384 keys x 64 per (batch, head)
+    causal = {k: (a.reads, a.writes) for k, a in runs[1][0].per_array.items()}
+    assert causal == {"Q": (65536, 0), "K": (98304, 0), "V": (98304, 0), "O": (0, 65536), "L": (0, 1024)}
+    assert {k: (a.reads, a.writes) for k, a in by_path[0].per_array.items()} == causal
+
+
+@pytest.mark.parametrize("i", range(2))
+def test_the_tutorial_attention_equals_flash2_with_its_log2_logsumexp(tutorial, i):
+    cases, runs, _, _ = tutorial
+    p, (counts, numbers, arrays) = cases[i], runs[i]
+    blocks = block_sizes(counts, "flash2", p["d"], numbers)
+    assert blocks == {"Br": 128, "Bc": 64}
+    cmp = compare(counts, "flash2", p["N"], p["d"], causal=p.get("causal", False), heads=p["H"], arrays=arrays,
+                  scale=numbers["scale"], layout=numbers["layout"], logsumexp="log2", dtype=numbers["dtype"],
+                  whole=Whole(B=p["B"]),
+                  **blocks)  # fmt: skip
+    assert cmp.equal and cmp.numerics_ok, [vars(r) for r in cmp.rows]
+    assert {n["output"] for n in cmp.numerics} == {"O", "L"}
+
+
+def test_the_tutorial_attention_at_a_ragged_n_stores_past_its_logsumexp(tutorial):
+    *_, (counts, _, _) = tutorial
+    # N = 200, BLOCK_M = 128: each head's second row block stores rows 128..255 of M unmasked; head 1's rows
+    # 200..255 lie past the end of M (2 x 200 elements)
+    assert counts.out_of_bounds_lanes == 56 and counts.per_array["L"].writes == 456
+    first = counts.out_of_bounds[0]
+    assert (first["kernel"], first["program"], first["array"], first["elements"]) == ("_attn_fwd", [1, 1, 0], "L", 400)
+    assert first["kind"] == "w" and first["offsets"][:2] == [400, 401]
+
+
+def test_a_tutorial_file_that_does_not_import_is_one_line(tmp_path, monkeypatch):
+    from iosim.errors import InputError
+    from iosim.kernels import count_file
+
+    old = tmp_path / "06-fused-attention.py"
+    old.write_text("import triton.tools.experimental_descriptor  # gone from Triton 3.9\n")
+    monkeypatch.setenv("IOSIM_TUTORIAL_ATTENTION", str(old))
+    with pytest.raises(InputError, match="IOSIM_TUTORIAL_ATTENTION must name a file that imports under this"):
+        count_file(str(EXAMPLES / "triton_tutorial_attention.py"), params=dict(N=128, d=64))
+
+
 # --- the CPU stand-in for a GPU probed at import -------------------------------------------------------------------
 PROBING = textwrap.dedent(
     """

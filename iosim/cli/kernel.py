@@ -71,6 +71,11 @@ def add_arguments(p) -> None:
     p.add_argument("--timeout", type=_timeout, default=300.0, help="seconds before giving up (default 300)")
     p.add_argument("--no-numerics", action="store_true", help="skip the check against the float64 reference")
     p.add_argument(
+        "--fast", action="store_true",
+        help="triton: skip the arithmetic no address, mask, branch or loop bound depends on (the same counts; "
+        "refuses, exit 2, a kernel whose control needs a skipped value; no numerics; iosim.kernels.fast)",
+    )  # fmt: skip
+    p.add_argument(
         "--shared-memory", action="store_true",
         help="triton: also compile each kernel for sm_90 (no GPU needed) and print the shared memory it allocates",
     )  # fmt: skip
@@ -100,7 +105,7 @@ def command(args) -> int:
     config = None if args.config in (None, "all") else args.config
     first = count_file(path, launcher or None, backend, params, args.timeout, arrays=not args.no_numerics,
                        shared_memory=90 if args.shared_memory else None, config=config,
-                       gpu_standin=args.gpu_standin, strict=False)  # fmt: skip
+                       gpu_standin=args.gpu_standin, strict=False, fast=args.fast)  # fmt: skip
     runs = first[0].runs or [first]
     rc, docs = 0, []
     for k, (counts, numbers, arrays) in enumerate(runs):
@@ -114,6 +119,8 @@ def command(args) -> int:
             docs.append(_json(counts, numbers, cmp, problem))
         else:
             _print(args, counts, cmp)
+            if args.fast:
+                print("note: --fast: the values no count depends on were not computed (no numerics checked)")
         if problem:
             print(f"iosim: error: {problem}", file=sys.stderr)
         rc = max(rc, 1 if problem or (cmp is not None and cmp.numerics_ok is False) else 0)

@@ -81,11 +81,15 @@ def _one(out: Path, i: int, mod, backend: str, job: dict, want_arrays: bool) -> 
     if missing:
         return _fail(out, "launcher", f"needs {', '.join(missing)}: give them as options", fn.__name__, i)
     try:
-        runs = count_configs(lambda: fn(**kw), backend, job.get("config"), strict=False)
+        runs = count_configs(lambda: fn(**kw), backend, job.get("config"), strict=False, fast=job.get("fast", False))
     except InputError as e:
         return _fail(out, e.parameter, e.accepted, e.got, i)
     except Exception as e:
         cause = e.__cause__ or e
+        while not isinstance(cause, InputError) and cause.__cause__ is not None:
+            cause = cause.__cause__
+        if isinstance(cause, InputError):  # raised inside a kernel (the interpreter wraps it): --fast's refusal
+            return _fail(out, cause.parameter, cause.accepted, cause.got, i)
         if isinstance(cause, NotImplementedError):
             accepted = "uses a GPU feature Triton's interpreter does not run (so it cannot be counted on a CPU)"
             return _fail(out, "kernel", accepted, str(cause), i)

@@ -523,7 +523,8 @@ def paused():
             r.paused = p
 
 
-def count(launch, backend: str = "triton", config=None, strict: bool = True) -> tuple[KernelCounts, dict]:
+def count(launch, backend: str = "triton", config=None, strict: bool = True, fast: bool = False
+          ) -> tuple[KernelCounts, dict]:  # fmt: skip
     """Count the traffic of ``launch()`` (a callable that launches one or more kernels) in this process.
 
     ``launch`` may return a dict naming the arrays (name -> array, as the model names them: Q, K, V, O, L, ...)
@@ -532,7 +533,8 @@ def count(launch, backend: str = "triton", config=None, strict: bool = True) -> 
     package was imported); :func:`count_file` starts a fresh process that sets it. ``config`` (Triton) picks the
     config of an autotuned kernel with several: a label or part of one (``BLOCK_M=64,num_warps=4``) or an index;
     with none the first is counted (:func:`count_configs` counts each). Returns the counts and the dict ``launch``
-    returned (or {}).
+    returned (or {}). ``fast`` (Triton only) skips the values no count depends on and refuses a kernel whose
+    addresses, masks or control flow would need them (:mod:`iosim.kernels.fast`): the same counts, no numerics.
 
     Data the kernel moved that no argument accounts for (lanes out of bounds; a load/store site that touched one
     argument and then another in the same launch) raises :class:`AccessError` (one line; its ``counts`` hold the
@@ -541,11 +543,13 @@ def count(launch, backend: str = "triton", config=None, strict: bool = True) -> 
     declared by the launcher: ``"selects_pointers": [kernel name or "FILE.py:LINE" of the load or store]``.
     """
     mod = backend_module(backend)
+    if fast and backend != "triton":
+        raise InputError("--fast", "is offered for Triton kernels (under the interpreter) only", backend)
     rec = Recorder()
     t0 = time.perf_counter()
     _ACTIVE.append(rec)
     try:
-        with mod.hooks(rec, config) if backend == "triton" else mod.hooks(rec):
+        with mod.hooks(rec, config, fast) if backend == "triton" else mod.hooks(rec):
             out = launch()
     finally:
         _ACTIVE.remove(rec)
@@ -587,10 +591,11 @@ def raise_access(counts: KernelCounts) -> None:
         raise AccessError(problem, counts)
 
 
-def count_configs(launch, backend: str = "triton", config=None, strict: bool = True) -> list[tuple[KernelCounts, dict]]:
+def count_configs(launch, backend: str = "triton", config=None, strict: bool = True, fast: bool = False
+                  ) -> list[tuple[KernelCounts, dict]]:  # fmt: skip
     """:func:`count` once per config of the autotuned kernel(s) ``launch`` runs (each config its own counts, its
     ``config`` naming it), or once for the config named (``config``) or when no kernel has several configs."""
-    runs = [count(launch, backend, 0 if config is None else config, strict)]
+    runs = [count(launch, backend, 0 if config is None else config, strict, fast)]
     tuned = getattr(LAST_RECORDER[0], "autotuned", {})
     if config is not None and not tuned:
         raise InputError(
@@ -598,7 +603,7 @@ def count_configs(launch, backend: str = "triton", config=None, strict: bool = T
         )
     many = max((len(v) for v in tuned.values()), default=1)
     if config is None and many > 1:
-        runs += [count(launch, backend, k, strict) for k in range(1, many)]
+        runs += [count(launch, backend, k, strict, fast) for k in range(1, many)]
     return runs
 
 
@@ -637,6 +642,7 @@ def count_file(
     config: str | None = None,
     gpu_standin: bool = False,
     strict: bool = True,
+    fast: bool = False,
 ) -> tuple[KernelCounts, dict, dict]:
     """Count a launcher file's kernels in a fresh process with the backend's mode on.
 
@@ -650,10 +656,11 @@ def count_file(
     every config's (counts, numbers, arrays), each ``counts.config`` naming it. ``gpu_standin`` installs the CPU
     stand-ins for the GPU queries libraries make at import (:mod:`iosim.kernels.standin`) in the counting process
     before the launcher file is imported. Out-of-bounds or stray accesses raise :class:`AccessError` unless
-    ``strict`` is False (see :func:`count`).
+    ``strict`` is False (see :func:`count`). ``fast`` (Triton) skips the values no count depends on
+    (:mod:`iosim.kernels.fast`): the same counts, no arrays.
     """
     return count_batch([(path, launcher, params or {})], backend, timeout, arrays, shared_memory, config,
-                       gpu_standin, strict)[0]  # fmt: skip
+                       gpu_standin, strict, fast)[0]  # fmt: skip
 
 
 def count_batch(
@@ -665,6 +672,7 @@ def count_batch(
     config: str | None = None,
     gpu_standin: bool = False,
     strict: bool = True,
+    fast: bool = False,
 ) -> list[tuple]:
     """:func:`count_file` for several (path, launcher, params) jobs in one fresh process (one import of the backend's
     packages): a list of (counts, numbers, arrays). ``timeout`` bounds the whole batch."""
@@ -681,11 +689,12 @@ def count_batch(
         if not p.is_file():
             raise InputError("FILE", "must be an existing Python file defining a launcher", str(path))
         reqs.append({"path": str(p.resolve()), "launcher": launcher or None, "params": dict(params),
-                     "shared_memory": shared_memory, "config": config, "gpu_standin": gpu_standin})  # fmt: skip
+                     "shared_memory": shared_memory, "config": config, "gpu_standin": gpu_standin,
+                     "fast": bool(fast)})  # fmt: skip
     backend = backend or detect_backend(reqs[0]["path"])
     require_extra(backend)
     with tempfile.TemporaryDirectory(prefix="iosim-kernel-") as tmp:
-        req = {"jobs": reqs, "backend": backend, "arrays": bool(arrays)}
+        req = {"jobs": reqs, "backend": backend, "arrays": bool(arrays) and not fast}  # --fast computes no outputs
         Path(tmp, "request.json").write_text(json.dumps(req))
         env = dict(os.environ, **ENV[backend])
         cmd = [sys.executable, "-m", "iosim.kernels._worker", tmp]

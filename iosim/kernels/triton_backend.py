@@ -141,16 +141,20 @@ def choose_config(kernel: str, labels: list[str], wanted) -> int:
 
 
 @contextlib.contextmanager
-def hooks(recorder, config=None):
+def hooks(recorder, config=None, fast: bool = False):
     """Install the counting hooks for the duration of the block (the interpreter must be active). ``config`` picks
     the config of an autotuned kernel with several (see :func:`choose_config`); each autotuned kernel's configs are
-    recorded in ``recorder.autotuned`` (kernel -> labels)."""
+    recorded in ``recorder.autotuned`` (kernel -> labels). ``fast`` skips the values no count depends on
+    (:mod:`iosim.kernels.fast`)."""
     require()
     import triton
     import triton.language as tl
     from triton.runtime import autotuner, interpreter
 
+    from iosim.kernels import fast as fast_mode
+
     triton_dir = os.path.dirname(triton.__file__) + os.sep
+    own_files = {__file__, fast_mode.__file__}  # iosim's hooks and --fast's wrappers: no part of a site
 
     B, G, T = interpreter.InterpreterBuilder, interpreter.GridExecutor, autotuner.Autotuner
     F = interpreter.InterpretedFunction
@@ -180,24 +184,57 @@ def hooks(recorder, config=None):
         frames, f = [], sys._getframe(2)
         while f is not None and f.f_code is not call.__code__:
             name = f.f_code.co_filename
-            if not name.startswith(triton_dir) and name != __file__:
+            if not name.startswith(triton_dir) and name not in own_files:
                 frames.append((name, f.f_lineno, f.f_lasti))  # f_lasti: two calls on one line are two sites
             f = f.f_back
         return tuple(reversed(frames)) or None
 
+    def real(what: str, *handles) -> None:
+        """Under --fast: an address or a mask must be a computed value."""
+        if fast_mode.ENABLED[0] and any(fast_mode.is_fake(h) for h in handles if h is not None):
+            raise fast_mode.FastRefusedError(f"the {what}, computed from a value it skipped")
+
     def load(self, ptrs, mask, *rest, **kw):
-        oob = recorder.access(_lanes(ptrs, mask), "r", _itemsize(ptrs), np.shape(ptrs.data), site())
-        return saved["create_masked_load"](self, ptrs, guard(ptrs, mask, oob), *rest, **kw)
+        real("address or mask of a load", ptrs, mask)
+        lanes, size = _lanes(ptrs, mask), _itemsize(ptrs)
+        oob = recorder.access(lanes, "r", size, np.shape(ptrs.data), site())
+        out = saved["create_masked_load"](self, ptrs, guard(ptrs, mask, oob), *rest, **kw)
+        if fast_mode.ENABLED[0]:
+            st = fast_mode.STATE[0]
+            if (rest and fast_mode.is_fake(rest[0])) or st.poisoned(lanes, size):  # memory a stand-in was stored to
+                fast_mode.mark(out)
+                st.loaded_fakes += 1
+        return out
 
     def store(self, ptrs, value, mask, *rest, **kw):
-        oob = recorder.access(_lanes(ptrs, mask), "w", _itemsize(ptrs), np.shape(ptrs.data), site())
+        real("address or mask of a store", ptrs, mask)
+        lanes, size = _lanes(ptrs, mask), _itemsize(ptrs)
+        oob = recorder.access(lanes, "w", size, np.shape(ptrs.data), site())
+        if fast_mode.ENABLED[0]:
+            if fast_mode.is_fake(value):  # counted; nothing written; the bytes hold a value not computed
+                fast_mode.STATE[0].mark(lanes, size)
+                return None
+            fast_mode.STATE[0].clear(lanes, size)
         return saved["create_masked_store"](self, ptrs, value, guard(ptrs, mask, oob), *rest, **kw)
 
+    def atomic_real(ptr, mask, *operands) -> None:
+        real("address, mask or operands of a compare-and-swap", ptr, mask, *operands)
+        if fast_mode.ENABLED[0] and fast_mode.STATE[0].poisoned(_lanes(ptr, mask), _itemsize(ptr)):
+            raise fast_mode.FastRefusedError("a compare-and-swap on memory holding a value it skipped")
+
     def rmw(self, op, ptr, val, mask, *rest, **kw):
-        oob = recorder.access(_lanes(ptr, mask), "a", _itemsize(ptr), np.shape(ptr.data), site())
+        real("address or mask of an atomic", ptr, mask)
+        lanes, size = _lanes(ptr, mask), _itemsize(ptr)
+        oob = recorder.access(lanes, "a", size, np.shape(ptr.data), site())
+        if fast_mode.ENABLED[0] and (fast_mode.is_fake(val) or fast_mode.STATE[0].poisoned(lanes, size)):
+            # an add (max, ...) of a value not computed, or into memory holding one: counted, not performed; the
+            # memory and the old values it returns are not computed
+            fast_mode.STATE[0].mark(lanes, size)
+            return fast_mode.stand_in_values(ptr)
         return saved["create_atomic_rmw"](self, op, ptr, val, guard(ptr, mask, oob), *rest, **kw)
 
     def cas(self, ptr, cmp, val, *rest, **kw):
+        atomic_real(ptr, None, cmp, val)
         recorder.access(_lanes(ptr, None), "a", _itemsize(ptr), np.shape(ptr.data), site())
         return saved["create_atomic_cas"](self, ptr, cmp, val, *rest, **kw)
 
@@ -232,11 +269,12 @@ def hooks(recorder, config=None):
                 specs = recorder.launch_specs = []
             specs.append((self.fn, named, constexprs))
         outer, in_launch[0] = in_launch[0], True
+        fast_mode.STATE[0].in_launch = True
         patched.clear()
         try:
             return saved_call(self, *args, **kwargs)
         finally:
-            in_launch[0] = outer
+            in_launch[0] = fast_mode.STATE[0].in_launch = outer
 
     def device_call(self, *args, **kwargs):
         """A jitted helper called from a kernel. On every such call Triton patches the triton.language modules the
@@ -244,6 +282,12 @@ def hooks(recorder, config=None):
         function) and never restores them before the launch ends; once a module is patched in a launch, patching
         it again changes nothing, so it is skipped (a fifth of the interpreter's time in a flash kernel's
         reductions, tl.max and tl.sum being jitted helpers). The helper itself runs exactly as Triton runs it."""
+        if fast_mode.ENABLED[0] and fast_mode.reduction_kind(self.fn):
+            out = fast_mode.reduction(args, kwargs)
+            if out is not None:
+                if fast_mode.AUDIT[0]:
+                    fast_mode.audit(self.fn.__name__, out, saved_device(self, *args, **kwargs))
+                return out
         langs = frozenset(id(v) for v in self.fn.__globals__.values() if v is tl or v is tl.core)
         if not (SKIP_REPATCH and in_launch[0] and langs <= patched):
             out = saved_device(self, *args, **kwargs)
@@ -279,7 +323,8 @@ def hooks(recorder, config=None):
     B.set_grid_idx, B.set_grid_dim = set_grid_idx, set_grid_dim
     G.__call__, T.run, F.__call__ = call, tuned_run, device_call
     try:
-        yield
+        with fast_mode.active(array_range) if fast else contextlib.nullcontext():
+            yield
     finally:
         for name, fn in saved.items():
             setattr(B, name, fn)
