@@ -187,7 +187,8 @@ def tile_product_acc(sm, dst, m, n, kk, a, a_rs, a_cs, b, b_rs, b_cs, rotate):
 
 # Register tiles of the on-chip products: each thread owns TM x TN outputs, TM rows strided by the warp's 32
 # lanes (consecutive lanes, consecutive rows: conflict-free shared-memory reads of row-contiguous operands) and TN
-# columns strided by the warps (one column per warp at a time: a broadcast read).
+# columns strided by the warps (one column per warp at a time: a broadcast read). product_t's inner loop is written
+# out for TM = 2 (a0, a1).
 TM = 2
 TN = 8
 

@@ -30,8 +30,9 @@ Shared-memory layout (float32 words, B = min(block, N)): flash2 forward Q_i, O_i
 K_j, V_j (2 Bc d), S_ij (Br Bc): io_model.flash_working_set; flash1 the same words; flash2 backward K_j, V_j,
 dK_j, dV_j (4 Bc d), Q_i, dO_i, dQ_i (3 Br d), L_i, D_i (2 Br), S_ij / P_ij and dP_ij / dS_ij (2 Br Bc).
 Per-row scalars (m~, l~, alpha) live in registers of the thread that owns the row, as the model allows.
-Work split: the score tile and the products are computed with one thread per output element; the row
-statistics with one thread per row.
+Work split: flash2's forward computes S_ij and P_ij V_j in register tiles (:func:`product_t`: 2 x 8 outputs per
+thread, with Q_i, S_ij and O_i stored transposed on chip); the other kernels compute the score tile and the
+products with one thread per output element. The row statistics take one thread per row.
 """
 
 from __future__ import annotations
