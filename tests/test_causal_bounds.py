@@ -29,7 +29,10 @@ def test_causal_bounds_count_the_causal_scores(N, d, M, backward):
 
 
 @pytest.mark.parametrize("algorithm", ["flash1", "flash2", "square-tiling", "standard"])
-@pytest.mark.parametrize(("N", "d", "M"), [(2048, 32, 2048), (1024, 64, 32768), (777, 16, 200)])
+@pytest.mark.parametrize(
+    ("N", "d", "M"),
+    [pytest.param(2048, 32, 2048, marks=pytest.mark.slow), (1024, 64, 32768), (777, 16, 200)],  # 2048: 14-20 s
+)
 def test_every_causal_schedule_moves_at_least_its_lower_bound(algorithm, N, d, M):
     r = iosim.run(algorithm, N=N, d=d, M=M, causal=True, count_only=True, backward=True)
     for p in r.passes.values():

@@ -131,7 +131,7 @@ def test_options_that_would_be_ignored_are_refused(argv, words, tmp_path, monkey
     assert_refused(argv, words, tmp_path, monkeypatch, capsys)
 
 
-@pytest.mark.parametrize("search", ["--greedy", "--optimum"])
+@pytest.mark.parametrize("search", ["--greedy", pytest.param("--optimum", marks=pytest.mark.slow)])  # optimum: 11 s
 def test_a_search_draws_the_picture_it_was_asked_for(search, tmp_path, monkeypatch, capsys):
     pytest.importorskip("matplotlib", reason="the plot extra (matplotlib) is not installed")
     rc, lines, left, out = run_cli(
