@@ -328,6 +328,25 @@ def ncu_child(kernel: str, N: int, d: int, M: int, causal: bool) -> None:
     cuda.profile_stop()
 
 
+def parse_ncu_csv(text: str) -> list[dict]:
+    """ncu --csv --print-units base rows grouped by launch: [{"id", "name", "grid", "block", metric: value, ...}],
+    in launch order."""
+    lines = [line for line in text.splitlines() if line.startswith('"')]
+    launches: dict[str, dict] = {}
+    for rec in csv.DictReader(io.StringIO("\n".join(lines))):
+        lid = rec.get("ID")
+        if lid is None:
+            continue
+        r = launches.setdefault(lid, {"id": int(lid), "name": rec.get("Kernel Name", ""), "grid": rec.get("Grid Size"),
+                                      "block": rec.get("Block Size")})  # fmt: skip
+        value = (rec.get("Metric Value") or "").replace(",", "")
+        try:
+            r[rec["Metric Name"]] = float(value)
+        except (ValueError, KeyError):
+            r[rec.get("Metric Name", "?")] = value
+    return sorted(launches.values(), key=lambda r: r["id"])
+
+
 def ncu_table(gpu, args, case) -> list[dict]:
     _, _, N, d = case
     M = args.M
@@ -353,15 +372,10 @@ def ncu_table(gpu, args, case) -> list[dict]:
         ]
         p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
         totals: dict[str, float] = {}
-        lines = [line for line in p.stdout.splitlines() if line.startswith('"')]
-        for rec in csv.DictReader(io.StringIO("\n".join(lines))):
-            metric, value = rec.get("Metric Name"), rec.get("Metric Value", "").replace(",", "")
-            unit = rec.get("Metric Unit", "byte")
-            try:
-                v = float(value) * {"byte": 1, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9}.get(unit, 1)
-            except ValueError:
-                continue
-            totals[metric] = totals.get(metric, 0.0) + v
+        for launch in parse_ncu_csv(p.stdout):
+            for metric, v in launch.items():
+                if metric in NCU_METRICS and isinstance(v, float):
+                    totals[metric] = totals.get(metric, 0.0) + v
         words = simulated_words(gpu, name, N, d, M, args.causal, 1)
         row = {"case": (1, 1, N, d), "kernel": name, "M": M, "simulated bytes": None if words is None else 4 * words}
         row.update({m: totals.get(m) for m in NCU_METRICS})

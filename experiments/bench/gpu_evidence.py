@@ -24,8 +24,6 @@ profiles a whole table. Timings are medians of CUDA-event timed launches; tests 
 from __future__ import annotations
 
 import argparse
-import csv
-import io
 import json
 import os
 import pathlib
@@ -228,21 +226,10 @@ class Marked:
 
 
 def parse_ncu_csv(text: str) -> list[dict]:
-    """ncu --csv rows grouped by launch: [{"id", "name", "grid", "block", metric: value, ...}] in launch order."""
-    lines = [line for line in text.splitlines() if line.startswith('"')]
-    launches: dict[str, dict] = {}
-    for rec in csv.DictReader(io.StringIO("\n".join(lines))):
-        lid = rec.get("ID")
-        if lid is None:
-            continue
-        r = launches.setdefault(lid, {"id": int(lid), "name": rec.get("Kernel Name", ""), "grid": rec.get("Grid Size"),
-                                      "block": rec.get("Block Size")})  # fmt: skip
-        value = (rec.get("Metric Value") or "").replace(",", "")
-        try:
-            r[rec["Metric Name"]] = float(value)
-        except (ValueError, KeyError):
-            r[rec.get("Metric Name", "?")] = value
-    return sorted(launches.values(), key=lambda r: r["id"])
+    """ncu --csv rows grouped by launch (experiments/bench/gpu.py's parser)."""
+    import gpu as bench
+
+    return bench.parse_ncu_csv(text)
 
 
 def group_by_marker(launches: list[dict], labels: list[dict]) -> list[dict]:
