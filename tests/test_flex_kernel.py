@@ -165,3 +165,34 @@ def test_torchs_own_flex_template_moves_what_the_schedule_counts(N, block, H):  
                            BLOCK_SIZE=block)  # fmt: skip
     ref = flex_attention(q, k, v, block_mask=bm)
     assert np.abs(arrays["O"].reshape(1, H, N, d) - ref.numpy()).max() < 1e-5
+
+
+def test_like_block_sparse_with_the_templates_index_reads(capsys, monkeypatch):
+    """``--indices template``: torch's own template at the ragged N = 200 equals, array by array, the schedule that
+    reads the indices and the padded positions' document ids as the template does; the default schedule does not
+    (the template re-reads the indices); --indices without --like block-sparse is one line, exit 2."""
+    from iosim.block_sparse import INDEX_READS
+    from iosim.cli import kernel as cli_kernel
+    from iosim.cli import main
+    from iosim.kernels.examples.torch_flex_template import TORCH
+
+    assert cli_kernel.INDEX_READS == INDEX_READS
+    if not torch.__version__.startswith(TORCH + "."):
+        pytest.skip(f"the template's hooks are written against torch {TORCH}")
+    monkeypatch.chdir(FILE.parents[3])
+    base = ["kernel", str(TEMPLATE), "--N", "200", "--d", "16", "--H", "2", "--no-numerics"]
+    rc = main([*base, "--like", "block-sparse", "--mask", MASK, "--indices", "template"])
+    out = capsys.readouterr().out
+    rows = {line.split()[0]: line.split()[1:5] for line in out.splitlines() if "closed form to the word" in line}
+    assert rc == 0 and set(rows) == {"Q", "K", "V", "O", "L", "kv_num_blocks", "kv_indices", "full_kv_num_blocks",
+                                     "full_kv_indices", "doc"}  # fmt: skip
+    assert rows["doc"] == ["2,048", "0", "2,048", "0"] and rows["kv_indices"] == ["64", "0", "64", "0"]
+    assert "note: bytes: equal per array, 194,544 in all (the schedule's 194,544)" in out
+    main([*base, "--like", "block-sparse", "--mask", MASK])
+    out = capsys.readouterr().out
+    assert {line.split()[0] for line in out.splitlines() if "closed form to the word" in line} == {
+        "Q", "K", "V", "O", "L", "kv_num_blocks", "full_kv_num_blocks"}  # fmt: skip
+    rc = main([*base, "--like", "flash2", "--Br", "32", "--Bc", "32", "--indices", "template"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.strip() == ("iosim: error: --indices is read by --like block-sparse (how the kernel reads "
+                                       "its BlockMask), got 'template'")  # fmt: skip
