@@ -15,7 +15,10 @@ A captured buffer (:data:`INDEX`) is read per visited block as the tile its inde
 vector (``q``: BQ words), a per-key-position vector (``kv``: BKV), one vector read at both (``q+kv``: document ids,
 BQ + BKV), a (q, kv) bias broadcast over b and h (``qkv``: BQ x BKV), a full (b, h, q, kv) bias (``bhqkv``:
 BQ x BKV) or a per-head scalar (``h``: 1 word). ``mask_mod``'s buffers are read in partial blocks only (full
-blocks skip the mask), ``score_mod``'s in every visited block.
+blocks skip the mask), ``score_mod``'s in every visited block. A ragged block (N_q or N_k not a multiple of the
+block) reads them at its r_i rows and c_j columns only; with ``template`` at all BQ x BKV positions, each index
+taken mod N_q or N_k, as torch's FlexAttention Triton template does when the lengths do not divide
+(``get_bounded_indices``: the padded lanes load real words, so every lane counts).
 
 ``dense`` is the kernel that loads every column block and masks afterwards: no metadata, every block visited and
 treated as partial. Query head h reads key/value head h // g (GQA, per head, as FlexAttention's grid does). The
@@ -57,27 +60,61 @@ def block_classes(kind, p, T, N_q, N_k, BQ, BKV):  # noqa: N803
 
 
 @njit(cache=True)
-def _buffers(W, bufs, handles, partial, b, h, H_q, N_q, r0, br, c0, bc):  # noqa: N803
-    """Load the buffers a block reads; their handles in ``handles`` (-1: none). bufs rows: (aid, index, scope)."""
-    for k in range(bufs.shape[0]):
+def _load_wrapped(W, aid, handles, at, row0, r0, nr, N_r, c0, nc, N_c, vec):  # noqa: N803
+    """Load rows r0 .. r0 + nr - 1 (each taken mod N_r, after row0) by columns c0 .. c0 + nc - 1 (mod N_c) of
+    ``aid`` as contiguous pieces, their handles from ``handles[at]`` on; return the next free slot. Without
+    wrapping (r0 + nr <= N_r, c0 + nc <= N_c) it is one load."""
+    i = 0
+    while i < nr:
+        r = (r0 + i) % N_r
+        nr1 = min(nr - i, N_r - r)
+        j = 0
+        while j < nc:
+            c = (c0 + j) % N_c
+            nc1 = min(nc - j, N_c - c)
+            if vec:
+                handles[at] = load_vec(W, aid, None, row0 + r, nr1, None)
+            else:
+                handles[at] = load(W, aid, None, row0 + r, nr1, c, nc1, None)
+            at += 1
+            j += nc1
+        i += nr1
+    return at
+
+
+@njit(cache=True)
+def _buffers(W, bufs, handles, partial, b, h, H_q, N_q, N_k, r0, nr, c0, nc):  # noqa: N803
+    """Load the buffers a block reads at its nr rows from r0 and nc columns from c0 (indices wrapped mod N_q and
+    N_k: the template's padded positions); their handles in ``handles`` (slots per buffer; -1: none). bufs rows:
+    (aid, index, scope)."""
+    K = bufs.shape[0]
+    slots = handles.size // K if K > 0 else 0
+    for k in range(K):
         aid, index, scope = bufs[k, 0], bufs[k, 1], bufs[k, 2]
-        handles[2 * k] = -1
-        handles[2 * k + 1] = -1
+        at = k * slots
+        for s in range(slots):
+            handles[at + s] = -1
         if scope == MASK and not partial:
             continue
         if index == Q_VEC:
-            handles[2 * k] = load_vec(W, aid, None, r0, br, None)
+            _load_wrapped(W, aid, handles, at, 0, r0, nr, N_q, 0, 1, 1, True)
         elif index == KV_VEC:
-            handles[2 * k] = load_vec(W, aid, None, c0, bc, None)
+            _load_wrapped(W, aid, handles, at, 0, c0, nc, N_k, 0, 1, 1, True)
         elif index == QKV_VEC:
-            handles[2 * k] = load_vec(W, aid, None, r0, br, None)
-            handles[2 * k + 1] = load_vec(W, aid, None, c0, bc, None)
+            at = _load_wrapped(W, aid, handles, at, 0, r0, nr, N_q, 0, 1, 1, True)
+            _load_wrapped(W, aid, handles, at, 0, c0, nc, N_k, 0, 1, 1, True)
         elif index == QKV:
-            handles[2 * k] = load(W, aid, None, r0, br, c0, bc, None)
+            _load_wrapped(W, aid, handles, at, 0, r0, nr, N_q, c0, nc, N_k, False)
         elif index == BHQKV:
-            handles[2 * k] = load(W, aid, None, (b * H_q + h) * N_q + r0, br, c0, bc, None)
+            _load_wrapped(W, aid, handles, at, (b * H_q + h) * N_q, r0, nr, N_q, c0, nc, N_k, False)
         else:
-            handles[2 * k] = load_vec(W, aid, None, h, 1, None)
+            handles[at] = load_vec(W, aid, None, h, 1, None)
+
+
+def handle_slots(n_buffers: int, N_q: int, N_k: int, BQ: int, BKV: int) -> int:  # noqa: N803
+    """The size of ``handles``: per buffer, room for the pieces of its widest read (a wrapped read of BQ rows over
+    N_q is at most BQ // N_q + 2 pieces)."""
+    return n_buffers * 2 * (BQ // N_q + 2) * (BKV // N_k + 2)
 
 
 @njit(cache=True)
@@ -91,10 +128,11 @@ def _free_all(W, handles):
 def block_sparse_forward(W, ids, dims, kv_num, kv_idx, full_num, full_idx, bufs, handles, dense, template=False):  # noqa: N803
     """The schedule above. ids = (Q, K, V, O, L, m, l, S, kv_num_blocks, kv_indices, full_kv_num_blocks,
     full_kv_indices); dims = (B, H_q, H_kv, N_q, N_k, d_qk, d_v, BQ, BKV); the BlockMask tensors (B', H', T_r[, C])
-    with B', H' in {1, B}, {1, H_q} (broadcast); bufs (aid, index, scope) per buffer; handles 2 per buffer.
-    ``template``: the indices read as torch's FlexAttention Triton template reads them (one program per sparse
-    block): each list's first index before its loop (an empty list's too), then after each block its own index and,
-    unless it is the last, the next one's (``get_offset_for_next_block``)."""
+    with B', H' in {1, B}, {1, H_q} (broadcast); bufs (aid, index, scope) per buffer; handles
+    :func:`handle_slots` long. ``template``: as torch's FlexAttention Triton template (one program per sparse row
+    block) reads them, the captured buffers at the whole block (indices wrapped) and the indices: each list's first
+    index before its loop (an empty list's too), then after each block its own index and, unless it is the last, the
+    next one's (``get_offset_for_next_block``)."""
     B, H_q, H_kv, N_q, N_k, d_qk, d_v = dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6]
     BQ, BKV = dims[7], dims[8]
     Q, K, V, O, L, m, l, S = ids[0], ids[1], ids[2], ids[3], ids[4], ids[5], ids[6], ids[7]
@@ -137,7 +175,10 @@ def block_sparse_forward(W, ids, dims, kv_num, kv_idx, full_num, full_idx, bufs,
                         kvrow = (b * H_kv + h // g) * N_k + c0
                         hK = load(W, K, None, kvrow, bc, 0, d_qk, None)
                         hS = alloc(W, S, 0, br, 0, bc)
-                        _buffers(W, bufs, handles, full == 0, b, h, H_q, N_q, r0, br, c0, bc)
+                        if template:  # the template reads captured buffers at the whole block, indices wrapped
+                            _buffers(W, bufs, handles, full == 0, b, h, H_q, N_q, N_k, r0, BQ, c0, BKV)
+                        else:
+                            _buffers(W, bufs, handles, full == 0, b, h, H_q, N_q, N_k, r0, br, c0, bc)
                         hV = load(W, V, None, kvrow, bc, 0, d_v, None)
                         _free_all(W, handles)
                         free(W, hV)

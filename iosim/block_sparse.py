@@ -34,6 +34,7 @@ __all__ = ["BlockSparseResult", "Buffer", "block_sparse", "blocks_of"]
 
 SCOPES = ("mask", "score")
 INDEX_READS = ("once", "template")  # each listed index read once; as torch's FlexAttention Triton template reads them
+# (with ``template`` the captured buffers are also read at a ragged block's padded positions, as the template does)
 INT_BYTES = {"int32": 4, "int64": 8, "bool": 1}
 ARRAY_BYTES_FIXED = {"L": 4, "kv_num_blocks": 4, "kv_indices": 4, "full_kv_num_blocks": 4, "full_kv_indices": 4}
 
@@ -209,7 +210,8 @@ def block_sparse(problem: Problem, mask, *, block=(128, 128), buffers=(), dense:
     """Count the block-sparse schedule (or with ``dense`` the load-everything-then-mask kernel) on ``problem`` for
     ``mask`` with ``buffers`` (:class:`Buffer`); M defaults to the schedule's peak (it fits exactly). ``indices``:
     ``once`` reads each listed block's index once; ``template`` as torch's FlexAttention Triton template reads
-    them (each list's first index before its loop, then each block's own and the next one's but the last's)."""
+    them (each list's first index before its loop, then each block's own and the next one's but the last's) and
+    reads the captured buffers at every BQ x BKV position of a ragged block, indices wrapped."""
     p = problem
     if not isinstance(p, Problem):
         raise InputError("problem", "must be an iosim.Problem", type(p).__name__)
@@ -258,7 +260,7 @@ def block_sparse(problem: Problem, mask, *, block=(128, 128), buffers=(), dense:
                   full_kv_indices=(Bm * Hm * Tr, Cf))  # fmt: skip
     bufs = np.array([(mem.array_id(b.name, b.slow_shape(p)), _bs.INDEX.index(b.index), 0 if b.scope == "mask" else 1)
                      for b in buffers], dtype=np.int64).reshape(-1, 3)  # fmt: skip
-    handles = np.full(2 * len(buffers), -1, dtype=np.int64)
+    handles = np.full(_bs.handle_slots(len(buffers), p.N_q, p.N_k, BQ, BKV), -1, dtype=np.int64)
     mem.call(_bs.block_sparse_forward, np.array(ids, dtype=np.int64), np.array(dims, dtype=np.int64), bi.kv_num,
              bi.kv_idx, bi.full_num, bi.full_idx, bufs, handles, dense, template)  # fmt: skip
     stats = mem.stats()

@@ -48,7 +48,8 @@ PROBLEMS = [dict(B=1, H_q=1, N_q=100, N_k=100, d_qk=8, d_v=8), dict(B=2, H_q=4, 
 @pytest.mark.parametrize("kw, block, dense, indices", [
     (kw, block, dense, "once") for kw, block, dense in itertools.product(PROBLEMS, [(16, 16), (32, 16), (7, 20)],
                                                                          [False, True])
-] + [(kw, (16, 16), False, "template") for kw in PROBLEMS])  # fmt: skip
+] + [(kw, block, dense, "template") for kw, block, dense in [(kw, (16, 16), False) for kw in PROBLEMS] + [
+    (PROBLEMS[1], (32, 16), False), (PROBLEMS[2], (7, 20), True), (PROBLEMS[2], (64, 128), False)]])  # fmt: skip
 def test_counts_equal_closed_form(kw, block, dense, indices):
     p = Problem(**kw)
     document, window, per_head = _fns(p.N_k)
@@ -80,6 +81,27 @@ def test_classes_equal_torch_create_block_mask():
             r1 = block_sparse(Problem(N=N, d=4), bm, buffers=BUFFERS)
             r2 = block_sparse(Problem(N=N, d=4), fn, block=(BQ, BKV), buffers=BUFFERS)
             assert r1.exact and r1.stats.per_array == r2.stats.per_array
+
+
+def test_template_reads_buffers_at_a_ragged_blocks_padded_positions():
+    """N = 40, blocks of 32, causal: row block 1 (8 rows) sees column blocks 0 (8 x 32) and 1 (8 x 8), both partial
+    (a ragged block is never full), row block 0 the diagonal block. The
+    template reads captured buffers at all 32 x 32 positions of each block, indices wrapped mod N (row block 1's
+    rows 32..39 then 0..23); the default schedule at the block's own rows and columns."""
+    p = Problem(N=40, d=8)
+    bufs = [Buffer("doc", "q+kv", "mask", "int32"), Buffer("bias", "qkv", "score"), Buffer("slope", "h", "score")]
+    once = block_sparse(p, "causal", block=32, buffers=bufs)
+    tmpl = block_sparse(p, "causal", block=32, buffers=bufs, indices="template")
+    assert once.exact and tmpl.exact
+    assert once.words["doc"] == (32 + 32) + (8 + 32) + (8 + 8) and tmpl.words["doc"] == 3 * (32 + 32)
+    assert once.words["bias"] == 32 * 32 + 8 * 32 + 8 * 8 and tmpl.words["bias"] == 3 * 32 * 32
+    assert once.words["slope"] == tmpl.words["slope"] == 3
+    assert {k: v for k, v in tmpl.words.items() if k not in ("doc", "bias", "kv_indices", "full_kv_indices")} == {
+        k: v for k, v in once.words.items() if k not in ("doc", "bias", "kv_indices", "full_kv_indices")
+    }
+    whole = Problem(N=64, d=8)  # N a multiple of the block: the two agree on the buffers
+    a, b = (block_sparse(whole, "causal", block=32, buffers=bufs, indices=i) for i in ("once", "template"))
+    assert (a.words["doc"], a.words["bias"]) == (b.words["doc"], b.words["bias"])
 
 
 def test_hand_count_documents_on_block_boundaries():

@@ -124,13 +124,15 @@ def test_compare_takes_a_mask_mod_function_in_python():
 TEMPLATE = FILE.parent / "torch_flex_template.py"
 
 
-@pytest.mark.parametrize("N, block, H", [(128, 32, 2), (96, 16, 1), (200, 32, 2)])
-def test_torchs_own_flex_template_moves_what_the_schedule_counts(N, block, H):  # noqa: N803
+@pytest.mark.parametrize("N, block, H, bias", [(128, 32, 2, False), (96, 16, 1, True), (200, 32, 2, True),
+                                               (72, 32, 1, False), (20, 32, 1, True)])  # fmt: skip
+def test_torchs_own_flex_template_moves_what_the_schedule_counts(N, block, H, bias):  # noqa: N803
     """FlexAttention's own Triton forward (torch's installed template, rendered with iosim's hooks) on a real
     BlockMask, counted in place under the interpreter: every array equals the block-sparse schedule with the
     template's index reads, in words and bytes; its output equals flex_attention's. With N not a multiple of the
-    block, the template evaluates mask_mod at every padded position of a partial block (its bounded indices wrap):
-    the document ids are then read BQ + BKV times per partial block, the rest as the schedule counts."""
+    block (N below the block too), the template evaluates mask_mod at every padded position of a partial block (its
+    bounded indices wrap): the document ids are read BQ + BKV times per partial block, as that schedule counts, and
+    a (q, kv) bias added by score_mod BQ x BKV times per visited block."""
     from torch.nn.attention.flex_attention import flex_attention
 
     from iosim.kernels.counting import count_file
@@ -141,30 +143,64 @@ def test_torchs_own_flex_template_moves_what_the_schedule_counts(N, block, H):  
         pytest.skip(f"the template's hooks are written against torch {TORCH}")
 
     d = 16
-    counts, _, arrays = count_file(str(TEMPLATE), "launch", backend="triton", params={"N": N, "d": d, "block": block,
-                                                                                      "H": H})  # fmt: skip
+    params = {"N": N, "d": d, "block": block, "H": H, "bias": bias}
+    counts, _, arrays = count_file(str(TEMPLATE), "launch", backend="triton", params=params)
     names = ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices")
     bi = block_index(**{k: arrays[k].astype(np.int64) for k in names}, block_size=block)
     p = Problem(H_q=H, N=N, d=d, dtype_q="fp32")
-    model = block_sparse(p, bi, buffers=[Buffer("doc", "q+kv", "mask", "int32")], indices="template")
-    once = block_sparse(p, bi, buffers=[Buffer("doc", "q+kv", "mask", "int32")])
+    bufs = [Buffer("doc", "q+kv", "mask", "int32")] + ([Buffer("bias", "qkv", "score")] if bias else [])
+    model = block_sparse(p, bi, buffers=bufs, indices="template")
+    once = block_sparse(p, bi, buffers=bufs)
     assert model.exact and once.exact
     kernel = {k: (a.reads, a.writes) for k, a in counts.per_array.items() if a.reads or a.writes}
     schedule = {k: (a.reads, a.writes) for k, a in model.stats.per_array.items()}
-    if N % block:
-        assert kernel.pop("doc") == (H * int(bi.kv_num.sum()) * 2 * block, 0) != schedule.pop("doc")
     assert kernel == schedule
-    if N % block == 0:
-        assert {k: a.read_bytes + a.write_bytes for k, a in counts.per_array.items() if a.reads or a.writes} == (
-            model.bytes
-        )
+    assert kernel["doc"] == (H * int(bi.kv_num.sum()) * 2 * block, 0)
+    assert (kernel["doc"][0] != once.words["doc"]) == (N % block != 0)  # the padded positions: ragged N only
+    if bias:
+        visited = int(bi.kv_num.sum() + bi.full_num.sum())
+        assert kernel["bias"] == (H * visited * block * block, 0)
+        assert (kernel["bias"][0] != once.words["bias"]) == (N % block != 0)
+    assert {k: a.read_bytes + a.write_bytes for k, a in counts.per_array.items() if a.reads or a.writes} == model.bytes
     for lst, num in (("kv_indices", bi.kv_num), ("full_kv_indices", bi.full_num)):  # each head: max(1, 2 n) a row
-        assert kernel[lst][0] == H * int(np.maximum(1, 2 * num).sum()) != once.words[lst]
+        assert kernel[lst][0] == H * int(np.maximum(1, 2 * num).sum()) != once.words.get(lst, 0)
     doc = torch.from_numpy(arrays["doc"].astype(np.int64))
     q, k, v = (torch.from_numpy(arrays[x]).reshape(1, H, N, d).float() for x in "QKV")
     from torch.nn.attention.flex_attention import create_block_mask
 
     bm = create_block_mask(lambda b, h, qi, ki: (doc[qi] == doc[ki]) & (qi >= ki), None, None, N, N, device="cpu",
                            BLOCK_SIZE=block)  # fmt: skip
-    ref = flex_attention(q, k, v, block_mask=bm)
+    B = torch.from_numpy(arrays["bias"]).float() if bias else None
+    ref = flex_attention(q, k, v, block_mask=bm, score_mod=(lambda s, b, h, qi, ki: s + B[qi, ki]) if bias else None)
     assert np.abs(arrays["O"].reshape(1, H, N, d) - ref.numpy()).max() < 1e-5
+
+
+def test_like_block_sparse_with_the_templates_index_reads(capsys, monkeypatch):
+    """``--indices template``: torch's own template at the ragged N = 200 equals, array by array, the schedule that
+    reads the indices and the padded positions' document ids as the template does; the default schedule does not
+    (the template re-reads the indices); --indices without --like block-sparse is one line, exit 2."""
+    from iosim.block_sparse import INDEX_READS
+    from iosim.cli import kernel as cli_kernel
+    from iosim.cli import main
+    from iosim.kernels.examples.torch_flex_template import TORCH
+
+    assert cli_kernel.INDEX_READS == INDEX_READS
+    if not torch.__version__.startswith(TORCH + "."):
+        pytest.skip(f"the template's hooks are written against torch {TORCH}")
+    monkeypatch.chdir(FILE.parents[3])
+    base = ["kernel", str(TEMPLATE), "--N", "200", "--d", "16", "--H", "2", "--no-numerics"]
+    rc = main([*base, "--like", "block-sparse", "--mask", MASK, "--indices", "template"])
+    out = capsys.readouterr().out
+    rows = {line.split()[0]: line.split()[1:5] for line in out.splitlines() if "closed form to the word" in line}
+    assert rc == 0 and set(rows) == {"Q", "K", "V", "O", "L", "kv_num_blocks", "kv_indices", "full_kv_num_blocks",
+                                     "full_kv_indices", "doc"}  # fmt: skip
+    assert rows["doc"] == ["2,048", "0", "2,048", "0"] and rows["kv_indices"] == ["64", "0", "64", "0"]
+    assert "note: bytes: equal per array, 194,544 in all (the schedule's 194,544)" in out
+    main([*base, "--like", "block-sparse", "--mask", MASK])
+    out = capsys.readouterr().out
+    assert {line.split()[0] for line in out.splitlines() if "closed form to the word" in line} == {
+        "Q", "K", "V", "O", "L", "kv_num_blocks", "full_kv_num_blocks"}  # fmt: skip
+    rc = main([*base, "--like", "flash2", "--Br", "32", "--Bc", "32", "--indices", "template"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.strip() == ("iosim: error: --indices is read by --like block-sparse (how the kernel reads "
+                                       "its BlockMask), got 'template'")  # fmt: skip

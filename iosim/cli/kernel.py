@@ -20,6 +20,7 @@ from iosim.errors import InputError
 
 LIKE = ("flash2", "flash2-backward", "decode-splitkv", "block-sparse")
 BACKENDS = ("auto", "triton", "pallas", "numba-cuda")
+INDEX_READS = ("once", "template")  # iosim.block_sparse.INDEX_READS (not imported: the CLI loads it lazily)
 
 
 def _timeout(text: str) -> float:
@@ -56,6 +57,10 @@ def add_arguments(p) -> None:
     p.add_argument("--mask", default=None,
                    help="--like block-sparse: the mask the kernel's BlockMask was built for (as iosim run's --mask: "
                    "mod:FILE.py:NAME for a FlexAttention mask_mod, causal, window:W, ...)")  # fmt: skip
+    p.add_argument("--indices", choices=INDEX_READS, default=None,
+                   help="--like block-sparse: once (each listed block's index read once, the default) or template "
+                   "(as torch's FlexAttention Triton template reads the indices and, at a ragged N, the captured "
+                   "buffers at every padded position)")  # fmt: skip
     p.add_argument("--dtype", default=None, help="input dtype passed to the launcher (e.g. float16, float32)")
     p.add_argument(
         "--config", default=None, metavar="K=V,...|all",
@@ -91,6 +96,9 @@ def command(args) -> int:
         raise InputError("FILE", "must be a Python file FILE.py[:LAUNCHER]", args.target)
     if args.mask is not None and args.like != "block-sparse":
         raise InputError("--mask", "is read by --like block-sparse (the mask of the kernel's BlockMask)", args.mask)
+    if args.indices is not None and args.like != "block-sparse":
+        raise InputError("--indices", "is read by --like block-sparse (how the kernel reads its BlockMask)",
+                         args.indices)  # fmt: skip
     if args.like == "block-sparse":
         from iosim import masks
 
@@ -143,7 +151,7 @@ def _compare(args, counts, numbers, arrays):
         heads=int(pick("H", 1)), splits=pick("splits"), arrays=arrays or None, scale=numbers.get("scale"),
         whole=Whole(int(pick("B", 1)), int(pick("H", 1)), pick("kv_heads"), pick("N_q"), pick("page_size"),
                     pick("empty_splits", "written"), numbers.get("chunk_multiple"), numbers.get("metadata"),
-                    args.mask, numbers.get("buffers"), numbers.get("dtype")),
+                    args.mask, numbers.get("buffers"), numbers.get("dtype"), args.indices or "once"),
         dtype=numbers.get("dtype"), layout=numbers.get("layout"), logsumexp=numbers.get("logsumexp"),
     )  # fmt: skip
 

@@ -224,6 +224,7 @@ class Whole:
     mask: str | None = None  # block-sparse: the --mask the kernel's BlockMask was built for
     buffers: dict | None = None  # block-sparse: captured tensor -> (index, scope[, dtype]) (iosim.block_sparse.Buffer)
     dtype: str | None = None  # block-sparse: the inputs' dtype (bytes per word of Q, K, V, O)
+    indices: str = "once"  # block-sparse: how the kernel reads the BlockMask (iosim.block_sparse.INDEX_READS)
 
     def one_head_family(self, N: int) -> bool:
         """Square, multi-head, contiguous: the per-head closed form times B H_q is the whole problem's."""
@@ -305,7 +306,7 @@ def block_sparse_model(N: int, d: int, Br: int | None, Bc: int | None, w: Whole)
     m = masks.parse(w.mask)
     fn = getattr(m, "fn", None)  # a mask_mod: its blocks classified as create_block_mask classifies them
     bi = blocks_of(p, fn if fn is not None else w.mask, (Br, Bc))
-    res = block_sparse(p, bi, block=(Br, Bc), buffers=bufs)
+    res = block_sparse(p, bi, block=(Br, Bc), buffers=bufs, indices=w.indices)
     per = {k: ArrayCounts(c.reads, c.writes) for k, c in res.stats.per_array.items()}
     lb = float(sum(p.compulsory(problem_seen(p, w.mask)).values()))
     return per, res.stats.peak, lb, "the problem's compulsory traffic under the mask", res, bi

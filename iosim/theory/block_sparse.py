@@ -9,7 +9,9 @@ For each (b, h) and row block i (r_i = min(BQ, N_q - i BQ) rows) with partial bl
   before the loop, then each block's own and the next one's but the last's);
 * K: sum over visited blocks (P_i and F_i) of c_j d_qk; V: of c_j d_v;
 * a buffer: its words per block w(i, j) (``q`` r_i, ``kv`` c_j, ``q+kv`` r_i + c_j, ``qkv`` and ``bhqkv`` r_i c_j,
-  ``h`` 1) summed over P_i (a mask_mod buffer) or over P_i and F_i (a score_mod buffer);
+  ``h`` 1; with ``template`` BQ and BKV in place of r_i and c_j: the template reads a ragged block's padded
+  positions too, their indices wrapped) summed over P_i (a mask_mod buffer) or over P_i and F_i (a score_mod
+  buffer);
 * peak: the largest of r_i (d_qk + d_v + 2) + 3 + c_j (d_qk + d_v) + r_i c_j + sum of the block's buffer words over
   visited blocks (without the 3 metadata words in the dense kernel; 2 with ``template``, which reads the index
   after the block), and r_i (d_qk + d_v + 2) + 2 (a row block before its first block, or with none; + 1 with
@@ -63,8 +65,8 @@ def block_sparse_counts(cls: np.ndarray, dims: tuple, buffers: tuple, dense: boo
     meta = 0 if dense else 2 if template else 3  # the block counts, and the block's index (read after it: template)
     ws = r * (d_qk + d_v) + r * 2 + meta + c * (d_qk + d_v) + r * c  # a visited block's working set
     ws_p, ws_f = np.broadcast_to(ws, (Tr, Tc)).copy(), np.broadcast_to(ws, (Tr, Tc)).copy()
-    for name, index, scope in buffers:
-        w = np.broadcast_to(WORDS[index](r, c), (Tr, Tc))
+    for name, index, scope in buffers:  # the template reads them at the whole block, indices wrapped
+        w = np.broadcast_to(WORDS[index](np.int64(BQ), np.int64(BKV)) if template else WORDS[index](r, c), (Tr, Tc))
         scope_sel = P if scope == "mask" else Vis
         per[name] = ArrayCounts(reads=weight * int((scope_sel * w).sum()))
         ws_p = ws_p + w

@@ -7,15 +7,18 @@ backend on the CPU needs a Triton CPU driver), so the launcher renders it itself
 what inductor's ``TritonTemplateKernel`` fills: the signature (``def_kernel``, ``gen_argdefs``), the tensors'
 sizes and strides as literals, the kernel options as module constants (``gen_defines``), the store of O
 (``store_output``) and the two ``modification`` subgraphs, written as inductor writes a mask_mod that reads
-captured document ids: ``score_mod`` the identity, ``mask_mod`` ``doc[q] == doc[kv] and q >= kv`` with the two
-loads of ``doc`` inductor emits. Everything else, the BlockMask walk included, is torch's source as installed.
+captured document ids: ``score_mod`` the identity (``bias=True``: plus a captured (q, kv) bias, one load),
+``mask_mod`` ``doc[q] == doc[kv] and q >= kv`` with the two loads of ``doc`` inductor emits. Everything else,
+the BlockMask walk included, is torch's source as installed.
 
 The kernel options are those of a forward that keeps the logsumexp (``OUTPUT_LOGSUMEXP``, no ``OUTPUT_MAX``), with
 ``BLOCK_M`` = ``BLOCK_N`` = the BlockMask's block (one program per sparse row block, one step per sparse block).
 Counted under the interpreter it moves, array by array, what ``iosim.block_sparse(..., indices="template")``
 counts for the same BlockMask: the template reads each list's first index before its loop and, after each block,
-that block's index and the next one's (tests/test_flex_kernel.py). The hooks follow the template of torch
-:data:`TORCH` (another torch's template may take other hooks or options: refused in one line).
+that block's index and the next one's, and when N is not a multiple of the block it evaluates mask_mod and
+score_mod at every padded position of the block, its indices wrapped mod N (tests/test_flex_kernel.py). The
+hooks follow the template of torch :data:`TORCH` (another torch's template may take other hooks or options:
+refused in one line).
 """
 
 from __future__ import annotations
@@ -45,11 +48,12 @@ def template_dir() -> str:
     return path
 
 
-def render(tensors: dict, out, options: dict) -> str:
-    """The template's source for these tensors (names of :data:`ARGS`, plus ``doc``) and kernel options."""
+def render(tensors: dict, out, options: dict, bias: bool = False) -> str:
+    """The template's source for these tensors (names of :data:`ARGS`, plus ``doc``, and ``bias``: a (q, kv) bias
+    that score_mod adds) and kernel options."""
     import jinja2
 
-    names = [f"arg_{a}" for a in ARGS] + ["in_ptr_doc", "out_ptr0"]
+    names = [f"arg_{a}" for a in ARGS] + ["in_ptr_doc"] + (["in_ptr_bias"] if bias else []) + ["out_ptr0"]
 
     def def_kernel(*args):
         return "@triton.jit\ndef flex_fwd(" + ", ".join(names) + "):\n" + "".join(f"    {a} = arg_{a}\n" for a in args)
@@ -62,8 +66,10 @@ def render(tensors: dict, out, options: dict) -> str:
         return str(tensors[name].shape[i])
 
     def modification(subgraph_number, output_name, score, b, h, m, n, **kw):
-        if subgraph_number == 0:  # score_mod: the identity
-            return f"{output_name} = ({score})"
+        if subgraph_number == 0:  # score_mod: the identity, or plus bias[q, kv]
+            if not bias:
+                return f"{output_name} = ({score})"
+            return f"tmp_b = tl.load(in_ptr_bias + ({n}) + {size('K', 2)} * ({m}))\n{output_name} = ({score}) + tmp_b"
         return (f"tmp_dq = tl.load(in_ptr_doc + ({m}))\ntmp_dk = tl.load(in_ptr_doc + ({n}))\n"
                 f"{output_name} = (tmp_dq == tmp_dk) & (({m}) >= ({n}))")  # fmt: skip
 
@@ -89,7 +95,15 @@ def documents(N: int):  # noqa: N803
     return torch.repeat_interleave(torch.arange(3), torch.tensor([N // 4, N // 2, N - N // 4 - N // 2]))
 
 
-def launch(N: int, d: int, block: int = 32, H: int = 1, dtype: str = "float32", seed: int = 0) -> dict:  # noqa: N803
+def launch(
+    N: int,
+    d: int,
+    block: int = 32,
+    H: int = 1,
+    dtype: str = "float32",
+    seed: int = 0,  # noqa: N803
+    bias: bool = False,
+) -> dict:
     import torch
     from torch.nn.attention.flex_attention import create_block_mask
 
@@ -113,15 +127,17 @@ def launch(N: int, d: int, block: int = 32, H: int = 1, dtype: str = "float32", 
                    GQA_SHARED_HEADS=1, HAS_FULL_BLOCKS=True, QK_HEAD_DIM=d, QK_HEAD_DIM_ROUNDED=d, V_HEAD_DIM=d,
                    V_HEAD_DIM_ROUNDED=d, SAFE_HEAD_DIM=True, USE_TMA=False, BLOCK_M=block, BLOCK_N=block,
                    SPARSE_Q_BLOCK_SIZE=block, SPARSE_KV_BLOCK_SIZE=block, WRITE_DQ=True)  # fmt: skip
-    src = render(tensors, O, options)
+    src = render(tensors, O, options, bias)
     with tempfile.NamedTemporaryFile("w", suffix="_flex_template.py", delete=False) as f:
         f.write(src)
     spec = importlib.util.spec_from_file_location("iosim_flex_template", f.name)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    mod.flex_fwd[(triton.cdiv(N, block), 1, H)](*(tensors[a] for a in ARGS), doc32, O)
+    extra = [inputs("B", (N, N), "float32", seed + 1)[0].contiguous()] if bias else []
+    mod.flex_fwd[(triton.cdiv(N, block), 1, H)](*(tensors[a] for a in ARGS), doc32, *extra, O)
     os.unlink(f.name)
-    return {"Q": Q, "K": K, "V": V, "O": O, "L": tensors["LSE"], "kv_num_blocks": tensors["KV_NUM_BLKS"],
+    return {**({"bias": extra[0]} if bias else {}),
+            "Q": Q, "K": K, "V": V, "O": O, "L": tensors["LSE"], "kv_num_blocks": tensors["KV_NUM_BLKS"],
             "kv_indices": tensors["KV_IDX"], "full_kv_num_blocks": tensors["FULL_KV_NUM_BLKS"],
             "full_kv_indices": tensors["FULL_KV_IDX"], "doc": doc32, "scale": default_scale(d), "H": H,
-            "buffers": {"doc": ("q+kv", "mask", "int32")}}  # fmt: skip
+            "buffers": {"doc": ("q+kv", "mask", "int32"), **({"bias": ("qkv", "score")} if bias else {})}}  # fmt: skip
