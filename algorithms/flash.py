@@ -620,11 +620,12 @@ def _cast(x, dtype):
 
 
 def flash2_problem(mem, problem, Q, K, V, table, *, Br, Bc, gqa, splits, mla, combine_rows, scale, dtype=np.float64,
-                   mask=None):  # noqa: N803  # fmt: skip
+                   mask=None, combine_mem=None):  # noqa: N803  # fmt: skip
     """FlashAttention-2's forward over ``problem`` (module docstring); count-only: Q = K = V = table = None.
 
     Returns (O, L) with O of shape (B H_q N_q, d_v) in (b, h_q, r) row order (None each in count-only mode).
-    ``combine_rows``: the combine step's rows per block (split-KV only). Exact counts:
+    ``combine_rows``: the combine step's rows per block (split-KV only); ``combine_mem``: the memory the combine
+    kernel runs on, when not ``mem`` (the split kernel's counts alone on ``mem``). Exact counts:
     :func:`iosim.theory.io_model.flash2_problem`.
     """
     p = problem
@@ -645,10 +646,20 @@ def flash2_problem(mem, problem, Q, K, V, table, *, Br, Bc, gqa, splits, mla, co
     ids = _ids(mem, shapes, ("Q", "K", "V", "O", "L", "Opart", "Lpart", "page_table", "m", "S"))
     P = p.page_size or 0
     shared = p.latent and mla == "shared"
-    bm = combine_rows if s > 1 else None  # None: no combine kernel (and none compiled)
+    bm = combine_rows if s > 1 and combine_mem is None else None  # None: no combine kernel here (none compiled)
     args = (p.B, p.H_kv, p.g, G, p.N_q, p.N_k, p.d_qk, p.d_v, Br, Bc, s, P, float(scale), shared, bm)
     mem.call(_flash2_forward, ids, Q, K, V, O, L, Op, Lp, table if numeric else None, *args, *problem_mask(p, mask))
+    if s > 1 and combine_mem is not None:
+        split_combine(combine_mem, Rtot, p.d_v, s, combine_rows, Op, Lp, O, L)
     return O, L
+
+
+def split_combine(mem, Rtot, dv, s, rows, Op=None, Lp=None, O=None, L=None):  # noqa: N803
+    """Split-KV's combine kernel on its own (:func:`_split_combine`) over Rtot rows of s partials Op (s Rtot x d_v)
+    and Lp (Rtot x s), in blocks of ``rows``, into O, L (count-only: all None). Exact counts:
+    :func:`iosim.theory.io_model.split_combine`."""
+    ids = _ids(mem, dict(Opart=(s * Rtot, dv), Lpart=(Rtot, s), O=(Rtot, dv), L=(Rtot,)), ("Opart", "Lpart", "O", "L"))
+    mem.call(_split_combine, ids, Op, Lp, O, L, Rtot, dv, s, min(rows, Rtot))
 
 
 def flash1_problem(mem, problem, Q, K, V, table, *, Br, Bc, gqa, mla, scale, dtype=np.float64, mask=None,

@@ -15,10 +15,12 @@ and each part is its own problem under its own mask, counted and put beside its 
 (:func:`iosim.problem_runs.run_problem`). The schedules over a problem run their groups of rows one after another,
 each group's traffic its own, so every array's counts over the whole problem are the parts' sums and the peak is
 the largest part's (in the backward of per-query-head parts with g > 1, each head's dK, dV are the group's
-partials and the group sum follows, as in the whole problem). A schedule whose steps mix the parts cannot be cut
-and is refused in one line: ``splits`` > 1 (the split-KV combine step's row blocks run across heads), ``gqa``
-packed when the g heads of a group differ (they share one pass over K and V and one mask) and ``trace`` (one
-trace per part would overlay)."""
+partials and the group sum follows, as in the whole problem). Split-KV (``splits`` > 1, flash2's forward) runs
+each part's split kernel (a thread block per row block and split, within one group of rows) and then the combine
+kernel once over every row of the problem, its row blocks across the parts as over the whole (the combine reads
+every split's partials whatever the mask). A schedule whose steps mix the parts cannot be cut and is refused in
+one line: ``gqa`` packed when the g heads of a group differ (they share one pass over K and V and one mask) and
+``trace`` (one trace per part would overlay)."""
 
 from __future__ import annotations
 
@@ -88,12 +90,9 @@ def parts(p, g: list, how: str) -> list[tuple[int, int, int]]:
     return [(b, h, 1) for b in range(p.B) for h in range(p.H_q)]
 
 
-def check_schedule(p, how: str, gqa: str, splits, trace) -> None:
+def check_schedule(p, how: str, gqa: str, trace) -> None:
     """One line unless the schedule's steps stay within the parts of the cut ``how``."""
     why = "the mask differs per (b, h), so each part of the problem runs as its own problem"
-    if splits != 1:
-        raise InputError("splits", f"must be 1 with a mask that differs per (b, h): the split-KV combine step's "
-                         f"row blocks run across heads ({why})", splits)  # fmt: skip
     if how == "head" and gqa == "packed" and p.g > 1:
         raise InputError("gqa", f"must be per-head: the mask differs between the g = {p.g} query heads that share a "
                          "key/value head, and packed GQA runs them as one block of rows under one mask",

@@ -339,12 +339,13 @@ def run_problem(algo, p: Problem, M: int, gqa, splits, mla, Br, Bc, B, one_head,
         Q, K, V, Ks, Vs, table = _problem_inputs(p, np.random.default_rng(seed), user)
     data = [None if x is None else np.ascontiguousarray(x, dtype=np_dtype) for x in (Q, Ks, Vs)]
     if algo.name == "flash2":
+        apart = splits > 1 and o.get("combine") == "apart"  # a part of a problem whose combine runs over the whole
         O, L = flash.flash2_problem(
             mem, p, *data, table, Br=t.Br, Bc=t.Bc, gqa=gqa, splits=splits, mla=mla, combine_rows=bm, scale=scale,
-            dtype=np_dtype, mask=tmask,
+            dtype=np_dtype, mask=tmask, combine_mem=TwoLevelMemory(M, fast=count_only) if apart else None,
         )  # fmt: skip
         outputs = {"O": O, "L": L}
-        predicted = io_model.flash2_problem(p, t.Br, t.Bc, gqa, splits, mla, bm, tmask)
+        predicted = io_model.flash2_problem(p, t.Br, t.Bc, gqa, splits, mla, None if apart else bm, tmask)
     else:
         O, l_, m = flash.flash1_problem(
             mem, p, *data, table, Br=t.Br, Bc=t.Bc, gqa=gqa, mla=mla, scale=scale, dtype=np_dtype, mask=tmask,
@@ -495,7 +496,7 @@ def _run_mask_parts(algo, p: Problem, M: int, gqa, splits, mla, Br, Bc, B, o: di
     from iosim.theory import io_model
 
     how = head_masks.cut(p, grid)
-    head_masks.check_schedule(p, how, gqa, splits, o["trace"])
+    head_masks.check_schedule(p, how, gqa, o["trace"])
     backward, count_only = flag("backward", o["backward"]), flag("count_only", o["count_only"])
     user = _user_arrays(p, o, backward)
     seed = None if user is not None else seed_arg(o["seed"])
@@ -515,6 +516,8 @@ def _run_mask_parts(algo, p: Problem, M: int, gqa, splits, mla, Br, Bc, B, o: di
             arrays = (Q[qs].reshape(1, nh, p.N_q, -1), K[ks].reshape(1, nkv, p.N_k, -1),
                       V[ks].reshape(1, nkv, p.N_k, -1), grad)  # fmt: skip
         part = {**o, "mask": grid[b][h0], "arrays": arrays, "seed": o["seed"] if count_only else None}
+        if splits != 1:  # split-KV: each part's split kernel; the combine kernel runs once over the whole, below
+            part["combine"] = "apart"
         r = run_problem(algo, sub, M, gqa, splits, mla, Br, Bc, B, one_head, **part)
         runs.append(r)
         seen_q, seen_k = sub._seen(r.seen)
@@ -523,6 +526,14 @@ def _run_mask_parts(algo, p: Problem, M: int, gqa, splits, mla, Br, Bc, B, o: di
         rows_k[key] = max(rows_k.get(key, 0), seen_k)
     seen = SeenTotals(rows_q, sum(rows_k.values()))
     first = runs[0]
+    s = first.schedule.get("splits", 1)  # validated by the parts' runs
+    if s > 1:  # the combine kernel over all B H_q N_q rows, its blocks across the parts as over the whole problem
+        from iosim.algorithms import flash
+
+        Rtot, bm = p.B * p.H_q * p.N_q, combine_rows(p, s, M)
+        cmem = TwoLevelMemory(M, strict=flag("strict", o["strict"]), fast=True)
+        flash.split_combine(cmem, Rtot, p.d_v, s, bm)
+        combine = (cmem.stats(), io_model.split_combine(Rtot, p.d_v, s, bm))
     passes: dict[str, PassResult] = {}
     for name, ps in first.passes.items():
         each = [r.passes[name] for r in runs]
@@ -532,6 +543,9 @@ def _run_mask_parts(algo, p: Problem, M: int, gqa, splits, mla, Br, Bc, B, o: di
         predicted = None
         if all(x.predicted is not None for x in each):
             predicted = io_model.sum_predictions([x.predicted for x in each])
+        if s > 1 and name == "forward":
+            stats = stats + combine[0]
+            predicted = None if predicted is None else io_model.sum_predictions([predicted, combine[1]])
         errors = {e: max(x.errors.get(e, 0.0) for x in each) for e in ps.errors}
         floor = p.compulsory_backward(seen) if name == "backward" else p.compulsory(seen)
         passes[name] = PassResult(name, stats, predicted, float(sum(floor.values())), ps.lower_bound_name, errors,
@@ -549,6 +563,9 @@ def _run_mask_parts(algo, p: Problem, M: int, gqa, splits, mla, Br, Bc, B, o: di
     for k in ("thread_blocks", "backward_thread_blocks"):
         if isinstance(schedule.get(k), int):
             schedule[k] = sum(r.schedule[k] for r in runs)
+    if s > 1:
+        schedule["thread_blocks"] += combine[1].thread_blocks
+        schedule["combine_rows"] = combine_rows(p, s, M)
     schedule["mask_parts"] = f"{len(runs)} ({how})"
     label = f"{o['mask'].label} per (b, h)"
     return Result(

@@ -2,8 +2,8 @@
 item) and h (a window per head), or a BlockMask with an entry per (b, h), runs on flash1, flash2, standard and
 square tiling, forward and backward, with every array's counts and the peak equal to the closed form; the cut into
 parts is exact (a mask the same at every head counts the same cut or whole); each part counts what its own mask
-given as an N x N array counts; the outputs equal the float64 reference of each head's mask; the schedules whose
-steps mix heads are refused in one line."""
+given as an N x N array counts; the outputs equal the float64 reference of each head's mask; split-KV runs each
+part's split kernel and one combine over the whole; the schedules whose steps mix heads are refused in one line."""
 
 from __future__ import annotations
 
@@ -74,7 +74,8 @@ CUT_CASES = [("flash1", "per-head", {}, True), ("flash2", "per-head", {}, True),
              ("flash1", "packed", {}, False), ("flash2", "per-head", {"page_size": 6}, False),
              ("flash1", "per-head", {"latent": True}, False), ("standard", "per-head", {}, False),
              ("square-tiling", "per-head", {}, False), ("standard", "per-head", {"square": True}, True),
-             ("square-tiling", "per-head", {"square": True}, True)]  # fmt: skip
+             ("square-tiling", "per-head", {"square": True}, True), ("flash2", "per-head", {"splits": 2}, False),
+             ("flash2", "packed", {"splits": 3}, False)]  # fmt: skip
 
 
 @pytest.mark.parametrize("how, algo, gqa, sched, backward", [
@@ -87,7 +88,7 @@ def test_the_cut_is_exact(monkeypatch, how, algo, gqa, sched, backward):
     Nq, dv = (29, 6) if sched.get("square") else (17, 5)  # the one-head algorithms' backward: N_q = N_k, d_qk = d_v
     p = Problem(B=2, H_q=4, H_kv=1 if latent else 2, N_q=Nq, N_k=29, d_qk=6, d_v=dv, latent=latent,
                 page_size=sched.get("page_size"))  # fmt: skip
-    kw = dict(problem=p, M=900, gqa=gqa, seed=3, backward=backward)
+    kw = dict(problem=p, M=900, gqa=gqa, seed=3, backward=backward, splits=sched.get("splits", 1))
     if algo.startswith("flash"):
         kw.update(Br=4, Bc=5)
     whole = iosim.run(algo, mask=masks.from_mask_mod(doc_only, 0, 0), **kw)
@@ -95,7 +96,8 @@ def test_the_cut_is_exact(monkeypatch, how, algo, gqa, sched, backward):
     monkeypatch.setattr(head_masks, "cut", lambda p, g: how)
     cut = iosim.run(algo, mask=masks.from_mask_mod(lambda b, h, q, kv: doc_only(0 * b, 0 * h, q, kv)), **kw)
     assert cut.schedule["mask_parts"].endswith(f"({how})") and _exact(cut) and _exact(whole)
-    assert _counts(cut) == _counts(whole)
+    assert _counts(cut) == _counts(whole) and cut.schedule["thread_blocks"] == whole.schedule["thread_blocks"]
+    assert cut.schedule.get("combine_rows") == whole.schedule.get("combine_rows")
     for k, v in whole.outputs.items():
         if v is not None:
             np.testing.assert_allclose(cut.outputs[k], v, rtol=0, atol=1e-12)
@@ -152,12 +154,42 @@ def test_block_sparse_per_head_from_a_mask_object():
     assert block_sparse(p, doc_window, block=8, mask_B=1, mask_H=1).census["heads_per_mask"] == 8
 
 
+@pytest.mark.parametrize("fn, how, gqa", [(doc_only, "batch", "packed"), (per_group, "kv-head", "packed"),
+                                         (doc_window, "head", "per-head")])  # fmt: skip
+@pytest.mark.parametrize("splits", [2, 3, 4])
+def test_split_kv_per_head_mask(fn, how, gqa, splits):
+    """Split-KV (flash2's forward) under a mask that differs per (b, h): each part's split kernel, then one combine
+    kernel over every row (its blocks across the parts): counts equal the closed form per array and in peak; every
+    array's counts are the sums of each (b, h) run alone under its mask as an N x N array with the same splits (the
+    combine's counts do not depend on its blocks); outputs equal the reference. N_k = 29, B_c = 5: 6 column blocks,
+    so 4 splits of 2 leave the last split no block, and the masks leave splits empty for many row blocks."""
+    r = iosim.run("flash2", problem=P, M=900, gqa=gqa, splits=splits, mask=masks.from_mask_mod(fn), seed=2, Br=4,
+                  Bc=5)  # fmt: skip
+    assert _exact(r) and r.schedule["mask_parts"].endswith(f"({how})") and r.schedule["splits"] == splits
+    assert max(r.errors.values()) < 1e-12 and r.finite
+    Rtot = P.B * P.H_q * P.N_q
+    bm = min(Rtot, 900 // (splits + 2 * P.d_v + 1))  # the whole problem's combine block
+    assert r.schedule["combine_rows"] == bm and r.main.stats.peak >= bm * (splits + 2 * P.d_v + 1)
+    one = Problem(N_q=P.N_q, N_k=P.N_k, d_qk=P.d_qk, d_v=P.d_v)
+    heads = [iosim.run("flash2", problem=one, M=900, splits=splits, mask=_dense(fn, b, h), count_only=True, Br=4,
+                       Bc=5) for b in range(P.B) for h in range(P.H_q)]  # fmt: skip
+    total = heads[0].main.stats
+    for x in heads[1:]:
+        total = total + x.main.stats
+    if gqa == "per-head":  # packed reads K/V once per group; per head, once per query head
+        assert r.main.stats.per_array == total.per_array
+    assert {k: r.main.stats.per_array[k] for k in ("Opart", "Lpart", "O", "L")} == {
+        k: total.per_array[k] for k in ("Opart", "Lpart", "O", "L")}  # fmt: skip
+
+
 def test_refusals(tmp_path):
     """Schedules whose steps mix heads: one line naming the parameter; counts that take one mask refuse a mask
     that differs; the command line gives exit 2 and runs the per-(b, h) mask otherwise."""
     mod = masks.from_mask_mod(doc_window)
-    with pytest.raises(InputError, match="^splits must be 1 with a mask that differs per \\(b, h\\)"):
-        iosim.run("flash2", problem=P, M=900, mask=mod, splits=2, count_only=True)
+    with pytest.raises(InputError, match="^splits applies to flash2"):  # split-KV runs per part on flash2 alone
+        iosim.run("flash1", problem=P, M=900, mask=mod, splits=2, count_only=True)
+    with pytest.raises(InputError, match="^splits is an inference option with no backward"):
+        iosim.run("flash2", problem=P, M=900, mask=mod, splits=2, backward=True, count_only=True)
     with pytest.raises(InputError, match="^trace is not recorded with a mask that differs"):
         iosim.run("flash2", problem=P, M=900, mask=mod, trace=True, count_only=True)
     with pytest.raises(InputError, match="^mask differs per \\(b, h\\); this count takes one mask"):
@@ -170,7 +202,8 @@ def test_refusals(tmp_path):
     base = ["run", "flash2", "--batch", "2", "--heads", "4", "--kv-heads", "2", "--Nq", "17", "--Nk", "29", "--d", "6",
             "--M", "900", "--mask", f"mod:{src}:mod", "--count-only"]  # fmt: skip
     assert main([*base, "--json"]) == 0
-    assert main([*base, "--splits", "2"]) == 2
+    assert main([*base, "--splits", "2"]) == 0 and main([*base[:-1], "--splits", "3"]) == 0
+    assert main([*base, "--splits", "2", "--gqa", "packed"]) == 2  # the heads of a group differ
 
 
 def test_a_mask_mod_that_never_reads_b_or_h_is_evaluated_once():

@@ -567,8 +567,18 @@ class ProblemPrediction(Prediction):
     thread_blocks: int = 0
 
 
+def split_combine(Rtot: int, dv: int, s: int, rows: int) -> ProblemPrediction:
+    """Split-KV's combine kernel over Rtot rows of s partials (algorithms/flash.py), in blocks of ``rows``: Lpart read
+    s Rtot, Opart read s Rtot d_v, O and L written Rtot (d_v + 1); peak one block's working set; ceil(Rtot / rows)
+    thread blocks."""
+    bm = min(rows, Rtot)
+    pred = _pred(combine_working_set(dv, s, bm), Opart=(s * Rtot * dv, 0), Lpart=(s * Rtot, 0), O=(0, Rtot * dv),
+                 L=(0, Rtot))  # fmt: skip
+    return ProblemPrediction(pred.per_array, pred.peak, cdiv(Rtot, bm))
+
+
 def flash2_problem(p, Br: int, Bc: int, gqa: str = "per-head", splits: int = 1, mla: str = "shared",
-                   combine_rows: int = 1, mask: TileMask | None = None) -> ProblemPrediction:  # fmt: skip
+                   combine_rows: int | None = 1, mask: TileMask | None = None) -> ProblemPrediction:  # fmt: skip
     """FlashAttention-2's forward over a problem (algorithms/flash.py), per group of R rows:
 
     for each row block i (R_i rows) and split k: the nonempty tiles among the split's column blocks (causal: those
@@ -578,7 +588,8 @@ def flash2_problem(p, Br: int, Bc: int, gqa: str = "per-head", splits: int = 1, 
     writes O and L (s = 1) or Opart and Lpart (s > 1), R_i d_v and R_i words. Times groups = B H_kv G. Split-KV
     adds the combine step: Lpart read s B H_q N_q, Opart read s B H_q N_q d_v, O and L written B H_q N_q (d_v + 1).
     Peak: the largest inner step, R_i (d_qk + d_v + 2) + n (d_qk + d_v') + R_i n for the longest piece n of a
-    split's nonempty tiles, or a split with none (O_i, l_i, m_i), or the combine step's block.
+    split's nonempty tiles, or a split with none (O_i, l_i, m_i), or the combine step's block
+    (:func:`split_combine`; ``combine_rows`` None: the split kernel alone, its combine counted apart).
     """
     _, groups, R = p.groups(gqa)
     s, P = int(splits), p.page_size or 0
@@ -612,17 +623,12 @@ def flash2_problem(p, Br: int, Bc: int, gqa: str = "per-head", splits: int = 1, 
     if s == 1:
         arrays.update(O=(0, groups * out_rows * p.d_v), L=(0, groups * out_rows))
     else:
-        bm = min(combine_rows, Rtot)
-        arrays.update(
-            Opart=(s * Rtot * p.d_v, groups * out_rows * p.d_v),
-            Lpart=(s * Rtot, groups * out_rows),
-            O=(0, Rtot * p.d_v),
-            L=(0, Rtot),
-        )
-        peak = max(peak, combine_working_set(p.d_v, s, bm))
-        blocks += cdiv(Rtot, bm)
+        arrays.update(Opart=(0, groups * out_rows * p.d_v), Lpart=(0, groups * out_rows))
     pred = _pred(peak, **arrays)
-    return ProblemPrediction(pred.per_array, pred.peak, blocks)
+    split = ProblemPrediction(pred.per_array, pred.peak, blocks)
+    if s == 1 or combine_rows is None:
+        return split
+    return sum_predictions([split, split_combine(Rtot, p.d_v, s, combine_rows)])
 
 
 def flash1_problem(p, Br: int, Bc: int, gqa: str = "per-head", mla: str = "shared",
