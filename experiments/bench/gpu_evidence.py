@@ -138,6 +138,22 @@ def sweep_configs(max_words: int) -> list[dict]:
     return out
 
 
+def largest_M(cuda, bench) -> int:
+    """The largest M the parts use: the opt-in ceiling less 256 words (the sm_90 reserved 1 KiB that
+    iosim.gpu.resources assumed a kernel's static shared memory; the H100's driver reports none)."""
+    return bench.max_shared_words(cuda) - 256
+
+
+def sweep_inputs(cuda, bench):
+    """(configuration, device inputs) of the sweep, the inputs made once per d."""
+    arrays_by_d: dict = {}
+    for c in sweep_configs(largest_M(cuda, bench)):
+        if c["d"] not in arrays_by_d:
+            arrays_by_d.clear()
+            arrays_by_d[c["d"]] = bench.device_arrays(cuda, 1, c["BH"], c["N"], c["d"])
+        yield c, arrays_by_d[c["d"]]
+
+
 def _counts_json(counts) -> dict:
     return {k: [v.reads, v.writes, v.init_writes] for k, v in sorted(counts.items())}
 
@@ -151,20 +167,14 @@ def part_sweep(args) -> dict:
 
     from iosim.gpu import launch as gpu
 
-    top = bench.max_shared_words(cuda) - 256  # the sm_90 reserved 1 KiB (iosim.gpu.resources), in words
     rows = []
     timer = bench.Timer(cuda, args.reps, args.seconds)
-    arrays_by_d: dict = {}
     t0 = time.perf_counter()
-    for c in sweep_configs(top):
+    for c, arrays in sweep_inputs(cuda, bench):
         if time.perf_counter() - t0 > args.budget:
             rows.append({**c, "error": "time budget of the part spent"})
             continue
         N, d, M, BH, k = c["N"], c["d"], c["M"], c["BH"], c["kernel"]
-        if d not in arrays_by_d:
-            arrays_by_d.clear()
-            arrays_by_d[d] = bench.device_arrays(cuda, 1, BH, N, d)
-        arrays = arrays_by_d[d]
         row = dict(c)
         try:
             t = gpu.tiling_for(k, N, d, M, "fit")
@@ -294,15 +304,9 @@ def child_sweep(args) -> None:
     from iosim.gpu import launch as gpu
 
     mk = Marked(args.out / "labels-sweep.json")
-    top = bench.max_shared_words(cuda) - 256
-    arrays_by_d: dict = {}
-    for c in sweep_configs(top):
-        N, d, M, BH, k = c["N"], c["d"], c["M"], c["BH"], c["kernel"]
-        if d not in arrays_by_d:
-            arrays_by_d.clear()
-            arrays_by_d[d] = bench.device_arrays(cuda, 1, BH, N, d)
+    for c, arrays in sweep_inputs(cuda, bench):
         try:
-            run = bench.runner(cuda, gpu, k, arrays_by_d[d], M, False, args.threads)
+            run = bench.runner(cuda, gpu, c["kernel"], arrays, c["M"], False, args.threads)
             run()  # compile outside the profiled range
             mk.run(c, run)
         except Exception as e:
@@ -410,7 +414,7 @@ def part_sdpa(args) -> dict:
     from iosim.gpu import launch as gpu
 
     timer = bench.Timer(cuda, args.reps, args.seconds)
-    top = bench.max_shared_words(cuda) - 256
+    top = largest_M(cuda, bench)
     rows = []
     kernels = ["flash2"] + [k for k in getattr(gpu, "FAST_KERNELS", ())]
     for B, H, N, d in SDPA_CASES:
@@ -469,7 +473,7 @@ def part_ab(args) -> dict:
     before = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(before)
     timer = bench.Timer(cuda, args.reps, args.seconds)
-    top = bench.max_shared_words(cuda) - 256
+    top = largest_M(cuda, bench)
     rows = []
     for B, H, N, d in SDPA_CASES:
         arrays = bench.device_arrays(cuda, B, H, N, d)
