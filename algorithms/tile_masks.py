@@ -80,6 +80,12 @@ class TileMask:
             return self.kind, None, None, self.policy == "skip"
         return self.kind, self.params, self.table, self.policy == "skip"
 
+    @property
+    def packed_rows(self) -> int:
+        """R when this is one group's mask over its R packed rows (the g query heads of a key/value head under
+        masks of their own, :func:`iosim.head_masks.packed_mask`), else 0."""
+        return int(self.params[5]) if self.kind == MOD and self.params.size > 5 else 0
+
     def with_policy(self, policy: str) -> TileMask:
         return TileMask(self.kind, self.params, self.table, self.N, self.label, policy)
 
@@ -168,7 +174,11 @@ def _warm(p, t) -> None:
     process, with Numba's runtime. Its BigBird branch allocates (a buffer of random columns); a count-only variant is
     compiled without the runtime, and mask_nnz compiled first from inside it was compiled without it too and failed
     to type (whatever the kind: the kind is a run-time value). Compiled here first, every variant reuses this
-    compilation (one signature: int64 kind, params, table and sizes); the call counts nothing (an empty tile)."""
+    compilation (one signature: int64 kind, params, table and sizes); the call counts nothing (an empty tile).
+    Not while the module's functions are their plain Python (the pebble game's symbolic run patches them): a
+    process whose first mask was made there compiled the count-only variant first and failed to type."""
+    if not hasattr(mask_nnz, "py_func"):
+        return
     _WARM.append(True)
     mask_nnz(BIGBIRD, p, t, 0, 0, 0, 0)  # the one that allocates; the helpers calling it reuse this compilation
 
@@ -808,8 +818,16 @@ def _ol_apply_mask(S, kind, p, T, r0, c0):
 # positions, so every mask is aligned bottom-right as the causal one is). A thread block of packed GQA rows holds
 # several heads' rows, packed row r being query row r mod N_q: its rows are at most three runs of the mask's rows
 # (the end of a head, whole heads, the start of a head). Rows q + off < 0 (N_q > N_k) see no key. Without a mask
-# (p None) every row sees every key.
+# (p None) every row sees every key. A MOD mask whose params carry a sixth entry R (:func:`packed_rows`) is a
+# group's own mask over its R packed rows (the g heads of a group under masks of their own, iosim.head_masks):
+# its row r is packed row r, whatever N_q and off.
 # ---------------------------------------------------------------------------------------------------------------
+
+
+@njit(cache=True)
+def _packed(kind, p):
+    """Whether (kind, p) is a mask over a group's packed rows (a MOD mask with R in its params)."""
+    return kind == MOD and p.size > 5
 
 
 @njit(cache=True)
@@ -837,6 +855,8 @@ def _run_nnz(kind, p, T, a, n, c0, nc):
 
 @njit(cache=True)
 def _rows_nnz(kind, p, T, r0, nr, c0, nc, Nq, off):  # noqa: N803
+    if _packed(kind, p):
+        return _run_nnz(kind, p, T, r0, nr, c0, nc)
     a, n, heads, m = _runs(r0, nr, Nq, off)
     s = _run_nnz(kind, p, T, a, n, c0, nc)
     if heads > 0:
@@ -857,6 +877,9 @@ def _run_cols(kind, p, T, a, n, Nk, lo, hi):  # noqa: N803
 
 @njit(cache=True)
 def _rows_cols(kind, p, T, r0, nr, Nq, off, Nk):  # noqa: N803
+    if _packed(kind, p):
+        lo, hi = _run_cols(kind, p, T, r0, nr, Nk, Nk, 0)
+        return (lo, hi) if lo < hi else (0, 0)
     a, n, heads, m = _runs(r0, nr, Nq, off)
     lo, hi = _run_cols(kind, p, T, a, n, Nk, Nk, 0)
     if heads > 0:
@@ -868,6 +891,9 @@ def _rows_cols(kind, p, T, r0, nr, Nq, off, Nk):  # noqa: N803
 
 @njit(cache=True)
 def _cols_rows(kind, p, T, c0, nc, Nq, off, R):  # noqa: N803
+    if _packed(kind, p):
+        a, b = mask_rows(kind, p, T, c0, nc, R)
+        return (a, b) if a < b else (0, 0)
     a, b = mask_rows(kind, p, T, c0, nc, Nq + off)
     qa, qb = max(0, a - off), min(Nq, b - off)
     if qa >= qb:
@@ -877,6 +903,9 @@ def _cols_rows(kind, p, T, c0, nc, Nq, off, R):  # noqa: N803
 
 @njit(cache=True)
 def _rows_apply(S, kind, p, T, r0, c0, Nq, off):  # noqa: N803
+    if _packed(kind, p):
+        apply_mask(S, kind, p, T, r0, c0)
+        return
     nr = S.shape[0]
     r = 0
     while r < nr:
@@ -1009,17 +1038,26 @@ def kv_outer_summary(kind, p, T, starts, ends, Nq, off, R, Br):  # noqa: N803
 @njit(cache=True)
 def seen_counts(kind, p, T, Nq, off, Nk):  # noqa: N803
     """(query rows that see a key, keys that some query row sees) of a problem's mask rows [off, off + N_q): what
-    its compulsory traffic must read. One test per row and per key (a random element's stops at its first allowed
-    element)."""
+    its compulsory traffic must read (:func:`seen_keys`)."""
+    rows, keys = seen_keys(kind, p, T, Nq, off, Nk)
+    return rows, keys.sum()
+
+
+@njit(cache=True)
+def seen_keys(kind, p, T, Nq, off, Nk):  # noqa: N803
+    """(query rows that see a key, for each key whether some query row sees it) of the mask rows [off, off + N_q)
+    (a mask over packed rows, :func:`_packed`: call with its R rows and off = 0). One test per row and per key (a
+    random element's stops at its first allowed element)."""
     a = max(off, 0)
-    rows = keys = 0
+    rows = 0
+    keys = np.zeros(Nk, dtype=np.bool_)
     for r in range(a, off + Nq):
         lo, hi = mask_cols(kind, p, T, r, 1, Nk)
         if lo < hi and tile_nnz(kind, p, T, r, 1, lo, hi - lo) > 0:
             rows += 1
     for c in range(Nk):
-        lo, hi = mask_rows(kind, p, T, c, 1, Nk)
+        lo, hi = mask_rows(kind, p, T, c, 1, off + Nq)
         lo, hi = max(lo, a), min(hi, off + Nq)
         if lo < hi and tile_nnz(kind, p, T, lo, hi - lo, c, 1) > 0:
-            keys += 1
+            keys[c] = True
     return rows, keys

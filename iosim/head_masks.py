@@ -9,7 +9,9 @@ changes, into the coarsest of
 * one part per batch item b (B = 1, every head), when the mask is the same at every head of b;
 * one part per key/value head of b (B = 1, H_q = g, H_kv = 1), when it is the same within each group of g query
   heads that share K and V;
-* one part per query head (B = 1, H_q = H_kv = 1) otherwise;
+* one part per query head (B = 1, H_q = H_kv = 1) otherwise; under ``gqa`` packed (the g query heads of a group
+  packed into the rows of one pass over K and V) one part per key/value head still, its rows under a mask of
+  their own (:func:`packed_mask`: packed row h N_q + q is head h's query row q);
 
 and each part is its own problem under its own mask, counted and put beside its closed form
 (:func:`iosim.problem_runs.run_problem`). The schedules over a problem run their groups of rows one after another,
@@ -18,9 +20,10 @@ the largest part's (in the backward of per-query-head parts with g > 1, each hea
 partials and the group sum follows, as in the whole problem). Split-KV (``splits`` > 1, flash2's forward) runs
 each part's split kernel (a thread block per row block and split, within one group of rows) and then the combine
 kernel once over every row of the problem, its row blocks across the parts as over the whole (the combine reads
-every split's partials whatever the mask). A schedule whose steps mix the parts cannot be cut and is refused in
-one line: ``gqa`` packed when the g heads of a group differ (they share one pass over K and V and one mask) and
-``trace`` (one trace per part would overlay)."""
+every split's partials whatever the mask). A trace is refused in one line (one trace per part would overlay).
+
+The compulsory traffic under such a mask (:func:`seen_totals`) reads each query row that sees a key once and, for
+each key/value head, the keys some query head of its group sees."""
 
 from __future__ import annotations
 
@@ -90,16 +93,114 @@ def parts(p, g: list, how: str) -> list[tuple[int, int, int]]:
     return [(b, h, 1) for b in range(p.B) for h in range(p.H_q)]
 
 
-def check_schedule(p, how: str, gqa: str, trace) -> None:
-    """One line unless the schedule's steps stay within the parts of the cut ``how``."""
+def packed(p, how: str, gqa: str) -> bool:
+    """Whether the cut ``how`` runs per key/value head with the group's packed rows under a mask of their own
+    (query heads of a group differ, and ``gqa`` packed runs them as one block of rows)."""
+    return how == "head" and gqa == "packed" and p.g > 1
+
+
+def part_masks(p, g: list, how: str, gqa: str) -> list[tuple[int, int, int, object]]:
+    """The parts of a cut with the mask each runs under: (b, first query head, query heads, mask)."""
+    if packed(p, how, gqa):
+        return [(b, h0, nh, packed_mask(g[b][h0 : h0 + nh], p.N_q, p.N_k - p.N_q))
+                for b, h0, nh in parts(p, g, "kv-head")]  # fmt: skip
+    return [(b, h0, nh, g[b][h0]) for b, h0, nh in parts(p, g, how)]
+
+
+def packed_mask(heads: list, Nq: int, off: int):  # noqa: N803
+    """One group's mask over its R = g N_q packed rows: row h N_q + q is row q + off of ``heads[h]`` (each a tile
+    oracle over N_k x N_k), a MOD oracle whose params carry R (:attr:`TileMask.packed_rows`), so the problem
+    drivers and closed forms take packed row r as its row r. Built a band of 64 rows at a time from the heads' own
+    oracles (priced with them, :func:`grid`)."""
+    from iosim import mask_mod as _mm
+    from iosim.algorithms import tile_masks as _m
+    from iosim.masks import _table_fits
+
+    Nk, R = heads[0].N, Nq * len(heads)
+    _table_fits((-(-R // _m.MOD_G), -(-Nk // _m.MOD_G) + 2), heads[0].label)
+
+    def rows(b, h, q_idx, kv_idx):  # the packed rows q_idx (a contiguous band) against keys kv_idx (contiguous)
+        q, k = np.asarray(q_idx).ravel(), np.asarray(kv_idx).ravel()
+        S = np.zeros((q.size, k.size))
+        r = 0
+        while r < q.size:
+            hh, row = divmod(int(q[r]), Nq)
+            n = min(q.size - r, Nq - row)
+            m = heads[hh]
+            _m.apply_mask(S[r : r + n], m.kind, *m.args[1:3], row + off, int(k[0]))
+            r += n
+        return S == 0.0
+
+    c = _mm.classify(rows, 0, 0, R, Nk, _m.MOD_G, _m.MOD_G, padded=False, bits=True, name="mask")
+    params, table = _mm.mod_table(c, Nk)
+    label = heads[0].label
+    return _m.tile_mask(_m.MOD, (*params, R), table, N=Nk, label=f"{label} packed", policy=heads[0].policy)
+
+
+def seen_totals(p, g: list):
+    """The compulsory traffic's :class:`iosim.problem.SeenTotals` under the per-(b, h) oracles ``g``: query rows
+    that see a key, summed over every head, and for each key/value head the keys that some query head of its
+    group sees."""
+    from iosim.algorithms.tile_masks import seen_keys
+    from iosim.problem import SeenTotals
+
+    off = p.N_k - p.N_q
+    rows_q = rows_k = 0
+    for row in g:
+        for hk in range(p.H_kv):
+            keys = np.zeros(p.N_k, dtype=bool)
+            for m in row[hk * p.g : (hk + 1) * p.g]:  # (every oracle of a grid is a MOD one, never the dense)
+                n, seen = seen_keys(*m.args[:3], p.N_q, off, p.N_k)
+                rows_q += int(n)
+                keys |= seen
+            rows_k += int(keys.sum())
+    return SeenTotals(rows_q, rows_k)
+
+
+def check_schedule(trace) -> None:
+    """One line for a trace: the parts run one after another, each its own problem."""
     why = "the mask differs per (b, h), so each part of the problem runs as its own problem"
-    if how == "head" and gqa == "packed" and p.g > 1:
-        raise InputError("gqa", f"must be per-head: the mask differs between the g = {p.g} query heads that share a "
-                         "key/value head, and packed GQA runs them as one block of rows under one mask",
-                         gqa)  # fmt: skip
     if trace is True:
         raise InputError("trace", f"is not recorded with a mask that differs per (b, h) ({why}; one trace each "
                          "would overlay)", True)  # fmt: skip
+
+
+def unit_masks(p, mask, group: bool, packed_rows: bool, allow_long: bool = False) -> tuple:
+    """(the mask of every head, None) when ``mask`` is the same at every head (as :func:`one_mask`), else (None, the
+    masks of a launch's head units): :func:`iosim.hierarchy.hierarchy`'s B H_q units of one query head, or
+    (``group``) B H_kv units of a key/value head's g query heads, unit u of batch item b at index b Hu + u. A group
+    whose heads differ runs under its packed rows' own mask (``packed_rows``: gqa packed); a group of per-head query
+    heads that differ is refused in one line (their CTAs are cut from one unit's trace)."""
+    mask = per_head_mask(mask)
+    g = grid(p, mask, allow_long)
+    if g is None or uniform(g):
+        return (mask if g is None else g[0][0]), None
+    if not group:
+        return None, [m for row in g for m in row]
+    out = []
+    for row in g:
+        for hk in range(p.H_kv):
+            heads = row[hk * p.g : (hk + 1) * p.g]
+            if all(same(m, heads[0]) for m in heads):
+                out.append(heads[0])
+            elif packed_rows:
+                out.append(packed_mask(heads, p.N_q, p.N_k - p.N_q))
+            else:
+                raise InputError("gqa", f"must be packed for this launch: the mask differs between the g = {p.g} "
+                                 "query heads of a key/value head, whose backward CTAs run as one unit",
+                                 "per-head")  # fmt: skip
+    return None, out
+
+
+def classes(masks: list) -> tuple[list, np.ndarray]:
+    """The distinct masks of a list (in order of first use) and each entry's index among them."""
+    distinct, of = [], np.zeros(len(masks), dtype=np.int64)
+    for i, m in enumerate(masks):
+        k = next((k for k, x in enumerate(distinct) if same(x, m)), len(distinct))
+        if k == len(distinct):
+            distinct.append(m)
+        of[i] = k
+    return distinct, of
 
 
 def one_mask(p, mask, allow_long: bool = False):

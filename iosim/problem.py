@@ -68,8 +68,7 @@ def _int(name: str, value, lo: int, hi: int) -> int:
 class SeenTotals(NamedTuple):
     """What a mask that differs per (b, h) lets the compulsory traffic skip, over the whole problem (the ``seen``
     of :meth:`Problem.compulsory` is per head otherwise): query rows that see a key, summed over every head, and
-    keys read, summed over the key/value heads, each the keys the most-seeing query head of its group sees (at
-    most what the group sees together: the floor stays a lower bound)."""
+    keys read, summed over the key/value heads, each the keys that some query head of its group sees."""
 
     rows_q: int
     rows_k: int

@@ -186,6 +186,10 @@ def _seen(p: Problem, tmask) -> tuple[int, int] | None:
 
     if tmask is None:
         return (p.N_k, p.N_k) if p.causal and p.N_q > p.N_k else None
+    if tmask.packed_rows:  # one group's packed rows under masks of their own (iosim.head_masks.packed_mask)
+        from iosim.problem import SeenTotals
+
+        return SeenTotals(*(int(x) for x in seen_counts(*tmask.args[:3], tmask.packed_rows, 0, p.N_k)))
     return tuple(int(x) for x in seen_counts(*tmask.args[:3], p.N_q, p.N_k - p.N_q, p.N_k))
 
 
@@ -195,11 +199,15 @@ def problem_seen(p: Problem, mask, allow_long: bool = False) -> tuple[int, int] 
     element over the queries' N_q rows: that time is estimated first, under the long-run rule."""
     if mask is None or (isinstance(mask, str) and mask in ("none", "dense")):
         return _seen(p, None)
+    from iosim import head_masks
     from iosim.algorithms.tile_masks import DENSE
-    from iosim.head_masks import one_mask
     from iosim.masks import compile_mask
 
-    tm = compile_mask(one_mask(p, mask, allow_long), p.N_k, p.causal, allow_long=allow_long)
+    mask = head_masks.per_head_mask(mask)
+    g = head_masks.grid(p, mask, allow_long)
+    if g is not None and not head_masks.uniform(g):  # a mask that differs per (b, h): over the whole problem
+        return head_masks.seen_totals(p, g)
+    tm = compile_mask(mask if g is None else g[0][0], p.N_k, p.causal, allow_long=allow_long)
     draws = -(-getattr(tm, "scan_tests", 0) * p.N_q // p.N_k)  # the scan of the whole N_k x N_k, for N_q rows
     if draws:
         estimate.check(
@@ -487,16 +495,16 @@ def _run_mask_parts(algo, p: Problem, M: int, gqa, splits, mla, Br, Bc, B, o: di
     own problem under its mask on the inputs of the whole (drawn from ``seed`` as the whole problem's are, or the
     caller's), every pass's counts and closed form the parts' sums and the peak the largest part's; per-query-head
     parts of a group of g > 1 write dK, dV as the group's partials and the group sum follows
-    (:func:`_gqa_reduction`). The floor reads each row that sees a key once and each key/value head's keys the
-    most-seeing head of its group sees (:class:`iosim.problem.SeenTotals`)."""
+    (:func:`_gqa_reduction`); packed GQA runs a group's heads as one part under its packed rows' own mask. The
+    floor reads each row that sees a key once and each key/value head's keys its group sees
+    (:func:`iosim.head_masks.seen_totals`)."""
     from dataclasses import replace
 
     from iosim import head_masks
-    from iosim.problem import SeenTotals
     from iosim.theory import io_model
 
     how = head_masks.cut(p, grid)
-    head_masks.check_schedule(p, how, gqa, o["trace"])
+    head_masks.check_schedule(o["trace"])
     backward, count_only = flag("backward", o["backward"]), flag("count_only", o["count_only"])
     user = _user_arrays(p, o, backward)
     seed = None if user is not None else seed_arg(o["seed"])
@@ -504,8 +512,8 @@ def _run_mask_parts(algo, p: Problem, M: int, gqa, splits, mla, Br, Bc, B, o: di
         rng = np.random.default_rng(seed)
         Q, K, V = _problem_inputs(p, rng, user)[:3]
         dO = _problem_dO(rng, (p.B * p.H_q * p.N_q, p.d_v), user) if backward else None
-    runs, rows_q, rows_k = [], 0, {}
-    for b, h0, nh in head_masks.parts(p, grid, how):
+    runs = []
+    for b, h0, nh, mask in head_masks.part_masks(p, grid, how, gqa):
         nkv = max(1, nh // p.g)
         sub = replace(p, B=1, H_q=nh, H_kv=nkv)
         arrays = (None,) * 4
@@ -515,16 +523,12 @@ def _run_mask_parts(algo, p: Problem, M: int, gqa, splits, mla, Br, Bc, B, o: di
             grad = None if dO is None else dO[qs].reshape(1, nh, p.N_q, -1)
             arrays = (Q[qs].reshape(1, nh, p.N_q, -1), K[ks].reshape(1, nkv, p.N_k, -1),
                       V[ks].reshape(1, nkv, p.N_k, -1), grad)  # fmt: skip
-        part = {**o, "mask": grid[b][h0], "arrays": arrays, "seed": o["seed"] if count_only else None}
+        part = {**o, "mask": mask, "arrays": arrays, "seed": o["seed"] if count_only else None}
         if splits != 1:  # split-KV: each part's split kernel; the combine kernel runs once over the whole, below
             part["combine"] = "apart"
         r = run_problem(algo, sub, M, gqa, splits, mla, Br, Bc, B, one_head, **part)
         runs.append(r)
-        seen_q, seen_k = sub._seen(r.seen)
-        rows_q += seen_q
-        key = (b, h0 // p.g)  # the key/value head(s) the part reads: a per-head part shares its group's
-        rows_k[key] = max(rows_k.get(key, 0), seen_k)
-    seen = SeenTotals(rows_q, sum(rows_k.values()))
+    seen = head_masks.seen_totals(p, grid)
     first = runs[0]
     s = first.schedule.get("splits", 1)  # validated by the parts' runs
     if s > 1:  # the combine kernel over all B H_q N_q rows, its blocks across the parts as over the whole problem
@@ -554,7 +558,7 @@ def _run_mask_parts(algo, p: Problem, M: int, gqa, splits, mla, Br, Bc, B, o: di
     for key in first.outputs:
         pieces = [r.outputs.get(key) for r in runs]
         outputs[key] = None if any(x is None for x in pieces) else np.concatenate(pieces)
-    if backward and how == "head" and p.g > 1:  # each head's dK, dV are its group's partials: the group sum
+    if backward and how == "head" and p.g > 1 and gqa != "packed":  # each head's dK, dV: its group's partials
         bwd = passes["backward"]
         errs = {{"dK": "dKpart", "dV": "dVpart"}.get(e, e): v for e, v in bwd.errors.items()}
         R = bwd.tiling.Bc if algo.name in PROBLEM_ALGORITHMS else None  # as the schedule over the whole sums

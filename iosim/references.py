@@ -36,11 +36,20 @@ class _QueryRows:
         return self.mask.rows(r0 + self.offset, r1 + self.offset)
 
 
+def _shape(p: Problem, mask, b: int, h: int) -> dict:
+    """The reference's mask arguments for query head (b, h): the causal field, the mask's last N_q rows, or (a
+    group's mask over its packed rows, one key/value head) the head's own N_q rows of it."""
+    if mask is None:
+        return dict(causal=p.causal, offset=p.offset)
+    if getattr(mask, "packed_rows", 0):
+        return dict(mask=_QueryRows(mask, (b * p.H_q + h) * p.N_q))
+    return dict(mask=_QueryRows(mask, p.offset))
+
+
 def problem_reference(p: Problem, Q, K, V, scale: float, mask=None):
     """The float64 reference of a problem, head by head: query head h uses key/value head h // g; causal is
     bottom-right (offset N_k - N_q); ``mask``: a TileMask over N_k x N_k whose last N_q rows are the queries'.
     Returns (O, L) in (b, h_q, r) row order."""
-    shape = dict(causal=p.causal, offset=p.offset) if mask is None else dict(mask=_QueryRows(mask, p.offset))
     O = np.empty((Q.shape[0], p.d_v))
     L = np.empty(Q.shape[0])
     for b in range(p.B):
@@ -48,7 +57,7 @@ def problem_reference(p: Problem, Q, K, V, scale: float, mask=None):
             q = (b * p.H_q + h) * p.N_q
             k = (b * p.H_kv + h // p.g) * p.N_k
             O[q : q + p.N_q], L[q : q + p.N_q] = attention_forward(
-                Q[q : q + p.N_q], K[k : k + p.N_k], V[k : k + p.N_k], scale=scale, **shape
+                Q[q : q + p.N_q], K[k : k + p.N_k], V[k : k + p.N_k], scale=scale, **_shape(p, mask, b, h)
             )
     return O, L
 
@@ -57,7 +66,6 @@ def problem_reference_backward(p: Problem, Q, K, V, dO, scale: float, mask=None)
     """The float64 reference gradients of a problem, head by head (as :func:`problem_reference`): dQ in (b, h_q, r)
     row order; dK, dV in (b, h_kv, c) order, each key/value head's the sum over its g query heads. ``mask``: as
     :func:`problem_reference`, in place of the causal field."""
-    shape = dict(causal=p.causal, offset=p.offset) if mask is None else dict(mask=_QueryRows(mask, p.offset))
     dQ = np.empty_like(Q, dtype=np.float64)
     dK = np.zeros(K.shape)
     dV = np.zeros(V.shape)
@@ -66,7 +74,7 @@ def problem_reference_backward(p: Problem, Q, K, V, dO, scale: float, mask=None)
             q = slice((b * p.H_q + h) * p.N_q, (b * p.H_q + h + 1) * p.N_q)
             k0 = (b * p.H_kv + h // p.g) * p.N_k
             k = slice(k0, k0 + p.N_k)
-            dq, dk, dv = attention_backward(Q[q], K[k], V[k], dO[q], scale=scale, **shape)
+            dq, dk, dv = attention_backward(Q[q], K[k], V[k], dO[q], scale=scale, **_shape(p, mask, b, h))
             dQ[q] = dq
             dK[k] += dk
             dV[k] += dv

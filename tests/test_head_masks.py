@@ -3,7 +3,8 @@ item) and h (a window per head), or a BlockMask with an entry per (b, h), runs o
 square tiling, forward and backward, with every array's counts and the peak equal to the closed form; the cut into
 parts is exact (a mask the same at every head counts the same cut or whole); each part counts what its own mask
 given as an N x N array counts; the outputs equal the float64 reference of each head's mask; split-KV runs each
-part's split kernel and one combine over the whole; the schedules whose steps mix heads are refused in one line."""
+part's split kernel and one combine over the whole; packed GQA runs a group's rows under their own mask; the
+floor, the bounds and the comparison read what the heads see; a trace is refused in one line."""
 
 from __future__ import annotations
 
@@ -79,7 +80,7 @@ CUT_CASES = [("flash1", "per-head", {}, True), ("flash2", "per-head", {}, True),
 
 
 @pytest.mark.parametrize("how, algo, gqa, sched, backward", [
-    (how, *case) for how in head_masks.PARTS for case in CUT_CASES if not (how == "head" and case[1] == "packed")
+    (how, *case) for how in head_masks.PARTS for case in CUT_CASES
 ])  # fmt: skip
 def test_the_cut_is_exact(monkeypatch, how, algo, gqa, sched, backward):
     """A mask the same at every head, cut anyway: every pass's counts, peak, closed form and outputs equal the
@@ -106,16 +107,71 @@ def test_the_cut_is_exact(monkeypatch, how, algo, gqa, sched, backward):
 @pytest.mark.parametrize("fn, how, parts", [(doc_only, "batch", 2), (per_group, "kv-head", 4),
                                             (doc_window, "head", 8)])  # fmt: skip
 def test_the_coarsest_cut_and_packed_gqa(fn, how, parts):
-    """The cut is the coarsest within whose parts the mask is the same; packed GQA runs whenever the g heads of a
-    group share a mask."""
+    """The cut is the coarsest within whose parts the mask is the same; packed GQA runs a part per key/value head
+    when the g heads of a group differ (their packed rows under a mask of their own)."""
     for gqa in ("per-head", "packed"):
-        if how == "head" and gqa == "packed":
-            with pytest.raises(InputError, match="^gqa must be per-head"):
-                iosim.run("flash2", problem=P, M=900, gqa=gqa, mask=masks.from_mask_mod(fn), count_only=True)
-            continue
         r = iosim.run("flash2", problem=P, M=900, gqa=gqa, mask=masks.from_mask_mod(fn), count_only=True,
                       backward=True, Br=4, Bc=5)  # fmt: skip
-        assert _exact(r) and r.schedule["mask_parts"] == f"{parts} ({how})"
+        n = P.B * P.H_kv if how == "head" and gqa == "packed" else parts
+        assert _exact(r) and r.schedule["mask_parts"] == f"{n} ({how})"
+
+
+def _stacked(fn, b, hk, p):
+    """Group (b, hk)'s packed rows as the last g N_q query rows of one head: an N_k x N_k array whose rows
+    N_k - g N_q + h N_q + q are head hk g + h's row q + N_k - N_q (its own mask, from the function)."""
+    out = np.zeros((p.N_k, p.N_k), dtype=bool)
+    R = p.g * p.N_q
+    for h in range(p.g):
+        rows = _dense(fn, b, hk * p.g + h, p)[p.N_k - p.N_q :]
+        out[p.N_k - R + h * p.N_q : p.N_k - R + (h + 1) * p.N_q] = rows
+    return out
+
+
+@pytest.mark.parametrize("algo, backward, splits", [("flash1", False, 1), ("flash1", True, 1), ("flash2", False, 1),
+                                                    ("flash2", True, 1), ("flash2", False, 3)])  # fmt: skip
+def test_packed_gqa_with_heads_that_differ(algo, backward, splits):
+    """Packed GQA when the g query heads of a group differ: one part per key/value head, its g N_q packed rows under
+    their own mask. Counts equal the closed form per array and in peak; each group counts exactly what one head of
+    g N_q query rows counts under the group's rows as an N x N array (an independent path: the element kind, not
+    the packed MOD table); outputs equal the float64 reference of each head's own mask; the floor reads the keys
+    some head of a group sees."""
+    p = Problem(B=2, H_q=4, H_kv=2, N_q=7, N_k=29, d_qk=6, d_v=5)  # g N_q = 14 packed rows fit below N_k = 29
+    kw = dict(M=900, gqa="packed", Br=4, Bc=5, backward=backward, splits=splits)
+    rng = np.random.default_rng(4)
+    Q, K, V = (rng.standard_normal(s) for s in ((2, 4, 7, 6), (2, 2, 29, 6), (2, 2, 29, 5)))
+    r = iosim.run(algo, problem=p, mask=masks.from_mask_mod(doc_window), Q=Q, K=K, V=V, **kw)
+    assert _exact(r) and r.schedule["mask_parts"] == "4 (head)" and r.finite
+    assert max(r.errors.values()) < 1e-12
+    one = Problem(N_q=p.g * p.N_q, N_k=p.N_k, d_qk=p.d_qk, d_v=p.d_v)
+    groups = [iosim.run(algo, problem=one, mask=_stacked(doc_window, b, hk, p), count_only=True, **kw)
+              for b in range(p.B) for hk in range(p.H_kv)]  # fmt: skip
+    for name, ps in r.passes.items():
+        total = groups[0].passes[name].stats
+        for x in groups[1:]:
+            total = total + x.passes[name].stats
+        if splits == 1:  # (split-KV: one combine over the whole, its blocks not the groups')
+            assert ps.stats.per_array == total.per_array and ps.stats.peak == max(
+                x.passes[name].stats.peak for x in groups
+            )
+        else:
+            assert {k: v for k, v in ps.stats.per_array.items() if k in ("Q", "K", "V")} == {
+                k: v for k, v in total.per_array.items() if k in ("Q", "K", "V")}  # fmt: skip
+    # the outputs against the float64 reference of each head under its own N x N mask
+    from iosim.references import problem_reference
+
+    hp = Problem(N_q=p.N_q, N_k=p.N_k, d_qk=p.d_qk, d_v=p.d_v)
+    for b in range(p.B):
+        for h in range(p.H_q):
+            tm = masks.compile_mask(_dense(doc_window, b, h, p), p.N_k)
+            O, _ = problem_reference(hp, Q[b, h], K[b, h // p.g], V[b, h // p.g], 1 / np.sqrt(p.d_qk), tm)
+            q = (b * p.H_q + h) * p.N_q
+            np.testing.assert_allclose(r.outputs["O"][q : q + p.N_q], O, rtol=0, atol=1e-12)
+    keys = sum(int(np.any([_dense(doc_window, b, h, p)[p.N_k - p.N_q :].any(axis=0)
+                           for h in range(hk * p.g, (hk + 1) * p.g)], axis=0).sum())
+               for b in range(p.B) for hk in range(p.H_kv))  # fmt: skip
+    rows = sum(int(_dense(doc_window, b, h, p)[p.N_k - p.N_q :].any(axis=1).sum()) for b in range(p.B)
+               for h in range(p.H_q))  # fmt: skip
+    assert tuple(iosim.api.problem_seen(p, masks.from_mask_mod(doc_window))) == (rows, keys)
 
 
 def test_block_mask_per_head():
@@ -183,8 +239,8 @@ def test_split_kv_per_head_mask(fn, how, gqa, splits):
 
 
 def test_refusals(tmp_path):
-    """Schedules whose steps mix heads: one line naming the parameter; counts that take one mask refuse a mask
-    that differs; the command line gives exit 2 and runs the per-(b, h) mask otherwise."""
+    """Options that do not apply: one line naming the parameter; the floor and the hierarchy take a mask that
+    differs; the command line gives exit 2 and runs the per-(b, h) mask otherwise."""
     mod = masks.from_mask_mod(doc_window)
     with pytest.raises(InputError, match="^splits applies to flash2"):  # split-KV runs per part on flash2 alone
         iosim.run("flash1", problem=P, M=900, mask=mod, splits=2, count_only=True)
@@ -192,18 +248,15 @@ def test_refusals(tmp_path):
         iosim.run("flash2", problem=P, M=900, mask=mod, splits=2, backward=True, count_only=True)
     with pytest.raises(InputError, match="^trace is not recorded with a mask that differs"):
         iosim.run("flash2", problem=P, M=900, mask=mod, trace=True, count_only=True)
-    with pytest.raises(InputError, match="^mask differs per \\(b, h\\); this count takes one mask"):
-        iosim.api.problem_seen(P, mod)
     assert iosim.api.problem_seen(P, masks.from_mask_mod(doc_window, 1, 2)) is not None
-    with pytest.raises(InputError, match="^mask differs per \\(b, h\\)"):  # one unit's trace stands for every head
-        iosim.hierarchy("flash2", problem=P, M=900, C=0, mask=mod)
+    assert iosim.hierarchy("flash2", problem=P, M=900, C=0, mask=mod).two_level > 0  # each unit its own mask
     src = tmp_path / "m.py"
     src.write_text("def mod(b, h, q_idx, kv_idx):\n    return (q_idx >= kv_idx) & (kv_idx > q_idx - 2 - 3 * h)\n")
     base = ["run", "flash2", "--batch", "2", "--heads", "4", "--kv-heads", "2", "--Nq", "17", "--Nk", "29", "--d", "6",
             "--M", "900", "--mask", f"mod:{src}:mod", "--count-only"]  # fmt: skip
     assert main([*base, "--json"]) == 0
     assert main([*base, "--splits", "2"]) == 0 and main([*base[:-1], "--splits", "3"]) == 0
-    assert main([*base, "--splits", "2", "--gqa", "packed"]) == 2  # the heads of a group differ
+    assert main([*base, "--splits", "2", "--gqa", "packed"]) == 0  # the heads of a group differ: packed rows
 
 
 def test_a_mask_mod_that_never_reads_b_or_h_is_evaluated_once():
@@ -220,3 +273,30 @@ def test_a_mask_mod_that_never_reads_b_or_h_is_evaluated_once():
     assert all(reads_b_or_h(fn, 29) for fn in reads) and not any(reads_b_or_h(fn, 29) for fn in never)
     assert head_masks.grid(P, masks.from_mask_mod(never[1])) is None
     assert len(head_masks.grid(P, masks.from_mask_mod(doc_only))) == P.B
+
+
+def test_the_floor_bounds_and_compare_take_a_mask_that_differs(tmp_path, capsys):
+    """The compulsory floor under a mask that differs per (b, h) reads each query row that sees a key once and, per
+    key/value head, the keys some query head of its group sees (the union, counted here from the N x N arrays);
+    ``iosim bounds`` and ``iosim compare`` print it, and every schedule compare runs is exact above it."""
+    import json
+
+    src = tmp_path / "m.py"
+    body = "(DOCS[b][q_idx] == DOCS[b][kv_idx]) & (q_idx >= kv_idx) & (kv_idx > q_idx - 3 - 4 * h)"
+    src.write_text("import numpy as np\nDOCS = np.array([[0] * 20 + [1] * 9, [0] * 7 + [1] * 15 + [2] * 7])\n\n\n"
+                   f"def doc_window(b, h, q_idx, kv_idx):\n    return {body}\n")  # fmt: skip
+    tail = [dense[P.N_k - P.N_q :] for dense in (_dense(doc_window, b, h) for b in range(P.B) for h in range(P.H_q))]
+    rows = sum(int(t.any(axis=1).sum()) for t in tail)
+    keys = sum(int((tail[2 * k].any(axis=0) | tail[2 * k + 1].any(axis=0)).sum()) for k in range(P.B * P.H_kv))
+    floor = rows * P.d_qk + P.B * P.H_q * P.N_q * P.d_v + keys * (P.d_qk + P.d_v)
+    assert tuple(iosim.api.problem_seen(P, masks.from_mask_mod(doc_window))) == (rows, keys)
+    problem = ["--batch", "2", "--heads", "4", "--kv-heads", "2", "--Nq", "17", "--Nk", "29", "--dqk", "6", "--dv", "5",
+               "--M", "900", "--mask", f"mod:{src}:doc_window"]  # fmt: skip
+    capsys.readouterr()
+    assert main(["bounds", *problem, "--json"]) == 0
+    bounds = json.loads(capsys.readouterr().out)["bounds"]
+    assert [b["value"] for b in bounds if b["name"] == "compulsory"] == [floor]
+    assert main(["compare", *problem, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["compulsory"] == floor and {r["schedule"].get("gqa") for r in out["compare"]} >= {"per-head", "packed"}
+    assert all(r["exact"] and r["total"] >= floor for r in out["compare"])

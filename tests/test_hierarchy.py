@@ -490,9 +490,10 @@ def _model_unit(alg, backward, p, R, Br, Bc, mask, policy, mla, splits=1, M=100_
     """One unit's kernels, in order: [(kernel name, [CTA requests])]; a request is (write, array, r0, nr, c0, nc).
     R packed rows (row x is query row x mod N_q)."""
     N_q, N_k, dqk, dv = p["N_q"], p["N_k"], p["d_qk"], p["d_v"]
+    sees = mask if callable(mask) else (lambda x, c: _model_sees(mask, x % N_q, c, N_q, N_k))  # packed row x, key c
 
     def nonempty(r0, br, c0, bc):
-        return any(_model_sees(mask, r % N_q, c, N_q, N_k) for r in range(r0, r0 + br) for c in range(c0, c0 + bc))
+        return any(sees(r, c) for r in range(r0, r0 + br) for c in range(c0, c0 + bc))
 
     kv = [("K", dqk)] + ([] if p.get("latent") and mla == "shared" else [("V", dv)])  # shared: V is in K_j
     loads_kv = [lambda c0, bc, name=name, w=w: (0, name, c0, bc, 0, w) for name, w in kv]
@@ -571,18 +572,31 @@ def _model_unit(alg, backward, p, R, Br, Bc, mask, policy, mla, splits=1, M=100_
 
 
 def _model_dram(alg, backward, p, Br, Bc, mask, policy, mla, gqa, P, C, L, splits=1, M=100_000, convert=False):  # noqa: N803
-    """(per-array L2 fills, per-array write-backs, kernel names) of the whole launch, head-grouped order."""
+    """(per-array L2 fills, per-array write-backs, kernel names) of the whole launch, head-grouped order. ``mask``
+    a string (the same at every head) or a function (b, h, row, key) of the mask's rows over N_k x N_k, each
+    head under its own (the queries its last N_q rows)."""
     g = p["H_q"] // p["H_kv"]
     units = p["H_kv"] if gqa == "packed" else p["H_q"]
     R = p["N_q"] * (g if gqa == "packed" else 1)
     width = {"Q": p["d_qk"], "O": p["d_v"], "K": p["d_qk"], "V": p["d_v"], "dO": p["d_v"], "dQ": p["d_qk"],
              "dK": p["d_qk"], "dV": p["d_v"], "Opart": p["d_v"], "Lpart": splits, "dQ_out": p["d_qk"]}  # fmt: skip
     latent = p.get("latent", False)
-    kernels = _model_unit(alg, backward, p, R, Br, Bc, mask, policy, mla, splits, M, convert)
+    per_unit = {}
+    for b in range(p["B"]):
+        for u in range(units):
+            sees = mask
+            if callable(mask):  # packed row x of unit u: head u g + x // N_q (packed) or u, query row x mod N_q
+
+                def sees(x, c, b=b, u=u):
+                    h = u * g + x // p["N_q"] if gqa == "packed" else u
+                    return bool(mask(b, h, x % p["N_q"] + p["N_k"] - p["N_q"], c))
+
+            per_unit[b, u] = _model_unit(alg, backward, p, R, Br, Bc, sees, policy, mla, splits, M, convert)
+    kernels = per_unit[0, 0]
     launches_ = []  # per kernel: CTAs as (requests, unit copy, KV copy), for b, for unit, for piece
-    for _, ctas_ in kernels:
+    for k in range(len(kernels)):
         launches_.append([(c, b * units + u, b * p["H_kv"] + (u if gqa == "packed" else u // g))
-                          for b in range(p["B"]) for u in range(units) for c in ctas_ if c])  # fmt: skip
+                          for b in range(p["B"]) for u in range(units) for c in per_unit[b, u][k][1] if c])  # fmt: skip
     cap = C // L
     lines: OrderedDict = OrderedDict()
     fill, wb = {}, {}
@@ -679,6 +693,66 @@ def test_an_independent_model_of_the_launches_agrees_word_for_word(case):
     assert (got_fill, got_wb) == (fill, wb)
     if case == MODEL_CASES[6]:
         assert h.dram == 2344  # the issue's figure for one launch per kernel (the inferred launches gave 2,440)
+
+
+DOCS = np.array([[0] * 20 + [1] * 9, [0] * 7 + [1] * 15 + [2] * 7])  # N_k = 29 tokens, documents per batch item
+
+
+def _doc_window(b, h, row, key):  # documents per batch item, a causal window that grows with the head
+    return (DOCS[b][row] == DOCS[b][key]) & (row >= key) & (key > row - 3 - 4 * h)
+
+
+# fmt: off
+HEAD_MASK_CASES = [  # (algorithm, backward, gqa, policy, splits, P, C, L)
+    ("flash2", False, "per-head", "skip", 1, 3, 96, 4),
+    ("flash2", False, "packed", "skip", 1, 2, 200, 8),
+    ("flash2", False, "packed", "paper", 2, 3, 128, 4),
+    ("flash1", False, "per-head", "paper", 1, 2, 160, 8),
+    ("flash2", True, "packed", "skip", 1, 2, 128, 4),
+]
+# fmt: on
+
+
+@pytest.mark.parametrize("case", HEAD_MASK_CASES, ids=lambda c: f"{c[0]}-{'bwd' if c[1] else 'fwd'}-{c[2]}-{c[4]}")
+def test_a_mask_that_differs_per_head_launches_each_units_own(case):
+    """A mask_mod that differs per (b, h) (documents per batch item, a window per head; the g = 2 heads of a group
+    differ): each head unit's CTAs are cut from its own mask's trace (packed: the group's rows under their own
+    mask). The independent model (each unit's CTAs from the function itself) equals the hierarchy's DRAM per array,
+    word for word; with no L2 every array's two-level words are iosim.run's over the whole problem."""
+    from iosim import masks
+
+    alg, backward, gqa, policy, splits, P, C, L = case
+    pd = _p(2, 4, 2, 17, 29, 8, 16)
+    problem = iosim.Problem(**pd)
+    mod = masks.from_mask_mod(_doc_window)
+    kw = dict(problem=problem, M=100_000, Br=4, Bc=5, backward=backward, mask=mod, kv_policy=policy, gqa=gqa,
+              splits=splits)  # fmt: skip
+    h = hierarchy(alg, P=P, C=C, L=L, blocks_per_sm=1, **kw)
+    fill, wb, names = _model_dram(alg, backward, pd, 4, 5, _doc_window, policy, "shared", gqa, P, C, L, splits)
+    assert [k["kernel"] for k in h.launches] == names
+    assert ({n: c.l2_fill for n, c in h.per_array.items() if c.l2_fill},
+            {n: c.l2_writeback for n, c in h.per_array.items() if c.l2_writeback}) == (fill, wb)  # fmt: skip
+    r = iosim.run(alg, count_only=True, **{k: v for k, v in kw.items() if k != "kv_policy"}, kv_policy=policy)
+    flat = h if C == 0 else hierarchy(alg, P=P, C=0, L=L, blocks_per_sm=1, **kw)
+    ps = r.passes["backward" if backward else "forward"]
+    assert {n: (c.two_level_reads, c.two_level_writes) for n, c in flat.per_array.items() if c.two_level} == {
+        n: (a.reads, a.writes) for n, a in ps.stats.per_array.items() if a.reads or a.writes}  # fmt: skip
+    assert flat.dram == flat.two_level == ps.stats.total
+
+
+def test_a_group_of_per_head_units_that_differ_is_refused():
+    """The backward under per-head GQA runs a group's g query heads as one unit (their dK, dV partials meet in the
+    group sum): one line when the mask differs within a group; a mask the same within each group runs."""
+    from iosim import masks
+
+    problem = iosim.Problem(**_p(2, 4, 2, 17, 29, 8, 16))
+    kw = dict(problem=problem, M=100_000, Br=4, Bc=5, backward=True, C=0)
+    with pytest.raises(InputError, match="^gqa must be packed for this launch: the mask differs between the g = 2"):
+        hierarchy("flash2", mask=masks.from_mask_mod(_doc_window), **kw)
+    h = hierarchy("flash2", mask=masks.from_mask_mod(lambda b, h, q, kv: _doc_window(b, h // 2, q, kv)), **kw)
+    r = iosim.run("flash2", problem=problem, M=100_000, Br=4, Bc=5, backward=True, count_only=True,
+                  mask=masks.from_mask_mod(lambda b, h, q, kv: _doc_window(b, h // 2, q, kv)))  # fmt: skip
+    assert h.two_level == r.passes["backward"].stats.total
 
 
 def test_a_launch_whose_ctas_race_is_refused():

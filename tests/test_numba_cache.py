@@ -54,3 +54,18 @@ def test_a_count_only_masked_run_compiles_on_an_empty_cache(tmp_path):
     )
     out = subprocess.run([sys.executable, "-c", run], env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-2000:]
+
+
+def test_a_count_only_run_after_a_pebbling_compiles_on_an_empty_cache(tmp_path):
+    """The pebble game's symbolic run patches the mask helpers to their plain Python; a process whose first mask
+    was made inside it once skipped tile_masks._warm's compilation for good, and its next count-only run failed to
+    type on an empty cache."""
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path))
+    run = (
+        "import iosim; from iosim.pebble.from_run import pebble_run; "
+        "p = iosim.Problem(B=2, H_q=2, H_kv=1, N_q=2, N_k=5, d_qk=3, d_v=2, causal=True); "
+        "assert pebble_run('flash1', problem=p, M=60).legal; "
+        "r = iosim.run('flash1', problem=p, M=60, count_only=True); assert r.main.exact"
+    )
+    out = subprocess.run([sys.executable, "-c", run], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]

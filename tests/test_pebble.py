@@ -286,6 +286,32 @@ def test_problem_run_as_a_pebbling(algorithm, gqa, causal):
     assert r.max_error < 1e-12 and r.problem == p
 
 
+@pytest.mark.parametrize("algorithm", ["flash1", "flash2"])
+@pytest.mark.parametrize("gqa", ["per-head", "packed"])
+def test_problem_run_as_a_pebbling_under_a_mask_per_head(algorithm, gqa):
+    """A mask_mod that differs per (b, h) (documents per batch item, a window per head; the two heads of a group
+    differ): each part of the problem runs under its own mask (packed: the group's rows under theirs), one after
+    another in one pebbling: legal, complete, its I/O equal to the run's per array, outputs equal to the float64
+    reference of each query head under its own mask."""
+    import numpy as np
+
+    import iosim
+    from iosim import masks
+    from iosim.pebble.from_run import pebble_run
+
+    docs = np.array([[0] * 3 + [1] * 2, [0] + [1] * 4])
+
+    def doc_window(b, h, q_idx, kv_idx):
+        return (docs[b][q_idx] == docs[b][kv_idx]) & (q_idx >= kv_idx) & (kv_idx > q_idx - 1 - 2 * h)
+
+    p = iosim.Problem(B=2, H_q=2, H_kv=1, N_q=2, N_k=5, d_qk=3, d_v=2)
+    r = pebble_run(algorithm, problem=p, M=60, gqa=gqa, mask=masks.from_mask_mod(doc_window), seed=5)
+    run = iosim.run(algorithm, problem=p, M=60, gqa=gqa, mask=masks.from_mask_mod(doc_window), count_only=True)
+    assert r.legal and r.outcome.complete and r.io_matches and r.mask == "mod:doc_window per (b, h)"
+    assert (r.sim_reads, r.sim_writes) == (run.stats.reads, run.stats.writes)
+    assert r.max_error < 1e-12  # against each query head's reference under its own mask (head 0: the diagonal)
+
+
 @pytest.mark.parametrize(
     "kwargs, parameter",
     [

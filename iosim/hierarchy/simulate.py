@@ -6,7 +6,8 @@ The launch
 ----------
 ``B`` batch elements x ``H_q`` query heads (``H_kv`` key/value heads, g = H_q / H_kv; the field names of
 :class:`iosim.Problem`), each head an independent copy of the single-head schedule at its own slow-memory addresses,
-except that query head h reads the K and V of KV head h // g (the same addresses: where an L2 helps GQA); where every
+except that query head h reads the K and V of KV head h // g (the same addresses: where an L2 helps GQA), and that
+under a mask that differs per (b, h) each head unit runs its own mask's schedule (:func:`_merge`); where every
 array lives is :meth:`iosim.Problem.storage` (an MLA latent's V at K's addresses, the page table one per batch item).
 Gradients dK, dV are per query head (FlashAttention-2's GQA backward accumulates them per query head and sums
 afterwards). The single-head schedule is cut into pieces by :mod:`iosim.hierarchy.ctas`, and the pieces run as the
@@ -342,6 +343,30 @@ def _layout(trace, cut, B: int, H_q: int, H_kv: int, L: int, where) -> _Layout: 
     )  # fmt: skip
 
 
+def _merge(parts: list, mask) -> tuple:
+    """One cut and one set of launches from the head units' classes (a unit trace per distinct mask): the requests
+    of every class one after another, class k's CTA c at CTA k n + c (n CTAs a class); one line unless every class
+    launches the same kernels with the same CTAs per launch on the same arrays and tiles."""
+    first = parts[0]
+    if len(parts) == 1:
+        return first.cut, first.declared
+    for x in parts[1:]:
+        if (list(x.arrays.names) != list(first.arrays.names) or x.tiling != first.tiling
+                or not np.array_equal(x.declared.launch_ptr, first.declared.launch_ptr)
+                or x.declared.ctas != first.declared.ctas):  # fmt: skip
+            raise InputError("mask", "differs per (b, h) in a way that changes the launch's thread blocks (their "
+                             "number per launch or the tiles): give one mask for every head", mask.label)  # fmt: skip
+    ptr, events, cta_ptr, off = [first.cut.piece_ptr[:1]], [], [first.declared.cta_ptr[:1]], 0
+    for x in parts:
+        assert x.declared.cta_ptr[-1] == len(x.cut.requests)
+        ptr.append(x.cut.piece_ptr[1:] + off)
+        cta_ptr.append(x.declared.cta_ptr[1:] + off)
+        events.append(x.cut.piece_events)
+        off += len(x.cut.requests)
+    cut = ctas_mod.Cut(np.concatenate([x.cut.requests for x in parts]), np.concatenate(ptr), np.concatenate(events))
+    return cut, launches_mod.Launches(first.declared.kernels, first.declared.launch_ptr, np.concatenate(cta_ptr))
+
+
 def _single(N: int, d: int):  # noqa: N803
     from iosim.problem import Problem
 
@@ -454,7 +479,9 @@ def hierarchy(
     again, from K's lines) and a paged cache (its page table one per batch item). ``gqa`` ``per-head`` launches each
     query head's own schedule (K and V requested once per query head: the L2 may catch the g - 1 repeats), ``packed``
     (flash1, flash2) one schedule per KV head with its g query heads' rows packed together (as decoding kernels launch
-    it). A launch estimated at over a minute (its tile requests, :data:`iosim.estimate.HIERARCHY_REQUEST` each) needs
+    it). A ``mask`` that differs per (b, h) (a mask_mod reading b or h, a BlockMask per head) cuts each head unit's
+    CTAs from its own mask's trace (packed: the group's rows under their own, :func:`iosim.head_masks.unit_masks`).
+    A launch estimated at over a minute (its tile requests, :data:`iosim.estimate.HIERARCHY_REQUEST` each) needs
     ``allow_long=True``; over an hour it is refused, before the L2 runs.
 
     ``hierarchy(problem, schedule, device)`` is the same launch from the three objects: an :class:`iosim.Problem`,
@@ -489,15 +516,16 @@ def hierarchy(
         raise InputError("schedule", "goes with a problem as the first argument: hierarchy(problem, schedule, device)")
     from iosim import api
 
-    unit = None
+    unit = units = None  # units: each head unit's mask, when the mask differs per (b, h)
     if problem is not None:
         N, d, B, H_q, H_kv, causal, bytes_per_word, unit = _from_problem(problem, N, d, gqa, splits, backward)
         if kv_policy is None and not problem.is_single:  # iosim.run's default over a problem, as the kernels do
             kv_policy = "skip"
-        if mask is not None:  # one unit's trace stands for every head: one mask for all (iosim.head_masks)
-            from iosim.head_masks import one_mask
+        if mask is not None:  # one mask for every head, or each head unit's own (iosim.head_masks)
+            from iosim.head_masks import unit_masks
 
-            mask = one_mask(problem, mask, allow_long is True)
+            group = unit is not None and unit.H_q > 1
+            mask, units = unit_masks(problem, mask, group, gqa == "packed", allow_long is True)
     elif gqa != "per-head" or mla != "shared" or splits != 1:
         which, value = ("gqa", gqa) if gqa != "per-head" else ("mla", mla) if mla != "shared" else ("splits", splits)
         raise InputError(which, "applies to a problem (problem=iosim.Problem(...)); N, d launch one head each", value)
@@ -557,42 +585,57 @@ def hierarchy(
     blocks_per_sm = _int("blocks_per_sm", 1 if blocks_per_sm is None else blocks_per_sm, 1, MAX_BLOCKS_PER_SM)
 
     t0 = time.perf_counter()
-    if _trace is None:
-        shape = (dict(N=N, d=d, causal=causal) if unit is None
-                 else dict(problem=unit, gqa=gqa, mla=mla, splits=splits, pages=pages))  # fmt: skip
-        try:
-            r = api.run(
-                algorithm, M=M, backward=backward, mask=mask, kv_policy=kv_policy, tiling=tiling, Br=Br, Bc=Bc,
-                B=block, count_only=True, trace=True, reference=False, allow_long=allow_long, **shape,
-            )  # fmt: skip
-        except InputError as e:
-            if e.parameter != "trace":
-                raise
-            raise InputError(  # the launch is cut from one unit's trace: name the size that makes it too large
-                "problem" if problem is not None else "N",
-                f"gives a schedule too large to cut into thread blocks: its trace {e.accepted}",
-                str(problem) if problem is not None else N,
-            ) from None
-        trace, stats, tiling_used = r.trace, r.stats, str(r.tiling)
-    else:
-        trace, stats, tiling_used = _trace, _trace.replay(), "given trace"
-    cut = ctas_mod.cut(trace)
-    declared = launches_mod.assign(cut, trace, launches_mod.kernels(algorithm, backward, splits))
-    launches_mod.check_races(cut, trace, declared)
-    arrays = trace  # the arrays' names and shapes: the trace's, and the conversion's two where it runs
-    where = (problem if problem is not None else _single(N, d)).storage
-    if _trace is None and _converts_dq(algorithm, backward, problem):
-        cut, declared, names, shapes = launches_mod.append_convert_dq(
-            cut, declared, list(trace.names), dict(trace.shapes), r.tiling.Br
-        )
-        arrays = SimpleNamespace(names=names, shapes=shapes)
-        where = _with_convert_dq(where)
     Hu = H_kv if unit is not None and unit.H_q > 1 else H_q  # CTA families per batch item: packed, one per KV head
+    where = (problem if problem is not None else _single(N, d)).storage
+    convert = _trace is None and _converts_dq(algorithm, backward, problem)
+    if convert:
+        where = _with_convert_dq(where)
+    if units is None:
+        masks, unit_class = [mask], np.zeros(B * Hu, np.int64)
+    else:  # a unit trace per distinct mask; unit u runs its mask's
+        from iosim.head_masks import classes
+
+        masks, unit_class = classes(units)
+    parts = []
+    for m in masks:
+        if _trace is None:
+            shape = (dict(N=N, d=d, causal=causal) if unit is None
+                     else dict(problem=unit, gqa=gqa, mla=mla, splits=splits, pages=pages))  # fmt: skip
+            try:
+                r = api.run(
+                    algorithm, M=M, backward=backward, mask=m, kv_policy=kv_policy, tiling=tiling, Br=Br, Bc=Bc,
+                    B=block, count_only=True, trace=True, reference=False, allow_long=allow_long, **shape,
+                )  # fmt: skip
+            except InputError as e:
+                if e.parameter != "trace":
+                    raise
+                raise InputError(  # the launch is cut from one unit's trace: name the size that makes it too large
+                    "problem" if problem is not None else "N",
+                    f"gives a schedule too large to cut into thread blocks: its trace {e.accepted}",
+                    str(problem) if problem is not None else N,
+                ) from None
+            trace, stats, tiling_used = r.trace, r.stats, str(r.tiling)
+        else:
+            trace, stats, tiling_used = _trace, _trace.replay(), "given trace"
+        cut = ctas_mod.cut(trace)
+        declared = launches_mod.assign(cut, trace, launches_mod.kernels(algorithm, backward, splits))
+        launches_mod.check_races(cut, trace, declared)
+        arrays = trace  # the arrays' names and shapes: the trace's, and the conversion's two where it runs
+        if convert:
+            cut, declared, names, shapes = launches_mod.append_convert_dq(
+                cut, declared, list(trace.names), dict(trace.shapes), r.tiling.Br
+            )
+            arrays = SimpleNamespace(names=names, shapes=shapes)
+        parts.append(SimpleNamespace(trace=trace, stats=stats, tiling=tiling_used, cut=cut, declared=declared,
+                                     arrays=arrays, units=int(np.sum(unit_class == len(parts)))))  # fmt: skip
+    trace, tiling_used, arrays = parts[0].trace, parts[0].tiling, parts[0].arrays
+    cut, declared = _merge(parts, mask if units is None else units[0])
     # The time rule before any array of the launch's size (the layout, the block order: B Hu rows per CTA) exists:
     # every CTA of every launch runs once per (batch item, head unit), each making its tile requests.
-    n_req_total = B * Hu * int(np.sum(np.diff(declared.cta_ptr)[: int(declared.launch_ptr[-1])]))
+    n_launched = int(parts[0].declared.launch_ptr[-1])
+    n_req_total = sum(x.units * int(np.sum(np.diff(x.declared.cta_ptr)[:n_launched])) for x in parts)
     seconds = n_req_total * estimate.HIERARCHY_REQUEST * (2 if policy == "opt" else 1)
-    estimate.check(seconds, f"a launch of {B * Hu * int(declared.launch_ptr[-1]):,} thread blocks making "
+    estimate.check(seconds, f"a launch of {B * Hu * n_launched:,} thread blocks making "
                    f"{n_req_total:,} tile requests", allow_long=allow_long,
                    parameter="problem" if problem is not None else "N",
                    value=str(problem) if problem is not None else N,
@@ -601,6 +644,7 @@ def hierarchy(
     n_launch = declared.launch_ptr.size - 1
     blocks = [block_order(order, declared.grid_order(k), B, Hu, H_kv) for k in range(n_launch)]
     inst = np.concatenate(blocks) if blocks else np.zeros((0, 3), np.int64)
+    inst[:, 0] += parts[0].declared.ctas * unit_class[inst[:, 1]]  # a unit's CTAs: its mask's (_merge)
     launch_ptr = np.concatenate(([0], np.cumsum([len(b) for b in blocks]))).astype(np.int64)
     slots = P * blocks_per_sm
     n_aids = len(arrays.names)
@@ -639,7 +683,11 @@ def hierarchy(
     if policy == "opt" and cap > 0:
         _opt(rec_inst, rec_req, n_rec, inst, cut, lay, L, cap, fill, wb, opt_limit_bytes)
     per = {}
-    copies = np.full(n_aids, B * Hu)  # every unit's schedule moves its own words (K, V included)
+    two_level = {}  # every unit's schedule moves its own words (K, V included): its mask's counts, per unit
+    for x in parts:
+        for name, c in x.stats.per_array.items():
+            r0, w0 = two_level.get(name, (0, 0))
+            two_level[name] = (r0 + c.reads * x.units, w0 + c.writes * x.units)
     kinds = [
         {"kernel": k.name, "models": k.models, "grid": k.grid, "atomic": list(k.atomic), "splits": k.splits,
          "ctas": int(launch_ptr[i + 1] - launch_ptr[i]), "waves": int(-(-(launch_ptr[i + 1] - launch_ptr[i]) // slots))}
@@ -659,12 +707,12 @@ def hierarchy(
     written = set(cut.requests[cut.requests[:, 0] == 1][:, 1].tolist())
     array_copies = np.choose(lay.kv, [B * Hu, B * H_kv, B])
     for a, name in enumerate(arrays.names):
-        c = stats.per_array.get(name) if a < len(trace.names) else None
+        c = two_level.get(name) if a < len(trace.names) else None
         if c is None and not (fill[a] or wb[a] or l2_read[a] or l2_update[a]):
             continue
         per[name] = LevelCounts(
-            0 if c is None else c.reads * int(copies[a]),
-            0 if c is None else c.writes * int(copies[a]),
+            0 if c is None else c[0],
+            0 if c is None else c[1],
             int(l2_read[a]),
             int(l2_update[a]),
             int(fill[a]),

@@ -52,7 +52,7 @@ from __future__ import annotations
 import math
 import types
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from numba.core.dispatcher import Dispatcher
@@ -657,7 +657,17 @@ def _problem_run(algorithm: str, problem, M: int, pass_: str, gqa: str, seed: in
         raise InputError("M", "must be a positive integer", M)
     G, _, rows = p.groups(gqa)
     masked = not (mask is None or (isinstance(mask, str) and mask in ("none", "dense")))
-    tmask = problem_mask(p, mask, kv_policy) if masked else None
+    parts = [(0, 0, p.H_q, None)]  # (b, first query head, heads, mask): the whole problem, one mask
+    if masked:  # a mask that differs per (b, h): each part of the problem under its own (iosim.head_masks)
+        from iosim import head_masks
+
+        mask = head_masks.per_head_mask(mask)
+        g = head_masks.grid(p, mask)
+        if g is not None and not head_masks.uniform(g):
+            parts = head_masks.part_masks(p, g, head_masks.cut(p, g), gqa)
+            heads = g  # the reference: each query head under its own mask
+        else:
+            parts = [(0, 0, p.H_q, problem_mask(p, mask if g is None else g[0][0], kv_policy))]
     t = problem_tiling(algorithm, p, M, "fit", rows, False, Br, Bc)
     scale = 1.0 / math.sqrt(p.d_qk) if scale is None else float(scale)
     rng = np.random.default_rng(seed)
@@ -669,18 +679,37 @@ def _problem_run(algorithm: str, problem, M: int, pass_: str, gqa: str, seed: in
     try:
         ins = [_leaves(rec, n, a) for n, a in (("Q", Q), ("K", K), ("V", V))]
         mem = _RecordingMemory(M, rec)
-        kw = dict(Br=t.Br, Bc=t.Bc, gqa=gqa, mla="shared", scale=scale, dtype=np.dtype(object), mask=tmask)
+        O = np.empty((p.B * p.H_q * p.N_q, p.d_v), dtype=object)
+        O_ref = np.empty(O.shape)
         with _symbolic(_Session(rec, mem.names)):
-            if algorithm == "flash2":
-                O, _ = flash.flash2_problem(mem, p, *ins, None, splits=1, combine_rows=1, **kw)
-            else:
-                O = flash.flash1_problem(mem, p, *ins, None, **kw)[0]
+            for b, h0, nh, part_mask in parts:  # one after another, each its own problem (iosim.head_masks)
+                sub = p if len(parts) == 1 else replace(p, B=1, H_q=nh, H_kv=max(1, nh // p.g))
+                tm = part_mask if len(parts) == 1 or part_mask is None else problem_mask(sub, part_mask, kv_policy)
+                q0, k0 = (b * p.H_q + h0) * p.N_q, (b * p.H_kv + h0 // p.g) * p.N_k
+                qs, ks = slice(q0, q0 + sub.B * sub.H_q * p.N_q), slice(k0, k0 + sub.B * sub.H_kv * p.N_k)
+                kw = dict(Br=t.Br, Bc=t.Bc, gqa=gqa, mla="shared", scale=scale, dtype=np.dtype(object), mask=tm)
+                args = (ins[0][qs], ins[1][ks], ins[2][ks], None)
+                if algorithm == "flash2":
+                    O[qs] = flash.flash2_problem(mem, sub, *args, splits=1, combine_rows=1, **kw)[0]
+                else:
+                    O[qs] = flash.flash1_problem(mem, sub, *args, **kw)[0]
+                if len(parts) == 1:
+                    O_ref[qs] = problem_reference(sub, Q[qs], K[ks], V[ks], scale, tm)[0]
     finally:
         _REC.pop()
     graph, moves, outcome, illegal = _played(rec, f"{algorithm}-forward-{gqa}:{p},M={M}", [O], M)
     stats = mem.stats()
-    O_ref, _ = problem_reference(p, Q, K, V, scale, tmask)
+    if len(parts) > 1:  # each query head against its key/value head under its own mask, one head at a time
+        one = replace(p, B=1, H_q=1, H_kv=1)
+        for b in range(p.B):
+            for h in range(p.H_q):
+                q0, k0 = (b * p.H_q + h) * p.N_q, (b * p.H_kv + h // p.g) * p.N_k
+                qs, ks = slice(q0, q0 + p.N_q), slice(k0, k0 + p.N_k)
+                O_ref[qs] = problem_reference(one, Q[qs], K[ks], V[ks], scale, heads[b][h])[0]
     err = float(np.max(np.abs(np.vectorize(_x, otypes=[float])(O) - O_ref)))
+    tmask = parts[0][3]
+    label = (f"{mask.label} per (b, h)" if len(parts) > 1
+             else tmask.label if tmask else "causal" if p.causal else "none")  # fmt: skip
 
     def pairs(i: int, j: int) -> bool:  # query row i (b, h, r) meets key row j (b, h_kv, c): same b, h_kv = h // g
         b, h = divmod(i // p.N_q, p.H_q)
@@ -689,7 +718,7 @@ def _problem_run(algorithm: str, problem, M: int, pass_: str, gqa: str, seed: in
     return PebbleRun(
         algorithm, "forward", p.N_q, p.d_qk, M, p.causal, graph, moves, outcome, illegal, stats.reads, stats.writes,
         stats.init_writes, stats.peak, level1_products(graph, pairs), err,
-        tmask.label if tmask else "causal" if p.causal else "none", p, gqa,
+        label, p, gqa,
     )  # fmt: skip
 
 
