@@ -34,23 +34,25 @@ def _skip_other_torch():
 @pytest.mark.parametrize(
     "score, mask, N, block, B, H, padded",  # padded: the buffers the template reads at padded positions
     [
-        ("h", "q+kv", 128, 32, 1, 2, ()),  # ALiBi: one slope per head and visited block
+        ("h", "h", 128, 32, 1, 2, ()),  # ALiBi: one slope per head and visited block; a window per head
         ("h", "kv", 200, 64, 2, 2, ()),  # (the padding keys' ragged block is empty: no partial block is ragged)
-        ("q", "kv", 128, 32, 1, 1, ()),
+        ("q", "h", 128, 32, 1, 2, ()),
         ("q", "kv", 200, 64, 1, 2, ("bias",)),
         ("q", "q+kv", 20, 32, 1, 1, ("bias", "doc")),  # N below the block: the indices wrap
         ("kv", "q+kv", 96, 32, 1, 2, ()),
+        ("kv", "q", 128, 32, 1, 2, ()),  # the padding queries' row block sees no key: an empty row block
         ("kv", "kv", 20, 32, 1, 1, ("bias", "valid")),
         ("bhqkv", "kv", 64, 32, 2, 2, ()),
-        ("bhqkv", "q+kv", 72, 32, 2, 2, ("bias", "doc")),
+        ("bhqkv", "h", 72, 32, 2, 2, ("bias",)),  # a BlockMask per head
+        ("qkv", "q", 20, 32, 1, 1, ("bias", "valid")),
     ],
 )
 def test_each_buffer_kind_moves_what_the_schedule_counts(score, mask, N, block, B, H, padded):  # noqa: N803
     """Per kind, the template reads score_mod's buffer WORDS[kind](BQ, BKV) words in every visited block and
-    mask_mod's in every partial block, the padded positions of a ragged block included (wrapped indices): a
-    per-head slope one word whatever N, so the once-per-position schedule differs from the template's at a ragged
-    N for every kind but ``h``."""
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    mask_mod's in every partial block, the padded positions of a ragged block included (wrapped indices; a
+    per-head scalar is one word whatever N), where the once-per-position schedule reads them at the block's own
+    rows and columns only."""
+    from torch.nn.attention.flex_attention import flex_attention
 
     from iosim.kernels.counting import count_file
     from iosim.kernels.examples import torch_flex_template as tft
@@ -72,21 +74,24 @@ def test_each_buffer_kind_moves_what_the_schedule_counts(score, mask, N, block, 
     kernel = {k: (a.reads, a.writes) for k, a in counts.per_array.items() if a.reads or a.writes}
     assert kernel == {k: (a.reads, a.writes) for k, a in model.stats.per_array.items()}
     assert {k: a.read_bytes + a.write_bytes for k, a in counts.per_array.items() if a.reads or a.writes} == model.bytes
-    heads, partial, full = B * H, int(bi.kv_num.sum()), int(bi.full_num.sum())
+    cls = bi.classes(-(-N // block))  # (B', H', T_r, T_c), each (b', h') standing for `weight` heads
+    assert bi.kv_num.shape[:2] == (1, H if mask == "h" else 1)  # a BlockMask per head when mask_mod reads h
+    assert ((bi.kv_num + bi.full_num) == 0).any() == (mask == "q" and N % block == 0)  # the padding queries' block
+    weight = B * H // (cls.shape[0] * cls.shape[1])
+    partial, full = weight * int((cls == 1).sum()), weight * int((cls == 2).sum())
     assert partial > 0
-    assert kernel[name] == (heads * (partial + full) * WORDS[score](block, block), 0)
-    assert kernel[mask_name] == (heads * partial * WORDS[mask](block, block), 0)
-    cls = bi.classes(-(-N // block))[0, 0]  # the padded positions: what the template reads beyond the once count
-    r = np.minimum(block, N - np.arange(cls.shape[0]) * block)[:, None]
-    c = np.minimum(block, N - np.arange(cls.shape[1]) * block)[None, :]
+    assert kernel[name] == ((partial + full) * WORDS[score](block, block), 0)
+    assert kernel[mask_name] == (partial * WORDS[mask](block, block), 0)
+    r = np.minimum(block, N - np.arange(cls.shape[2]) * block)[:, None]  # the padded positions: what the template
+    c = np.minimum(block, N - np.arange(cls.shape[3]) * block)[None, :]  # reads beyond the once count
     for buf, kind, scope in ((name, score, cls > 0), (mask_name, mask, cls == 1)):
-        extra = heads * int((scope * (WORDS[kind](block, block) - WORDS[kind](r, c))).sum())
+        extra = weight * int((scope * (WORDS[kind](block, block) - WORDS[kind](r, c))).sum())
         assert kernel[buf][0] - once.words[buf] == extra and (extra > 0) == (buf in padded)
     assert model.bytes[mask_name] == kernel[mask_name][0] * {"int32": 4, "bool": 1}[mask_dtype]
     # numerics: flex_attention (eager, CPU) with the same mods on the same captured tensors
     held = {name: torch.from_numpy(arrays[name]).float(),  # (the arrays come back as float64)
             mask_name: torch.from_numpy(arrays[mask_name]).to(getattr(torch, mask_dtype))}  # fmt: skip
-    bm = create_block_mask(tft.mask_mod(mask, held[mask_name]), None, None, N, N, device="cpu", BLOCK_SIZE=block)
+    bm = tft.block_mask(mask, held[mask_name], N, H, block)
     q, k, v = (torch.from_numpy(arrays[x]).reshape(B, H, N, d).float() for x in "QKV")
     ref = flex_attention(q, k, v, score_mod=tft.score_mod(score, held[name]), block_mask=bm)
     assert np.abs(arrays["O"].reshape(B, H, N, d) - ref.numpy()).max() < 1e-5
@@ -98,8 +103,8 @@ def test_a_kind_the_launcher_does_not_render_is_one_line():
 
     with pytest.raises(InputError, match="score must be None or one of qkv, q, kv, bhqkv, h"):
         launch(64, 16, score="q+kv")
-    with pytest.raises(InputError, match=r"mask must be one of q\+kv, kv"):
-        launch(64, 16, mask="h")
+    with pytest.raises(InputError, match=r"mask must be one of q\+kv, kv, q, h"):
+        launch(64, 16, mask="qkv")
 
 
 def test_the_command_line_compares_a_launcher_with_any_kind(tmp_path, capsys, monkeypatch):

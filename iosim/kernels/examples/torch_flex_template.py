@@ -9,8 +9,9 @@ sizes and strides as literals, the kernel options as module constants (``gen_def
 (``store_output``) and the two ``modification`` subgraphs, written as inductor writes a mod that reads a captured
 tensor (``tl.load(in_ptr + (index))``, the index each dimension's variable times its stride, a literal). mask_mod
 reads a captured tensor of the index ``mask`` names (:data:`MASKS`): ``q+kv``, document ids read at q and at kv
-(``doc[q] == doc[kv] and q >= kv``), or ``kv``, a per-key validity vector (``valid[kv] and q >= kv``, a padding
-mask); score_mod is the identity or, with ``score`` naming the index it reads at (:data:`SCORES`), adds a (q, kv)
+(``doc[q] == doc[kv] and q >= kv``), ``kv`` or ``q``, a per-key or per-query validity vector (``valid[kv] and q >=
+kv``, a padding mask), or ``h``, a window per head (``q - kv < window[h] and q >= kv``, a BlockMask per head);
+score_mod is the identity or, with ``score`` naming the index it reads at (:data:`SCORES`), adds a (q, kv)
 bias (``qkv``), a per-query or per-key vector (``q``, ``kv``), a full (b, h, q, kv) bias (``bhqkv``) or ALiBi's
 per-head slope times kv - q (``h``). Everything else, the BlockMask walk included, is torch's source as
 installed.
@@ -56,7 +57,7 @@ def template_dir() -> str:
 # the captured tensor's name, by the index iosim.block_sparse.Buffer reads it at: score_mod's (what each adds:
 # score_mod) and mask_mod's (with its dtype; what each allows: mask_mod)
 SCORES = {"qkv": "bias", "q": "bias", "kv": "bias", "bhqkv": "bias", "h": "slope"}
-MASKS = {"q+kv": ("doc", "int32"), "kv": ("valid", "bool")}
+MASKS = {"q+kv": ("doc", "int32"), "kv": ("valid", "bool"), "q": ("valid", "bool"), "h": ("window", "int32")}
 AT = {"q": "m", "kv": "n", "qkv": "mn", "bhqkv": "bhmn", "h": "h"}  # the index variables of each
 
 
@@ -73,25 +74,39 @@ def score_mod(kind: str, t):
 
 
 def mask_mod(kind: str, t):
-    """The mask_mod of ``kind`` (:data:`MASKS`) reading the captured tensor ``t``: causal within documents
-    (doc[q] == doc[kv] and q >= kv) or causal over the valid keys (valid[kv] and q >= kv, a padding mask)."""
-    if kind == "q+kv":
-        return lambda b, h, q, kv: (t[q] == t[kv]) & (q >= kv)
-    return lambda b, h, q, kv: t[kv] & (q >= kv)
+    """The mask_mod of ``kind`` (:data:`MASKS`) reading the captured tensor ``t``, causal and: within documents
+    (doc[q] == doc[kv]), over the valid keys (valid[kv], a padding mask), for the valid queries (valid[q]: the
+    others see no key), or within a window per head (q - kv < window[h])."""
+    return {
+        "q+kv": lambda b, h, q, kv: (t[q] == t[kv]) & (q >= kv),
+        "kv": lambda b, h, q, kv: t[kv] & (q >= kv),
+        "q": lambda b, h, q, kv: t[q] & (q >= kv),
+        "h": lambda b, h, q, kv: (q - kv < t[h]) & (q >= kv),
+    }[kind]
+
+
+def block_mask(kind: str, t, N: int, H: int, block: int):  # noqa: N803
+    """The BlockMask of :func:`mask_mod` (one per head when it reads h) on N x N, blocks of ``block``."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    heads = H if kind == "h" else None
+    return create_block_mask(mask_mod(kind, t), None, heads, N, N, device="cpu", BLOCK_SIZE=block)
 
 
 def captured(kind: str, N: int, B: int, H: int, seed: int):  # noqa: N803
     """score_mod's (``kind`` a key of :data:`SCORES`) or mask_mod's (``mask:`` and a key of :data:`MASKS`) captured
     tensor at N keys, B batch items, H heads: standard-normal biases, ALiBi's slopes 2^(-8 (h + 1) / H), the
-    document ids of :func:`documents`, keys valid up to N - N // 4."""
+    document ids of :func:`documents`, keys (or queries) valid up to N - N // 4, windows of N / 2^(h + 1) keys."""
     import torch
 
     from iosim.kernels.examples._common import inputs
 
     if kind == "mask:q+kv":
         return documents(N).to(torch.int32).contiguous()
-    if kind == "mask:kv":
+    if kind in ("mask:kv", "mask:q"):
         return torch.arange(N) < N - N // 4
+    if kind == "mask:h":
+        return torch.tensor([max(1, N >> (h + 1)) for h in range(H)], dtype=torch.int32)
     if kind == "h":
         return torch.exp2(-8.0 * torch.arange(1, H + 1, dtype=torch.float64) / H).to(torch.float32)
     shape = {"qkv": (N, N), "q": (N,), "kv": (N,), "bhqkv": (B, H, N, N)}[kind]
@@ -135,7 +150,10 @@ def render(tensors: dict, out, options: dict, score: str | None = None, mask: st
             if mask == "q+kv":  # two loads of the document ids, at q and at kv
                 return (f"tmp_dq = {load(mask_name, 'q', **at)}\ntmp_dk = {load(mask_name, 'kv', **at)}\n"
                         f"{output_name} = (tmp_dq == tmp_dk) & (({m}) >= ({n}))")  # fmt: skip
-            return f"tmp_v = {load(mask_name, 'kv', **at)}\n{output_name} = tmp_v & (({m}) >= ({n}))"
+            held = f"tmp_v = {load(mask_name, mask, **at)}\n"
+            if mask == "h":  # the head's window
+                return held + f"{output_name} = ((({m}) - ({n})) < tmp_v) & (({m}) >= ({n}))"
+            return held + f"{output_name} = tmp_v & (({m}) >= ({n}))"
         if not score_kind:  # score_mod: the identity
             return f"{output_name} = ({score})"
         tmp = f"tmp_s = {load(score_name, score_kind, **at)}\n"
@@ -179,7 +197,6 @@ def launch(
     """The template on B x H heads of N tokens (head dimension d), blocks of ``block``, with the mask_mod of
     ``mask`` and the score_mod of ``score`` (:data:`MASKS`, :data:`SCORES`; None: the identity)."""
     import torch
-    from torch.nn.attention.flex_attention import create_block_mask
 
     from iosim.errors import InputError
     from iosim.kernels.examples._common import default_scale, inputs
@@ -192,7 +209,7 @@ def launch(
                          "at)", mask)  # fmt: skip
     mask_name, mask_dtype = MASKS[mask]
     held = captured("mask:" + mask, N, B, H, seed)
-    bm = create_block_mask(mask_mod(mask, held), None, None, N, N, device="cpu", BLOCK_SIZE=block)
+    bm = block_mask(mask, held, N, H, block)
     Q, K, V = (x.reshape(B, H, N, d) for x in inputs("QKV", (B * H, N, d), dtype, seed))
     tensors = {"Q": Q, "K": K, "V": V, "LSE": torch.empty((B, H, N), dtype=torch.float32),
                "MAX": torch.empty((B, H, N), dtype=torch.float32), "KV_NUM_BLKS": bm.kv_num_blocks.contiguous(),
