@@ -143,7 +143,7 @@ def test_torchs_own_flex_template_moves_what_the_schedule_counts(N, block, H, bi
         pytest.skip(f"the template's hooks are written against torch {TORCH}")
 
     d = 16
-    params = {"N": N, "d": d, "block": block, "H": H, "bias": bias}
+    params = {"N": N, "d": d, "block": block, "H": H, "score": "qkv" if bias else None}
     counts, _, arrays = count_file(str(TEMPLATE), "launch", backend="triton", params=params)
     names = ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices")
     bi = block_index(**{k: arrays[k].astype(np.int64) for k in names}, block_size=block)

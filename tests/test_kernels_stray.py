@@ -154,7 +154,7 @@ TRITON_EXAMPLES = {  # the project's Triton example launchers, small (the librar
     "triton_flash2_bwd.py": dict(N=80, d=16, Br=32, Bc=16, H=2, causal=True),
     "triton_decode_splitkv.py": dict(N=80, d=16, Bc=16, splits=3, H=4, kv_heads=2),
     "triton_flex_blocksparse.py": dict(N=80, d=16, Br=16, Bc=16, H=2),
-    "torch_flex_template.py": dict(N=72, d=16, block=16, H=2, bias=True),
+    "torch_flex_template.py": dict(N=72, d=16, block=16, H=2, score="qkv"),
 }
 
 

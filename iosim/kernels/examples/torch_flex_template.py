@@ -6,19 +6,25 @@ Inductor renders this template only for a CUDA device (a CPU query lowers to its
 backend on the CPU needs a Triton CPU driver), so the launcher renders it itself. The hooks (:func:`render`) fill
 what inductor's ``TritonTemplateKernel`` fills: the signature (``def_kernel``, ``gen_argdefs``), the tensors'
 sizes and strides as literals, the kernel options as module constants (``gen_defines``), the store of O
-(``store_output``) and the two ``modification`` subgraphs, written as inductor writes a mask_mod that reads
-captured document ids: ``score_mod`` the identity (``bias=True``: plus a captured (q, kv) bias, one load),
-``mask_mod`` ``doc[q] == doc[kv] and q >= kv`` with the two loads of ``doc`` inductor emits. Everything else,
-the BlockMask walk included, is torch's source as installed.
+(``store_output``) and the two ``modification`` subgraphs, written as inductor writes a mod that reads a captured
+tensor (``tl.load(in_ptr + (index))``, the index each dimension's variable times its stride, a literal). mask_mod
+reads a captured tensor of the index ``mask`` names (:data:`MASKS`): ``q+kv``, document ids read at q and at kv
+(``doc[q] == doc[kv] and q >= kv``), ``kv`` or ``q``, a per-key or per-query validity vector (``valid[kv] and q >=
+kv``, a padding mask), or ``h``, a window per head (``q - kv < window[h] and q >= kv``, a BlockMask per head);
+score_mod is the identity or, with ``score`` naming the index it reads at (:data:`SCORES`), adds a (q, kv)
+bias (``qkv``), a per-query or per-key vector (``q``, ``kv``), a full (b, h, q, kv) bias (``bhqkv``) or ALiBi's
+per-head slope times kv - q (``h``). Everything else, the BlockMask walk included, is torch's source as
+installed.
 
 The kernel options are those of a forward that keeps the logsumexp (``OUTPUT_LOGSUMEXP``, no ``OUTPUT_MAX``), with
 ``BLOCK_M`` = ``BLOCK_N`` = the BlockMask's block (one program per sparse row block, one step per sparse block).
 Counted under the interpreter it moves, array by array, what ``iosim.block_sparse(..., indices="template")``
-counts for the same BlockMask: the template reads each list's first index before its loop and, after each block,
+counts for the same BlockMask and those buffers (:class:`iosim.block_sparse.Buffer`, as the launcher's
+``buffers`` declares them): the template reads each list's first index before its loop and, after each block,
 that block's index and the next one's, and when N is not a multiple of the block it evaluates mask_mod and
-score_mod at every padded position of the block, its indices wrapped mod N (tests/test_flex_kernel.py). The
-hooks follow the template of torch :data:`TORCH` (another torch's template may take other hooks or options:
-refused in one line).
+score_mod at every padded position of the block, its indices wrapped mod N (tests/test_flex_kernel.py,
+tests/test_flex_template_buffers.py). The hooks follow the template of torch :data:`TORCH` (another torch's
+template may take other hooks or options: refused in one line).
 """
 
 from __future__ import annotations
@@ -48,12 +54,75 @@ def template_dir() -> str:
     return path
 
 
-def render(tensors: dict, out, options: dict, bias: bool = False) -> str:
-    """The template's source for these tensors (names of :data:`ARGS`, plus ``doc``, and ``bias``: a (q, kv) bias
-    that score_mod adds) and kernel options."""
+# the captured tensor's name, by the index iosim.block_sparse.Buffer reads it at: score_mod's (what each adds:
+# score_mod) and mask_mod's (with its dtype; what each allows: mask_mod)
+SCORES = {"qkv": "bias", "q": "bias", "kv": "bias", "bhqkv": "bias", "h": "slope"}
+MASKS = {"q+kv": ("doc", "int32"), "kv": ("valid", "bool"), "q": ("valid", "bool"), "h": ("window", "int32")}
+AT = {"q": "m", "kv": "n", "qkv": "mn", "bhqkv": "bhmn", "h": "h"}  # the index variables of each
+
+
+def score_mod(kind: str, t):
+    """The score_mod of ``kind`` (:data:`SCORES`) reading the captured tensor ``t``, as a FlexAttention user writes
+    it: score plus bias[q, kv], bias[q], bias[kv], bias[b, h, q, kv], or ALiBi's slope[h] * (kv - q)."""
+    return {
+        "qkv": lambda s, b, h, q, kv: s + t[q, kv],
+        "q": lambda s, b, h, q, kv: s + t[q],
+        "kv": lambda s, b, h, q, kv: s + t[kv],
+        "bhqkv": lambda s, b, h, q, kv: s + t[b, h, q, kv],
+        "h": lambda s, b, h, q, kv: s + t[h] * (kv - q),
+    }[kind]
+
+
+def mask_mod(kind: str, t):
+    """The mask_mod of ``kind`` (:data:`MASKS`) reading the captured tensor ``t``, causal and: within documents
+    (doc[q] == doc[kv]), over the valid keys (valid[kv], a padding mask), for the valid queries (valid[q]: the
+    others see no key), or within a window per head (q - kv < window[h])."""
+    return {
+        "q+kv": lambda b, h, q, kv: (t[q] == t[kv]) & (q >= kv),
+        "kv": lambda b, h, q, kv: t[kv] & (q >= kv),
+        "q": lambda b, h, q, kv: t[q] & (q >= kv),
+        "h": lambda b, h, q, kv: (q - kv < t[h]) & (q >= kv),
+    }[kind]
+
+
+def block_mask(kind: str, t, N: int, H: int, block: int):  # noqa: N803
+    """The BlockMask of :func:`mask_mod` (one per head when it reads h) on N x N, blocks of ``block``."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    heads = H if kind == "h" else None
+    return create_block_mask(mask_mod(kind, t), None, heads, N, N, device="cpu", BLOCK_SIZE=block)
+
+
+def captured(kind: str, N: int, B: int, H: int, seed: int):  # noqa: N803
+    """score_mod's (``kind`` a key of :data:`SCORES`) or mask_mod's (``mask:`` and a key of :data:`MASKS`) captured
+    tensor at N keys, B batch items, H heads: standard-normal biases, ALiBi's slopes 2^(-8 (h + 1) / H), the
+    document ids of :func:`documents`, keys (or queries) valid up to N - N // 4, windows of N / 2^(h + 1) keys."""
+    import torch
+
+    from iosim.kernels.examples._common import inputs
+
+    if kind == "mask:q+kv":
+        return documents(N).to(torch.int32).contiguous()
+    if kind in ("mask:kv", "mask:q"):
+        return torch.arange(N) < N - N // 4
+    if kind == "mask:h":
+        return torch.tensor([max(1, N >> (h + 1)) for h in range(H)], dtype=torch.int32)
+    if kind == "h":
+        return torch.exp2(-8.0 * torch.arange(1, H + 1, dtype=torch.float64) / H).to(torch.float32)
+    shape = {"qkv": (N, N), "q": (N,), "kv": (N,), "bhqkv": (B, H, N, N)}[kind]
+    return inputs("B", shape, "float32", seed + 1)[0].contiguous()
+
+
+def render(tensors: dict, out, options: dict, score: str | None = None, mask: str = "q+kv") -> str:
+    """The template's source for these tensors (names of :data:`ARGS`, plus mask_mod's captured tensor and, with
+    ``score`` a key of :data:`SCORES`, score_mod's, under the names :data:`MASKS` and :data:`SCORES` give them) and
+    kernel options."""
     import jinja2
 
-    names = [f"arg_{a}" for a in ARGS] + ["in_ptr_doc"] + (["in_ptr_bias"] if bias else []) + ["out_ptr0"]
+    mask_name, score_kind = MASKS[mask][0], score
+    score_name = SCORES[score] if score else None
+    names = [f"arg_{a}" for a in ARGS] + [f"in_ptr_{mask_name}"] + ([f"in_ptr_{score_name}"] if score else [])
+    names += ["out_ptr0"]
 
     def def_kernel(*args):
         return "@triton.jit\ndef flex_fwd(" + ", ".join(names) + "):\n" + "".join(f"    {a} = arg_{a}\n" for a in args)
@@ -65,13 +134,32 @@ def render(tensors: dict, out, options: dict, bias: bool = False) -> str:
     def size(name, i):
         return str(tensors[name].shape[i])
 
+    def load(name, kind, **at):
+        """A captured tensor's load as inductor's ``modification`` writes it, ``tl.load(in_ptr + (index))``: each
+        index variable its kind reads (:data:`AT`) times the tensor's stride there, a literal (a dimension of size
+        1, which inductor broadcasts, adds nothing)."""
+        t = tensors[name]
+        terms = [
+            at[v] if s == 1 else f"{s}*{at[v]}" for v, s, n in zip(AT[kind], t.stride(), t.shape, strict=True) if n > 1
+        ]
+        return f"tl.load(in_ptr_{name} + ({' + '.join(terms) or '0'}))"
+
     def modification(subgraph_number, output_name, score, b, h, m, n, **kw):
-        if subgraph_number == 0:  # score_mod: the identity, or plus bias[q, kv]
-            if not bias:
-                return f"{output_name} = ({score})"
-            return f"tmp_b = tl.load(in_ptr_bias + ({n}) + {size('K', 2)} * ({m}))\n{output_name} = ({score}) + tmp_b"
-        return (f"tmp_dq = tl.load(in_ptr_doc + ({m}))\ntmp_dk = tl.load(in_ptr_doc + ({n}))\n"
-                f"{output_name} = (tmp_dq == tmp_dk) & (({m}) >= ({n}))")  # fmt: skip
+        at = dict(b=b, h=h, m=m, n=n)
+        if subgraph_number == 1:  # mask_mod
+            if mask == "q+kv":  # two loads of the document ids, at q and at kv
+                return (f"tmp_dq = {load(mask_name, 'q', **at)}\ntmp_dk = {load(mask_name, 'kv', **at)}\n"
+                        f"{output_name} = (tmp_dq == tmp_dk) & (({m}) >= ({n}))")  # fmt: skip
+            held = f"tmp_v = {load(mask_name, mask, **at)}\n"
+            if mask == "h":  # the head's window
+                return held + f"{output_name} = ((({m}) - ({n})) < tmp_v) & (({m}) >= ({n}))"
+            return held + f"{output_name} = tmp_v & (({m}) >= ({n}))"
+        if not score_kind:  # score_mod: the identity
+            return f"{output_name} = ({score})"
+        tmp = f"tmp_s = {load(score_name, score_kind, **at)}\n"
+        if score_kind == "h":  # ALiBi: the head's slope times (kv - q)
+            return tmp + f"tmp_d = (({n}) - ({m})).to(tl.float32)\n{output_name} = ({score}) + tmp_s * tmp_d"
+        return tmp + f"{output_name} = ({score}) + tmp_s"
 
     def store_output(indices, val, mask, val_shape=None):
         z, h, m, d = indices
@@ -100,44 +188,54 @@ def launch(
     d: int,
     block: int = 32,
     H: int = 1,
+    B: int = 1,
     dtype: str = "float32",
     seed: int = 0,  # noqa: N803
-    bias: bool = False,
+    score: str | None = None,
+    mask: str = "q+kv",
 ) -> dict:
+    """The template on B x H heads of N tokens (head dimension d), blocks of ``block``, with the mask_mod of
+    ``mask`` and the score_mod of ``score`` (:data:`MASKS`, :data:`SCORES`; None: the identity)."""
     import torch
-    from torch.nn.attention.flex_attention import create_block_mask
 
+    from iosim.errors import InputError
     from iosim.kernels.examples._common import default_scale, inputs
 
-    doc = documents(N)
-
-    def causal_document(b, h, q_idx, kv_idx):
-        return (doc[q_idx] == doc[kv_idx]) & (q_idx >= kv_idx)
-
-    bm = create_block_mask(causal_document, None, None, N, N, device="cpu", BLOCK_SIZE=block)
-    Q, K, V = (x.reshape(1, H, N, d) for x in inputs("QKV", (H, N, d), dtype, seed))
-    tensors = {"Q": Q, "K": K, "V": V, "LSE": torch.empty((1, H, N), dtype=torch.float32),
-               "MAX": torch.empty((1, H, N), dtype=torch.float32), "KV_NUM_BLKS": bm.kv_num_blocks.contiguous(),
+    if score is not None and score not in SCORES:
+        raise InputError("score", f"must be None or one of {', '.join(SCORES)} (the index score_mod's captured "
+                         "tensor is read at)", score)  # fmt: skip
+    if mask not in MASKS:
+        raise InputError("mask", f"must be one of {', '.join(MASKS)} (the index mask_mod's captured tensor is read "
+                         "at)", mask)  # fmt: skip
+    mask_name, mask_dtype = MASKS[mask]
+    held = captured("mask:" + mask, N, B, H, seed)
+    bm = block_mask(mask, held, N, H, block)
+    Q, K, V = (x.reshape(B, H, N, d) for x in inputs("QKV", (B * H, N, d), dtype, seed))
+    tensors = {"Q": Q, "K": K, "V": V, "LSE": torch.empty((B, H, N), dtype=torch.float32),
+               "MAX": torch.empty((B, H, N), dtype=torch.float32), "KV_NUM_BLKS": bm.kv_num_blocks.contiguous(),
                "KV_IDX": bm.kv_indices.contiguous(), "FULL_KV_NUM_BLKS": bm.full_kv_num_blocks.contiguous(),
-               "FULL_KV_IDX": bm.full_kv_indices.contiguous()}  # fmt: skip
+               "FULL_KV_IDX": bm.full_kv_indices.contiguous(), mask_name: held}  # fmt: skip
+    extra = {}
+    if score:
+        extra[SCORES[score]] = captured(score, N, B, H, seed)
+        tensors.update(extra)
     O = torch.empty_like(Q)
-    doc32 = doc.to(torch.int32).contiguous()
     options = dict(PRESCALE_QK=False, ROWS_GUARANTEED_SAFE=False, BLOCKS_ARE_CONTIGUOUS=False, OUTPUT_LOGSUMEXP=True,
                    OUTPUT_MAX=False, FLOAT32_PRECISION="ieee", IS_DIVISIBLE=N % block == 0, SM_SCALE=default_scale(d),
                    GQA_SHARED_HEADS=1, HAS_FULL_BLOCKS=True, QK_HEAD_DIM=d, QK_HEAD_DIM_ROUNDED=d, V_HEAD_DIM=d,
                    V_HEAD_DIM_ROUNDED=d, SAFE_HEAD_DIM=True, USE_TMA=False, BLOCK_M=block, BLOCK_N=block,
                    SPARSE_Q_BLOCK_SIZE=block, SPARSE_KV_BLOCK_SIZE=block, WRITE_DQ=True)  # fmt: skip
-    src = render(tensors, O, options, bias)
+    src = render(tensors, O, options, score, mask)
     with tempfile.NamedTemporaryFile("w", suffix="_flex_template.py", delete=False) as f:
         f.write(src)
     spec = importlib.util.spec_from_file_location("iosim_flex_template", f.name)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    extra = [inputs("B", (N, N), "float32", seed + 1)[0].contiguous()] if bias else []
-    mod.flex_fwd[(triton.cdiv(N, block), 1, H)](*(tensors[a] for a in ARGS), doc32, *extra, O)
+    mod.flex_fwd[(triton.cdiv(N, block), B, H)](*(tensors[a] for a in ARGS), held, *extra.values(), O)
     os.unlink(f.name)
-    return {**({"bias": extra[0]} if bias else {}),
+    buffers = {mask_name: (mask, "mask", mask_dtype), **{name: (score, "score") for name in extra}}
+    return {**extra, mask_name: held,
             "Q": Q, "K": K, "V": V, "O": O, "L": tensors["LSE"], "kv_num_blocks": tensors["KV_NUM_BLKS"],
             "kv_indices": tensors["KV_IDX"], "full_kv_num_blocks": tensors["FULL_KV_NUM_BLKS"],
-            "full_kv_indices": tensors["FULL_KV_IDX"], "doc": doc32, "scale": default_scale(d), "H": H,
-            "buffers": {"doc": ("q+kv", "mask", "int32"), **({"bias": ("qkv", "score")} if bias else {})}}  # fmt: skip
+            "full_kv_indices": tensors["FULL_KV_IDX"], "scale": default_scale(d), "B": B, "H": H,
+            "buffers": buffers}  # fmt: skip
