@@ -327,8 +327,33 @@ def code_fingerprint() -> str:
 
 
 def point_key(p: dict) -> str:
-    """The cache key of a point: its configuration and the code fingerprint."""
-    return json.dumps({**{k: p[k] for k in GRID_KEYS}, "code": code_fingerprint()}, sort_keys=True, default=str)
+    """The cache key of a point: its configuration, the code fingerprint and, for a mask read from a file
+    (``mod:FILE.py:NAME``, ``file:MASK.npy``), a hash of that file's bytes (an edited file is a new point)."""
+    key = {**{k: p[k] for k in GRID_KEYS}, "code": code_fingerprint()}
+    path = _mask_file(p["mask"])
+    if path is not None:
+        try:
+            key["mask_file"] = hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
+        except OSError:
+            key["mask_file"] = "unreadable"
+    return json.dumps(key, sort_keys=True, default=str)
+
+
+def _mask_file(mask) -> str | None:
+    """The file a ``mod:`` or ``file:`` mask string reads, else None."""
+    if isinstance(mask, str) and mask.partition(":")[0] in ("mod", "file"):
+        return mask.split(":")[1] if mask.count(":") >= 1 else None
+    return None
+
+
+def _check_mask_files(points: list[dict]) -> None:
+    """A mask read from a file (``mod:FILE.py:NAME``, ``file:MASK.npy``) that is wrong whatever the point (a
+    missing file, a missing function, one of the wrong arity, an unreadable array): one line for the whole grid,
+    before any work. A mask_mod that fails on its index arrays is a point's own error."""
+    from iosim.masks import parse
+
+    for mask in dict.fromkeys(p["mask"] for p in points if _mask_file(p["mask"]) is not None):
+        parse(mask)
 
 
 def _load_cache(path: Path) -> dict[str, dict]:
@@ -541,6 +566,7 @@ def sweep(
     if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1):
         raise InputError("chunk_size", "must be None (chosen from the grid) or a positive integer", chunk_size)
     points = expand(grid)
+    _check_mask_files(points)
     if out is not None:
         _check_out(Path(out))  # before any work: a missing extra or a bad suffix fails fast, nothing written
         outputs.file("out", out, OUT_FORMATS, create_parent=True)

@@ -6,6 +6,7 @@ as an N x N array counts (an independent path: the 2-D prefix-sum oracle). Bad i
 from __future__ import annotations
 
 import itertools
+import pathlib
 
 import numpy as np
 import pytest
@@ -229,3 +230,40 @@ def test_wide_masks_pack_partial_blocks_and_memory_is_bounded(monkeypatch):
     with pytest.raises(InputError) as e:
         masks.from_mask_mod(stripes).compile(N)
     assert e.value.parameter == "mask_mod" and "partial blocks" in str(e.value) and "\n" not in str(e.value)
+
+
+BAD_MODS = {  # a mask_mod file's functions, each wrong in its own way, and what its one line says
+    "raises": ("def raises(b, h, q_idx, kv_idx):\n    raise ZeroDivisionError('no')\n", "without raising"),
+    "nonbool": ("def nonbool(b, h, q_idx, kv_idx):\n    return q_idx - kv_idx\n", "booleans"),
+    "arity": ("def arity(q_idx, kv_idx):\n    return q_idx >= kv_idx\n", "four arguments"),
+    "missing": ("", "must name a function"),
+}
+MASK_COMMANDS = [  # every command that takes --mask, at sizes that run in a moment
+    ["run", "flash2", "--N", "64", "--d", "8", "--M", "1024", "--count-only"],
+    ["run", "flash1", "--batch", "2", "--heads", "2", "--N", "64", "--d", "8", "--M", "1024", "--count-only"],
+    ["compare", "--N", "64", "--d", "8", "--M", "1024"],
+    ["bounds", "--N", "64", "--d", "8", "--M", "1024"],
+    ["trace", "flash2", "--N", "64", "--d", "8", "--M", "1024", "--count-only", "-o", "{out}.csv"],
+    ["show", "flash2", "--N", "64", "--d", "8", "--M", "1024", "--count-only", "--output", "{out}.png"],
+    ["replay", "flash2", "--N", "64", "--d", "8", "--M", "1024", "--count-only"],
+    ["pebble", "--from-run", "flash2", "--N", "4", "--d", "2", "--M", "40"],
+    ["hierarchy", "flash2", "--N", "64", "--d", "8", "--M", "1024", "--C", "0"],
+    ["kernel", "iosim/kernels/examples/torch_flex_template.py", "--N", "64", "--d", "8", "--like", "block-sparse",
+     "--no-numerics"],
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("argv", MASK_COMMANDS, ids=lambda a: " ".join(a[:2]))
+def test_a_bad_mask_mod_is_one_line_on_every_command(argv, tmp_path, capsys, monkeypatch):
+    """A mask_mod that raises, answers with other than booleans, takes other than four arguments, or is not in its
+    file: one line naming it on stderr, exit 2, nothing on stdout and no output file, on every command that takes
+    --mask (iosim sweep reports it per point, tests/test_sweep.py)."""
+    monkeypatch.chdir(pathlib.Path(__file__).resolve().parents[1])
+    src = tmp_path / "bad.py"
+    src.write_text("\n\n".join(code for code, _ in BAD_MODS.values() if code))
+    argv = [a.replace("{out}", str(tmp_path / "out")) for a in argv]
+    for name, (_, says) in BAD_MODS.items():
+        assert main([*argv, "--mask", f"mod:{src}:{name}"]) == 2, name
+        out, err = capsys.readouterr()
+        assert err.count("\n") == 1 and says in err and "mask" in err and out == "", (name, err)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.py"]

@@ -77,6 +77,32 @@ def test_processes_give_the_serial_records():
     assert _norm(procs) == _norm(serial)
 
 
+def test_a_mask_read_from_a_file_is_keyed_by_its_contents(tmp_path, capsys):
+    """A mod: (file:) mask's cache key holds a hash of its file: an edited file is counted afresh, not served from
+    the cache; a mask file wrong whatever the point is one line for the whole grid (exit 2), before any work."""
+    f, cache = tmp_path / "m.py", tmp_path / "c.jsonl"
+    grid = {"algorithm": "flash2", "N": 64, "d": 8, "M": 1024, "mask": f"mod:{f}:m"}
+    f.write_text("def m(b, h, q_idx, kv_idx):\n    return q_idx >= kv_idx\n")
+    st: dict = {}
+    causal = sweep(grid, executor="serial", cache=cache, as_frame=False, stats=st)[0]
+    assert (
+        st["computed"] == 1
+        and causal["total"]
+        == iosim.run("flash2", N=64, d=8, M=1024, causal=True, count_only=True, kv_policy="paper").stats.total
+    )
+    assert sweep(grid, executor="serial", cache=cache, as_frame=False, stats=st)[0] == causal and st["cached"] == 1
+    f.write_text("def m(b, h, q_idx, kv_idx):\n    return (q_idx >= kv_idx) & (q_idx - kv_idx < 8)\n")
+    window = sweep(grid, executor="serial", cache=cache, as_frame=False, stats=st)[0]
+    assert st["computed"] == 1 and window["total"] < causal["total"]
+    for spec, says in ((f"mod:{f}:other", "mask mod must name a function"), (f"mod:{tmp_path}/x.py:m", "mask file")):
+        with pytest.raises(iosim.InputError, match=f"^{says}"):
+            sweep({**grid, "mask": ["none", spec]}, executor="serial", as_frame=False)
+        capsys.readouterr()
+        assert main(["sweep", "--N", "64", "--d", "8", "--M", "1024", "--mask", "none", spec, "--no-cache"]) == 2
+        captured = capsys.readouterr()
+        assert captured.out == "" and captured.err.count("\n") == 1 and says in captured.err
+
+
 def test_cache_computes_only_what_is_new(tmp_path):
     cache = tmp_path / "c.jsonl"
     st: dict = {}
