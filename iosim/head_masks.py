@@ -145,15 +145,15 @@ def seen_totals(p, g: list):
     from iosim.problem import SeenTotals
 
     off = p.N_k - p.N_q
-    rows_q = rows_k = 0
-    for row in g:
-        for hk in range(p.H_kv):
-            keys = np.zeros(p.N_k, dtype=bool)
-            for m in row[hk * p.g : (hk + 1) * p.g]:  # (every oracle of a grid is a MOD one, never the dense)
-                n, seen = seen_keys(*m.args[:3], p.N_q, off, p.N_k)
-                rows_q += int(n)
-                keys |= seen
-            rows_k += int(keys.sum())
+    distinct, of = classes([m for row in g for m in row])  # each distinct mask tested once
+    seen = [seen_keys(*m.args[:3], p.N_q, off, p.N_k) for m in distinct]  # (a grid's oracles are all MOD ones)
+    rows_q = sum(int(seen[k][0]) for k in of)
+    rows_k = 0
+    for group in of.reshape(p.B * p.H_kv, p.g):  # the g query heads of each key/value head
+        keys = np.zeros(p.N_k, dtype=bool)
+        for k in group:
+            keys |= seen[k][1]
+        rows_k += int(keys.sum())
     return SeenTotals(rows_q, rows_k)
 
 
