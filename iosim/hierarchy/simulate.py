@@ -591,7 +591,7 @@ def hierarchy(
     if convert:
         where = _with_convert_dq(where)
     if units is None:
-        masks, unit_class = [mask], np.zeros(B * Hu, np.int64)
+        masks, unit_class = [mask], None
     else:  # a unit trace per distinct mask; unit u runs its mask's
         from iosim.head_masks import classes
 
@@ -626,8 +626,9 @@ def hierarchy(
                 cut, declared, list(trace.names), dict(trace.shapes), r.tiling.Br
             )
             arrays = SimpleNamespace(names=names, shapes=shapes)
+        n = B * Hu if unit_class is None else int(np.sum(unit_class == len(parts)))  # the units that run it
         parts.append(SimpleNamespace(trace=trace, stats=stats, tiling=tiling_used, cut=cut, declared=declared,
-                                     arrays=arrays, units=int(np.sum(unit_class == len(parts)))))  # fmt: skip
+                                     arrays=arrays, units=n))  # fmt: skip
     trace, tiling_used, arrays = parts[0].trace, parts[0].tiling, parts[0].arrays
     cut, declared = _merge(parts, mask if units is None else units[0])
     # The time rule before any array of the launch's size (the layout, the block order: B Hu rows per CTA) exists:
@@ -644,7 +645,8 @@ def hierarchy(
     n_launch = declared.launch_ptr.size - 1
     blocks = [block_order(order, declared.grid_order(k), B, Hu, H_kv) for k in range(n_launch)]
     inst = np.concatenate(blocks) if blocks else np.zeros((0, 3), np.int64)
-    inst[:, 0] += parts[0].declared.ctas * unit_class[inst[:, 1]]  # a unit's CTAs: its mask's (_merge)
+    if unit_class is not None:  # a unit's CTAs: its mask's (_merge)
+        inst[:, 0] += parts[0].declared.ctas * unit_class[inst[:, 1]]
     launch_ptr = np.concatenate(([0], np.cumsum([len(b) for b in blocks]))).astype(np.int64)
     slots = P * blocks_per_sm
     n_aids = len(arrays.names)
