@@ -13,8 +13,11 @@ reads a captured tensor of the index ``mask`` names (:data:`MASKS`): ``q+kv``, d
 kv``, a padding mask), or ``h``, a window per head (``q - kv < window[h] and q >= kv``, a BlockMask per head);
 score_mod is the identity or, with ``score`` naming the index it reads at (:data:`SCORES`), adds a (q, kv)
 bias (``qkv``), a per-query or per-key vector (``q``, ``kv``), a full (b, h, q, kv) bias (``bhqkv``) or ALiBi's
-per-head slope times kv - q (``h``). Everything else, the BlockMask walk included, is torch's source as
-installed.
+per-head slope times kv - q (``h``). With ``kv_heads`` < H (GQA, as ``flex_attention(..., enable_gqa=True)``) K
+and V have kv_heads heads and ``GQA_SHARED_HEADS`` is H / kv_heads, as inductor sets it; the template still
+launches one program per (row block, b, query head), each loading the K/V tiles of its key/value head
+(``off_hkv = off_hq // GQA_SHARED_HEADS``) and giving the query head to the mods and the BlockMask. Everything
+else, the BlockMask walk included, is torch's source as installed.
 
 The kernel options are those of a forward that keeps the logsumexp (``OUTPUT_LOGSUMEXP``, no ``OUTPUT_MAX``), with
 ``BLOCK_M`` = ``BLOCK_N`` = the BlockMask's block (one program per sparse row block, one step per sparse block).
