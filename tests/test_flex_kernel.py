@@ -204,3 +204,31 @@ def test_like_block_sparse_with_the_templates_index_reads(capsys, monkeypatch):
     err = capsys.readouterr().err
     assert rc == 2 and err.strip() == ("iosim: error: --indices is read by --like block-sparse (how the kernel reads "
                                        "its BlockMask), got 'template'")  # fmt: skip
+
+
+def test_the_template_under_gqa_on_the_command_line(capsys, monkeypatch):
+    """``--kv-heads``: the template with one key/value head for its two query heads (GQA_SHARED_HEADS = 2) equals the
+    per-head block-sparse schedule in every array, K and V read g = 2 times per key/value head (one program per query
+    head), so it moves the same 194,544 bytes as the launch with two key/value heads above."""
+    from iosim.cli import main
+    from iosim.kernels.examples.torch_flex_template import TORCH
+
+    if not torch.__version__.startswith(TORCH + "."):
+        pytest.skip(f"the template's hooks are written against torch {TORCH}")
+    monkeypatch.chdir(FILE.parents[3])
+    args = ["kernel", str(TEMPLATE), "--N", "200", "--d", "16", "--H", "2", "--kv-heads", "1", "--no-numerics"]
+    rc = main([*args, "--like", "block-sparse", "--mask", MASK, "--indices", "template"])
+    out = capsys.readouterr().out
+    rows = {line.split()[0]: line for line in out.splitlines() if "closed form to the word" in line}
+    assert rc == 0 and set(rows) == {"Q", "K", "V", "O", "L", "kv_num_blocks", "kv_indices", "full_kv_num_blocks",
+                                     "full_kv_indices", "doc"}, out  # fmt: skip
+    assert "heads=2 kv-heads=1 (per-head)" in out
+    for name in "KV":
+        assert rows[name].split()[1:5] == [
+            "16,640",
+            "0",
+            "16,640",
+            "0",
+        ]  # 2 query heads x 520 keys (17 visited blocks) x d
+        assert rows[name].endswith("(g = 2 times per KV head: per-head)")
+    assert "note: bytes: equal per array, 194,544 in all (the schedule's 194,544)" in out

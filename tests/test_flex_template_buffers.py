@@ -2,7 +2,8 @@
 captured buffer iosim.block_sparse.Buffer models, read as inductor lowers a score_mod or mask_mod that reads it:
 counted in place under the Triton interpreter, each array equals the block-sparse schedule with the template's reads
 (``indices="template"``) in words and in bytes, at N a multiple of the block and at a ragged N (below the block
-too), with B H > 1 where the buffer depends on b or h; the output equals flex_attention's on the CPU."""
+too), with B H > 1 where the buffer depends on b or h, and under GQA (fewer key/value heads than query heads); the
+output equals flex_attention's on the CPU."""
 
 from __future__ import annotations
 
@@ -52,6 +53,27 @@ def test_each_buffer_kind_moves_what_the_schedule_counts(score, mask, N, block, 
     mask_mod's in every partial block, the padded positions of a ragged block included (wrapped indices; a
     per-head scalar is one word whatever N), where the once-per-position schedule reads them at the block's own
     rows and columns only."""
+    _moves_what_the_schedule_counts(score, mask, N, block, B, H, H, padded)
+
+
+@pytest.mark.parametrize(
+    "score, mask, N, block, B, H, H_kv, padded",
+    [
+        ("h", "q+kv", 128, 32, 1, 4, 2, ()),  # g = 2: ALiBi's slope per query head
+        ("kv", "h", 200, 64, 2, 4, 1, ("bias",)),  # g = 4 (MQA), ragged: a window (a BlockMask) per query head
+        ("bhqkv", "h", 72, 32, 1, 4, 2, ("bias",)),  # g = 2, ragged: a (b, h, q, kv) bias per query head
+    ],
+)
+def test_gqa_moves_what_the_schedule_counts(score, mask, N, block, B, H, H_kv, padded):  # noqa: N803
+    """GQA (``flex_attention(..., enable_gqa=True)``: K, V with H_kv < H heads, ``GQA_SHARED_HEADS`` = g = H /
+    H_kv): the template still runs one program per (row block, b, query head), each reading the K/V tiles of its
+    key/value head h // g itself, so each key/value head's tiles are read g times, and it passes the query head to
+    the mods and to the BlockMask (one per query head when mask_mod reads h). Every array equals the schedule on
+    Problem(H_q=H, H_kv=H_kv) in words and bytes; the output equals flex_attention's with enable_gqa."""
+    _moves_what_the_schedule_counts(score, mask, N, block, B, H, H_kv, padded)
+
+
+def _moves_what_the_schedule_counts(score, mask, N, block, B, H, H_kv, padded):  # noqa: N803
     from torch.nn.attention.flex_attention import flex_attention
 
     from iosim.kernels.counting import count_file
@@ -60,13 +82,14 @@ def test_each_buffer_kind_moves_what_the_schedule_counts(score, mask, N, block, 
 
     _skip_other_torch()
     d = 16
-    params = {"N": N, "d": d, "block": block, "H": H, "B": B, "score": score, "mask": mask}
+    params = {"N": N, "d": d, "block": block, "H": H, "B": B, "score": score, "mask": mask, "kv_heads": H_kv}
     counts, numbers, arrays = count_file(str(TEMPLATE), "launch", backend="triton", params=params)
     assert counts.stray == [] and counts.out_of_bounds_lanes == 0
     name, (mask_name, mask_dtype) = tft.SCORES[score], tft.MASKS[mask]
     assert numbers["buffers"] == {mask_name: [mask, "mask", mask_dtype], name: [score, "score"]}
     bi = block_index(**{k: arrays[k].astype(np.int64) for k in INDICES}, block_size=block)
-    p = Problem(B=B, H_q=H, N=N, d=d, dtype_q="fp32")
+    assert numbers["kv_heads"] == H_kv and arrays["K"].size == arrays["V"].size == B * H_kv * N * d
+    p = Problem(B=B, H_q=H, H_kv=H_kv, N=N, d=d, dtype_q="fp32")
     bufs = [Buffer(mask_name, mask, "mask", mask_dtype), Buffer(name, score, "score")]
     model = block_sparse(p, bi, buffers=bufs, indices="template")
     once = block_sparse(p, bi, buffers=bufs)
@@ -80,6 +103,8 @@ def test_each_buffer_kind_moves_what_the_schedule_counts(score, mask, N, block, 
     weight = B * H // (cls.shape[0] * cls.shape[1])
     partial, full = weight * int((cls == 1).sum()), weight * int((cls == 2).sum())
     assert partial > 0
+    widths = np.minimum(block, N - np.arange(cls.shape[3]) * block)  # every query head reads its blocks' K tiles
+    assert kernel["K"] == (weight * int(((cls > 0) * widths).sum()) * d, 0)  # (H_kv appears nowhere: g reads each)
     assert kernel[name] == ((partial + full) * WORDS[score](block, block), 0)
     assert kernel[mask_name] == (partial * WORDS[mask](block, block), 0)
     r = np.minimum(block, N - np.arange(cls.shape[2]) * block)[:, None]  # the padded positions: what the template
@@ -92,8 +117,9 @@ def test_each_buffer_kind_moves_what_the_schedule_counts(score, mask, N, block, 
     held = {name: torch.from_numpy(arrays[name]).float(),  # (the arrays come back as float64)
             mask_name: torch.from_numpy(arrays[mask_name]).to(getattr(torch, mask_dtype))}  # fmt: skip
     bm = tft.block_mask(mask, held[mask_name], N, H, block)
-    q, k, v = (torch.from_numpy(arrays[x]).reshape(B, H, N, d).float() for x in "QKV")
-    ref = flex_attention(q, k, v, score_mod=tft.score_mod(score, held[name]), block_mask=bm)
+    q = torch.from_numpy(arrays["Q"]).reshape(B, H, N, d).float()
+    k, v = (torch.from_numpy(arrays[x]).reshape(B, H_kv, N, d).float() for x in "KV")
+    ref = flex_attention(q, k, v, score_mod=tft.score_mod(score, held[name]), block_mask=bm, enable_gqa=H_kv < H)
     assert np.abs(arrays["O"].reshape(B, H, N, d) - ref.numpy()).max() < 1e-5
 
 
@@ -105,6 +131,9 @@ def test_a_kind_the_launcher_does_not_render_is_one_line():
         launch(64, 16, score="q+kv")
     with pytest.raises(InputError, match=r"mask must be one of q\+kv, kv, q, h"):
         launch(64, 16, mask="qkv")
+    for bad in (3, 0, 2.0):
+        with pytest.raises(InputError, match="kv_heads must be None or a divisor of H = 4"):
+            launch(64, 16, H=4, kv_heads=bad)
 
 
 def test_the_command_line_compares_a_launcher_with_any_kind(tmp_path, capsys, monkeypatch):

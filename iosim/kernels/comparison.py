@@ -436,7 +436,8 @@ def compare(
     splits; ``heads`` is H_q, the query heads per batch item), the problem's lower bound, and (with ``arrays``) the
     numerics: ``layout`` and ``logsumexp`` are the launcher's declarations (:data:`LAYOUTS`, :data:`LOGSUMEXP`).
     With fewer KV heads than query heads, the closed form of the GQA policy whose K reads the kernel's equal
-    (``per-head``: a KV head's K, V read g times, once per query head; ``packed``: once) is used, and said."""
+    (``per-head``: a KV head's K, V read g times, once per query head; ``packed``: once) is used, and said; the
+    block-sparse schedule is per-head (FlexAttention's forward runs one program per query head)."""
     import dataclasses
 
     w = dataclasses.replace(whole or Whole(), H_q=int(heads))
@@ -447,10 +448,9 @@ def compare(
         per, M, lb, bname, sparse, bi = block_sparse_model(N, d, Br, Bc, w)
         if arrays:
             check_block_mask(arrays, bi)
-        g = 1  # the schedule's K/V per query head (no GQA policy to choose)
     else:
         per, M, lb, bname = model(like, N, d, Br, Bc, causal, splits, w, gqa)
-    if g > 1:
+    if g > 1 and like != "block-sparse":  # (the block-sparse schedule is per query head: no GQA policy to choose)
         packed = model(like, N, d, Br, Bc, causal, splits, w, "packed")
         k_reads = counts.per_array["K"].reads if "K" in counts.per_array else -1
         if k_reads == packed[0]["K"].reads != per["K"].reads:

@@ -13,8 +13,11 @@ reads a captured tensor of the index ``mask`` names (:data:`MASKS`): ``q+kv``, d
 kv``, a padding mask), or ``h``, a window per head (``q - kv < window[h] and q >= kv``, a BlockMask per head);
 score_mod is the identity or, with ``score`` naming the index it reads at (:data:`SCORES`), adds a (q, kv)
 bias (``qkv``), a per-query or per-key vector (``q``, ``kv``), a full (b, h, q, kv) bias (``bhqkv``) or ALiBi's
-per-head slope times kv - q (``h``). Everything else, the BlockMask walk included, is torch's source as
-installed.
+per-head slope times kv - q (``h``). With ``kv_heads`` < H (GQA, as ``flex_attention(..., enable_gqa=True)``) K
+and V have kv_heads heads and ``GQA_SHARED_HEADS`` is H / kv_heads, as inductor sets it; the template still
+launches one program per (row block, b, query head), each loading the K/V tiles of its key/value head
+(``off_hkv = off_hq // GQA_SHARED_HEADS``) and giving the query head to the mods and the BlockMask. Everything
+else, the BlockMask walk included, is torch's source as installed.
 
 The kernel options are those of a forward that keeps the logsumexp (``OUTPUT_LOGSUMEXP``, no ``OUTPUT_MAX``), with
 ``BLOCK_M`` = ``BLOCK_N`` = the BlockMask's block (one program per sparse row block, one step per sparse block).
@@ -193,9 +196,11 @@ def launch(
     seed: int = 0,  # noqa: N803
     score: str | None = None,
     mask: str = "q+kv",
+    kv_heads: int | None = None,
 ) -> dict:
-    """The template on B x H heads of N tokens (head dimension d), blocks of ``block``, with the mask_mod of
-    ``mask`` and the score_mod of ``score`` (:data:`MASKS`, :data:`SCORES`; None: the identity)."""
+    """The template on B x H query heads of N tokens (head dimension d) and ``kv_heads`` key/value heads (default
+    H; fewer: GQA, as ``flex_attention(..., enable_gqa=True)``), blocks of ``block``, with the mask_mod of ``mask``
+    and the score_mod of ``score`` (:data:`MASKS`, :data:`SCORES`; None: the identity)."""
     import torch
 
     from iosim.errors import InputError
@@ -207,10 +212,15 @@ def launch(
     if mask not in MASKS:
         raise InputError("mask", f"must be one of {', '.join(MASKS)} (the index mask_mod's captured tensor is read "
                          "at)", mask)  # fmt: skip
+    H_kv = H if kv_heads is None else kv_heads
+    if isinstance(H_kv, bool) or not isinstance(H_kv, int) or H_kv < 1 or H % H_kv:
+        raise InputError("kv_heads", f"must be None or a divisor of H = {H} (GQA: H / kv_heads query heads share "
+                         "one key/value head)", kv_heads)  # fmt: skip
     mask_name, mask_dtype = MASKS[mask]
     held = captured("mask:" + mask, N, B, H, seed)
     bm = block_mask(mask, held, N, H, block)
     Q, K, V = (x.reshape(B, H, N, d) for x in inputs("QKV", (B * H, N, d), dtype, seed))
+    K, V = K[:, :H_kv].contiguous(), V[:, :H_kv].contiguous()  # (B, H_kv, N, d), as inductor takes them
     tensors = {"Q": Q, "K": K, "V": V, "LSE": torch.empty((B, H, N), dtype=torch.float32),
                "MAX": torch.empty((B, H, N), dtype=torch.float32), "KV_NUM_BLKS": bm.kv_num_blocks.contiguous(),
                "KV_IDX": bm.kv_indices.contiguous(), "FULL_KV_NUM_BLKS": bm.full_kv_num_blocks.contiguous(),
@@ -222,7 +232,7 @@ def launch(
     O = torch.empty_like(Q)
     options = dict(PRESCALE_QK=False, ROWS_GUARANTEED_SAFE=False, BLOCKS_ARE_CONTIGUOUS=False, OUTPUT_LOGSUMEXP=True,
                    OUTPUT_MAX=False, FLOAT32_PRECISION="ieee", IS_DIVISIBLE=N % block == 0, SM_SCALE=default_scale(d),
-                   GQA_SHARED_HEADS=1, HAS_FULL_BLOCKS=True, QK_HEAD_DIM=d, QK_HEAD_DIM_ROUNDED=d, V_HEAD_DIM=d,
+                   GQA_SHARED_HEADS=H // H_kv, HAS_FULL_BLOCKS=True, QK_HEAD_DIM=d, QK_HEAD_DIM_ROUNDED=d, V_HEAD_DIM=d,
                    V_HEAD_DIM_ROUNDED=d, SAFE_HEAD_DIM=True, USE_TMA=False, BLOCK_M=block, BLOCK_N=block,
                    SPARSE_Q_BLOCK_SIZE=block, SPARSE_KV_BLOCK_SIZE=block, WRITE_DQ=True)  # fmt: skip
     src = render(tensors, O, options, score, mask)
@@ -238,4 +248,5 @@ def launch(
             "Q": Q, "K": K, "V": V, "O": O, "L": tensors["LSE"], "kv_num_blocks": tensors["KV_NUM_BLKS"],
             "kv_indices": tensors["KV_IDX"], "full_kv_num_blocks": tensors["FULL_KV_NUM_BLKS"],
             "full_kv_indices": tensors["FULL_KV_IDX"], "scale": default_scale(d), "B": B, "H": H,
+            "kv_heads": H_kv,
             "buffers": buffers}  # fmt: skip
