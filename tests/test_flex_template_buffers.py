@@ -37,13 +37,13 @@ def _skip_other_torch():
     [
         ("h", "h", 128, 32, 1, 2, ()),  # ALiBi: one slope per head and visited block; a window per head
         ("h", "kv", 200, 64, 2, 2, ()),  # (the padding keys' ragged block is empty: no partial block is ragged)
-        ("q", "h", 128, 32, 1, 2, ()),
+        pytest.param("q", "h", 128, 32, 1, 2, (), marks=pytest.mark.slow),  # (the kinds: in the default run too)
         ("q", "kv", 200, 64, 1, 2, ("bias",)),
         ("q", "q+kv", 20, 32, 1, 1, ("bias", "doc")),  # N below the block: the indices wrap
-        ("kv", "q+kv", 96, 32, 1, 2, ()),
+        pytest.param("kv", "q+kv", 96, 32, 1, 2, (), marks=pytest.mark.slow),  # (the kinds: in the default run too)
         ("kv", "q", 128, 32, 1, 2, ()),  # the padding queries' row block sees no key: an empty row block
         ("kv", "kv", 20, 32, 1, 1, ("bias", "valid")),
-        ("bhqkv", "kv", 64, 32, 2, 2, ()),
+        pytest.param("bhqkv", "kv", 64, 32, 2, 2, (), marks=pytest.mark.slow),  # (the kinds: in the default run too)
         ("bhqkv", "h", 72, 32, 2, 2, ("bias",)),  # a BlockMask per head
         ("qkv", "q", 20, 32, 1, 1, ("bias", "valid")),
     ],
