@@ -189,10 +189,9 @@ def blocks_of(p: Problem, mask, block=(128, 128), mask_B: int | None = None, mas
     else:
         from iosim import estimate, head_masks
 
-        mask = head_masks.per_head_mask(mask)
-        grid = head_masks.grid(p, mask, allow_long)  # a mask that differs per (b, h): its classes at each
-        if grid is None or head_masks.uniform(grid):
-            grid = [[masks.compile_mask(mask, p.N_k) if grid is None else grid[0][0]]]
+        one, grid = head_masks.resolve(p, mask, allow_long)  # a mask that differs per (b, h): its classes at each
+        if grid is None:
+            grid = [[masks.compile_mask(one, p.N_k)]]
         tests = -(-p.N_q // BQ) * -(-p.N_k // BKV) * len(grid) * len(grid[0])
         seconds = estimate.count_only_seconds(4 * tests) + grid[0][0].scan_tests * estimate.MASK_SCAN_DRAW
         estimate.check(seconds, f"classifying {tests:,} blocks of the mask", allow_long=allow_long, parameter="block",

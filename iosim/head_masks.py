@@ -171,10 +171,9 @@ def unit_masks(p, mask, group: bool, packed_rows: bool, allow_long: bool = False
     (``group``) B H_kv units of a key/value head's g query heads, unit u of batch item b at index b Hu + u. A group
     whose heads differ runs under its packed rows' own mask (``packed_rows``: gqa packed); a group of per-head query
     heads that differ is refused in one line (their CTAs are cut from one unit's trace)."""
-    mask = per_head_mask(mask)
-    g = grid(p, mask, allow_long)
-    if g is None or uniform(g):
-        return (mask if g is None else g[0][0]), None
+    one, g = resolve(p, mask, allow_long)
+    if g is None:
+        return one, None
     if not group:
         return None, [m for row in g for m in row]
     out = []
@@ -203,14 +202,24 @@ def classes(masks: list) -> tuple[list, np.ndarray]:
     return distinct, of
 
 
-def one_mask(p, mask, allow_long: bool = False):
-    """The mask every head of ``p`` runs under, for a count that takes one: ``mask`` itself, or its oracle when it
-    is the same at every (b, h); one line when it differs."""
+def resolve(p, mask, allow_long: bool = False) -> tuple:
+    """(the mask every head of ``p`` runs under, None) when ``mask`` is the same at every (b, h): ``mask`` itself
+    (parsed, :func:`per_head_mask`), or its oracle when it was evaluated at each; else (None, its oracles at every
+    (b, h), :func:`grid`)."""
     mask = per_head_mask(mask)
     g = grid(p, mask, allow_long)
     if g is None:
-        return mask
-    if not uniform(g):
+        return mask, None
+    if uniform(g):
+        return g[0][0], None
+    return None, g
+
+
+def one_mask(p, mask, allow_long: bool = False):
+    """The mask every head of ``p`` runs under, for a count that takes one (:func:`resolve`); one line when it
+    differs."""
+    one, g = resolve(p, mask, allow_long)
+    if g is not None:
         raise InputError("mask", "differs per (b, h); this count takes one mask for every head (iosim.run takes one "
-                         "per (b, h); or give the (b, h) to use: from_mask_mod(fn, b, h))", mask.label)  # fmt: skip
-    return g[0][0]
+                         "per (b, h); or give the (b, h) to use: from_mask_mod(fn, b, h))", g[0][0].label)  # fmt: skip
+    return one

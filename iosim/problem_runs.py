@@ -203,11 +203,10 @@ def problem_seen(p: Problem, mask, allow_long: bool = False) -> tuple[int, int] 
     from iosim.algorithms.tile_masks import DENSE
     from iosim.masks import compile_mask
 
-    mask = head_masks.per_head_mask(mask)
-    g = head_masks.grid(p, mask, allow_long)
-    if g is not None and not head_masks.uniform(g):  # a mask that differs per (b, h): over the whole problem
+    one, g = head_masks.resolve(p, mask, allow_long)
+    if g is not None:  # a mask that differs per (b, h): over the whole problem
         return head_masks.seen_totals(p, g)
-    tm = compile_mask(mask if g is None else g[0][0], p.N_k, p.causal, allow_long=allow_long)
+    tm = compile_mask(one, p.N_k, p.causal, allow_long=allow_long)
     draws = -(-getattr(tm, "scan_tests", 0) * p.N_q // p.N_k)  # the scan of the whole N_k x N_k, for N_q rows
     if draws:
         estimate.check(
@@ -254,11 +253,10 @@ def run_problem(algo, p: Problem, M: int, gqa, splits, mla, Br, Bc, B, one_head,
     if masked:  # a mask that differs per (b, h): each part of the problem under its own (iosim.head_masks)
         from iosim import head_masks
 
-        mask = head_masks.per_head_mask(o["mask"])
-        grid = head_masks.grid(p, mask, o["allow_long"] is True)
-        if grid is not None and not head_masks.uniform(grid):
-            return _run_mask_parts(algo, p, M, gqa, splits, mla, Br, Bc, B, {**o, "mask": mask}, one_head, grid)
-        o = {**o, "mask": mask if grid is None else grid[0][0]}
+        one, grid = head_masks.resolve(p, o["mask"], o["allow_long"] is True)
+        if grid is not None:
+            return _run_mask_parts(algo, p, M, gqa, splits, mla, Br, Bc, B, o, one_head, grid)
+        o = {**o, "mask": one}
     if algo.name not in PROBLEM_ALGORITHMS and backward:
         return run_by_heads(algo, p, M, gqa, splits, mla, Br, Bc, B, masked, o, one_head)
     splits, mla = _problem_schedule(algo, p, gqa, splits, mla, B, o.get("pages", "pieces"))
@@ -571,7 +569,7 @@ def _run_mask_parts(algo, p: Problem, M: int, gqa, splits, mla, Br, Bc, B, o: di
         schedule["thread_blocks"] += combine[1].thread_blocks
         schedule["combine_rows"] = combine_rows(p, s, M)
     schedule["mask_parts"] = f"{len(runs)} ({how})"
-    label = f"{o['mask'].label} per (b, h)"
+    label = f"{grid[0][0].label} per (b, h)"
     return Result(
         algo.name, p.N_q, p.d_qk, M, p.causal, count_only, first.dtype, first.tiling, passes, outputs, seed,
         first.scale, None, label, first.kv_policy, p, schedule, seen,

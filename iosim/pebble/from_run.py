@@ -661,13 +661,11 @@ def _problem_run(algorithm: str, problem, M: int, pass_: str, gqa: str, seed: in
     if masked:  # a mask that differs per (b, h): each part of the problem under its own (iosim.head_masks)
         from iosim import head_masks
 
-        mask = head_masks.per_head_mask(mask)
-        g = head_masks.grid(p, mask)
-        if g is not None and not head_masks.uniform(g):
-            parts = head_masks.part_masks(p, g, head_masks.cut(p, g), gqa)
-            heads = g  # the reference: each query head under its own mask
+        one, heads = head_masks.resolve(p, mask)  # heads: each query head's own mask, when they differ
+        if heads is not None:
+            parts = head_masks.part_masks(p, heads, head_masks.cut(p, heads), gqa)
         else:
-            parts = [(0, 0, p.H_q, problem_mask(p, mask if g is None else g[0][0], kv_policy))]
+            parts = [(0, 0, p.H_q, problem_mask(p, one, kv_policy))]
     t = problem_tiling(algorithm, p, M, "fit", rows, False, Br, Bc)
     scale = 1.0 / math.sqrt(p.d_qk) if scale is None else float(scale)
     rng = np.random.default_rng(seed)
@@ -700,15 +698,15 @@ def _problem_run(algorithm: str, problem, M: int, pass_: str, gqa: str, seed: in
     graph, moves, outcome, illegal = _played(rec, f"{algorithm}-forward-{gqa}:{p},M={M}", [O], M)
     stats = mem.stats()
     if len(parts) > 1:  # each query head against its key/value head under its own mask, one head at a time
-        one = replace(p, B=1, H_q=1, H_kv=1)
+        head = replace(p, B=1, H_q=1, H_kv=1)
         for b in range(p.B):
             for h in range(p.H_q):
                 q0, k0 = (b * p.H_q + h) * p.N_q, (b * p.H_kv + h // p.g) * p.N_k
                 qs, ks = slice(q0, q0 + p.N_q), slice(k0, k0 + p.N_k)
-                O_ref[qs] = problem_reference(one, Q[qs], K[ks], V[ks], scale, heads[b][h])[0]
+                O_ref[qs] = problem_reference(head, Q[qs], K[ks], V[ks], scale, heads[b][h])[0]
     err = float(np.max(np.abs(np.vectorize(_x, otypes=[float])(O) - O_ref)))
     tmask = parts[0][3]
-    label = (f"{mask.label} per (b, h)" if len(parts) > 1
+    label = (f"{heads[0][0].label} per (b, h)" if len(parts) > 1
              else tmask.label if tmask else "causal" if p.causal else "none")  # fmt: skip
 
     def pairs(i: int, j: int) -> bool:  # query row i (b, h, r) meets key row j (b, h_kv, c): same b, h_kv = h // g
