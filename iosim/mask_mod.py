@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from iosim.errors import InputError
+from iosim.errors import InputError, user_code
 
 CHUNK = 1 << 22  # elements of mask_mod evaluated at once (rows x columns of one call)
 EMPTY, PARTIAL, FULL = 0, 1, 2
@@ -89,7 +89,10 @@ _TORCH_FNS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # mask_mods
 def _torch_call(fn, b, h, qi, ki, label, name, first):
     torch = _torch()
     try:
-        out = fn(torch.tensor(b), torch.tensor(h), torch.from_numpy(qi), torch.from_numpy(ki))
+        with user_code(name, label):
+            out = fn(torch.tensor(b), torch.tensor(h), torch.from_numpy(qi), torch.from_numpy(ki))
+    except InputError:  # it exited (user_code)
+        raise
     except Exception as e:  # noqa: BLE001 (the user's function: any exception becomes one line)
         text = str(e).lower()
         if "cuda" in text or "device" in text or "meta" in text:
@@ -117,9 +120,11 @@ def call(fn, b: int, h: int, q: np.ndarray, kv: np.ndarray, name: str = "mask_mo
         pass
     first = None
     try:
-        with warnings.catch_warnings():  # NumPy's warnings on torch tensors mixed with index arrays
-            warnings.simplefilter("ignore", DeprecationWarning)
+        with warnings.catch_warnings(), user_code(name, label):  # NumPy's warnings on torch tensors mixed with
+            warnings.simplefilter("ignore", DeprecationWarning)  # index arrays
             out = fn(b, h, qi, ki)
+    except InputError:  # it exited (user_code)
+        raise
     except Exception as e:  # noqa: BLE001 (the user's function: any exception becomes one line)
         first = e
     if torch is not None and (first is not None or isinstance(out, torch.Tensor)):
@@ -164,7 +169,7 @@ def reads_b_or_h(fn, N: int) -> bool:  # noqa: N803
         calls.append((torch.from_numpy(idx).reshape(-1, 1), torch.from_numpy(idx).reshape(1, -1)))
     for q, kv in calls:
         try:
-            with warnings.catch_warnings():
+            with warnings.catch_warnings(), user_code("mask_mod", fn_label(fn)):
                 warnings.simplefilter("ignore")
                 out = fn(_Probe(), _Probe(), q, kv)
             _as_bool(out, (idx.size, idx.size), fn_label(fn), "mask_mod")

@@ -631,12 +631,17 @@ def _from_module(path: str, name: str) -> Mask:
     """``mod:FILE.py:NAME``: the function NAME of the Python file FILE.py as a mask_mod."""
     import runpy
 
+    from iosim.errors import user_code
+
     try:
-        scope = runpy.run_path(path)
+        with user_code("mask file", path):
+            scope = runpy.run_path(path)
     except OSError as e:
         raise InputError(
             "mask file", "must be a readable Python file defining the mask_mod", f"{path} ({e.strerror})"
         ) from None
+    except InputError:  # it exited (user_code)
+        raise
     except Exception as e:  # noqa: BLE001 (the user's module: any failure is one line)
         raise InputError("mask file", "must run without raising", f"{path}: {type(e).__name__}: {e}") from None
     if name not in scope:

@@ -6,6 +6,7 @@ as an N x N array counts (an independent path: the 2-D prefix-sum oracle). Bad i
 from __future__ import annotations
 
 import itertools
+import json
 import pathlib
 
 import numpy as np
@@ -267,3 +268,47 @@ def test_a_bad_mask_mod_is_one_line_on_every_command(argv, tmp_path, capsys, mon
         out, err = capsys.readouterr()
         assert err.count("\n") == 1 and says in err and "mask" in err and out == "", (name, err)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.py"]
+
+
+EXITING = {  # a mask file that exits while it is read, or a mask_mod that exits when called: (file text, function)
+    "module exit 0": ("import sys\nsys.exit(0)\n", "m"),
+    "module exit 3": ("import sys\nsys.exit(3)\n", "m"),
+    "function exit": ("import sys\n\ndef m(b, h, q_idx, kv_idx):\n    sys.exit(0)\n", "m"),
+    "function SystemExit": ("def m(b, h, q_idx, kv_idx):\n    raise SystemExit('bye')\n", "m"),
+}
+SWEEP = ["sweep", "--algorithm", "flash2", "--N", "64", "--d", "8", "--M", "1024", "--no-cache", "--executor", "serial"]
+
+
+@pytest.mark.parametrize("argv", [*MASK_COMMANDS, SWEEP], ids=lambda a: " ".join(a[:2]))
+def test_a_mask_file_that_exits_is_one_line_on_every_command(argv, tmp_path, capsys, monkeypatch):
+    """sys.exit (any code) or SystemExit in a mask file, at import or inside its mask_mod, never ends a command
+    silently with the file's exit code: one line naming the mask file or mask_mod and the exit, exit 2, nothing on
+    stdout, no output file, on every command that takes --mask."""
+    monkeypatch.chdir(pathlib.Path(__file__).resolve().parents[1])
+    argv = [a.replace("{out}", str(tmp_path / "out")) for a in argv]
+    for case, (text, fn) in EXITING.items():
+        src = tmp_path / "exits.py"
+        src.write_text(text)
+        assert main([*argv, "--mask", f"mod:{src}:{fn}"]) == 2, case
+        out, err = capsys.readouterr()
+        lines = [x for x in err.splitlines() if not x.startswith("iosim: compiling")]
+        assert len(lines) == 1 and "must not exit" in lines[0] and "mask" in lines[0], (case, err)
+        assert out == "" or (argv[0] == "sweep" and "1 not run" in out), (case, out)  # the sweep: its per-point summary
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["exits.py"], case
+
+
+def test_a_mask_file_that_prints_keeps_stdout_clean(tmp_path, capsys):
+    """What a mask file prints (at import and inside its mask_mod) goes to stderr: a --json run's stdout stays one
+    JSON document, with the same counts as the silent file."""
+    loud, quiet = tmp_path / "loud.py", tmp_path / "quiet.py"
+    body = "def m(b, h, q_idx, kv_idx):\n    {p}return q_idx >= kv_idx\n"
+    loud.write_text("print('read')\n" + body.format(p="print('called')\n    "))
+    quiet.write_text(body.format(p=""))
+    argv = ["run", "flash2", "--N", "64", "--d", "8", "--M", "1024", "--count-only", "--json", "--mask"]
+    assert main([*argv, f"mod:{loud}:m"]) == 0
+    out, err = capsys.readouterr()
+    assert "read" in err and "called" in err
+    assert main([*argv, f"mod:{quiet}:m"]) == 0
+    out2, _ = capsys.readouterr()
+    a, b = json.loads(out), json.loads(out2)
+    assert a["total"] == b["total"] and a["per_array"] == b["per_array"]
