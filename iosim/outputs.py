@@ -1,9 +1,10 @@
 """Output paths, checked before any work: one rule for every file or folder iosim writes.
 
 A file target must have a suffix the writer supports (listed in the message), must not be an existing directory,
-and its folder must be a writable directory (or, where the writer creates missing folders, the nearest existing
-ancestor must be one, with no file in the way). A folder target must not be a file. The command line's ``-o``,
-``--output``, ``--out``, ``--picture`` and ``--cache`` and the API functions that write files all use it.
+FIFO, device or socket (a FIFO would block the writer forever; a device never ends when it is read back), and its
+folder must be a writable directory (or, where the writer creates missing folders, the nearest existing ancestor must
+be one, with no file in the way). A folder target must not be a file. The command line's ``-o``, ``--output``,
+``--out``, ``--picture`` and ``--cache`` and the API functions that write files all use it.
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ def file(parameter: str, path, suffixes: tuple[str, ...], *, create_parent: bool
         raise InputError(parameter, f"must end in {', '.join(suffixes)} (the formats this command writes)", str(path))
     if p.is_dir():
         raise InputError(parameter, "must be a file name, not an existing folder", str(path))
+    if p.exists() and not p.is_file():  # a FIFO blocks the open below (and the writer) forever; a device never ends
+        raise InputError(parameter, "must be a regular file or a new name (it is a FIFO, device or socket)", str(path))
     _writable_dir(parameter, p.parent, path, create_parent)
     if p.exists():  # an existing file is replaced: it must open for writing (opened to append, nothing changes)
         try:

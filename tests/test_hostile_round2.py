@@ -266,3 +266,37 @@ def test_a_count_only_trace_too_large_is_named_as_a_trace(tmp_path, monkeypatch,
 def test_compare_problems_that_are_one_head_or_use_defaults(argv, tmp_path, monkeypatch, capsys):
     rc, lines, _, out = run_cli(argv, tmp_path, monkeypatch, capsys)
     assert rc == 0 and not lines and "flash2" in out  # a KeyError ('thread_blocks') ended the one-head ones
+
+
+# 3b. a FIFO, a device or a socket as an output path: refused before any work (a FIFO blocked every writer forever:
+# the path check opened it to append; a cache linked to /dev/full was read until memory ran out)
+def _special(path: str, kind: str) -> None:
+    if kind == "fifo":
+        os.mkfifo(path)
+    else:  # a link to a character device that never ends when read
+        os.symlink("/dev/zero", path)
+
+
+SPECIAL = [
+    ([a.replace("{dir}", "{tmp}") for a in argv], kind)
+    for argv in WRITERS
+    if not any("results" in a for a in argv)  # experiments --out is a folder (a FIFO there: "must be a folder")
+    for kind in ("fifo", "device")
+]
+
+
+@pytest.mark.parametrize(("argv", "kind"), SPECIAL, ids=[f"{k} {' '.join(a[:2])} {a[-2]}" for a, k in SPECIAL])
+def test_a_fifo_or_device_as_output_is_refused_before_any_work(argv, kind, tmp_path, monkeypatch, capsys):
+    import signal
+
+    target = next(a for a in argv if "{tmp}" in a).replace("{tmp}", str(tmp_path))
+    _special(target, kind)
+    old = signal.signal(signal.SIGALRM, lambda *_: pytest.fail(f"blocked on {target}"))
+    signal.alarm(120)
+    try:
+        rc, lines, left, out = run_cli(argv, tmp_path, monkeypatch, capsys)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    assert rc == 2 and len(lines) == 1 and "FIFO, device or socket" in lines[0], lines
+    assert not left and out == "", (left, out)
