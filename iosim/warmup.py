@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import pickle
+import sys
 from pathlib import Path
 
 import numba
@@ -42,8 +44,6 @@ def mark_warm(key: str) -> None:
 
 
 def _compile(names: list[str], kwargs: dict) -> None:
-    import sys
-
     from iosim import api
 
     sys.stderr = open(os.devnull, "w")  # the main process prints the one compile notice and reports any error
@@ -56,11 +56,29 @@ def _compile(names: list[str], kwargs: dict) -> None:
             pass
 
 
+# Libraries that start threads of their own when imported: a fork after them copies their locks held, and the child
+# can wait on one forever (torch's, imported by a mask file that computes with torch, hung iosim compare on an empty
+# Numba cache). After any of them the worker is spawned.
+THREADED = ("torch", "jax", "triton", "tensorflow")
+
+
+def start_method() -> str:
+    """``fork`` where the platform has it and no threaded library is loaded yet, else ``spawn``."""
+    if "fork" not in mp.get_all_start_methods() or any(m in sys.modules for m in THREADED):
+        return "spawn"
+    return "fork"
+
+
 def start(names: list[str], kwargs: dict, key: str):
     """Compile ``names`` in a worker process when the cache for ``key`` is cold; returns the process (or None)."""
     if not names or is_warm(key) or (os.cpu_count() or 1) < 2 or numba.config.DISABLE_JIT:
         return None
-    method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
+    method = start_method()
+    if method == "spawn":  # the child imports afresh and receives its arguments pickled
+        try:
+            pickle.dumps(kwargs)
+        except Exception:  # noqa: BLE001 (a mask object that does not pickle: this process compiles it all)
+            return None
     proc = mp.get_context(method).Process(target=_compile, args=(names, kwargs), daemon=True)
     proc.start()
     return proc

@@ -60,3 +60,32 @@ def test_a_count_only_masked_run_compiles_on_an_empty_cache(tmp_path):
     )
     out = subprocess.run([sys.executable, "-c", run], env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-2000:]
+
+
+def test_the_warm_up_never_forks_after_a_threaded_library_is_loaded(monkeypatch):
+    """A fork after torch (or jax, triton) is imported copies their locks held and can hang the child: the first-run
+    worker is spawned then (a mask file that imports torch hung iosim compare on an empty cache), forked otherwise."""
+    import sys
+
+    from iosim import warmup
+
+    saved = {m: sys.modules.pop(m) for m in warmup.THREADED if m in sys.modules}
+    try:
+        assert warmup.start_method() == "fork"
+        for m in warmup.THREADED:
+            monkeypatch.setitem(sys.modules, m, object())
+            assert warmup.start_method() == "spawn", m
+            monkeypatch.delitem(sys.modules, m)
+    finally:
+        sys.modules.update(saved)
+    seen = []
+
+    class Ctx:  # what start asks of multiprocessing: the method, then a process it starts
+        def Process(self, **kw):  # noqa: N802
+            return type("P", (), {"start": lambda self: None})()
+
+    monkeypatch.setattr(warmup.mp, "get_context", lambda method: seen.append(method) or Ctx())
+    monkeypatch.setattr(warmup, "is_warm", lambda key: False)
+    monkeypatch.setitem(sys.modules, "torch", object())
+    assert warmup.start(["standard"], {"N": 8}, "k") is not None and seen == ["spawn"]
+    assert warmup.start(["standard"], {"N": 8, "mask": lambda: None}, "k") is None  # does not pickle: no worker
