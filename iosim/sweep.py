@@ -47,7 +47,22 @@ from iosim.memory_model import CapacityError
 GRID_KEYS = ("algorithm", "pass", "N", "d", "M", "causal", "mask", "kv_policy", "tiling", "count_only", "dtype", "seed")
 # A problem beyond one head (iosim.Problem; flash1, flash2): N and d stand for N_q = N_k and d_qk unless N_q, N_k,
 # d_v are given; the schedule keys gqa, splits, mla and the explicit tiles Br, Bc, B.
-PROBLEM_KEYS = ("batch", "heads", "kv_heads", "N_q", "N_k", "d_v", "page_size", "latent", "gqa", "splits", "mla")
+PROBLEM_KEYS = (
+    "batch",
+    "heads",
+    "kv_heads",
+    "N_q",
+    "N_k",
+    "d_v",
+    "page_size",
+    "latent",
+    "gqa",
+    "splits",
+    "mla",
+    "dtype_q",
+    "dtype_kv",
+    "dtype_o",
+)  # the storage dtypes (iosim.Problem's): bytes per array
 TILE_KEYS = ("Br", "Bc", "B")
 GRID_KEYS = GRID_KEYS + PROBLEM_KEYS + TILE_KEYS
 DEFAULTS = {
@@ -59,6 +74,9 @@ DEFAULTS = {
     "d_v": None,
     "page_size": None,
     "latent": False,
+    "dtype_q": None,  # iosim.Problem's defaults: fp64, and K, V, O at Q's
+    "dtype_kv": None,
+    "dtype_o": None,
     "gqa": "per-head",
     "splits": 1,
     "mla": "shared",
@@ -133,8 +151,7 @@ def _values(v) -> list:
 def _objects_as_keys(g) -> list[Mapping]:
     """A grid mapping whose ``problem`` and ``schedule`` values are :class:`iosim.Problem` and :class:`iosim.Schedule`
     objects (one or a list each), as the plain mappings of its keys: one per (problem, schedule) pair, the object's
-    fields as single values. The records stay flat (CSV, Parquet, the cache), so a problem's dtypes, which a sweep
-    does not record, must be its defaults."""
+    fields as single values (its dtypes too: the records hold them and the bytes)."""
     from iosim.problem import Problem
     from iosim.schedule import Schedule
 
@@ -151,10 +168,9 @@ def _objects_as_keys(g) -> list[Mapping]:
             if pr is not None:
                 if not isinstance(pr, Problem):
                     raise InputError("problem", "values must be iosim.Problem objects", type(pr).__name__)
-                if (pr.dtype_q, pr.dtype_kv, pr.dtype_o) != ("fp64", "fp64", "fp64"):
-                    raise InputError("problem", "in a sweep keeps the default dtypes (it records words)", str(pr))
                 keys = dict(N=pr.N_k, d=pr.d_qk, N_q=pr.N_q, N_k=pr.N_k, d_v=pr.d_v, batch=pr.B, heads=pr.H_q,
-                            kv_heads=pr.H_kv, page_size=pr.page_size, latent=pr.latent, causal=pr.causal)  # fmt: skip
+                            kv_heads=pr.H_kv, page_size=pr.page_size, latent=pr.latent, causal=pr.causal,
+                            dtype_q=pr.dtype_q, dtype_kv=pr.dtype_kv, dtype_o=pr.dtype_o)  # fmt: skip
                 clash = sorted(set(keys) & set(rest))
                 if clash:
                     raise InputError(clash[0], "belongs to the Problem when problem objects are given", rest[clash[0]])
@@ -256,13 +272,14 @@ def _problem_of(p: dict):
     from iosim.problem import Problem
 
     keys = ("batch", "heads", "kv_heads", "N_q", "N_k", "d_v", "page_size", "latent")
-    if all(p[k] == DEFAULTS[k] for k in keys):
+    dtypes = {k: p[k] for k in ("dtype_q", "dtype_kv", "dtype_o") if p[k] is not None}
+    if all(p[k] == DEFAULTS[k] for k in keys) and set(dtypes.values()) <= {"fp64"}:  # one head of N x d, in words
         return None
     N_q = p["N"] if p["N_q"] is None else p["N_q"]
     N_k = p["N"] if p["N_k"] is None else p["N_k"]
     return Problem(
         B=p["batch"], H_q=p["heads"], H_kv=p["kv_heads"], N_q=N_q, N_k=N_k, d_qk=p["d"], d_v=p["d_v"],
-        causal=p["causal"], latent=p["latent"], page_size=p["page_size"],
+        causal=p["causal"], latent=p["latent"], page_size=p["page_size"], **dtypes,
     )  # fmt: skip
 
 

@@ -216,3 +216,47 @@ def test_sweep_over_a_masked_problem_uses_run_defaults_and_shows_mask_and_policy
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "mask" in out and "kv_policy" in out and out.count("blockdiag:30,10") == 2 and out.count("skip") == 2
+
+
+def test_sweep_takes_a_problem_as_compare_does_lengths_and_dtypes(capsys):
+    """--Nq and --Nk without --N (N stands for N_k), --N beside both refused (it was required and ignored), and the
+    problem's dtypes per array: each point's words and bytes equal iosim.run's over the same Problem."""
+    from iosim import Problem
+
+    argv = ["sweep", "--algorithm", "flash2", "--Nq", "1", "4", "--Nk", "40", "--d", "8", "--M", "1024",
+            "--dtype-q", "bf16", "--dtype-kv", "fp8", "--no-cache", "--executor", "serial"]  # fmt: skip
+    assert main(argv) == 0
+    lines = capsys.readouterr().out.splitlines()
+    head = lines[0].split()
+    rows = [dict(zip(head, x.split(), strict=True)) for x in lines if x.startswith("flash2")]
+    assert [r["N_k"] for r in rows] == ["40", "40"] and [r["dtype_kv"] for r in rows] == ["fp8", "fp8"]
+    for row, nq in zip(rows, (1, 4), strict=True):
+        r = iosim.run("flash2", problem=Problem(N_q=nq, N_k=40, d=8, dtype_q="bf16", dtype_kv="fp8"), M=1024,
+                      count_only=True)  # fmt: skip
+        assert row["N_q"] == str(nq) and row["total"] == f"{r.main.stats.total:,}", (row, r.main.stats.total)
+        assert row["total_bytes"] == f"{r.total_bytes:,}", (row, r.total_bytes)
+    for bad, says in (
+        (["--N", "40", "--Nq", "1", "--Nk", "40"], "not both"),
+        (["--Nq", "1"], "must be given"),
+    ):
+        assert main(["sweep", "--algorithm", "flash2", *bad, "--d", "8", "--M", "1024", "--no-cache"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "--N" in err[0] and says in err[0], err
+
+
+def test_sweep_latex_is_a_table_a_paper_can_use(capsys):
+    """LaTeX: booleans as marks, never True/False; the columns with one value for every row in the caption with
+    iosim's version; text escaped; only the table on stdout."""
+    from iosim.version import __version__
+
+    argv = ["sweep", "--algorithm", "flash2", "flash1", "--N", "64", "--d", "8", "--M", "1024", "2048", "--causal",
+            "both", "--no-cache", "--executor", "serial", "--format", "latex"]  # fmt: skip
+    assert main(argv) == 0
+    cap = capsys.readouterr()
+    tex = cap.out
+    assert tex.startswith("\\begin{table}") and tex.rstrip().endswith("\\end{table}") and "points" in cap.err
+    assert "True" not in tex and "False" not in tex and "\\checkmark" in tex and "--" in tex
+    caption = next(x for x in tex.splitlines() if x.startswith("\\caption"))
+    assert f"iosim {__version__}" in caption and "N = 64" in caption and "d = 8" in caption
+    header = next(x for x in tex.splitlines() if "algorithm" in x)
+    assert "causal" in header and "M" in header and " d " not in header and "total\\_over\\_lb" in header
