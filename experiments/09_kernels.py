@@ -21,6 +21,8 @@ from pathlib import Path
 from iosim.experiments import runner
 from iosim.experiments._common import Verdict
 
+from iosim.errors import install_hint
+
 NAME = "kernels"
 TITLE = "Real kernels against the model: counted on the CPU, beside the closed forms and bounds"
 CLAIM = (
@@ -92,7 +94,8 @@ def measure(g) -> list[dict]:
         if not mine:
             continue
         if not _available(backend):
-            g.skipped.append(f'{backend}: extra not installed (pip install "iosim[{backend}]")')
+            extra = "cuda" if backend == "numba-cuda" else backend
+            g.skipped.append(f"{backend}: extra not installed ({install_hint(extra)})")
             continue
         batch = [(EXAMPLES / f"{f}.py", None, p) for _, f, _, p in mine]
         for (_, f, like, p), (counts, numbers, arrays) in zip(mine, count_batch(batch, backend), strict=True):

@@ -27,7 +27,9 @@ class MissingExtra(Exception):  # noqa: N818 - it is not an error of the user's 
 
     def __init__(self, extra: str) -> None:
         self.extra = extra
-        super().__init__(f'pip install "iosim[{extra}]"')
+        from iosim.errors import install_hint
+
+        super().__init__(install_hint(extra))
 
 
 def require(extras: Sequence[str]) -> None:

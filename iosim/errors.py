@@ -13,7 +13,7 @@ import sys
 
 from iosim.memory_model.core import InputError
 
-__all__ = ["InputError", "user_code"]
+__all__ = ["InputError", "install_hint", "user_code"]
 
 
 @contextlib.contextmanager
@@ -26,3 +26,20 @@ def user_code(parameter: str, label: str):
     except SystemExit as e:
         says = "must not exit the program (it called sys.exit or raised SystemExit)"
         raise InputError(parameter, says, f"{label}: exit {e.code!r}") from None
+
+
+def install_hint(extra: str) -> str:
+    """The pip command that installs what iosim's ``extra`` needs, from wherever the user is: the extra's own
+    requirements by name, as iosim's installed metadata lists them (iosim itself is not on the package index, so
+    asking pip for iosim with the extra fails outside a checkout; inside one, ``pip install -e ".[extra]"`` works)."""
+    import importlib.metadata as md
+    import shlex
+
+    try:
+        reqs = md.requires("iosim") or []
+    except md.PackageNotFoundError:  # run from a source tree without installing: the checkout's own spelling
+        return f'pip install -e ".[{extra}]"'
+    mine = [r.split(";")[0].strip() for r in reqs if f'extra == "{extra}"' in r.replace("'", '"')]
+    if not mine:
+        return f'pip install -e ".[{extra}]"'
+    return "pip install " + " ".join(shlex.quote(r) for r in mine)

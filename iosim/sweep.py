@@ -13,13 +13,13 @@
 * **Records.** One dict per point in grid order (a pandas DataFrame when pandas is installed and ``as_frame`` is
   not False), with the counts of the requested pass (reads, writes, total, init_writes, peak), the io_model
   prediction and whether it equals the simulation (``exact``), the largest applicable lower bound and its name.
-  ``out=`` writes them as CSV (no extra needed), JSON lines, or Parquet (``pip install "iosim[sweep]"``).
+  ``out=`` writes them as CSV (no extra needed), JSON lines, or Parquet (the ``sweep`` extra).
 * **Cache.** ``cache=PATH`` (a JSON-lines file) stores every finished point under a key made of its configuration
   and a fingerprint of iosim's source files, so a rerun computes only what is new and a code change recomputes
   everything. Lines are appended as chunks finish; a torn last line (a killed run) is ignored on reading.
 * **Executors.** ``executor="processes"`` (default; ``jobs`` workers, os.cpu_count() by default), ``"serial"``,
-  any :class:`concurrent.futures.Executor`, or ``"dask:ADDRESS"`` for a Dask scheduler (``pip install
-  "iosim[dask]"``; ``dask:local`` starts a local cluster of ``jobs`` worker processes). Points are sent in chunks
+  any :class:`concurrent.futures.Executor`, or ``"dask:ADDRESS"`` for a Dask scheduler (the ``dask``
+  extra; ``dask:local`` starts a local cluster of ``jobs`` worker processes). Points are sent in chunks
   and put back in grid order, so every executor returns the same records. An unreachable scheduler raises
   InputError before anything is computed or written. ``dask:local`` starts worker processes by spawning, so a
   script that uses it needs the usual ``if __name__ == "__main__":`` guard (the ``iosim`` command has it).
@@ -41,7 +41,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from iosim import api, outputs, registry, validate
-from iosim.errors import InputError
+from iosim.errors import InputError, install_hint
 from iosim.memory_model import CapacityError
 
 GRID_KEYS = ("algorithm", "pass", "N", "d", "M", "causal", "mask", "kv_policy", "tiling", "count_only", "dtype", "seed")
@@ -402,7 +402,7 @@ def _json_default(x):
 
 # ------------------------------------------------------------------------------------------------ the executors
 def _missing_extra(extra: str, module: str) -> InputError:
-    return InputError(module, f'is needed here: pip install "iosim[{extra}]"', "not installed")
+    return InputError(module, f"is needed here: {install_hint(extra)}", "not installed")
 
 
 class _DaskExecutor:

@@ -11,6 +11,7 @@ import pytest
 
 from iosim.cli import main
 from iosim.cli.experiments import package
+from iosim.errors import install_hint
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 EX = package()
@@ -80,7 +81,7 @@ def test_missing_matplotlib_exits_2_before_writing(tmp_path, monkeypatch, capsys
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real(name, *a))
     assert main(["experiments", "run", "devices", "--out", str(tmp_path / "r")]) == 2
-    assert capsys.readouterr().err == 'pip install "iosim[plot]"\n'
+    assert capsys.readouterr().err == install_hint("plot") + "\n"  # the command that works outside a checkout too
     assert main(["experiments", "run", "all", "--out", str(tmp_path / "r")]) == 2
     assert not (tmp_path / "r").exists()
     assert EX.load(EX.get("tightness")).main(["--out", str(tmp_path / "r")]) == 2
@@ -156,3 +157,12 @@ def test_a_count_that_differs_from_its_closed_form_fails_the_run(tmp_path, capsy
     fake.update(CLAIM="c", NEEDS=(), FULL={}, measure=measure, verdict=verdict)
     assert runner.main(fake, ["--out", str(tmp_path / "r")]) == 1
     assert "FAILED: 1 of 2 rows differ from their closed form" in capsys.readouterr().out
+
+
+def test_the_experiments_page_counts_the_registry():
+    """docs/experiments.md states how many experiments `run all` runs: the registry's number, not a stale one."""
+    import re
+
+    text = (pathlib.Path(__file__).resolve().parents[1] / "docs" / "experiments.md").read_text()
+    said = re.search(r"runs the (\d+) experiments of the registry", text)
+    assert said and int(said.group(1)) == len(package().names())

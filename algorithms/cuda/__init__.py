@@ -22,7 +22,9 @@ writes, initialisation writes), so the counters tally what the kernel did; they 
 ``count_only`` counts for the same (N, d, M, tiling, causal), times B * H (tests/test_cuda.py).
 """
 
-CUDA_HINT = 'pip install "iosim[cuda]"'
+# The cuda extra's requirements (pyproject.toml), named so that the command works outside a checkout too (iosim is not
+# on the package index); tests/test_install_hints.py holds it equal to iosim.errors.install_hint("cuda").
+CUDA_HINT = "pip install 'numba-cuda[cu13]<0.31,>=0.30' 'numpy<2.5'"
 
 
 def cuda_missing() -> str | None:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from iosim import outputs
-from iosim.errors import InputError
+from iosim.errors import InputError, install_hint
 from iosim.memory_model.core import ALLOC, FREE, INIT, LOAD, OPS, STORE
 
 VIEWS = ("tiles", "timeline", "step", "animate", "all")
@@ -42,7 +42,7 @@ def pyplot():
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise InputError("show", 'needs matplotlib: pip install "iosim[plot]" (or use --text)') from None
+        raise InputError("show", f"needs matplotlib: {install_hint('plot')} (or use --text)") from None
     return plt
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from iosim import outputs
-from iosim.errors import InputError
+from iosim.errors import InputError, install_hint
 from iosim.memory_model import Trace
 from iosim.memory_model.core import OPS, TRACE_COLUMNS
 
@@ -31,7 +31,7 @@ def _check(path: Path) -> None:
             import pyarrow  # noqa: F401
         except ImportError:
             raise InputError(
-                "output", 'as .parquet needs pyarrow: pip install "iosim[parquet]" (or use .csv or .npy)', str(path)
+                "output", f"as .parquet needs pyarrow: {install_hint('parquet')} (or use .csv or .npy)", str(path)
             ) from None
     outputs.file("output", path, SUFFIXES)
 
