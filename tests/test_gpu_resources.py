@@ -9,6 +9,7 @@ import textwrap
 
 import pytest
 
+from iosim.errors import install_hint
 from iosim.gpu import resources
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -152,7 +153,7 @@ def test_missing_cuda_extra_says_what_to_install(command):
     code = BLOCK_NUMBA_CUDA + WITHOUT_CUDA[command]
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert p.returncode == 2, (p.stdout, p.stderr)
-    assert 'pip install "iosim[cuda]"' in p.stderr
+    assert install_hint("cuda") in p.stderr
     assert "Traceback" not in p.stderr + p.stdout
     assert len(p.stderr.strip().splitlines()) == 1, p.stderr
     if command == "iosim.gpu.launch.forward":

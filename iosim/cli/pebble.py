@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 
 from iosim.cli.options import Parser, add_problem_shape, add_yes, count, output_file, positive, problem_of
-from iosim.errors import InputError
+from iosim.errors import InputError, install_hint
 from iosim.pebble import from_run, search
 from iosim.pebble.game import Game, IllegalMoveError, Outcome, format_moves, parse
 from iosim.pebble.graph import SPEC_HELP, Graph, named
@@ -297,7 +297,7 @@ def _picture(args, graph: Graph, moves) -> int:
     try:
         import matplotlib
     except ImportError:
-        raise InputError("--picture", 'needs matplotlib: pip install "iosim[plot]"') from None
+        raise InputError("--picture", f"needs matplotlib: {install_hint('plot')}") from None
     if len(graph) > 400:
         raise InputError("--picture", f"draws graphs of at most 400 vertices; {graph.name} has {len(graph)}")
     at = len(moves) if args.at is None else args.at

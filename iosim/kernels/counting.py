@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from iosim.errors import InputError
+from iosim.errors import InputError, install_hint
 
 BACKENDS = ("triton", "pallas", "numba-cuda")
 UNKNOWN = "<unattributed>"
@@ -495,7 +495,7 @@ def require_extra(backend: str) -> None:
     extra, modules = EXTRA[backend]
     for m in modules:
         if importlib.util.find_spec(m) is None:
-            raise InputError(f"backend {backend}", f'needs the extra: pip install "iosim[{extra}]" ({m} is missing)')
+            raise InputError(f"backend {backend}", f"needs the extra: {install_hint(extra)} ({m} is missing)")
 
 
 DECLARATIONS = (

@@ -19,7 +19,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from iosim.errors import InputError
+from iosim.errors import InputError, install_hint
 
 SUPPORTED = "numba-cuda 0.30 (the simulator's FakeCUDAKernel, BlockManager and FakeWithinKernelCUDAArray)"
 _ATOMICS = ("add", "sub", "and_", "or_", "xor", "inc", "dec", "exch", "max", "min", "nanmax", "nanmin", "cas")
@@ -36,7 +36,7 @@ def require() -> None:
     try:
         import numba  # noqa: F401
     except ImportError as e:
-        raise InputError("backend numba-cuda", 'needs the extra: pip install "iosim[cuda]"', str(e)) from None
+        raise InputError("backend numba-cuda", f"needs the extra: {install_hint('cuda')}", str(e)) from None
     if os.environ.get("NUMBA_ENABLE_CUDASIM") != "1":
         raise InputError("backend numba-cuda", "needs NUMBA_ENABLE_CUDASIM=1 set before numba is imported")
     try:

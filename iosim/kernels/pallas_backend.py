@@ -37,7 +37,7 @@ import threading
 
 import numpy as np
 
-from iosim.errors import InputError
+from iosim.errors import InputError, install_hint
 
 SUPPORTED = "jax 0.10 (TPU interpret mode: SharedMemory.get/store_buffer_content, grid_point_recorder)"
 HBM = ("hbm", "any")
@@ -55,7 +55,7 @@ def require() -> None:
     try:
         import jax
     except ImportError as e:
-        raise InputError("backend pallas", 'needs the extra: pip install "iosim[pallas]"', str(e)) from None
+        raise InputError("backend pallas", f"needs the extra: {install_hint('pallas')}", str(e)) from None
     try:
         ipc, sm = _modules()
         from jax.experimental.pallas import tpu as pltpu

@@ -23,7 +23,7 @@ import sys
 
 import numpy as np
 
-from iosim.errors import InputError
+from iosim.errors import InputError, install_hint
 
 SKIP_REPATCH = True  # see hooks' device_call (tests compare both settings: the same counts and outputs)
 SUPPORTED = "triton 3.9 to 3.x (tested with 3.9.0; the hooks are checked at run time)"
@@ -42,7 +42,7 @@ def require() -> None:
         import torch  # noqa: F401
         import triton
     except ImportError as e:
-        raise InputError("backend triton", 'needs the extra: pip install "iosim[triton]"', str(e)) from None
+        raise InputError("backend triton", f"needs the extra: {install_hint('triton')}", str(e)) from None
     if os.environ.get("TRITON_INTERPRET") != "1":
         raise InputError(
             "backend triton",
