@@ -349,11 +349,72 @@ def point_key(p: dict) -> str:
     key = {**{k: p[k] for k in GRID_KEYS}, "code": code_fingerprint()}
     path = _mask_file(p["mask"])
     if path is not None:
-        try:
-            key["mask_file"] = hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
-        except OSError:
-            key["mask_file"] = "unreadable"
+        key["mask_file"] = _digest([path, *_MASK_READS.get(p["mask"], ())])
     return json.dumps(key, sort_keys=True, default=str)
+
+
+# The files a mask file opened while it was read (:func:`_check_mask_files`): a data file it loads, a module of the
+# user's it imports. Each is in the key of the points that use the mask, so an edit to any of them is a new point.
+_MASK_READS: dict[str, tuple[str, ...]] = {}
+_RECORDING: list[list[str]] = []  # the open-event recorder's target while a mask file runs, else empty
+
+
+def _audit(event: str, args) -> None:
+    if _RECORDING and event == "open" and isinstance(args[0], (str, bytes, os.PathLike)):
+        _RECORDING[-1].append(os.fsdecode(args[0]))
+
+
+def _reads_of(mask: str) -> tuple[str, ...]:
+    """Parse ``mask`` (it runs the mask file), recording the files it opens other than Python's own and iosim's (the
+    standard library and installed packages, which no edit of the user's changes; iosim's sources, which the code
+    fingerprint covers)."""
+    from iosim.masks import parse
+
+    if not getattr(_audit, "installed", False):
+        sys.addaudithook(_audit)  # audit hooks cannot be removed: this one records only while _RECORDING is set
+        _audit.installed = True
+    seen: list[str] = []
+    _RECORDING.append(seen)
+    try:
+        parse(mask)
+    finally:
+        _RECORDING.pop()
+    system = tuple(str(Path(x).resolve()) for x in {sys.prefix, sys.base_prefix, sys.exec_prefix, *site_dirs(),
+                                                         *_own_dirs()})  # fmt: skip
+    mine = str(Path(_mask_file(mask)).resolve())
+    out = []
+    for f in dict.fromkeys(seen):
+        r = Path(f).resolve()
+        if r.is_file() and str(r) != mine and not str(r).startswith(system) and r.suffix != ".pyc":
+            out.append(str(r))
+    return tuple(out)
+
+
+def _own_dirs() -> list[str]:
+    """iosim's own source folders (an editable install's are outside site-packages): the code fingerprint keys them."""
+    import iosim
+    import iosim.algorithms
+    import iosim.memory_model
+
+    return [str(Path(m.__file__).parent) + os.sep for m in (iosim, iosim.algorithms, iosim.memory_model)]
+
+
+def site_dirs() -> list[str]:
+    import site
+
+    return [*site.getsitepackages(), site.getusersitepackages()]
+
+
+def _digest(paths) -> str:
+    """A hash of the files' bytes (an unreadable one hashes as such)."""
+    h = hashlib.sha256()
+    for path in paths:
+        h.update(str(path).encode() + b"\0")
+        try:
+            h.update(Path(path).read_bytes())
+        except OSError:
+            h.update(b"unreadable")
+    return h.hexdigest()[:16]
 
 
 def _mask_file(mask) -> str | None:
@@ -366,11 +427,12 @@ def _mask_file(mask) -> str | None:
 def _check_mask_files(points: list[dict]) -> None:
     """A mask read from a file (``mod:FILE.py:NAME``, ``file:MASK.npy``) that is wrong whatever the point (a
     missing file, a missing function, one of the wrong arity, an unreadable array): one line for the whole grid,
-    before any work. A mask_mod that fails on its index arrays is a point's own error."""
-    from iosim.masks import parse
-
+    before any work. A mask_mod that fails on its index arrays is a point's own error. The files each mask file
+    opens while it is read are recorded for the cache key (:func:`point_key`); files its mask_mod opens only when
+    called are not seen here, so a mask_mod that reads data should load it when its file is read."""
     for mask in dict.fromkeys(p["mask"] for p in points if _mask_file(p["mask"]) is not None):
-        parse(mask)
+        # a module of the user's is opened only when first imported: what an earlier read of this process saw stays
+        _MASK_READS[mask] = tuple(dict.fromkeys([*_MASK_READS.get(mask, ()), *_reads_of(mask)]))
 
 
 def _load_cache(path: Path) -> dict[str, dict]:

@@ -260,3 +260,35 @@ def test_sweep_latex_is_a_table_a_paper_can_use(capsys):
     assert f"iosim {__version__}" in caption and "N = 64" in caption and "d = 8" in caption
     header = next(x for x in tex.splitlines() if "algorithm" in x)
     assert "causal" in header and "M" in header and " d " not in header and "total\\_over\\_lb" in header
+
+
+def test_the_files_a_mask_file_reads_are_in_the_cache_key(tmp_path):
+    """A mask file that loads a data file (and imports a module of the user's beside it): an edit to either is a
+    new point, counted afresh, never a stale total served from the cache (it served 2,752 for 2,240)."""
+    import numpy as np
+
+    f, data, helper, cache = tmp_path / "m.py", tmp_path / "w.npy", tmp_path / "helper_w.py", tmp_path / "c.jsonl"
+    f.write_text(
+        "import sys, numpy as np\nsys.path.insert(0, __file__.rsplit('/', 1)[0])\nimport helper_w\n"
+        f"W = int(np.load({str(data)!r})[0]) + helper_w.EXTRA\n\n"
+        "def m(b, h, q_idx, kv_idx):\n    return (q_idx >= kv_idx) & (q_idx - kv_idx < W)\n"
+    )
+    helper.write_text("EXTRA = 0\n")
+    grid = {"algorithm": "flash2", "N": 64, "d": 8, "M": 1024, "mask": f"mod:{f}:m"}
+
+    def total(w):
+        r = iosim.run("flash2", N=64, d=8, M=1024, mask=f"window:{w}:causal", count_only=True, kv_policy="paper")
+        return r.stats.total
+
+    st: dict = {}
+    np.save(data, np.array([40]))
+    assert sweep(grid, executor="serial", cache=cache, as_frame=False, stats=st)[0]["total"] == total(40)
+    assert sweep(grid, executor="serial", cache=cache, as_frame=False, stats=st)[0]["total"] == total(40)
+    assert st["cached"] == 1
+    np.save(data, np.array([8]))
+    assert sweep(grid, executor="serial", cache=cache, as_frame=False, stats=st)[0]["total"] == total(8)
+    assert st["computed"] == 1
+    sys.modules.pop("helper_w", None)
+    helper.write_text("EXTRA = 16\n")
+    assert sweep(grid, executor="serial", cache=cache, as_frame=False, stats=st)[0]["total"] == total(24)
+    assert st["computed"] == 1
