@@ -55,6 +55,121 @@ def test_ncu_rows_are_grouped_by_the_marker_before_them(evidence):
     assert rows[1]["launches"] == 2 and rows[1]["dram__bytes_read.sum"] == 123.0
 
 
+SAMPLE = BENCH / "gpu_h100" / "raw-sample"
+KEPT = {"ncu-sweep": {0, 1}, "ncu-triton": {3, 4}}  # the labels whose launches the raw sample holds
+
+
+@pytest.fixture(scope="module")
+def ncu_raw(evidence):
+    import ncu_raw
+
+    return ncu_raw
+
+
+@pytest.mark.parametrize("part", sorted(KEPT))
+def test_repack_of_a_raw_ncu_csv_equals_the_stored_records(ncu_raw, part):
+    """The raw sample (ncu's CSV layout, made from the stored launches by raw-sample/make_sample.py) repacks to
+    exactly the stored records of its labels: markers dropped, labels from the marker's grid, names cut at 200."""
+    import json
+
+    stored = json.loads((BENCH / "gpu_h100" / f"{part}.json").read_text())
+    got = ncu_raw.rebuild(SAMPLE, part, stored["metrics"])
+    assert got["labels"] == stored["labels"]
+    assert got["launches"] == [r for r in stored["launches"] if r["label"] in KEPT[part]]
+    assert got["rc"] == 0 and got["stderr"] == "" and got["unlabelled launches"] == 0
+    # the requested metric no stored launch has is named, with why
+    assert got["absent metrics"] == {"l1tex__t_bytes_pipe_lsu_mem_global_op_ldgsts.sum": ["not in ncu's output"]}
+
+
+def _raw(*launches) -> str:
+    """An ncu CSV log: (id, kernel, grid, metric, unit, value) rows in ncu's 15 columns."""
+    head = ["ID", "Process ID", "Process Name", "Host Name", "Kernel Name", "Context", "Stream", "Block Size",
+            "Grid Size", "Device", "CC", "Section Name", "Metric Name", "Metric Unit", "Metric Value"]  # fmt: skip
+    rows = [[i, 9, "p", "h", k, 1, 7, "(128, 1, 1)", g, 0, "9.0", "s", m, u, v] for i, k, g, m, u, v in launches]
+    return "==PROF== Connected to process 9\n" + "\n".join(",".join(f'"{c}"' for c in r) for r in [head, *rows])
+
+
+RAW = _raw(
+    (0, "k_before_any_marker", "(1, 1, 1)", "dram__bytes_read.sum", "byte", "5"),
+    (1, "x::iosim_marker[v1]", "(2, 1, 1)", "dram__bytes_read.sum", "byte", "8"),
+    (2, "NAME", "(4, 2, 1)", "dram__bytes_read.sum", "byte", "1,048,576"),
+    (2, "NAME", "(4, 2, 1)", "lts__t_sectors_srcunit_tex_op_read.sum", "sector", "n/a"),
+    (3, "x::iosim_marker[v1]", "(9, 1, 1)", "dram__bytes_read.sum", "byte", "8"),
+    (4, "after_a_marker_without_label", "(1, 1, 1)", "dram__bytes_read.sum", "byte", "5"),
+)
+
+
+def test_repack_drops_markers_and_names_what_it_could_not_keep(ncu_raw):
+    text = RAW.replace("NAME", "k" * 250)
+    wanted = ["dram__bytes_read.sum", "lts__t_sectors_srcunit_tex_op_read.sum", "launch__registers_per_thread"]
+    got = ncu_raw.repack(text, [{"a": 1}, {"b": 2}], wanted, rc=3, stderr="x" * 4000)
+    assert got["launches"] == [{"label": 1, "kernel": "k" * 200, "grid": "(4, 2, 1)", "block": "(128, 1, 1)",
+                                "dram__bytes_read.sum": 1048576.0}]  # fmt: skip
+    assert got["unlabelled launches"] == 2  # one before any marker, one after a marker with no label (index 8)
+    assert got["absent metrics"] == {"lts__t_sectors_srcunit_tex_op_read.sum": ["n/a"],
+                                     "launch__registers_per_thread": ["not in ncu's output"]}  # fmt: skip
+    assert got["rc"] == 3 and got["stderr"] == "x" * 3000
+
+
+def test_metrics_ncu_does_not_offer_are_set_apart(ncu_raw):
+    query = """Device GH100 (gh100)
+------------------------------------------------------------------------------
+Metric Name                                 Metric Description
+dram__bytes_read                            # of bytes read from DRAM
+lts__t_sectors_srcunit_tex_op_read          # of LTS sectors from unit TEX for reads
+"""
+    wanted = ["dram__bytes_read.sum", "lts__t_sectors_srcunit_tex_op_read.sum"]
+    wanted += ["lts__t_sectors_srcunit_ltcfabric_op_read.sum"]
+    assert ncu_raw.split_offered(wanted, query) == (wanted[:2], wanted[2:])
+    assert ncu_raw.split_offered(wanted, "") == (wanted, [])  # no list: ask for all, ncu's own output says
+
+
+def test_part_ncu_stores_the_raw_output_and_the_report_reads_its_file(evidence, report, tmp_path, monkeypatch):
+    """What part_ncu writes is what the report reads (it once wrote a shape the report could not: KeyError
+    'labels'), and the profiler's CSV, return code and stderr are kept byte for byte under raw/."""
+    import json
+    import types
+
+    text = (SAMPLE / "ncu-triton.csv").read_text()
+    labels = json.loads((SAMPLE / "ncu-triton.labels.json").read_text())
+    (tmp_path / "labels-triton.json").write_text(json.dumps(labels))
+    monkeypatch.setattr(evidence, "query_metrics", lambda part, args: "")
+    monkeypatch.setattr(evidence, "run_ncu", lambda part, args, metrics: (text, "out", "warn\n", 0))
+    args = types.SimpleNamespace(out=tmp_path, predictions=tmp_path / "none.json")
+    (tmp_path / "raw").mkdir()
+    data = evidence.part_ncu("ncu-triton", args)
+    assert (tmp_path / "raw" / "ncu-triton.csv").read_text() == text
+    assert (tmp_path / "raw" / "ncu-triton.rc").read_text() == "0\n"
+    assert (tmp_path / "raw" / "ncu-triton.stderr").read_text() == "warn\n"
+    rows = report.per_label(data)
+    assert [r["label"] for r in data["launches"]] == [3, 4, 4, 4]
+    assert rows[3]["kernels"] == ["parallel_attn_fwd_kernel"] and len(rows[4]["kernels"]) == 3
+
+
+def test_the_lease_plan_dry_run_needs_no_gpu(evidence, capsys):
+    assert evidence.main(["run-all", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    for part in evidence.DEFAULT_PLAN:
+        assert f" {part} " in out
+    steps = evidence.plan(evidence.DEFAULT_PLAN, evidence.DEFAULT_LIMIT)
+    start = {p: t for p, _, t in steps}
+    # the parts that answer this issue start within the first nine minutes even if every earlier one runs to its limit
+    for part in ("ncu-query", "predictions", "ncu-fa2", "tests", "m-top", "sweep-backward"):
+        assert start[part] + evidence.CATALOG[part][0] <= evidence.DEFAULT_LIMIT, part
+    assert evidence.part_argv("tests", 70, None)[-1] == "tests/test_cuda.py"
+
+
+def test_the_lease_script_dry_run(tmp_path):
+    import os
+    import subprocess
+
+    p = subprocess.run(["bash", str(BENCH / "gpu_evidence.sh"), "--dry-run"], capture_output=True, text=True,
+                       cwd=ROOT, env={"PATH": os.environ["PATH"], "W": str(tmp_path)}, timeout=60)  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.startswith("plan: ") and "predictions" in p.stdout
+    assert not any(tmp_path.iterdir())  # a dry run writes nothing
+
+
 def test_sweep_runs_from_d2_over_16_to_the_largest_block(evidence):
     top = 58112 - 256
     configs = evidence.sweep_configs(top)
