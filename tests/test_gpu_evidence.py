@@ -251,3 +251,82 @@ def test_figure_is_written(report, tmp_path):
     out = tmp_path / "sweep.png"
     report.figure(out)
     assert out.stat().st_size > 10_000
+
+
+@pytest.fixture(scope="module")
+def predictions(evidence):
+    import gpu_predictions
+
+    return gpu_predictions
+
+
+def _entry(**kw):
+    e = {"id": "fa2-fwd", "what": "FA2 forward", "backend": "sdpa-flash", "B": 1, "H_q": 4, "H_kv": 2, "N_q": 256,
+         "N_k": 256, "d": 64, "causal": True, "dtype": "float16", "order": "ascending",
+         "predicted": {"dram_read": 1_000_000, "l2_read_from_sm": 3_200_000}}  # fmt: skip
+    return {**e, **kw}
+
+
+@pytest.mark.parametrize(
+    "bad, field",
+    [
+        ({"backend": "triton"}, "backend"),
+        ({"dtype": "int8"}, "dtype"),
+        ({"H_kv": 3}, "H_kv"),
+        ({"N_q": 0}, "N_q"),
+        ({"predicted": {"hbm": 1}}, "predicted"),
+        ({"backend": "iosim-cuda", "dtype": "float32", "H_kv": 4}, "M"),
+        ({"backend": "copy"}, "bytes"),
+        ({"pass": "both"}, "pass"),
+    ],
+)
+def test_a_bad_predictions_entry_names_its_field(predictions, bad, field):
+    from iosim.errors import InputError
+
+    with pytest.raises(InputError, match=f"'fa2-fwd': {field}"):
+        predictions.check(_entry(**bad))
+
+
+def test_predictions_file_and_the_metrics_it_asks_for(predictions, tmp_path):
+    import json
+
+    from iosim.errors import InputError
+
+    assert predictions.load(tmp_path / "absent.json") == []
+    path = tmp_path / "h100.json"
+    path.write_text(json.dumps({"device": "H100", "entries": [_entry(), _entry(id="copy-40MB", backend="copy",
+                                bytes=40_000_000, predicted={"dram_read": 40_000_000})]}))  # fmt: skip
+    entries = predictions.load(path)
+    assert entries[0]["pass"] == "forward" and entries[0]["gqa"] == "packed"
+    assert predictions.metrics_for(entries) == ["gpu__time_duration.sum", "dram__bytes_read.sum",
+                                                "lts__t_sectors_srcunit_tex_op_read.sum"]  # fmt: skip
+    path.write_text(json.dumps({"entries": [_entry(), _entry()]}))
+    with pytest.raises(InputError, match="unique"):
+        predictions.load(path)
+
+
+def test_predictions_are_compared_as_measured(evidence, report, predictions, tmp_path, monkeypatch):
+    """A lease's raw predictions output (ncu's CSV) through the report: bytes per level from the metrics, 32 bytes a
+    sector, summed over the launch's kernels; an entry that did not launch reads 'not measured'."""
+    import json
+
+    entries = [predictions.check(_entry()), predictions.check(_entry(id="never-ran"))]
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    (raw / "predictions.entries.json").write_text(json.dumps(entries))
+    (raw / "predictions.labels.json").write_text(json.dumps([{"id": "fa2-fwd"}]))
+    (raw / "predictions.csv").write_text(_raw(
+        (0, "iosim_marker", "(1, 1, 1)", "dram__bytes_read.sum", "byte", "0"),
+        (1, "flash_fwd_kernel", "(8, 4, 1)", "dram__bytes_read.sum", "byte", "900,000"),
+        (1, "flash_fwd_kernel", "(8, 4, 1)", "lts__t_sectors_srcunit_tex_op_read.sum", "sector", "50,000"),
+        (2, "flash_fwd_combine", "(4, 1, 1)", "dram__bytes_read.sum", "byte", "100,000"),
+        (2, "flash_fwd_combine", "(4, 1, 1)", "lts__t_sectors_srcunit_tex_op_read.sum", "sector", "25,000"),
+    ))  # fmt: skip
+    monkeypatch.setattr(report, "DATA", tmp_path)
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in report.predictions_table().splitlines()[2:]]
+    assert rows == [
+        ["fa2-fwd", "dram_read", "1.0", "1.0", "1.00"],  # 900,000 + 100,000 bytes
+        ["fa2-fwd", "l2_read_from_sm", "3.2", "2.4", "0.75"],  # 32 x 75,000 sectors
+        ["never-ran", "dram_read", "1.0", "not measured", "-"],
+        ["never-ran", "l2_read_from_sm", "3.2", "not measured", "-"],
+    ]

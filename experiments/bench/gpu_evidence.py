@@ -351,7 +351,7 @@ def query_metrics(part: str, args) -> str:
     shared = raw / "ncu-query-metrics.txt"
     if not shared.exists():
         try:
-            p = subprocess.run([_ncu(), "--query-metrics"], capture_output=True, text=True, timeout=60)
+            p = subprocess.run([_ncu(), "--query-metrics"], capture_output=True, text=True, timeout=30)
             text, rc = p.stdout + p.stderr, p.returncode
         except subprocess.TimeoutExpired:
             text, rc = "", -9
@@ -734,11 +734,11 @@ TESTS = ["env", "IOSIM_GPU=1", sys.executable, "-P", "-m", "pytest", "-p", "no:c
          "-m", "gpu or not slow", "tests/test_cuda.py"]  # fmt: skip
 # part -> (its time limit in seconds, what it answers); the order of DEFAULT_PLAN is the order of the lease
 CATALOG = {
-    "env": (25, "device, driver, CUDA, library versions"),
-    "ncu-query": (20, "ncu --query-metrics: the metrics this profiler offers (raw/ncu-query-metrics.txt)"),
-    "predictions": (95, "every launch of experiments/bench/predictions/h100.json under ncu"),
-    "ncu-fa2": (50, "FlashAttention-2 forward/backward: L2 sectors by source, registers, occupancy limit"),
-    "tests": (70, "IOSIM_GPU=1 pytest tests/test_cuda.py on the device (output: raw/tests.txt)"),
+    "env": (20, "device, driver, CUDA, library versions"),
+    "ncu-query": (15, "ncu --query-metrics: the metrics this profiler offers (raw/ncu-query-metrics.txt)"),
+    "predictions": (90, "every launch of experiments/bench/predictions/h100.json under ncu"),
+    "ncu-fa2": (45, "FlashAttention-2 forward/backward: L2 sectors by source, registers, occupancy limit"),
+    "tests": (90, "IOSIM_GPU=1 pytest tests/test_cuda.py on the device (output: raw/tests.txt)"),
     "m-top": (20, "whether M = 58,112 words launches (and 57,856), every kernel"),
     "sweep-backward": (45, "flash2 backward over the sweep's (d, M): time, counters against the simulator"),
     "sweep": (50, "flash2 against square tiling over M: time, counters against the simulator"),

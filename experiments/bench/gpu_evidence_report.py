@@ -687,6 +687,74 @@ def readme_section() -> str:
     return "\n".join([wrap(intro), "", sweep_table(128), "", wrap(words + " " + rest)])
 
 
+# ------------------------------------------------------------------------- the next lease's parts (where stored)
+def has(name: str) -> bool:
+    return (DATA / f"{name}.json").exists() or (DATA / "raw" / f"{name}.csv").exists()
+
+
+def predictions_table() -> str:
+    """Each registered prediction against its measurement, as measured: the entries the lease ran (its copy in
+    raw/predictions.entries.json), ncu's bytes per level summed over the launch's kernels, nothing refitted."""
+    import gpu_predictions
+
+    entries = json.loads((DATA / "raw" / "predictions.entries.json").read_text())
+    rows = {r["id"]: r for r in per_label(load("predictions"))}
+    out = []
+    for c in gpu_predictions.compare(entries, rows):
+        m = c["measured"]
+        shown = "not measured" if m is None else f(m / MB, ",.1f")
+        out.append([c["id"], c["level"], f(c["predicted"] / MB, ",.1f"), shown, f(c["ratio"], ".2f")])
+    return table(["prediction", "level", "predicted MB", "measured MB", "measured / predicted"], out)
+
+
+def sweep_backward_table() -> str:
+    out = []
+    for r in load("sweep-backward")["rows"]:
+        eq = r.get("counters equal simulator")
+        out.append([r["d"], f(r["M"]), r.get("tiling", "-").replace("rule=fit, ", ""), f(r.get("ms"), ".1f"),
+                    "-" if eq is None else ("yes" if eq else "no"), f(r.get("TFLOP/s"), ".2f"),
+                    r.get("error", "")[:80]])  # fmt: skip
+    return table(["d", "M", "tiles", "ms", "counters = simulator", "TFLOP/s", "error"], out)
+
+
+def m_top_table() -> str:
+    out = [[r["kernel"], r["d"], f(r["M"]), "no" if "error" in r else "yes", f(r.get("ms"), ".1f"),
+            r.get("error", "")[:100]] for r in load("m-top")["rows"]]  # fmt: skip
+    return table(["kernel", "d", "M", "launched", "ms", "error"], out)
+
+
+def fa2_table() -> str:
+    """FlashAttention-2's L2 reads split by source: SM requests (srcunit tex) and partition-crossing traffic."""
+    out = []
+    levels = ("lts__t_sectors_op_read.sum", "lts__t_sectors_srcunit_tex_op_read.sum",
+              "lts__t_sectors_srcunit_ltcfabric_op_read.sum", "lts__t_sectors_srcunit_tex_op_write.sum",
+              "lts__t_sectors_srcunit_ltcfabric_op_write.sum")  # fmt: skip
+    for r in per_label(load("ncu-fa2"), keep=lambda k: "at::" not in k):
+        cells = ["-" if m not in r else f(32 * r[m] / MB) for m in levels]
+        out.append([r["what"] + (" causal" if r.get("causal") else ""), *cells])
+    head = ["launch", "L2 read MB", "from SMs", "from the other partition", "L2 write MB from SMs", "from the other"]
+    ncu = load("ncu-fa2")
+    regs = []
+    for r in (r for r in ncu["launches"] if "at::" not in r["kernel"]):
+        regs.append(
+            [
+                ncu["labels"][r["label"]]["what"],
+                r["kernel"].split("<")[0][:60],
+                f(r.get("launch__registers_per_thread")),
+                f(r.get("launch__occupancy_limit_registers")),
+            ]
+        )
+    return table(head, out) + "\n\n" + table(["launch", "kernel", "registers/thread", "blocks/SM (registers)"], regs)
+
+
+NEXT = (  # (stored part, heading, table)
+    ("predictions", "### The registered predictions, measured", predictions_table),
+    ("ncu-fa2", "### FlashAttention-2's L2 traffic by source", fa2_table),
+    ("sweep-backward", "### The flash2 backward over M", sweep_backward_table),
+    ("m-top", "### Whether the whole opt-in shared memory launches", m_top_table),
+)
+
+
 def report() -> str:
     versions = _versions()
     occ_line, occ_tab = occupancy_summary()
@@ -721,6 +789,9 @@ def report() -> str:
         "",
         occ_tab,
     ]
+    for name, heading, make in NEXT:
+        if has(name):
+            parts += ["", heading, "", make()]
     return "\n".join(parts) + "\n"
 
 
