@@ -1,11 +1,19 @@
 """GPU evidence in one lease: the explicit counts of the numba.cuda kernels beside the hardware's counters and clocks.
 
 Run on a machine with an NVIDIA GPU, the ``cuda`` extra and PyTorch (Nsight Compute's ``ncu`` on the PATH for the
-profiler parts); ``experiments/bench/gpu_evidence.sh`` runs every part below with a time limit each and writes
-one JSON file per part into ``--out``:
+profiler parts). ``run-all`` (what ``experiments/bench/gpu_evidence.sh`` calls) runs the plan, each part in a child
+process under its own time limit, the whole under ``--limit`` seconds; ``--dry-run`` prints the plan on any
+machine. Each part writes one JSON file into ``--out``, and its raw output as it came under ``--out``/raw/ (its
+stdout and stderr, its exit status; a profiled part also ncu's CSV, return code, stderr, labels and metric list:
+ncu_raw.py). One part alone:
 
     python experiments/bench/gpu_evidence.py env        --out DIR   # device, driver, CUDA, library versions
+    python experiments/bench/gpu_evidence.py ncu-query  --out DIR   # ncu --query-metrics, stored
+    python experiments/bench/gpu_evidence.py predictions --out DIR  # the predictions file's launches under ncu
+    python experiments/bench/gpu_evidence.py ncu-fa2    --out DIR   # FlashAttention-2: L2 by source, registers
+    python experiments/bench/gpu_evidence.py m-top      --out DIR   # whether M = 58,112 words launches
     python experiments/bench/gpu_evidence.py sweep      --out DIR   # M from d^2/16 up: flash2 vs square tiling, timed
+    python experiments/bench/gpu_evidence.py sweep-backward --out DIR  # the flash2 backward over the same M
     python experiments/bench/gpu_evidence.py ncu-sweep  --out DIR   # the same launches under ncu: L2 and DRAM bytes
     python experiments/bench/gpu_evidence.py sdpa       --out DIR   # flash2 forward vs SDPA float32, TF32 off and on
     python experiments/bench/gpu_evidence.py ncu-torch  --out DIR   # SDPA's FlashAttention-2 kernels (fp16) under ncu
