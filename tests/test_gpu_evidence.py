@@ -131,10 +131,15 @@ def test_part_ncu_stores_the_raw_output_and_the_report_reads_its_file(evidence, 
 
     text = (SAMPLE / "ncu-triton.csv").read_text()
     labels = json.loads((SAMPLE / "ncu-triton.labels.json").read_text())
-    (tmp_path / "labels-triton.json").write_text(json.dumps(labels))
+    (tmp_path / "labels-triton.json").write_text("[]")  # an earlier run's: removed before ncu starts
+
+    def fake_ncu(part, args, metrics, timeout=None):  # ncu's child writes the labels as it launches
+        (tmp_path / "labels-triton.json").write_text(json.dumps(labels))
+        return text, "out", "warn\n", 0
+
     monkeypatch.setattr(evidence, "query_metrics", lambda part, args: "")
-    monkeypatch.setattr(evidence, "run_ncu", lambda part, args, metrics: (text, "out", "warn\n", 0))
-    args = types.SimpleNamespace(out=tmp_path, predictions=tmp_path / "none.json")
+    monkeypatch.setattr(evidence, "run_ncu", fake_ncu)
+    args = types.SimpleNamespace(out=tmp_path, predictions=tmp_path / "none.json", budget=60)
     (tmp_path / "raw").mkdir()
     data = evidence.part_ncu("ncu-triton", args)
     assert (tmp_path / "raw" / "ncu-triton.csv").read_text() == text
@@ -143,6 +148,23 @@ def test_part_ncu_stores_the_raw_output_and_the_report_reads_its_file(evidence, 
     rows = report.per_label(data)
     assert [r["label"] for r in data["launches"]] == [3, 4, 4, 4]
     assert rows[3]["kernels"] == ["parallel_attn_fwd_kernel"] and len(rows[4]["kernels"]) == 3
+
+
+def test_a_part_past_its_budget_is_killed_with_its_children(evidence):
+    """ncu runs the profiled Python as its child: at the budget both go, or the pipes stay open and the part hangs."""
+    import subprocess
+
+    p = subprocess.Popen(["bash", "-c", "sleep 60 & echo $!; wait"], stdout=subprocess.PIPE, text=True)
+    grandchild = int(p.stdout.readline())
+    evidence._kill_tree(p.pid)
+    assert p.wait(timeout=10) == -9
+    stat = pathlib.Path(f"/proc/{grandchild}/stat")
+    for _ in range(50):  # killed: gone, or a zombie until its new parent reaps it
+        if not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z":
+            break
+        __import__("time").sleep(0.1)
+    else:
+        raise AssertionError(f"process {grandchild} still running")
 
 
 def test_the_lease_plan_dry_run_needs_no_gpu(evidence, capsys):

@@ -373,9 +373,33 @@ def query_metrics(part: str, args) -> str:
 NCU_FLAGS = ("--csv", "--print-units", "base", "--profile-from-start", "off", "--clock-control", "none")
 
 
-def run_ncu(part: str, args, metrics=METRICS) -> tuple[str, str, str, int]:
+def _kill_tree(pid: int) -> None:
+    """SIGKILL the process ``pid`` and every process below it (ncu's child, the profiled Python), by id."""
+    import signal
+
+    children: dict[int, list[int]] = {}
+    for stat in pathlib.Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+        except (OSError, ValueError, IndexError):
+            continue
+    todo, tree = [pid], []
+    while todo:
+        p = todo.pop()
+        tree.append(p)
+        todo += children.get(p, [])
+    for p in tree:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def run_ncu(part: str, args, metrics=METRICS, timeout: float | None = None) -> tuple[str, str, str, int]:
     """ncu over ``child-CHILD`` of ``part``: (its CSV log, raw/<part>.csv, as ncu wrote it; its stdout; its stderr;
-    its return code), the log read back even when the budget ran out (-9)."""
+    its return code), the log read back even when the budget ran out (-9: ncu and the profiled process killed)."""
+    timeout = args.budget if timeout is None else timeout
     log = args.out / "raw" / f"{part}.csv"
     log.parent.mkdir(parents=True, exist_ok=True)
     log.unlink(missing_ok=True)
@@ -383,12 +407,12 @@ def run_ncu(part: str, args, metrics=METRICS) -> tuple[str, str, str, int]:
            f"child-{NCU_PARTS[part][0]}", "--out", str(args.out), "--predictions", str(args.predictions)]  # fmt: skip
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
     try:
-        out, err = p.communicate(timeout=args.budget)
+        out, err = p.communicate(timeout=timeout)
         rc = p.returncode
     except subprocess.TimeoutExpired:
-        p.kill()
+        _kill_tree(p.pid)
         out, err = p.communicate()
-        rc, err = -9, err + f"\n(ncu stopped at the budget of {args.budget} s)"
+        rc, err = -9, err + f"\n(ncu stopped at the part's budget, after {timeout:.0f} s)"
     text = log.read_text(errors="replace") if log.exists() else ""
     return text, out, err, rc
 
@@ -396,15 +420,17 @@ def run_ncu(part: str, args, metrics=METRICS) -> tuple[str, str, str, int]:
 def part_ncu(part: str, args) -> dict:
     """One profiled part: the metric list asked first, ncu run with the metrics it offers, its CSV, return code and
     stderr stored under raw/ as they came (ncu_raw.store_raw), and the report's file repacked from them."""
+    t0 = time.perf_counter()
     child, wanted = NCU_PARTS[part]
     if child == "predictions" and not args.predictions.exists():
         return {"note": f"no predictions file at {args.predictions}: nothing measured"}
     wanted = wanted() if callable(wanted) else wanted
     metrics, not_offered = ncu_raw.split_offered(wanted, query_metrics(part, args))
-    text, stdout, stderr, rc = run_ncu(part, args, metrics)
+    labels_path = args.out / f"labels-{child}.json"
+    labels_path.unlink(missing_ok=True)  # the child writes it after each launch: none from an earlier run
+    text, stdout, stderr, rc = run_ncu(part, args, metrics, args.budget - (time.perf_counter() - t0))
     raw = args.out / "raw"
     (raw / f"{part}.stdout").write_text(stdout)
-    labels_path = args.out / f"labels-{child}.json"
     labels = json.loads(labels_path.read_text()) if labels_path.exists() else []
     ncu_raw.store_raw(raw, part, text, rc, stderr, labels)
     data = ncu_raw.repack(text, labels, metrics, rc, stderr, command=" ".join(["ncu", *NCU_FLAGS, "--metrics ..."]))
