@@ -352,3 +352,52 @@ def test_predictions_are_compared_as_measured(evidence, report, predictions, tmp
         ["never-ran", "dram_read", "1.0", "not measured", "-"],
         ["never-ran", "l2_read_from_sm", "3.2", "not measured", "-"],
     ]
+
+
+@pytest.fixture(scope="module")
+def sectors(evidence):
+    import gpu_sectors
+
+    return gpu_sectors
+
+
+def _brute_sectors(c0, nr, nc, row=64):
+    """Distinct 32-byte sectors per warp instruction of a load_tile, element by element (rows of ``row`` words)."""
+    per_warp = {}
+    for e in range(nr * nc):
+        r, c = divmod(e, nc)
+        per_warp.setdefault(e // 32, set()).add((r * row + c0 + c) * 4 // 32)
+    return sum(len(s) for s in per_warp.values())
+
+
+def test_sector_model_of_a_tile(sectors):
+    # 2 x 18 from column 4: warp 0 holds row 0 (words 4-21: 3 sectors) and 14 words of row 1 (4-17: 3), warp 1 the
+    # last 4 (18-21: 1 sector)
+    assert sectors.tile_sectors(4, 2, 18) == 7 and sectors.tile_sectors(0, 2, 16) == 4
+    for c0, nr, nc in ((0, 1, 1), (7, 3, 9), (36, 36, 28), (51, 51, 13), (3, 5, 64), (5, 1, 77)):
+        assert sectors.tile_sectors(c0, nr, nc) == _brute_sectors(c0, nr, nc), (c0, nr, nc)
+    assert sectors.vec_sectors(51, 51) == _brute_sectors(51, 1, 51)
+
+
+def test_sector_model_against_the_stored_lsu_bytes(sectors):
+    """flash2: the LSU bytes equal the model in every sweep launch (its excess over the count is the block mask);
+    square tiling: never below the model, at most 0.6 % above."""
+    sweep = {(r["kernel"], r["d"], r["M"]): r for r in _stored("sweep")["rows"]}
+    ncu = _stored("ncu-sweep")
+    seen = {"flash2": 0, "square-tiling": 0}
+    for lab_i, lab in enumerate(ncu["labels"]):
+        tiling = sweep[(lab["kernel"], lab["d"], lab["M"])]["tiling"]
+        ks = [k for k in ncu["launches"] if k["label"] == lab_i]
+        got = [(k["l1tex__t_bytes_pipe_lsu_mem_global_op_ld.sum"], k["l1tex__t_bytes_pipe_lsu_mem_global_op_st.sum"])
+               for k in ks]  # fmt: skip
+        if lab["kernel"] == "flash2":
+            Br, Bc = (int(tiling.split(f"{k}=")[1].split(",")[0]) for k in ("Br", "Bc"))
+            m = sectors.flash2_forward(lab["N"], lab["d"], Br, Bc, lab["BH"])
+            assert got == [(m["ld"], m["st"])], lab
+        else:
+            m = sectors.square_tiling(lab["N"], lab["d"], int(tiling.split("B=")[1]), lab["BH"])
+            want = [(m["phase1 ld"], m["phase1 st"]), (m["phase2 ld"], m["phase2 st"])]
+            for (g_ld, g_st), (w_ld, w_st) in zip(got, want, strict=True):
+                assert 1 <= g_ld / w_ld < 1.006 and 1 <= g_st / w_st < 1.006, lab
+        seen[lab["kernel"]] += 1
+    assert seen == {"flash2": 20, "square-tiling": 21}
