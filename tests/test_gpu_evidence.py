@@ -191,6 +191,15 @@ def test_the_lease_script_dry_run(tmp_path):
     assert not any(tmp_path.iterdir())  # a dry run writes nothing
 
 
+def test_backward_sweep_covers_the_forward_grid_largest_m_first(evidence):
+    top = 58112 - 256
+    back = evidence.backward_configs(top)
+    fwd = {(c["d"], c["M"]) for c in evidence.sweep_configs(top) if c["kernel"] == "flash2"}
+    assert {(c["d"], c["M"]) for c in back} == fwd and len(back) == len(fwd)
+    ratios = [c["M"] / c["d"] ** 2 for c in back]
+    assert ratios == sorted(ratios, reverse=True) and {c["kernel"] for c in back} == {"flash2-backward"}
+
+
 def test_sweep_runs_from_d2_over_16_to_the_largest_block(evidence):
     top = 58112 - 256
     configs = evidence.sweep_configs(top)

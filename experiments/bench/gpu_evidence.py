@@ -267,8 +267,14 @@ def part_sweep_backward(args) -> dict:
     cuda = _cuda()
     import gpu as bench
 
-    configs = sweep_configs(largest_M(cuda, bench))
-    return _sweep(args, [{**c, "kernel": "flash2-backward"} for c in configs if c["kernel"] == "flash2"])
+    return _sweep(args, backward_configs(largest_M(cuda, bench)))
+
+
+def backward_configs(max_words: int) -> list[dict]:
+    """The sweep's (d, M) for the flash2 backward, the largest M/d^2 first: small M means tiny tiles and launches
+    of seconds, so a budget spent early cuts those, not the range where the kernels are fast."""
+    configs = [{**c, "kernel": "flash2-backward"} for c in sweep_configs(max_words) if c["kernel"] == "flash2"]
+    return sorted(configs, key=lambda c: (-c["M"] / c["d"] ** 2, c["d"]))
 
 
 def part_m_top(args) -> dict:

@@ -807,11 +807,26 @@ NEXT = (  # (stored part, heading, table)
 )
 
 
+def absent_line() -> str:
+    """The metrics each stored profiled part asked for that no launch of it reports (and the reason where the
+    part's file records one: repacked files from raw/ do, the first lease's do not)."""
+    out = []
+    for name in ("ncu-sweep", "ncu-torch", "ncu-triton"):
+        data = load(name)
+        absent = data.get("absent metrics") or {
+            m: ["no reason recorded"] for m in data["metrics"] if not any(m in r for r in data["launches"])
+        }
+        out += [f"{m} in {name} ({'; '.join(why)})" for m, why in absent.items()]
+    return "Requested but reported by no launch: " + (", ".join(out) if out else "none")
+
+
 def report() -> str:
     versions = _versions()
     occ_line, occ_tab = occupancy_summary()
     parts = [
         f"Measured on: {versions}.",
+        "",
+        absent_line() + ".",
         "",
         "### flash2 against square tiling as M shrinks (N = 2048, B·H = 8, float32)",
         "",
