@@ -410,3 +410,17 @@ def test_sector_model_against_the_stored_lsu_bytes(sectors):
                 assert 1 <= g_ld / w_ld < 1.006 and 1 <= g_st / w_st < 1.006, lab
         seen[lab["kernel"]] += 1
     assert seen == {"flash2": 20, "square-tiling": 21}
+
+
+def test_report_of_a_lease_that_stored_only_some_parts(report, tmp_path, monkeypatch):
+    """--data of a later lease: the sections whose files are stored, the rest left out (no KeyError, no crash)."""
+    import shutil
+
+    for name in ("env", "sweep", "ncu-sweep", "occupancy"):
+        shutil.copy(BENCH / "gpu_h100" / f"{name}.json", tmp_path)
+    monkeypatch.setattr(report, "DATA", tmp_path)
+    text = report.report()
+    assert "### flash2 against square tiling as M shrinks" in text and "### The driver's figures" in text
+    assert "SDPA (float32)" not in text and "Triton" not in text and "registered predictions" not in text
+    row = next(line for line in text.splitlines() if line.startswith("| 128 | 16,384"))
+    assert row.split("|")[4].strip() == "-"  # no scalar-build run stored: its column is empty

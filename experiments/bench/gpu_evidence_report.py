@@ -109,7 +109,8 @@ def per_label(ncu: dict, keep=lambda name: True) -> list[dict]:
 # ------------------------------------------------------------------------------------------------- the sweep
 def sweep_rows() -> list[dict]:
     timed = {(r["kernel"], r["d"], r["M"]): r for r in load("sweep")["rows"]}
-    before = {(r["kernel"], r["d"], r["M"]): r.get("ms") for r in load("sweep-before")["rows"]}
+    old = load("sweep-before")["rows"] if has("sweep-before") else []  # the scalar build's run, first lease only
+    before = {(r["kernel"], r["d"], r["M"]): r.get("ms") for r in old}
     for key, r in timed.items():
         r["ms before"] = before.get(key)
     data = load("ncu-sweep")
@@ -741,7 +742,8 @@ def readme_section() -> str:
 
 # ------------------------------------------------------------------------- the next lease's parts (where stored)
 def has(name: str) -> bool:
-    return (DATA / f"{name}.json").exists() or (DATA / "raw" / f"{name}.csv").exists()
+    """Whether the part ``name`` is stored (``predictions.entries``: the entries a lease measured, under raw/)."""
+    return any((DATA / x).exists() for x in (f"{name}.json", f"raw/{name}.csv", f"raw/{name}.json"))
 
 
 def predictions_table() -> str:
@@ -800,7 +802,7 @@ def fa2_table() -> str:
 
 
 NEXT = (  # (stored part, heading, table)
-    ("predictions", "### The registered predictions, measured", predictions_table),
+    ("predictions.entries", "### The registered predictions, measured", predictions_table),
     ("ncu-fa2", "### FlashAttention-2's L2 traffic by source", fa2_table),
     ("sweep-backward", "### The flash2 backward over M", sweep_backward_table),
     ("m-top", "### Whether the whole opt-in shared memory launches", m_top_table),
@@ -811,56 +813,48 @@ def absent_line() -> str:
     """The metrics each stored profiled part asked for that no launch of it reports (and the reason where the
     part's file records one: repacked files from raw/ do, the first lease's do not)."""
     out = []
-    for name in ("ncu-sweep", "ncu-torch", "ncu-triton"):
+    for name in (n for n in ("ncu-sweep", "ncu-torch", "ncu-triton", "ncu-fa2", "predictions") if has(n)):
         data = load(name)
         absent = data.get("absent metrics") or {
-            m: ["no reason recorded"] for m in data["metrics"] if not any(m in r for r in data["launches"])
+            m: ["no reason recorded"]
+            for m in data.get("metrics", [])
+            if not any(m in r for r in data.get("launches", []))
         }
         out += [f"{m} in {name} ({'; '.join(why)})" for m, why in absent.items()]
     return "Requested but reported by no launch: " + (", ".join(out) if out else "none")
 
 
+def _sweep_section() -> list[str]:
+    model = "Global load and store bytes (Nsight Compute's LSU) against a 32-byte-sector model of the kernels' "
+    model += "accesses (experiments/bench/gpu_sectors.py):"
+    return [counters_line() + ".", "", sweep_table(), "", model, "", sector_table()]
+
+
+def _occupancy_section() -> list[str]:
+    line, tab = occupancy_summary()
+    return [line + ".", "", tab]
+
+
+SECTIONS = (  # (heading, the parts it reads, its lines); a section whose files are not stored is left out
+    ("### flash2 against square tiling as M shrinks (N = 2048, B·H = 8, float32)", ("sweep", "ncu-sweep"),
+     _sweep_section),
+    ("### iosim hierarchy against Nsight Compute (PyTorch SDPA's FlashAttention-2 and cuDNN, on the H100)",
+     ("cpu-side", "ncu-torch"), lambda: [hierarchy_table()]),
+    ("### A Triton kernel counted on the CPU and measured on the GPU", ("cpu-side", "ncu-triton"),
+     lambda: [triton_table()]),
+    ("### flash2 forward against SDPA (float32)", ("sdpa",), lambda: [sdpa_table()]),
+    ("### The register-tiled flash2 forward against the one it replaced (same inputs, same process)", ("ab",),
+     lambda: [ab_table()]),
+    ("### The driver's figures against the resource report", ("occupancy",), _occupancy_section),
+)  # fmt: skip
+
+
 def report() -> str:
-    versions = _versions()
-    occ_line, occ_tab = occupancy_summary()
-    parts = [
-        f"Measured on: {versions}.",
-        "",
-        absent_line() + ".",
-        "",
-        "### flash2 against square tiling as M shrinks (N = 2048, B·H = 8, float32)",
-        "",
-        counters_line() + ".",
-        "",
-        sweep_table(),
-        "",
-        "Global load and store bytes (Nsight Compute's LSU) against a 32-byte-sector model of the kernels' accesses "
-        "(experiments/bench/gpu_sectors.py):",
-        "",
-        sector_table(),
-        "",
-        "### iosim hierarchy against Nsight Compute (PyTorch SDPA's FlashAttention-2 and cuDNN, on the H100)",
-        "",
-        hierarchy_table(),
-        "",
-        "### A Triton kernel counted on the CPU and measured on the GPU",
-        "",
-        triton_table(),
-        "",
-        "### flash2 forward against SDPA (float32)",
-        "",
-        sdpa_table(),
-        "",
-        "### The register-tiled flash2 forward against the one it replaced (same inputs, same process)",
-        "",
-        ab_table(),
-        "",
-        "### The driver's figures against the resource report",
-        "",
-        occ_line + ".",
-        "",
-        occ_tab,
-    ]
+    """Every table, from the files stored in DATA (a section whose files are absent is left out)."""
+    parts = [f"Measured on: {_versions()}.", "", absent_line() + "."]
+    for heading, needs, make in SECTIONS:
+        if all(has(n) for n in needs):
+            parts += ["", heading, "", *make()]
     for name, heading, make in NEXT:
         if has(name):
             parts += ["", heading, "", make()]
