@@ -352,14 +352,15 @@ def test_predictions_are_compared_as_measured(evidence, report, predictions, tmp
         (1, "flash_fwd_kernel", "(8, 4, 1)", "lts__t_sectors_srcunit_tex_op_read.sum", "sector", "50,000"),
         (2, "flash_fwd_combine", "(4, 1, 1)", "dram__bytes_read.sum", "byte", "100,000"),
         (2, "flash_fwd_combine", "(4, 1, 1)", "lts__t_sectors_srcunit_tex_op_read.sum", "sector", "25,000"),
+        (3, "void at::elementwise_kernel<128, 4>", "(9, 1, 1)", "dram__bytes_read.sum", "byte", "7,000,000"),
     ))  # fmt: skip
     monkeypatch.setattr(report, "DATA", tmp_path)
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in report.predictions_table().splitlines()[2:]]
     assert rows == [
-        ["fa2-fwd", "dram_read", "1.0", "1.0", "1.00"],  # 900,000 + 100,000 bytes
-        ["fa2-fwd", "l2_read_from_sm", "3.2", "2.4", "0.75"],  # 32 x 75,000 sectors
-        ["never-ran", "dram_read", "1.0", "not measured", "-"],
-        ["never-ran", "l2_read_from_sm", "3.2", "not measured", "-"],
+        ["fa2-fwd", "dram_read", "1.0", "1.0", "1.00", "2"],  # 900,000 + 100,000 bytes; PyTorch's copy left out
+        ["fa2-fwd", "l2_read_from_sm", "3.2", "2.4", "0.75", "2"],  # 32 x 75,000 sectors
+        ["never-ran", "dram_read", "1.0", "not measured", "-", "0"],
+        ["never-ran", "l2_read_from_sm", "3.2", "not measured", "-", "0"],
     ]
 
 

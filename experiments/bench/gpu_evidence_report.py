@@ -752,13 +752,15 @@ def predictions_table() -> str:
     import gpu_predictions
 
     entries = json.loads((DATA / "raw" / "predictions.entries.json").read_text())
-    rows = {r["id"]: r for r in per_label(load("predictions"))}
+    rows = {r["id"]: r for r in per_label(load("predictions"), keep=gpu_predictions.measured_kernel)}
     out = []
     for c in gpu_predictions.compare(entries, rows):
         m = c["measured"]
         shown = "not measured" if m is None else f(m / MB, ",.1f")
-        out.append([c["id"], c["level"], f(c["predicted"] / MB, ",.1f"), shown, f(c["ratio"], ".2f")])
-    return table(["prediction", "level", "predicted MB", "measured MB", "measured / predicted"], out)
+        n = len(rows[c["id"]]["kernels"]) if c["id"] in rows else 0
+        out.append([c["id"], c["level"], f(c["predicted"] / MB, ",.1f"), shown, f(c["ratio"], ".2f"), n])
+    head = ["prediction", "level", "predicted MB", "measured MB", "measured / predicted", "kernels summed"]
+    return table(head, out)
 
 
 def sweep_backward_table() -> str:

@@ -20,7 +20,8 @@ N_q = N_k), ``copy`` (the L2 capacity probe: one kernel reads a float32 buffer o
 thread its grid-stride share, so a word's second read comes one buffer's traffic after its first).
 
 Nsight Compute flushes the caches before each profiled kernel (its default ``--cache-control all``), so every
-launch starts with a cold L2. A level's measured bytes are the sum over every kernel of the launch.
+launch starts with a cold L2. A level's measured bytes are the sum over the launch's kernels, PyTorch's own
+elementwise and copy kernels (``at::``) left out (``measured_kernel``).
 """
 
 from __future__ import annotations
@@ -102,6 +103,13 @@ def metrics_for(entries: list[dict]) -> list[str]:
         for level in e["predicted"]:
             out += [m for m, _ in LEVELS[level] if m not in out]
     return out
+
+
+def measured_kernel(name: str) -> bool:
+    """Whether a kernel of a launch counts toward its levels: all but PyTorch's own elementwise and copy kernels
+    (``at::`` in the name: the zero-fills and copies autograd issues around FlashAttention's kernels), as in the
+    hierarchy table of docs/gpu.md."""
+    return "at::" not in name
 
 
 def measured(row: dict) -> dict:
