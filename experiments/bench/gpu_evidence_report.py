@@ -467,7 +467,15 @@ def sweep_facts() -> dict:
     x["l2"] = [_l2(r["ncu"]) / (4 * r["simulated words"]) for r in fl]
     x["l2 square"] = [_l2(r["ncu"]) / (4 * r["simulated words"]) for r in sq]
     x.update(_dram_facts(fl, sq))
+    top = [r for r in fl if r["M"] == x["M top"]]
+    x["ctas top"] = {r["d"]: _ctas(r["ncu launches"][0]["grid"]) for r in top}
     return x
+
+
+def _ctas(grid: str) -> int:
+    """Thread blocks of a launch from ncu's "(x, y, z)" grid size."""
+    x, y, z = (int(v) for v in grid.strip("()").split(","))
+    return x * y * z
 
 
 def _faster(a: dict, b: dict) -> tuple[str, float]:
@@ -589,6 +597,8 @@ def prose_sweep(x: dict) -> list[str]:
                     for d, M, k, w in x["disagree"])  # fmt: skip
     bef = "; ".join(f"d = {d}, M = {M:,}, flash2 {p:.1f} % slower" for d, M, p in x["before square faster"])
     reg = registers_facts()
+    env = load("env")
+    sm_smem, sms = env["MAX_SHARED_MEMORY_PER_MULTIPROCESSOR"], env["MULTIPROCESSOR_COUNT"]
     return [
         f"- **The kernels run the simulated schedules on hardware.** In all {x['launches']} launches of the sweep "
         f"(N = {x['N']:,}, B·H = {x['BH']}, d = {ds}, M from d²/16 to {x['M top']:,} words) the kernels' own "
@@ -608,7 +618,11 @@ def prose_sweep(x: dict) -> list[str]:
         f"({x['TFLOP/s']:.2f} TFLOP/s at most, of 67): neither the memory nor the arithmetic bounds these times, so "
         "the sweep cannot test whether fewer words cause less time. What else sets them the data do not isolate; "
         f"the driver built flash2's forward with {reg['registers']} registers per thread, which leaves room for "
-        f"at most {max(reg['blocks'])} blocks of 4 warps ({4 * max(reg['blocks'])} warps) per SM.",
+        f"at most {max(reg['blocks'])} blocks of 4 warps ({4 * max(reg['blocks'])} warps) per SM; at the largest "
+        f"M a block's {4 * x['M top']:,} bytes of shared memory leave room for {sm_smem // (4 * x['M top'])} per SM "
+        f"(of {sm_smem:,} bytes), and flash2's launches there are "
+        + ", ".join(f"{n} blocks (d = {d}: {n / sms:.2f} waves)" for d, n in sorted(x["ctas top"].items()))
+        + f" on the {sms} SMs.",
     ]
 
 
