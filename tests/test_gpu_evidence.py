@@ -425,3 +425,14 @@ def test_report_of_a_lease_that_stored_only_some_parts(report, tmp_path, monkeyp
     assert "SDPA (float32)" not in text and "Triton" not in text and "registered predictions" not in text
     row = next(line for line in text.splitlines() if line.startswith("| 128 | 16,384"))
     assert row.split("|")[4].strip() == "-"  # no scalar-build run stored: its column is empty
+
+
+def test_bad_command_lines_are_one_line_and_exit_2(evidence, report, capsys, tmp_path):
+    assert evidence.main(["run-all", "--dry-run", "--parts", "env", "nope"]) == 2
+    assert evidence.main(["nope"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and all(line.startswith("gpu_evidence.py: error: ") for line in err)
+    assert "--parts" in err[0] and "'nope'" in err[0]
+    with pytest.raises(SystemExit) as e:
+        report.main(["--data", str(tmp_path)])
+    assert e.value.code == 2 and "--data must be a folder" in capsys.readouterr().err

@@ -46,6 +46,8 @@ HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import ncu_raw  # noqa: E402  (the neighbour module: the path above)
 
+from iosim.errors import InputError  # noqa: E402
+
 SWEEP_N = 2048
 SWEEP_BH = 8
 SWEEP_D = (128, 64, 256)
@@ -807,7 +809,7 @@ def plan(parts, limit: int) -> list[tuple[str, int, int]]:
     out, t = [], 0
     for p in parts:
         if p not in CATALOG:
-            raise SystemExit(f"gpu_evidence.py: unknown part {p!r} (parts: {', '.join(CATALOG)})")
+            raise InputError("--parts", f"must name parts among {', '.join(CATALOG)}", p)
         out.append((p, CATALOG[p][0], t))
         t += CATALOG[p][0]
     return out
@@ -874,6 +876,15 @@ CHILDREN = {"child-sweep": child_sweep, "child-torch": child_torch, "child-trito
 
 
 def main(argv=None) -> int:
+    """The command line; bad input is one line on stderr and exit status 2."""
+    try:
+        return _main(argv)
+    except InputError as e:
+        print(f"gpu_evidence.py: error: {e}", file=sys.stderr)
+        return 2
+
+
+def _main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("part", help=f"run-all, or one of: {', '.join(CATALOG)}")
     p.add_argument("--out", type=pathlib.Path, default=ROOT / "results" / "gpu_evidence")
@@ -900,7 +911,7 @@ def main(argv=None) -> int:
     elif part in NCU_PARTS:
         data = part_ncu(part, args)
     else:
-        raise SystemExit(f"gpu_evidence.py: unknown part {part!r} (parts: run-all, {', '.join(CATALOG)})")
+        raise InputError("part", f"must be run-all or one of {', '.join(CATALOG)}", part)
     data["seconds"] = time.perf_counter() - t0
     dump(args.out, part, data)
     return 0

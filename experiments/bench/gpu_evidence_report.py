@@ -927,6 +927,8 @@ def main(argv=None) -> int:
     p.add_argument("--data", type=pathlib.Path, default=DATA, help="the stored measurements (default gpu_h100/)")
     p.add_argument("--write", action="store_true", help="rewrite the generated blocks of README.md and docs/gpu.md")
     args = p.parse_args(argv)
+    if not (args.data / "env.json").exists():
+        p.error(f"--data must be a folder of stored measurements (with env.json), got {args.data}")
     DATA = args.data
     if args.recompute:
         recompute()
