@@ -1,11 +1,19 @@
 """GPU evidence in one lease: the explicit counts of the numba.cuda kernels beside the hardware's counters and clocks.
 
 Run on a machine with an NVIDIA GPU, the ``cuda`` extra and PyTorch (Nsight Compute's ``ncu`` on the PATH for the
-profiler parts); ``experiments/bench/gpu_evidence.sh`` runs every part below with a time limit each and writes
-one JSON file per part into ``--out``:
+profiler parts). ``run-all`` (what ``experiments/bench/gpu_evidence.sh`` calls) runs the plan, each part in a child
+process under its own time limit, the whole under ``--limit`` seconds; ``--dry-run`` prints the plan on any
+machine. Each part writes one JSON file into ``--out``, and its raw output as it came under ``--out``/raw/ (its
+stdout and stderr, its exit status; a profiled part also ncu's CSV, return code, stderr, labels and metric list:
+ncu_raw.py). One part alone:
 
     python experiments/bench/gpu_evidence.py env        --out DIR   # device, driver, CUDA, library versions
+    python experiments/bench/gpu_evidence.py ncu-query  --out DIR   # ncu --query-metrics, stored
+    python experiments/bench/gpu_evidence.py predictions --out DIR  # the predictions file's launches under ncu
+    python experiments/bench/gpu_evidence.py ncu-fa2    --out DIR   # FlashAttention-2: L2 by source, registers
+    python experiments/bench/gpu_evidence.py m-top      --out DIR   # whether M = 58,112 words launches
     python experiments/bench/gpu_evidence.py sweep      --out DIR   # M from d^2/16 up: flash2 vs square tiling, timed
+    python experiments/bench/gpu_evidence.py sweep-backward --out DIR  # the flash2 backward over the same M
     python experiments/bench/gpu_evidence.py ncu-sweep  --out DIR   # the same launches under ncu: L2 and DRAM bytes
     python experiments/bench/gpu_evidence.py sdpa       --out DIR   # flash2 forward vs SDPA float32, TF32 off and on
     python experiments/bench/gpu_evidence.py ncu-torch  --out DIR   # SDPA's FlashAttention-2 kernels (fp16) under ncu
@@ -34,7 +42,11 @@ import sys
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
+HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import ncu_raw  # noqa: E402  (the neighbour module: the path above)
+
+from iosim.errors import InputError  # noqa: E402
 
 SWEEP_N = 2048
 SWEEP_BH = 8
@@ -62,6 +74,33 @@ METRICS = (
     "sm__cycles_elapsed.avg.per_second",
 )
 BASIC_METRICS = ("gpu__time_duration.sum", "dram__bytes_read.sum", "dram__bytes_write.sum", "lts__t_bytes.sum")
+# FlashAttention-2's L2 traffic split by source: requests from the SMs (srcunit tex) apart from the traffic between
+# the two L2 partitions (srcunit ltcfabric); the registers and the occupancy limit they set, per launch
+FA2_METRICS = METRICS + (
+    "lts__t_sectors_srcunit_tex_op_read.sum",
+    "lts__t_sectors_srcunit_tex_op_write.sum",
+    "lts__t_sectors_srcunit_ltcfabric_op_read.sum",
+    "lts__t_sectors_srcunit_ltcfabric_op_write.sum",
+    "launch__registers_per_thread",
+    "launch__occupancy_limit_registers",
+)
+M_TOP_CASES = ((64, 58112), (128, 58112), (64, 57856), (128, 57856))  # (d, M): the opt-in ceiling and 256 below
+
+
+def _prediction_metrics() -> list[str]:
+    import gpu_predictions
+
+    return gpu_predictions.metrics_for(gpu_predictions.load())
+
+
+# a profiled part: (its child, the metrics it asks for); its raw output is raw/<part>.*
+NCU_PARTS = {
+    "ncu-sweep": ("sweep", METRICS),
+    "ncu-torch": ("torch", METRICS),
+    "ncu-triton": ("triton", METRICS),
+    "ncu-fa2": ("fa2", FA2_METRICS),
+    "predictions": ("predictions", _prediction_metrics),
+}
 
 
 def dump(out: pathlib.Path, name: str, data) -> None:
@@ -158,8 +197,18 @@ def _counts_json(counts) -> dict:
     return {k: [v.reads, v.writes, v.init_writes] for k, v in sorted(counts.items())}
 
 
-def part_sweep(args) -> dict:
-    """Times every configuration (CUDA events, median), reads the kernels' counters once, beside the simulator."""
+def _counted(gpu, kernel: str, arrays: dict, M: int):
+    """The kernel's own counters of one launch at ``M`` (the backward from a forward made first)."""
+    Q, K, V = arrays["Q"], arrays["K"], arrays["V"]
+    if kernel != "flash2-backward":
+        return gpu.forward(kernel, Q, K, V, M=M, count=True)
+    fwd = gpu.forward("flash2", Q, K, V, M=M, poison=False)
+    return gpu.backward("flash2", Q, K, V, fwd.outputs["O"], arrays["dO"], fwd.outputs["L"], M=M, count=True)
+
+
+def sweep_row(c: dict, arrays: dict, timer, args) -> dict:
+    """One launch of the sweep: tiling, the simulator's words, the kernel's counters against them, finite outputs,
+    the median time and the rates of the simulated words and the flops."""
     import numpy as np
 
     cuda = _cuda()
@@ -167,36 +216,80 @@ def part_sweep(args) -> dict:
 
     from iosim.gpu import launch as gpu
 
-    rows = []
+    N, d, M, BH, k = c["N"], c["d"], c["M"], c["BH"], c["kernel"]
+    backward = k == "flash2-backward"
+    base = k.removesuffix("-backward")
+    row = dict(c)
+    try:
+        row["tiling"] = str(gpu.tiling_for(base, N, d, M, "fit", backward=backward))
+        sim = gpu.simulated_counts(base, N, d, M, batch=BH, backward=backward)
+        row["simulated words"] = sum(v.reads + v.writes for v in sim.values())
+        counted = _counted(gpu, k, arrays, M)
+        row["counters equal simulator"] = _counts_json(counted.counts) == _counts_json(sim)
+        if not row["counters equal simulator"]:
+            row["counters"], row["simulated"] = _counts_json(counted.counts), _counts_json(sim)
+        outs = [o.copy_to_host() for o in counted.outputs.values() if hasattr(o, "copy_to_host")]
+        row["outputs finite"] = bool(outs) and all(np.isfinite(o).all() for o in outs)
+        row["ms"] = timer.median_ms(bench.runner(cuda, gpu, k, arrays, M, False, args.threads))
+        row["GB/s of the simulated words"] = row["simulated words"] * 4 / row["ms"] / 1e6
+        row["TFLOP/s"] = bench.flops(k, 1, BH, N, d, False) / row["ms"] / 1e9
+    except Exception as e:
+        row["error"] = f"{type(e).__name__}: {e}"[:300]
+    print(json.dumps({k2: row.get(k2) for k2 in ("kernel", "d", "M", "ms", "counters equal simulator", "error")}),
+          flush=True)  # fmt: skip
+    return row
+
+
+def _sweep(args, configs) -> dict:
+    cuda = _cuda()
+    import gpu as bench
+
     timer = bench.Timer(cuda, args.reps, args.seconds)
-    t0 = time.perf_counter()
-    for c, arrays in sweep_inputs(cuda, bench):
+    rows, arrays, t0 = [], {}, time.perf_counter()
+    for c in configs:
         if time.perf_counter() - t0 > args.budget:
             rows.append({**c, "error": "time budget of the part spent"})
             continue
-        N, d, M, BH, k = c["N"], c["d"], c["M"], c["BH"], c["kernel"]
-        row = dict(c)
-        try:
-            t = gpu.tiling_for(k, N, d, M, "fit")
-            row["tiling"] = str(t)
-            sim = gpu.simulated_counts(k, N, d, M, batch=BH)
-            row["simulated words"] = sum(v.reads + v.writes for v in sim.values())
-            counted = gpu.forward(k, arrays["Q"], arrays["K"], arrays["V"], M=M, count=True)
-            row["counters equal simulator"] = _counts_json(counted.counts) == _counts_json(sim)
-            if not row["counters equal simulator"]:
-                row["counters"] = _counts_json(counted.counts)
-                row["simulated"] = _counts_json(sim)
-            O = counted.outputs["O"].copy_to_host() if hasattr(counted.outputs["O"], "copy_to_host") else None
-            row["O finite"] = bool(O is not None and np.isfinite(O).all())
-            row["ms"] = timer.median_ms(bench.runner(cuda, gpu, k, arrays, M, False, args.threads))
-            row["GB/s of the simulated words"] = row["simulated words"] * 4 / row["ms"] / 1e6
-            row["TFLOP/s"] = bench.flops(k, 1, BH, N, d, False) / row["ms"] / 1e9
-        except Exception as e:
-            row["error"] = f"{type(e).__name__}: {e}"[:300]
-        rows.append(row)
-        print(json.dumps({k2: row.get(k2) for k2 in ("kernel", "d", "M", "ms", "counters equal simulator", "error")}),
-              flush=True)  # fmt: skip
+        if arrays.get("d") != c["d"]:
+            arrays = {"d": c["d"], **bench.device_arrays(cuda, 1, c["BH"], c["N"], c["d"])}
+        rows.append(sweep_row(c, arrays, timer, args))
     return {"threads": args.threads, "rows": rows}
+
+
+def part_sweep(args) -> dict:
+    """Times every configuration of the sweep (CUDA events, median), the counters read once beside the simulator."""
+    cuda = _cuda()
+    import gpu as bench
+
+    return _sweep(args, sweep_configs(largest_M(cuda, bench)))
+
+
+def part_sweep_backward(args) -> dict:
+    """The flash2 backward over the same (d, M) grid (square tiling has no backward kernel)."""
+    cuda = _cuda()
+    import gpu as bench
+
+    return _sweep(args, backward_configs(largest_M(cuda, bench)))
+
+
+def backward_configs(max_words: int) -> list[dict]:
+    """The sweep's (d, M) for the flash2 backward, the largest M/d^2 first: small M means tiny tiles and launches
+    of seconds, so a budget spent early cuts those, not the range where the kernels are fast."""
+    configs = [{**c, "kernel": "flash2-backward"} for c in sweep_configs(max_words) if c["kernel"] == "flash2"]
+    return sorted(configs, key=lambda c: (-c["M"] / c["d"] ** 2, c["d"]))
+
+
+def part_m_top(args) -> dict:
+    """Whether M = 58,112 words (the whole opt-in shared memory per block, 232,448 bytes) launches, against 256
+    words below it, for every kernel of the sweep and the backward."""
+    cuda = _cuda()
+    import gpu as bench
+
+    rows = {"opt-in words": bench.max_shared_words(cuda), "rows": []}
+    configs = [{"kernel": k, "N": SWEEP_N, "d": d, "M": M, "BH": SWEEP_BH}
+               for d, M in M_TOP_CASES for k in (*SWEEP_KERNELS, "flash2-backward")]  # fmt: skip
+    rows["rows"] = _sweep(args, configs)["rows"]
+    return rows
 
 
 # ----------------------------------------------------------------------------------------------- ncu plumbing
@@ -236,10 +329,8 @@ class Marked:
 
 
 def parse_ncu_csv(text: str) -> list[dict]:
-    """ncu --csv rows grouped by launch (experiments/bench/gpu.py's parser)."""
-    import gpu as bench
-
-    return bench.parse_ncu_csv(text)
+    """ncu --csv rows grouped by launch (the layout experiments/bench/gpu.py reads; ncu_raw.parse)."""
+    return ncu_raw.parse(text)
 
 
 def group_by_marker(launches: list[dict], labels: list[dict]) -> list[dict]:
@@ -247,53 +338,112 @@ def group_by_marker(launches: list[dict], labels: list[dict]) -> list[dict]:
     out = [{**lab, "kernels": [], "launches": 0} for lab in labels]
     cur = None
     for r in launches:
-        if "iosim_marker" in r["name"]:
-            gx = int(str(r["grid"]).strip("()").split(",")[0])
-            cur = out[gx - 1] if 0 < gx <= len(out) else None
+        k = ncu_raw.marker_index(r)
+        if k is not None:
+            cur = out[k] if 0 <= k < len(out) else None
             continue
         if cur is None:
             continue
         cur["kernels"].append(r["name"][:160])
         cur["launches"] += 1
-        for k, v in r.items():
+        for key, v in r.items():
             if isinstance(v, float):
-                cur[k] = cur.get(k, 0.0) + v
+                cur[key] = cur.get(key, 0.0) + v
     return out
 
 
-def run_ncu(part: str, args, metrics=METRICS) -> tuple[str, str, int]:
-    """ncu over ``child-PART``; its CSV goes to a log file, read back even when the budget ran out."""
+def _ncu() -> str:
     ncu = shutil.which("ncu")
     if not ncu:
         raise SystemExit("gpu_evidence.py: ncu is not on the PATH")
-    log = args.out / f"ncu-{part}.csv"
+    return ncu
+
+
+def query_metrics(part: str, args) -> str:
+    """``ncu --query-metrics`` of this device, stored as raw/<part>.metrics.txt (asked once per run: the first
+    part's answer, raw/ncu-query-metrics.txt, is copied for the later ones)."""
+    raw = args.out / "raw"
+    raw.mkdir(parents=True, exist_ok=True)
+    shared = raw / "ncu-query-metrics.txt"
+    if not shared.exists():
+        try:
+            p = subprocess.run([_ncu(), "--query-metrics"], capture_output=True, text=True, timeout=30)
+            text, rc = p.stdout + p.stderr, p.returncode
+        except subprocess.TimeoutExpired:
+            text, rc = "", -9
+        shared.write_text(text)
+        (raw / "ncu-query-metrics.rc").write_text(f"{rc}\n")
+    text = shared.read_text()
+    (raw / f"{part}.metrics.txt").write_text(text)
+    return text
+
+
+NCU_FLAGS = ("--csv", "--print-units", "base", "--profile-from-start", "off", "--clock-control", "none")
+
+
+def _kill_tree(pid: int) -> None:
+    """SIGKILL the process ``pid`` and every process below it (ncu's child, the profiled Python), by id."""
+    import signal
+
+    children: dict[int, list[int]] = {}
+    for stat in pathlib.Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+        except (OSError, ValueError, IndexError):
+            continue
+    todo, tree = [pid], []
+    while todo:
+        p = todo.pop()
+        tree.append(p)
+        todo += children.get(p, [])
+    for p in tree:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def run_ncu(part: str, args, metrics=METRICS, timeout: float | None = None) -> tuple[str, str, str, int]:
+    """ncu over ``child-CHILD`` of ``part``: (its CSV log, raw/<part>.csv, as ncu wrote it; its stdout; its stderr;
+    its return code), the log read back even when the budget ran out (-9: ncu and the profiled process killed)."""
+    timeout = args.budget if timeout is None else timeout
+    log = args.out / "raw" / f"{part}.csv"
+    log.parent.mkdir(parents=True, exist_ok=True)
     log.unlink(missing_ok=True)
-    cmd = [ncu, "--csv", "--print-units", "base", "--profile-from-start", "off", "--clock-control", "none",
-           "--log-file", str(log), "--metrics", ",".join(metrics), sys.executable, __file__, f"child-{part}",
-           "--out", str(args.out)]  # fmt: skip
+    cmd = [_ncu(), *NCU_FLAGS, "--log-file", str(log), "--metrics", ",".join(metrics), sys.executable, __file__,
+           f"child-{NCU_PARTS[part][0]}", "--out", str(args.out), "--predictions", str(args.predictions)]  # fmt: skip
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
     try:
-        out, err = p.communicate(timeout=args.budget)
+        out, err = p.communicate(timeout=timeout)
         rc = p.returncode
     except subprocess.TimeoutExpired:
-        p.kill()
+        _kill_tree(p.pid)
         out, err = p.communicate()
-        rc, err = -9, err + f"\n(ncu stopped at the budget of {args.budget} s)"
+        rc, err = -9, err + f"\n(ncu stopped at the part's budget, after {timeout:.0f} s)"
     text = log.read_text(errors="replace") if log.exists() else ""
-    return text + out, err, rc
+    return text, out, err, rc
 
 
 def part_ncu(part: str, args) -> dict:
-    stdout, stderr, rc = run_ncu(part, args)
-    metrics = METRICS
-    if not parse_ncu_csv(stdout) and "metric" in (stdout + stderr).lower():  # an unknown metric stops ncu
-        stdout, stderr, rc = run_ncu(part, args, BASIC_METRICS)
-        metrics = BASIC_METRICS
-    path = args.out / f"labels-{part}.json"
-    labels = json.loads(path.read_text()) if path.exists() else []
-    launches = parse_ncu_csv(stdout)
-    return {"metrics": list(metrics), "rc": rc, "stderr": stderr[-3000:], "rows": group_by_marker(launches, labels),
-            "launches": len(launches), "head": stdout[:1500]}  # fmt: skip
+    """One profiled part: the metric list asked first, ncu run with the metrics it offers, its CSV, return code and
+    stderr stored under raw/ as they came (ncu_raw.store_raw), and the report's file repacked from them."""
+    t0 = time.perf_counter()
+    child, wanted = NCU_PARTS[part]
+    if child == "predictions" and not args.predictions.exists():
+        return {"note": f"no predictions file at {args.predictions}: nothing measured"}
+    wanted = wanted() if callable(wanted) else wanted
+    metrics, not_offered = ncu_raw.split_offered(wanted, query_metrics(part, args))
+    labels_path = args.out / f"labels-{child}.json"
+    labels_path.unlink(missing_ok=True)  # the child writes it after each launch: none from an earlier run
+    text, stdout, stderr, rc = run_ncu(part, args, metrics, args.budget - (time.perf_counter() - t0))
+    raw = args.out / "raw"
+    (raw / f"{part}.stdout").write_text(stdout)
+    labels = json.loads(labels_path.read_text()) if labels_path.exists() else []
+    ncu_raw.store_raw(raw, part, text, rc, stderr, labels)
+    data = ncu_raw.repack(text, labels, metrics, rc, stderr, command=" ".join(["ncu", *NCU_FLAGS, "--metrics ..."]))
+    data["not offered by this ncu"] = not_offered
+    return data
 
 
 # -------------------------------------------------------------------------------------------- ncu children
@@ -313,12 +463,12 @@ def child_sweep(args) -> None:
             print(f"child-sweep: {c}: {type(e).__name__}: {e}", file=sys.stderr)
 
 
-def child_torch(args) -> None:
+def _fa2_launches(mk: Marked):
+    """FlashAttention-2's forward and backward (SDPA, fp16) at TORCH_FWD, without and with the causal mask."""
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.functional import scaled_dot_product_attention as sdpa
 
-    mk = Marked(args.out / "labels-torch.json")
     B, H, N, d = TORCH_FWD
     g = torch.Generator(device="cuda").manual_seed(0)
     q, k, v, do = (torch.randn(B, H, N, d, device="cuda", dtype=torch.float16, generator=g) for _ in range(4))
@@ -333,6 +483,39 @@ def child_torch(args) -> None:
             lab = {**lab, "what": "sdpa flash backward fp16"}
             mk.run(lab, lambda o=o, qg=qg, kg=kg, vg=vg: torch.autograd.grad(o, (qg, kg, vg), do, retain_graph=True))
             del o, qg, kg, vg
+    return g
+
+
+def child_fa2(args) -> None:
+    """FlashAttention-2 alone, under FA2_METRICS (L2 traffic by source, registers, the register occupancy limit)."""
+    _fa2_launches(Marked(args.out / "labels-fa2.json"))
+
+
+def child_predictions(args) -> None:
+    """Every launch of the predictions file, as it is, one marker each (gpu_predictions.launcher)."""
+    import gpu_predictions
+
+    entries = gpu_predictions.load(args.predictions)
+    (args.out / "raw").mkdir(parents=True, exist_ok=True)
+    (args.out / "raw" / "predictions.entries.json").write_text(json.dumps(entries, indent=1))
+    mk = Marked(args.out / "labels-predictions.json")
+    for e in entries:
+        try:
+            fn = gpu_predictions.launcher(e)
+            fn()  # inputs made and kernels compiled outside the profiled range
+            mk.cuda.synchronize()
+            mk.run({"id": e["id"], "what": e["what"], "backend": e["backend"]}, fn)
+        except Exception as exc:
+            print(f"child-predictions: {e['id']}: {type(exc).__name__}: {str(exc)[:300]}", file=sys.stderr)
+
+
+def child_torch(args) -> None:
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+    mk = Marked(args.out / "labels-torch.json")
+    g = _fa2_launches(mk)
     B, Hq, Hkv, Nk, d = TORCH_DECODE
     q = torch.randn(B, Hq, 1, d, device="cuda", dtype=torch.bfloat16, generator=g)
     k, v = (torch.randn(B, Hkv, Nk, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
@@ -588,36 +771,147 @@ def part_occupancy(args) -> dict:
     return {"cc": cc, "rows": rows}
 
 
+# ------------------------------------------------------------------------------------------------ the lease
+TESTS = ["env", "IOSIM_GPU=1", sys.executable, "-P", "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rfE",
+         "-m", "gpu or not slow", "tests/test_cuda.py"]  # fmt: skip
+# part -> (its time limit in seconds, what it answers); the order of DEFAULT_PLAN is the order of the lease
+CATALOG = {
+    "env": (20, "device, driver, CUDA, library versions"),
+    "ncu-query": (15, "ncu --query-metrics: the metrics this profiler offers (raw/ncu-query-metrics.txt)"),
+    "predictions": (90, "every launch of experiments/bench/predictions/h100.json under ncu"),
+    "ncu-fa2": (45, "FlashAttention-2 forward/backward: L2 sectors by source, registers, occupancy limit"),
+    "tests": (90, "IOSIM_GPU=1 pytest tests/test_cuda.py on the device (output: raw/tests.txt)"),
+    "m-top": (20, "whether M = 58,112 words launches (and 57,856), every kernel"),
+    "sweep-backward": (45, "flash2 backward over the sweep's (d, M): time, counters against the simulator"),
+    "sweep": (50, "flash2 against square tiling over M: time, counters against the simulator"),
+    "ncu-sweep": (70, "the sweep's launches under ncu: LSU, L2, DRAM bytes"),
+    "sdpa": (40, "flash2 forward against SDPA float32"),
+    "ncu-torch": (40, "SDPA's FlashAttention-2 and decode kernels under ncu"),
+    "occupancy": (25, "the driver's registers and blocks/SM against iosim gpu-resources"),
+    "ncu-triton": (45, "Triton kernels (iosim's example, fla) under ncu"),
+    "ab": (50, "flash2 forward against an earlier build (--before)"),
+}
+DEFAULT_PLAN = ("env", "ncu-query", "predictions", "ncu-fa2", "tests", "m-top", "sweep-backward", "sweep",
+                "ncu-sweep", "sdpa", "ncu-torch", "occupancy", "ncu-triton")  # fmt: skip
+DEFAULT_LIMIT = 540  # seconds for the whole run: parts that would start with under 15 s left are skipped
+
+
+def part_argv(part: str, seconds: int, args) -> list[str]:
+    """The command of one part, its inner budget 10 s under its limit (so that it writes what it has)."""
+    if part == "tests":
+        return TESTS
+    argv = [sys.executable, __file__, part, "--out", str(args.out), "--budget", str(max(seconds - 10, 5))]
+    return argv + (["--predictions", str(args.predictions)] if part == "predictions" else [])
+
+
+def plan(parts, limit: int) -> list[tuple[str, int, int]]:
+    """(part, its limit, the second of the run it starts at if every earlier part takes its whole limit)."""
+    out, t = [], 0
+    for p in parts:
+        if p not in CATALOG:
+            raise InputError("--parts", f"must name parts among {', '.join(CATALOG)}", p)
+        out.append((p, CATALOG[p][0], t))
+        t += CATALOG[p][0]
+    return out
+
+
+def print_plan(steps, limit: int) -> None:
+    total = sum(s for _, s, _ in steps)
+    print(f"plan: {len(steps)} parts, {total} s of limits, the run bounded at {limit} s")
+    for p, secs, t in steps:
+        late = "" if t + secs <= limit else "  (cut short, or skipped, unless earlier parts finish early)"
+        print(f"  +{t:4d} s  {p:15s} {secs:4d} s  {CATALOG[p][1]}{late}")
+
+
+def run_part(argv: list[str], seconds: float, log: pathlib.Path) -> int:
+    """One part as a child process group (stdout and stderr into ``log``), killed at ``seconds``: rc 124 then."""
+    import signal
+
+    with open(log, "w") as f:
+        p = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
+        try:
+            return p.wait(timeout=seconds)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+            f.write(f"\n(stopped at the part's limit of {seconds:.0f} s)\n")
+            return 124
+
+
+def run_all(args) -> int:
+    """Every part of the plan in order, each under its limit, the run under ``--limit``; each part's output in
+    raw/<part>.log (the tests' in raw/tests.txt) and its exit status in raw/<part>.exit."""
+    steps = plan(args.parts or DEFAULT_PLAN, args.limit)
+    print_plan(steps, args.limit)
+    if args.dry_run:
+        return 0
+    raw = args.out / "raw"
+    raw.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    for p, secs, _ in steps:
+        left = args.limit - (time.monotonic() - t0)
+        if left < 15:
+            print(f"== {p}: skipped ({left:.0f} s left of {args.limit} s)", flush=True)
+            (raw / f"{p}.exit").write_text("skipped\n")
+            continue
+        secs = min(secs, left)
+        log = raw / ("tests.txt" if p == "tests" else f"{p}.log")
+        print(f"== {p} (limit {secs:.0f} s) at +{time.monotonic() - t0:.0f} s", flush=True)
+        rc = run_part(part_argv(p, int(secs), args), secs, log)
+        (raw / f"{p}.exit").write_text(f"{rc}\n")
+        tail = log.read_text(errors="replace").splitlines()[-8:]
+        print(f"== {p}: rc={rc} at +{time.monotonic() - t0:.0f} s", *tail, sep="\n", flush=True)
+    return 0
+
+
+def part_ncu_query(args) -> dict:
+    text = query_metrics("ncu-query", args)
+    return {"metrics offered": len(ncu_raw.offered(text))}
+
+
+PARTS = {"env": part_env, "sweep": part_sweep, "sweep-backward": part_sweep_backward, "m-top": part_m_top,
+         "sdpa": part_sdpa, "ab": part_ab, "occupancy": part_occupancy, "ncu-query": part_ncu_query}  # fmt: skip
+CHILDREN = {"child-sweep": child_sweep, "child-torch": child_torch, "child-triton": child_triton,
+            "child-fa2": child_fa2, "child-predictions": child_predictions}  # fmt: skip
+
+
 def main(argv=None) -> int:
+    """The command line; bad input is one line on stderr and exit status 2."""
+    try:
+        return _main(argv)
+    except InputError as e:
+        print(f"gpu_evidence.py: error: {e}", file=sys.stderr)
+        return 2
+
+
+def _main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("part")
+    p.add_argument("part", help=f"run-all, or one of: {', '.join(CATALOG)}")
     p.add_argument("--out", type=pathlib.Path, default=ROOT / "results" / "gpu_evidence")
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--seconds", type=float, default=0.5)
     p.add_argument("--threads", type=int, default=128)
     p.add_argument("--budget", type=float, default=240.0, help="seconds a part may take (sweep, ncu)")
     p.add_argument("--before", type=pathlib.Path, default=ROOT / ".ab" / "flash_before.py", help="part ab's baseline")
+    p.add_argument("--predictions", type=pathlib.Path, default=HERE / "predictions" / "h100.json")
+    p.add_argument("--parts", nargs="+", help="run-all: these parts, in this order (default: the plan)")
+    p.add_argument("--limit", type=int, default=DEFAULT_LIMIT, help="run-all: seconds for the whole run")
+    p.add_argument("--dry-run", action="store_true", help="run-all: print the plan and the limits, run nothing")
     args = p.parse_args(argv)
+    part = args.part
+    if part == "run-all":
+        return run_all(args)
     args.out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    part = args.part
-    if part.startswith("child-"):
-        {"child-sweep": child_sweep, "child-torch": child_torch, "child-triton": child_triton}[part](args)
+    if part in CHILDREN:
+        CHILDREN[part](args)
         return 0
-    if part == "env":
-        data = part_env(args)
-    elif part == "sweep":
-        data = part_sweep(args)
-    elif part == "sdpa":
-        data = part_sdpa(args)
-    elif part == "ab":
-        data = part_ab(args)
-    elif part == "occupancy":
-        data = part_occupancy(args)
-    elif part.startswith("ncu-"):
-        data = part_ncu(part.removeprefix("ncu-"), args)
+    if part in PARTS:
+        data = PARTS[part](args)
+    elif part in NCU_PARTS:
+        data = part_ncu(part, args)
     else:
-        raise SystemExit(f"gpu_evidence.py: unknown part {part!r}")
+        raise InputError("part", f"must be run-all or one of {', '.join(CATALOG)}", part)
     data["seconds"] = time.perf_counter() - t0
     dump(args.out, part, data)
     return 0
