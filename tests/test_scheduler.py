@@ -59,8 +59,9 @@ def test_orders_match_the_loops_they_name(B, H):  # noqa: N803
         "grid": [(p, b, h) for p in range(P) for b in range(B) for h in range(H)],
         "head-grouped": [(p, b, h) for b in range(B) for h in range(H) for p in range(P)],
         "swizzled": [(p, b, h) for b in range(B) for h in range(H) for p in range(P)],  # g = 1: head-grouped
-        "sections:2": [(p, u // H, u % H) for s in range(0, B * H, 2) for p in range(P)
-                       for u in range(s, min(s + 2, B * H))],  # fmt: skip
+        "sections:2": [
+            (p, u // H, u % H) for s in range(0, B * H, 2) for p in range(P) for u in range(s, min(s + 2, B * H))
+        ],  # fmt: skip
     }
     for order, nest in loops.items():
         got = Scheduler(order=order).plan(0, shuffled, cut, declared)[0]
@@ -194,8 +195,14 @@ def _permutation_ok(order, cut, declared):
 
 @pytest.mark.parametrize(
     "unit",
-    [dict(), dict(causal=True), dict(backward=True), dict(backward=True, causal=True), dict(algorithm="flash1"),
-     dict(algorithm="standard", N=8, M=40)],  # fmt: skip
+    [
+        dict(),
+        dict(causal=True),
+        dict(backward=True),
+        dict(backward=True, causal=True),
+        dict(algorithm="flash1"),
+        dict(algorithm="standard", N=8, M=40),
+    ],  # fmt: skip
 )
 @pytest.mark.parametrize("walk", ["descending", "sawtooth", "sawtooth:3"])
 def test_every_walk_is_a_permutation_within_each_cta_and_piece(unit, walk):
@@ -274,12 +281,24 @@ def test_parse_spelling_and_as_dict_round_trip():
 @pytest.mark.parametrize(
     "kwargs,name",
     [
-        (dict(order="diagonal"), "order"), (dict(order="sections:0"), "order"), (dict(order="sections:x"), "order"),
-        (dict(order="lpt-sections:70000"), "order"), (dict(order=3), "order"), (dict(walk="up"), "walk"),
-        (dict(walk="sawtooth:0"), "walk"), (dict(walk=None), "walk"), (dict(persistent="yes"), "persistent"),
-        (dict(persistent=True), "persistent"), (dict(stall=-1), "stall"), (dict(stall=True), "stall"),
-        (dict(stall=1.5), "stall"), (dict(stall=1 << 41), "stall"), (dict(seed=-1), "seed"),
-        (dict(seed="1"), "seed"), (dict(slots=0), "slots"), (dict(slots=2.0), "slots"),
+        (dict(order="diagonal"), "order"),
+        (dict(order="sections:0"), "order"),
+        (dict(order="sections:x"), "order"),
+        (dict(order="lpt-sections:70000"), "order"),
+        (dict(order=3), "order"),
+        (dict(walk="up"), "walk"),
+        (dict(walk="sawtooth:0"), "walk"),
+        (dict(walk=None), "walk"),
+        (dict(persistent="yes"), "persistent"),
+        (dict(persistent=True), "persistent"),
+        (dict(stall=-1), "stall"),
+        (dict(stall=True), "stall"),
+        (dict(stall=1.5), "stall"),
+        (dict(stall=1 << 41), "stall"),
+        (dict(seed=-1), "seed"),
+        (dict(seed="1"), "seed"),
+        (dict(slots=0), "slots"),
+        (dict(slots=2.0), "slots"),
     ],  # fmt: skip
 )
 def test_bad_fields_name_themselves_in_one_line(kwargs, name):
@@ -290,8 +309,15 @@ def test_bad_fields_name_themselves_in_one_line(kwargs, name):
 
 @pytest.mark.parametrize(
     "text,name",
-    [("order", "scheduler"), ("colour=red", "scheduler"), ("stall=1,stall=2", "scheduler"), ("stall=-3", "stall"),
-     ("seed=x", "seed"), ("walk=sideways", "walk"), ("order=sections:", "order")],  # fmt: skip
+    [
+        ("order", "scheduler"),
+        ("colour=red", "scheduler"),
+        ("stall=1,stall=2", "scheduler"),
+        ("stall=-3", "stall"),
+        ("seed=x", "seed"),
+        ("walk=sideways", "walk"),
+        ("order=sections:", "order"),
+    ],  # fmt: skip
 )
 def test_bad_spellings(text, name):
     with pytest.raises(InputError) as e:
