@@ -482,3 +482,49 @@ def test_stalls_break_the_lock_step_that_shares_tiles():
                            n_ctas, pair, L)[0] for s in (1, 1, 2)]  # fmt: skip
     assert runs[0] == runs[1]  # seeded: the same run twice
     assert all(r["K"] + r["V"] > 2 * 16 * 2 for r in runs)  # out of step, the one-pair L2 no longer shares K_j
+
+
+def test_sawtooth_waves_reuse_what_the_previous_wave_left():
+    """Non-causal flash2 forward, one head, 8 row blocks on 2 slots: 4 waves in step, each scanning all of K and V
+    (16 column blocks, 64 lines of 2 words). Ascending, an LRU no larger than K and V is the cyclic worst case: every
+    wave fetches all of K and V again (4 x 2 N d words). Alternating the scan per wave (sawtooth:2) starts each wave
+    on the tiles the previous one touched last, so it fetches less. Alternating neighbouring CTAs (sawtooth) splits a
+    wave into two scans that no longer share tiles: with an L2 of half of K and V it fetches more than ascending.
+    With an L2 that holds everything, every walk is compulsory."""
+    trace, cut, declared, _ = _unit(N=32, M=40)
+    slots, L, kv_lines = 2, 2, 2 * 32 * 2 // 2
+    waves = int(declared.launch_ptr[1]) // slots
+    fills = {}
+    for walk in ("ascending", "sawtooth:2", "sawtooth"):
+        for lines in (kv_lines // 2, kv_lines, 10_000):
+            f, _ = _reference_run(trace, cut, declared, _plan_launch0(Scheduler(walk=walk), cut, declared), slots,
+                                  lines, L)  # fmt: skip
+            fills[walk, lines] = f["K"] + f["V"]
+    for lines in (kv_lines // 2, kv_lines):
+        assert fills["ascending", lines] == waves * 2 * 32 * 2
+        assert fills["sawtooth:2", lines] < fills["ascending", lines]
+    assert fills["ascending", kv_lines // 2] < fills["sawtooth", kv_lines // 2]  # half of K and V: no sharing wins
+    assert fills["ascending", 10_000] == fills["sawtooth:2", 10_000] == fills["sawtooth", 10_000] == 2 * 32 * 2
+
+
+def test_a_cut_merged_from_mask_classes_is_planned_per_class():
+    """simulate._merge numbers class q's CTA c at q n + c (n the CTAs of one class): the order and the walk treat it
+    as c of its own class's requests."""
+    trace, cut, declared, _ = _unit(N=12, M=40, causal=True)
+    n, m = int(declared.launch_ptr[-1]), len(cut.requests)
+    twice = [np.concatenate([x, x]) for x in (cut.requests, cut.piece_events)]
+    cut2 = ctas.Cut(twice[0], np.concatenate([cut.piece_ptr, cut.piece_ptr[1:] + m]), twice[1])
+    dec2 = launches.Launches(declared.kernels, declared.launch_ptr,
+                             np.concatenate([declared.cta_ptr, declared.cta_ptr[1:] + m]))  # fmt: skip
+    blocks = _blocks(declared, 0, 1, 2)
+    blocks[blocks[:, 1] == 1, 0] += n  # head unit 1 runs class 1
+    got, order, _, _ = Scheduler(order="grid", walk="descending").plan(0, blocks, cut2, dec2)
+    assert got[:, 0].tolist() == [c + n * u for c in declared.grid_order(0).tolist() for u in (0, 1)]
+    _, one, _, _ = Scheduler(walk="descending").plan(0, _blocks(declared, 0), cut, declared)
+    assert np.array_equal(order, np.concatenate([one, one + m]))
+
+
+def test_is_default_says_when_a_plan_keeps_todays_launch():
+    assert Scheduler().is_default and Scheduler(order="lpt", persistent="dynamic").is_default
+    assert not any(Scheduler(**kw).is_default for kw in (dict(walk="descending"), dict(persistent="static"),
+                                                         dict(stall=1)))  # fmt: skip
