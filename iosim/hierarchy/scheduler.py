@@ -383,3 +383,55 @@ PUBLISHED_CASES = (
         compare=("order=lpt-sections:1", "order=lpt"),
     ),
 )
+
+
+def replay(result, scheduler: Scheduler) -> dict:
+    """Re-run a launch that :func:`iosim.hierarchy.hierarchy` recorded (``record=True``, ``policy="lru"``) through
+    the same clock and L2 (:func:`iosim.hierarchy.l2.run_launches`) with ``scheduler``'s order and walk: the words
+    each array is read from DRAM (``dram_read``, a dict by array), written back (``dram_update``) and each launch's
+    end time (``clock``). A stop-gap until the hierarchy takes ``scheduler=`` itself: stalls and static slots need
+    the clock's own hook, so a plan with either is refused. The plain plan (its ``order``, ascending walk) gives
+    the recorded result's counts exactly."""
+    from iosim.hierarchy import l2
+
+    lay = getattr(result, "layout", None)
+    if lay is None or result.policy != "lru":
+        raise InputError("result", "must come from hierarchy(..., record=True) under policy lru", result.policy)
+    cut, declared, inst = result.cut, result.declared, result.blocks
+    slots = result.P * result.blocks_per_sm
+    ptr = np.concatenate(([0], np.cumsum([k["ctas"] for k in result.launches]))).astype(np.int64)
+    order = np.arange(len(cut.requests), dtype=np.int64)
+    ident, planned = order.copy(), []
+    for k in range(len(ptr) - 1):
+        blocks, walk, delay, static = scheduler.plan(k, inst[ptr[k] : ptr[k + 1]], cut, declared, slots=slots)
+        if delay is not None or static is not None:
+            raise InputError("scheduler", "replay runs orders and walks; stalls and static slots need the clock's "
+                             "hook (hierarchy(scheduler=...))", scheduler.spelling())  # fmt: skip
+        planned.append(blocks)
+        if walk is not None:
+            moved = walk != ident
+            order[moved] = walk[moved]
+    inst = np.concatenate(planned) if planned else inst
+    n, ns, cap = len(lay.nl), lay.n_segments, result.C // result.L
+    fill, wb, l2_read, l2_update = (np.zeros(n, np.int64) for _ in range(4))
+    st = (np.array([-1, -1, 0], np.int64), np.zeros(ns if cap else 1, np.int32), np.zeros(ns if cap else 1, np.int8),
+          np.full(ns if cap else 1, -1, np.int32), np.full(ns if cap else 1, -1, np.int32),
+          lay.seg_aid if cap else np.zeros(1, np.int16))  # fmt: skip
+    clock, none = np.zeros(max(len(ptr) - 1, 1), np.int64), np.zeros(0, np.int64)
+    l2.run_launches(
+        inst[:, 0].copy(), inst[:, 1:].copy(), ptr, slots, declared.cta_ptr, np.ascontiguousarray(cut.requests[order]),
+        lay.kv, lay.base, lay.stride, lay.nseg, lay.gbase, lay.loff, lay.soff, lay.seg_of_line, lay.seg_start,
+        result.L, cap, st, fill, wb, l2_read, l2_update, False, none, none, clock,
+    )  # fmt: skip
+    if cap:
+        l2.flush(st, result.L, wb)
+    names = list(result.trace.names)
+    if n > len(names):  # dQ's conversion: its two arrays after the schedule's (launches.append_convert_dq)
+        from iosim.hierarchy.launches import DQ_ACCUM, DQ_OUT
+
+        names += [DQ_ACCUM, DQ_OUT]
+    return dict(
+        dram_read={nm: int(fill[a]) for a, nm in enumerate(names[:n]) if nm in result.per_array},
+        dram_update={nm: int(wb[a]) for a, nm in enumerate(names[:n]) if nm in result.per_array},
+        clock=[int(x) for x in clock[: len(ptr) - 1]],
+    )
