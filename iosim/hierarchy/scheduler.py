@@ -122,17 +122,16 @@ def inner_loop(rows: np.ndarray) -> tuple[int, list[int], int]:
     n = len(rows)
     if n == 0:
         return 0, [], 0
-    regions: dict[int, set] = {}
-    for _w, a, r0, nr, c0, nc, _ in rows.tolist():
-        regions.setdefault(a, set()).add((r0, nr, c0, nc))
-    inner = np.array([len(regions[a]) > 1 for a in rows[:, 1].tolist()], bool)
+    regions = np.unique(rows[:, 1:6], axis=0)  # (array, r0, nr, c0, nc), each once
+    arrays, count = np.unique(regions[:, 0], return_counts=True)
+    inner = np.isin(rows[:, 1], arrays[count > 1])
     if not inner.any():
         return n, [], n
     hits = np.flatnonzero(inner)
     start, stop = int(hits[0]), int(hits[-1]) + 1
-    lead = (rows[start, 0], rows[start, 1])
-    starts = [k for k in range(start, stop) if rows[k, 0] == lead[0] and rows[k, 1] == lead[1]]
-    return start, starts, stop
+    loop = rows[start:stop]
+    lead = (loop[:, 0] == rows[start, 0]) & (loop[:, 1] == rows[start, 1])
+    return start, (start + np.flatnonzero(lead)).tolist(), stop
 
 
 def walk_piece(rows: np.ndarray, descending: bool) -> np.ndarray:
