@@ -57,10 +57,13 @@ def _html(args, results) -> None:
 
     names = [r.algorithm for r in results]
     html.page(names, args.html, **problem_run_kwargs(args))
-    print(f"wrote {args.html}: {', '.join(names)} side by side")
+    quiet = args.json or args.csv  # stdout is the JSON or CSV: the note goes to stderr
+    print(f"wrote {args.html}: {', '.join(names)} side by side", file=sys.stderr if quiet else sys.stdout)
 
 
 def command(args) -> int:
+    if args.backward and args.splits != 1:  # split-KV splits the forward's keys; the backward has no such kernel
+        raise InputError("--splits", "applies to the forward pass (split-KV); the backward runs unsplit", args.splits)
     if args.html is not None:  # checked before any work
         from iosim.views import html
 
@@ -123,6 +126,8 @@ def command(args) -> int:
             writer.writeheader()
             for rec in records:
                 writer.writerow({**rec, "tiling": ";".join(f"{k}={v}" for k, v in rec["tiling"].items())})
+        if args.html is not None:  # the page too: --html is not a format, it is a file beside the output
+            _html(args, results)
         return 0 if all(r.finite for r in results) else 1
     ranked = [
         [
@@ -228,6 +233,11 @@ def _compare_problem(args) -> int:
                 raise
             failures.append(f"{a} gqa={g} splits={s}: {e}")
     if not results:
+        tiles = {k: v for k, v in (("--Br", args.Br), ("--Bc", args.Bc), ("--B", args.B)) if v}
+        if tiles:  # the tiles asked for, not M, are what does not fit
+            raise InputError(", ".join(tiles), f"give a working set above M = {args.M:,} words in every schedule "
+                             f"of {problem}: choose smaller tiles (or a larger M)",
+                             tuple(tiles.values()) if len(tiles) > 1 else next(iter(tiles.values())))  # fmt: skip
         raise InputError("M", f"is too small for every schedule of {problem}", args.M)
     results.sort(key=lambda r: r.stats.total)
     seen = api.problem_seen(problem, kw.get("mask"), allow_long=kw.get("allow_long", False))

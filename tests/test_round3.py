@@ -1,0 +1,37 @@
+"""Round 3 of the hostile inputs (issue: every claim true): options that would be ignored are refused or honoured,
+an output asked for is written, a refusal names the option that caused it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from test_hostile import assert_refused, run_cli
+
+S = ["--N", "64", "--d", "8", "--M", "1024", "--count-only"]
+
+
+@pytest.mark.parametrize("extra", [["--splits", "2"], ["--splits", "2", "--heads", "2"]])
+def test_compare_backward_refuses_splits(extra, tmp_path, monkeypatch, capsys):
+    """split-KV splits the forward: --backward --splits 2 ran the backward and dropped --splits silently."""
+    assert_refused(["compare", *S, "--backward", *extra], ["--splits", "forward"], tmp_path, monkeypatch, capsys)
+
+
+@pytest.mark.parametrize("fmt", ["--json", "--csv"])
+def test_compare_writes_the_page_beside_json_or_csv(fmt, tmp_path, monkeypatch, capsys):
+    """--html FILE with --json or --csv wrote no page; now the page is written and stdout stays the JSON or CSV."""
+    rc, lines, left, out = run_cli(["compare", *S, fmt, "--html", "{tmp}/p.html"], tmp_path, monkeypatch, capsys)
+    assert rc == 0 and (tmp_path / "p.html").stat().st_size > 10_000, lines
+    assert any("wrote" in x and "p.html" in x for x in lines)
+    if fmt == "--json":
+        assert [r["algorithm"] for r in json.loads(out)["compare"]]
+    else:
+        assert out.splitlines()[0].startswith("rank,") and "wrote" not in out
+
+
+@pytest.mark.parametrize(
+    ("tiles", "named"), [(["--Br", "1000"], "--Br"), (["--Br", "1000", "--Bc", "1000"], "--Br, --Bc")]
+)
+def test_compare_names_the_tiles_that_do_not_fit(tiles, named, tmp_path, monkeypatch, capsys):
+    """Tiles above M for every schedule: the refusal names the tiles (it said M is too small)."""
+    assert_refused(["compare", *S, *tiles], [named, "smaller tiles"], tmp_path, monkeypatch, capsys)
