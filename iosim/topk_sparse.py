@@ -215,6 +215,7 @@ class TopkResult:
     floor: dict
     programs: int
     errors: dict = field(default_factory=dict)
+    outputs: dict = field(default_factory=dict, repr=False)  # a numeric run's O (B H_q N_q, d_v) and L
 
     @property
     def exact(self) -> bool:
@@ -268,7 +269,8 @@ def topk_sparse(problem: Problem, indices, *, policy: str = "per-query", block: 
     """Count the top-k sparse schedule of ``policy`` over ``problem`` for the selection ``indices`` (module
     docstring) on a fast memory of M words (default: the schedule's peak, so it fits exactly); ``Bc``: the
     workspace tile of ``gather``. ``count_only=False`` also computes O and L from standard-normal inputs drawn from
-    ``seed`` and compares them with the float64 reference restricted to the selected keys."""
+    ``seed`` (Q, then K, then V unless MLA's latent, as (B H_q N_q, d_qk), (B H_kv N_k, d_qk), (B H_kv N_k, d_v) rows
+    in (b, h, row) order) and compares them with the float64 reference restricted to the selected keys."""
     p = problem
     if not isinstance(p, Problem):
         raise InputError("problem", "must be an iosim.Problem", type(p).__name__)
@@ -294,12 +296,13 @@ def topk_sparse(problem: Problem, indices, *, policy: str = "per-query", block: 
     out = _run(mem, p, idx, pl, kind, block, Bc, shared, scale, numeric, seed)
     stats = mem.stats()
     floor = bounds.topk_compulsory(idx, dims, block, q_block, p.latent)
-    errors = {}
+    errors, outputs = {}, {}
     if numeric:
         (Q, K, V), (O, L) = out
         O_ref, L_ref = reference(Q, K, V, p, idx, block, q_block, scale)
         errors = {"O": float(np.abs(O - O_ref).max()), "L": float(np.abs(L - L_ref).max())}
-    return TopkResult(p, policy, block, q_block, stats, predicted, floor, pl.programs, errors)
+        outputs = {"O": O, "L": L}
+    return TopkResult(p, policy, block, q_block, stats, predicted, floor, pl.programs, errors, outputs)
 
 
 def _run(mem, p: Problem, idx, pl: Plan, kind: str, block: int, Bc: int, shared: bool, scale: float, numeric: bool,
