@@ -191,8 +191,11 @@ def test_bad_indices_one_line(indices, text):
     assert text in str(e.value) and "\n" not in str(e.value)
 
 
-@pytest.mark.parametrize("kw, text", [(dict(policy="group:0"), "policy"), (dict(policy="blocks"), "policy"),
-                                      (dict(block=0), "block"), (dict(policy="gather"), "one selection per key/value")])  # fmt: skip
+OPTIONS = [(dict(policy="group:0"), "policy"), (dict(policy="blocks"), "policy"), (dict(block=0), "block"),
+           (dict(policy="gather"), "one selection per key/value")]  # fmt: skip
+
+
+@pytest.mark.parametrize("kw, text", OPTIONS)
 def test_bad_options_one_line(kw, text):
     p = Problem(H_q=2, H_kv=1, N_q=3, N_k=20, d=4)
     idx = np.zeros((1, 2, 3, 1), dtype=np.int64)
