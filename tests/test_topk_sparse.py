@@ -206,9 +206,32 @@ def test_bad_options_one_line(kw, text):
 def test_cli_bad_indices_exit_2_nothing_written(tmp_path):
     bad = tmp_path / "bad.npy"
     np.save(bad, np.array([[0, 0]]))
-    out = subprocess.run([sys.executable, "-m", "iosim", "run", "topk-sparse", "--Nq", "1", "--Nk", "16", "--dqk",
+    out = subprocess.run([sys.executable, "-m", "iosim.cli", "run", "topk-sparse", "--Nq", "1", "--Nk", "16", "--dqk",
                           "4", "--M", "1000", "--indices", f"file:{bad}", "--index-block", "4"],
                          capture_output=True, text=True, cwd=tmp_path)  # fmt: skip
     assert out.returncode == 2 and out.stdout == ""
-    assert out.stderr.count("\n") == 1 and "indices" in out.stderr and "at most once" in out.stderr
+    errors = [line for line in out.stderr.splitlines() if line.startswith("iosim: error")]
+    assert len(errors) == 1 and "indices" in errors[0] and "at most once" in errors[0] and "Traceback" not in out.stderr
     assert sorted(x.name for x in tmp_path.iterdir()) == ["bad.npy"]
+
+
+def test_cli_counts_and_refusals(tmp_path, capsys):
+    from iosim.cli import main
+
+    np.save(tmp_path / "idx.npy", np.array([[0, 2], [2, 3], [1, 3], [0, 1]], dtype=np.int32))
+    base = ["run", "topk-sparse", "--Nq", "4", "--Nk", "60", "--d", "8", "--M", "2000", "--indices",
+            f"file:{tmp_path / 'idx.npy'}", "--index-block", "16", "--count-only"]  # fmt: skip
+    assert main([*base, "--policy", "group:4"]) == 0
+    out = capsys.readouterr().out
+    assert "K/V words read / their floor                             960 / 960 = 1.00" in out
+    assert main([*base, "--policy", "per-query"]) == 0
+    assert "1,920 / 960 = 2.00" in capsys.readouterr().out  # 120 keys per query row against a union of 60
+    for extra, name in (
+        (["--splits", "2"], "--splits"),
+        (["--backward"], "--backward"),
+        (["--mask", "causal"], "--mask"),
+    ):
+        assert main([*base, *extra]) == 2
+        assert f"iosim: error: {name} is not read by topk-sparse" in capsys.readouterr().err
+    assert main(["run", "flash2", "--N", "8", "--d", "4", "--M", "500", "--indices", "file:x.npy"]) == 2
+    assert "--indices are read by topk-sparse" in capsys.readouterr().err
