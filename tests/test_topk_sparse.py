@@ -235,3 +235,24 @@ def test_cli_counts_and_refusals(tmp_path, capsys):
         assert f"iosim: error: {name} is not read by topk-sparse" in capsys.readouterr().err
     assert main(["run", "flash2", "--N", "8", "--d", "4", "--M", "500", "--indices", "file:x.npy"]) == 2
     assert "--indices are read by topk-sparse" in capsys.readouterr().err
+
+
+def test_experiment_17_reproduces_the_union(tmp_path):
+    """The ~3x of vLLM PR #52963 from the seeded synthetic trace (quick grid): about 22 distinct blocks of 64 loaded,
+    the group's K words at the floor, every count exact."""
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parents[1] / "experiments" / "17_topk_overlap.py"
+    spec = importlib.util.spec_from_file_location("topk_overlap", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    g = type("G", (), mod.QUICK)
+    rows = mod.measure(g)
+    head = next(x for x in rows if x["core"] == 14)
+    assert 21 <= head["union_blocks"] <= 23 and head["loaded_blocks_per_query"] == 64
+    assert all(x["exact"] and x["group_at_floor"] for x in rows)
+    assert head["ratio"] == pytest.approx(64 / head["union_blocks"])  # 4 k / |union|, averaged over sequences
+    assert mod.verdict(rows, g).verdict.holds
+    idx = mod.trace(3, 16, 64, 14, 1)  # the stated trace: 14 blocks common to the four tokens of each sequence
+    assert all(len(set.intersection(*(set(t) for t in idx[b, 0]))) >= 14 for b in range(3))
