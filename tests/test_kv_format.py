@@ -87,3 +87,32 @@ def test_cli_kv_format(capsys):
     err = capsys.readouterr()
     assert "describes rows of 512 values" in err.err and err.out == ""
     assert main([*args, "--kv-format", "fp8_ds_mla", "--backward"]) == 2
+
+
+def test_per_tensor_scale_once_per_array_and_json(capsys):
+    """fp8 with a per-tensor scale: the rows carry no scale; one fp32 scale word per array per run."""
+    import json
+
+    from iosim.cli import main
+
+    p = Problem(N_q=1, N_k=50, d_qk=16)
+    r = run(p, Schedule("flash2"), 5000, count_only=True)
+    got = kv_bytes(kv_format("fp8"), p, {n: c.reads for n, c in r.stats.per_array.items()})
+    assert got == [("K.values", 800, 800, "values"), ("K.values_scale", 1, 4, "per tensor"),
+                   ("V.values", 800, 800, "values"), ("V.values_scale", 1, 4, "per tensor")]  # fmt: skip
+    args = ["run", "flash2", "--Nq", "1", "--Nk", "50", "--dqk", "16", "--M", "5000", "--count-only", "--json"]
+    assert main([*args, "--kv-format", "fp8"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["kv_format"]["K.values (values)"] == "800 words, 800 bytes"
+    assert out["kv_format"]["KV bytes read at fp8"] == "1,608"
+
+
+@pytest.mark.parametrize("extra, text", [(["--kv-format", "fp8"], "not standard"),
+                                         (["--policy", "group:2"], "--policy is read by topk-sparse"),
+                                         (["--index-block", "4"], "--index-block is read by topk-sparse")])  # fmt: skip
+def test_cli_options_never_ignored(extra, text, capsys):
+    from iosim.cli import main
+
+    assert main(["run", "standard", "--N", "16", "--d", "4", "--M", "500", "--count-only", *extra]) == 2
+    err = capsys.readouterr()
+    assert text in err.err and err.out == ""

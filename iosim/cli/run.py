@@ -36,14 +36,18 @@ def add_arguments(p) -> None:
 
 def command(args) -> int:
     from iosim import registry
+    from iosim.cli import topk
 
     if args.algorithm in registry.INDEX_SCHEDULES or args.indices is not None:
-        from iosim.cli import topk
-
         return topk.command(args)
+    topk.refuse_own_options(args)
     if args.kv_format is not None:
         from iosim.kv_format import kv_format
 
+        if args.algorithm not in ("flash1", "flash2"):
+            raise InputError("--kv-format", "reads the whole K/V rows of flash1, flash2 and topk-sparse (the "
+                             f"square-tiled ones read rows in column slices), not {args.algorithm}",
+                             args.kv_format)  # fmt: skip
         fmt = kv_format(args.kv_format)  # a bad name or a layout that does not fit the rows: one line, no work
         if args.backward:
             raise InputError("--kv-format", "reports a forward run's K/V reads (not with --backward)", args.kv_format)

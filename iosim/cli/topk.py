@@ -16,6 +16,18 @@ UNUSED = {"backward": False, "mask": None, "causal": False, "kv_policy": None, "
           "bytes": False}  # fmt: skip
 
 
+# The options only topk-sparse reads, with their defaults: given to another algorithm, they are refused.
+OWN = {"policy": "per-query", "index_block": 1, "q_block": 1, "workspace_tile": 64}
+
+
+def refuse_own_options(args) -> None:
+    """One line if an option of topk-sparse (:data:`OWN`) is given to another algorithm (never silently ignored)."""
+    for name, default in OWN.items():
+        if getattr(args, name, default) != default:
+            raise InputError(f"--{name.replace('_', '-')}", "is read by topk-sparse (iosim run topk-sparse --indices "
+                             f"...), not by {args.algorithm}", getattr(args, name))  # fmt: skip
+
+
 def _check(args) -> None:
     from iosim import registry
 
