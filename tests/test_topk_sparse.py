@@ -256,3 +256,17 @@ def test_experiment_17_reproduces_the_union(tmp_path):
     assert mod.verdict(rows, g).verdict.holds
     idx = mod.trace(3, 16, 64, 14, 1)  # the stated trace: 14 blocks common to the four tokens of each sequence
     assert all(len(set.intersection(*(set(t) for t in idx[b, 0]))) >= 14 for b in range(3))
+
+
+def test_docstring_example_and_memory():
+    import doctest
+
+    import iosim.topk_sparse
+
+    assert doctest.testmod(iosim.topk_sparse).failed == 0
+    p = Problem(N_q=4, N_k=60, d=8)
+    idx = np.array([[0, 2], [2, 3], [1, 3], [0, 1]])
+    r = topk_sparse(p, idx, block=16, policy="group:4")
+    assert topk_sparse(p, idx, block=16, policy="group:4", M=r.stats.peak).exact  # fits at exactly its peak
+    with pytest.raises(InputError, match="M must be an integer of at least the schedule's working set, 400"):
+        topk_sparse(p, idx, block=16, policy="group:4", M=r.stats.peak - 1)
