@@ -307,8 +307,10 @@ def topk_compulsory(indices, dims: tuple, block: int, q_block: int, latent: bool
     irow = topk_index_rows(indices.shape, dims, q_block)
     head = np.broadcast_to((np.arange(B)[:, None, None] * H_kv + np.arange(H_q)[None, :, None] // (H_q // H_kv)),
                            irow.shape).ravel()  # fmt: skip
-    sel = indices.reshape(-1, k)[irow.ravel()]
-    ub = np.unique(head[:, None] * nblk + sel) % nblk  # the union of blocks per key/value head
+    n_irows = int(irow.max()) + 1
+    pairs = np.unique(head * n_irows + irow.ravel())  # (key/value head, index row) pairs
+    sel = indices.reshape(-1, k)[pairs % n_irows]
+    ub = np.unique((pairs // n_irows)[:, None] * nblk + sel) % nblk  # the union of blocks per key/value head
     keys = int(np.minimum(block, N_k - ub * block).sum())
     out = {"Q": B * H_q * N_q * d_qk, "K": keys * d_qk, "O": B * H_q * N_q * d_v}
     if not latent:

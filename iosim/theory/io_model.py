@@ -925,12 +925,14 @@ def topk_sparse(policy: str, group: int, indices: np.ndarray, dims: tuple, block
     irow = topk_index_rows(indices.shape, dims, q_block).ravel()
     pid = topk_programs(policy, group, dims).ravel()
     P = int(pid.max()) + 1
-    sel = indices.reshape(-1, k)[irow]  # (B H_q N_q, k): each row's selected blocks
-    keys = np.unique(pid[:, None] * nblk + sel)  # (program, block) pairs of the unions
+    n_irows = int(irow.max()) + 1
+    pairs = np.unique(pid * n_irows + irow)  # (program, index row) pairs: the rows each program reads
+    sel = indices.reshape(-1, k)[pairs % n_irows]  # their selected blocks
+    keys = np.unique((pairs // n_irows)[:, None] * nblk + sel)  # (program, block) pairs of the unions
     up, ub = keys // nblk, keys % nblk
     c = np.minimum(block, N_k - ub * block)
     R = np.bincount(pid, minlength=P)
-    D = np.bincount(np.unique(pid * (irow.max() + 1) + irow) // (irow.max() + 1), minlength=P)
+    D = np.bincount(pairs // n_irows, minlength=P)
     width = np.bincount(up, weights=c, minlength=P).astype(np.int64)  # sum_{U_p} c_j
     cmax = np.zeros(P, dtype=np.int64)
     np.maximum.at(cmax, up, c)
