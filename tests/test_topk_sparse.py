@@ -141,12 +141,16 @@ def reference(p, Q, K, V, idx, block, q_block, scale):
     return O.reshape(-1, p.d_v)
 
 
-@pytest.mark.parametrize("kw, policy", [(PROBLEMS[1], "per-query"), (PROBLEMS[1], "group:2"), (PROBLEMS[1], "gqa"),
-                                        (PROBLEMS[2], "gather"), (PROBLEMS[2], "group:3")])  # fmt: skip
-def test_outputs_equal_reference(kw, policy):
+@pytest.mark.parametrize("kw, policy, per_query_head", [
+    (PROBLEMS[1], "per-query", False), (PROBLEMS[1], "group:2", False), (PROBLEMS[1], "gqa", False),
+    (PROBLEMS[1], "gqa", True), (PROBLEMS[2], "gather", False), (PROBLEMS[2], "group:3", False),
+])  # fmt: skip
+def test_outputs_equal_reference(kw, policy, per_query_head):
+    """Rows of one program that selected different blocks (group:2; gqa with a selection per query head) are masked
+    where they did not select the block loaded for another."""
     p = Problem(**kw)
     nblk = -(-p.N_k // 8)
-    idx = selection(p, p.B, p.H_kv, p.N_q, 2, nblk, seed=3)
+    idx = selection(p, p.B, p.H_q if per_query_head else p.H_kv, p.N_q, 2, nblk, seed=3)
     r = topk_sparse(p, idx, policy=policy, block=8, count_only=False, seed=5, Bc=3)
     assert r.exact and r.errors["O"] < 1e-12 and r.errors["L"] < 1e-12
     rng = np.random.default_rng(5)  # the inputs as the docstring says they are drawn
