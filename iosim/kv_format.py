@@ -25,10 +25,12 @@ Presets (bytes per row; the layouts as their projects describe them):
   with_slot_mapping``): head_dim fp8 values, one fp32 scale inline and 12 bytes of padding: head_dim + 16 bytes
   ("[head_dim FP8][4-byte scale][12-byte pad]", FlashInfer's documentation).
 
-Any other format by name: ``DTYPE[:SCALES[:PLACEMENT]]``, DTYPE one of :data:`VALUE_BITS`, SCALES one of
+Any other format by name: ``DTYPE[:SCALES[:PLACEMENT]][+ropeN:DTYPE]``, DTYPE one of :data:`VALUE_BITS`, SCALES one of
 ``none``, ``tensor``, ``token``, ``token-head``, ``blockN`` (default: nvfp4 block16 with e4m3 scales, mxfp8 /
 mxfp4 block32 with ue8m0 scales, fp8 per tensor, the others none), PLACEMENT ``inline`` or ``separate`` (default
-separate). A scale block that does not divide the part's width is refused in one line.
+separate); ``+ropeN:DTYPE``: the row's last N values are a RoPE part of their own, unquantized at DTYPE (MLA's
+decoupled key), the values before it the NoPE part. A scale block that does not divide the part's width is refused
+in one line.
 """
 
 from __future__ import annotations
@@ -151,18 +153,21 @@ PRESETS = {
         source="FlashInfer fp8_token_head_quantize_append_paged_kv_cache_with_slot_mapping (head_dim + 16 bytes)",
     ),
 }
-FORMS = f"{', '.join(PRESETS)} or DTYPE[:none|tensor|token|token-head|blockN[:inline|separate]]"
+FORMS = f"{', '.join(PRESETS)} or DTYPE[:none|tensor|token|token-head|blockN[:inline|separate]][+ropeN:DTYPE]"
 
 
 def kv_format(spec) -> KVFormat:
-    """A :class:`KVFormat` from a preset's name or ``DTYPE[:SCALES[:PLACEMENT]]`` (module docstring)."""
+    """A :class:`KVFormat` from a preset's name or ``DTYPE[:SCALES[:PLACEMENT]][+ropeN:DTYPE]`` (module
+    docstring)."""
     if isinstance(spec, KVFormat):
         return spec
     if not isinstance(spec, str):
         raise InputError("kv-format", f"must be {FORMS}", spec)
     if spec in PRESETS:
         return PRESETS[spec]
-    fields = spec.split(":")
+    spec_values, plus, rope = spec.partition("+")
+    rope_part = _rope(rope, spec) if plus else None
+    fields = spec_values.split(":")
     dtype = fields[0]
     if dtype not in VALUE_BITS or len(fields) > 3:
         raise InputError("kv-format", f"must be {FORMS} (DTYPE one of {', '.join(VALUE_BITS)})", spec)
@@ -181,7 +186,18 @@ def kv_format(spec) -> KVFormat:
         if fields[2] not in ("inline", "separate"):
             raise InputError("kv-format", "placement must be inline or separate", spec)
         inline = fields[2] == "inline"
-    return KVFormat(spec, (Part("values", None, dtype, gran, block, sdtype, inline),))
+    if rope_part is None:
+        return KVFormat(spec, (Part("values", None, dtype, gran, block, sdtype, inline),))
+    return KVFormat(spec, (Part("nope", None, dtype, gran, block, sdtype, inline), rope_part))
+
+
+def _rope(text: str, spec: str) -> Part:
+    """The RoPE part of ``...+ropeN:DTYPE``: the last N values of the row, unquantized at DTYPE."""
+    width, _, dtype = text.partition(":")
+    if not (width.startswith("rope") and width[4:].isdigit() and int(width[4:]) > 0 and dtype in VALUE_BITS):
+        raise InputError("kv-format", f"a RoPE part must be +ropeN:DTYPE (N values at one of {', '.join(VALUE_BITS)})",
+                         spec)  # fmt: skip
+    return Part("rope", int(width[4:]), dtype)
 
 
 def kv_bytes(fmt: KVFormat, problem, reads: dict[str, int]) -> list[tuple[str, int, float, str]]:

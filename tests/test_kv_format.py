@@ -28,6 +28,8 @@ def test_presets_bytes_per_row():
     ("fp8:token-head", 64, 64 + 4),
     ("fp8:block16:inline", 64, 64 + 4 * 4),
     ("bf16", 10, 20),
+    ("nvfp4+rope64:bf16", 576, 512 / 2 + 512 // 16 + 64 * 2),  # MLA: NVFP4 NoPE, bf16 RoPE
+    ("fp8:block128:inline+rope64:bf16", 576, 656),  # DeepSeek-V3.2's layout, spelled out
 ])  # fmt: skip
 def test_generic_formats(spec, width, want):
     assert kv_format(spec).row_bytes(width) == want
@@ -46,7 +48,10 @@ def test_bad_layouts_one_line(spec, width, text):
     assert text in str(e.value) and "\n" not in str(e.value)
 
 
-@pytest.mark.parametrize("spec", ["fp9", "fp8:blockX", "fp8:token:left", "fp8:a:b:c", 3])
+@pytest.mark.parametrize(
+    "spec",
+    ["fp9", "fp8:blockX", "fp8:token:left", "fp8:a:b:c", 3, "fp8+rope:bf16", "fp8+rope64:int4", "fp8+nope64:bf16"],
+)
 def test_bad_names_one_line(spec):
     with pytest.raises(InputError, match="kv-format"):
         kv_format(spec)
