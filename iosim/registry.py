@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from iosim.algorithms import flash, square_tiling, standard
+from iosim.algorithms import flash, square_tiling, standard, topk_sparse
 from iosim.errors import InputError
 from iosim.theory import io_model, tiling
 from iosim.theory.io_model import Prediction
@@ -409,3 +409,39 @@ def algorithms() -> list[str]:
     """The names of all registered algorithms."""
     _load_plugins()
     return list(REGISTRY)
+
+
+@dataclass(frozen=True)
+class IndexSchedule:
+    """A schedule whose keys per query come from an index array (sparse attention by top-k indices) rather than a
+    mask: it takes the problem and the selection, so it is registered apart from the dense algorithms above (which
+    ``iosim compare`` and the sweeps run at any N, d). ``driver`` is its loop nest, ``predict`` its closed form;
+    :mod:`iosim.topk_sparse` (``front_door``) runs it over a problem beside both and the floor."""
+
+    name: str
+    title: str
+    citation: str
+    policies: tuple[str, ...]
+    driver: Callable[..., None]
+    predict: Callable[..., Prediction]
+    front_door: str
+
+
+INDEX_SCHEDULES: dict[str, IndexSchedule] = {
+    "topk-sparse": IndexSchedule(
+        "topk-sparse",
+        "Sparse attention by top-k indices (FlashAttention-2 over the selected keys; per-query, group:G, gqa, gather)",
+        "DeepSeek-V3.2 (DSA, FlashMLA's sparse kernels); Yuan et al. 2025 (NSA); Lu et al. 2025 (MoBA)",
+        ("per-query", "group:G", "gqa", "gather"),
+        topk_sparse.topk_forward,
+        io_model.topk_sparse,
+        "iosim.topk_sparse.topk_sparse",
+    )
+}
+
+
+def index_schedule(name: str) -> IndexSchedule:
+    """The registered index-driven schedule ``name`` (one line naming the algorithm otherwise)."""
+    if not isinstance(name, str) or name not in INDEX_SCHEDULES:
+        raise InputError("algorithm", f"must be one of {', '.join(INDEX_SCHEDULES)} (an index-driven schedule)", name)
+    return INDEX_SCHEDULES[name]

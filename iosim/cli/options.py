@@ -359,3 +359,51 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Sparse attention by top-k indices (iosim run topk-sparse) and quantized KV cache formats (--kv-format).
+# ---------------------------------------------------------------------------------------------------------------
+TOPK_HELP = (
+    "iosim run topk-sparse: each query row attends to the k key blocks its indices select (iosim.topk_sparse): "
+    "--indices file:PATH.npy | mod:FILE.py:NAME (an integer array (B', H', ceil(N_q / q_block), k) or "
+    "(ceil(N_q / q_block), k)), --index-block b keys per selected block (1: token level, DSA), --q-block (one "
+    "selection per block of query rows, MoBA), --policy per-query | group:G | gqa | gather, --workspace-tile (gather)."
+)
+
+
+def add_topk_options(p: argparse.ArgumentParser) -> None:
+    """The options of ``iosim run topk-sparse`` (:data:`TOPK_HELP`)."""
+    g = p.add_argument_group("sparse attention by top-k indices (iosim run topk-sparse)", TOPK_HELP)
+    g.add_argument("--indices", default=None, help="the selection: file:PATH.npy or mod:FILE.py:NAME")
+    g.add_argument("--index-block", type=positive("--index-block", 1 << 20), default=1,
+                   help="keys per selected block (default 1: token level)")  # fmt: skip
+    g.add_argument("--q-block", type=positive("--q-block", api.MAX_N), default=1,
+                   help="query rows per selection (default 1)")  # fmt: skip
+    g.add_argument("--policy", default="per-query", help="per-query (default), group:G, gqa or gather")
+    g.add_argument("--workspace-tile", type=positive("--workspace-tile", 1 << 20), default=64,
+                   help="gather: workspace rows per attention tile (default 64, FlashMLA's)")  # fmt: skip
+
+
+def add_kv_format_option(p: argparse.ArgumentParser) -> None:
+    from iosim.kv_format import FORMS
+
+    p.add_argument("--kv-format", default=None,
+                   help=f"report the K/V reads in bytes per component of a quantized cache: {FORMS}")  # fmt: skip
+
+
+def kv_format_rows(problem, reads: dict, spec: str) -> list[list[str]]:
+    """Table rows: the K/V words read as the components of the cache format ``spec`` (iosim.kv_format)."""
+    from iosim.kv_format import kv_bytes, kv_format
+
+    fmt = kv_format(spec)
+    comps = kv_bytes(fmt, problem, reads)
+    rows = [[f"{name} ({where})", f"{fmt_int(words)} words, {fmt_bytes(b)} bytes"] for name, words, b, where in comps]
+    width = problem.d_qk
+    rows.append([f"KV bytes read at {fmt.name}", fmt_bytes(sum(c[2] for c in comps))])
+    rows.append([f"bytes per K row at {fmt.name} ({width} values)", fmt_bytes(fmt.row_bytes(width))])
+    return rows
+
+
+def fmt_bytes(x) -> str:
+    return fmt_int(x) if float(x).is_integer() else f"{x:,.1f}"

@@ -9,15 +9,19 @@ from tabulate import tabulate
 from iosim import api
 from iosim.cli.options import (
     add_algorithm,
+    add_kv_format_option,
     add_problem_options,
     add_problem_sizes,
     add_run_options,
+    add_topk_options,
     bytes_rows,
     exact,
     fmt_err,
     fmt_int,
+    kv_format_rows,
     problem_run_kwargs,
 )
+from iosim.errors import InputError
 
 
 def add_arguments(p) -> None:
@@ -26,12 +30,41 @@ def add_arguments(p) -> None:
     add_run_options(p)
     add_problem_options(p)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    add_topk_options(p)
+    add_kv_format_option(p)
 
 
 def command(args) -> int:
-    r = api.run(args.algorithm, **problem_run_kwargs(args))
+    from iosim import registry
+    from iosim.cli import topk
+
+    if args.algorithm in registry.INDEX_SCHEDULES or args.indices is not None:
+        return topk.command(args)
+    topk.refuse_own_options(args)
+    if args.kv_format is not None:
+        from iosim.kv_format import kv_format
+
+        if args.algorithm not in ("flash1", "flash2"):
+            raise InputError("--kv-format", "reads the whole K/V rows of flash1, flash2 and topk-sparse (the "
+                             f"square-tiled ones read rows in column slices), not {args.algorithm}",
+                             args.kv_format)  # fmt: skip
+        fmt = kv_format(args.kv_format)  # a bad name or a layout that does not fit the rows: one line, no work
+        if args.backward:
+            raise InputError("--kv-format", "reports a forward run's K/V reads (not with --backward)", args.kv_format)
+    kw = problem_run_kwargs(args)
+    if args.kv_format is not None:
+        p = kw.get("problem")
+        for array, width in (("K", p.d_qk if p else args.d), ("V", p.d_v if p else args.d)):
+            if not (array == "V" and p is not None and p.latent):
+                fmt.components(width, array)
+    r = api.run(args.algorithm, **kw)
+    if args.kv_format is not None:  # the reads in bytes per component, checked before anything is printed
+        kv_rows = kv_format_rows(r.problem, {n: c.reads for n, c in r.stats.per_array.items()}, args.kv_format)
     if args.json:
-        print(json.dumps(r.as_dict(), indent=2))
+        out = r.as_dict()
+        if args.kv_format is not None:
+            out["kv_format"] = {row[0]: row[1] for row in kv_rows}
+        print(json.dumps(out, indent=2))
         return 0 if r.finite else 1
     s, p = r.stats, r.predicted
     rows = [
@@ -67,6 +100,8 @@ def command(args) -> int:
         ]
     if args.bytes:
         rows += bytes_rows(r)
+    if args.kv_format is not None:
+        rows += kv_rows
     print(tabulate(rows, tablefmt=args.format))
     per = [[n, fmt_int(c.reads), fmt_int(c.writes), fmt_int(c.init_writes)] for n, c in s.per_array.items()]
     print()

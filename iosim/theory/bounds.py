@@ -290,3 +290,29 @@ def problem_bounds(problem, M: int, seen: tuple[int, int] | None = None) -> list
     if p.B == 1 and p.H_q == 1 and p.N_q == p.N_k and p.d_qk == p.d_v and not p.latent and seen is None:
         return [floor] + [b for b in forward_bounds(p.N_q, p.d_qk, M) if b.applies and b.name != "trivial"]
     return [floor]
+
+
+def topk_compulsory(indices, dims: tuple, block: int, q_block: int, latent: bool) -> dict[str, int]:
+    """The compulsory traffic of sparse attention by top-k indices, in words: read Q, write O, and read once per
+    key/value head the union of the keys that its query heads' rows select (every other key need not move); MLA's
+    latent (``latent``) is one cache, V inside K. ``indices`` (B', H', T_q, k) select blocks of ``block`` keys; dims =
+    (B, H_q, H_kv, N_q, N_k, d_qk, d_v). The index array itself is not counted here (it is the selection's input)."""
+    import numpy as np
+
+    from iosim.theory.io_model import topk_index_rows
+
+    B, H_q, H_kv, N_q, N_k, d_qk, d_v = dims
+    k = indices.shape[3]
+    nblk = -(-N_k // block)
+    irow = topk_index_rows(indices.shape, dims, q_block)
+    head = np.broadcast_to((np.arange(B)[:, None, None] * H_kv + np.arange(H_q)[None, :, None] // (H_q // H_kv)),
+                           irow.shape).ravel()  # fmt: skip
+    n_irows = int(irow.max()) + 1
+    pairs = np.unique(head * n_irows + irow.ravel())  # (key/value head, index row) pairs
+    sel = indices.reshape(-1, k)[pairs % n_irows]
+    ub = np.unique((pairs // n_irows)[:, None] * nblk + sel) % nblk  # the union of blocks per key/value head
+    keys = int(np.minimum(block, N_k - ub * block).sum())
+    out = {"Q": B * H_q * N_q * d_qk, "K": keys * d_qk, "O": B * H_q * N_q * d_v}
+    if not latent:
+        out["V"] = keys * d_v
+    return out

@@ -864,3 +864,88 @@ def square_tiling_problem(p, B: int, mask=None) -> Prediction:
         L=(Nq, Nq),
         O=(0, Nq * dv),
     )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Sparse attention by top-k indices (algorithms/topk_sparse.py): words from the selections themselves.
+# ---------------------------------------------------------------------------------------------------------------
+TOPK_POLICIES = ("per-query", "group", "gqa", "gather")
+
+
+def topk_index_rows(indices_shape: tuple, dims: tuple, q_block: int) -> np.ndarray:
+    """The row of the index array (flattened to (B' H' T_q, k)) each query row (b, h, r) reads, shape (B, H_q, N_q):
+    batch b (or 0 when B' = 1), head h (H' = H_q), its key/value head h // g (H' = H_kv) or 0 (H' = 1), and
+    selection r // q_block (MoBA: one selection per block of q_block queries)."""
+    B, H_q, H_kv, N_q = dims[:4]
+    Bm, Hm, Tq = indices_shape[:3]
+    g = H_q // H_kv
+    b = np.arange(B, dtype=np.int64)[:, None, None]
+    h = np.arange(H_q, dtype=np.int64)[None, :, None]
+    r = np.arange(N_q, dtype=np.int64)[None, None, :]
+    ib = b if Bm == B else 0 * b
+    ih = h if Hm == H_q else (h // g if Hm == H_kv else 0 * h)
+    return np.broadcast_to((ib * Hm + ih) * Tq + r // q_block, (B, H_q, N_q))
+
+
+def topk_programs(policy: str, group: int, dims: tuple) -> np.ndarray:
+    """The program (thread block) each query row (b, h, r) belongs to, shape (B, H_q, N_q): ``per-query`` one per
+    row of each head, ``group`` one per ``group`` consecutive rows of a head, ``gqa`` and ``gather`` one per
+    (b, key/value head, r), holding that position's g query heads."""
+    B, H_q, H_kv, N_q = dims[:4]
+    g = H_q // H_kv
+    b = np.arange(B, dtype=np.int64)[:, None, None]
+    h = np.arange(H_q, dtype=np.int64)[None, :, None]
+    r = np.arange(N_q, dtype=np.int64)[None, None, :]
+    if policy == "per-query":
+        pid = (b * H_q + h) * N_q + r
+    elif policy == "group":
+        pid = (b * H_q + h) * cdiv(N_q, group) + r // group
+    else:
+        pid = (b * H_kv + h // g) * N_q + r
+    return np.broadcast_to(pid, (B, H_q, N_q))
+
+
+def topk_sparse(policy: str, group: int, indices: np.ndarray, dims: tuple, block: int, q_block: int, shared: bool,
+                Bc: int = 64) -> Prediction:  # fmt: skip
+    """The exact count of the top-k sparse schedule. ``indices`` (B', H', T_q, k) selects, for each query row, k
+    blocks of ``block`` keys (block c_j = min(block, N_k - j block) keys wide); dims = (B, H_q, H_kv, N_q, N_k, d_qk,
+    d_v). Program p holds R_p query rows, reads D_p distinct index rows and loads the union U_p of their blocks:
+
+    * Q: B H_q N_q d_qk reads; O: B H_q N_q d_v writes; L: B H_q N_q writes;
+    * indices: k sum_p D_p reads; K: d_qk sum_p sum_{j in U_p} c_j; V: the same with d_v (none when ``shared``, MLA's
+      latent: V is inside K);
+    * ``gather``: the same K, V and index reads (the gather kernel), and the workspace Kws (Vws) written and read
+      back once: d_qk (d_v) sum_p sum_{j in U_p} c_j each way;
+    * peak: max_p R_p (d_qk + d_v + 2) + D_p k + max_{j in U_p} c_j (d_qk + d_v' + R_p), d_v' = 0 when shared;
+      ``gather``: max_p of D_p k + max_j c_j max(d_qk, d_v') (gathering) and R_p (d_qk + d_v + 2) + n_p (d_qk + d_v'
+      + R_p), n_p = min(Bc, sum_{U_p} c_j) (the first workspace tile)."""
+    B, H_q, _, N_q, N_k, d_qk, d_v = dims
+    k = indices.shape[3]
+    nblk = cdiv(N_k, block)
+    irow = topk_index_rows(indices.shape, dims, q_block).ravel()
+    pid = topk_programs(policy, group, dims).ravel()
+    P = int(pid.max()) + 1
+    n_irows = int(irow.max()) + 1
+    pairs = np.unique(pid * n_irows + irow)  # (program, index row) pairs: the rows each program reads
+    sel = indices.reshape(-1, k)[pairs % n_irows]  # their selected blocks
+    keys = np.unique((pairs // n_irows)[:, None] * nblk + sel)  # (program, block) pairs of the unions
+    up, ub = keys // nblk, keys % nblk
+    c = np.minimum(block, N_k - ub * block)
+    R = np.bincount(pid, minlength=P)
+    D = np.bincount(pairs // n_irows, minlength=P)
+    width = np.bincount(up, weights=c, minlength=P).astype(np.int64)  # sum_{U_p} c_j
+    cmax = np.zeros(P, dtype=np.int64)
+    np.maximum.at(cmax, up, c)
+    rows = B * H_q * N_q
+    dvs = 0 if shared else d_v
+    arrays = dict(Q=(rows * d_qk, 0), K=(int(width.sum()) * d_qk, 0), V=(int(width.sum()) * dvs, 0),
+                  O=(0, rows * d_v), L=(0, rows), indices=(int(D.sum()) * k, 0))  # fmt: skip
+    start = R * (d_qk + d_v + 2)
+    if policy == "gather":
+        arrays.update(Kws=(int(width.sum()) * d_qk, int(width.sum()) * d_qk), Vws=(int(width.sum()) * dvs,) * 2)
+        gathering = D * k + cmax * max(d_qk, dvs)
+        attending = start + np.minimum(Bc, width) * (d_qk + dvs + R)
+        peak = int(max(gathering.max(), attending.max()))
+    else:
+        peak = int((start + D * k + cmax * (d_qk + dvs + R)).max())
+    return _pred(peak, **arrays)

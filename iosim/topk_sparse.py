@@ -1,0 +1,344 @@
+"""Sparse attention by top-k indices: the selection, the load policies kernels use, exact counts beside their closed
+form and the compulsory floor.
+
+The selection is an integer array ``indices`` of shape (B', H', T_q, k) (or (T_q, k), one for every head): row
+(b, h, t) lists the k key blocks that query rows t q_block .. (t + 1) q_block - 1 of head h of batch item b attend
+to, each block ``block`` keys wide (block 1: token level, DeepSeek's DSA; block b: NSA's and MoBA's key blocks; the
+last block of a ragged N_k is N_k mod b keys). B' is 1 or B; H' is 1, H_kv (one selection per key/value head, as
+FlashMLA's ``indices[s_q, h_kv, topk]``) or H_q; T_q = ceil(N_q / q_block) (MoBA: one selection per block of
+queries). What is refused, in one line naming ``indices``: a non-integer dtype, another shape, an index below 0 or
+at or beyond ceil(N_k / block), k = 0 (an empty selection) and a block listed twice in one row (a kernel that loads
+a duplicated index loads its keys twice and counts their scores twice in the softmax: refused rather than counted).
+
+It comes as an array, ``file:PATH.npy`` (numpy.load), ``mod:FILE.py:NAME`` (the function NAME of FILE.py called
+with the problem, returning the array) or a Python callable taking the problem, as masks do (:mod:`iosim.masks`).
+
+Load policies (what one program, a thread block, holds and loads; :mod:`iosim.algorithms.topk_sparse`):
+
+* ``per-query``: one query row of one head; it loads the k blocks its row selected.
+* ``group:g``: g consecutive query rows of one head (speculative / multi-token decoding, chunked prefill); it loads
+  the union of their selections once (vLLM PR #52963's question: 4 decode tokens, 22 distinct blocks, 64 loaded).
+* ``gqa``: the g = H_q / H_kv query heads of one key/value head at one position (NSA's group-centric loading); the
+  union of their selections, once.
+* ``gather``: FlashMLA's packed path: a gather kernel copies each gqa program's selected K/V rows into a workspace
+  (read the cache, write the workspace), then attention reads the workspace densely in tiles of Bc rows. Needs one
+  selection per program (H' at most H_kv).
+
+>>> from iosim import Problem
+>>> import numpy as np
+>>> idx = np.array([[0, 2], [2, 3], [1, 3], [0, 1]])  # 4 query rows, 2 blocks of 16 keys each
+>>> p = Problem(N_q=4, N_k=60, d=8)
+>>> [topk_sparse(p, idx, block=16, policy=pol).words["K"] for pol in ("per-query", "group:4")]
+[960, 480]
+"""
+
+from __future__ import annotations
+
+import numbers
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from iosim.errors import InputError
+from iosim.memory_model.core import Stats, TwoLevelMemory
+from iosim.problem import Problem
+from iosim.theory import bounds, io_model
+
+__all__ = ["POLICIES", "TopkResult", "load_indices", "parse_policy", "topk_sparse"]
+
+POLICIES = ("per-query", "group:G", "gqa", "gather")
+INDEX_BYTES = 4  # int32, as FlashMLA's and vLLM's index tensors
+MAX_BLOCK = 1 << 20
+
+
+def parse_policy(policy) -> tuple[str, int]:
+    """("per-query", 1), ("group", g), ("gqa", 0) or ("gather", 0) from a policy's name; one line otherwise."""
+    if isinstance(policy, str):
+        if policy in ("per-query", "gqa", "gather"):
+            return policy, 1 if policy == "per-query" else 0
+        if policy.startswith("group:") and policy[6:].isdigit() and 1 <= int(policy[6:]) <= 1 << 26:
+            return "group", int(policy[6:])
+    raise InputError("policy", "must be per-query, group:G (G from 1 to 67,108,864 consecutive query rows), gqa or "
+                     "gather", policy)  # fmt: skip
+
+
+def _positive(name: str, value, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 1 <= value <= hi:
+        raise InputError(name, f"must be an integer from 1 to {hi:,}", value)
+    return int(value)
+
+
+def _from_spec(spec, p: Problem):
+    """The array an index source names (see the module docstring)."""
+    label = spec if isinstance(spec, str) else type(spec).__name__
+    if isinstance(spec, str) and spec.startswith("file:"):
+        path = spec[5:]
+        try:
+            return np.load(path, allow_pickle=False), label
+        except (OSError, ValueError, EOFError) as e:
+            raise InputError("indices", "must be a .npy file of integers that numpy.load can read",
+                             f"{path} ({type(e).__name__})") from None  # fmt: skip
+    if isinstance(spec, str) and spec.startswith("mod:") and spec.count(":") == 2:
+        import runpy
+
+        _, path, name = spec.split(":")
+        try:
+            scope = runpy.run_path(path)
+        except OSError as e:
+            raise InputError("indices", "must name a readable Python file (mod:FILE.py:NAME)",
+                             f"{path} ({e.strerror})") from None  # fmt: skip
+        except Exception as e:  # noqa: BLE001 (the user's module: any failure is one line)
+            raise InputError("indices", "must name a Python file that runs without raising",
+                             f"{path}: {type(e).__name__}: {e}") from None  # fmt: skip
+        if not callable(scope.get(name)):
+            raise InputError("indices", f"must name a function defined in {path} (mod:FILE.py:NAME)", name)
+        spec = scope[name]
+    if callable(spec):
+        try:
+            return spec(p), label
+        except Exception as e:  # noqa: BLE001
+            raise InputError("indices", "function must return the index array without raising",
+                             f"{label}: {type(e).__name__}: {e}") from None  # fmt: skip
+    if isinstance(spec, str):
+        raise InputError("indices", "must be an integer array, file:PATH.npy, mod:FILE.py:NAME or a function", spec)
+    return spec, "array"
+
+
+def load_indices(spec, p: Problem, block: int = 1, q_block: int = 1) -> np.ndarray:
+    """The selection as an int64 array (B', H', T_q, k), checked (module docstring: what is refused)."""
+    block = _positive("block", block, MAX_BLOCK)
+    q_block = _positive("q_block", q_block, p.N_q)
+    a, label = _from_spec(spec, p)
+    if not isinstance(a, np.ndarray):
+        a = np.asarray(a) if isinstance(a, (list, tuple)) else a
+    if not isinstance(a, np.ndarray) or a.dtype.kind not in "iu":
+        kind = a.dtype if isinstance(a, np.ndarray) else type(a).__name__
+        raise InputError("indices", "must be an integer array (int32 or int64)", f"{label}: {kind}")
+    Tq, nblk = -(-p.N_q // q_block), -(-p.N_k // block)
+    if a.ndim == 2:
+        a = a[None, None]
+    heads = sorted({1, p.H_kv, p.H_q})
+    ok = a.ndim == 4 and a.shape[0] in (1, p.B) and a.shape[1] in heads and a.shape[2] == Tq
+    if not ok:
+        raise InputError(
+            "indices",
+            f"must have shape (B', H', {Tq}, k) or ({Tq}, k) with B' in (1, {p.B}), H' in "
+            f"{tuple(heads)} ({Tq} = ceil(N_q / q_block) selections)",
+            f"{label}: shape {a.shape}",
+        )
+    if a.shape[3] == 0:
+        raise InputError("indices", "must select at least one key block per row (k >= 1): an empty selection",
+                         f"{label}: shape {a.shape}")  # fmt: skip
+    lo, hi = int(a.min()), int(a.max())
+    if lo < 0 or hi >= nblk:
+        raise InputError("indices", f"must be key blocks from 0 to {nblk - 1:,} (ceil(N_k / block) = {nblk:,}; no "
+                         "negative padding)", f"{label}: min {lo:,}, max {hi:,}")  # fmt: skip
+    a = a.astype(np.int64)
+    s = np.sort(a, axis=3)
+    dup = np.argwhere((s[..., 1:] == s[..., :-1]).any(axis=3))
+    if dup.size:
+        where = tuple(int(x) for x in dup[0])
+        raise InputError("indices", "must list each key block at most once per row (a duplicate would be loaded and "
+                         "weighted twice)", f"{label}: row (b', h', t) = {where}")  # fmt: skip
+    return a
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The programs of a policy as flat arrays (see :func:`iosim.algorithms.topk_sparse.topk_forward`)."""
+
+    rows: np.ndarray
+    rptr: np.ndarray
+    irows: np.ndarray
+    iptr: np.ndarray
+    rsel: np.ndarray
+    ublk: np.ndarray
+    uptr: np.ndarray
+    kvb: np.ndarray
+
+    def arrays(self) -> tuple:
+        return (self.rows, self.rptr, self.irows, self.iptr, self.rsel, self.ublk, self.uptr, self.kvb)
+
+    @property
+    def programs(self) -> int:
+        return self.uptr.size - 1
+
+
+def _program_rows(p: Problem, kind: str, g: int):
+    """Each program's query rows as (b, h, r) lists, in launch order."""
+    G = p.g
+    if kind == "per-query":
+        return [[(b, h, r)] for b in range(p.B) for h in range(p.H_q) for r in range(p.N_q)]
+    if kind == "group":
+        return [[(b, h, r) for r in range(r0, min(r0 + g, p.N_q))]
+                for b in range(p.B) for h in range(p.H_q) for r0 in range(0, p.N_q, g)]  # fmt: skip
+    return [[(b, hk * G + t, r) for t in range(G)] for b in range(p.B) for hk in range(p.H_kv) for r in range(p.N_q)]
+
+
+def plan(p: Problem, idx: np.ndarray, kind: str, g: int, q_block: int) -> Plan:
+    """The programs of policy (kind, g) over the selection ``idx`` (B', H', T_q, k)."""
+    Bm, Hm, Tq, _ = idx.shape
+    flat = idx.reshape(Bm * Hm * Tq, -1)
+    rows, rptr, irows, iptr, rsel, ublk, uptr, kvb = [], [0], [], [0], [], [], [0], []
+    for prog in _program_rows(p, kind, g):
+        mine: list[int] = []
+        for b, h, r in prog:
+            hh = h if Hm == p.H_q else (h // p.g if Hm == p.H_kv else 0)
+            ir = ((b if Bm == p.B else 0) * Hm + hh) * Tq + r // q_block
+            if ir not in mine:
+                mine.append(ir)
+            rows.append((b * p.H_q + h) * p.N_q + r)
+            rsel.append(mine.index(ir))
+        union = sorted({int(j) for ir in mine for j in flat[ir]})
+        irows += mine
+        ublk += union
+        rptr.append(len(rows))
+        iptr.append(len(irows))
+        uptr.append(len(ublk))
+        b, h = prog[0][0], prog[0][1]
+        kvb.append((b * p.H_kv + h // p.g) * p.N_k)
+    return Plan(*(np.array(x, dtype=np.int64) for x in (rows, rptr, irows, iptr, rsel, ublk, uptr, kvb)))
+
+
+@dataclass
+class TopkResult:
+    """A counted run beside its closed form (``stats``, ``predicted``: per array and peak), the compulsory floor
+    (``floor``, words per array), bytes per array at the problem's dtypes (indices int32), the programs and, for a
+    numeric run, the max abs error of O and L against the float64 reference restricted to the selected keys."""
+
+    problem: Problem
+    policy: str
+    block: int
+    q_block: int
+    stats: Stats
+    predicted: io_model.Prediction
+    floor: dict
+    programs: int
+    errors: dict = field(default_factory=dict)
+    outputs: dict = field(default_factory=dict, repr=False)  # a numeric run's O (B H_q N_q, d_v) and L
+
+    @property
+    def exact(self) -> bool:
+        return self.stats.per_array == self.predicted.per_array and self.stats.peak == self.predicted.peak
+
+    @property
+    def words(self) -> dict[str, int]:
+        return {k: v.reads + v.writes for k, v in self.stats.per_array.items()}
+
+    def bytes_of(self, array: str, words: int) -> int:
+        if array == "indices":
+            return words * INDEX_BYTES
+        return self.problem.bytes_of({"Kws": "K", "Vws": "V"}.get(array, array), words)
+
+    @property
+    def bytes(self) -> dict[str, int]:
+        return {k: self.bytes_of(k, w) for k, w in self.words.items()}
+
+    @property
+    def floor_words(self) -> int:
+        return sum(self.floor.values())
+
+    @property
+    def kv_words(self) -> int:
+        """Words of the KV cache read (K and V): what the policies differ in."""
+        return self.words.get("K", 0) + self.words.get("V", 0)
+
+
+def reference(Q, K, V, p: Problem, idx: np.ndarray, block: int, q_block: int, scale: float):
+    """float64 attention restricted to each row's selected keys: O (B H_q N_q, d_v) and L (B H_q N_q)."""
+    irow = io_model.topk_index_rows(idx.shape, (p.B, p.H_q, p.H_kv, p.N_q), q_block).ravel()
+    flat = idx.reshape(-1, idx.shape[3])
+    O = np.zeros((p.B * p.H_q * p.N_q, p.d_v))
+    L = np.zeros(p.B * p.H_q * p.N_q)
+    for row in range(O.shape[0]):
+        b, h = row // (p.H_q * p.N_q), row // p.N_q % p.H_q
+        keys = np.concatenate([np.arange(j * block, min((j + 1) * block, p.N_k)) for j in flat[irow[row]]])
+        base = (b * p.H_kv + h // p.g) * p.N_k
+        s = scale * (K[base + keys] @ Q[row])
+        m = s.max()
+        w = np.exp(s - m)
+        vals = K[base + keys, : p.d_v] if p.latent else V[base + keys]
+        O[row] = w @ vals / w.sum()
+        L[row] = m + np.log(w.sum())
+    return O, L
+
+
+def topk_sparse(problem: Problem, indices, *, policy: str = "per-query", block: int = 1, q_block: int = 1,
+                Bc: int = 64, M: int | None = None, count_only: bool = True, seed: int = 0,
+                scale: float | None = None) -> TopkResult:  # noqa: N803  # fmt: skip
+    """Count the top-k sparse schedule of ``policy`` over ``problem`` for the selection ``indices`` (module
+    docstring) on a fast memory of M words (default: the schedule's peak, so it fits exactly); ``Bc``: the
+    workspace tile of ``gather``. ``count_only=False`` also computes O and L from standard-normal inputs drawn from
+    ``seed`` (Q, then K, then V unless MLA's latent, as (B H_q N_q, d_qk), (B H_kv N_k, d_qk), (B H_kv N_k, d_v) rows
+    in (b, h, row) order) and compares them with the float64 reference restricted to the selected keys."""
+    p = problem
+    if not isinstance(p, Problem):
+        raise InputError("problem", "must be an iosim.Problem", type(p).__name__)
+    if p.page_size is not None or p.causal:
+        raise InputError("problem", "must have no page_size or causal field here: the indices are the selection", p)
+    kind, g = parse_policy(policy)
+    Bc = _positive("Bc", Bc, 1 << 20)
+    idx = load_indices(indices, p, block, q_block)
+    if kind == "gather" and idx.shape[1] > p.H_kv:
+        raise InputError("indices", f"must hold one selection per key/value head (H' <= H_kv = {p.H_kv}) for the "
+                         "gather policy: its workspace serves every query head of the group", idx.shape)  # fmt: skip
+    if not isinstance(count_only, bool):
+        raise InputError("count_only", "must be True or False", count_only)
+    dims = (p.B, p.H_q, p.H_kv, p.N_q, p.N_k, p.d_qk, p.d_v)
+    shared = p.latent
+    predicted = io_model.topk_sparse(kind, g, idx, dims, block, q_block, shared, Bc)
+    if M is not None and (isinstance(M, bool) or not isinstance(M, numbers.Integral) or not predicted.peak <= M):
+        raise InputError("M", f"must be an integer of at least the schedule's working set, {predicted.peak:,} words", M)
+    pl = plan(p, idx, kind, g, q_block)
+    mem = TwoLevelMemory(predicted.peak if M is None else int(M), strict=True)
+    numeric = not count_only
+    scale = 1 / np.sqrt(p.d_qk) if scale is None else float(scale)
+    out = _run(mem, p, idx, pl, kind, block, Bc, shared, scale, numeric, seed)
+    stats = mem.stats()
+    floor = bounds.topk_compulsory(idx, dims, block, q_block, p.latent)
+    errors, outputs = {}, {}
+    if numeric:
+        (Q, K, V), (O, L) = out
+        O_ref, L_ref = reference(Q, K, V, p, idx, block, q_block, scale)
+        errors = {"O": float(np.abs(O - O_ref).max()), "L": float(np.abs(L - L_ref).max())}
+        outputs = {"O": O, "L": L}
+    return TopkResult(p, policy, block, q_block, stats, predicted, floor, pl.programs, errors, outputs)
+
+
+def _run(mem, p: Problem, idx, pl: Plan, kind: str, block: int, Bc: int, shared: bool, scale: float, numeric: bool,
+         seed: int):  # fmt: skip
+    """The kernels on ``mem``; numeric: ((Q, K, V), (O, L)) else None."""
+    from iosim.algorithms import topk_sparse as alg
+
+    rows_q, rows_kv = p.B * p.H_q * p.N_q, p.B * p.H_kv * p.N_k
+    k = idx.shape[3]
+    flat = np.ascontiguousarray(idx.reshape(-1, k))
+    Rmax = int(np.diff(pl.rptr).max())
+    width = np.minimum(block, p.N_k - pl.ublk * block)
+    wptr = np.concatenate([[0], np.cumsum(np.add.reduceat(width, pl.uptr[:-1]))]).astype(np.int64)
+    Q = K = V = O = L = Kws = Vws = Idx = None
+    if numeric:
+        rng = np.random.default_rng(seed)
+        Q, K = rng.standard_normal((rows_q, p.d_qk)), rng.standard_normal((rows_kv, p.d_qk))
+        V = K if shared else rng.standard_normal((rows_kv, p.d_v))  # the latent: V_j is read from K_j's tile
+        O, L = np.full((rows_q, p.d_v), np.nan), np.full(rows_q, np.nan)
+        Idx = flat
+        if kind == "gather":
+            Kws = np.full((int(wptr[-1]), p.d_qk), np.nan)
+            Vws = Kws if shared else np.full((int(wptr[-1]), p.d_v), np.nan)
+    shapes = dict(Q=(rows_q, p.d_qk), K=(rows_kv, p.d_qk), V=(rows_kv, p.d_v), O=(rows_q, p.d_v), L=(rows_q,),
+                  indices=flat.shape, m=(Rmax,), S=(Rmax, max(block, Bc)))  # fmt: skip
+    if kind == "gather":
+        shapes.update(Kws=(int(wptr[-1]), p.d_qk), Vws=(int(wptr[-1]), p.d_v))
+    got = dict(zip(shapes, mem.ids(**shapes), strict=True))
+    ids = np.array([got.get(n, -1) for n in ("Q", "K", "V", "O", "L", "indices", "m", "S")], dtype=np.int64)
+    dims = np.array([p.d_qk, p.d_v, k, block, p.N_k, Rmax], dtype=np.int64)
+    hs = [np.full(Rmax, -1, dtype=np.int64) for _ in range(4)]
+    if kind == "gather":
+        gids = np.array([got[n] for n in ("K", "V", "Kws", "Vws", "indices")], dtype=np.int64)
+        mem.call(alg.topk_gather, gids, K, V, Kws, Vws, Idx, pl.arrays(), wptr, dims, shared, hs[3])
+        ids[1], ids[2] = got["Kws"], got["Vws"]
+        mem.call(alg.workspace_attend, ids, Q, Kws, Vws, O, L, pl.arrays(), wptr, dims, Bc, scale, shared, *hs)
+    else:
+        mem.call(alg.topk_forward, ids, Q, K, V, O, L, Idx, pl.arrays(), dims, scale, shared, *hs)
+    return ((Q, K, V), (O, L)) if numeric else None
