@@ -130,6 +130,12 @@ EXPERIMENTS: tuple[Entry, ...] = (
         "FlexAttention / FlashAttention block-sparse kernels: what a mask really loads",
         "Is my mask efficient? Block-sparse bytes vs naive and dense",
     ),
+    Entry(
+        "topk-overlap",
+        "17_topk_overlap",
+        "vLLM PR #52963: four decode tokens pick ~22 distinct blocks while the kernel loads 64",
+        "Top-k decoding: per-query loads vs the group union",
+    ),
 )
 
 

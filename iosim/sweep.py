@@ -111,6 +111,7 @@ RESULT_FIELDS = (
     "max_abs_error",
     "total_bytes",
     "thread_blocks",
+    "iosim_version",  # the version that counted the point (a cached record keeps the one that computed it)
 )
 FIELDS = GRID_KEYS + RESULT_FIELDS
 OUT_FORMATS = (".csv", ".jsonl", ".parquet")
@@ -208,7 +209,9 @@ def _check_point(p: dict) -> None:
 
 def run_point(p: dict) -> dict:
     """Run one point; never raises for bad input: the record says ``status`` ok / invalid / capacity / error."""
-    rec = {k: p[k] for k in GRID_KEYS} | {k: None for k in RESULT_FIELDS}
+    from iosim.version import __version__
+
+    rec = {k: p[k] for k in GRID_KEYS} | {k: None for k in RESULT_FIELDS} | {"iosim_version": __version__}
     try:
         _check_point(p)
         problem = _problem_of(p)

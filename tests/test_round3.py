@@ -35,3 +35,28 @@ def test_compare_writes_the_page_beside_json_or_csv(fmt, tmp_path, monkeypatch, 
 def test_compare_names_the_tiles_that_do_not_fit(tiles, named, tmp_path, monkeypatch, capsys):
     """Tiles above M for every schedule: the refusal names the tiles (it said M is too small)."""
     assert_refused(["compare", *S, *tiles], [named, "smaller tiles"], tmp_path, monkeypatch, capsys)
+
+
+VERSIONED = [  # every command whose JSON is a result a paper may quote
+    ["run", "flash2", *S, "--json"],
+    ["compare", *S, "--json"],
+    ["bounds", "--N", "64", "--d", "8", "--M", "1024", "--json"],
+    ["replay", "flash2", *S, "--json"],
+]
+
+
+@pytest.mark.parametrize("argv", VERSIONED, ids=lambda a: a[0])
+def test_every_json_result_carries_the_version(argv, tmp_path, monkeypatch, capsys):
+    from iosim.version import __version__
+
+    rc, lines, _, out = run_cli(argv, tmp_path, monkeypatch, capsys)
+    assert rc == 0, lines
+    assert json.loads(out)["iosim_version"] == __version__
+
+
+def test_sweep_records_carry_the_version():
+    from iosim.sweep import sweep
+    from iosim.version import __version__
+
+    recs = sweep({"algorithm": "flash2", "N": 64, "d": 8, "M": [1024, 2048]}, executor="serial", as_frame=False)
+    assert [r["iosim_version"] for r in recs] == [__version__, __version__]

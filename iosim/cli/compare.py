@@ -25,6 +25,7 @@ from iosim.cli.options import (
 from iosim.errors import InputError
 from iosim.memory_model import CapacityError
 from iosim.theory import bounds
+from iosim.version import __version__
 
 DEFAULTS = {"N": 1024, "d": 64, "M": 16384}
 
@@ -118,7 +119,14 @@ def command(args) -> int:
         if args.json:
             print(
                 json.dumps(
-                    {"compare": records, "not_run": failures, "lower_bound": lb, "lower_bound_name": lb_name}, indent=2
+                    {
+                        "iosim_version": __version__,
+                        "compare": records,
+                        "not_run": failures,
+                        "lower_bound": lb,
+                        "lower_bound_name": lb_name,
+                    },
+                    indent=2,  # fmt: skip
                 )
             )
         else:
@@ -246,7 +254,8 @@ def _compare_problem(args) -> int:
     if args.json or args.csv:
         records = [{"rank": i + 1, **r.as_dict()} for i, r in enumerate(results)]
         if args.json:
-            print(json.dumps({"compare": records, "not_run": failures, "compulsory": floor}, indent=2))
+            doc = {"iosim_version": __version__, "compare": records, "not_run": failures, "compulsory": floor}
+            print(json.dumps(doc, indent=2))
         else:
             cols = ("rank", "algorithm", "total", "total_bytes", "peak", "exact", "compulsory_words", "iosim_version")
             writer = csv.DictWriter(sys.stdout, fieldnames=cols, extrasaction="ignore", lineterminator="\n")

@@ -503,7 +503,10 @@ class ReplayResult:
         return tabulate(body, headers=headers, tablefmt=fmt, disable_numparse=True)
 
     def as_dict(self) -> dict:
+        from iosim.version import __version__
+
         return {
+            "iosim_version": __version__,
             "algorithm": self.algorithm,
             "N": self.N,
             "d": self.d,
