@@ -90,3 +90,101 @@ def test_out_of_range_fields_are_named(change, field):
         Device(**{**GOOD, **change})
     assert e.value.parameter == f"Device.{field}"
     assert str(e.value).startswith(f"Device.{field} ")
+
+
+# ------------------------------------------------------------------------------------------------ resident CTAs
+def blocks_model(threads, registers, smem, max_threads, max_blocks, smem_per_sm, reserved=1024):
+    """Blocks per SM written from the CUDA occupancy calculator's rules (cuda_occupancy.h): whole warps; registers
+    allocated per warp in units of 256 over 4 sub-partitions; shared memory plus the 1 KiB reserve in units of 128."""
+    warps = -(-threads // 32)
+    limits = [max_threads // 32 // warps, max_blocks, smem_per_sm // (-(-(smem + reserved) // 128) * 128)]
+    if registers is not None:
+        per_warp = -(-registers * 32 // 256) * 256
+        limits.append((65536 // 4 // per_warp) * 4 // warps)
+    return min(limits)
+
+
+@pytest.mark.parametrize("name", ["H100", "A100", "RTX 4090"])
+def test_resident_ctas_equals_the_occupancy_rules(name):
+    from iosim.hierarchy.resident import resident_ctas
+
+    dev = presets()[name]
+    for threads in (32, 96, 128, 256, 1024):
+        for registers in (None, 32, 64, 128, 173, 255):
+            for smem in (0, 4096, 48 * 1024, 65536, 100 * 1024):
+                if smem > dev.smem_per_block_bytes:
+                    continue
+                want = blocks_model(threads, registers, smem, dev.max_threads_per_sm, dev.max_blocks_per_sm,
+                                    dev.smem_per_sm_bytes)  # fmt: skip
+                got, limiter = resident_ctas(dev, threads, registers, smem)
+                assert got == want, (name, threads, registers, smem)
+                assert limiter.endswith("(upper bound)") == (registers is None)
+
+
+def test_fa2_kernels_from_their_traits():
+    from iosim.hierarchy.resident import FA2_KERNELS
+
+    # kSmemSize and kSmemSize1colblock written out from kernel_traits.h for these traits (2-byte elements):
+    # forward <128,128,64,4>: Q 128x128 + K, V 2x64x128; backward <128,64,128,8>: Q, dO (3 tiles 64x128),
+    # K, V (2x128x128), dS, P (2x64x128); split-KV <128,64,128,4>: Q 64x128 + K, V 2x128x128.
+    want = {
+        "flash_fwd_kernel": (128, 128, 64, 128, 2 * (128 * 128 + 2 * 64 * 128), 3),
+        "flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel": (128, 64, 128, 256, 2 * (3 * 64 * 128 + 2 * 128 * 128
+                                                                                  + 2 * 64 * 128), 1),
+        "flash_fwd_splitkv_kernel": (128, 64, 128, 128, 2 * (64 * 128 + 2 * 128 * 128), 2),
+    }  # fmt: skip
+    assert set(FA2_KERNELS) == set(want)
+    for name, (hd, bm, bn, threads, smem, blocks) in want.items():
+        k = FA2_KERNELS[name]
+        assert (k.head_dim, k.block_m, k.block_n, k.threads, k.smem_bytes) == (hd, bm, bn, threads, smem)
+        assert k.registers is None and "kernel_traits.h" in k.source and "launch_template.h" in k.source
+        # 228 KiB per SM over (smem + 1 KiB): an upper bound until the registers are measured
+        assert k.resident("H100") == (blocks, "shared; registers unknown (upper bound)")
+        assert blocks == 233472 // (smem + 1024)
+
+
+def test_traits_read_off_the_stored_kernel_names():
+    import json
+    import pathlib
+
+    from iosim.hierarchy.resident import parse_kernel_name
+
+    data = json.loads((pathlib.Path(__file__).parents[1] / "experiments/bench/gpu_h100/ncu-torch.json").read_text())
+    seen = 0
+    for r in data["launches"]:
+        if "pytorch_flash::" not in r["kernel"]:
+            continue
+        k = parse_kernel_name(r["kernel"])
+        lab = data["labels"][r["label"]]
+        grid = [int(x) for x in r["grid"].strip("()").split(",")]
+        assert int(r["block"].strip("()").split(",")[0]) == k.threads
+        if k.kernel == "flash_fwd_kernel" or k.kernel == "flash_bwd_dot_do_o_kernel":
+            assert grid[0] == lab["N"] // k.block_m  # one CTA per kBlockM rows of Q
+        if k.kernel == "flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel":
+            assert grid[0] == lab["N"] // k.block_n  # one CTA per kBlockN rows of K
+        seen += 1
+    assert seen == 10  # 2 forwards, 2 backwards of 3 kernels, the split-KV decode and its combine
+    fwd = parse_kernel_name(data["launches"][0]["kernel"])
+    assert (fwd.head_dim, fwd.block_m, fwd.block_n, fwd.warps, fwd.elem_bytes) == (128, 128, 64, 4, 2)
+
+
+@pytest.mark.parametrize(
+    ("args", "parameter"),
+    [((0, 64, 0), "threads"), ((2048, 64, 0), "threads"), ((128, 0, 0), "registers"), ((128, 256, 0), "registers"),
+     ((128, 64, -1), "smem_bytes"), ((128, 64, 300 * 1024), "smem_bytes")],
+)  # fmt: skip
+def test_resident_ctas_bad_input(args, parameter):
+    from iosim.hierarchy.resident import resident_ctas
+
+    with pytest.raises(InputError) as e:
+        resident_ctas("H100", *args)
+    assert e.value.parameter == parameter
+
+
+def test_kernel_name_without_traits_is_refused():
+    from iosim.hierarchy.resident import parse_kernel_name
+
+    for name in ("void at::elementwise_kernel<128, 4>", "flash_fwd_kernel<Foo<1>>"):
+        with pytest.raises(InputError) as e:
+            parse_kernel_name(name)
+        assert e.value.parameter == "kernel name"
