@@ -188,3 +188,19 @@ def test_kernel_name_without_traits_is_refused():
         with pytest.raises(InputError) as e:
             parse_kernel_name(name)
         assert e.value.parameter == "kernel name"
+
+
+def test_the_docs_resident_table_is_the_commands_output(capsys):
+    import pathlib
+
+    from iosim.hierarchy import resident
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    assert resident.main(["--ncu", str(root / "experiments/bench/gpu_h100/ncu-torch.json")]) == 0
+    out = capsys.readouterr().out
+    doc = (root / "docs" / "hierarchy-hardware.md").read_text()
+    start = (
+        "<!-- resident-table: python -m iosim.hierarchy.resident --ncu experiments/bench/gpu_h100/ncu-torch.json -->\n"
+    )
+    assert doc.split(start)[1].split("\n<!-- resident-table end -->")[0].strip() == out.strip()
+    assert resident.main(["--device", "Z80"]) == 2
