@@ -204,3 +204,20 @@ def test_the_docs_resident_table_is_the_commands_output(capsys):
     )
     assert doc.split(start)[1].split("\n<!-- resident-table end -->")[0].strip() == out.strip()
     assert resident.main(["--device", "Z80"]) == 2
+
+
+def test_resident_ctas_equals_the_h100_driver_on_iosims_kernels():
+    """occupancy.json: for each of iosim's kernels at each (d, M) the H100's driver gave its registers, static shared
+    memory and cuOccupancyMaxActiveBlocksPerMultiprocessor at 128 threads; the H100 preset reproduces every one."""
+    import json
+    import pathlib
+
+    from iosim.hierarchy.resident import resident_ctas
+
+    path = pathlib.Path(__file__).parents[1] / "experiments/bench/gpu_h100/occupancy.json"
+    rows = [r for r in json.loads(path.read_text())["rows"] if "driver blocks/SM" in r]
+    assert len(rows) == 52
+    for r in rows:
+        smem = r["driver"]["SHARED_SIZE_BYTES"] + r["dynamic smem"]
+        got, _ = resident_ctas("H100", 128, r["driver"]["NUM_REGS"], smem)
+        assert got == r["driver blocks/SM"], (r["kernel"], r["d"], r["M"])

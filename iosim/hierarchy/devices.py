@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import csv
 import importlib.util
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 from functools import lru_cache
 from pathlib import Path
 
@@ -58,8 +58,8 @@ class Device:
     ``l2_partitions``: the L2 is that many equal partitions, each caching the addresses it owns for every SM (the
     A100 and H100 whitepapers' "L2 cache" sections); ``sector_bytes``: the unit the L1 and the L2 count traffic in,
     ``l2_line_bytes // sector_bytes`` sectors per line (Nsight Compute, Memory Tables). ``compute_capability``:
-    "major.minor" or "" for a device made by hand (then the limits are taken as given, without the 1 KiB shared
-    memory that cc 8.0+ reserves per block counted unless ``cc >= 8.0``)."""
+    "major.minor", or "" for a device made by hand, whose limits are then taken as given and which is taken to be
+    cc 8.0 or later (1 KiB of shared memory reserved per block)."""
 
     name: str
     sms: int
@@ -179,8 +179,3 @@ def device(name: str) -> Device:
         if "".join(n.lower().split()) == key:
             return dev
     raise InputError("device", f"must be one of {', '.join(table)}", name)
-
-
-def with_changes(dev: Device, **changes) -> Device:
-    """``dev`` with some fields replaced (checked as any Device is)."""
-    return replace(dev, **changes)
