@@ -202,4 +202,7 @@ def test_bad_input():
         with pytest.raises(InputError) as e:
             lsu.predict("flash2_forward_kernel", kw["N"], kw["d"], {"Br": 2, "Bc": 2}, kw["BH"], kw["threads"])
         assert e.value.parameter == name
+    with pytest.raises(InputError) as e:
+        lsu.predict("square_phase1_kernel", 8, 8, {"Br": 2, "Bc": 2}, 1, 32)
+    assert e.value.parameter == "tiles"
     assert lsu.main([]) == 2

@@ -167,7 +167,10 @@ def predict(
           "square_phase2_kernel": square_phase2}.get(kernel)  # fmt: skip
     if fn is None:
         raise InputError("kernel", f"must be one of {', '.join(KERNELS)}", kernel)
-    args = (tiles["Br"], tiles["Bc"]) if kernel == "flash2_forward_kernel" else (tiles["B"],)
+    need = ("Br", "Bc") if kernel == "flash2_forward_kernel" else ("B",)
+    if sorted(tiles) != sorted(need):
+        raise InputError("tiles", f"must give exactly {', '.join(need)} for {kernel}", tiles)
+    args = tuple(tiles[k] for k in need)
     per = {"ld": {}, "st": {}}
     for h in range(_SPW):  # the (b, h) pairs by their first row modulo 8: the same sectors within a class
         pairs = sum(1 for bh in range(BH) if bh * N % _SPW == h)
