@@ -97,7 +97,7 @@ class Board {
     this.log = el("div", { class: "moves", id: "log" });
     this.info = el("div", { class: "note", id: "info" });
     main.append(this.controls, el("div", { class: "game" },
-      el("div", {}, this.svg, el("div", { class: "note", text: "click a vertex, then a rule (keys 1-4). Red fill: red pebble (fast memory); blue ring: blue pebble (slow memory); dashed: an output. Inputs at the bottom." })),
+      el("div", {}, this.svg, el("div", { class: "note", text: "click a vertex (or Tab to it and press Enter), then a rule (keys 1-4). Red fill: red pebble (fast memory); blue ring: blue pebble (slow memory); dashed: an output. Inputs at the bottom." })),
       el("div", {}, el("h2", { text: "Game" }), this.status, this.verdict, this.info, el("h2", { text: "Moves" }), this.log)));
     document.addEventListener("keydown", e => {
       const r = { "1": "R1", "2": "R2", "3": "R3", "4": "R4" }[e.key];
@@ -156,15 +156,24 @@ class Board {
     const r = Math.max(5, Math.min(14, 300 / g.names.length + 4));
     g.names.forEach((name, v) => {
       const cls = ["v", game.red.has(v) ? "red" : "", this.sel === v ? "sel" : "", outs.has(v) ? "output" : ""].join(" ");
-      const node = svg("g", { class: cls, "data-v": v, "data-name": name },
+      const node = svg("g", { class: cls, "data-v": v, "data-name": name, tabindex: 0, role: "button", focusable: "true",
+        "aria-label": name + (game.red.has(v) ? ", red" : "") + (game.blue.has(v) ? ", blue" : "") + (this.sel === v ? ", selected" : "") },
         svg("title", { text: name + (game.red.has(v) ? ", red" : "") + (game.blue.has(v) ? ", blue" : "") }),
         svg("circle", { class: "body", cx: X(g.pos[v]), cy: Y(g.pos[v]), r }));
       if (game.blue.has(v)) node.append(svg("circle", { class: "blue", cx: X(g.pos[v]), cy: Y(g.pos[v]), r: r + 3 }));
       if (g.names.length <= 40) node.append(svg("text", { class: "lab", x: X(g.pos[v]), y: Y(g.pos[v]) + r + 9, "text-anchor": "middle", text: name }));
       node.addEventListener("click", () => { this.sel = v; this.draw(); });
+      node.addEventListener("keydown", e => {  // keyboard play: Tab to a vertex, Enter or space selects it
+        if (e.key === "Enter" || e.key === " ") { this.sel = v; this.draw(); e.preventDefault(); }
+      });
       kids.push(node);
     });
+    const focused = document.activeElement && document.activeElement.getAttribute ? document.activeElement.getAttribute("data-v") : null;
     this.svg.replaceChildren(...kids);
+    if (focused !== null) {  // the redrawn vertex keeps the keyboard focus
+      const again = this.svg.querySelector('g[data-v="' + focused + '"]');
+      if (again) again.focus();
+    }
     const o = game.outcome();
     this.status.textContent = "graph " + g.graph + " (" + g.names.length + " vertices), M = " + g.M + " red pebbles; moves " +
       o.moves + "; I/O " + o.io + " (R1 reads " + o.reads + ", R2 writes " + o.writes + "); R3 computes " + o.computes +

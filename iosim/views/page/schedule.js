@@ -4,6 +4,7 @@
 const LOAD = 1, STORE = 2, ALLOC = 3, FREE = 4, INIT = 5;
 const OPNAME = ["", "load", "store", "alloc", "free", "init"];
 const OUTLINE = ["", "#0050d0", "#e07000", "#008a2e", "#777", "#c00"];
+const READ_RGB = "20, 60, 160", WRITE_RGB = "200, 90, 0";  // shades of reads and of writes per word
 const CANVAS_H = Math.round(Math.max(80, Math.min(240, window.innerHeight * 0.16)));  // projector screens: larger
 
 class Schedule {
@@ -14,7 +15,9 @@ class Schedule {
     this.A = data.names.length;
     this.index = index;
     this.reset();
-    this.heatMax = this.finalHeatMax();
+    this.heatMax = this.finalHeatMax();  // the most words moved per word of any array, read or written, in the run
+    this.scale = this.heatMax;  // the page sets one scale for all its schedules (setScale)
+    this.both = this.reads.map((r, a) => r > 0 && this.writes[a] > 0);  // arrays drawn as reads above, writes below
     this.reset();
     this.build();
   }
@@ -22,7 +25,8 @@ class Schedule {
     this.k = -1;  // the last event applied
     this.reads = new Array(this.A).fill(0);
     this.writes = new Array(this.A).fill(0);
-    this.heat = this.d.grids.map(g => new Float64Array(g[0] * g[1]));
+    this.heat = this.d.grids.map(g => new Float64Array(g[0] * g[1]));  // reads per word
+    this.wheat = this.d.grids.map(g => new Float64Array(g[0] * g[1]));  // writes per word (initialisation too)
     this.live = new Map();  // handle -> [array, r0, nr, c0, nc, words]
     this.resident = 0;
     this.peak = 0;
@@ -32,9 +36,13 @@ class Schedule {
     const op = this.e(k, 0), a = this.e(k, 1), words = this.e(k, 6), h = this.e(k, 8);
     if (op === LOAD) {
       this.reads[a] += words;
-      this.addHeat(a, this.e(k, 2), this.e(k, 3), this.e(k, 4), this.e(k, 5));
-    } else if (op === STORE || op === INIT) {
+      this.addHeat(this.heat[a], a, this.e(k, 2), this.e(k, 3), this.e(k, 4), this.e(k, 5));
+    } else if (op === STORE) {
       this.writes[a] += words;
+      this.addHeat(this.wheat[a], a, this.e(k, 2), this.e(k, 3), this.e(k, 4), this.e(k, 5));
+    } else if (op === INIT) {  // the whole array, written once
+      this.writes[a] += words;
+      this.addHeat(this.wheat[a], a, 0, this.d.shapes[a][0], 0, this.d.shapes[a][1]);
     }
     if (op === LOAD || op === ALLOC) {
       this.live.set(h, [a, this.e(k, 2), this.e(k, 3), this.e(k, 4), this.e(k, 5), words]);
@@ -46,9 +54,8 @@ class Schedule {
     this.peak = Math.max(this.peak, this.resident);
     this.k = k;
   }
-  addHeat(a, r0, nr, c0, nc) {
+  addHeat(H, a, r0, nr, c0, nc) {
     const [gr, gc, fr, fc] = this.d.grids[a];
-    const H = this.heat[a];
     for (let i = Math.floor(r0 / fr); i < Math.min(gr, Math.ceil((r0 + nr) / fr)); i++) {
       const rows = Math.min(r0 + nr, (i + 1) * fr) - Math.max(r0, i * fr);
       for (let j = Math.floor(c0 / fc); j < Math.min(gc, Math.ceil((c0 + nc) / fc)); j++) {
@@ -59,7 +66,9 @@ class Schedule {
   }
   finalHeatMax() {
     for (let k = 0; k < this.n; k++) this.apply(k);
-    return this.heat.map(H => H.reduce((x, y) => Math.max(x, y), 0));
+    let mx = 0;
+    for (const H of [...this.heat, ...this.wheat]) for (const v of H) mx = Math.max(mx, v);
+    return mx;
   }
   seek(k) {
     k = Math.max(-1, Math.min(this.n - 1, k));
@@ -75,7 +84,8 @@ class Schedule {
   state() {  // what the tests read
     const reads = {}, writes = {};
     this.d.names.forEach((n, i) => { reads[n] = this.reads[i]; writes[n] = this.writes[i]; });
-    return { k: this.k, n: this.n, reads, writes, resident: this.resident, peak: this.peak,
+    return { k: this.k, n: this.n, reads, writes, resident: this.resident, peak: this.peak, scale: this.scale,
+      heat: Object.fromEntries(this.d.names.map((n, i) => [n, [Array.from(this.heat[i]), Array.from(this.wheat[i])]])),
       live: [...this.live.values()].map(t => [this.d.names[t[0]], t[5]]) };
   }
   build() {
@@ -103,7 +113,8 @@ class Schedule {
         d.names[a] + " " + rows + "\u00d7" + cols)));
     }
     left.append(arrays);
-    left.append(el("div", { class: "note", text: "shade: reads so far per word (darkest = the most any word of that array is read in the whole run); outline: this event's tile; dashed: tiles in fast memory" }));
+    this.legend = el("div", { class: "note legend" });
+    left.append(this.legend);
     this.fast = el("div", { class: "fast", title: "fast memory: M words" });
     this.occupancy = el("div", { class: "occupancy" });
     left.append(el("h2", { text: "Fast memory (M = " + fmt(d.M) + " words)" }), this.fast, this.occupancy);
@@ -122,6 +133,10 @@ class Schedule {
   }
   render() {
     const d = this.d, k = this.k;
+    this.legend.textContent = "shade: words moved so far per word, one scale for every array" +
+      (PAGE.schedules.length > 1 ? " and schedule" : "") + ": the darkest is " + fmt(this.scale) +
+      " per word (the most any word is moved in the run); blue: reads, orange: writes (an array both read and " +
+      "written: reads in a cell's upper half, writes in its lower half); outline: this event's tile; dashed: tiles in fast memory";
     // the event line
     if (k < 0) {
       this.eventLine.textContent = "before the first event (press \u2192 or play)";
@@ -142,15 +157,19 @@ class Schedule {
       const ctx = c.getContext("2d");
       const sx = c.width / (gc * fc), sy = c.height / (gr * fr);
       ctx.fillStyle = "#fff"; ctx.fillRect(0, 0, c.width, c.height);
-      const H = this.heat[a], mx = this.heatMax[a] || 1;
-      for (let i = 0; i < gr; i++) for (let j = 0; j < gc; j++) {
-        const v = H[i * gc + j];
-        if (v > 0) {
-          const t = Math.min(1, v / mx);
-          ctx.fillStyle = "rgba(20, 60, 160, " + (0.12 + 0.83 * t).toFixed(3) + ")";
-          ctx.fillRect(j * fc * sx, i * fr * sy, Math.min(fc, cols - j * fc) * sx, Math.min(fr, rows - i * fr) * sy);
+      const mx = this.scale || 1, split = this.both[a];
+      const shade = (H, rgb, half) => {
+        for (let i = 0; i < gr; i++) for (let j = 0; j < gc; j++) {
+          const v = H[i * gc + j];
+          if (v <= 0) continue;
+          const t = Math.min(1, v / mx), h = Math.min(fr, rows - i * fr) * sy;
+          ctx.fillStyle = "rgba(" + rgb + ", " + (0.08 + 0.87 * t).toFixed(3) + ")";
+          const y = i * fr * sy + (half === 2 ? h / 2 : 0);
+          ctx.fillRect(j * fc * sx, y, Math.min(fc, cols - j * fc) * sx, half ? h / 2 : h);
         }
-      }
+      };
+      shade(this.heat[a], READ_RGB, split ? 1 : 0);
+      shade(this.wheat[a], WRITE_RGB, split ? 2 : 0);
       ctx.setLineDash([3, 2]); ctx.lineWidth = 1; ctx.strokeStyle = "#008a2e";
       for (const t of this.live.values()) if (t[0] === a) ctx.strokeRect(t[3] * sx + 0.5, t[1] * sy + 0.5, Math.max(1, t[4] * sx - 1), Math.max(1, t[2] * sy - 1));
       ctx.setLineDash([]);
@@ -166,7 +185,8 @@ class Schedule {
     let x = 0;
     for (const t of this.live.values()) {
       const name = d.names[t[0]], w = 100 * t[5] / d.M;
-      tiles.push(el("div", { class: "tile", style: "left:" + x + "%;width:" + w + "%;background:" + colour(name, t[0]),
+      const bg = colour(name, t[0]);
+      tiles.push(el("div", { class: "tile", style: "left:" + x + "%;width:" + w + "%;background:" + bg + ";color:" + textOn(bg),
         title: name + "[" + t[1] + ":" + (t[1] + t[2]) + ", " + t[3] + ":" + (t[3] + t[4]) + "] " + t[5] + " words", text: name }));
       x += w;
     }
@@ -179,29 +199,34 @@ class Schedule {
       el("th", { text: d.problem ? "block's final" : "final (trace)" }), el("th", { text: d.problem ? "problem, simulated" : "closed form" }));
     if (d.problem) head.append(el("th", { text: "problem, closed form" }));
     const rows = [head];
-    const names = Object.keys(d.final);
     let R = 0, W = 0, FR = 0, FW = 0;
-    for (const name of names) {
-      const a = d.names.indexOf(name), f = d.final[name];
-      R += this.reads[a]; W += this.writes[a]; FR += f[0]; FW += f[1];
+    for (const name of d.rows) {  // every array of the block and of the problem (split-KV: O, L of the combine)
+      const a = d.names.indexOf(name), f = d.final[name] || [0, 0];
+      const reads = a < 0 ? 0 : this.reads[a], writes = a < 0 ? 0 : this.writes[a];
+      R += reads; W += writes; FR += f[0]; FW += f[1];
       const cf = d.problem ? d.simulated[name] : (d.closed_form || {})[name];
-      const done = this.reads[a] === f[0] && this.writes[a] === f[1];
+      const done = reads === f[0] && writes === f[1];
       const tr = el("tr", { "data-array": name },
         el("td", {}, el("span", { class: "swatch", style: "background:" + colour(name, a) }), name),
-        el("td", { class: done ? "done" : "", text: fmt(this.reads[a]) }),
-        el("td", { class: done ? "done" : "", text: fmt(this.writes[a]) }),
+        el("td", { class: done ? "done" : "", text: fmt(reads) }),
+        el("td", { class: done ? "done" : "", text: fmt(writes) }),
         el("td", { text: fmt(f[0]) + " / " + fmt(f[1]) }),
         el("td", { text: cf ? fmt(cf[0]) + " / " + fmt(cf[1]) : "-" }));
       if (d.problem) { const c = (d.closed_form || {})[name]; tr.append(el("td", { text: c ? fmt(c[0]) + " / " + fmt(c[1]) : "-" })); }
       rows.push(tr);
     }
-    const tr = el("tr", {}, el("td", { text: "total" }), el("td", { text: fmt(R) }), el("td", { text: fmt(W) }),
-      el("td", { text: fmt(FR) + " / " + fmt(FW) }), el("td", { text: "" }));
+    const sum = (t, i) => Object.values(t || {}).reduce((x, v) => x + v[i], 0);
+    const other = d.problem ? d.simulated : d.closed_form;
+    const tr = el("tr", { "data-total": "" }, el("td", { text: "total" }), el("td", { text: fmt(R) }), el("td", { text: fmt(W) }),
+      el("td", { text: fmt(FR) + " / " + fmt(FW) }), el("td", { text: other ? fmt(sum(other, 0)) + " / " + fmt(sum(other, 1)) : "" }));
+    if (d.problem) tr.append(el("td", { text: d.closed_form ? fmt(sum(d.closed_form, 0)) + " / " + fmt(sum(d.closed_form, 1)) : "-" }));
     rows.push(tr);
     this.table.replaceChildren(...rows);
   }
 }
 
+// series colours of the chart, each at least 4.5:1 against its white background (its labels are small text)
+const CHART_COLOURS = ["#c62828", "#1f5f9f", "#2e7d32", "#6a3d9a", "#a65200", "#6d4c41"];
 function chartSVG(c) {
   const W = 720, H = 300, L = 70, R = 130, T = 14, B = 36;
   const all = [];
@@ -234,14 +259,14 @@ function chartSVG(c) {
     labels.push([Y(p[1]) + 4, X(p[0]) + 4, colr, label]);
   };
   const labels = [];
-  const colours = ["#d62728", "#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"];
+  const colours = CHART_COLOURS;
   Object.entries(c.series).forEach(([name, pts], i) => line(pts, colours[i % colours.length], "", name, name));
   line(c.lower, "#000", "5 3", "lower bound", "lower");
-  line(c.upper || [], "#777", "1 3", "\u0398 upper bound, constant 1 (orientation)", "upper");
+  line(c.upper || [], "#595959", "1 3", "Thm 2's count, paper blocks", "upper");
   labels.sort((a, b) => a[0] - b[0]);  // the end labels, pushed apart so none overlaps
   labels.forEach((l, i) => { if (i > 0) l[0] = Math.max(l[0], labels[i - 1][0] + 13); });
   for (const [y, x, colr, label] of labels) s.append(svg("text", { x, y, fill: colr, text: label }));
-  for (const [m, label, colr] of [[c.d2, "M = d\u00b2 = " + fmt(c.d2), "#888"], [c.M, "this page: M = " + fmt(c.M), "#c00"]]) {
+  for (const [m, label, colr] of [[c.d2, "M = d\u00b2 = " + fmt(c.d2), "#595959"], [c.M, "this page: M = " + fmt(c.M), "#c00000"]]) {
     if (Math.log10(m) < x0 || Math.log10(m) > x1) continue;
     s.append(svg("line", { x1: X(m), x2: X(m), y1: T, y2: H - B, stroke: colr, "stroke-dasharray": "2 2", "data-mark": label }));
     s.append(svg("text", { x: X(m) + 3, y: T + 10 + (m === c.M ? 12 : 0), fill: colr, text: label }));
@@ -281,13 +306,20 @@ class Player {
         el("span", { class: "sofar", style: "width:" + (100 * total(s) / top) + "%;background:" + ["#1f77b4", "#d62728", "#2ca02c", "#9467bd"][i % 4] })),
       el("span", { class: "words", text: fmt(total(s)) + " of " + fmt(final(s)) + " words" }))));
   }
-  outer(dir) {  // to the end of this outer iteration (fast memory empty), or of the one before
-    const s = this.s[0], k = this.eventAt(s, this.t), o = s.d.outer;
-    const ends = o.slice(1).map(x => x - 1).concat([s.n - 1]);
-    let target = -1;
-    if (dir > 0) target = ends.find(e => e > k) ?? s.n - 1;
-    else for (const e of ends) if (e < k) target = e;
-    this.go(Math.round((target + 1) * this.T / s.n));
+  tickOf(s, e) {  // the first tick at which schedule s has done event e
+    let t = Math.max(0, Math.floor((e + 0.5) * this.T / s.n));
+    while (t < this.T && this.eventAt(s, t) < e) t++;
+    return t;
+  }
+  outer(dir) {  // to the next (or the last) tick at which some schedule ends an outer iteration (fast memory empty)
+    const ticks = new Set([0, this.T]);
+    for (const s of this.s) {
+      for (const x of s.d.outer.slice(1)) ticks.add(this.tickOf(s, x - 1));
+      ticks.add(this.tickOf(s, s.n - 1));
+    }
+    const sorted = [...ticks].sort((a, b) => a - b);
+    const target = dir > 0 ? sorted.find(t => t > this.t) ?? this.T : sorted.filter(t => t < this.t).pop() ?? 0;
+    this.go(target);
   }
   play(on) {
     if (on === undefined) on = this.timer === null;
@@ -359,6 +391,8 @@ class Player {
 
 document.getElementById("help").textContent = "keys: space play/pause \u00b7 \u2190 \u2192 one event \u00b7 shift+\u2190 \u2192 (or PageUp/PageDown) one outer iteration \u00b7 Home/End \u00b7 + \u2212 speed";
 const schedules = PAGE.schedules.map((d, i) => new Schedule(d, i));
+const SCALE = Math.max(1, ...schedules.map(s => s.heatMax));  // one shading scale for every array of every schedule
+for (const s of schedules) s.scale = SCALE;
 const player = new Player(schedules);
 if (PAGE.chart) {
   const c = PAGE.chart;
