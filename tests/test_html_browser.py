@@ -519,3 +519,57 @@ def test_small_labels_contrast(browser, tmp_path):
                 seen.add((tag, tuple(fg), tuple(bg)))
                 assert _contrast(fg, bg) >= 4.5, (tag, text, fg, bg)
     assert any(tag.startswith("DIV.tile") for tag, _, _ in seen) and any(tag.startswith("text") for tag, _, _ in seen)
+
+
+def test_grid_page_controls_narration_and_questions(browser, tmp_path):
+    """Issue 46: N, d and M changed on the page (each a real trace): the counters follow the setting picked, a
+    setting iosim refuses shows its reason, the fragment keeps the setting; the narrated argument's numbers and the
+    questions' answers are this setting's trace's (counted here from the events)."""
+    from selenium.webdriver.support.ui import Select
+
+    path = tmp_path / "grid.html"
+    html.grid_page(["standard", "flash2"], path, Ns=[32, 48], ds=[8], Ms=[32, 256, 512])
+    drv = _open(browser, path, "#N=48&d=8&M=512")
+    assert drv.execute_script("return window.iosimPage.setting({})") == {"N": 48, "d": 8, "M": 512, "mask": "none"}
+    for n, m in ((32, 256), (48, 256), (48, 512)):
+        Select(drv.find_element(By.ID, "set-N")).select_by_value(str(n))
+        Select(drv.find_element(By.ID, "set-M")).select_by_value(str(m))
+        drv.find_element(By.ID, "end").click()
+        runs = [html.traced(a, N=n, d=8, M=m) for a in ("standard", "flash2")]
+        for st, r in zip(drv.execute_script("return window.iosimPage.state()"), runs, strict=True):
+            assert {k: [v, st["writes"][k]] for k, v in st["reads"].items() if v or st["writes"][k]} == {
+                k: [v.reads, v.writes] for k, v in r.stats.per_array.items()
+            }
+        assert _wait(drv, f"return window.location.hash.startsWith('#N={n}&d=8&M={m}&')")
+        # the narration, from flash2's trace: blocks, row blocks, loads of K_1, K's words
+        ev, names = runs[1].trace.events, runs[1].trace.names
+        kq, kk = names.index("Q"), names.index("K")
+        q_loads = ev[(ev[:, 0] == 1) & (ev[:, 1] == kq)]
+        k_loads = ev[(ev[:, 0] == 1) & (ev[:, 1] == kk)]
+        Tr, k1, kwords = len(set(q_loads[:, 2].tolist())), int((k_loads[:, 2] == 0).sum()), int(k_loads[:, 6].sum())  # noqa: N806
+        steps = dict(drv.execute_script("return window.iosimStory.steps()"))
+        assert f"Br = {q_loads[0, 3]}, Bc = {k_loads[0, 3]}" in steps["Why Br \u2248 M/(4d)"]
+        assert f"= {Tr} row blocks" in steps["How often each K_j is read"]
+        assert (
+            f"K is read {kwords:,} words in all; Tr\u00b7N\u00b7d = {Tr} \u00b7 {n} \u00b7 8 = {Tr * n * 8:,}"
+            in steps["The total against Tr\u00b7N\u00b7d"]
+        )
+        assert (
+            f"of M = {m:,} words" in steps["What fits in M"]
+            and f": {int(ev[:, 7].max()):,} of M" in steps["What fits in M"]
+        )
+        for qid, right in (("tr", Tr), ("k1", k1), ("kwords", kwords)):
+            box = drv.find_element(By.ID, f"answer-{qid}")
+            box.clear()
+            box.send_keys(str(right + 1))
+            drv.find_element(By.ID, f"check-{qid}").click()
+            assert drv.find_element(By.ID, f"verdict-{qid}").text.startswith("not yet")
+            box.clear()
+            box.send_keys(f"{right:,}")
+            drv.find_element(By.ID, f"check-{qid}").click()
+            assert drv.find_element(By.ID, f"verdict-{qid}").text == f"right: the trace says {right:,}"
+    drv.find_element(By.ID, "story-next").click()
+    assert "1 of 5" not in drv.find_element(By.ID, "story").text and "2 of 5" in drv.find_element(By.ID, "story").text
+    Select(drv.find_element(By.ID, "set-M")).select_by_value("32")  # below flash2's smallest working set at d = 8
+    assert "M must be at least" in drv.find_element(By.ID, "refused").text
+    _fits(drv)

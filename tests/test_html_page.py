@@ -361,3 +361,34 @@ def test_python_pebble_page_gives_the_lessons_optima():
     assert best[("matmul:2x2x2", 3)]["how"].startswith("optimum")
     for (spec, M), b in best.items():  # noqa: N806
         assert Game(named(spec), M).play(b["moves"]).io == b["io"]
+
+
+def test_grid_page_carries_every_settings_real_trace(tmp_path, capsys, monkeypatch):
+    """Issue 46: one page holds the traces of a grid of N, d, M and masks; each setting's counts are its own run's
+    (summed here from the events); a setting iosim refuses keeps its one-line reason; over the byte cap the page is
+    refused naming the N that fit."""
+    text = html.grid_page(["flash2"], Ns=[16, 24], ds=[4], Ms=[16, 128], masks=["none", "causal"])
+    g = _page_data(text)["grid"]
+    assert g["axes"] == {"N": [16, 24], "d": [4], "M": [16, 128], "mask": ["none", "causal"]}
+    assert len(g["settings"]) == 8
+    for s in g["settings"]:
+        if s["M"] == 16:  # below flash2's smallest working set at d = 4
+            assert "M must be at least" in s["refused"] and "schedules" not in s
+            continue
+        r = html.traced("flash2", N=s["N"], d=4, M=s["M"], mask=None if s["mask"] == "none" else s["mask"])
+        assert s["schedules"][0]["final"] == _per_array_by_hand(r)
+        assert s["schedules"][0]["events"] == r.trace.events[:, :9].ravel().tolist()
+        assert s["chart"]["N"] == s["N"]
+    out = tmp_path / "g.html"
+    cmd = ["show", "flash2", "--grid-N", "16,24", "--N", "16", "--d", "4", "--M", "128", "--grid-M", "64,128", "--html",
+           "-o", str(out)]  # fmt: skip
+    assert main(cmd) == 0 and len(_page_data(out.read_text())["grid"]["settings"]) == 4
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:  # argparse's one-line error, exit 2
+        main([*cmd[:3], "16,x", *cmd[4:]])
+    assert e.value.code == 2
+    assert "--grid-N: must be a comma-separated list of positive integers" in capsys.readouterr().err
+    one = len(html.grid_page(["flash2"], Ns=[16], ds=[4], Ms=[128]).encode())
+    monkeypatch.setattr(html, "MAX_HTML_BYTES", one + 1000)
+    with pytest.raises(InputError, match=r"N in \[16\] fits with these d, M and masks"):
+        html.grid_page(["flash2"], Ns=[16, 64], ds=[4], Ms=[128])

@@ -140,7 +140,12 @@ def _noscript(kind: str, data: dict) -> str:
             parts.append(f"<h2>{_escape(g['graph'])}, M = {g['M']}: iosim's {_escape(b['how'])}, {b['io']} I/O</h2>")
             parts.append(f'<div class="moves">{_escape(" ".join(f"{r} {v}" for r, v in b["moves"]))}</div>')
         return "".join(parts)
-    for s in data["schedules"]:
+    schedules = data.get("schedules")
+    if schedules is None:  # a grid page: the first setting that runs
+        first = next((x for x in data["grid"]["settings"] if "schedules" in x), {"schedules": []})
+        parts.append(f"<p>The setting N = {first.get('N')}, d = {first.get('d')}, M = {first.get('M')}:</p>")
+        schedules = first["schedules"]
+    for s in schedules:
         cf = s["closed_form"] or {}
         rows = [[n, f"{s['simulated'].get(n, [0, 0])[0]:,}", f"{s['simulated'].get(n, [0, 0])[1]:,}",
                  " / ".join(f"{x:,}" for x in cf[n]) if n in cf else "-"] for n in s["rows"]]  # fmt: skip
@@ -368,8 +373,9 @@ def theorem2_line(N: int, d: int, Ms, backward: bool = False, causal: bool = Fal
     return out
 
 
-def _build(results, chart: bool = True) -> tuple[str, int]:
-    """The page of traced ``results`` and the events it holds."""
+def _page_of(results, chart: bool = True) -> dict:
+    """The data of one page of traced ``results``: their schedules and, for one-head runs of equal N, d and pass,
+    the chart of the closed forms against M."""
     schedules = [schedule_data(r) for r in results]
     first = results[0]
     one_head = all(r.problem is None or r.problem.is_single for r in results)
@@ -379,8 +385,74 @@ def _build(results, chart: bool = True) -> tuple[str, int]:
         data["chart"] = closed_form_chart(
             first.N, first.d, first.M, first.main.name == "backward", first.mask == "causal"
         )
+    return data
+
+
+def _build(results, chart: bool = True) -> tuple[str, int]:
+    """The page of traced ``results`` and the events it holds."""
+    data = _page_of(results, chart)
+    schedules = data["schedules"]
     title = " vs ".join(r.algorithm for r in results) + f": {schedules[0]['title']}"
     return render("schedule", title, data), sum(len(s["steps"]) for s in schedules)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A grid of settings on one page
+# ---------------------------------------------------------------------------------------------------------------
+GRID_AXES = ("N", "d", "M", "mask")
+
+
+def _setting(algorithms, key: dict, kw: dict) -> dict:
+    """One setting of a grid page: its real traces' page data, or the one-line refusal a class sees."""
+    mask = None if key["mask"] == "none" else key["mask"]
+    try:
+        runs = [traced(a, N=key["N"], d=key["d"], M=key["M"], mask=mask, **kw) for a in algorithms]
+        data = _page_of(runs)
+    except InputError as e:
+        return {**key, "refused": str(e)}
+    events = sum(len(s["steps"]) for s in data["schedules"])
+    if events > MAX_EVENTS:
+        return {**key, "refused": f"{events:,} events, over a setting's cap of {MAX_EVENTS:,}"}
+    return {**key, **data}
+
+
+def grid_page(algorithms, path=None, *, Ns, ds, Ms, masks=("none",), **kw) -> str:  # noqa: N803
+    """One page holding the real traces of every setting of the grid ``Ns`` x ``ds`` x ``Ms`` x ``masks`` of the
+    schedules ``algorithms`` (other keywords as :func:`iosim.run`: tiling, backward, ...); the page's controls pick
+    a setting and every number follows it.
+
+    Why traces, not a JavaScript port of the loop nests: every number on the page is then iosim's own count,
+    exact by construction, and there is no second implementation of the schedules to drift from the first. The
+    price is size: the grid must fit :data:`MAX_HTML_BYTES`; a setting iosim refuses (M too small for d) is kept
+    with its one-line refusal, which the page shows in place of a blank panel."""
+    if isinstance(algorithms, str):
+        algorithms = [algorithms]
+    if path is not None:
+        path = outputs.file("path", path, SUFFIXES)
+    axes = {"N": sorted(set(Ns)), "d": sorted(set(ds)), "M": sorted(set(Ms)), "mask": list(dict.fromkeys(masks))}
+    for name in ("N", "d", "M"):
+        if not axes[name] or min(axes[name]) < 1:
+            raise InputError(name, "values of a grid must be positive integers", axes[name])
+    keys = [dict(N=n, d=d, M=m, mask=k) for n in axes["N"] for d in axes["d"] for m in axes["M"] for k in axes["mask"]]
+    settings = [_setting(algorithms, key, kw) for key in keys]
+    title = " vs ".join(algorithms) + ": N, d and M chosen on the page"
+    html = render("schedule", title, {"grid": {"axes": axes, "settings": settings, "algorithms": list(algorithms)}})
+    size = len(html.encode())
+    if size > MAX_HTML_BYTES:
+        per_n = {n: sum(len(_script_json(s)) for s in settings if s["N"] == n) for n in axes["N"]}
+        fit, total = [], len(html.encode()) - sum(per_n.values())
+        for n in axes["N"]:
+            total += per_n[n]
+            if total > MAX_HTML_BYTES:
+                break
+            fit.append(n)
+        best = f"N in {fit} fits with these d, M and masks" if fit else "no N fits with these d, M and masks"
+        raise InputError(
+            "grid", f"makes a page of {size:,} bytes, over the cap of {MAX_HTML_BYTES:,} bytes of HTML; {best}"
+        )
+    if path is not None:
+        path.write_text(html, encoding="utf-8")
+    return html
 
 
 def _fits(events: int, size: int) -> bool:

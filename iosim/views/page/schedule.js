@@ -134,7 +134,7 @@ class Schedule {
   render() {
     const d = this.d, k = this.k;
     this.legend.textContent = "shade: words moved so far per word, one scale for every array" +
-      (PAGE.schedules.length > 1 ? " and schedule" : "") + ": the darkest is " + fmt(this.scale) +
+      (schedules.length > 1 ? " and schedule" : "") + ": the darkest is " + fmt(this.scale) +
       " per word (the most any word is moved in the run); blue: reads, orange: writes (an array both read and " +
       "written: reads in a cell's upper half, writes in its lower half); outline: this event's tile; dashed: tiles in fast memory";
     // the event line
@@ -293,7 +293,7 @@ class Player {
     if (this.race) this.drawRace();
     this.pos.textContent = (this.s.length > 1 ? (100 * this.t / this.T).toFixed(1) + "% of each schedule" :
       "event " + fmt(this.t) + " of " + fmt(this.T));
-    setFragment(this.s.length > 1 ? { t: this.t } : { k: this.t });
+    setFragment(Object.assign({}, settingKey(), this.s.length > 1 ? { t: this.t } : { k: this.t }));
   }
   drawRace() {
     const total = s => s.reads.reduce((x, y) => x + y, 0) + s.writes.reduce((x, y) => x + y, 0);
@@ -364,45 +364,206 @@ class Player {
     const panels = el("div", { class: this.s.length > 1 ? "panels" : "panels one" });
     for (const s of this.s) panels.append(s.root);
     document.getElementById("main").append(panels);
-    document.addEventListener("keydown", e => {
-      if (e.target && (e.target.tagName === "INPUT" && e.target.type !== "range" || e.target.tagName === "SELECT")) return;
-      let done = true;
-      if (e.key === " ") this.play();
-      else if (e.key === "ArrowRight" && e.shiftKey || e.key === "PageDown") this.outer(1);
-      else if (e.key === "ArrowLeft" && e.shiftKey || e.key === "PageUp") this.outer(-1);
-      else if (e.key === "ArrowRight") this.go(this.t + 1);
-      else if (e.key === "ArrowLeft") this.go(this.t - 1);
-      else if (e.key === "Home") this.go(0);
-      else if (e.key === "End") this.go(this.T);
-      else if (e.key === "+" || e.key === "=") this.setSpeed(this.speed + 1);
-      else if (e.key === "-") this.setSpeed(this.speed - 1);
-      else done = false;
-      if (done) e.preventDefault();
-    });
-    window.addEventListener("hashchange", () => this.fromFragment());
   }
-  fromFragment() {
-    const f = fragment();
-    const v = this.s.length > 1 ? f.t : f.k;
-    const t = parseInt(v, 10);
-    this.go(Number.isFinite(t) ? t : 0);
+  key(e) {  // the page's keys (one listener for the page calls the player of the setting shown)
+    if (e.target && (e.target.tagName === "INPUT" && e.target.type !== "range" || e.target.tagName === "SELECT")) return;
+    let done = true;
+    if (e.key === " ") this.play();
+    else if (e.key === "ArrowRight" && e.shiftKey || e.key === "PageDown") this.outer(1);
+    else if (e.key === "ArrowLeft" && e.shiftKey || e.key === "PageUp") this.outer(-1);
+    else if (e.key === "ArrowRight") this.go(this.t + 1);
+    else if (e.key === "ArrowLeft") this.go(this.t - 1);
+    else if (e.key === "Home") this.go(0);
+    else if (e.key === "End") this.go(this.T);
+    else if (e.key === "+" || e.key === "=") this.setSpeed(this.speed + 1);
+    else if (e.key === "-") this.setSpeed(this.speed - 1);
+    else done = false;
+    if (done) e.preventDefault();
   }
 }
 
-document.getElementById("help").textContent = "keys: space play/pause \u00b7 \u2190 \u2192 one event \u00b7 shift+\u2190 \u2192 (or PageUp/PageDown) one outer iteration \u00b7 Home/End \u00b7 + \u2212 speed";
-const schedules = PAGE.schedules.map((d, i) => new Schedule(d, i));
-const SCALE = Math.max(1, ...schedules.map(s => s.heatMax));  // one shading scale for every array of every schedule
-for (const s of schedules) s.scale = SCALE;
-const player = new Player(schedules);
-if (PAGE.chart) {
-  const c = PAGE.chart;
-  document.getElementById("main").append(el("section", { class: "panel chart" },
-    el("h2", { text: "Total words against M, every algorithm from its closed form (" + (c.backward ? "backward" : "forward") +
-      ", N = " + fmt(c.N) + ", d = " + c.d + "; at " + c.lower.length + " values of M, computed when this page was built)" }), chartSVG(c)));
+// The argument on the page: the lecture "why FlashAttention reads Theta(N^2 d^2 / M)" walked step by step with the
+// numbers of the setting shown, every one read from the trace (tile sizes, the working set at the peak, how often
+// each K_j is loaded, K's total) or from the chart's closed forms (the crossover), and the lesson's questions,
+// whose answers the page checks against the same trace.
+function traceFacts(s) {
+  const d = s.d, ev = d.events, n = d.steps.length, id = name => d.names.indexOf(name);
+  const q = id("Q"), k = id("K");
+  if (q < 0 || k < 0) return null;
+  const f = { N: d.shapes[q][0], d: d.shapes[q][1], M: d.M, Br: 0, Bc: 0, qRows: new Set(), kLoads: new Map(), kWords: 0,
+    peak: 0, peakAt: 0, firstOuterEnd: d.outer.length > 1 ? d.outer[1] : n };
+  const live = new Map();
+  let atPeak = [];
+  for (let i = 0; i < n; i++) {
+    const op = ev[9 * i], a = ev[9 * i + 1], r0 = ev[9 * i + 2], nr = ev[9 * i + 3], w = ev[9 * i + 6], h = ev[9 * i + 8];
+    if (op === LOAD && a === q) { if (!f.Br) f.Br = nr; f.qRows.add(r0); }
+    if (op === LOAD && a === k) { if (!f.Bc) f.Bc = nr; f.kLoads.set(r0, (f.kLoads.get(r0) || 0) + 1); f.kWords += w; }
+    if (op === LOAD || op === ALLOC) live.set(h, [d.names[a], w]); else if (op === FREE) live.delete(h);
+    if (ev[9 * i + 7] > f.peak) { f.peak = ev[9 * i + 7]; f.peakAt = i; atPeak = [...live.values()]; }
+  }
+  f.atPeak = atPeak;
+  f.Tr = f.qRows.size;
+  const counts = [...f.kLoads.values()];
+  f.kMin = Math.min(...counts); f.kMax = Math.max(...counts); f.k1 = f.kLoads.get(0) || 0;
+  return f;
 }
-player.fromFragment();
+function crossover(chart, name) {  // the smallest M of the chart at which `name` moves fewer words than standard and square tiling
+  if (!chart || !chart.series[name]) return null;
+  const at = (series, m) => { const p = (series || []).find(x => x[0] === m); return p ? p[1] : null; };
+  for (const [m, v] of chart.series[name]) {
+    const others = ["standard", "square-tiling"].map(o => at(chart.series[o], m)).filter(x => x !== null);
+    if (others.length === 2 && others.every(o => v < o)) return m;
+  }
+  return null;
+}
+function narration(set, scheds) {
+  const i = scheds.findIndex(s => s.d.algorithm === "flash2" || s.d.algorithm === "flash1");
+  if (i < 0 || scheds[i].d.pass !== "forward") return null;
+  const s = scheds[i], f = traceFacts(s);
+  if (!f) return null;
+  const alg = s.d.algorithm, N = f.N, dd = f.d, M = f.M;
+  const cross = crossover(set.chart, alg), d2 = dd * dd;
+  const tiles = f.atPeak.map(([n, w]) => n + " " + fmt(w)).join(", ");
+  const steps = [
+    ["What fits in M", "At its peak (event " + fmt(f.peakAt + 1) + ") fast memory holds " + tiles + ": " + fmt(f.peak) +
+      " of M = " + fmt(M) + " words. The row block Q_i and its output O_i (Br \u00d7 d each), the column blocks K_j and V_j " +
+      "(Bc \u00d7 d each) and the score tile S_ij (Br \u00d7 Bc) must all fit at once.", f.peakAt + 1],
+    ["Why Br \u2248 M/(4d)", "Four tiles of d columns share M, so a block has about M/(4d) = " + (M / (4 * dd)).toFixed(1) +
+      " rows (S_ij and the row statistics take the rest). This trace's blocks: Br = " + f.Br + ", Bc = " + f.Bc + ".", 1],
+    ["How often each K_j is read", alg === "flash2" ?
+      "Every row block streams all of K: Tr = \u2308N/Br\u2309 = \u2308" + N + "/" + f.Br + "\u2309 = " + f.Tr +
+      " row blocks, and the trace loads each K_j " + (f.kMin === f.kMax ? f.kMin : f.kMin + " to " + f.kMax) + " times." :
+      "FlashAttention (Algorithm 1) keeps K_j for a whole column block and streams Q past it: each K_j is loaded " +
+      (f.kMin === f.kMax ? f.kMin : f.kMin + " to " + f.kMax) + " time(s), and Q, O, l, m make the round trips instead.",
+      f.firstOuterEnd],
+    ["The total against Tr\u00b7N\u00b7d", "K is read " + fmt(f.kWords) + " words in all; Tr\u00b7N\u00b7d = " + f.Tr + " \u00b7 " +
+      N + " \u00b7 " + dd + " = " + fmt(f.Tr * N * dd) + (f.kWords === f.Tr * N * dd ? " (equal)." : ".") +
+      " With Br \u2248 M/(4d) that is about 4N\u00b2d\u00b2/M = " + fmt(4 * N * N * dd * dd / M) +
+      " words: K and V are read about 4Nd/M = " + (4 * N * dd / M).toFixed(2) + " times each, hence \u0398(N\u00b2d\u00b2/M).", s.n],
+    ["The crossover at M = d\u00b2", "Standard attention moves \u0398(Nd + N\u00b2) words and square tiling \u0398(N\u00b2d/\u221aM); " +
+      "N\u00b2d\u00b2/M is the smaller once M \u2265 d\u00b2 = " + fmt(d2) + ". " + (cross === null ? "On this chart " + alg +
+      " never moves the fewest words of the three." : "On this page's chart (closed forms) " + alg +
+      " first moves fewer words than both at M = " + fmt(cross) + " (" + (cross / d2).toFixed(2) + " d\u00b2)."), s.n],
+  ];
+  const box = el("section", { class: "panel narration", id: "narration" });
+  box.append(el("h2", { text: "The argument, with this setting's numbers (" + alg + ", N = " + N + ", d = " + dd + ", M = " + fmt(M) + ")" }));
+  const text = el("div", { class: "story", id: "story" });
+  let at = 0;
+  const show = j => {
+    at = Math.max(0, Math.min(steps.length - 1, j));
+    const [head, body, tick] = steps[at];
+    text.replaceChildren(el("h3", { text: (at + 1) + " of " + steps.length + ". " + head }), el("p", { text: body }));
+    if (player) player.go(Math.round(tick * player.T / s.n));
+  };
+  const b = (label, id, fn) => { const e = el("button", { text: label, id }); e.addEventListener("click", fn); return e; };
+  box.append(el("div", { class: "controls" }, b("\u2039 previous", "story-back", () => show(at - 1)),
+    b("next \u203a", "story-next", () => show(at + 1))), text);
+  box.append(questions(alg, f, cross));
+  text.append(el("p", { class: "note", text: "Press \u201cnext\u201d to walk the argument; the player moves to the moment each step speaks of." }));
+  box.iosimSteps = steps.map(x => x[1]);
+  window.iosimStory = { steps: () => steps.map(x => [x[0], x[1]]), show: j => { show(j); return text.textContent; }, facts: f, crossover: cross };
+  return box;
+}
+function questions(alg, f, cross) {
+  const qs = [
+    ["tr", "How many row blocks Q_i does " + alg + " use here (Tr)?", f.Tr],
+    ["k1", "How many times is K_1, the first column block, loaded?", f.k1],
+    ["kwords", "How many words of K are read in all?", f.kWords],
+  ];
+  if (cross !== null) qs.push(["cross", "From the chart: the smallest M at which " + alg + " moves fewer words than standard attention and square tiling?", cross]);
+  const box = el("div", { class: "questions" }, el("h3", { text: "Questions (answers checked against this trace)" }));
+  for (const [id, ask, answer] of qs) {
+    const input = el("input", { type: "text", inputmode: "numeric", id: "answer-" + id, "aria-label": ask, size: 8 });
+    const out = el("span", { class: "verdict", id: "verdict-" + id });
+    const check = () => {
+      const v = parseInt(input.value.replace(/[,\s]/g, ""), 10);
+      if (!Number.isFinite(v)) { out.textContent = "type a whole number"; out.className = "verdict bad"; return; }
+      const ok = v === answer;
+      out.textContent = ok ? "right: the trace says " + fmt(answer) : "not yet: " + fmt(v) + " is too " + (v > answer ? "high" : "low");
+      out.className = "verdict " + (ok ? "good" : "bad");
+    };
+    const btn = el("button", { text: "check", id: "check-" + id });
+    btn.addEventListener("click", check);
+    input.addEventListener("keydown", e => { if (e.key === "Enter") check(); });
+    box.append(el("div", { class: "question" }, el("label", { for: "answer-" + id, text: ask + " " }), input, btn, out));
+  }
+  return box;
+}
+
+document.getElementById("help").textContent = "keys: space play/pause \u00b7 \u2190 \u2192 one event \u00b7 shift+\u2190 \u2192 (or PageUp/PageDown) one outer iteration \u00b7 Home/End \u00b7 + \u2212 speed";
+
+// A page of one setting (PAGE.schedules) or of a grid of settings (PAGE.grid: the real traces of every N, d, M and
+// mask it holds, picked with the controls above the player; every number follows the setting picked).
+const GRID = PAGE.grid || null;
+const GRID_AXES = ["N", "d", "M", "mask"];
+let schedules = [], player = null, current = null;
+function settingKey() { return GRID && current ? { N: current.N, d: current.d, M: current.M, mask: current.mask } : {}; }
+function findSetting(want) { return GRID.settings.find(x => GRID_AXES.every(a => String(x[a]) === String(want[a]))); }
+function start(set, t) {
+  const main = document.getElementById("main");
+  if (player) player.play(false);
+  main.replaceChildren();
+  current = set;
+  schedules = []; player = null;
+  if (GRID) drawSettings();
+  if (set.refused) {  // a setting iosim refuses: its one line, never a blank page
+    main.append(el("p", { class: "verdict bad", id: "refused", text: "N = " + set.N + ", d = " + set.d + ", M = " + set.M +
+      ": " + set.refused }));
+    setFragment(settingKey());
+    return;
+  }
+  schedules = set.schedules.map((d, i) => new Schedule(d, i));
+  const scale = Math.max(1, ...schedules.map(s => s.heatMax));  // one shading scale for every array of every schedule
+  for (const s of schedules) s.scale = scale;
+  player = new Player(schedules);
+  if (set.chart) {
+    const c = set.chart;
+    main.append(el("section", { class: "panel chart" },
+      el("h2", { text: "Total words against M, every algorithm from its closed form (" + (c.backward ? "backward" : "forward") +
+        ", N = " + fmt(c.N) + ", d = " + c.d + "; at " + c.lower.length + " values of M, computed when this page was built)" }), chartSVG(c)));
+  }
+  const story = narration(set, schedules);
+  if (story) main.append(story);
+  player.go(t || 0);
+}
+function drawSettings() {
+  let bar = document.getElementById("settings");
+  if (!bar) {
+    bar = el("nav", { id: "settings", class: "controls settings" });
+    document.getElementById("main").before(bar);
+  }
+  const pick = [];
+  for (const a of GRID_AXES) {
+    const values = GRID.axes[a];
+    if (values.length < 2 && a === "mask") continue;
+    const sel = el("select", { id: "set-" + a, "aria-label": a });
+    values.forEach(v => sel.append(el("option", { value: v, text: a + " = " + v })));
+    sel.value = current[a];
+    sel.addEventListener("change", () => start(findSetting(Object.assign(settingKey(), { [a]: sel.value })) || current));
+    pick.push(sel);
+  }
+  bar.replaceChildren(el("span", { text: "setting (each one a real trace):" }), ...pick);
+}
+function fromFragment() {
+  const f = fragment();
+  const many = (current && current.schedules ? current.schedules : PAGE.schedules || GRID.settings.find(x => x.schedules).schedules).length > 1;
+  const v = parseInt(many ? f.t : f.k, 10), t = Number.isFinite(v) ? v : 0;
+  if (GRID) {
+    const base = current ? settingKey() : { N: GRID.axes.N[0], d: GRID.axes.d[0], M: GRID.axes.M[0], mask: GRID.axes.mask[0] };
+    const asked = Object.fromEntries(GRID_AXES.filter(a => f[a] !== undefined).map(a => [a, f[a]]));
+    const set = findSetting(Object.assign(base, asked)) || current || GRID.settings.find(x => !x.refused) || GRID.settings[0];
+    if (set !== current) { start(set, t); return; }
+  }
+  if (player) player.go(t);
+}
+document.addEventListener("keydown", e => { if (player) player.key(e); });
+window.addEventListener("hashchange", () => fromFragment());
+if (!GRID) start(PAGE, 0);
+fromFragment();
 window.iosimPage = {
   go: t => player.go(t), ticks: () => player.T, tick: () => player.t,
   state: () => schedules.map(s => s.state()),
   seekEvent: (i, k) => { const s = schedules[i]; s.seek(k); return s.state(); },
+  setting: want => { const set = findSetting(Object.assign(settingKey(), want)); if (set) start(set); return settingKey(); },
+  refused: () => (current && current.refused) || null,
 };
