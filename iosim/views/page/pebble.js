@@ -90,7 +90,8 @@ class Board {
       b("undo", "take back the last move (u)", () => this.undo(), "undo"),
       b("restart", "start again", () => this.restart(), "restart"),
       b("exercise's solution", "play the solution file of docs/pebble", () => this.playList("solution"), "solution"),
-      b("iosim's best", "play iosim's optimum (or greedy schedule where the search is out of reach)", () => this.playList("best"), "best"));
+      b("iosim's best", "play iosim's optimum (or greedy schedule where the search is out of reach)", () => this.playList("best"), "best"),
+      b("best: next move", "iosim's best schedule one move at a time (n)", () => this.stepBest(), "best-step"));
     this.status = el("div", { class: "occupancy", id: "status" });
     this.verdict = el("div", { class: "verdict", id: "verdict" });
     this.svg = svg("svg", { id: "board" });
@@ -102,6 +103,7 @@ class Board {
     document.addEventListener("keydown", e => {
       const r = { "1": "R1", "2": "R2", "3": "R3", "4": "R4" }[e.key];
       if (r) { this.play(r); e.preventDefault(); } else if (e.key === "u") { this.undo(); e.preventDefault(); }
+      else if (e.key === "n") { this.stepBest(); e.preventDefault(); }
     });
     const f = fragment();
     this.load(Math.max(0, Math.min(this.games.length - 1, parseInt(f.g || "0", 10) || 0)));
@@ -143,6 +145,20 @@ class Board {
     this.message = which === "best" ? "iosim's " + src.how + ": " + fmt(src.io) + " I/O" :
       "the exercise's solution " + src.file + ": " + (v.legal ? fmt(v.io) + " I/O" : v.message);
     this.bad = !v.legal;
+    this.draw();
+  }
+  stepBest() {  // the next move of iosim's best schedule, from the start unless the moves so far are its beginning
+    const best = this.g.best.moves;
+    const prefix = this.moves.length < best.length && this.moves.every((m, i) => m[0] === best[i][0] && m[1] === best[i][1]);
+    if (!prefix) this.restart();
+    const [r, n] = best[this.moves.length];
+    const v = this.g.names.indexOf(n);
+    this.sel = v;
+    this.game.move(r, v);
+    this.moves.push([r, n]);
+    this.message = "iosim's " + this.g.best.how.split(" (")[0] + ", move " + this.moves.length + " of " + best.length + ": " +
+      TITLES[r] + " on " + n + (this.moves.length === best.length ? "; done, " + fmt(this.g.best.io) + " I/O" : "");
+    this.bad = false;
     this.draw();
   }
   draw() {
@@ -188,7 +204,7 @@ class Board {
   }
 }
 
-document.getElementById("help").textContent = "click a vertex, then 1 R1 read \u00b7 2 R2 write \u00b7 3 R3 compute \u00b7 4 R4 remove \u00b7 u undo";
+document.getElementById("help").textContent = "click a vertex (or Tab to it, Enter), then 1 R1 read \u00b7 2 R2 write \u00b7 3 R3 compute \u00b7 4 R4 remove \u00b7 u undo \u00b7 n iosim's next move";
 const board = new Board();
 window.iosimPebble = {
   replay: (i, moves) => replay(PAGE.games[i], PAGE.games[i].M, moves),

@@ -548,6 +548,7 @@ function fromFragment() {
   const f = fragment();
   const many = (current && current.schedules ? current.schedules : PAGE.schedules || GRID.settings.find(x => x.schedules).schedules).length > 1;
   const v = parseInt(many ? f.t : f.k, 10), t = Number.isFinite(v) ? v : 0;
+  if (!GRID && !current) { start(PAGE, t); return; }  // the first start reads the fragment before writing it
   if (GRID) {
     const base = current ? settingKey() : { N: GRID.axes.N[0], d: GRID.axes.d[0], M: GRID.axes.M[0], mask: GRID.axes.mask[0] };
     const asked = Object.fromEntries(GRID_AXES.filter(a => f[a] !== undefined).map(a => [a, f[a]]));
@@ -558,7 +559,6 @@ function fromFragment() {
 }
 document.addEventListener("keydown", e => { if (player) player.key(e); });
 window.addEventListener("hashchange", () => fromFragment());
-if (!GRID) start(PAGE, 0);
 fromFragment();
 window.iosimPage = {
   go: t => player.go(t), ticks: () => player.T, tick: () => player.t,
