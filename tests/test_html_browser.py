@@ -123,6 +123,12 @@ def test_schedule_page_counts_equal_the_trace(browser, one, tmp_path):
         st = drv.execute_script("return window.iosimPage.seekEvent(0, arguments[0]);", k)
         assert st["resident"] == int(ev[k, 7]) == sum(w for _, w in st["live"])
         assert st["peak"] == int(ev[: k + 1, 7].max())
+    # the event's tile is lit in fast memory too (a load or alloc: the tile it brought in)
+    k = int(np.flatnonzero(ev[:, 0] == 1)[3])
+    drv.execute_script("window.iosimPage.go(arguments[0])", k + 1)
+    lit = drv.find_elements(By.CSS_SELECTOR, "#schedule0 .fast .tile.current")
+    assert [e.text for e in lit] == [r.trace.names[ev[k, 1]]]
+    assert lit[0].get_attribute("title").endswith(f"{int(ev[k, 6])} words")
 
 
 def test_keyboard_and_fragment(browser, one, tmp_path):
@@ -574,6 +580,8 @@ def test_grid_page_controls_narration_and_questions(browser, tmp_path):
             assert drv.find_element(By.ID, f"verdict-{qid}").text == f"right: the trace says {right:,}"
     drv.find_element(By.ID, "story-next").click()
     assert "1 of 5" not in drv.find_element(By.ID, "story").text and "2 of 5" in drv.find_element(By.ID, "story").text
+    drv.execute_script("document.getElementById('narration').scrollIntoView()")
+    _shot(drv, tmp_path, "explore")
     Select(drv.find_element(By.ID, "set-M")).select_by_value("32")  # below flash2's smallest working set at d = 8
     assert "M must be at least" in drv.find_element(By.ID, "refused").text
     _fits(drv)

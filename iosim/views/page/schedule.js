@@ -183,10 +183,11 @@ class Schedule {
     // fast memory
     const tiles = [];
     let x = 0;
-    for (const t of this.live.values()) {
+    const hNow = k >= 0 ? this.e(k, 8) : -1;  // the tile of this event, lit in fast memory as on its array
+    for (const [h, t] of this.live.entries()) {
       const name = d.names[t[0]], w = 100 * t[5] / d.M;
       const bg = colour(name, t[0]);
-      tiles.push(el("div", { class: "tile", style: "left:" + x + "%;width:" + w + "%;background:" + bg + ";color:" + textOn(bg),
+      tiles.push(el("div", { class: h === hNow ? "tile current" : "tile", style: "left:" + x + "%;width:" + w + "%;background:" + bg + ";color:" + textOn(bg),
         title: name + "[" + t[1] + ":" + (t[1] + t[2]) + ", " + t[3] + ":" + (t[3] + t[4]) + "] " + t[5] + " words", text: name }));
       x += w;
     }
@@ -456,7 +457,7 @@ function narration(set, scheds) {
     if (player) player.go(Math.round(tick * player.T / s.n));
   };
   const b = (label, id, fn) => { const e = el("button", { text: label, id }); e.addEventListener("click", fn); return e; };
-  box.append(el("div", { class: "controls" }, b("\u2039 previous", "story-back", () => show(at - 1)),
+  box.append(el("div", { class: "controls story-controls" }, b("\u2039 previous", "story-back", () => show(at - 1)),
     b("next \u203a", "story-next", () => show(at + 1))), text);
   box.append(questions(alg, f, cross));
   text.append(el("p", { class: "note", text: "Press \u201cnext\u201d to walk the argument; the player moves to the moment each step speaks of." }));
