@@ -388,6 +388,8 @@ def test_grid_page_carries_every_settings_real_trace(tmp_path, capsys, monkeypat
         main([*cmd[:3], "16,x", *cmd[4:]])
     assert e.value.code == 2
     assert "--grid-N: must be a comma-separated list of positive integers" in capsys.readouterr().err
+    assert main(["show", "flash2", "--N", "16", "--d", "4", "--M", "128", "--grid-M", "64,128", "--text"]) == 2
+    assert "--grid-M applies with --html" in capsys.readouterr().err
     one = len(html.grid_page(["flash2"], Ns=[16], ds=[4], Ms=[128]).encode())
     monkeypatch.setattr(html, "MAX_HTML_BYTES", one + 1000)
     with pytest.raises(InputError, match=r"N in \[16\] fits with these d, M and masks"):

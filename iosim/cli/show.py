@@ -121,6 +121,10 @@ def command(args) -> int:
         return _html(args)
     if getattr(args, "algorithm2", None):
         raise InputError("ALGORITHM2", "applies with --html (a second schedule side by side)", args.algorithm2)
+    for a in ("N", "d", "M", "mask"):
+        value = getattr(args, f"grid_{a}", None)
+        if value:
+            raise InputError(f"--grid-{a}", "applies with --html (a page of several settings)", value)
     if not args.text:
         if not args.output:
             raise InputError("--output", "is needed for a picture (or use --text)")
