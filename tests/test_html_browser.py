@@ -606,3 +606,20 @@ def test_pebble_optimum_stepped_move_by_move(browser, tmp_path):
         and f"done, {o.io} I/O" in drv.find_element(By.ID, "verdict").text
     )
     assert o.complete and "every output is blue" not in drv.find_element(By.ID, "verdict").text
+
+
+def test_exercise_page(browser, tmp_path):
+    """Issue 46: a student's numba.cuda kernel's page: its counts beside iosim's schedule and the bound, and the
+    verdict (the starter of exercise 1 re-reads X: not yet)."""
+    pytest.importorskip("numba.cuda")
+    from iosim.views import exercises
+
+    path = tmp_path / "exercise.html"
+    d = exercises.check("softmax", "docs/exercises/softmax_starter.py", path, R=4, C=16)
+    drv = _open(browser, path)
+    _clean(drv)
+    assert drv.find_element(By.ID, "verdict").text.startswith("not yet: correct, but it moves 256 words")
+    row = drv.find_element(By.CSS_SELECTOR, '#traffic tr[data-array="X"]').find_elements(By.TAG_NAME, "td")
+    assert [c.text for c in row] == ["X", f"{3 * 4 * 16:,} / 0", f"{4 * 16} / 0", f"{4 * 16} / 0"]
+    assert d["total"] == 256
+    _fits(drv)

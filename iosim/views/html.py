@@ -104,7 +104,8 @@ def _script_json(data) -> str:
 def render(kind: str, title: str, data: dict) -> str:
     """The page: the template with its styles, scripts and data inline."""
     html = _asset("page.html")
-    scripts = {"schedule": ["common.js", "schedule.js"], "pebble": ["common.js", "pebble.js"]}[kind]
+    scripts = {"schedule": ["common.js", "schedule.js"], "pebble": ["common.js", "pebble.js"],
+               "exercise": ["common.js", "exercise.js"]}[kind]  # fmt: skip
     js = "\n".join(_asset(s) for s in scripts)
     from iosim.version import __version__
 
@@ -134,6 +135,12 @@ def _noscript(kind: str, data: dict) -> str:
     as plain HTML (per-array counts beside the closed form and the bounds; the pebble games' best schedules)."""
     parts = ['<p class="verdict bad">This page plays its trace with JavaScript, which is off: the final numbers '
              "are below; turn JavaScript on to step through the events.</p>"]  # fmt: skip
+    if kind == "exercise":
+        rows = [[a, *(f"{v[0]:,} / {v[1]:,}" for v in (data["kernel"][a], data["schedule"][a], data["bound"][a]))]
+                for a in data["kernel"]]  # fmt: skip
+        parts.append(_table(["array", "your kernel", "iosim's schedule", "lower bound"], rows))
+        parts.append(f"<p>{'passed' if data['passed'] else 'not yet'}</p>")
+        return "".join(parts)
     if kind == "pebble":
         for g in data["games"]:
             b = g["best"]
