@@ -51,3 +51,16 @@ def test_bad_exercise_and_path(tmp_path):
         exercises.check("fft", f"{DOCS}/softmax_starter.py")
     with pytest.raises(InputError, match="must end in .html"):
         exercises.check("softmax", f"{DOCS}/softmax_starter.py", tmp_path / "x.txt")
+
+
+def test_attention_tile_loop_starter_fails_and_reference_passes(tmp_path):
+    """The attention tile loop at N = 18 (not a multiple of the blocks of 4), d = 4: the starter reloads Q_i for
+    every K_j (Tc times), the reference keeps it (FlashAttention-2's loop: K and V read Tr times), equal to iosim's
+    flash2 at the same blocks, array by array."""
+    N, d, B = 18, 4, 4  # noqa: N806
+    Tr = Tc = -(-N // B)  # noqa: N806
+    starter = exercises.check("attention", f"{DOCS}/attention_starter.py", N=N, d=d)
+    assert starter["kernel"]["Q"] == [Tc * N * d, 0] and starter["correct"] and not starter["passed"]
+    ref = exercises.check("attention", f"{DOCS}/attention_reference.py", tmp_path / "a.html", N=N, d=d)
+    want = {"Q": [N * d, 0], "K": [Tr * N * d, 0], "V": [Tr * N * d, 0], "O": [0, N * d], "L": [0, N]}
+    assert ref["kernel"] == want == ref["schedule"] and ref["passed"]

@@ -9,7 +9,7 @@ student's counts stand beside two models of the same problem, both written here 
   shared-memory words of the tiled schedule; the larger of the two;
 * **iosim's schedule**: the count of the tiled schedule the exercise asks for (softmax: one read of each row into
   shared memory, one write; the product with T x T tiles: A read ceil(n/T) times, B ceil(m/T) times, C written
-  once).
+  once; the attention tile loop: iosim's own flash2 run at the kernel's blocks, simulated).
 
 A kernel passes when its outputs equal NumPy's (float32 tolerance) and it moves no more words than iosim's
 schedule. The starter files fail (correct, but they re-read global memory); the reference files pass.
@@ -42,11 +42,20 @@ class Exercise:
 EXERCISES = {
     "softmax": Exercise("softmax", "Row softmax: Y = softmax(X) row by row", {"R": 8, "C": 32}, ("X",), ("Y",)),
     "matmul": Exercise("matmul", "Tiled matrix product: C = A B", {"m": 16, "k": 16, "n": 16}, ("A", "B"), ("C",)),
+    "attention": Exercise(
+        "attention",
+        "An attention tile loop: O = softmax(Q K^T / sqrt(d)) V, L = logsumexp",
+        {"N": 16, "d": 4},
+        ("Q", "K", "V"),
+        ("O", "L"),
+    ),
 }
 
 
 def models(name: str, sizes: dict) -> tuple[dict, dict, str]:
     """(lower bound per array, iosim's schedule per array, how the bound was made) for exercise ``name``."""
+    if name == "attention":
+        return _attention_models(sizes)
     if name == "softmax":
         R, C = sizes["R"], sizes["C"]  # noqa: N806
         words = {"X": [R * C, 0], "Y": [0, R * C]}
@@ -65,12 +74,32 @@ def models(name: str, sizes: dict) -> tuple[dict, dict, str]:
     return compulsory, schedule, how
 
 
-def _expected(name: str, arrays: dict) -> np.ndarray:
+def _attention_models(sizes: dict) -> tuple[dict, dict, str]:
+    """The attention tile loop: iosim's flash2 at the kernel's blocks (BR, BC), simulated (its counts do not depend
+    on M once the blocks are given), and the compulsory traffic (Q, K, V read once; O and L written once)."""
+    from iosim import api
+
+    N, d, Br, Bc = sizes["N"], sizes["d"], sizes["BR"], sizes["BC"]  # noqa: N806
+    M = 2 * Br * d + 2 * Bc * d + Br * Bc + 2 * Br  # noqa: N806  (Q_i, O_i, K_j, V_j, S_ij, m_i, l_i)
+    r = api.run("flash2", N=N, d=d, M=M, Br=Br, Bc=Bc, count_only=True, reference=False)
+    schedule = {a: [v.reads, v.writes] for a, v in r.stats.per_array.items()}
+    bound = {"Q": [N * d, 0], "K": [N * d, 0], "V": [N * d, 0], "O": [0, N * d], "L": [0, N]}
+    how = f"compulsory: read Q, K, V once, write O and L once (iosim's flash2 at Br = {Br}, Bc = {Bc})"
+    return bound, schedule, how
+
+
+def _expected(name: str, arrays: dict) -> dict:
+    """The exercise's outputs from NumPy in float64."""
     if name == "softmax":
         X = arrays["X"]  # noqa: N806
         e = np.exp(X - X.max(axis=1, keepdims=True))
-        return e / e.sum(axis=1, keepdims=True)
-    return arrays["A"] @ arrays["B"]
+        return {"Y": e / e.sum(axis=1, keepdims=True)}
+    if name == "attention":
+        S = arrays["Q"] @ arrays["K"].T / math.sqrt(arrays["Q"].shape[1])  # noqa: N806
+        mx = S.max(axis=1, keepdims=True)
+        e = np.exp(S - mx)
+        return {"O": e @ arrays["V"] / e.sum(axis=1, keepdims=True), "L": mx + np.log(e.sum(axis=1, keepdims=True))}
+    return {"C": arrays["A"] @ arrays["B"]}
 
 
 def check(name: str, student: str, path=None, **sizes) -> dict:
@@ -89,13 +118,14 @@ def check(name: str, student: str, path=None, **sizes) -> dict:
     counts, numbers, arrays = count_file(str(student), backend="numba-cuda", params=params)
     if name == "matmul":
         params["T"] = int(numbers.get("T", 0)) or 8
+    if name == "attention":
+        params.update(BR=int(numbers["BR"]), BC=int(numbers["BC"]))
     bound, schedule, how = models(name, params)
     kernel = {a: [counts.per_array[a].reads, counts.per_array[a].writes] if a in counts.per_array else [0, 0]
               for a in (*ex.inputs, *ex.outputs)}  # fmt: skip
-    out = ex.outputs[0]
-    got = np.asarray(arrays[out], dtype=np.float64)
     want = _expected(name, {k: np.asarray(v, dtype=np.float64) for k, v in arrays.items()})
-    correct = bool(got.shape == want.shape and np.allclose(got, want, rtol=1e-4, atol=1e-5))
+    got = {a: np.asarray(arrays[a], dtype=np.float64) for a in want}
+    correct = all(got[a].shape == w.shape and np.allclose(got[a], w, rtol=1e-4, atol=1e-5) for a, w in want.items())
     total = sum(sum(v) for v in kernel.values())
     limit = sum(sum(v) for v in schedule.values())
     data = {
