@@ -114,6 +114,7 @@ def test_schedule_page_counts_equal_the_trace(browser, one, tmp_path):
     assert {k: final["reads"][k] for k in per} == {k: v.reads for k, v in per.items()}
     assert {k: final["writes"][k] for k in per} == {k: v.writes for k, v in per.items()}
     assert final["peak"] == r.stats.peak and final["resident"] == 0
+    assert final["blocksDone"] == -(-40 // r.tiling.Br) * -(-40 // r.tiling.Bc)  # every block of S = Q K^T drawn
     rows = drv.find_elements(By.CSS_SELECTOR, "#schedule0 table.counts tr[data-array]")
     shown = {row.get_attribute("data-array"): row.find_elements(By.TAG_NAME, "td")[1].text for row in rows}
     assert shown == {k: f"{v.reads:,}" for k, v in per.items()}

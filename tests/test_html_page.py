@@ -394,3 +394,18 @@ def test_grid_page_carries_every_settings_real_trace(tmp_path, capsys, monkeypat
     monkeypatch.setattr(html, "MAX_HTML_BYTES", one + 1000)
     with pytest.raises(InputError, match=r"N in \[16\] fits with these d, M and masks"):
         html.grid_page(["flash2"], Ns=[16, 64], ds=[4], Ms=[128])
+
+
+@pytest.mark.parametrize("algorithm", ["flash1", "flash2"])
+def test_score_blocks_drawn_are_the_ones_computed(algorithm):
+    """The page's picture of S = Q K^T: every block the schedule computes, and none a causal mask skips (model:
+    a block of rows i0..i0+nq-1 and keys k0.. is computed iff some key is at or below some row, k0 <= i0 + nq - 1)."""
+    N, d, M = 20, 4, 128  # noqa: N806
+    for causal in (False, True):
+        r = html.traced(algorithm, N=N, d=d, M=M, causal=causal)
+        Br, Bc = r.tiling.Br, r.tiling.Bc  # noqa: N806
+        got = {(q0, nq, k0, nk) for _, q0, nq, k0, nk in html.schedule_data(r)["blocks"]}
+        want = {(i0, min(Br, N - i0), j0, min(Bc, N - j0)) for i0 in range(0, N, Br) for j0 in range(0, N, Bc)
+                if not causal or j0 <= i0 + min(Br, N - i0) - 1}  # fmt: skip
+        assert got == want
+    assert html.schedule_data(html.traced("standard", N=N, d=d, M=M))["blocks"] is None

@@ -284,6 +284,7 @@ def schedule_data(r) -> dict:
         "outer": outer,
         "final": _counts(compact, names),
         "rows": _rows(names, stats, pred),
+        "blocks": score_blocks(ev, t.names),
         "peak": int(ev[:, 7].max()) if len(ev) else 0,
         "thread_blocks": blocks,
         "problem": None if single else str(r.problem),
@@ -299,6 +300,30 @@ def schedule_data(r) -> dict:
         },
     }
     return data
+
+
+def score_blocks(ev, names) -> list[list[int]] | None:
+    """The blocks of S = Q K^T the schedule computes, from the trace: at each allocation of a score tile S_ij, the
+    rows of the Q tile and of the K tile then resident, as [event, q0, nq, k0, nk] (event order, the event's index
+    in ``ev``). A block a mask skips is
+    never allocated, so it is absent. None for a schedule without score tiles beside resident Q and K tiles (standard
+    attention writes S whole)."""
+    if not {"S", "Q", "K"} <= set(names):
+        return None
+    s_id, q_id, k_id = names.index("S"), names.index("Q"), names.index("K")
+    live: dict[int, tuple] = {}
+    out = []
+    for e, (op, a, r0, nr, _c0, _nc, _w, _res, h) in enumerate(ev[:, :9].tolist()):
+        if op in (1, 3):
+            live[h] = (a, r0, nr)
+        elif op == 4:
+            live.pop(h, None)
+        if op == 3 and a == s_id:
+            q = [t for t in live.values() if t[0] == q_id]
+            k = [t for t in live.values() if t[0] == k_id]
+            if len(q) == 1 and len(k) == 1:
+                out.append([e, q[0][1], q[0][2], k[0][1], k[0][2]])
+    return out or None
 
 
 def _rows(names, stats, pred) -> list[str]:

@@ -85,6 +85,7 @@ class Schedule {
     const reads = {}, writes = {};
     this.d.names.forEach((n, i) => { reads[n] = this.reads[i]; writes[n] = this.writes[i]; });
     return { k: this.k, n: this.n, reads, writes, resident: this.resident, peak: this.peak, scale: this.scale,
+      blocksDone: this.blocksDone === undefined ? null : this.blocksDone,
       heat: Object.fromEntries(this.d.names.map((n, i) => [n, [Array.from(this.heat[i]), Array.from(this.wheat[i])]])),
       live: [...this.live.values()].map(t => [this.d.names[t[0]], t[5]]) };
   }
@@ -112,6 +113,13 @@ class Schedule {
         el("span", { class: "swatch", style: "background:" + colour(d.names[a], a) }),
         d.names[a] + " " + rows + "\u00d7" + cols)));
     }
+    if (d.blocks) {  // S = Q K^T: the blocks the schedule computes (from the trace); a skipped block stays blank
+      const N = d.shapes[d.names.indexOf("Q")][0], nk = d.shapes[d.names.indexOf("K")][0];
+      const h = CANVAS_H, w = Math.max(10, Math.min(260, Math.round(h * nk / N)));
+      this.blockCanvas = el("canvas", { width: w, height: h, "data-array": "S-blocks" });
+      arrays.append(el("figure", {}, this.blockCanvas, el("figcaption", { text: "S = QK\u1d40 blocks computed (" +
+        d.blocks.length + "; blank: skipped)" })));
+    }
     left.append(arrays);
     this.legend = el("div", { class: "note legend" });
     left.append(this.legend);
@@ -130,6 +138,21 @@ class Schedule {
       (d.exact === true ? " (equal, array by array and in peak)" : d.exact === false ? " (DIFFERENT)" : ""));
     for (const t of lines) right.append(el("div", { class: "occupancy", text: t }));
     right.append(b);
+  }
+  drawBlocks(k) {  // the score blocks computed up to event k, the latest outlined
+    const d = this.d, c = this.blockCanvas, ctx = c.getContext("2d");
+    const N = d.shapes[d.names.indexOf("Q")][0], nk = d.shapes[d.names.indexOf("K")][0];
+    const sx = c.width / nk, sy = c.height / N;
+    ctx.fillStyle = "#fff"; ctx.fillRect(0, 0, c.width, c.height);
+    let last = null, done = 0;
+    ctx.fillStyle = "rgba(" + READ_RGB + ", 0.55)";
+    for (const b of d.blocks) {
+      if (b[0] > k) break;
+      ctx.fillRect(b[3] * sx, b[1] * sy, b[4] * sx, b[2] * sy);
+      last = b; done++;
+    }
+    if (last) { ctx.lineWidth = 3; ctx.strokeStyle = OUTLINE[ALLOC]; ctx.strokeRect(last[3] * sx + 1.5, last[1] * sy + 1.5, Math.max(1, last[4] * sx - 3), Math.max(1, last[2] * sy - 3)); }
+    this.blocksDone = done;
   }
   render() {
     const d = this.d, k = this.k;
@@ -180,6 +203,7 @@ class Schedule {
         ctx.strokeRect(c0 * sx + 1.5, r0 * sy + 1.5, Math.max(1, nc * sx - 3), Math.max(1, nr * sy - 3));
       }
     }
+    if (this.blockCanvas) this.drawBlocks(k);
     // fast memory
     const tiles = [];
     let x = 0;
