@@ -1,0 +1,66 @@
+"""Launchers for tests/test_kernels_views.py and docs/kv-cache.md: small kernels written for iosim's tests (no other
+project's code), launched with K and V as separate buffers and as views of one cache tensor the way serving engines
+store it (interleaved: ``kv.split(d, -1)``; nested: V = ``K[..., :d_v]``, an MLA latent's first columns).
+Imported only by the counting subprocess (TRITON_INTERPRET=1 set first).
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def decode(Q, K, V, O, N, s_k, s_v, s_h, D: tl.constexpr, DV: tl.constexpr, BLOCK_N: tl.constexpr):
+    """One query row per program (head h = program 0): o = softmax(q K^T) V over N keys in blocks of BLOCK_N;
+    K rows have stride s_k, V rows s_v, heads s_h (in K's and V's rows alike)."""
+    h = tl.program_id(0)
+    dd, dv = tl.arange(0, D), tl.arange(0, DV)
+    q = tl.load(Q + h * D + dd)
+    m = tl.full((1,), float("-inf"), tl.float32)
+    den = tl.zeros((1,), tl.float32)
+    acc = tl.zeros((DV,), tl.float32)
+    for s in range(0, N, BLOCK_N):
+        rows = s + tl.arange(0, BLOCK_N)
+        live = rows < N
+        k = tl.load(K + h * s_h + rows[:, None] * s_k + dd[None, :], mask=live[:, None], other=0.0)
+        v = tl.load(V + h * s_h + rows[:, None] * s_v + dv[None, :], mask=live[:, None], other=0.0)
+        sc = tl.where(live, tl.sum(k * q[None, :], 1), float("-inf"))
+        mn = tl.maximum(m, tl.max(sc, 0))
+        p = tl.exp(sc - mn)
+        a = tl.exp(m - mn)
+        den = den * a + tl.sum(p, 0)
+        acc = acc * a + tl.sum(p[:, None] * v, 0)
+        m = mn
+    tl.store(O + h * DV + dv, acc / den)
+
+
+def _run(q, k, v, N, D, DV, H, block_n):
+    o = torch.empty(H, DV)
+    decode[(H,)](q, k, v, o, N, k.stride(-2), v.stride(-2), k.stride(0), D=D, DV=DV, BLOCK_N=block_n)
+    return o
+
+
+def _qkv(H, N, D, DV, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(H, D, generator=g), torch.randn(H, N, D, generator=g), torch.randn(H, N, DV, generator=g))
+
+
+def launch_separate(N=64, d=16, dv=8, H=1, block_n=16):
+    """K (H, N, d) and V (H, N, dv) in buffers of their own."""
+    q, k, v = _qkv(H, N, d, dv)
+    return {"Q": q, "K": k, "V": v, "O": _run(q, k, v, N, d, dv, H, block_n)}
+
+
+def launch_nested(N=64, d=16, dv=8, H=1, block_n=16):
+    """V = K[..., :dv]: the first dv columns of K, the same addresses (an MLA latent cache)."""
+    q, k, _ = _qkv(H, N, d, dv)
+    v = k[..., :dv]
+    return {"Q": q, "K": k, "V": v, "O": _run(q, k, v, N, d, dv, H, block_n)}
+
+
+def launch_interleaved(N=64, d=16, dv=16, H=1, block_n=16):
+    """One cache tensor (H, N, 2d) split into K and V: ``kv.split(d, -1)`` (row stride 2d for both)."""
+    g = torch.Generator().manual_seed(0)
+    q, kv = torch.randn(H, d, generator=g), torch.randn(H, N, 2 * d, generator=g)
+    k, v = kv.split(d, -1)
+    return {"Q": q, "K": k, "V": v, "O": _run(q, k, v, N, d, d, H, block_n)}
