@@ -10,9 +10,9 @@ import triton.language as tl
 
 
 @triton.jit
-def decode(Q, K, V, O, N, s_k, s_v, s_h, D: tl.constexpr, DV: tl.constexpr, BLOCK_N: tl.constexpr):
+def decode(Q, K, V, O, N, s_k, s_v, s_hk, s_hv, D: tl.constexpr, DV: tl.constexpr, BLOCK_N: tl.constexpr):
     """One query row per program (head h = program 0): o = softmax(q K^T) V over N keys in blocks of BLOCK_N;
-    K rows have stride s_k, V rows s_v, heads s_h (in K's and V's rows alike)."""
+    K's rows have stride s_k and its heads s_hk, V's s_v and s_hv."""
     h = tl.program_id(0)
     dd, dv = tl.arange(0, D), tl.arange(0, DV)
     q = tl.load(Q + h * D + dd)
@@ -22,8 +22,8 @@ def decode(Q, K, V, O, N, s_k, s_v, s_h, D: tl.constexpr, DV: tl.constexpr, BLOC
     for s in range(0, N, BLOCK_N):
         rows = s + tl.arange(0, BLOCK_N)
         live = rows < N
-        k = tl.load(K + h * s_h + rows[:, None] * s_k + dd[None, :], mask=live[:, None], other=0.0)
-        v = tl.load(V + h * s_h + rows[:, None] * s_v + dv[None, :], mask=live[:, None], other=0.0)
+        k = tl.load(K + h * s_hk + rows[:, None] * s_k + dd[None, :], mask=live[:, None], other=0.0)
+        v = tl.load(V + h * s_hv + rows[:, None] * s_v + dv[None, :], mask=live[:, None], other=0.0)
         sc = tl.where(live, tl.sum(k * q[None, :], 1), float("-inf"))
         mn = tl.maximum(m, tl.max(sc, 0))
         p = tl.exp(sc - mn)
@@ -36,7 +36,7 @@ def decode(Q, K, V, O, N, s_k, s_v, s_h, D: tl.constexpr, DV: tl.constexpr, BLOC
 
 def _run(q, k, v, N, D, DV, H, block_n):
     o = torch.empty(H, DV)
-    decode[(H,)](q, k, v, o, N, k.stride(-2), v.stride(-2), k.stride(0), D=D, DV=DV, BLOCK_N=block_n)
+    decode[(H,)](q, k, v, o, N, k.stride(1), v.stride(1), k.stride(0), v.stride(0), D=D, DV=DV, BLOCK_N=block_n)
     return o
 
 
@@ -64,3 +64,21 @@ def launch_interleaved(N=64, d=16, dv=16, H=1, block_n=16):
     q, kv = torch.randn(H, d, generator=g), torch.randn(H, N, 2 * d, generator=g)
     k, v = kv.split(d, -1)
     return {"Q": q, "K": k, "V": v, "O": _run(q, k, v, N, d, d, H, block_n)}
+
+
+@triton.jit
+def scale_into(Src, Dst, N, s_src, s_dst, DV: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Dst[r, :DV] = 2 Src[r, :DV], one block of BLOCK_N rows per program."""
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    cols = tl.arange(0, DV)
+    live = rows[:, None] < N
+    x = tl.load(Src + rows[:, None] * s_src + cols[None, :], mask=live, other=0.0)
+    tl.store(Dst + rows[:, None] * s_dst + cols[None, :], 2 * x, mask=live)
+
+
+def launch_write_overlap(N=32, d=16, dv=8, block_n=16):
+    """Dst = Src[:, :dv]: the kernel stores through one view the words it loads through the other."""
+    src = torch.randn(N, d, generator=torch.Generator().manual_seed(1))
+    dst = src[:, :dv]
+    scale_into[(triton.cdiv(N, block_n),)](src, dst, N, src.stride(0), dst.stride(0), DV=dv, BLOCK_N=block_n)
+    return {"Src": src, "Dst": dst}

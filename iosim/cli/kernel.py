@@ -89,7 +89,7 @@ def add_arguments(p) -> None:
 
 
 def command(args) -> int:
-    from iosim.kernels.counting import count_file
+    from iosim.kernels.counting import count_file, overlap_lines
 
     path, _, launcher = args.target.partition(":")
     if not path.endswith(".py"):
@@ -129,6 +129,12 @@ def command(args) -> int:
             _print(args, counts, cmp)
             if args.fast:
                 print("note: --fast: the values no count depends on were not computed (no numerics checked)")
+        notes, warnings = overlap_lines(counts)
+        if not args.json:
+            for line in notes:
+                print(f"note: {line}")
+        for line in warnings:
+            print(f"iosim: warning: {line}", file=sys.stderr)
         if problem:
             print(f"iosim: error: {problem}", file=sys.stderr)
         rc = max(rc, 1 if problem or (cmp is not None and cmp.numerics_ok is False) else 0)

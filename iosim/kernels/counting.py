@@ -599,6 +599,26 @@ def access_problem(counts: KernelCounts) -> str | None:
     return None
 
 
+def overlap_lines(counts: KernelCounts) -> tuple[list[str], list[str]]:
+    """(notes, warnings) on arguments that share storage and that the kernel moved the same words through: views
+    read alike are a note (each load counted for the view it went through); a store through one view of words
+    loaded (or stored) through another is a warning naming both (which value a program sees then depends on the
+    order programs run)."""
+    notes, warnings = [], []
+    for e in counts.overlap:
+        a, b = e["arrays"]
+        n, k = f"{e['words']:,}", e["kernel"]
+        if e["kind"] == "read/read":
+            notes.append(f"{a} and {b} share storage (views of one buffer): kernel {k} loaded {n} words through both, "
+                         f"each load counted for the view it went through")  # fmt: skip
+        elif e["kind"] == "write/read":
+            warnings.append(f"overlap: kernel {k} stored {n} words through {a} that it loaded through {b} (views of "
+                            f"one buffer): what a load sees depends on the order the programs run")  # fmt: skip
+        else:
+            warnings.append(f"overlap: kernel {k} stored {n} words through both {a} and {b} (views of one buffer)")
+    return notes, warnings
+
+
 def _distinct(chunks: list[np.ndarray], r: _Range | None) -> int:
     """Distinct elements among a program's accesses of one range: a bitmap over the range when the accesses cover a
     good part of it, a sort otherwise."""

@@ -1,0 +1,119 @@
+"""Arguments that share storage (issue 45): each access is credited to the argument its pointer was derived from,
+not to whichever argument's address range holds it. K and V as views of one cache tensor, interleaved
+(``kv.split(d, -1)``) or nested (V = ``K[..., :d_v]``, an MLA latent's first columns), count exactly what separate
+buffers count, array by array, against a hand count written here; views read alike are a note, a store through one
+view of words loaded through another a warning naming both (never a stray access or out of bounds).
+
+Launchers: tests/_kernel_views.py (Triton) and tests/_kernel_views_numba.py (numba.cuda), kernels written for these
+tests. Sizes are tiny (programs run one after another under the interpreters).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from iosim.kernels.counting import Recorder, access_problem
+
+HERE = Path(__file__).parent
+FILE = str(HERE / "_kernel_views.py")
+NUMBA_FILE = str(HERE / "_kernel_views_numba.py")
+
+
+# --- the recorder alone: attribution by origin ---------------------------------------------------------------------
+def test_an_access_through_a_view_is_the_views_even_inside_a_tighter_argument():
+    rec = Recorder()
+    k = rec.register_argument("K", 1000, 64, 4)  # 16 elements
+    v = rec.register_argument("V", 1000, 32, 4)  # its first 8: nested
+    rec.begin_program((0,))
+    rec.access(1000 + 4 * np.arange(16), "r", 4, origin=k)  # by address, 8 of these would be V's (the tighter range)
+    rec.access(1000 + 4 * np.arange(8), "r", 4, origin=v)
+    counts = rec.result("triton", 0.0)
+    assert {n: a.reads for n, a in counts.per_array.items()} == {"K": 16, "V": 8}
+    assert counts.overlap == [{"kernel": "kernel", "arrays": ["K", "V"], "kind": "read/read", "words": 8}]
+    assert access_problem(counts) is None
+
+
+def test_one_tensor_passed_as_two_arguments_is_two_arrays():
+    rec = Recorder()
+    rec.begin_launch("k")
+    a = rec.register_argument("A", 1000, 64, 4)
+    b = rec.register_argument("B", 1000, 64, 4)
+    assert a != b
+    rec.begin_program((0,))
+    rec.access(1000 + 4 * np.arange(16), "r", 4, origin=a)
+    rec.access(1000 + 4 * np.arange(4), "w", 4, origin=b)
+    counts = rec.result("triton", 0.0)
+    assert (counts.per_array["A"].reads, counts.per_array["B"].writes) == (16, 4)
+    assert counts.overlap == [{"kernel": "k", "arrays": ["B", "A"], "kind": "write/read", "words": 4}]
+
+
+# --- Triton kernels under the interpreter --------------------------------------------------------------------------
+def _hand(H, N, d, dv):
+    """The decode kernel by hand: per head, q (d words) once, every key row of K (d) and of V (dv) once (masked
+    lanes past N move nothing), o (dv) stored once."""
+    return {"Q": (H * d, 0), "K": (H * N * d, 0), "V": (H * N * dv, 0), "O": (0, H * dv)}
+
+
+@pytest.fixture(scope="module")
+def triton_runs():
+    pytest.importorskip("triton")
+    pytest.importorskip("torch")
+    from iosim.kernels import count_batch
+
+    p = dict(N=40, d=16, H=2, block_n=16)
+    jobs = [(FILE, "launch_separate", {**p, "dv": 8}), (FILE, "launch_nested", {**p, "dv": 8}),
+            (FILE, "launch_separate", {**p, "dv": 16}), (FILE, "launch_interleaved", {**p, "dv": 16}),
+            (FILE, "launch_write_overlap", {})]  # fmt: skip
+    return count_batch(jobs, "triton", arrays=False, strict=False)
+
+
+def _words(counts):
+    return {k: (a.reads, a.writes) for k, a in counts.per_array.items()}
+
+
+@pytest.mark.parametrize("i, dv", [(0, 8), (1, 8), (2, 16), (3, 16)])
+def test_views_of_one_cache_count_what_separate_buffers_count_array_by_array(triton_runs, i, dv):
+    counts = triton_runs[i][0]
+    assert _words(counts) == _hand(2, 40, 16, dv)
+    assert counts.out_of_bounds_lanes == 0 and counts.stray_lanes == 0 and access_problem(counts) is None
+
+
+def test_nested_views_read_alike_are_a_note_interleaved_halves_share_no_word(triton_runs):
+    nested, interleaved = triton_runs[1][0], triton_runs[3][0]
+    assert nested.overlap == [{"kernel": "decode", "arrays": ["K", "V"], "kind": "read/read", "words": 2 * 40 * 8}]
+    assert interleaved.overlap == []  # K's and V's words interleave, none is both
+
+
+def test_a_store_through_one_view_of_words_loaded_through_another_is_an_overlap_naming_both(triton_runs):
+    counts = triton_runs[4][0]
+    assert _words(counts) == {"Src": (32 * 8, 0), "Dst": (0, 32 * 8)}  # rows x dv, by hand
+    assert counts.overlap == [{"kernel": "scale_into", "arrays": ["Dst", "Src"], "kind": "write/read", "words": 256}]
+    assert access_problem(counts) is None
+
+
+def test_the_command_line_warns_of_the_overlap_in_one_line_and_counts(cli):
+    pytest.importorskip("triton")
+    rc, out, err = cli(f"{FILE}:launch_write_overlap", "--N", "32", "--d", "16")
+    assert rc == 0 and "out of bounds" not in out + err and "stray" not in out + err
+    assert err.strip().splitlines() == [
+        "iosim: warning: overlap: kernel scale_into stored 256 words through Dst that it loaded through Src (views of "
+        "one buffer): what a load sees depends on the order the programs run"
+    ]
+
+
+# --- numba.cuda under the simulator --------------------------------------------------------------------------------
+def test_numba_cuda_attributes_by_the_wrapper_the_access_went_through():
+    pytest.importorskip("numba")
+    from iosim.kernels import count_batch
+
+    names = ["launch_separate", "launch_nested", "launch_interleaved"]
+    runs = count_batch([(NUMBA_FILE, n, {}) for n in names], "numba-cuda", arrays=False, strict=False)
+    N, d = 4, 4  # thread i reads K's row i (d words) and V's row i (dv words), writes out[i]
+    for (counts, _, _), dv in zip(runs, (2, 2, 4), strict=True):
+        assert _words(counts) == {"K": (N * d, 0), "V": (N * dv, 0), "out": (0, N)}
+        assert access_problem(counts) is None
+    assert runs[1][0].overlap == [{"kernel": "row_sums", "arrays": ["K", "V"], "kind": "read/read", "words": N * 2}]
+    assert runs[2][0].overlap == []
