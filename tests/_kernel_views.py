@@ -82,3 +82,53 @@ def launch_write_overlap(N=32, d=16, dv=8, block_n=16):
     dst = src[:, :dv]
     scale_into[(triton.cdiv(N, block_n),)](src, dst, N, src.stride(0), dst.stride(0), DV=dv, BLOCK_N=block_n)
     return {"Src": src, "Dst": dst}
+
+
+@triton.jit
+def mla_fwd(Q, K, V, O, L, N, R, scale, DV: tl.constexpr, DR: tl.constexpr, NAIVE: tl.constexpr,
+            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
+    """An MLA-style forward over one latent cache K (N, DV + DR): its first DV columns are c_KV (V, the same
+    addresses), the last DR the rotary part. Q is (R, DV + DR): the g query heads' rows packed (all share the one
+    latent head); program i takes row block i. Each key block of K is loaded as its two parts, and V is the c_KV
+    part already loaded (NAIVE: loaded again through V)."""
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rm = rows[:, None] < R
+    cv, cr = tl.arange(0, DV), tl.arange(0, DR)
+    q_c = tl.load(Q + rows[:, None] * (DV + DR) + cv[None, :], mask=rm, other=0.0)
+    q_r = tl.load(Q + rows[:, None] * (DV + DR) + DV + cr[None, :], mask=rm, other=0.0)
+    m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+    den = tl.zeros((BLOCK_M,), tl.float32)
+    acc = tl.zeros((BLOCK_M, DV), tl.float32)
+    for s in range(0, N, BLOCK_N):
+        cols = s + tl.arange(0, BLOCK_N)
+        cm = cols[:, None] < N
+        c = tl.load(K + cols[:, None] * (DV + DR) + cv[None, :], mask=cm, other=0.0)
+        r = tl.load(K + cols[:, None] * (DV + DR) + DV + cr[None, :], mask=cm, other=0.0)
+        sc = tl.sum(q_c[:, None, :] * c[None, :, :], 2) + tl.sum(q_r[:, None, :] * r[None, :, :], 2)
+        sc = tl.where((cols < N)[None, :], sc * scale, float("-inf"))
+        if NAIVE:
+            v = tl.load(V + cols[:, None] * (DV + DR) + cv[None, :], mask=cm, other=0.0)
+        else:
+            v = c
+        mn = tl.maximum(m, tl.max(sc, 1))
+        p = tl.exp(sc - mn[:, None])
+        a = tl.exp(m - mn)
+        den = den * a + tl.sum(p, 1)
+        acc = acc * a[:, None] + tl.sum(p[:, :, None] * v[None, :, :], 1)
+        m = mn
+    tl.store(O + rows[:, None] * DV + cv[None, :], acc / den[:, None], mask=rm)
+    tl.store(L + rows, m + tl.log(den), mask=rows < R)
+
+
+def launch_mla(N=40, d=32, dv=16, H=4, N_q=5, Br=8, Bc=16, mla="shared"):
+    """One batch item, H query heads over one latent head (K (1, 1, N, d), V = K[..., :dv]), N_q query rows each,
+    packed: R = H N_q rows of Q in blocks of Br."""
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(1, H, N_q, d, generator=g)
+    k = torch.randn(1, 1, N, d, generator=g)
+    v = k[..., :dv]
+    o, lse = torch.empty(1, H, N_q, dv), torch.empty(1, H, N_q)
+    R = H * N_q
+    mla_fwd[(triton.cdiv(R, Br),)](q, k, v, o, lse, N, R, d**-0.5, DV=dv, DR=d - dv, NAIVE=mla == "naive",
+                                   BLOCK_M=Br, BLOCK_N=Bc)  # fmt: skip
+    return {"Q": q, "K": k, "V": v, "O": o, "L": lse, "scale": d**-0.5}
