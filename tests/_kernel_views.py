@@ -132,3 +132,68 @@ def launch_mla(N=40, d=32, dv=16, H=4, N_q=5, Br=8, Bc=16, mla="shared"):
     mla_fwd[(triton.cdiv(R, Br),)](q, k, v, o, lse, N, R, d**-0.5, DV=dv, DR=d - dv, NAIVE=mla == "naive",
                                    BLOCK_M=Br, BLOCK_N=Bc)  # fmt: skip
     return {"Q": q, "K": k, "V": v, "O": o, "L": lse, "scale": d**-0.5}
+
+
+@triton.jit
+def window_fwd(Q, K, V, O, L, N, W, scale, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """A causal sliding window of width W (row r sees r - W < c <= r), FlashAttention-2 style, one head (N, D):
+    program i walks only the key blocks its rows can see, from the block holding r0 - W + 1 to the one holding its
+    last row; it reads no block mask (the range is computed here)."""
+    i = tl.program_id(0)
+    r0 = i * BLOCK_M
+    rows = r0 + tl.arange(0, BLOCK_M)
+    dd = tl.arange(0, D)
+    rm = rows[:, None] < N
+    q = tl.load(Q + rows[:, None] * D + dd[None, :], mask=rm, other=0.0)
+    m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+    den = tl.zeros((BLOCK_M,), tl.float32)
+    acc = tl.zeros((BLOCK_M, D), tl.float32)
+    lo = (tl.maximum(r0 - W + 1, 0) // BLOCK_N) * BLOCK_N
+    hi = tl.minimum(r0 + BLOCK_M, N)
+    for s in range(lo, hi, BLOCK_N):
+        cols = s + tl.arange(0, BLOCK_N)
+        cm = cols[:, None] < N
+        k = tl.load(K + cols[:, None] * D + dd[None, :], mask=cm, other=0.0)
+        v = tl.load(V + cols[:, None] * D + dd[None, :], mask=cm, other=0.0)
+        seen = (cols[None, :] <= rows[:, None]) & (cols[None, :] > rows[:, None] - W) & (cols[None, :] < N)
+        sc = tl.where(seen, tl.sum(q[:, None, :] * k[None, :, :], 2) * scale, float("-inf"))
+        mn = tl.maximum(m, tl.max(sc, 1))
+        p = tl.exp(sc - mn[:, None])
+        a = tl.exp(m - mn)
+        den = den * a + tl.sum(p, 1)
+        acc = acc * a[:, None] + tl.sum(p[:, :, None] * v[None, :, :], 1)
+        m = mn
+    tl.store(O + rows[:, None] * D + dd[None, :], acc / den[:, None], mask=rm)
+    tl.store(L + rows, m + tl.log(den), mask=rows < N)
+
+
+def launch_window(N=40, d=16, W=12, Br=16, Bc=8):
+    """One head, (N, d) contiguous, a causal window of W keys."""
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(N, d, generator=g) for _ in range(3))
+    o, lse = torch.empty(N, d), torch.empty(N)
+    window_fwd[(triton.cdiv(N, Br),)](q, k, v, o, lse, N, W, d**-0.5, D=d, BLOCK_M=Br, BLOCK_N=Bc)
+    return {"Q": q, "K": k, "V": v, "O": o, "L": lse}
+
+
+@triton.jit
+def scores_kernel(Q, K, S, Mask, N, D: tl.constexpr, BLOCK: tl.constexpr):
+    """Writes the masked scores S = (Q K^T) * Mask of one row block to memory, reading an N x N mask: arrays the
+    flash2 model does not have (its Q, K reads are flash2's, with no V, O, L)."""
+    rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    cols = tl.arange(0, BLOCK)
+    dd = tl.arange(0, D)
+    q = tl.load(Q + rows[:, None] * D + dd[None, :])
+    for s in range(0, N, BLOCK):
+        k = tl.load(K + (s + cols)[:, None] * D + dd[None, :])
+        mk = tl.load(Mask + rows[:, None] * N + (s + cols)[None, :])
+        tl.store(S + rows[:, None] * N + (s + cols)[None, :], tl.sum(q[:, None, :] * k[None, :, :], 2) * mk)
+
+
+def launch_scores(N=32, d=16, Br=16, Bc=16):
+    """A kernel moving most of its words in arrays the model does not have (an N x N mask read, S written)."""
+    g = torch.Generator().manual_seed(5)
+    q, k = torch.randn(N, d, generator=g), torch.randn(N, d, generator=g)
+    s, mask = torch.empty(N, N), (torch.rand(N, N, generator=g) > 0.5).float()
+    scores_kernel[(N // 16,)](q, k, s, mask, N, D=d, BLOCK=16)
+    return {"Q": q, "K": k, "S": s, "mask": mask}

@@ -117,3 +117,19 @@ def test_numba_cuda_attributes_by_the_wrapper_the_access_went_through():
         assert access_problem(counts) is None
     assert runs[1][0].overlap == [{"kernel": "row_sums", "arrays": ["K", "V"], "kind": "read/read", "words": N * 2}]
     assert runs[2][0].overlap == []
+
+
+# --- the headline over all arrays ------------------------------------------------------------------------------------
+def test_the_headline_counts_every_array_and_names_those_the_model_lacks(cli):
+    pytest.importorskip("triton")
+    blocks = ["--Br", "16", "--Bc", "16"]
+    rc, out, err = cli(f"{FILE}:launch_scores", "--N", "32", "--d", "16", "--like", "flash2", *blocks, "--no-numerics")
+    assert rc == 0, err
+    # by hand: 2 programs of 16 rows; each reads its Q rows (16 x 16) and all of K (32 x 16) and its mask rows
+    # (16 x 32), and writes its S rows (16 x 32). flash2's closed form (N = 32, d = 16, Br = Bc = 16): Q 512,
+    # K, V 2 x 512 each, O 512, L 32 = 3,104 words. The kernel: 512 + 1,024 + 1,024 + 1,024 = 3,584 words.
+    kernel, model, extra = 512 + 2 * 512 + 2 * 16 * 32 + 2 * 16 * 32, 512 + 2 * 1024 + 512 + 32, 2 * 2 * 16 * 32
+    line = next(x for x in out.splitlines() if x.startswith("total"))
+    assert line.startswith("total (all arrays)")
+    assert (f"{kernel / model:.4g}x the closed form over all arrays" in line and f"({extra:,} words in S, mask: not in "
+            f"the model; the model's arrays alone {(kernel - extra) / model:.4g}x)" in line)  # fmt: skip

@@ -56,7 +56,8 @@ def add_arguments(p) -> None:
     p.add_argument("--causal", action="store_true", default=None, help="causal mask (passed to the launcher)")
     p.add_argument("--mask", default=None,
                    help="--like block-sparse: the mask the kernel's BlockMask was built for (as iosim run's --mask: "
-                   "mod:FILE.py:NAME for a FlexAttention mask_mod, causal, window:W, ...)")  # fmt: skip
+                   "mod:FILE.py:NAME for a FlexAttention mask_mod, causal, window:W, ...); --like flash2: the mask of "
+                   "a kernel that skips the tiles it empties and reads no metadata (a sliding window)")  # fmt: skip
     p.add_argument("--indices", choices=INDEX_READS, default=None,
                    help="--like block-sparse: once (each listed block's index read once, the default) or template "
                    "(as torch's FlexAttention Triton template reads the indices and, at a ragged N, the captured "
@@ -126,8 +127,16 @@ def command(args) -> int:
                          args.mla)  # fmt: skip
     if args.dv is not None and args.like == "block-sparse":
         raise InputError("--dv", "is modelled for --like flash2, flash2-backward and decode-splitkv", args.dv)
-    if args.mask is not None and args.like != "block-sparse":
+    if args.mask is not None and args.like == "flash2" and args.mask.strip() in ("causal", "none", "dense"):
+        # flash2's causal closed form is --causal; without a mask it is flash2 itself (tests/test_flex_kernel.py)
         raise InputError("--mask", "is read by --like block-sparse (the mask of the kernel's BlockMask)", args.mask)
+    if args.mask is not None and args.like not in ("block-sparse", "flash2"):
+        raise InputError("--mask", "is read by --like block-sparse (the mask of the kernel's BlockMask) and flash2 "
+                         "(a kernel skipping the tiles the mask empties, with no metadata)", args.mask)  # fmt: skip
+    if args.mask is not None and args.like == "flash2":
+        from iosim import masks
+
+        masks.parse(args.mask)  # its spelling, before the count
     if args.indices is not None and args.like != "block-sparse":
         raise InputError("--indices", "is read by --like block-sparse (how the kernel reads its BlockMask)",
                          args.indices)  # fmt: skip
@@ -221,6 +230,7 @@ def _json(counts, numbers, cmp, problem) -> dict:
         doc["comparison"] = {
             "like": cmp.like, "M": cmp.M, "Br": cmp.Br, "Bc": cmp.Bc, "lower_bound": cmp.lower_bound,
             "bound": cmp.bound_name, "equal": cmp.equal, "rows": [vars(r) for r in cmp.rows], "numerics": cmp.numerics,
+            "total": cmp.kernel_total, "model_total": cmp.model_total, "not_in_model": cmp.extra_arrays,
         }  # fmt: skip
     return doc
 
