@@ -197,3 +197,17 @@ def launch_scores(N=32, d=16, Br=16, Bc=16):
     s, mask = torch.empty(N, N), (torch.rand(N, N, generator=g) > 0.5).float()
     scores_kernel[(N // 16,)](q, k, s, mask, N, D=d, BLOCK=16)
     return {"Q": q, "K": k, "S": s, "mask": mask}
+
+
+def launch_prints(N=16, d=4):
+    """A launcher that says what it launches (its output is shown before the counts)."""
+    x, y = torch.arange(float(N * d)), torch.empty(N * d)
+    print(f"launching scale_into on {N} rows")
+    scale_into[(1,)](x, y, N, d, d, DV=d, BLOCK_N=N)
+    return {"X": x, "Y": y}
+
+
+def launch_returns_none(N=16, d=4):
+    """A launcher that forgets to return its arrays."""
+    x, y = torch.arange(float(N * d)), torch.empty(N * d)
+    scale_into[(1,)](x, y, N, d, d, DV=d, BLOCK_N=N)

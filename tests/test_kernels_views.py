@@ -133,3 +133,22 @@ def test_the_headline_counts_every_array_and_names_those_the_model_lacks(cli):
     assert line.startswith("total (all arrays)")
     assert (f"{kernel / model:.4g}x the closed form over all arrays" in line and f"({extra:,} words in S, mask: not in "
             f"the model; the model's arrays alone {(kernel - extra) / model:.4g}x)" in line)  # fmt: skip
+
+
+# --- the launcher's own output; a launcher returning None ----------------------------------------------------------
+def test_a_launchers_printed_output_is_shown_before_the_counts(cli):
+    pytest.importorskip("triton")
+    rc, out, err = cli(f"{FILE}:launch_prints", "--N", "16", "--d", "4")
+    assert rc == 0, err
+    assert out.splitlines()[0] == "launching scale_into on 16 rows"
+    table = {w[0]: w[1:3] for w in map(str.split, out.splitlines()) if w and w[0] in ("X", "Y")}
+    assert table == {"X": ["64", "0"], "Y": ["0", "64"]}  # 16 rows x 4 read through X, stored through Y
+
+
+def test_a_launcher_returning_none_is_refused_in_one_line(cli):
+    pytest.importorskip("triton")
+    rc, out, err = cli(f"{FILE}:launch_returns_none", "--N", "16", "--d", "4")
+    assert rc == 2 and err.strip().splitlines() == [
+        "iosim: error: launcher launch_returns_none must return the dict of its arrays by name (Q, K, V, O, ...; as "
+        "the model names them) for the counts to be named and checked: it returned None"
+    ]

@@ -156,6 +156,9 @@ def command(args) -> int:
                        shared_memory=90 if args.shared_memory else None, config=config,
                        gpu_standin=args.gpu_standin, strict=False, fast=args.fast)  # fmt: skip
     runs = first[0].runs or [first]
+    if first[0].output:  # the launcher's own output, before the counts (beside the JSON: on stderr)
+        print(first[0].output, end="" if first[0].output.endswith("\n") else "\n",
+              file=sys.stderr if args.json else sys.stdout)  # fmt: skip
     rc, docs = 0, []
     for k, (counts, numbers, arrays) in enumerate(runs):
         if len(runs) > 1 and not args.json:

@@ -82,6 +82,7 @@ class KernelCounts:
     # arguments sharing storage (views of one buffer) that the kernel moved the same words through: kernel, arrays
     # (the pair; for write/read the writer first), kind (read/read, write/read, write/write), words (lane addresses)
     overlap: list[dict] = field(default_factory=list)
+    output: str = ""  # what the launcher printed (count_file: its standard output in the counting process)
     # count_file: every config's (counts, numbers, arrays) when an autotuned kernel had several (this one first)
     runs: list = field(default_factory=list, repr=False)
 
@@ -894,6 +895,7 @@ def count_batch(
                         out = {name: z[name] for name in z.files}
                 runs.append((KernelCounts.from_dict(run["counts"]), run["numbers"], out))
             counts = runs[0][0]
+            counts.output = res.get("output", "")
             if len(runs) > 1:
                 counts.runs = runs
             if shared_memory and res.get("launch_specs"):
