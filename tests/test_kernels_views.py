@@ -152,3 +152,41 @@ def test_a_launcher_returning_none_is_refused_in_one_line(cli):
         "iosim: error: launcher launch_returns_none must return the dict of its arrays by name (Q, K, V, O, ...; as "
         "the model names them) for the counts to be named and checked: it returned None"
     ]
+
+
+# --- docs/kv-cache.md: every pasted block is what its command prints ------------------------------------------------
+DOC = HERE.parent / "docs" / "kv-cache.md"
+
+
+def _doc_blocks() -> list[tuple[str, str]]:
+    import re
+
+    text = DOC.read_text()
+    return [
+        (m.group(1), m.group(2)) for m in re.finditer(r"```console\n\$ (iosim kernel [^\n]*)\n(.*?)```", text, re.S)
+    ]
+
+
+def _normal(text: str) -> str:
+    """The output less what changes from run to run: the seconds a count took, Numba's first-use notice."""
+    import re
+
+    lines = [x for x in text.splitlines() if not x.startswith("iosim: compiling Numba kernels")]
+    return re.sub(r"counted in \d+\.\d+ s", "counted in T s", "\n".join(lines)).strip()
+
+
+@pytest.mark.parametrize(
+    "i", [pytest.param(i, marks=() if i == 0 else pytest.mark.slow) for i in range(len(_doc_blocks()))]
+)
+def test_the_docs_blocks_are_what_their_commands_print(cli, i):
+    pytest.importorskip("triton")
+    import shlex
+
+    command, printed = _doc_blocks()[i]
+    args = shlex.split(command)[2:]
+    rc, out, err = cli(*[str(HERE.parent / a) if a.startswith("tests/") else a for a in args])
+    assert rc == 0 and _normal(out + err) == _normal(printed), out + err
+
+
+def test_the_docs_page_has_every_case():
+    assert len(_doc_blocks()) == 6
