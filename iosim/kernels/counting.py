@@ -375,10 +375,12 @@ class Recorder:
         self.oob_lanes += n
         if len(self.oob) < OOB_KEPT:
             info = self.launch_info[-1] if self.launch_info else {"kernel": "kernel"}
-            offs = (addr[gone].astype(np.int64) - r.start) // r.itemsize
+            wild = not inside[0] and rids[0] < 0  # no lane starts in any argument: described by its addresses
+            offs = addr[gone].astype(np.int64) if wild else (addr[gone].astype(np.int64) - r.start) // r.itemsize
+            size = None if wild else (r.end - r.start) // r.itemsize
             self.oob.append({"kernel": info["kernel"], "program": list(self.program), "kind": kind, "lanes": n,
-                             "rid": origin, "offsets": [int(x) for x in offs[:6]],
-                             "elements": (r.end - r.start) // r.itemsize, "inside_rid": -1})  # fmt: skip
+                             "rid": -1 if wild else origin, "offsets": [int(x) for x in offs[:6]], "elements": size,
+                             "inside_rid": -1})  # fmt: skip
         return out
 
     def _check_site_origin(self, site: tuple, origin: int, addr: np.ndarray, kind: str) -> None:
