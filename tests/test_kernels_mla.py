@@ -106,3 +106,18 @@ def test_a_sliding_window_kernel_equals_flash2_under_the_mask_skipping_empty_til
     rows = doc["comparison"]["rows"]
     assert {r["array"]: (r["model_reads"], r["model_writes"]) for r in rows} == got and doc["comparison"]["equal"]
     assert doc["comparison"]["bound"] == "the problem's compulsory traffic under the mask"
+
+
+@pytest.mark.parametrize("mla", [None, "shared", "naive"])
+def test_split_kv_decoding_over_an_mla_cache_by_hand(mla):
+    from iosim.kernels.comparison import decode_splitkv
+
+    # 40 keys in 3 splits of whole 8-key blocks (chunk 16: splits of 16, 16, 8 keys); 4 query heads packed on one
+    # latent head (one unit of R = 4 rows): each split reads its length (1 word), q (4 x 32), its keys' K rows (32
+    # words) and, unless V is read with K, V rows (16 words); writes 4 x 16 partial outputs and 4 logsumexps, which
+    # the combine reads; O is 4 x 16. Over the splits: every key once.
+    got = decode_splitkv(40, 32, 3, 8, H_q=4, H_kv=1, gqa="packed", d_v=16, mla=mla)
+    want = {"lengths": (3, 0), "indptr": (3 * 2, 0), "Q": (3 * 4 * 32, 0), "K": (40 * 32, 0),
+            "V": (0 if mla == "shared" else 40 * 16, 0), "O_part": (3 * 4 * 16, 3 * 4 * 16), "L_part": (3 * 4, 3 * 4),
+            "O": (0, 4 * 16), "kv_indices": (40, 0)}  # fmt: skip
+    assert {k: (c.reads, c.writes) for k, c in got.items()} == want

@@ -204,6 +204,8 @@ class Comparison:
             parts.append(f"page size={w.page_size}")
         if self.like == "decode-splitkv":
             parts.append(f"empty splits {w.empty_splits}")
+        if self.like == "flash2" and w.mask is not None:
+            parts.append(f"mask={w.mask}")
         if w.d_v is not None:
             parts.append(f"d_v={w.d_v}")
         if w.mla:
