@@ -102,7 +102,7 @@ def line_stream(res):
     lay = res.layout
     rec = res.record
     args = (rec[:, 0].copy(), rec[:, 1].copy(), len(rec), res.blocks[:, 1:].copy(), res.cut.requests, lay.kv)
-    args += (lay.base, lay.stride, lay.lbase, lay.nl, res.L)
+    args += (lay.base, lay.stride, lay.lbase, lay.nl, lay.line_words)
     n = l2.line_stream(*args, np.zeros(0, np.int64), np.zeros(0, np.int8))
     lines, flags = np.empty(n, np.int64), np.empty(n, np.int8)
     l2.line_stream(*args, lines, flags)
@@ -204,15 +204,17 @@ def test_segment_lru_equals_a_naive_line_lru_on_random_streams(stream, capacity,
     prv, nxt = np.full(ns, -1, np.int32), np.full(ns, -1, np.int32)
     seg_aid = np.zeros(ns, np.int16)
     fill, wb = np.zeros(1, np.int64), np.zeros(1, np.int64)
+    Lw = np.array([L], np.int64)  # noqa: N806
     lines, writes = [], []
     for a, b, w in reqs:  # a request: whole segments from a's to b's, ascending
         s0, s1 = sorted((seg_of[a], seg_of[b]))
         for s in range(s0, s1 + 1):
             k = starts[s + 1] - starts[s]
-            l2.access(s, k, int(w), 0, capacity, L, h, res, dirty, prv, nxt, seg_aid, fill, wb)
+            if l2.touch(s, k, int(w), 0, capacity, L, Lw, h, res, dirty, prv, nxt, seg_aid, wb) and not w:
+                fill[0] += k * L
             lines += list(range(starts[s], starts[s + 1]))
             writes += [w] * k
-    l2.flush((h, res, dirty, prv, nxt, seg_aid), L, wb)
+    l2.flush((h[None], res[None], dirty[None], prv[None], nxt[None], seg_aid), Lw, wb)
     assert (int(fill[0]), int(wb[0])) == naive_line_cache(lines, writes, capacity, L, "lru")
     assert int(res.sum()) == min(h[2], capacity) == h[2]
 
