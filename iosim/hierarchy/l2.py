@@ -94,102 +94,103 @@ def mark_boundaries(req, piece_lo, piece_hi, base, stride, loff, Lw, mark):  # n
 
 
 @njit(cache=True, inline="always")
-def _unlink(s, h, prv, nxt):
-    p, q = prv[s], nxt[s]
-    if p >= 0:
-        nxt[p] = q
+def _unlink(p, s, h, prv, nxt):
+    a, q = prv[p, s], nxt[p, s]
+    if a >= 0:
+        nxt[p, a] = q
     else:
-        h[_HEAD] = q
+        h[p, _HEAD] = q
     if q >= 0:
-        prv[q] = p
+        prv[p, q] = a
     else:
-        h[_TAIL] = p
-    prv[s] = -1
-    nxt[s] = -1
+        h[p, _TAIL] = a
+    prv[p, s] = -1
+    nxt[p, s] = -1
 
 
 @njit(cache=True, inline="always")
-def _push_head(s, h, prv, nxt):
-    prv[s] = -1
-    nxt[s] = h[_HEAD]
-    if h[_HEAD] >= 0:
-        prv[h[_HEAD]] = s
-    h[_HEAD] = s
-    if h[_TAIL] < 0:
-        h[_TAIL] = s
+def _push_head(p, s, h, prv, nxt):
+    prv[p, s] = -1
+    nxt[p, s] = h[p, _HEAD]
+    if h[p, _HEAD] >= 0:
+        prv[p, h[p, _HEAD]] = s
+    h[p, _HEAD] = s
+    if h[p, _TAIL] < 0:
+        h[p, _TAIL] = s
 
 
 @njit(cache=True)
-def touch(s, k, d, a, cap, lw, Lw, h, res, dirty, prv, nxt, seg_aid, wb):  # noqa: N803
-    """Segment s (k lines of ``lw`` words, requested as array a) touched whole in one LRU partition; ``d`` = 1 leaves
-    it dirty (a write or a reduction), 0 keeps its dirty bit on a hit and allocates it clean on a miss. Evicted dirty
-    lines are written back (``wb``, words: ``Lw`` of the evicted segment's array). Returns 1 when the segment missed
-    (not resident whole: every line misses), 0 on a hit; the caller counts what a miss fetches."""
-    r = res[s]
+def touch(s, k, d, a, cap, lw, Lw, p, h, res, dirty, prv, nxt, seg_aid, wb):  # noqa: N803
+    """Segment s (k lines of ``lw`` words, requested as array a) touched whole in LRU partition p (row p of the
+    state arrays); ``d`` = 1 leaves it dirty (a write or a reduction), 0 keeps its dirty bit on a hit and allocates
+    it clean on a miss. Evicted dirty lines are written back (``wb``, words: ``Lw`` of the evicted segment's array).
+    Returns 1 when the segment missed (not resident whole: every line misses), 0 on a hit; the caller counts what a
+    miss fetches."""
+    r = res[p, s]
     if r == k:  # resident whole: a hit
-        if h[_HEAD] != s:
-            _unlink(s, h, prv, nxt)
-            _push_head(s, h, prv, nxt)
+        if h[p, _HEAD] != s:
+            _unlink(p, s, h, prv, nxt)
+            _push_head(p, s, h, prv, nxt)
         if d:
-            dirty[s] = 1
+            dirty[p, s] = 1
         return 0
     if r > 0:  # partly resident (the tail segment): every line misses; drop what is left
-        if dirty[s]:
+        if dirty[p, s]:
             wb[a] += r * lw
-        _unlink(s, h, prv, nxt)
-        h[_USED] -= r
-        res[s] = 0
+        _unlink(p, s, h, prv, nxt)
+        h[p, _USED] -= r
+        res[p, s] = 0
     if k > cap:  # larger than the cache: it streams through, leaving its last cap lines
-        t = h[_TAIL]
+        t = h[p, _TAIL]
         while t >= 0:
-            if dirty[t]:
-                wb[seg_aid[t]] += res[t] * Lw[seg_aid[t]]
-            res[t] = 0
-            p = prv[t]
-            prv[t] = -1
-            nxt[t] = -1
-            t = p
-        h[_HEAD] = -1
-        h[_TAIL] = -1
+            if dirty[p, t]:
+                wb[seg_aid[t]] += res[p, t] * Lw[seg_aid[t]]
+            res[p, t] = 0
+            u = prv[p, t]
+            prv[p, t] = -1
+            nxt[p, t] = -1
+            t = u
+        h[p, _HEAD] = -1
+        h[p, _TAIL] = -1
         if d:
             wb[a] += (k - cap) * lw
-        res[s] = cap
-        h[_USED] = cap
-        dirty[s] = d
-        _push_head(s, h, prv, nxt)
+        res[p, s] = cap
+        h[p, _USED] = cap
+        dirty[p, s] = d
+        _push_head(p, s, h, prv, nxt)
         return 1
-    need = h[_USED] + k - cap
+    need = h[p, _USED] + k - cap
     while need > 0:
-        t = h[_TAIL]
-        rt = res[t]
+        t = h[p, _TAIL]
+        rt = res[p, t]
         if rt <= need:
-            if dirty[t]:
+            if dirty[p, t]:
                 wb[seg_aid[t]] += rt * Lw[seg_aid[t]]
-            _unlink(t, h, prv, nxt)
-            res[t] = 0
-            h[_USED] -= rt
+            _unlink(p, t, h, prv, nxt)
+            res[p, t] = 0
+            h[p, _USED] -= rt
             need -= rt
         else:  # the tail segment keeps its newest lines
-            res[t] = rt - need
-            if dirty[t]:
+            res[p, t] = rt - need
+            if dirty[p, t]:
                 wb[seg_aid[t]] += need * Lw[seg_aid[t]]
-            h[_USED] -= need
+            h[p, _USED] -= need
             need = 0
-    res[s] = k
-    h[_USED] += k
-    dirty[s] = d
-    _push_head(s, h, prv, nxt)
+    res[p, s] = k
+    h[p, _USED] += k
+    dirty[p, s] = d
+    _push_head(p, s, h, prv, nxt)
     return 1
 
 
 @njit(cache=True)
-def drop(s, h, res, prv, nxt):
-    """Invalidate segment s's lines in one partition (a clean copy: only homes hold dirty lines)."""
-    r = res[s]
+def drop(s, p, h, res, prv, nxt):
+    """Invalidate segment s's lines in partition p (a clean copy: only homes hold dirty lines)."""
+    r = res[p, s]
     if r > 0:
-        _unlink(s, h, prv, nxt)
-        h[_USED] -= r
-        res[s] = 0
+        _unlink(p, s, h, prv, nxt)
+        h[p, _USED] -= r
+        res[p, s] = 0
 
 
 @njit(cache=True)
@@ -197,12 +198,11 @@ def segment(s, k, w, a, q, hm, cap, lw, Lw, st, fill, wb, fabric):  # noqa: N803
     """Segment s (k lines homed in partition hm) requested by an SM of partition q: read, write or reduction through
     the partitions (module docstring). ``fill``, ``wb``, ``fabric``: words of array a (wb: of the evicted lines')."""
     h, res, dirty, prv, nxt, seg_aid = st
-    parts = h.shape[0]
     if w == READ:
-        if touch(s, k, 0, a, cap, lw, Lw, h[q], res[q], dirty[q], prv[q], nxt[q], seg_aid, wb):
+        if touch(s, k, 0, a, cap, lw, Lw, q, h, res, dirty, prv, nxt, seg_aid, wb):
             if hm != q:
                 fabric[a] += k * lw
-                if touch(s, k, 0, a, cap, lw, Lw, h[hm], res[hm], dirty[hm], prv[hm], nxt[hm], seg_aid, wb):
+                if touch(s, k, 0, a, cap, lw, Lw, hm, h, res, dirty, prv, nxt, seg_aid, wb):
                     fill[a] += k * lw
             else:
                 fill[a] += k * lw
@@ -210,13 +210,13 @@ def segment(s, k, w, a, q, hm, cap, lw, Lw, st, fill, wb, fabric):  # noqa: N803
     if hm != q:
         fabric[a] += k * lw
         if w == WRITE:  # the writer keeps a clean copy of what it wrote
-            touch(s, k, 0, a, cap, lw, Lw, h[q], res[q], dirty[q], prv[q], nxt[q], seg_aid, wb)
-    missed = touch(s, k, 1, a, cap, lw, Lw, h[hm], res[hm], dirty[hm], prv[hm], nxt[hm], seg_aid, wb)
+            touch(s, k, 0, a, cap, lw, Lw, q, h, res, dirty, prv, nxt, seg_aid, wb)
+    missed = touch(s, k, 1, a, cap, lw, Lw, hm, h, res, dirty, prv, nxt, seg_aid, wb)
     if w == REDUCE and missed:
         fill[a] += k * lw
-    for p in range(parts):
+    for p in range(h.shape[0]):
         if p != hm and (w == REDUCE or p != q):
-            drop(s, h[p], res[p], prv[p], nxt[p])
+            drop(s, p, h, res, prv, nxt)
 
 
 @njit(cache=True)

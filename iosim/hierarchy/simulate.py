@@ -109,9 +109,11 @@ ORDERS = ("grid", "head-grouped", "swizzled")
 POLICIES = ("lru", "opt")
 ELEMENT_BYTES = ("uniform", "kernel")  # every array at bytes_per_word, or each at its kernel dtype (kernel_dtype)
 MAX_PARTITIONS = 64
-# More than one L2 partition makes segments single lines (a home per line): about HIERARCHY_LINE seconds a line
-# (measured; see the test module tests/test_hierarchy_levels.py's timing note).
-HIERARCHY_LINE = 5e-8
+# More than one L2 partition cuts segments where the home changes (every home_lines lines): an LRU step per segment,
+# about HIERARCHY_LINE seconds a line at home_lines = 1. Measured on the 2-core machine under load (load average 8):
+# flash2 forward, B = 4, H_q = 16, N = 8192, d = 64, bf16 on the H100 preset, 16.8 million line requests, 7.3-10.2 s
+# in the L2's run (440-600 ns a line; 0.2 s with one partition, 1.0 s at home_lines = 16).
+HIERARCHY_LINE = 6e-7
 COPY_KINDS = {"head": 0, "kv head": 1, "batch item": 2}  # iosim.problem.Problem.storage's copies: inst_copy's column
 MAX_P = 1 << 20
 MAX_C = 1 << 40
@@ -605,61 +607,12 @@ def hierarchy(
     from iosim.problem import Problem
 
     if isinstance(algorithm, Problem):  # hierarchy(problem, schedule, device or M): the three objects
-        from iosim.schedule import from_objects
-
-        if _trace is not None:
-            raise InputError("problem", "is not used with a given trace")
-        given = dict(N=N, d=d, causal=causal, problem=problem, B=None if B == 1 else B, H_q=None if H_q == 1 else H_q,
-                     H_kv=H_kv, backward=backward or None, tiling=None if tiling == "fit" else tiling, Br=Br, Bc=Bc,
-                     block=block, gqa=None if gqa == "per-head" else gqa, mla=None if mla == "shared" else mla,
-                     kv_policy=kv_policy, splits=None if splits == 1 else splits,
-                     pages=None if pages == "pieces" else pages)  # fmt: skip
-        clash = [k for k, v in given.items() if v is not None and k not in ("N", "d", "causal", "problem")]
-        if clash:
-            raise InputError(clash[0], "belongs to the Schedule or the Problem when they are given as objects")
-        spec, options = from_objects(algorithm, schedule, {k: given[k] for k in ("N", "d", "causal", "problem")})
-        if isinstance(device_or_memory, (str, Device)):
-            device = device_or_memory
-        elif device_or_memory is not None:
-            M = device_or_memory
-        opts = {k: options[k] for k in ("backward", "tiling", "Br", "Bc", "gqa", "mla", "kv_policy", "splits", "pages")}
-        return hierarchy(
-            spec.algorithm, problem=algorithm, M=M, device=device, P=P, C=C, L=L, blocks_per_sm=blocks_per_sm,
-            bytes_per_word=bytes_per_word, order=order, policy=policy, mask=mask, block=options["B"],
-            allow_long=allow_long, record=record, opt_limit_bytes=opt_limit_bytes, element_bytes=element_bytes,
-            partitions=partitions, home_lines=home_lines, scheduler=scheduler, **opts,
-        )  # fmt: skip
+        return _three_objects(dict(locals()))
     if schedule is not None or device_or_memory is not None:
         raise InputError("schedule", "goes with a problem as the first argument: hierarchy(problem, schedule, device)")
-
-    unit = units = None  # units: each head unit's mask, when the mask differs per (b, h)
-    if problem is not None:
-        N, d, B, H_q, H_kv, causal, bytes_per_word, unit = _from_problem(problem, N, d, gqa, splits, backward)
-        if kv_policy is None and not problem.is_single:  # iosim.run's default over a problem, as the kernels do
-            kv_policy = "skip"
-        if mask is not None:  # one mask for every head, or each head unit's own (iosim.head_masks)
-            from iosim.head_masks import unit_masks
-
-            group = unit is not None and unit.H_q > 1
-            mask, units = unit_masks(problem, mask, group, gqa == "packed", allow_long is True)
-    elif gqa != "per-head" or mla != "shared" or splits != 1:
-        which, value = ("gqa", gqa) if gqa != "per-head" else ("mla", mla) if mla != "shared" else ("splits", splits)
-        raise InputError(which, "applies to a problem (problem=iosim.Problem(...)); N, d launch one head each", value)
-    if N is None or d is None:
-        raise InputError("N" if N is None else "d", "must be given (or a problem)", None)
-    if not isinstance(element_bytes, str) or element_bytes not in ELEMENT_BYTES:
-        raise InputError("element_bytes", f"must be one of {', '.join(ELEMENT_BYTES)}", element_bytes)
-    if element_bytes == "kernel" and problem is None:
-        raise InputError("element_bytes", "kernel prices each array at its dtype: give a problem (its dtypes)")
-    if not isinstance(order, str) or order not in ORDERS:
-        raise InputError("order", f"must be one of {', '.join(ORDERS)}", order)
-    if not isinstance(policy, str) or policy not in POLICIES:
-        raise InputError("policy", f"must be one of {', '.join(POLICIES)}", policy)
-    B = _int("B (batch)", B, 1, MAX_HEADS)
-    H_q = _int("H_q (query heads)", H_q, 1, MAX_HEADS)
-    H_kv = H_q if H_kv is None else _int("H_kv (key/value heads)", H_kv, 1, H_q)
-    if H_q % H_kv:
-        raise InputError("H_kv (key/value heads)", f"must divide H_q = {H_q}", H_kv)
+    w = _launch(dict(locals()))
+    N, d, B, H_q, H_kv, causal, bytes_per_word = w.N, w.d, w.B, w.H_q, w.H_kv, w.causal, w.bytes_per_word
+    unit, units, mask, kv_policy = w.unit, w.units, w.mask, w.kv_policy
     mc = _machine(device, P, C, L, M, blocks_per_sm, bytes_per_word, policy, partitions, home_lines)
 
     t0 = time.perf_counter()
@@ -678,7 +631,8 @@ def hierarchy(
     Lw = _line_words(arrays.names, eb, mc)
     if element_bytes == "kernel":  # the kernel's atomic accumulations: one reduction each, no load
         cut = _reductions(cut, declared, arrays.names)
-    n_req_total = _estimate(parts, cut, policy, mc, Lw, B * Hu, problem, N, allow_long)
+    widths = np.array([arrays.shapes[n][1] for n in arrays.names], np.int64)
+    n_req_total = _estimate(parts, cut, policy, mc, Lw, widths, B * Hu, problem, N, allow_long)
     lay = _layout(arrays, cut, B, Hu, H_kv, Lw, where, mc.parts, mc.home_lines)
     inst, launch_ptr, delay, static, cut = _blocks(declared, cut, order, B, Hu, H_kv, unit_class, parts[0], scheduler,
                                                    mc.slots)  # fmt: skip
@@ -702,6 +656,74 @@ def hierarchy(
         res.trace = trace
         res.line_words = Lw
     return res
+
+
+def _three_objects(kw: dict):
+    """hierarchy(problem, schedule, device or M): the launch from the three objects, the rest as keywords."""
+    from iosim.schedule import from_objects
+
+    if kw["_trace"] is not None:
+        raise InputError("problem", "is not used with a given trace")
+    k = kw
+    given = dict(N=k["N"], d=k["d"], causal=k["causal"], problem=k["problem"], B=None if k["B"] == 1 else k["B"],
+                 H_q=None if k["H_q"] == 1 else k["H_q"], H_kv=k["H_kv"], backward=k["backward"] or None,
+                 tiling=None if k["tiling"] == "fit" else k["tiling"], Br=k["Br"], Bc=k["Bc"], block=k["block"],
+                 gqa=None if k["gqa"] == "per-head" else k["gqa"], mla=None if k["mla"] == "shared" else k["mla"],
+                 kv_policy=k["kv_policy"], splits=None if k["splits"] == 1 else k["splits"],
+                 pages=None if k["pages"] == "pieces" else k["pages"])  # fmt: skip
+    clash = [n for n, v in given.items() if v is not None and n not in ("N", "d", "causal", "problem")]
+    if clash:
+        raise InputError(clash[0], "belongs to the Schedule or the Problem when they are given as objects")
+    spec, options = from_objects(k["algorithm"], k["schedule"], {n: given[n] for n in ("N", "d", "causal", "problem")})
+    device, M = k["device"], k["M"]  # noqa: N806
+    if isinstance(k["device_or_memory"], (str, Device)):
+        device = k["device_or_memory"]
+    elif k["device_or_memory"] is not None:
+        M = k["device_or_memory"]  # noqa: N806
+    opts = {n: options[n] for n in ("backward", "tiling", "Br", "Bc", "gqa", "mla", "kv_policy", "splits", "pages")}
+    keep = ("P", "C", "L", "blocks_per_sm", "bytes_per_word", "order", "policy", "mask", "allow_long", "record",
+            "opt_limit_bytes", "element_bytes", "partitions", "home_lines", "scheduler")  # fmt: skip
+    return hierarchy(spec.algorithm, problem=k["algorithm"], M=M, device=device, block=options["B"],
+                     **{n: k[n] for n in keep}, **opts)  # fmt: skip
+
+
+def _launch(kw: dict) -> SimpleNamespace:
+    """Check the launch: its shape (N, d, B, H_q, H_kv, causal and the bytes per word, from a problem or the
+    keywords), the unit one family of CTAs runs, each head unit's mask, the kv policy, the pricing, order and
+    policy."""
+    N, d, B, H_q, H_kv, causal, bpw = (kw[k] for k in ("N", "d", "B", "H_q", "H_kv", "causal", "bytes_per_word"))  # noqa: N806
+    problem, gqa, mla, splits, mask, kv_policy = (kw[k] for k in ("problem", "gqa", "mla", "splits", "mask",
+                                                                   "kv_policy"))  # fmt: skip
+    unit = units = None  # units: each head unit's mask, when the mask differs per (b, h)
+    if problem is not None:
+        N, d, B, H_q, H_kv, causal, bpw, unit = _from_problem(problem, N, d, gqa, splits, kw["backward"])  # noqa: N806
+        if kv_policy is None and not problem.is_single:  # iosim.run's default over a problem, as the kernels do
+            kv_policy = "skip"
+        if mask is not None:  # one mask for every head, or each head unit's own (iosim.head_masks)
+            from iosim.head_masks import unit_masks
+
+            group = unit is not None and unit.H_q > 1
+            mask, units = unit_masks(problem, mask, group, gqa == "packed", kw["allow_long"] is True)
+    elif gqa != "per-head" or mla != "shared" or splits != 1:
+        which, value = ("gqa", gqa) if gqa != "per-head" else ("mla", mla) if mla != "shared" else ("splits", splits)
+        raise InputError(which, "applies to a problem (problem=iosim.Problem(...)); N, d launch one head each", value)
+    if N is None or d is None:
+        raise InputError("N" if N is None else "d", "must be given (or a problem)", None)
+    eb = kw["element_bytes"]
+    if not isinstance(eb, str) or eb not in ELEMENT_BYTES:
+        raise InputError("element_bytes", f"must be one of {', '.join(ELEMENT_BYTES)}", eb)
+    if eb == "kernel" and problem is None:
+        raise InputError("element_bytes", "kernel prices each array at its dtype: give a problem (its dtypes)")
+    for name, value, accepted in (("order", kw["order"], ORDERS), ("policy", kw["policy"], POLICIES)):
+        if not isinstance(value, str) or value not in accepted:
+            raise InputError(name, f"must be one of {', '.join(accepted)}", value)
+    B = _int("B (batch)", B, 1, MAX_HEADS)  # noqa: N806
+    H_q = _int("H_q (query heads)", H_q, 1, MAX_HEADS)  # noqa: N806
+    H_kv = H_q if H_kv is None else _int("H_kv (key/value heads)", H_kv, 1, H_q)  # noqa: N806
+    if H_q % H_kv:
+        raise InputError("H_kv (key/value heads)", f"must divide H_q = {H_q}", H_kv)
+    return SimpleNamespace(N=N, d=d, B=B, H_q=H_q, H_kv=H_kv, causal=causal, bytes_per_word=bpw, unit=unit,
+                           units=units, mask=mask, kv_policy=kv_policy)  # fmt: skip
 
 
 def _machine(device, P, C, L, M, blocks_per_sm, bytes_per_word, policy, partitions, home_lines) -> SimpleNamespace:  # noqa: N803
@@ -883,18 +905,19 @@ def _reductions(cut, declared, names):
     return ctas_mod.Cut(req, cut.piece_ptr, cut.piece_events)
 
 
-def _estimate(parts, cut, policy, mc, Lw, n_units, problem, N, allow_long) -> int:  # noqa: N803
+def _estimate(parts, cut, policy, mc, Lw, widths, n_units, problem, N, allow_long) -> int:  # noqa: N803
     """The time rule, before any array of the launch's size (the layout, the block order) exists: every CTA of every
     launch runs once per (batch item, head unit), each making its tile requests; with more than one L2 partition the
     LRU runs line by line (:data:`HIERARCHY_LINE` a line). Returns the requests."""
     n_launched = int(parts[0].declared.launch_ptr[-1])
     n_req_total = sum(x.units * int(np.sum(np.diff(x.declared.cta_ptr)[:n_launched])) for x in parts)
     seconds = n_req_total * estimate.HIERARCHY_REQUEST * (2 if policy == "opt" else 1)
-    if mc.parts > 1 and len(cut.requests):  # an upper bound of the lines touched: a row's range, its two ends
+    if mc.parts > 1 and len(cut.requests):  # the lines touched, at most: each contiguous range's, and its two ends
         r = cut.requests
         lw = Lw[r[:, 1]]
-        lines = np.where(r[:, 5] > 0, r[:, 3] * (r[:, 5] // lw + 2), 0)
-        seconds += float(np.sum(lines)) * (n_req_total / max(len(r), 1)) * HIERARCHY_LINE
+        whole = r[:, 5] == widths[r[:, 1]]
+        lines = np.where(whole, (r[:, 3] * r[:, 5]) // lw + 2, r[:, 3] * (r[:, 5] // lw + 2)) // mc.home_lines
+        seconds += float(np.sum(lines)) * (n_req_total / len(r)) * HIERARCHY_LINE
     estimate.check(seconds, f"a launch of {n_units * n_launched:,} thread blocks making "
                    f"{n_req_total:,} tile requests", allow_long=allow_long,
                    parameter="problem" if problem is not None else "N",
