@@ -42,6 +42,8 @@ VERSIONED = [  # every command whose JSON is a result a paper may quote
     ["compare", *S, "--json"],
     ["bounds", "--N", "64", "--d", "8", "--M", "1024", "--json"],
     ["replay", "flash2", *S, "--json"],
+    ["hierarchy", "flash2", "--N", "64", "--d", "8", "--M", "1024", "--C", "0", "--json"],
+    ["pebble", "matmul:2x2x2", "--M", "4", "--greedy", "--json"],
 ]
 
 

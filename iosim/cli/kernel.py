@@ -183,7 +183,10 @@ def command(args) -> int:
             print(f"iosim: error: {problem}", file=sys.stderr)
         rc = max(rc, 1 if problem or (cmp is not None and cmp.numerics_ok is False) else 0)
     if args.json:
-        print(json.dumps(docs[0] if len(docs) == 1 else {"configs": docs}, indent=2))
+        from iosim.version import __version__
+
+        doc = docs[0] if len(docs) == 1 else {"configs": docs}
+        print(json.dumps({"iosim_version": __version__, **doc}, indent=2))
     return rc
 
 

@@ -21,6 +21,7 @@ from iosim.errors import InputError, install_hint
 from iosim.pebble import from_run, search
 from iosim.pebble.game import Game, IllegalMoveError, Outcome, format_moves, parse
 from iosim.pebble.graph import SPEC_HELP, Graph, named
+from iosim.version import __version__
 
 
 class _Intermixed(Parser):
@@ -128,7 +129,16 @@ def command(args) -> int:
     if args.picture is not None:
         _picture(args, graph, moves)
     if args.json:
-        print(json.dumps({**outcome.as_dict(), "legal": illegal is None, "illegal": illegal and str(illegal)}))
+        print(
+            json.dumps(
+                {
+                    "iosim_version": __version__,
+                    **outcome.as_dict(),
+                    "legal": illegal is None,
+                    "illegal": illegal and str(illegal),
+                }
+            )
+        )
     else:
         print(graph.summary())
         print(f"schedule {path.name}: {len(moves)} moves, M = {args.M} red pebbles")
@@ -174,7 +184,13 @@ def _cmd_optimum(args, graph: Graph) -> int:
         opt = search.optimum(graph, args.M, max_states=args.max_states, allow_long=args.yes)
         moves = opt.moves
     if args.json:
-        out = {"graph": graph.name, "M": args.M, "greedy_io": heuristic, "optimum_io": opt and opt.io}
+        out = {
+            "iosim_version": __version__,
+            "graph": graph.name,
+            "M": args.M,
+            "greedy_io": heuristic,
+            "optimum_io": opt and opt.io,
+        }
         out["search_states"] = opt and opt.states
         out["lower_bounds"] = [{"name": n, "value": v, "formula": f} for n, v, f in rows]
         print(json.dumps(out))
@@ -225,7 +241,7 @@ def _tiles(args, algorithm: str) -> dict:
 
 def _report(args, runs) -> int:
     if args.json:
-        print(json.dumps([r.as_dict() for r in runs]))
+        print(json.dumps([{"iosim_version": __version__, **r.as_dict()} for r in runs]))
     elif len(runs) == 1:
         _print_run(runs[0])
     else:

@@ -317,8 +317,10 @@ class HierarchyResult:
         return tabulate(rows, headers=head, tablefmt=fmt, disable_numparse=True)
 
     def as_dict(self) -> dict:
+        from iosim.version import __version__
+
         keys = ("algorithm", "backward", "B", "H_q", "H_kv", "N", "d", "M", "P", "blocks_per_sm", "C", "L")
-        out = {k: getattr(self, k) for k in keys}
+        out = {"iosim_version": __version__, **{k: getattr(self, k) for k in keys}}
         out.update(problem=None if self.problem is None else self.problem.as_dict(), gqa=self.gqa, splits=self.splits)
         out.update(
             bytes_per_word=self.bytes_per_word,
