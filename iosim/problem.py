@@ -175,7 +175,9 @@ class Problem:
         """The storage dtype of a slow-memory array by its iosim name."""
         if array in FIXED_DTYPES:
             return FIXED_DTYPES[array]
-        if array in ("K", "V", "dK", "dV", "dKpart", "dVpart"):  # the kernels write dK, dV at K's and V's dtype
+        if array in ("dKpart", "dVpart"):  # GQA's per-query-head partials: FlashAttention-2 allocates them with
+            return self.dtype_q  # q.options() (flash_api.cpp, mha_bwd: dk_expanded), as iosim.hierarchy prices them
+        if array in ("K", "V", "dK", "dV"):  # the kernels write dK, dV at K's and V's dtype
             return self.dtype_kv
         if array == "dQ":  # accumulated in fp32 (flash-attn's dq_accum; fp64 where the problem computes in fp64)
             return "fp64" if self.dtype_o == "fp64" else "fp32"

@@ -856,12 +856,10 @@ def _unit_run(algorithm, problem, unit, N, d, causal, mask, kw) -> tuple:  # noq
 def kernel_dtype(problem, array: str) -> str:
     """The dtype ``array`` moves at in the kernels the hierarchy models (``element_bytes="kernel"``), the one
     convention: :meth:`iosim.Problem.dtype_of` (Q at dtype_q; K, V, dK, dV at dtype_kv; O, dO at dtype_o; the
-    statistics L, l, m, D, the split-KV partials and dQ's accumulator in fp32; the page table int32), except the GQA
-    backward's partials dKpart, dVpart, which FlashAttention-2 allocates at Q's dtype (flash-attn 2,
+    statistics L, l, m, D, the split-KV partials and dQ's accumulator in fp32; the page table int32; the GQA
+    backward's partials dKpart, dVpart at Q's dtype, as FlashAttention-2 allocates them: flash-attn 2,
     csrc/flash_attn/flash_api.cpp, ``mha_bwd``: ``dk_expanded``, ``dv_expanded`` = ``torch::empty(..., opts)`` with
     ``opts = q.options()``). dQ's conversion reads ``dq_accum`` (dQ's accumulator) and writes ``dQ_out`` at dtype_o."""
-    if array in ("dKpart", "dVpart"):
-        return problem.dtype_q
     if array == launches_mod.DQ_ACCUM:
         return problem.dtype_of("dQ")
     if array == launches_mod.DQ_OUT:
