@@ -102,7 +102,7 @@ def line_stream(res):
     lay = res.layout
     rec = res.record
     args = (rec[:, 0].copy(), rec[:, 1].copy(), len(rec), res.blocks[:, 1:].copy(), res.cut.requests, lay.kv)
-    args += (lay.base, lay.stride, lay.lbase, lay.nl, res.L)
+    args += (lay.base, lay.stride, lay.lbase, lay.nl, lay.line_words)
     n = l2.line_stream(*args, np.zeros(0, np.int64), np.zeros(0, np.int8))
     lines, flags = np.empty(n, np.int64), np.empty(n, np.int8)
     l2.line_stream(*args, lines, flags)
@@ -198,23 +198,25 @@ def test_segment_lru_equals_a_naive_line_lru_on_random_streams(stream, capacity,
     n_lines, cuts, reqs = stream
     starts = [0] + [i + 1 for i, c in enumerate(cuts) if c] + [n_lines]
     seg_of = np.searchsorted(starts, np.arange(n_lines), side="right") - 1
-    h = np.array([-1, -1, 0], np.int64)
+    h = np.array([[-1, -1, 0]], np.int64)  # one partition: row 0 of the state arrays
     ns = len(starts) - 1
-    res, dirty = np.zeros(ns, np.int32), np.zeros(ns, np.int8)
-    prv, nxt = np.full(ns, -1, np.int32), np.full(ns, -1, np.int32)
+    res, dirty = np.zeros((1, ns), np.int32), np.zeros((1, ns), np.int8)
+    prv, nxt = np.full((1, ns), -1, np.int32), np.full((1, ns), -1, np.int32)
     seg_aid = np.zeros(ns, np.int16)
     fill, wb = np.zeros(1, np.int64), np.zeros(1, np.int64)
+    Lw = np.array([L], np.int64)  # noqa: N806
     lines, writes = [], []
     for a, b, w in reqs:  # a request: whole segments from a's to b's, ascending
         s0, s1 = sorted((seg_of[a], seg_of[b]))
         for s in range(s0, s1 + 1):
             k = starts[s + 1] - starts[s]
-            l2.access(s, k, int(w), 0, capacity, L, h, res, dirty, prv, nxt, seg_aid, fill, wb)
+            if l2.touch(s, k, int(w), 0, capacity, L, Lw, 0, h, res, dirty, prv, nxt, seg_aid, wb) and not w:
+                fill[0] += k * L
             lines += list(range(starts[s], starts[s + 1]))
             writes += [w] * k
-    l2.flush((h, res, dirty, prv, nxt, seg_aid), L, wb)
+    l2.flush((h, res, dirty, prv, nxt, seg_aid), Lw, wb)
     assert (int(fill[0]), int(wb[0])) == naive_line_cache(lines, writes, capacity, L, "lru")
-    assert int(res.sum()) == min(h[2], capacity) == h[2]
+    assert int(res.sum()) == min(h[0, 2], capacity) == h[0, 2]
 
 
 @settings(max_examples=150, deadline=None)

@@ -11,6 +11,7 @@ from iosim.cli.options import (
     add_algorithm,
     add_mask_options,
     add_yes,
+    dtype_choice,
     positive,
     refuse_contradictions,
     schedule_of,
@@ -69,7 +70,24 @@ def add_arguments(p) -> None:
     p.add_argument("--C", type=_nonnegative("--C"), default=None, help="L2 words (0: no L2; default: the device's)")
     p.add_argument("--L", type=positive("--L"), default=None, help="L2 line in words (default: the device's, or 1)")
     p.add_argument("--blocks-per-sm", type=positive("--blocks-per-sm"), default=None, help="default: what fits")
-    p.add_argument("--bytes-per-word", type=positive("--bytes-per-word"), default=2, help="default 2 (fp16/bf16)")
+    p.add_argument("--bytes-per-word", type=positive("--bytes-per-word"), default=None,
+                   help="every array's bytes per word (default 2: fp16/bf16); not with --dtype-*")  # fmt: skip
+    # iosim run's dtype options: given, each array is priced at its dtype as the kernels move it (element_bytes kernel)
+    p.add_argument("--dtype-q", type=dtype_choice("--dtype-q"), default=None, help="storage dtype of Q (bytes)")
+    p.add_argument("--dtype-kv", type=dtype_choice("--dtype-kv"), default=None, help="storage dtype of K, V")
+    p.add_argument("--dtype-o", type=dtype_choice("--dtype-o"), default=None, help="storage dtype of O")
+    p.add_argument(
+        "--l2-partitions",
+        type=positive("--l2-partitions"),
+        default=None,
+        help="L2 partitions, each serving its own half of the SMs (default: the device's, or 1)",
+    )
+    p.add_argument(
+        "--home-lines",
+        type=positive("--home-lines"),
+        default=1,
+        help="a line's home partition: (its line index in its array // this) mod partitions (default 1)",
+    )
     p.add_argument("--order", choices=ORDERS, default="head-grouped", help="block order (default head-grouped)")
     p.add_argument("--policy", choices=POLICIES, default="lru", help="L2 replacement (default lru; opt = the floor)")
     p.add_argument("--backward", action="store_true", help="the backward pass's launch")
@@ -97,6 +115,8 @@ def command(args) -> int:
         C=args.C,
         L=args.L,
         blocks_per_sm=args.blocks_per_sm,
+        partitions=args.l2_partitions,
+        home_lines=args.home_lines,
         order=args.order,
         policy=args.policy,
         backward=s.backward,
@@ -130,6 +150,10 @@ def command(args) -> int:
         f"{', '.join(map(str, r.waves))}; {r.requests:,} tile requests; {r.tiling}"
     )
     print(r.table(args.format))
+    if r.element_bytes == "kernel":
+        print(r.bytes_table(args.format))
+    if r.element_bytes == "kernel" or r.l2_partitions > 1:
+        _levels(r)
     print(
         f"DRAM: {r.dram_read:,} words read + {r.dram_update:,} written = {r.dram:,} words = {r.dram_bytes:,} bytes; "
         f"{r.ratio:.4f} of the two-level count {r.two_level:,}"
@@ -145,6 +169,21 @@ def command(args) -> int:
     return 0
 
 
+def _levels(r) -> None:
+    """The levels as Nsight Compute counts them: L2 requests from the SMs, fabric traffic, DRAM writes both ways."""
+    d = r.as_dict()
+    print(
+        f"L2 requests from the SMs: {d['l2_request_bytes']:,} bytes; between the {r.l2_partitions} L2 partition(s): "
+        f"{d['fabric_bytes']:,} bytes; DRAM read {r.level_bytes('dram_read'):,} bytes"
+    )
+    if r.dram_writes:
+        each = "; ".join(f"{w['kernel']} {w['during_bytes']:,}" for w in r.dram_writes)
+        print(
+            f"DRAM writes during the kernels: {each} bytes; with the final flush "
+            f"{r.level_bytes('dram_update'):,} bytes ({r.final_flush_bytes:,} flushed after the last launch)"
+        )
+
+
 def _shape(args) -> dict:
     """N, d, the launch's heads and the word size, or a problem (iosim.Problem) when --Nq, --Nk, --dv,
     --page-size, --mla, --gqa packed or --splits asks for one beyond N x d."""
@@ -155,20 +194,26 @@ def _shape(args) -> dict:
 
     fields = dict(B=args.batch, H_q=args.H_q, H_kv=args.H_kv, causal=args.causal)
     beyond = (args.Nq, args.Nk, args.dv, args.page_size, args.mla)
-    if all(x is None for x in beyond) and args.gqa == "per-head" and args.splits == 1 and args.pages == "pieces":
+    dtypes = (args.dtype_q, args.dtype_kv, args.dtype_o)
+    if any(x is not None for x in dtypes) and args.bytes_per_word is not None:
+        raise InputError("--bytes-per-word", "goes without --dtype-q/--dtype-kv/--dtype-o (each array at its dtype)",
+                         args.bytes_per_word)  # fmt: skip
+    bytes_per_word = 2 if args.bytes_per_word is None else args.bytes_per_word
+    if (all(x is None for x in (*beyond, *dtypes)) and args.gqa == "per-head" and args.splits == 1
+            and args.pages == "pieces"):  # fmt: skip
         if args.N is None:
             raise InputError("--N", "must be given (or --Nq and --Nk)", None)
-        return dict(N=args.N, d=args.d, bytes_per_word=args.bytes_per_word, **fields)
+        return dict(N=args.N, d=args.d, bytes_per_word=bytes_per_word, **fields)
     refuse_contradictions(args)  # as every command with a problem's options
     Nq, Nk = args.Nq or args.N, args.Nk or args.N
     if Nq is None or Nk is None:
         raise InputError("--Nq, --Nk", "must be given (or --N for both)", (Nq, Nk))
-    if args.bytes_per_word not in dtype_of_bytes:
-        raise InputError(
-            "--bytes-per-word", "must be 1, 2, 4 or 8 with a problem's options (a dtype)", args.bytes_per_word
-        )
-    dtype = dtype_of_bytes[args.bytes_per_word]
+    if bytes_per_word not in dtype_of_bytes:
+        raise InputError("--bytes-per-word", "must be 1, 2, 4 or 8 with a problem's options (a dtype)", bytes_per_word)
+    dtype = dtype_of_bytes[bytes_per_word]
     p = Problem(B=args.batch, H_q=args.H_q, H_kv=args.H_kv, N_q=Nq, N_k=Nk, d_qk=args.d, d_v=args.dv,
                 causal=bool(args.causal), latent=args.mla is not None, page_size=args.page_size,
-                dtype_q=dtype)  # fmt: skip
+                dtype_q=args.dtype_q or dtype, dtype_kv=args.dtype_kv, dtype_o=args.dtype_o)  # fmt: skip
+    if any(x is not None for x in dtypes):  # each array at its dtype, as the kernels move it
+        return dict(problem=p, element_bytes="kernel")
     return dict(problem=p)

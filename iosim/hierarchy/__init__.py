@@ -1,9 +1,19 @@
 """Beyond two levels: thread blocks on P SMs, a shared L2, DRAM (:func:`hierarchy`; see :mod:`.simulate`)."""
 
 from iosim.hierarchy.devices import Device, device, presets
-from iosim.hierarchy.simulate import ORDERS, POLICIES, HierarchyResult, LevelCounts, block_order, hierarchy
+from iosim.hierarchy.simulate import (
+    ELEMENT_BYTES,
+    ORDERS,
+    POLICIES,
+    HierarchyResult,
+    LevelCounts,
+    block_order,
+    hierarchy,
+    kernel_dtype,
+)
 
 __all__ = [
+    "ELEMENT_BYTES",
     "ORDERS",
     "POLICIES",
     "Device",
@@ -12,5 +22,6 @@ __all__ = [
     "block_order",
     "device",
     "hierarchy",
+    "kernel_dtype",
     "presets",
 ]

@@ -1,12 +1,14 @@
-"""The L2 and the clock, in Numba: thread blocks' tile requests interleaved in time into one shared LRU cache.
+"""The L2 and the clock, in Numba: thread blocks' tile requests interleaved in time into a shared L2 of LRU partitions.
 
-**Lines and segments.** Word (r, c) of copy k of array a sits at line ``lbase[b] + k * nl[b] + (r * stride[a] + c) //
-L`` where b = ``base[a]`` is the array whose storage a is (itself, or K for an MLA latent's V: the latent's first d_v
-columns) and ``stride[a]`` its row stride (b's width); every copy starts on a line. A request (one tile transfer)
-touches, row by row, the lines ``[w0 // L, (w1 - 1) // L]`` of its contiguous word ranges ``[w0, w1)``, in ascending
-order (one range for a tile of whole rows). Lines are grouped into **segments**, the finest partition of an array's
-lines by the ends of every request's line ranges: every request touches whole segments, each from its first line to its
-last.
+**Lines and segments.** Array b's line holds ``Lw[b]`` of its words (the line's bytes over b's element bytes: every
+array at one word size, as before, is ``Lw[b] = L``). Word (r, c) of copy k of array a sits at line ``lbase[b] + k *
+nl[b] + (r * stride[a] + c) // Lw[b]`` where b = ``base[a]`` is the array whose storage a is (itself, or K for an MLA
+latent's V: the latent's first d_v columns) and ``stride[a]`` its row stride (b's width); every copy starts on a
+line. A request (one tile transfer) touches, row by row, the lines ``[w0 // Lw[b], (w1 - 1) // Lw[b]]`` of its
+contiguous word ranges ``[w0, w1)``, in ascending order (one range for a tile of whole rows). Lines are grouped into
+**segments**, the finest partition of an array's lines by the ends of every request's line ranges (and, with more
+than one L2 partition, by every change of home partition): every request touches whole segments, each from its
+first line to its last.
 
 **Segment LRU = line LRU, exactly.** LRU over lines, fed a line stream in which every segment is always touched
 whole and in order, keeps a segment's lines adjacent in recency order, oldest first. Eviction takes lines from the
@@ -14,18 +16,48 @@ tail, so at most one segment is partly resident (the tail one, holding its newes
 on every one of its lines (each miss evicts the segment's next line before it is reached). So an LRU that moves
 whole segments (a partly resident one is dropped and refetched whole; eviction may leave the new tail segment
 partly resident; a segment larger than the cache streams through and leaves its last C lines) fetches and writes
-back exactly what the line LRU does, at a cost per tile instead of per line. tests/test_hierarchy.py pins it against
-a naive line LRU on random partitions and streams, and against :mod:`iosim.views.cache_sim`'s LRU on real launches.
+back exactly what the line LRU does, at a cost per tile instead of per line. Dropping a whole segment (an
+invalidation, below) keeps the others adjacent. tests/test_hierarchy.py pins it against a naive line LRU on random
+partitions and streams, and against :mod:`iosim.views.cache_sim`'s LRU on real launches; tests/test_hierarchy_levels.py
+pins the partitions against a naive line LRU per partition.
 
-**Writes** are write-back and write-validate (a GPU L2 keeps per-sector valid masks): a write miss allocates its
-lines dirty without fetching them; a dirty line costs L words of DRAM writes when it is evicted or flushed at the
-end. ``C = 0`` is no L2: every request goes to DRAM word for word (the two-level count).
+**Requests** are reads (w = 0: loads), writes (w = 1: stores, memsets) and reductions (w = 2: an atomic add at the
+L2, FlashAttention-2's fp32 dQ accumulation: the L2 needs the old value, so a miss fetches the line, and leaves it
+dirty); w = -1 is a request that does not reach the L2 (a load the kernel does not make: the schedule's load of an
+accumulator that the kernel adds to atomically instead). **Writes** are write-back and write-validate (a GPU L2
+keeps per-sector valid masks): a write miss allocates its lines dirty without fetching them; a dirty line costs
+``Lw`` words of DRAM writes when it is evicted or flushed at the end. ``cap = 0`` is no L2: every request goes to
+DRAM word for word (the two-level count; a reduction is a read and a write of each word).
+
+**Partitions** (an L2 as NVIDIA's A100 and H100 build it). The A100 whitepaper ("NVIDIA A100 Tensor Core GPU
+Architecture", section "L2 cache"): the L2 is divided into two partitions; each partition localizes and caches data
+for memory accesses from SMs in the GPCs directly connected to it, and hardware cache-coherence maintains the
+CUDA programming model across them. Modelled, with ``parts`` partitions of ``cap`` lines each (C / parts):
+
+* every slot (a resident CTA's place, on SM ``slot mod P``) belongs to the partition of its SM, ``slot_part``;
+* every line has a **home** partition, ``seg_home``: an address hash that NVIDIA does not publish. The one chosen
+  (:mod:`iosim.hierarchy.simulate`): (the line's index within its array copy // G) mod parts, G = ``home_lines``
+  (1: lines alternate);
+* a **read** goes to the SM's own (near) partition; on a miss of a line homed there, the line is filled from DRAM;
+  on a miss of a line homed elsewhere, it crosses the fabric (``fabric``: what Nsight Compute's
+  ``lts__t_sectors_srcunit_ltcfabric`` counts) from the home partition, which fills it from DRAM on its own miss;
+  the near partition keeps a (clean) copy;
+* a **write** is made dirty at the home only: a line homed elsewhere crosses the fabric to its home, and the
+  writer's near partition keeps a clean copy of what it wrote; the copies in every other partition are invalidated
+  (coherence). A **reduction** is done at the home (the fabric crossed where it is not the near partition), and
+  every non-home copy is invalidated. Only a home holds dirty lines, so only homes write back to DRAM.
+
+With ``parts = 1`` every line's home is the near partition: no fabric, no invalidation, the single shared LRU.
 
 **The clock.** ``slots`` thread blocks are resident at once (P SMs x blocks per SM). A launch starts its first
 ``slots`` blocks (in launch order) at the launch's start time; each block's clock starts there and advances by the
 words of each request it issues; when a block finishes, the next block of the launch takes its slot at the
-finishing block's clock. The L2 sees the requests of all resident blocks in the order of the clock value at which
-each is issued, ties by launch order (block id). A launch starts when the previous one has finished.
+finishing block's clock. A block may wait ``delay[i]`` words of idle time before its first request (0: none). With
+**static slots** (``static_slot[i] >= 0`` for every block of a launch) block i runs on slot ``static_slot[i]``, and
+each slot runs its blocks in their launch order (a persistent kernel with a static tile schedule); ``-1`` for every
+block of a launch is the dynamic rule above. The L2 sees the requests of all resident blocks in the order of the
+clock value at which each is issued, ties by launch order (block id). A launch starts when the previous one has
+finished.
 """
 
 from __future__ import annotations
@@ -34,18 +66,21 @@ import numpy as np
 from numba import njit
 
 _HEAD, _TAIL, _USED = 0, 1, 2
+READ, WRITE, REDUCE, SKIP = 0, 1, 2, -1
 
 
 @njit(cache=True)
-def mark_boundaries(req, piece_lo, piece_hi, base, stride, loff, L, mark):  # noqa: N803
+def mark_boundaries(req, piece_lo, piece_hi, base, stride, loff, Lw, mark):  # noqa: N803
     """mark[loff[b] + l] = 1 where some request of an array stored in b starts or ends a line range (requests
-    piece_lo:piece_hi)."""
+    piece_lo:piece_hi); ``Lw[b]``: b's words per line."""
     for k in range(piece_lo, piece_hi):
         a, r0, nr, c0, nc = req[k, 1], req[k, 2], req[k, 3], req[k, 4], req[k, 5]
-        if nr <= 0 or nc <= 0:
+        if nr <= 0 or nc <= 0 or req[k, 0] < 0:
             continue
         ca = stride[a]
-        o = loff[base[a]]
+        b = base[a]
+        L = Lw[b]  # noqa: N806
+        o = loff[b]
         if nc == ca:
             w0 = r0 * ca
             w1 = (r0 + nr) * ca
@@ -59,107 +94,148 @@ def mark_boundaries(req, piece_lo, piece_hi, base, stride, loff, L, mark):  # no
 
 
 @njit(cache=True, inline="always")
-def _unlink(s, h, prv, nxt):
-    p, q = prv[s], nxt[s]
-    if p >= 0:
-        nxt[p] = q
+def _unlink(p, s, h, prv, nxt):
+    a, q = prv[p, s], nxt[p, s]
+    if a >= 0:
+        nxt[p, a] = q
     else:
-        h[_HEAD] = q
+        h[p, _HEAD] = q
     if q >= 0:
-        prv[q] = p
+        prv[p, q] = a
     else:
-        h[_TAIL] = p
-    prv[s] = -1
-    nxt[s] = -1
+        h[p, _TAIL] = a
+    prv[p, s] = -1
+    nxt[p, s] = -1
 
 
 @njit(cache=True, inline="always")
-def _push_head(s, h, prv, nxt):
-    prv[s] = -1
-    nxt[s] = h[_HEAD]
-    if h[_HEAD] >= 0:
-        prv[h[_HEAD]] = s
-    h[_HEAD] = s
-    if h[_TAIL] < 0:
-        h[_TAIL] = s
+def _push_head(p, s, h, prv, nxt):
+    prv[p, s] = -1
+    nxt[p, s] = h[p, _HEAD]
+    if h[p, _HEAD] >= 0:
+        prv[p, h[p, _HEAD]] = s
+    h[p, _HEAD] = s
+    if h[p, _TAIL] < 0:
+        h[p, _TAIL] = s
 
 
 @njit(cache=True)
-def access(s, k, w, a, cap, L, h, res, dirty, prv, nxt, seg_aid, fill, wb):  # noqa: N803
-    """Segment s (k lines, array a) touched whole by a read (w = 0) or a write (w = 1): LRU, write-validate."""
-    r = res[s]
+def touch(s, k, d, a, cap, lw, Lw, p, h, res, dirty, prv, nxt, seg_aid, wb):  # noqa: N803
+    """Segment s (k lines of ``lw`` words, requested as array a) touched whole in LRU partition p (row p of the
+    state arrays); ``d`` = 1 leaves it dirty (a write or a reduction), 0 keeps its dirty bit on a hit and allocates
+    it clean on a miss. Evicted dirty lines are written back (``wb``, words: ``Lw`` of the evicted segment's array).
+    Returns 1 when the segment missed (not resident whole: every line misses), 0 on a hit; the caller counts what a
+    miss fetches."""
+    r = res[p, s]
     if r == k:  # resident whole: a hit
-        if h[_HEAD] != s:
-            _unlink(s, h, prv, nxt)
-            _push_head(s, h, prv, nxt)
-        if w:
-            dirty[s] = 1
-        return
+        if h[p, _HEAD] != s:
+            _unlink(p, s, h, prv, nxt)
+            _push_head(p, s, h, prv, nxt)
+        if d:
+            dirty[p, s] = 1
+        return 0
     if r > 0:  # partly resident (the tail segment): every line misses; drop what is left
-        if dirty[s]:
-            wb[a] += r * L
-        _unlink(s, h, prv, nxt)
-        h[_USED] -= r
-        res[s] = 0
-    if w == 0:
-        fill[a] += k * L
+        if dirty[p, s]:
+            wb[a] += r * lw
+        _unlink(p, s, h, prv, nxt)
+        h[p, _USED] -= r
+        res[p, s] = 0
     if k > cap:  # larger than the cache: it streams through, leaving its last cap lines
-        t = h[_TAIL]
+        t = h[p, _TAIL]
         while t >= 0:
-            if dirty[t]:
-                wb[seg_aid[t]] += res[t] * L
-            res[t] = 0
-            p = prv[t]
-            prv[t] = -1
-            nxt[t] = -1
-            t = p
-        h[_HEAD] = -1
-        h[_TAIL] = -1
-        if w:
-            wb[a] += (k - cap) * L
-        res[s] = cap
-        h[_USED] = cap
-        dirty[s] = w
-        _push_head(s, h, prv, nxt)
-        return
-    need = h[_USED] + k - cap
+            if dirty[p, t]:
+                wb[seg_aid[t]] += res[p, t] * Lw[seg_aid[t]]
+            res[p, t] = 0
+            u = prv[p, t]
+            prv[p, t] = -1
+            nxt[p, t] = -1
+            t = u
+        h[p, _HEAD] = -1
+        h[p, _TAIL] = -1
+        if d:
+            wb[a] += (k - cap) * lw
+        res[p, s] = cap
+        h[p, _USED] = cap
+        dirty[p, s] = d
+        _push_head(p, s, h, prv, nxt)
+        return 1
+    need = h[p, _USED] + k - cap
     while need > 0:
-        t = h[_TAIL]
-        rt = res[t]
+        t = h[p, _TAIL]
+        rt = res[p, t]
         if rt <= need:
-            if dirty[t]:
-                wb[seg_aid[t]] += rt * L
-            _unlink(t, h, prv, nxt)
-            res[t] = 0
-            h[_USED] -= rt
+            if dirty[p, t]:
+                wb[seg_aid[t]] += rt * Lw[seg_aid[t]]
+            _unlink(p, t, h, prv, nxt)
+            res[p, t] = 0
+            h[p, _USED] -= rt
             need -= rt
         else:  # the tail segment keeps its newest lines
-            res[t] = rt - need
-            if dirty[t]:
-                wb[seg_aid[t]] += need * L
-            h[_USED] -= need
+            res[p, t] = rt - need
+            if dirty[p, t]:
+                wb[seg_aid[t]] += need * Lw[seg_aid[t]]
+            h[p, _USED] -= need
             need = 0
-    res[s] = k
-    h[_USED] += k
-    dirty[s] = w
-    _push_head(s, h, prv, nxt)
+    res[p, s] = k
+    h[p, _USED] += k
+    dirty[p, s] = d
+    _push_head(p, s, h, prv, nxt)
+    return 1
 
 
 @njit(cache=True)
-def issue(k, copy, req, base, stride, nseg, gbase, loff, soff, seg_of_line, seg_start, L, cap, st, fill, wb):  # noqa: N803
-    """Request k of a block working on copy ``copy`` of its array: every segment it touches, in order."""
+def drop(s, p, h, res, prv, nxt):
+    """Invalidate segment s's lines in partition p (a clean copy: only homes hold dirty lines)."""
+    r = res[p, s]
+    if r > 0:
+        _unlink(p, s, h, prv, nxt)
+        h[p, _USED] -= r
+        res[p, s] = 0
+
+
+@njit(cache=True)
+def segment(s, k, w, a, q, hm, cap, lw, Lw, st, fill, wb, fabric):  # noqa: N803
+    """Segment s (k lines homed in partition hm) requested by an SM of partition q: read, write or reduction through
+    the partitions (module docstring). ``fill``, ``wb``, ``fabric``: words of array a (wb: of the evicted lines')."""
     h, res, dirty, prv, nxt, seg_aid = st
+    if w == READ:
+        if touch(s, k, 0, a, cap, lw, Lw, q, h, res, dirty, prv, nxt, seg_aid, wb):
+            if hm != q:
+                fabric[a] += k * lw
+                if touch(s, k, 0, a, cap, lw, Lw, hm, h, res, dirty, prv, nxt, seg_aid, wb):
+                    fill[a] += k * lw
+            else:
+                fill[a] += k * lw
+        return
+    if hm != q:
+        fabric[a] += k * lw
+        if w == WRITE:  # the writer keeps a clean copy of what it wrote
+            touch(s, k, 0, a, cap, lw, Lw, q, h, res, dirty, prv, nxt, seg_aid, wb)
+    missed = touch(s, k, 1, a, cap, lw, Lw, hm, h, res, dirty, prv, nxt, seg_aid, wb)
+    if w == REDUCE and missed:
+        fill[a] += k * lw
+    for p in range(h.shape[0]):
+        if p != hm and (w == REDUCE or p != q):
+            drop(s, p, h, res, prv, nxt)
+
+
+@njit(cache=True)
+def issue(k, copy, q, req, base, stride, nseg, gbase, loff, soff, seg_of_line, seg_start, seg_home, Lw, cap, st,
+          fill, wb, fabric):  # fmt: skip  # noqa: N803
+    """Request k of a block on a slot of partition q, working on copy ``copy`` of its array: every segment it
+    touches, in order."""
     w, a, r0, nr, c0, nc = req[k, 0], req[k, 1], req[k, 2], req[k, 3], req[k, 4], req[k, 5]
-    if nr <= 0 or nc <= 0:
+    if nr <= 0 or nc <= 0 or w < 0:
         return
     if cap == 0:  # no L2: word for word
-        if w:
+        if w != READ:
             wb[a] += nr * nc
-        else:
+        if w != WRITE:
             fill[a] += nr * nc
         return
     ca = stride[a]
     b = base[a]
+    lw = Lw[b]
     g0 = gbase[b] + copy * nseg[b]
     whole = nc == ca
     for r in range(1 if whole else nr):
@@ -169,11 +245,12 @@ def issue(k, copy, req, base, stride, nseg, gbase, loff, soff, seg_of_line, seg_
         else:
             w0 = (r0 + r) * ca + c0
             w1 = w0 + nc
-        l1 = (w1 - 1) // L + 1
-        s = seg_of_line[loff[b] + w0 // L]
+        l1 = (w1 - 1) // lw + 1
+        s = seg_of_line[loff[b] + w0 // lw]
         while True:
-            le = seg_start[soff[b] + s + 1]
-            access(g0 + s, le - seg_start[soff[b] + s], w, a, cap, L, h, res, dirty, prv, nxt, seg_aid, fill, wb)
+            j = soff[b] + s
+            le = seg_start[j + 1]
+            segment(g0 + s, le - seg_start[j], w, a, q, seg_home[j], cap, lw, Lw, st, fill, wb, fabric)
             if le >= l1:
                 break
             s += 1
@@ -214,63 +291,98 @@ def _sift_down(ht, hi, hs, n):
 
 
 @njit(cache=True)
+def _start(i, t, slot, n, ht, hi, hs, cur, end, inst_piece, piece_ptr, delay):
+    """Block i takes ``slot`` at time t (its first request after its delay): heap entry n."""
+    p = inst_piece[i]
+    cur[slot] = piece_ptr[p]
+    end[slot] = piece_ptr[p + 1]
+    ht[n] = t + delay[i]
+    hi[n] = i
+    hs[n] = slot
+
+
+@njit(cache=True)
+def _first_wave(lo, hi_, t_start, slots, static, ht, hi, hs, cur, end, inst_piece, piece_ptr, delay, static_slot,
+                next_on):  # fmt: skip
+    """The launch's first blocks: slots 0.. in launch order (dynamic), or each slot's first block (static, with
+    ``next_on[i]`` the block after i on its slot). Returns (blocks on the heap, the next dynamic block)."""
+    n = 0
+    if static:
+        last = np.full(slots, -1, np.int64)
+        for i in range(lo, hi_):
+            s = static_slot[i]
+            next_on[i] = -1
+            if last[s] < 0:
+                _start(i, t_start, s, n, ht, hi, hs, cur, end, inst_piece, piece_ptr, delay)
+                _sift_up(ht, hi, hs, n)
+                n += 1
+            else:
+                next_on[last[s]] = i
+            last[s] = i
+        return n, hi_
+    nxt_inst = lo
+    while n < slots and nxt_inst < hi_:
+        _start(nxt_inst, t_start, n, n, ht, hi, hs, cur, end, inst_piece, piece_ptr, delay)
+        _sift_up(ht, hi, hs, n)
+        n += 1
+        nxt_inst += 1
+    return n, nxt_inst
+
+
+@njit(cache=True)
 def run_launches(
-    inst_piece, inst_copy, launch_ptr, slots, piece_ptr, req, kind, base, stride, nseg, gbase, loff, soff,
-    seg_of_line, seg_start, L, cap, st, fill, wb, l2_read, l2_update, record, rec_inst, rec_req, clock,
+    inst_piece, inst_copy, launch_ptr, slots, slot_part, piece_ptr, req, kind, base, stride, nseg, gbase, loff, soff,
+    seg_of_line, seg_start, seg_home, Lw, cap, st, fill, wb, fabric, l2_read, l2_update, l2_reduce, delay,
+    static_slot, wb_launch, record, rec_inst, rec_req, clock,
 ):  # fmt: skip
     """Run the launches' blocks through the clock model into the L2 (module docstring). Block i works on copy
     ``inst_copy[i, kind[a]]`` of array a (kind 0: its head unit's, 1: its K/V head's, 2: its batch item's); its requests
-    are rows ``piece_ptr[p]:piece_ptr[p + 1]`` for p = ``inst_piece[i]``. With ``record``, the order in which the L2
-    sees the requests: block ``rec_inst[n]``, request ``rec_req[n]``. ``clock[k]`` is the end time of launch k. Returns
-    the number of requests issued."""
+    are rows ``piece_ptr[p]:piece_ptr[p + 1]`` for p = ``inst_piece[i]``; it waits ``delay[i]`` words before its first
+    request and runs on slot ``static_slot[i]`` (-1 for every block of a launch: the next free slot). A slot's
+    requests go to partition ``slot_part[slot]``. With ``record``, the order in which the L2 sees the requests: block
+    ``rec_inst[n]``, request ``rec_req[n]``. ``clock[k]`` is the end time of launch k, ``wb_launch[k]`` the words
+    written back per array by the end of launch k (before the final flush). Returns the number of requests issued."""
     ht = np.empty(slots, np.int64)
     hi = np.empty(slots, np.int64)
     hs = np.empty(slots, np.int64)
     cur = np.empty(slots, np.int64)
     end = np.empty(slots, np.int64)
+    next_on = np.full(inst_piece.shape[0], -1, np.int64)
     n_rec = 0
     t_start = 0
     for lk in range(launch_ptr.shape[0] - 1):
         lo, hi_ = launch_ptr[lk], launch_ptr[lk + 1]
-        nxt_inst = lo
-        n = 0
+        static = hi_ > lo and static_slot[lo] >= 0
+        n, nxt_inst = _first_wave(lo, hi_, t_start, slots, static, ht, hi, hs, cur, end, inst_piece, piece_ptr, delay,
+                                  static_slot, next_on)  # fmt: skip
         t_end = t_start
-        while n < slots and nxt_inst < hi_:  # the first wave, in launch order
-            p = inst_piece[nxt_inst]
-            cur[n] = piece_ptr[p]
-            end[n] = piece_ptr[p + 1]
-            ht[n] = t_start
-            hi[n] = nxt_inst
-            hs[n] = n
-            _sift_up(ht, hi, hs, n)
-            n += 1
-            nxt_inst += 1
         while n > 0:
             t, i, slot = ht[0], hi[0], hs[0]
             k = cur[slot]
-            a = req[k, 1]
-            copy = inst_copy[i, kind[a]]
-            issue(k, copy, req, base, stride, nseg, gbase, loff, soff, seg_of_line, seg_start, L, cap, st, fill, wb)
-            if req[k, 0]:
-                l2_update[a] += req[k, 6]
-            else:
-                l2_read[a] += req[k, 6]
-            if record:
-                rec_inst[n_rec] = i
-                rec_req[n_rec] = k
-            n_rec += 1
-            t += req[k, 6]
+            w, a = req[k, 0], req[k, 1]
+            if w >= 0:
+                issue(k, inst_copy[i, kind[a]], slot_part[slot], req, base, stride, nseg, gbase, loff, soff,
+                      seg_of_line, seg_start, seg_home, Lw, cap, st, fill, wb, fabric)  # fmt: skip
+                if w == WRITE:
+                    l2_update[a] += req[k, 6]
+                elif w == REDUCE:
+                    l2_reduce[a] += req[k, 6]
+                else:
+                    l2_read[a] += req[k, 6]
+                if record:
+                    rec_inst[n_rec] = i
+                    rec_req[n_rec] = k
+                n_rec += 1
+                t += req[k, 6]
             cur[slot] = k + 1
             if k + 1 >= end[slot]:  # the block is done: the next one takes its slot
                 if t > t_end:
                     t_end = t
-                if nxt_inst < hi_:
-                    p = inst_piece[nxt_inst]
-                    cur[slot] = piece_ptr[p]
-                    end[slot] = piece_ptr[p + 1]
-                    ht[0] = t
-                    hi[0] = nxt_inst
-                    nxt_inst += 1
+                j = next_on[i] if static else (nxt_inst if nxt_inst < hi_ else -1)
+                if j >= 0:
+                    _start(j, t, slot, 0, ht, hi, hs, cur, end, inst_piece, piece_ptr, delay)
+                    if not static:
+                        nxt_inst += 1
                     _sift_down(ht, hi, hs, n)
                 else:
                     n -= 1
@@ -280,33 +392,37 @@ def run_launches(
                 ht[0] = t
                 _sift_down(ht, hi, hs, n)
         clock[lk] = t_end
+        wb_launch[lk, :] = wb
         t_start = t_end
     return n_rec
 
 
 @njit(cache=True)
-def flush(st, L, wb):  # noqa: N803
-    """Write back every dirty resident line at the end."""
+def flush(st, Lw, wb):  # noqa: N803
+    """Write back every dirty resident line at the end (every partition's)."""
     h, res, dirty, prv, nxt, seg_aid = st
-    t = h[_TAIL]
-    while t >= 0:
-        if dirty[t] and res[t] > 0:
-            wb[seg_aid[t]] += res[t] * L
-        t = prv[t]
+    for p in range(h.shape[0]):
+        t = h[p, _TAIL]
+        while t >= 0:
+            if dirty[p, t] and res[p, t] > 0:
+                wb[seg_aid[t]] += res[p, t] * Lw[seg_aid[t]]
+            t = prv[p, t]
 
 
 @njit(cache=True)
-def line_stream(rec_inst, rec_req, n_rec, inst_copy, req, kind, base, stride, lbase, nl, L, out_lines, out_flags):  # noqa: N803
+def line_stream(rec_inst, rec_req, n_rec, inst_copy, req, kind, base, stride, lbase, nl, Lw, out_lines, out_flags):  # noqa: N803
     """The line addresses the recorded requests touch, in order (flags: 3 a write, 0 a read, as
-    :func:`iosim.views.cache_sim.opt` takes them); with ``out_lines`` empty, only their number."""
+    :func:`iosim.views.cache_sim.opt` takes them; a reduction is a read, then a write, of each of its lines); with
+    ``out_lines`` empty, only their number."""
     n = 0
     fill_out = out_lines.shape[0] > 0
     for j in range(n_rec):
         i, k = rec_inst[j], rec_req[j]
         w, a, r0, nr, c0, nc = req[k, 0], req[k, 1], req[k, 2], req[k, 3], req[k, 4], req[k, 5]
-        if nr <= 0 or nc <= 0:
+        if nr <= 0 or nc <= 0 or w < 0:
             continue
         b = base[a]
+        lw = Lw[b]
         first = lbase[b] + inst_copy[i, kind[a]] * nl[b]
         ca = stride[a]
         whole = nc == ca
@@ -317,7 +433,12 @@ def line_stream(rec_inst, rec_req, n_rec, inst_copy, req, kind, base, stride, lb
             else:
                 w0 = (r0 + r) * ca + c0
                 w1 = w0 + nc
-            for ln in range(w0 // L, (w1 - 1) // L + 1):
+            for ln in range(w0 // lw, (w1 - 1) // lw + 1):
+                if w == REDUCE:  # a reduction reads the line (a fetch on a miss), then leaves it dirty
+                    if fill_out:
+                        out_lines[n] = first + ln
+                        out_flags[n] = 0
+                    n += 1
                 if fill_out:
                     out_lines[n] = first + ln
                     out_flags[n] = 3 if w else 0

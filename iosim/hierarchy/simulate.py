@@ -43,7 +43,49 @@ level by the level above, *update* = words written into a level from above)
 * DRAM: read = L2 fill, update = L2 write-back. With C = 0 (no L2) DRAM read and update are the two-level reads
   and writes, word for word.
 
-Words are converted to bytes with ``bytes_per_word`` (default 2: fp16/bf16 operands).
+Bytes per array (``element_bytes``)
+-----------------------------------
+``uniform`` (the default): every array's word is ``bytes_per_word`` bytes (default 2: fp16/bf16 operands; over a
+problem, its K/V dtype's) and a line is L of them. ``kernel`` (a problem's dtypes; ``iosim hierarchy --dtype-q
+--dtype-kv --dtype-o``): each array at the dtype its kernel moves it in, :func:`kernel_dtype` (the statistics L, l,
+m, D, the split-KV partials and dQ's accumulator in fp32, the GQA backward's dK/dV partials at Q's dtype). The L2's
+capacity and line are bytes (C and L words of ``bytes_per_word``); array a's line holds ``line bytes / a's element
+bytes`` of its words, and every level is reported per array in words and in bytes (:meth:`LevelCounts.bytes`).
+Under ``kernel`` the launches that add an array atomically (flash2's backward, dQ) issue one **reduction** per
+element (``l2_reduce``, at dQ's accumulator's 4 bytes: Nsight Compute's ``op_red``) where the schedule loads and
+stores dQ_i. With every array at one element size, ``kernel`` moves exactly ``uniform``'s words (a forward pass).
+
+The L2 in partitions (``partitions``, ``home_lines``)
+-----------------------------------------------------
+An L2 of ``partitions`` parts of C / partitions each (:mod:`iosim.hierarchy.l2`: the NVIDIA A100 whitepaper's "L2
+cache" section, each partition caching for the SMs of the GPCs directly connected to it, coherent across them).
+Slot n runs on SM n mod P; SM s is in partition s x partitions // P (the SMs split evenly, in halves for two). A
+line's home partition is (its index within its array copy // ``home_lines``) mod partitions: NVIDIA does not
+publish its address hash, so this one is a stated choice (1: lines alternate). A read that misses its SM's
+partition crosses the fabric from the line's home (``fabric``, what ``lts__t_sectors_srcunit_ltcfabric`` counts),
+which fills it from DRAM on its own miss; writes and reductions are made dirty at the home. The default is the
+device's ``l2_partitions`` (1 without it). One partition is the single shared L2, exactly.
+
+DRAM writes, both ways
+----------------------
+Each launch's DRAM writes *during* the kernel (dirty lines evicted while it runs: Nsight Compute's per-kernel
+``dram__bytes_write``) and the final flush after the last launch (dirty lines left):
+:attr:`HierarchyResult.dram_writes`; their sum is the DRAM update (the hierarchy's total, which flushes every dirty
+line at the end).
+
+A tile scheduler (``scheduler``)
+--------------------------------
+An object with a method ``plan(launch_index, blocks, cut, declared)`` called once per launch, in order: ``blocks``
+the launch's CTAs in ``order`` (rows: CTA, head-unit copy, KV copy, batch item; :func:`block_order`), ``cut`` the
+unit's requests (:class:`iosim.hierarchy.ctas.Cut`) and ``declared`` the launches
+(:class:`iosim.hierarchy.launches.Launches`: CTA c's requests are rows ``cta_ptr[c]:cta_ptr[c + 1]`` of
+``cut.requests``). It returns ``(blocks_in_order, request_order, delay, static_slot)``, each None for today's
+behaviour: ``blocks_in_order`` a reordering of ``blocks`` (the launch order); ``request_order`` a permutation of
+the rows of ``cut.requests`` that keeps every CTA's rows within its own span (the order in which a CTA issues its
+requests: a descending walk, say); ``delay`` per block (aligned with ``blocks_in_order``), words of idle time before
+its first request; ``static_slot`` per block, the resident slot (0 to P x blocks_per_sm - 1) it must run on, each
+slot running its blocks in launch order (a persistent kernel with a static tile schedule), or -1 for every block of
+the launch (the next free slot takes the next block). Anything else is one line naming ``scheduler``.
 """
 
 from __future__ import annotations
@@ -65,6 +107,13 @@ from iosim.hierarchy.devices import device as _device
 
 ORDERS = ("grid", "head-grouped", "swizzled")
 POLICIES = ("lru", "opt")
+ELEMENT_BYTES = ("uniform", "kernel")  # every array at bytes_per_word, or each at its kernel dtype (kernel_dtype)
+MAX_PARTITIONS = 64
+# More than one L2 partition cuts segments where the home changes (every home_lines lines): an LRU step per segment,
+# about HIERARCHY_LINE seconds a line at home_lines = 1. Measured on the 2-core machine under load (load average 8):
+# flash2 forward, B = 4, H_q = 16, N = 8192, d = 64, bf16 on the H100 preset, 16.8 million line requests, 7.3-10.2 s
+# in the L2's run (440-600 ns a line; 0.2 s with one partition, 1.0 s at home_lines = 16).
+HIERARCHY_LINE = 6e-7
 COPY_KINDS = {"head": 0, "kv head": 1, "batch item": 2}  # iosim.problem.Problem.storage's copies: inst_copy's column
 MAX_P = 1 << 20
 MAX_C = 1 << 40
@@ -88,6 +137,21 @@ class LevelCounts:
     l2_writeback: int = 0
     compulsory: int = 0  # every copy's lines once: fetched if first read, written back if ever written
     launch: str = "schedule"
+    l2_reduce: int = 0  # words added by atomic reductions at the L2 (flash2's backward's dQ, element_bytes="kernel")
+    fabric: int = 0  # words that crossed between L2 partitions (lts__t_sectors_srcunit_ltcfabric's traffic)
+    word_bytes: int = 2  # bytes per word of this array: bytes_per_word, or its kernel dtype's
+
+    LEVELS = ("two_level_reads", "two_level_writes", "l2_read", "l2_update", "l2_reduce", "l2_fill", "l2_writeback",
+              "fabric", "compulsory")  # fmt: skip
+
+    @property
+    def l2_requests(self) -> int:
+        """Words the SMs request from the L2 (Nsight Compute's srcunit tex): reads, updates and reductions."""
+        return self.l2_read + self.l2_update + self.l2_reduce
+
+    def bytes(self, level: str) -> int:
+        """A level's words of this array in bytes (``dram``, ``dram_read``, ``dram_update`` or one of LEVELS)."""
+        return int(getattr(self, level)) * self.word_bytes
 
     @property
     def dram_read(self) -> int:
@@ -137,6 +201,10 @@ class HierarchyResult:
     problem: object = None  # the iosim.Problem launched, when it is not one head of N x d copied (N_q != N_k, ...)
     gqa: str = "per-head"  # per-head: a CTA family per query head; packed: per KV head, its g heads' rows together
     splits: int = 1  # split-KV (flash2's forward): the split kernel's splits per row block, then the combine kernel
+    element_bytes: str = "uniform"  # uniform: every array at bytes_per_word; kernel: each at its kernel dtype
+    l2_partitions: int = 1
+    home_lines: int = 1  # a line's home partition: (its index in its array copy // home_lines) mod partitions
+    final_flush_bytes: int | None = None  # dirty bytes written back after the last launch (None under OPT)
 
     def _sum(self, attr: str) -> int:
         return sum(getattr(c, attr) for c in self.per_array.values())
@@ -161,7 +229,26 @@ class HierarchyResult:
 
     @property
     def dram_bytes(self) -> int:
-        return self.dram * self.bytes_per_word
+        """DRAM bytes, each array's words at its bytes per word."""
+        return sum(c.bytes("dram") for c in self.per_array.values())
+
+    def level_bytes(self, level: str) -> int:
+        """A level's bytes over every array (:meth:`LevelCounts.bytes`)."""
+        return sum(c.bytes(level) for c in self.per_array.values())
+
+    @property
+    def dram_writes(self) -> list[dict]:
+        """DRAM writes per launch, both ways (None under OPT): ``during`` the kernel (write-backs of evicted dirty
+        lines while it runs: Nsight Compute's per-kernel ``dram__bytes_write``) and ``with_flush`` (the last launch
+        also writes back every dirty line left at the end, so their sum is :attr:`dram_update`'s bytes)."""
+        if self.final_flush_bytes is None:
+            return []
+        out = [{"kernel": k["kernel"], "during_words": k["dram_write_during"], "during_bytes":
+                k["dram_write_during_bytes"], "with_flush_bytes": k["dram_write_during_bytes"]}
+               for k in self.launches]  # fmt: skip
+        if out:
+            out[-1]["with_flush_bytes"] += self.final_flush_bytes
+        return out
 
     @property
     def schedule_dram(self) -> int:
@@ -188,39 +275,43 @@ class HierarchyResult:
         return self.dram / self.two_level if self.two_level else float("nan")
 
     def table(self, fmt: str = "simple") -> str:
-        from tabulate import tabulate
+        """Words per array and level; the reduction and fabric columns where there are any."""
 
         head = ["array", "smem fill", "L2 read", "L2 update", "L2 fill", "L2 write-back", "DRAM / two-level"]
+        extra = [k for k in ("l2_reduce", "fabric") if self._sum(k) or (k == "fabric" and self.l2_partitions > 1)]
+        return self._table(fmt, head, extra)
+
+    def bytes_table(self, fmt: str = "simple") -> str:
+        """Bytes per array and level, each array at its bytes per word."""
+        from tabulate import tabulate
+
+        head = ["array", "bytes/word", "L2 read", "L2 update", "L2 reduce", "L2 fill", "L2 write-back", "fabric",
+                "DRAM"]  # fmt: skip
+        keys = ("l2_read", "l2_update", "l2_reduce", "l2_fill", "l2_writeback", "fabric", "dram")
+        rows = [[n, str(c.word_bytes), *(f"{c.bytes(k):,}" for k in keys)] for n, c in self.per_array.items()]
+        rows.append(["total", "", *(f"{self.level_bytes(k):,}" for k in keys)])
+        return tabulate(rows, headers=head, tablefmt=fmt, disable_numparse=True)
+
+    def _table(self, fmt: str, head: list, extra: list) -> str:
+        from tabulate import tabulate
+
+        head = head[:4] + [{"l2_reduce": "L2 reduce", "fabric": "fabric"}[k] for k in extra] + head[4:]
+        keys = ["two_level_reads", "l2_read", "l2_update", *extra, "l2_fill", "l2_writeback"]
+        if "fabric" in extra:  # after the fills it serves
+            keys = [*[k for k in keys if k != "fabric"], "fabric"]
+            head = [*[h for h in head[:-1] if h != "fabric"], "fabric", head[-1]]
         rows = []
         convert = [n for n, c in self.per_array.items() if c.launch != "schedule"]
         for name, c in self.per_array.items():
             if convert and name == convert[0]:  # the schedule's launches, then dQ's conversion (its own rows)
                 sched = [c for c in self.per_array.values() if c.launch == "schedule"]
-                rows.append(["schedule's launches", *(f"{sum(getattr(c, k) for c in sched):,}" for k in
-                             ("two_level_reads", "l2_read", "l2_update", "l2_fill", "l2_writeback")),
+                rows.append(["schedule's launches", *(f"{sum(getattr(c, k) for c in sched):,}" for k in keys),
                              f"{self.schedule_dram / self.two_level:.3f}" if self.two_level else "-"])  # fmt: skip
-            rows.append(
-                [
-                    name if c.launch == "schedule" else f"{name} ({c.launch})",
-                    f"{c.two_level_reads:,}",
-                    f"{c.l2_read:,}",
-                    f"{c.l2_update:,}",
-                    f"{c.l2_fill:,}",
-                    f"{c.l2_writeback:,}",
-                    f"{c.dram / c.two_level:.3f}" if c.two_level else "-",
-                ]
-            )
-        rows.append(
-            [
-                "total" if not convert else "total (schedule's launches + convert dQ)",
-                f"{self._sum('two_level_reads'):,}",
-                f"{self._sum('l2_read'):,}",
-                f"{self._sum('l2_update'):,}",
-                f"{self._sum('l2_fill'):,}",
-                f"{self._sum('l2_writeback'):,}",
-                f"{self.ratio:.3f}",
-            ]
-        )
+            rows.append([name if c.launch == "schedule" else f"{name} ({c.launch})",
+                         *(f"{getattr(c, k):,}" for k in keys),
+                         f"{c.dram / c.two_level:.3f}" if c.two_level else "-"])  # fmt: skip
+        rows.append(["total" if not convert else "total (schedule's launches + convert dQ)",
+                     *(f"{self._sum(k):,}" for k in keys), f"{self.ratio:.3f}"])  # fmt: skip
         return tabulate(rows, headers=head, tablefmt=fmt, disable_numparse=True)
 
     def as_dict(self) -> dict:
@@ -248,10 +339,21 @@ class HierarchyResult:
             ratio=self.ratio,
             compulsory=self.compulsory,
             per_array={
-                n: {**vars(c), "dram_read": c.dram_read, "dram_update": c.dram_update}
+                n: {**vars(c), "dram_read": c.dram_read, "dram_update": c.dram_update,
+                    **{f"{k}_bytes": c.bytes(k) for k in (*c.LEVELS, "dram_read", "dram_update", "dram")}}
                 for n, c in self.per_array.items()
             },
-        )
+            element_bytes=self.element_bytes,
+            l2_partitions=self.l2_partitions,
+            home_lines=self.home_lines,
+            fabric=self._sum("fabric"),
+            fabric_bytes=self.level_bytes("fabric"),
+            l2_reduce=self._sum("l2_reduce"),
+            l2_request_bytes=sum(c.bytes("l2_read") + c.bytes("l2_update") + c.bytes("l2_reduce")
+                                 for c in self.per_array.values()),
+            dram_writes=self.dram_writes,
+            final_flush_bytes=self.final_flush_bytes,
+        )  # fmt: skip
         return out
 
 
@@ -294,11 +396,15 @@ class _Layout:
     seg_aid: np.ndarray
     n_segments: int
     n_lines: int
+    seg_home: np.ndarray  # the home partition of the segment starting at seg_start[j]
+    line_words: np.ndarray  # each array's words per line
 
 
-def _layout(trace, cut, B: int, H_q: int, H_kv: int, L: int, where) -> _Layout:  # noqa: N803
+def _layout(trace, cut, B: int, H_q: int, H_kv: int, Lw, where, parts: int = 1, G: int = 1) -> _Layout:  # noqa: N803
     """Every array's lines, copies and segments; ``where`` is :meth:`iosim.problem.Problem.storage`, the one address
-    map (which array's addresses an array uses, and what one copy of it serves)."""
+    map (which array's addresses an array uses, and what one copy of it serves); ``Lw`` each array's words per line.
+    With ``parts`` > 1 L2 partitions a line's home is (its index within its array copy // G) mod parts (every copy
+    aligned to G parts lines), and segments also end where the home changes (every G lines)."""
     names = trace.names
     n = len(names)
     placed = [where(nm) for nm in names]
@@ -310,11 +416,11 @@ def _layout(trace, cut, B: int, H_q: int, H_kv: int, L: int, where) -> _Layout: 
     rows = np.array([trace.shapes[nm][0] for nm in names], np.int64)
     cols = np.array([trace.shapes[nm][1] for nm in names], np.int64)
     stride = cols[base]
-    nl = np.where(used & (base == np.arange(n)), -(-(rows * cols) // L), 0).astype(np.int64)
+    nl = np.where(used & (base == np.arange(n)), -(-(rows * cols) // Lw), 0).astype(np.int64)
     copies = np.choose(kv, [B * H_q, B * H_kv, B]).astype(np.int64)
     loff = np.concatenate(([0], np.cumsum(nl + 1)[:-1])).astype(np.int64)
     mark = np.zeros(int(np.sum(nl + 1)) + 1, np.int8)
-    l2.mark_boundaries(cut.requests, 0, len(cut.requests), base, stride, loff, L, mark)
+    l2.mark_boundaries(cut.requests, 0, len(cut.requests), base, stride, loff, Lw, mark)
     seg_of_line = np.zeros(max(int(np.sum(nl)), 1), np.int64)
     starts, nseg, soff, lo_off = [], np.zeros(n, np.int64), np.zeros(n, np.int64), np.zeros(n, np.int64)
     so = lo = 0
@@ -324,6 +430,8 @@ def _layout(trace, cut, B: int, H_q: int, H_kv: int, L: int, where) -> _Layout: 
             continue
         m = mark[loff[a] : loff[a] + nl[a] + 1].copy()
         m[0] = m[nl[a]] = 1
+        if parts > 1:
+            m[::G] = 1
         b = np.flatnonzero(m)
         nseg[a] = len(b) - 1
         soff[a], lo_off[a] = so, lo
@@ -337,9 +445,10 @@ def _layout(trace, cut, B: int, H_q: int, H_kv: int, L: int, where) -> _Layout: 
     lbase = np.concatenate(([0], np.cumsum(nl * copies)[:-1])).astype(np.int64)
     n_segments = int(np.sum(per))
     seg_aid = np.repeat(np.arange(n, dtype=np.int16), per)
+    seg_home = (seg_start // G) % parts
     return _Layout(
         kv, base, stride, nl, nseg, gbase, lbase, lo_off, soff, seg_of_line, seg_start, seg_aid, n_segments,
-        int(np.sum(nl * copies)),
+        int(np.sum(nl * copies)), seg_home.astype(np.int64), np.asarray(Lw, np.int64),
     )  # fmt: skip
 
 
@@ -456,6 +565,10 @@ def hierarchy(
     record: bool = False,
     opt_limit_bytes: int | None = None,
     _trace=None,
+    element_bytes: str = "uniform",
+    partitions: int | None = None,
+    home_lines: int = 1,
+    scheduler=None,
 ):
     """Run ``algorithm``'s launch (forward, or the backward pass) over ``B`` x ``H_q`` heads through P SMs, an L2
     of C words with lines of L words, and DRAM (module docstring); a :class:`HierarchyResult`.
@@ -484,72 +597,150 @@ def hierarchy(
     A launch estimated at over a minute (its tile requests, :data:`iosim.estimate.HIERARCHY_REQUEST` each) needs
     ``allow_long=True``; over an hour it is refused, before the L2 runs.
 
+    ``element_bytes`` ``uniform`` (every array at ``bytes_per_word``) or ``kernel`` (over a problem: each array at
+    :func:`kernel_dtype`, dQ's atomic accumulation as reductions); ``partitions`` L2 partitions (default: the
+    device's ``l2_partitions``, or 1) with homes by ``home_lines``; ``scheduler`` an object whose ``plan`` orders
+    each launch's blocks and requests, delays them or pins them to slots (module docstring).
+
     ``hierarchy(problem, schedule, device)`` is the same launch from the three objects: an :class:`iosim.Problem`,
     an :class:`iosim.Schedule` (or an algorithm's name) and a device preset (or M, with P, C, L as keywords)."""
     from iosim.problem import Problem
 
     if isinstance(algorithm, Problem):  # hierarchy(problem, schedule, device or M): the three objects
-        from iosim.schedule import from_objects
-
-        if _trace is not None:
-            raise InputError("problem", "is not used with a given trace")
-        given = dict(N=N, d=d, causal=causal, problem=problem, B=None if B == 1 else B, H_q=None if H_q == 1 else H_q,
-                     H_kv=H_kv, backward=backward or None, tiling=None if tiling == "fit" else tiling, Br=Br, Bc=Bc,
-                     block=block, gqa=None if gqa == "per-head" else gqa, mla=None if mla == "shared" else mla,
-                     kv_policy=kv_policy, splits=None if splits == 1 else splits,
-                     pages=None if pages == "pieces" else pages)  # fmt: skip
-        clash = [k for k, v in given.items() if v is not None and k not in ("N", "d", "causal", "problem")]
-        if clash:
-            raise InputError(clash[0], "belongs to the Schedule or the Problem when they are given as objects")
-        spec, options = from_objects(algorithm, schedule, {k: given[k] for k in ("N", "d", "causal", "problem")})
-        if isinstance(device_or_memory, (str, Device)):
-            device = device_or_memory
-        elif device_or_memory is not None:
-            M = device_or_memory
-        opts = {k: options[k] for k in ("backward", "tiling", "Br", "Bc", "gqa", "mla", "kv_policy", "splits", "pages")}
-        return hierarchy(
-            spec.algorithm, problem=algorithm, M=M, device=device, P=P, C=C, L=L, blocks_per_sm=blocks_per_sm,
-            bytes_per_word=bytes_per_word, order=order, policy=policy, mask=mask, block=options["B"],
-            allow_long=allow_long, record=record, opt_limit_bytes=opt_limit_bytes, **opts,
-        )  # fmt: skip
+        return _three_objects(dict(locals()))
     if schedule is not None or device_or_memory is not None:
         raise InputError("schedule", "goes with a problem as the first argument: hierarchy(problem, schedule, device)")
-    from iosim import api
+    w = _launch(dict(locals()))
+    N, d, B, H_q, H_kv, causal, bytes_per_word = w.N, w.d, w.B, w.H_q, w.H_kv, w.causal, w.bytes_per_word
+    unit, units, mask, kv_policy = w.unit, w.units, w.mask, w.kv_policy
+    mc = _machine(device, P, C, L, M, blocks_per_sm, bytes_per_word, policy, partitions, home_lines)
 
+    t0 = time.perf_counter()
+    Hu = H_kv if unit is not None and unit.H_q > 1 else H_q  # CTA families per batch item: packed, one per KV head
+    where = (problem if problem is not None else _single(N, d)).storage
+    convert = _trace is None and _converts_dq(algorithm, backward, problem)
+    if convert:
+        where = _with_convert_dq(where)
+    run_kw = dict(M=mc.M, backward=backward, kv_policy=kv_policy, tiling=tiling, Br=Br, Bc=Bc, block=block,
+                  allow_long=allow_long, gqa=gqa, mla=mla, splits=splits, pages=pages)  # fmt: skip
+    parts, unit_class = _unit_parts(algorithm, problem, unit, N, d, causal, mask, units, B * Hu, convert, run_kw,
+                                    _trace)  # fmt: skip
+    trace, tiling_used, arrays = parts[0].trace, parts[0].tiling, parts[0].arrays
+    cut, declared = _merge(parts, mask if units is None else units[0])
+    eb = _element_bytes(arrays.names, problem, element_bytes, mc.bytes_per_word)
+    Lw = _line_words(arrays.names, eb, mc)
+    if element_bytes == "kernel":  # the kernel's atomic accumulations: one reduction each, no load
+        cut = _reductions(cut, declared, arrays.names)
+    widths = np.array([arrays.shapes[n][1] for n in arrays.names], np.int64)
+    n_req_total = _estimate(parts, cut, policy, mc, Lw, widths, B * Hu, problem, N, allow_long)
+    lay = _layout(arrays, cut, B, Hu, H_kv, Lw, where, mc.parts, mc.home_lines)
+    inst, launch_ptr, delay, static, cut = _blocks(declared, cut, order, B, Hu, H_kv, unit_class, parts[0], scheduler,
+                                                   mc.slots)  # fmt: skip
+    assert n_req_total == (int(np.sum(np.diff(declared.cta_ptr)[inst[:, 0]])) if len(inst) else 0)
+    run = _run_l2(inst, launch_ptr, declared, cut, lay, Lw, mc, policy, record, n_req_total, delay, static,
+                  opt_limit_bytes)  # fmt: skip
+    per, kinds = _collect(parts, trace, arrays, cut, declared, lay, run, eb, launch_ptr, mc, B, Hu, H_kv, problem)
+    res = HierarchyResult(
+        algorithm, bool(backward), B, H_q, H_kv, int(N), int(d), mc.M, mc.P, mc.blocks_per_sm, mc.C, mc.L,
+        mc.bytes_per_word, order, policy, mc.name, tiling_used, len(inst), kinds, [k["waves"] for k in kinds], per,
+        int(run.n_rec), time.perf_counter() - t0, [int(x) for x in run.clock[: len(kinds)]],
+        problem if unit is not None else None, gqa, int(splits), element_bytes, mc.parts, mc.home_lines,
+        None if run.final_flush is None else int(np.sum(run.final_flush * eb)),
+    )  # fmt: skip
+    if record:
+        res.record = np.stack([run.rec_inst[: run.n_rec], run.rec_req[: run.n_rec]], axis=1)
+        res.blocks = inst
+        res.cut = cut
+        res.declared = declared
+        res.layout = lay
+        res.trace = trace
+        res.line_words = Lw
+    return res
+
+
+def _three_objects(kw: dict):
+    """hierarchy(problem, schedule, device or M): the launch from the three objects, the rest as keywords."""
+    from iosim.schedule import from_objects
+
+    if kw["_trace"] is not None:
+        raise InputError("problem", "is not used with a given trace")
+    k = kw
+    given = dict(N=k["N"], d=k["d"], causal=k["causal"], problem=k["problem"], B=None if k["B"] == 1 else k["B"],
+                 H_q=None if k["H_q"] == 1 else k["H_q"], H_kv=k["H_kv"], backward=k["backward"] or None,
+                 tiling=None if k["tiling"] == "fit" else k["tiling"], Br=k["Br"], Bc=k["Bc"], block=k["block"],
+                 gqa=None if k["gqa"] == "per-head" else k["gqa"], mla=None if k["mla"] == "shared" else k["mla"],
+                 kv_policy=k["kv_policy"], splits=None if k["splits"] == 1 else k["splits"],
+                 pages=None if k["pages"] == "pieces" else k["pages"])  # fmt: skip
+    clash = [n for n, v in given.items() if v is not None and n not in ("N", "d", "causal", "problem")]
+    if clash:
+        raise InputError(clash[0], "belongs to the Schedule or the Problem when they are given as objects")
+    spec, options = from_objects(k["algorithm"], k["schedule"], {n: given[n] for n in ("N", "d", "causal", "problem")})
+    device, M = k["device"], k["M"]  # noqa: N806
+    if isinstance(k["device_or_memory"], (str, Device)):
+        device = k["device_or_memory"]
+    elif k["device_or_memory"] is not None:
+        M = k["device_or_memory"]  # noqa: N806
+    opts = {n: options[n] for n in ("backward", "tiling", "Br", "Bc", "gqa", "mla", "kv_policy", "splits", "pages")}
+    keep = ("P", "C", "L", "blocks_per_sm", "bytes_per_word", "order", "policy", "mask", "allow_long", "record",
+            "opt_limit_bytes", "element_bytes", "partitions", "home_lines", "scheduler")  # fmt: skip
+    return hierarchy(spec.algorithm, problem=k["algorithm"], M=M, device=device, block=options["B"],
+                     **{n: k[n] for n in keep}, **opts)  # fmt: skip
+
+
+def _launch(kw: dict) -> SimpleNamespace:
+    """Check the launch: its shape (N, d, B, H_q, H_kv, causal and the bytes per word, from a problem or the
+    keywords), the unit one family of CTAs runs, each head unit's mask, the kv policy, the pricing, order and
+    policy."""
+    N, d, B, H_q, H_kv, causal, bpw = (kw[k] for k in ("N", "d", "B", "H_q", "H_kv", "causal", "bytes_per_word"))  # noqa: N806
+    problem, gqa, mla, splits, mask, kv_policy = (kw[k] for k in ("problem", "gqa", "mla", "splits", "mask",
+                                                                   "kv_policy"))  # fmt: skip
     unit = units = None  # units: each head unit's mask, when the mask differs per (b, h)
     if problem is not None:
-        N, d, B, H_q, H_kv, causal, bytes_per_word, unit = _from_problem(problem, N, d, gqa, splits, backward)
+        N, d, B, H_q, H_kv, causal, bpw, unit = _from_problem(problem, N, d, gqa, splits, kw["backward"])  # noqa: N806
         if kv_policy is None and not problem.is_single:  # iosim.run's default over a problem, as the kernels do
             kv_policy = "skip"
         if mask is not None:  # one mask for every head, or each head unit's own (iosim.head_masks)
             from iosim.head_masks import unit_masks
 
             group = unit is not None and unit.H_q > 1
-            mask, units = unit_masks(problem, mask, group, gqa == "packed", allow_long is True)
+            mask, units = unit_masks(problem, mask, group, gqa == "packed", kw["allow_long"] is True)
     elif gqa != "per-head" or mla != "shared" or splits != 1:
         which, value = ("gqa", gqa) if gqa != "per-head" else ("mla", mla) if mla != "shared" else ("splits", splits)
         raise InputError(which, "applies to a problem (problem=iosim.Problem(...)); N, d launch one head each", value)
     if N is None or d is None:
         raise InputError("N" if N is None else "d", "must be given (or a problem)", None)
+    eb = kw["element_bytes"]
+    if not isinstance(eb, str) or eb not in ELEMENT_BYTES:
+        raise InputError("element_bytes", f"must be one of {', '.join(ELEMENT_BYTES)}", eb)
+    if eb == "kernel" and problem is None:
+        raise InputError("element_bytes", "kernel prices each array at its dtype: give a problem (its dtypes)")
+    for name, value, accepted in (("order", kw["order"], ORDERS), ("policy", kw["policy"], POLICIES)):
+        if not isinstance(value, str) or value not in accepted:
+            raise InputError(name, f"must be one of {', '.join(accepted)}", value)
+    B = _int("B (batch)", B, 1, MAX_HEADS)  # noqa: N806
+    H_q = _int("H_q (query heads)", H_q, 1, MAX_HEADS)  # noqa: N806
+    H_kv = H_q if H_kv is None else _int("H_kv (key/value heads)", H_kv, 1, H_q)  # noqa: N806
+    if H_q % H_kv:
+        raise InputError("H_kv (key/value heads)", f"must divide H_q = {H_q}", H_kv)
+    return SimpleNamespace(N=N, d=d, B=B, H_q=H_q, H_kv=H_kv, causal=causal, bytes_per_word=bpw, unit=unit,
+                           units=units, mask=mask, kv_policy=kv_policy)  # fmt: skip
+
+
+def _machine(device, P, C, L, M, blocks_per_sm, bytes_per_word, policy, partitions, home_lines) -> SimpleNamespace:  # noqa: N803
+    """Check the machine: P SMs, an L2 of C words (in ``partitions`` partitions, homes by ``home_lines``) with lines
+    of L words, M words of shared memory per block and the blocks per SM; a device preset gives the defaults."""
+    from iosim import api
 
     dev = None
     if device is not None:
         dev = device if isinstance(device, Device) else _device(device)
-    if not isinstance(order, str) or order not in ORDERS:
-        raise InputError("order", f"must be one of {', '.join(ORDERS)}", order)
-    if not isinstance(policy, str) or policy not in POLICIES:
-        raise InputError("policy", f"must be one of {', '.join(POLICIES)}", policy)
     bytes_per_word = _int("bytes_per_word", bytes_per_word, 1, 64)
-    B = _int("B (batch)", B, 1, MAX_HEADS)
-    H_q = _int("H_q (query heads)", H_q, 1, MAX_HEADS)
-    H_kv = H_q if H_kv is None else _int("H_kv (key/value heads)", H_kv, 1, H_q)
-    if H_q % H_kv:
-        raise InputError("H_kv (key/value heads)", f"must divide H_q = {H_q}", H_kv)
     if dev is not None:
         P = dev.sms if P is None else P
         C = dev.l2_bytes // bytes_per_word if C is None else C
         L = max(dev.l2_line_bytes // bytes_per_word, 1) if L is None else L
         M = dev.smem_per_block_bytes // bytes_per_word if M is None else M
+        partitions = getattr(dev, "l2_partitions", 1) if partitions is None else partitions
     P = _int("P (SMs)", 1 if P is None else P, 1, MAX_P)
     if C is None:
         raise InputError("C (L2 words)", "must be given (or a device): 0 for no L2", C)
@@ -559,9 +750,26 @@ def hierarchy(
         raise InputError("L (line words)", "must be a power of two", L)
     if C and C < L:
         raise InputError("C (L2 words)", f"must be 0 (no L2) or at least one line of L = {L} words", C)
+    parts = _int("l2_partitions", 1 if partitions is None else partitions, 1, MAX_PARTITIONS)
+    if parts > P:
+        raise InputError("l2_partitions", f"must be at most P = {P} (each partition serves its own SMs)", parts)
+    if C and C // L < parts:
+        raise InputError("C (L2 words)", f"must hold a line of L = {L} words in each of {parts} partitions", C)
+    if parts > 1 and policy == "opt":
+        raise InputError("policy opt", "is one cache (Belady's): use lru with more than one L2 partition", policy)
+    home_lines = _int("home_lines", home_lines, 1, 1 << 20)
     if M is None:
         raise InputError("M", "must be given (or a device)", M)
     M = _int("M", M, 1, api.MAX_M)
+    blocks_per_sm = _blocks_per_sm(dev, M, bytes_per_word, blocks_per_sm)
+    slot_part = (np.arange(P * blocks_per_sm, dtype=np.int64) % P) * parts // P  # slot on SM slot mod P
+    return SimpleNamespace(name=None if dev is None else dev.name, P=P, C=C, L=L, M=M, blocks_per_sm=blocks_per_sm,
+                           bytes_per_word=bytes_per_word, parts=parts, home_lines=home_lines,
+                           slots=P * blocks_per_sm, slot_part=slot_part, cap=C // L // parts)  # fmt: skip
+
+
+def _blocks_per_sm(dev, M, bytes_per_word, blocks_per_sm) -> int:  # noqa: N803
+    """Resident blocks per SM: what fits the device's shared memory per SM (or the given number, at most that)."""
     block_bytes = M * bytes_per_word
     if dev is not None:
         if block_bytes > dev.smem_per_block_bytes:
@@ -582,14 +790,12 @@ def hierarchy(
                 f"must be at most {fit} ({dev.name}: shared memory per SM / the block's)",
                 blocks_per_sm,
             )
-    blocks_per_sm = _int("blocks_per_sm", 1 if blocks_per_sm is None else blocks_per_sm, 1, MAX_BLOCKS_PER_SM)
+    return _int("blocks_per_sm", 1 if blocks_per_sm is None else blocks_per_sm, 1, MAX_BLOCKS_PER_SM)
 
-    t0 = time.perf_counter()
-    Hu = H_kv if unit is not None and unit.H_q > 1 else H_q  # CTA families per batch item: packed, one per KV head
-    where = (problem if problem is not None else _single(N, d)).storage
-    convert = _trace is None and _converts_dq(algorithm, backward, problem)
-    if convert:
-        where = _with_convert_dq(where)
+
+def _unit_parts(algorithm, problem, unit, N, d, causal, mask, units, n_units, convert, run_kw, given) -> tuple:  # noqa: N803
+    """Build the unit traces: one per distinct mask (one unless the mask differs per (b, h)), each cut into pieces
+    and mapped onto the declared launches (races refused); (parts, each unit's class or None)."""
     if units is None:
         masks, unit_class = [mask], None
     else:  # a unit trace per distinct mask; unit u runs its mask's
@@ -598,153 +804,285 @@ def hierarchy(
         masks, unit_class = classes(units)
     parts = []
     for m in masks:
-        if _trace is None:
-            shape = (dict(N=N, d=d, causal=causal) if unit is None
-                     else dict(problem=unit, gqa=gqa, mla=mla, splits=splits, pages=pages))  # fmt: skip
-            try:
-                r = api.run(
-                    algorithm, M=M, backward=backward, mask=m, kv_policy=kv_policy, tiling=tiling, Br=Br, Bc=Bc,
-                    B=block, count_only=True, trace=True, reference=False, allow_long=allow_long, **shape,
-                )  # fmt: skip
-            except InputError as e:
-                if e.parameter != "trace":
-                    raise
-                raise InputError(  # the launch is cut from one unit's trace: name the size that makes it too large
-                    "problem" if problem is not None else "N",
-                    f"gives a schedule too large to cut into thread blocks: its trace {e.accepted}",
-                    str(problem) if problem is not None else N,
-                ) from None
-            trace, stats, tiling_used = r.trace, r.stats, str(r.tiling)
+        if given is None:
+            trace, stats, tiling_used, Br = _unit_run(algorithm, problem, unit, N, d, causal, m, run_kw)
         else:
-            trace, stats, tiling_used = _trace, _trace.replay(), "given trace"
+            trace, stats, tiling_used, Br = given, given.replay(), "given trace", None
         cut = ctas_mod.cut(trace)
-        declared = launches_mod.assign(cut, trace, launches_mod.kernels(algorithm, backward, splits))
+        kinds = launches_mod.kernels(algorithm, run_kw["backward"], run_kw["splits"])
+        declared = launches_mod.assign(cut, trace, kinds)
         launches_mod.check_races(cut, trace, declared)
         arrays = trace  # the arrays' names and shapes: the trace's, and the conversion's two where it runs
         if convert:
             cut, declared, names, shapes = launches_mod.append_convert_dq(
-                cut, declared, list(trace.names), dict(trace.shapes), r.tiling.Br
+                cut, declared, list(trace.names), dict(trace.shapes), Br
             )
             arrays = SimpleNamespace(names=names, shapes=shapes)
-        n = B * Hu if unit_class is None else int(np.sum(unit_class == len(parts)))  # the units that run it
+        n = n_units if unit_class is None else int(np.sum(unit_class == len(parts)))  # the units that run it
         parts.append(SimpleNamespace(trace=trace, stats=stats, tiling=tiling_used, cut=cut, declared=declared,
                                      arrays=arrays, units=n))  # fmt: skip
-    trace, tiling_used, arrays = parts[0].trace, parts[0].tiling, parts[0].arrays
-    cut, declared = _merge(parts, mask if units is None else units[0])
-    # The time rule before any array of the launch's size (the layout, the block order: B Hu rows per CTA) exists:
-    # every CTA of every launch runs once per (batch item, head unit), each making its tile requests.
+    return parts, unit_class
+
+
+def _unit_run(algorithm, problem, unit, N, d, causal, mask, kw) -> tuple:  # noqa: N803
+    """One unit's schedule, count-only with its event trace: (trace, stats, tiling, Br)."""
+    from iosim import api
+
+    shape = (dict(N=N, d=d, causal=causal) if unit is None
+             else dict(problem=unit, gqa=kw["gqa"], mla=kw["mla"], splits=kw["splits"], pages=kw["pages"]))  # fmt: skip
+    try:
+        r = api.run(
+            algorithm, M=kw["M"], backward=kw["backward"], mask=mask, kv_policy=kw["kv_policy"], tiling=kw["tiling"],
+            Br=kw["Br"], Bc=kw["Bc"], B=kw["block"], count_only=True, trace=True, reference=False,
+            allow_long=kw["allow_long"], **shape,
+        )  # fmt: skip
+    except InputError as e:
+        if e.parameter != "trace":
+            raise
+        raise InputError(  # the launch is cut from one unit's trace: name the size that makes it too large
+            "problem" if problem is not None else "N",
+            f"gives a schedule too large to cut into thread blocks: its trace {e.accepted}",
+            str(problem) if problem is not None else N,
+        ) from None
+    return r.trace, r.stats, str(r.tiling), r.tiling.Br
+
+
+def kernel_dtype(problem, array: str) -> str:
+    """The dtype ``array`` moves at in the kernels the hierarchy models (``element_bytes="kernel"``), the one
+    convention: :meth:`iosim.Problem.dtype_of` (Q at dtype_q; K, V, dK, dV at dtype_kv; O, dO at dtype_o; the
+    statistics L, l, m, D, the split-KV partials and dQ's accumulator in fp32; the page table int32), except the GQA
+    backward's partials dKpart, dVpart, which FlashAttention-2 allocates at Q's dtype (flash-attn 2,
+    csrc/flash_attn/flash_api.cpp, ``mha_bwd``: ``dk_expanded``, ``dv_expanded`` = ``torch::empty(..., opts)`` with
+    ``opts = q.options()``). dQ's conversion reads ``dq_accum`` (dQ's accumulator) and writes ``dQ_out`` at dtype_o."""
+    if array in ("dKpart", "dVpart"):
+        return problem.dtype_q
+    if array == launches_mod.DQ_ACCUM:
+        return problem.dtype_of("dQ")
+    if array == launches_mod.DQ_OUT:
+        return problem.dtype_o
+    return problem.dtype_of(array)
+
+
+def _element_bytes(names, problem, mode: str, bytes_per_word: int) -> np.ndarray:
+    """Bytes per word of every array: ``bytes_per_word`` for all (``uniform``) or each at :func:`kernel_dtype`."""
+    from iosim.problem import BYTES, INT_BYTES
+
+    if mode == "uniform":
+        return np.full(len(names), bytes_per_word, np.int64)
+    sizes = {**BYTES, **INT_BYTES}
+    return np.array([sizes[kernel_dtype(problem, n)] for n in names], np.int64)
+
+
+def _line_words(names, eb: np.ndarray, mc) -> np.ndarray:
+    """Each array's words per L2 line: the line's bytes (L words of ``bytes_per_word``) over its element bytes."""
+    line_bytes = mc.L * mc.bytes_per_word
+    for n, e in zip(names, eb.tolist(), strict=True):
+        if line_bytes % e:
+            raise InputError(
+                "L (line words)",
+                f"must give lines of a whole number of every array's words: {mc.L} words of {mc.bytes_per_word} "
+                f"bytes = {line_bytes} bytes, and {n} has {e}-byte words",
+                mc.L,
+            )
+    return (line_bytes // eb).astype(np.int64)
+
+
+def _reductions(cut, declared, names):
+    """The requests as the kernels move them: in a launch that adds array X atomically (flash2's backward, dQ),
+    each store of X is one reduction per word at the L2 (``l2.REDUCE``) and the schedule's load of X before it is no
+    request of the kernel's (``l2.SKIP``): FlashAttention-2 adds dQ_i into dq_accum with atomicAdd, never loading it."""
+    req = cut.requests.copy()
+    n = int(declared.launch_ptr[-1])  # CTAs of one class (_merge: class m's CTA c is CTA m n + c)
+    for k, kern in enumerate(declared.kernels):
+        aids = [names.index(a) for a in kern.atomic if a in names]
+        for m in range(declared.ctas // n if aids and n else 0):
+            lo = int(declared.cta_ptr[m * n + declared.launch_ptr[k]])
+            hi = int(declared.cta_ptr[m * n + declared.launch_ptr[k + 1]])
+            rows = req[lo:hi]  # a view: the marks land in req
+            mine = np.isin(rows[:, 1], aids)
+            rows[mine & (rows[:, 0] == 0), 0] = l2.SKIP
+            rows[mine & (rows[:, 0] == 1), 0] = l2.REDUCE
+    return ctas_mod.Cut(req, cut.piece_ptr, cut.piece_events)
+
+
+def _estimate(parts, cut, policy, mc, Lw, widths, n_units, problem, N, allow_long) -> int:  # noqa: N803
+    """The time rule, before any array of the launch's size (the layout, the block order) exists: every CTA of every
+    launch runs once per (batch item, head unit), each making its tile requests; with more than one L2 partition the
+    LRU runs line by line (:data:`HIERARCHY_LINE` a line). Returns the requests."""
     n_launched = int(parts[0].declared.launch_ptr[-1])
     n_req_total = sum(x.units * int(np.sum(np.diff(x.declared.cta_ptr)[:n_launched])) for x in parts)
     seconds = n_req_total * estimate.HIERARCHY_REQUEST * (2 if policy == "opt" else 1)
-    estimate.check(seconds, f"a launch of {B * Hu * n_launched:,} thread blocks making "
+    if mc.parts > 1 and len(cut.requests):  # the lines touched, at most: each contiguous range's, and its two ends
+        r = cut.requests
+        lw = Lw[r[:, 1]]
+        whole = r[:, 5] == widths[r[:, 1]]
+        lines = np.where(whole, (r[:, 3] * r[:, 5]) // lw + 2, r[:, 3] * (r[:, 5] // lw + 2)) // mc.home_lines
+        seconds += float(np.sum(lines)) * (n_req_total / len(r)) * HIERARCHY_LINE
+    estimate.check(seconds, f"a launch of {n_units * n_launched:,} thread blocks making "
                    f"{n_req_total:,} tile requests", allow_long=allow_long,
                    parameter="problem" if problem is not None else "N",
                    value=str(problem) if problem is not None else N,
                    remedy="a smaller batch, fewer heads or a shorter sequence")  # fmt: skip
-    lay = _layout(arrays, cut, B, Hu, H_kv, L, where)
+    return n_req_total
+
+
+def _blocks(declared, cut, order, B, Hu, H_kv, unit_class, first, scheduler, slots) -> tuple:  # noqa: N803
+    """Order the blocks: each launch's CTAs in ``order`` (:func:`block_order`), or as the scheduler plans them
+    (module docstring); (blocks, launch_ptr, delay, static slot, the cut with each CTA's requests in the planned
+    order)."""
     n_launch = declared.launch_ptr.size - 1
-    blocks = [block_order(order, declared.grid_order(k), B, Hu, H_kv) for k in range(n_launch)]
-    inst = np.concatenate(blocks) if blocks else np.zeros((0, 3), np.int64)
+    blocks, delays, statics = [], [], []
+    perm = None
+    for k in range(n_launch):
+        b = block_order(order, declared.grid_order(k), B, Hu, H_kv)
+        dl, sl = np.zeros(len(b), np.int64), np.full(len(b), -1, np.int64)
+        if scheduler is not None:
+            b, order_k, dl, sl = _plan(scheduler, k, b, cut, declared, slots)
+            if order_k is not None:
+                perm = order_k if perm is None else perm[order_k]
+        blocks.append(b)
+        delays.append(dl)
+        statics.append(sl)
+    inst = np.concatenate(blocks) if blocks else np.zeros((0, 4), np.int64)
     if unit_class is not None:  # a unit's CTAs: its mask's (_merge)
-        inst[:, 0] += parts[0].declared.ctas * unit_class[inst[:, 1]]
+        inst[:, 0] += first.declared.ctas * unit_class[inst[:, 1]]
     launch_ptr = np.concatenate(([0], np.cumsum([len(b) for b in blocks]))).astype(np.int64)
-    slots = P * blocks_per_sm
-    n_aids = len(arrays.names)
-    fill, wb = np.zeros(n_aids, np.int64), np.zeros(n_aids, np.int64)
-    l2_read, l2_update = np.zeros(n_aids, np.int64), np.zeros(n_aids, np.int64)
-    assert n_req_total == (int(np.sum(np.diff(declared.cta_ptr)[inst[:, 0]])) if len(inst) else 0)
+    delay = np.concatenate(delays) if delays else np.zeros(0, np.int64)
+    static = np.concatenate(statics) if statics else np.zeros(0, np.int64)
+    if perm is not None:
+        cut = ctas_mod.Cut(cut.requests[perm], cut.piece_ptr, cut.piece_events)
+    return inst, launch_ptr, delay, static, cut
+
+
+def _plan(scheduler, k, blocks, cut, declared, slots) -> tuple:
+    """Launch k's plan from the scheduler, checked: (blocks, request order or None, delay, static slots)."""
+    got = scheduler.plan(k, blocks.copy(), cut, declared)
+    if not isinstance(got, tuple) or len(got) != 4:
+        raise InputError("scheduler", "plan() must return (blocks, request_order, delay, static_slot)", type(got))
+    b, order_k, dl, sl = got
+    b = blocks if b is None else np.asarray(b, np.int64)
+    if b.shape != blocks.shape or not np.array_equal(np.unique(b, axis=0), np.unique(blocks, axis=0)):
+        raise InputError("scheduler", f"plan() of launch {k} must return a reordering of its {len(blocks)} blocks")
+    n = len(b)
+    dl = np.zeros(n, np.int64) if dl is None else np.asarray(dl, np.int64)
+    if dl.shape != (n,) or (n and dl.min() < 0):
+        raise InputError("scheduler", f"delay of launch {k} must be {n} non-negative integers (words)")
+    sl = np.full(n, -1, np.int64) if sl is None else np.asarray(sl, np.int64)
+    if sl.shape != (n,) or (n and (sl.max() >= slots or sl.min() < -1)):
+        raise InputError("scheduler", f"static_slot of launch {k} must be {n} slots from 0 to {slots - 1}, or -1")
+    if n and len(np.unique(sl >= 0)) > 1:
+        raise InputError("scheduler", f"static_slot of launch {k} must be -1 for every block or for none")
+    if order_k is not None:
+        order_k = np.asarray(order_k, np.int64)
+        owner = np.repeat(np.arange(declared.ctas), np.diff(declared.cta_ptr))  # each request row's CTA
+        if (order_k.shape != (len(cut.requests),) or not np.array_equal(np.sort(order_k), np.arange(len(order_k)))
+                or not np.array_equal(owner[order_k], owner)):  # fmt: skip
+            raise InputError("scheduler", "request_order must permute the cut's requests within each CTA's own rows")
+    return b, order_k, dl, sl
+
+
+def _run_l2(inst, launch_ptr, declared, cut, lay, Lw, mc, policy, record, n_req, delay, static, opt_limit):  # noqa: N803
+    """Run the L2: the blocks through the clock into the LRU partitions (or, for OPT, the clock's order recorded
+    and replayed); the counters per array."""
+    n_aids = len(lay.nl)
+    z = SimpleNamespace(**{k: np.zeros(n_aids, np.int64) for k in ("fill", "wb", "fabric", "read", "update",
+                                                                    "reduce")})  # fmt: skip
     need_record = record or policy == "opt"
-    cap = C // L
+    cap = mc.cap
     if policy == "opt" and cap > 0:
-        limit = opt_limit_bytes if opt_limit_bytes is not None else estimate.available_bytes() // 2
+        limit = opt_limit if opt_limit is not None else estimate.available_bytes() // 2
         if lay.n_lines >= 1 << 31:
             raise InputError("policy opt", "needs line numbers below 2^31: use a smaller launch or lru", policy)
-        need = n_req_total * 16
-        if need > limit:
-            raise InputError("policy opt", f"needs about {need / 2**30:.1f} GiB for its request record; use lru")
-    rec_inst = np.zeros(n_req_total if need_record else 0, np.int64)
-    rec_req = np.zeros(n_req_total if need_record else 0, np.int64)
-    clock = np.zeros(max(n_launch, 1), np.int64)
+        if n_req * 16 > limit:
+            raise InputError("policy opt", f"needs about {n_req * 16 / 2**30:.1f} GiB for its request record; use lru")
+    z.rec_inst = np.zeros(n_req if need_record else 0, np.int64)
+    z.rec_req = np.zeros(n_req if need_record else 0, np.int64)
+    n_launch = max(len(launch_ptr) - 1, 1)
+    z.clock = np.zeros(n_launch, np.int64)
+    wb_launch = np.zeros((n_launch, n_aids), np.int64)
     lru_cap = cap if policy == "lru" else 0  # OPT: the clock run only records the order
-    st = (
-        np.array([-1, -1, 0], np.int64),
-        np.zeros(lay.n_segments if lru_cap else 1, np.int32),
-        np.zeros(lay.n_segments if lru_cap else 1, np.int8),
-        np.full(lay.n_segments if lru_cap else 1, -1, np.int32),
-        np.full(lay.n_segments if lru_cap else 1, -1, np.int32),
-        lay.seg_aid if lru_cap else np.zeros(1, np.int16),
-    )
-    f_lru, w_lru = (fill, wb) if policy == "lru" or cap == 0 else (np.zeros_like(fill), np.zeros_like(wb))
-    n_rec = l2.run_launches(
-        inst[:, 0].copy(), inst[:, 1:].copy(), launch_ptr, slots, declared.cta_ptr, cut.requests, lay.kv, lay.base,
-        lay.stride, lay.nseg, lay.gbase, lay.loff, lay.soff, lay.seg_of_line, lay.seg_start, L, lru_cap, st, f_lru,
-        w_lru, l2_read, l2_update, need_record, rec_inst, rec_req, clock,
+    ns, pn = (lay.n_segments if lru_cap else 1), mc.parts
+    st = (np.tile(np.array([-1, -1, 0], np.int64), (pn, 1)), np.zeros((pn, ns), np.int32), np.zeros((pn, ns), np.int8),
+          np.full((pn, ns), -1, np.int32), np.full((pn, ns), -1, np.int32),
+          lay.seg_aid if lru_cap else np.zeros(1, np.int16))  # fmt: skip
+    lru = policy == "lru" or cap == 0
+    f_lru, w_lru = (z.fill, z.wb) if lru else (np.zeros_like(z.fill), np.zeros_like(z.wb))
+    z.n_rec = l2.run_launches(
+        inst[:, 0].copy(), inst[:, 1:].copy(), launch_ptr, mc.slots, mc.slot_part, declared.cta_ptr, cut.requests,
+        lay.kv, lay.base, lay.stride, lay.nseg, lay.gbase, lay.loff, lay.soff, lay.seg_of_line, lay.seg_start,
+        lay.seg_home, Lw, lru_cap, st, f_lru, w_lru, z.fabric, z.read, z.update, z.reduce, delay, static, wb_launch,
+        need_record, z.rec_inst, z.rec_req, z.clock,
     )  # fmt: skip
+    z.wb_launch = wb_launch if lru else None  # OPT's write-backs are not in launch time
     if policy == "lru" and cap > 0:
-        l2.flush(st, L, wb)
+        l2.flush(st, Lw, z.wb)
     if policy == "opt" and cap > 0:
-        _opt(rec_inst, rec_req, n_rec, inst, cut, lay, L, cap, fill, wb, opt_limit_bytes)
-    per = {}
+        _opt(z.rec_inst, z.rec_req, z.n_rec, inst, cut, lay, Lw, cap, z.fill, z.wb, opt_limit)
+    z.final_flush = z.wb - wb_launch[len(launch_ptr) - 2] if lru and len(launch_ptr) > 1 else None
+    return z
+
+
+def _collect(parts, trace, arrays, cut, declared, lay, run, eb, launch_ptr, mc, B, Hu, H_kv, problem) -> tuple:  # noqa: N803
+    """Collect the counts: each array's words at every level (:class:`LevelCounts`) and each launch's row."""
     two_level = {}  # every unit's schedule moves its own words (K, V included): its mask's counts, per unit
     for x in parts:
         for name, c in x.stats.per_array.items():
             r0, w0 = two_level.get(name, (0, 0))
             two_level[name] = (r0 + c.reads * x.units, w0 + c.writes * x.units)
-    kinds = [
-        {"kernel": k.name, "models": k.models, "grid": k.grid, "atomic": list(k.atomic), "splits": k.splits,
-         "ctas": int(launch_ptr[i + 1] - launch_ptr[i]), "waves": int(-(-(launch_ptr[i + 1] - launch_ptr[i]) // slots))}
-        for i, k in enumerate(declared.kernels)
-    ]  # fmt: skip
+    kinds = _launch_rows(declared, launch_ptr, mc.slots, run, eb, arrays, problem)
+    first_write = {}
+    for row in cut.requests[cut.requests[:, 0] >= 0]:  # an array's first access in schedule order
+        first_write.setdefault(int(row[1]), bool(row[0]))
+    written = set(cut.requests[cut.requests[:, 0] >= 1][:, 1].tolist())
+    array_copies = np.choose(lay.kv, [B * Hu, B * H_kv, B])
+    per = {}
+    for a, name in enumerate(arrays.names):
+        c = two_level.get(name) if a < len(trace.names) else None
+        moved = (run.fill[a], run.wb[a], run.read[a], run.update[a], run.reduce[a], run.fabric[a])
+        if c is None and not any(moved):
+            continue
+        per[name] = LevelCounts(
+            0 if c is None else c[0], 0 if c is None else c[1], int(run.read[a]), int(run.update[a]),
+            int(run.fill[a]), int(run.wb[a]),
+            int(lay.nl[a] * lay.line_words[a] * array_copies[a]) * ((not first_write.get(a, True)) + (a in written)),
+            "schedule" if a < len(trace.names) else launches_mod.CONVERT_DQ.name,
+            int(run.reduce[a]), int(run.fabric[a]), int(eb[a]),
+        )  # fmt: skip
+    return per, kinds
+
+
+def _launch_rows(declared, launch_ptr, slots, run, eb, arrays, problem) -> list[dict]:
+    """Each launch's row: kernel, what it models, grid, CTAs, waves, and its DRAM writes during the kernel (words,
+    bytes; what Nsight Compute's per-kernel ``dram__bytes_write`` counts: write-backs while it runs, not the dirty
+    lines it leaves)."""
+    kinds = []
+    for i, k in enumerate(declared.kernels):
+        n = int(launch_ptr[i + 1] - launch_ptr[i])
+        row = {"kernel": k.name, "models": k.models, "grid": k.grid, "atomic": list(k.atomic), "splits": k.splits,
+               "ctas": n, "waves": int(-(-n // slots))}  # fmt: skip
+        if run.wb_launch is not None:
+            during = run.wb_launch[i] - (run.wb_launch[i - 1] if i else 0)
+            row.update(dram_write_during=int(during.sum()), dram_write_during_bytes=int(np.sum(during * eb)))
+        kinds.append(row)
     if kinds and declared.kernels[-1] is launches_mod.CONVERT_DQ:  # its words each way, priced at their dtypes
         a_in, a_out = len(arrays.names) - 2, len(arrays.names) - 1
-        n_in, n_out = int(l2_read[a_in]), int(l2_update[a_out])
+        n_in, n_out = int(run.read[a_in]), int(run.update[a_out])
         kinds[-1].update(
             reads={launches_mod.DQ_ACCUM: n_in}, writes={launches_mod.DQ_OUT: n_out},
             read_bytes=problem.bytes_of("dQ", n_in), write_bytes=problem.bytes_of("O", n_out),
             read_dtype=problem.dtype_of("dQ"), write_dtype=problem.dtype_o,
         )  # fmt: skip
-    first_write = {}
-    for row in cut.requests:  # an array's first access in schedule order
-        first_write.setdefault(int(row[1]), bool(row[0]))
-    written = set(cut.requests[cut.requests[:, 0] == 1][:, 1].tolist())
-    array_copies = np.choose(lay.kv, [B * Hu, B * H_kv, B])
-    for a, name in enumerate(arrays.names):
-        c = two_level.get(name) if a < len(trace.names) else None
-        if c is None and not (fill[a] or wb[a] or l2_read[a] or l2_update[a]):
-            continue
-        per[name] = LevelCounts(
-            0 if c is None else c[0],
-            0 if c is None else c[1],
-            int(l2_read[a]),
-            int(l2_update[a]),
-            int(fill[a]),
-            int(wb[a]),
-            int(lay.nl[a] * L * array_copies[a]) * ((not first_write.get(a, True)) + (a in written)),
-            "schedule" if a < len(trace.names) else launches_mod.CONVERT_DQ.name,
-        )
-    res = HierarchyResult(
-        algorithm, bool(backward), B, H_q, H_kv, int(N), int(d), M, P, blocks_per_sm, C, L, bytes_per_word, order,
-        policy, None if dev is None else dev.name, tiling_used, len(inst), kinds, [k["waves"] for k in kinds], per,
-        int(n_rec), time.perf_counter() - t0, [int(x) for x in clock[:n_launch]], problem if unit is not None else None,
-        gqa, int(splits),
-    )  # fmt: skip
-    if record:
-        res.record = np.stack([rec_inst[:n_rec], rec_req[:n_rec]], axis=1)
-        res.blocks = inst
-        res.cut = cut
-        res.declared = declared
-        res.layout = lay
-        res.trace = trace
-    return res
+    return kinds
 
 
-def _opt(rec_inst, rec_req, n_rec, inst, cut, lay, L, cap, fill, wb, opt_limit_bytes) -> None:  # noqa: N803
-    """Belady's OPT over the recorded line stream (:func:`iosim.views.cache_sim.opt`, write-validate)."""
+def _opt(rec_inst, rec_req, n_rec, inst, cut, lay, Lw, cap, fill, wb, opt_limit_bytes) -> None:  # noqa: N803
+    """Belady's OPT over the recorded line stream (:func:`iosim.views.cache_sim.opt`, write-validate), counted in
+    lines and priced at each owner array's words per line ``Lw``."""
     from iosim.views import cache_sim as cs
 
     empty_l, empty_f = np.zeros(0, np.int64), np.zeros(0, np.int8)
     args = (rec_inst, rec_req, n_rec, inst[:, 1:].copy(), cut.requests, lay.kv, lay.base, lay.stride, lay.lbase,
-            lay.nl, L)  # fmt: skip
+            lay.nl, Lw)  # fmt: skip
     n = l2.line_stream(*args, empty_l, empty_f)
     limit = opt_limit_bytes if opt_limit_bytes is not None else estimate.available_bytes() // 2
     if n * OPT_BYTES_PER_LINE > limit or n >= 1 << 31:
@@ -762,6 +1100,9 @@ def _opt(rec_inst, rec_req, n_rec, inst, cut, lay, L, cap, fill, wb, opt_limit_b
     for a in range(len(lay.nl)):
         aid_of[lay.lbase[a] : ends[a]] = a
     nxt = cs.next_use(lines32, lay.n_lines)
-    left = cs.opt(lines32, flags, nxt, cap, 2, L, aid_of, lay.n_lines, fill, wb)
+    f_lines, w_lines = np.zeros_like(fill), np.zeros_like(wb)
+    left = cs.opt(lines32, flags, nxt, cap, 2, 1, aid_of, lay.n_lines, f_lines, w_lines)
     for line in left:
-        wb[aid_of[line]] += L
+        w_lines[aid_of[line]] += 1
+    fill += f_lines * Lw
+    wb += w_lines * Lw
