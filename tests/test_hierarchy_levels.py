@@ -190,6 +190,9 @@ CASES = [  # (algorithm, backward, problem, Br, Bc, gqa, P, C, L, parts, G)
     ("flash2", True, _prob(1, 4, 2, 8, 8, 8, q="fp32", kv="bf16"), 4, 4, "per-head", 2, 192, 8, 2, 1),
     ("flash2", True, _prob(1, 2, 1, 8, 8, 8, causal=True), 4, 4, "packed", 3, 64, 8, 3, 1),
     ("flash1", False, _prob(1, 2, 2, 8, 8, 8), 4, 4, "per-head", 2, 64, 8, 2, 1),
+    # an L2 that keeps everything, and a second wave of column blocks: lines written at their home are read again
+    # from the other partition, whose copy the write invalidated (coherence)
+    ("flash2", True, _prob(1, 1, 1, 8, 16, 8), 4, 4, "per-head", 2, 1 << 12, 8, 2, 1),
 ]
 # fmt: on
 
