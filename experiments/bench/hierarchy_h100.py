@@ -103,7 +103,8 @@ def run(name: str, model: str):
     if name == "decode GQA":  # cuDNN's kernel: its resources are not in its name; the steps above are the model
         return None
     bps, _ = _resident(name)
-    machine = dict(P=132, C=52428800 // 2, L=64, partitions=2, home_lines=HOME_LINES, blocks_per_sm=bps)  # the H100 preset's, in fp16 words
+    # the H100 preset's machine in fp16 words, its blocks per SM from the kernel's resources
+    machine = dict(P=132, C=52428800 // 2, L=64, partitions=2, home_lines=HOME_LINES, blocks_per_sm=bps)
     if step == 4 and not spec["backward"]:
         kw.update(scheduler=Scheduler(order="head-grouped", walk="descending"))
     return hierarchy("flash2", M=_working_set(name), **machine, **kw)
@@ -207,8 +208,109 @@ def main(argv=None) -> int:
         print(f"wrote {STORED}")
     elif args.what == "table":
         print(table())
+    else:
+        PREDICTIONS.parent.mkdir(parents=True, exist_ok=True)
+        PREDICTIONS.write_text(json.dumps(predictions(), indent=1) + "\n")
+        print(f"wrote {PREDICTIONS}")
     return 0
 
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+# ------------------------------------------------------------------------------------ the L2 capacity probe
+COPY_CTAS, COPY_THREADS = 132 * 8, 256  # gpu_predictions._copy: 8 blocks of 256 threads on each of 132 SMs
+
+
+def copy_trace(nbytes: int):
+    """The trace of gpu_predictions' ``read_twice`` kernel as the model sees it: a float32 buffer of ``nbytes`` as rows
+    of 32 words (one 128-byte line each); CTA b's 8 warps read rows 8b..8b+7 of every grid stride (each warp one
+    line per iteration), the whole share twice; a one-word accumulator keeps the CTA one piece (count-only)."""
+    from iosim.memory_model import Memory, TwoLevelMemory
+
+    rows, warps = nbytes // 128, COPY_THREADS // 32
+    stride = COPY_CTAS * warps
+    steps = -(-rows // stride)
+    model = TwoLevelMemory(warps * 32 + 1, trace=True, trace_capacity=COPY_CTAS * (4 * steps + 2) + 16)
+    mem = Memory.wrap(model, count_only=True)
+    x, acc = mem.slow("X", shape=(rows, 32)), mem.slow("acc", shape=(COPY_CTAS, 1))
+    for b in range(COPY_CTAS):
+        a = mem.alloc(acc, rows=(b, b + 1))
+        for _ in range(2):
+            for r0 in range(b * warps, rows, stride):
+                mem.free(mem.load(x, rows=(r0, min(r0 + warps, rows))))
+        mem.free(a)
+    return mem.trace()
+
+
+def copy_probe(nbytes: int, partitions: int):
+    """The hierarchy's DRAM read of the probe on the H100 preset (fp32 words: lines of 32), one or two partitions."""
+    from iosim.hierarchy.simulate import hierarchy
+
+    t = copy_trace(nbytes)
+    r = hierarchy("read twice", N=1, d=1, M=t.M, P=132, C=52428800 // 4, L=32, blocks_per_sm=8, bytes_per_word=4,
+                  partitions=partitions, home_lines=HOME_LINES, _trace=t, allow_long=True)  # fmt: skip
+    return levels(r)
+
+
+# ------------------------------------------------------------------------------------ the registered predictions
+PROBE_MB = (8, 16, 24, 32, 40, 48, 64)  # the buffer read twice: one L2 of 50 MiB holds them all up to 48
+
+
+def _iosim_causal():
+    """iosim's own numba.cuda flash2 forward, causal, float32 (B = 1, 32 heads, N = 8192, d = 64, M = 16,384 words):
+    its walk ascends (algorithms/cuda/flash.py), its grid is (row block, head) with the row block fastest, 128
+    threads, 173 registers per thread (the driver's figure for flash2_forward_kernel, gpu_h100/occupancy.json)."""
+    from iosim import Problem
+    from iosim.hierarchy import resident
+    from iosim.hierarchy.simulate import hierarchy
+
+    M = 16384
+    bps, _ = resident.resident_ctas("H100", 128, 173, 4 * M)
+    p = Problem(B=1, H_q=32, N=8192, d=64, dtype_q="fp32", causal=True)
+    r = hierarchy("flash2", problem=p, M=M, P=132, C=52428800 // 4, L=32, partitions=2, home_lines=HOME_LINES,
+                  blocks_per_sm=bps, element_bytes="kernel", allow_long=True)  # fmt: skip
+    return levels(r), bps
+
+
+def predictions() -> dict:
+    """The predictions file of the next lease (gpu_predictions' format), from the stored model runs and the probes."""
+    from iosim.version import __version__
+
+    stored = json.loads(STORED.read_text())["runs"]
+    keep = ("dram_read", "dram_write", "global_load", "global_store", "l2_reduction", "l2_read_from_fabric")
+    base = dict(B=1, H_q=32, H_kv=32, N_q=32768, N_k=32768, d=128, dtype="float16", order="head-grouped")
+    entries = []
+    for name, eid in (("forward", "fa2-fwd"), ("forward causal", "fa2-fwd-causal"), ("backward", "fa2-bwd"),
+                      ("backward causal", "fa2-bwd-causal")):  # fmt: skip
+        last = stored[f"{name} | {MODELS[-1]}"]
+        entries.append({
+            "id": eid, "what": f"SDPA FlashAttention-2 {name} (the first lease's launch), every mechanism",
+            "backend": "sdpa-flash", **base, "causal": "causal" in name, "pass": name.split()[0],
+            "model": MODELS[-1], "blocks_per_sm": last["blocks_per_sm"],
+            "predicted": {k: last[k] for k in keep if last.get(k)},
+            "alternatives": {m: {k: stored[f"{name} | {m}"][k] for k in ("dram_read", "dram_write")}
+                             for m in MODELS[:-1] if f"{name} | {m}" in stored},
+        })  # fmt: skip
+    dec = stored[f"decode GQA | {MODELS[2]}"]
+    entries.append({"id": "cudnn-decode-gqa-packed", "what": "SDPA cuDNN GQA decode, K/V read once per KV head",
+                    "backend": "sdpa-cudnn", "B": 4, "H_q": 32, "H_kv": 8, "N_q": 1, "N_k": 32768, "d": 128,
+                    "causal": False, "dtype": "bfloat16", "order": "head-grouped", "gqa": "packed",
+                    "model": MODELS[2], "predicted": {k: dec[k] for k in keep if dec.get(k)}})  # fmt: skip
+    got, bps = _iosim_causal()
+    entries.append({"id": "iosim-fwd-causal-ascending", "what": "iosim's numba.cuda flash2 forward, causal: its walk "
+                    "ascends where FA2's descends", "backend": "iosim-cuda", "B": 1, "H_q": 32, "H_kv": 32,
+                    "N_q": 8192, "N_k": 8192, "d": 64, "causal": True, "dtype": "float32", "order": "head-grouped",
+                    "M": 16384, "blocks_per_sm": bps,
+                    "predicted": {k: got[k] for k in keep if got.get(k)}})  # fmt: skip
+    for mb in PROBE_MB:
+        two, one = copy_probe(mb * MIB, 2), copy_probe(mb * MIB, 1)
+        entries.append({"id": f"l2-probe-{mb}MiB", "what": f"one float32 buffer of {mb} MiB read twice (L2 capacity)",
+                        "backend": "copy", "bytes": mb * MIB, "B": 1, "H_q": 1, "H_kv": 1, "N_q": 1, "N_k": 1,
+                        "d": 1, "causal": False, "dtype": "float32", "order": "grid",
+                        "predicted": {"dram_read": two["dram_read"]},
+                        "alternatives": {"one 50 MiB L2": {"dram_read": one["dram_read"]}}})  # fmt: skip
+    return {"device": "H100 SXM", "iosim_version": __version__, "registered": time.strftime("%Y-%m-%d"),
+            "note": "registered before the lease that measures it; not to be refitted (docs/hierarchy-hardware.md)",
+            "entries": entries}  # fmt: skip
