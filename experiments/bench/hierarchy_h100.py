@@ -37,6 +37,8 @@ HERE = pathlib.Path(__file__).resolve().parent
 STORED = HERE / "gpu_h100" / "hierarchy-mechanisms.json"
 NCU = HERE / "gpu_h100" / "ncu-torch.json"
 PREDICTIONS = HERE / "predictions" / "h100.json"
+DOC = HERE.parents[1] / "docs" / "hierarchy-hardware.md"
+BLOCK = ("<!-- hierarchy-h100 -->", "<!-- /hierarchy-h100 -->")
 MB = 1e6
 MIB = 1 << 20
 
@@ -54,6 +56,13 @@ LAUNCHES = {
 # request per line (about 10^9 at these sizes), runs of 16 let the L2 move whole segments.
 HOME_LINES = 16
 MODELS = ("one L2, 2 B", "+ bytes", "+ partitions", "+ resident CTAs", "+ FA2's walk")
+# Beside the steps, for the causal forward: FA2's walk with none of the other mechanisms (kernel bytes, one L2, one
+# CTA per SM), to tell what the walk does by itself.
+WALK_ALONE = "FA2's walk alone"
+# And for the forward: every mechanism with 2 CTAs per SM, what its resources give if it uses more than 168 registers
+# per thread (unknown: no __launch_bounds__ fixes it; the next lease measures launch__registers_per_thread).
+TWO_CTAS = "every mechanism, 2 CTAs/SM (if > 168 registers)"
+EXTRA = {WALK_ALONE: ("forward causal",), TWO_CTAS: ("forward", "forward causal")}
 
 
 def _problem(name: str):
@@ -87,12 +96,15 @@ def run(name: str, model: str):
 
     spec = LAUNCHES[name]
     p = _problem(name)
-    step = MODELS.index(model)
+    step = MODELS.index(model) if model in MODELS else None
     kw = dict(
         problem=p, backward=spec["backward"], allow_long=True, gqa="packed" if name == "decode GQA" else "per-head"
     )
     if spec["Br"]:
         kw.update(Br=spec["Br"], Bc=spec["Bc"])
+    if model == WALK_ALONE:
+        kw.update(element_bytes="kernel", scheduler=Scheduler(order="head-grouped", walk="descending"))
+        return hierarchy("flash2", device="H100", partitions=1, **kw)
     if step == 0:
         return hierarchy("flash2", device="H100", partitions=1, **kw)
     kw.update(element_bytes="kernel")
@@ -100,9 +112,10 @@ def run(name: str, model: str):
         return hierarchy("flash2", device="H100", partitions=1, **kw)
     if step == 2:
         return hierarchy("flash2", device="H100", partitions=2, home_lines=HOME_LINES, **kw)
-    if name == "decode GQA":  # cuDNN's kernel: its resources are not in its name; the steps above are the model
-        return None
-    bps, _ = _resident(name)
+    if name == "decode GQA" or (step == 4 and spec["backward"]):  # cuDNN's resources are not in its name; the
+        return None  # backward's walk is not modelled: the steps above are the model there
+    bps = 2 if model == TWO_CTAS else _resident(name)[0]
+    step = 4 if model == TWO_CTAS else step
     # the H100 preset's machine in fp16 words, its blocks per SM from the kernel's resources
     machine = dict(P=132, C=52428800 // 2, L=64, partitions=2, home_lines=HOME_LINES, blocks_per_sm=bps)
     if step == 4 and not spec["backward"]:
@@ -155,7 +168,7 @@ def measured(name: str) -> dict:
     return gpu_predictions.measured(total)
 
 
-def compute(names=None, models=MODELS) -> dict:
+def compute(names=None, models=(*MODELS, *EXTRA)) -> dict:
     """Every (launch, model) prediction, with the time each took."""
     from iosim.version import __version__
 
@@ -163,6 +176,8 @@ def compute(names=None, models=MODELS) -> dict:
     for name in names or LAUNCHES:
         for model in models:
             t0 = time.perf_counter()
+            if model in EXTRA and name not in EXTRA[model]:
+                continue
             r = run(name, model)
             if r is None:
                 continue
@@ -180,7 +195,7 @@ def table(stored: dict | None = None) -> str:
     rows = []
     for name in LAUNCHES:
         m = measured(name)
-        for model in MODELS:
+        for model in (*MODELS, *EXTRA):
             got = stored["runs"].get(f"{name} | {model}")
             if got is None:
                 continue
@@ -193,10 +208,19 @@ def table(stored: dict | None = None) -> str:
     return tabulate(rows, headers=head, tablefmt="github", disable_numparse=True)
 
 
+def write_docs() -> None:
+    """Put :func:`table` between the doc's markers."""
+    text = DOC.read_text()
+    head, rest = text.split(BLOCK[0], 1)
+    _, tail = rest.split(BLOCK[1], 1)
+    DOC.write_text(f"{head}{BLOCK[0]}\n{table()}\n{BLOCK[1]}{tail}")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("what", choices=("compute", "table", "predictions"))
     ap.add_argument("--launch", nargs="+", choices=list(LAUNCHES), help="compute only these launches")
+    ap.add_argument("--write", action="store_true", help="table: also write it into docs/hierarchy-hardware.md")
     args = ap.parse_args(argv)
     if args.what == "compute":
         data = compute(args.launch)
@@ -208,6 +232,9 @@ def main(argv=None) -> int:
         print(f"wrote {STORED}")
     elif args.what == "table":
         print(table())
+        if args.write:
+            write_docs()
+            print(f"wrote the table into {DOC}")
     else:
         PREDICTIONS.parent.mkdir(parents=True, exist_ok=True)
         PREDICTIONS.write_text(json.dumps(predictions(), indent=1) + "\n")
