@@ -375,16 +375,16 @@ def test_bad_levels_name_the_parameter(kw, parameter):
     assert e.value.parameter == parameter
 
 
-def test_a_device_with_two_partitions_uses_them_by_default():
-    """A device's l2_partitions is the default (read with getattr: a device without the field has one); one
-    partition given explicitly is the single shared L2 of the same figures."""
+def test_a_device_with_two_partitions_uses_them_when_asked():
+    """partitions="device" takes a device's l2_partitions (read with getattr: a device without the field has one);
+    the default, one partition, is the single shared L2 of the same figures."""
     base = device("H100")
     two = TwoPartitions(*(getattr(base, f) for f in ("name", "sms", "smem_per_sm_bytes", "smem_per_block_bytes",
                                                      "l2_bytes", "l2_line_bytes")))  # fmt: skip
     kw = dict(problem=_prob(1, 2, 2, 64, 64, 16), Br=16, Bc=16, M=4096, P=4, C=1024)
-    h = hierarchy("flash2", device=two, **kw)
+    h = hierarchy("flash2", device=two, partitions="device", **kw)
     assert h.l2_partitions == 2 and h.as_dict()["fabric"] > 0
-    one = hierarchy("flash2", device=two, partitions=1, **kw)
+    one = hierarchy("flash2", device=two, **kw)
     plain = hierarchy("flash2", L=64, blocks_per_sm=one.blocks_per_sm, **kw)
     assert one.l2_partitions == 1 and got(one) == got(plain) and one.as_dict()["fabric"] == 0
 

@@ -59,7 +59,8 @@ def test_paper_steps_follow_the_driver(flash2_run):
         if want is not None:
             assert s["steps"][k] == want
     frees = [k for k in range(len(ev)) if ev[k, 0] == 4 and names[ev[k, 1]] == "K"]
-    assert frees and all(s["steps"][k] == 7 for k in frees)  # a free takes its load's step
+    assert frees and all(s["steps"][k] == 0 for k in frees)  # a free is no paper step (issue 46, defect 7)
+    assert all(s["steps"][k] == 0 for k in range(len(ev)) if ev[k, 0] == 4)
     r1 = html.traced("flash1", N=20, d=4, M=128)
     s1 = html.schedule_data(r1)
     ev1 = np.array(s1["events"]).reshape(-1, 9)
@@ -135,9 +136,17 @@ def test_chart_is_the_closed_forms(flash2_run):
             t = a.choose_tiling(32, 8, m, "fit")
             assert total == a.predict_forward(32, 8, m, t, False).total
     assert all(v == iosim.theory.bounds.lower_bound(32, 8, m)[0] for m, v in c["lower"])
-    fb = iosim.theory.bounds.forward_bounds
-    ups = {m: min(b.value for b in fb(32, 8, m) if b.kind.startswith("upper") and b.applies) for m, _ in c["upper"]}
-    assert c["upper"] and all(v == ups[m] for m, v in c["upper"])
+    # the upper line is FlashAttention's Theorem 2 with its proof's constants (papers.md F1 and B1, initialisations
+    # counted), never below the lower bound (issue 46, defect 6: a Theta form with constant 1 fell below it)
+    lower = dict(c["lower"])
+    for backward, chart in ((False, c), (True, html.closed_form_chart(32, 8, 256, backward=True))):
+        assert len(chart["upper"]) == len(chart["lower"])
+        for m, v in chart["upper"]:
+            N, d, Tc = 32, 8, -(-32 // -(-m // (4 * 8)))
+            f1 = 2 * N * d + Tc * (3 * N * d + 4 * N) + N * d + 2 * N
+            b1 = 4 * N * d + Tc * (5 * N * d + 2 * N) + 3 * N * d
+            assert v == (b1 if backward else f1)
+            assert v >= dict(chart["lower"])[m] and (backward or v >= lower[m])
 
 
 def test_two_schedules_one_page():
@@ -267,3 +276,136 @@ def test_iosim_show_html(tmp_path):
     assert [s["algorithm"] for s in data["schedules"]] == ["standard", "flash2"]
     with pytest.raises(InputError, match="must end in .html"):
         iosim.show("flash2", N=16, d=4, M=128, html=tmp_path / "p.txt")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Issue 46: the defects a class would hit
+# ---------------------------------------------------------------------------------------------------------------
+def _per_array_by_hand(r) -> dict:
+    """Reads and writes per array summed from the trace's events (loads; stores and initialisations)."""
+    out: dict = {}
+    for op, a, words in r.trace.events[:, [0, 1, 6]].tolist():
+        x = out.setdefault(r.trace.names[a], [0, 0])
+        if op == 1:
+            x[0] += words
+        elif op in (2, 5):
+            x[1] += words
+    return {k: v for k, v in out.items() if v != [0, 0]}
+
+
+def test_masks_fixed_to_their_N_make_pages(tmp_path, capsys):
+    """Defect 1: a mask that holds at one N only (blockdiag:, prefix:, an N x N file:) makes a page at that N,
+    with the counts of `iosim run`; over the cap it is refused in one line saying no smaller N fits it."""
+    np.save(tmp_path / "m.npy", np.tril(np.ones((96, 96), bool)))
+    for mask in ("blockdiag:32,32,32", "prefix:40", f"file:{tmp_path / 'm.npy'}"):
+        out = tmp_path / "p.html"
+        assert (
+            main(["show", "flash2", "--N", "96", "--d", "8", "--M", "256", "--mask", mask, "--html", "-o", str(out)])
+            == 0
+        )
+        s = _page_data(out.read_text())["schedules"][0]
+        r = iosim.run("flash2", N=96, d=8, M=256, mask=mask, count_only=True, trace=True)
+        assert s["final"] == _per_array_by_hand(r) == {k: [v.reads, v.writes] for k, v in r.stats.per_array.items()}
+    capsys.readouterr()
+    cmd = ["show", "flash2", "--N", "2048", "--d", "8", "--M", "64", "--mask", "blockdiag:1024,1024", "--html"]
+    assert main([*cmd, "-o", str(tmp_path / "big.html")]) == 2 and not (tmp_path / "big.html").exists()
+    err = [x for x in capsys.readouterr().err.strip().splitlines() if not x.startswith("iosim: compiling")]
+    assert len(err) == 1 and "holds at this N only" in err[0] and "Traceback" not in err[0]
+
+
+def test_pebble_page_cap_names_the_largest_graph(tmp_path, capsys):
+    """Defect 2: a graph past the pebble page's cap is refused before any search, naming the largest of its kind."""
+    with pytest.raises(InputError) as e:
+        html.pebble_page([("attention:64x8", 64, None)])
+    assert e.value.parameter == "graph" and "the largest that fits is attention:5x8" in str(e.value)
+    assert len(named("attention:5x8")) <= html.MAX_PEBBLE_VERTICES < len(named("attention:6x8"))
+    assert main(["pebble", "attention:64x8", "--M", "64", "--html", str(tmp_path / "p.html")]) == 2
+    assert "attention:5x8" in capsys.readouterr().err and not (tmp_path / "p.html").exists()
+    with pytest.raises(InputError, match=r"largest that fits is matmul:\d+x8x8"):
+        html.pebble_graph("matmul:20x8x8")
+
+
+def test_outer_iterations_and_rows():
+    """flash1's initialisations are not outer iterations (Tc of them: one per column block); the counters' rows
+    cover the problem's arrays so a column sums to the total (defect 8: split-KV's O and L); no bound of 0 words."""
+    r1 = html.traced("flash1", N=20, d=4, M=128)
+    s1 = html.schedule_data(r1)
+    assert len(s1["outer"]) == -(-20 // r1.tiling.Bc)
+    p = iosim.Problem(B=2, H_q=2, N_q=1, N_k=40, d_qk=4)
+    r = html.traced("flash2", problem=p, M=256, splits=2)
+    s = html.schedule_data(r)
+    assert {"O", "L", "Opart", "Lpart"} <= set(s["rows"])
+    assert sum(s["simulated"][n][0] + s["simulated"][n][1] for n in s["rows"]) == r.stats.total
+    big = html.traced("flash2", N=16, d=4, M=4096)
+    assert all(v > 0 for _, v in html.schedule_data(big)["bounds"])
+
+
+def test_page_without_javascript_shows_the_counts(flash2_run):
+    """Defect 11: the page's <noscript> says JavaScript is off and holds the final counts as plain HTML."""
+    text = html.schedule_page(flash2_run)
+    nos = re.search(r"<noscript>(.*)</noscript>", text, re.S).group(1)
+    assert "JavaScript" in nos
+    for name, v in flash2_run.stats.per_array.items():
+        assert f"<td>{name}</td><td>{v.reads:,}</td><td>{v.writes:,}</td>" in nos
+    peb = re.search(r"<noscript>(.*)</noscript>", html.pebble_page([("matmul:1x2x1", 3, None)]), re.S).group(1)
+    assert "matmul:1x2x1, M = 3" in peb and "7 I/O" in peb
+
+
+@pytest.mark.slow
+def test_python_pebble_page_gives_the_lessons_optima():
+    """Defect 13: docs/teaching.md's `pebble_page(exercises("docs/pebble"))` searches as far as `iosim pebble
+    --html` (its default budget) and finds the optima the lesson promises, 17 and 25 (about 2 minutes)."""
+    data = _page_data(html.pebble_page(html.exercises("docs/pebble")))
+    best = {(g["graph"], g["M"]): g["best"] for g in data["games"]}
+    assert best[("matmul:2x2x2", 4)]["io"] == 17 and best[("matmul:2x2x2", 3)]["io"] == 25
+    assert best[("matmul:2x2x2", 3)]["how"].startswith("optimum")
+    for (spec, M), b in best.items():  # noqa: N806
+        assert Game(named(spec), M).play(b["moves"]).io == b["io"]
+
+
+def test_grid_page_carries_every_settings_real_trace(tmp_path, capsys, monkeypatch):
+    """Issue 46: one page holds the traces of a grid of N, d, M and masks; each setting's counts are its own run's
+    (summed here from the events); a setting iosim refuses keeps its one-line reason; over the byte cap the page is
+    refused naming the N that fit."""
+    text = html.grid_page(["flash2"], Ns=[16, 24], ds=[4], Ms=[16, 128], masks=["none", "causal"])
+    g = _page_data(text)["grid"]
+    assert g["axes"] == {"N": [16, 24], "d": [4], "M": [16, 128], "mask": ["none", "causal"]}
+    assert len(g["settings"]) == 8
+    for s in g["settings"]:
+        if s["M"] == 16:  # below flash2's smallest working set at d = 4
+            assert "M must be at least" in s["refused"] and "schedules" not in s
+            continue
+        r = html.traced("flash2", N=s["N"], d=4, M=s["M"], mask=None if s["mask"] == "none" else s["mask"])
+        assert s["schedules"][0]["final"] == _per_array_by_hand(r)
+        assert s["schedules"][0]["events"] == r.trace.events[:, :9].ravel().tolist()
+        assert s["chart"]["N"] == s["N"]
+    out = tmp_path / "g.html"
+    cmd = ["show", "flash2", "--grid-N", "16,24", "--N", "16", "--d", "4", "--M", "128", "--grid-M", "64,128", "--html",
+           "-o", str(out)]  # fmt: skip
+    assert main(cmd) == 0 and len(_page_data(out.read_text())["grid"]["settings"]) == 4
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:  # argparse's one-line error, exit 2
+        main([*cmd[:3], "16,x", *cmd[4:]])
+    assert e.value.code == 2
+    assert "--grid-N: must be a comma-separated list of positive integers" in capsys.readouterr().err
+    assert main(["show", "flash2", "--N", "16", "--d", "4", "--M", "128", "--grid-M", "64,128", "--text"]) == 2
+    assert "--grid-M applies with --html" in capsys.readouterr().err
+    one = len(html.grid_page(["flash2"], Ns=[16], ds=[4], Ms=[128]).encode())
+    monkeypatch.setattr(html, "MAX_HTML_BYTES", one + 1000)
+    with pytest.raises(InputError, match=r"N in \[16\] fits with these d, M and masks"):
+        html.grid_page(["flash2"], Ns=[16, 64], ds=[4], Ms=[128])
+
+
+@pytest.mark.parametrize("algorithm", ["flash1", "flash2"])
+def test_score_blocks_drawn_are_the_ones_computed(algorithm):
+    """The page's picture of S = Q K^T: every block the schedule computes, and none a causal mask skips (model:
+    a block of rows i0..i0+nq-1 and keys k0.. is computed iff some key is at or below some row, k0 <= i0 + nq - 1)."""
+    N, d, M = 20, 4, 128  # noqa: N806
+    for causal in (False, True):
+        r = html.traced(algorithm, N=N, d=d, M=M, causal=causal)
+        Br, Bc = r.tiling.Br, r.tiling.Bc  # noqa: N806
+        got = {(q0, nq, k0, nk) for _, q0, nq, k0, nk in html.schedule_data(r)["blocks"]}
+        want = {(i0, min(Br, N - i0), j0, min(Bc, N - j0)) for i0 in range(0, N, Br) for j0 in range(0, N, Bc)
+                if not causal or j0 <= i0 + min(Br, N - i0) - 1}  # fmt: skip
+        assert got == want
+    assert html.schedule_data(html.traced("standard", N=N, d=d, M=M))["blocks"] is None

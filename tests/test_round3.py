@@ -60,3 +60,10 @@ def test_sweep_records_carry_the_version():
 
     recs = sweep({"algorithm": "flash2", "N": 64, "d": 8, "M": [1024, 2048]}, executor="serial", as_frame=False)
     assert [r["iosim_version"] for r in recs] == [__version__, __version__]
+
+
+def test_compare_checks_the_page_cap_before_printing(tmp_path, monkeypatch, capsys):
+    """A page over its cap is refused before the table is printed (it printed the table, then refused)."""
+    rc, lines, left, out = run_cli(["compare", "--N", "8192", "--d", "64", "--M", "16384", "--count-only", "--html",
+                                    "{tmp}/w.html"], tmp_path, monkeypatch, capsys)  # fmt: skip
+    assert rc == 2 and len(lines) == 1 and "largest N that fits" in lines[0] and out == "" and not left

@@ -162,43 +162,44 @@ def dram_rate(r: dict) -> float:
     return _dram(r["ncu"]) / (r["ncu"]["gpu__time_duration.sum"] / 1e9)
 
 
+PART = {"flash2_forward_kernel": ("flash2", "forward"), "square_phase1_kernel": ("square-tiling", "phase 1"),
+        "square_phase2_kernel": ("square-tiling", "phase 2")}  # fmt: skip
+
+
 def sector_rows() -> list[dict]:
-    """Each sweep launch's global load and store bytes (Nsight Compute's LSU) beside the 32-byte-sector model of
-    its accesses (gpu_sectors.py), per kernel."""
-    import gpu_sectors
+    """Each sweep launch's global load and store bytes (Nsight Compute's LSU) beside the LSU level's prediction,
+    ``iosim.hierarchy.lsu.compare`` on the stored ncu-sweep.json and sweep.json: 32-byte sectors per warp request of
+    the kernels' tile copies, loops unrolled as in their PTX ("model"), and one request per iteration ("plain")."""
+    from iosim.hierarchy import lsu
 
     out = []
-    for r in (r for r in sweep_rows() if r.get("ms")):
-        if r["kernel"] == "flash2":
-            t = r["tiling"]
-            m = gpu_sectors.flash2_forward(r["N"], r["d"], _br(r), int(t.split("Bc=")[1]), r["BH"])
-            model = [("forward", m["ld"], m["st"])]
-        else:
-            m = gpu_sectors.square_tiling(r["N"], r["d"], int(r["tiling"].split("B=")[1]), r["BH"])
-            model = [("phase 1", m["phase1 ld"], m["phase1 st"]), ("phase 2", m["phase2 ld"], m["phase2 st"])]
-        for (name, ld, st), k in zip(model, r["ncu launches"], strict=True):
-            out.append({"kernel": r["kernel"], "part": name, "d": r["d"], "M": r["M"],
-                        "ld": k["l1tex__t_bytes_pipe_lsu_mem_global_op_ld.sum"], "ld model": ld,
-                        "st": k["l1tex__t_bytes_pipe_lsu_mem_global_op_st.sum"], "st model": st})  # fmt: skip
+    for r in lsu.compare(DATA / "ncu-sweep.json", DATA / "sweep.json"):
+        kernel, part = PART[r["kernel"]]
+        out.append({"kernel": kernel, "part": part, "d": r["d"], "M": r["M"], "mask": r["mask"],
+                    "ld": r["measured_ld"], "ld model": r["ld"], "ld plain": r["plain_ld"],
+                    "st": r["measured_st"], "st model": r["st"], "st plain": r["plain_st"]})  # fmt: skip
     return out
 
 
 def sector_facts() -> dict:
-    """Per kernel launch kind: launches, those whose load and store bytes both equal the model, the largest ratio."""
+    """Per kernel launch kind: launches, those whose load and store bytes both equal the model, those that equal it
+    with one request per iteration and warp ("plain"), and the largest excess of a measured figure over "plain"."""
     out: dict = {}
     for r in sector_rows():
         key = r["kernel"] + ("" if r["part"] == "forward" else f" {r['part']}")
-        ratios = (r["ld"] / r["ld model"], r["st"] / r["st model"])
-        o = out.setdefault(key, {"n": 0, "equal": 0, "lo": 1.0, "hi": 1.0})
+        o = out.setdefault(key, {"n": 0, "equal": 0, "plain equal": 0, "plain excess": 0.0})
         o["n"] += 1
-        o["equal"] += r["ld"] == r["ld model"] and r["st"] == r["st model"]
-        o["lo"], o["hi"] = min(o["lo"], *ratios), max(o["hi"], *ratios)
+        o["equal"] += (r["ld"], r["st"]) == (r["ld model"], r["st model"])
+        o["plain equal"] += (r["ld"], r["st"]) == (r["ld plain"], r["st plain"])
+        o["plain excess"] = max(o["plain excess"], *(r[op] / r[op + " plain"] - 1 for op in ("ld", "st")))
     return out
 
 
 def sector_table() -> str:
-    rows = [[k, o["n"], o["equal"], f(o["lo"], ".4f"), f(o["hi"], ".4f")] for k, o in sector_facts().items()]
-    head = ["kernel", "launches", "load and store bytes equal the model", "smallest ratio", "largest ratio"]
+    rows = [[k, o["n"], o["equal"], o["plain equal"], f"{100 * o['plain excess']:.2f} %"]
+            for k, o in sector_facts().items()]  # fmt: skip
+    head = ["kernel", "launches", "load and store bytes equal the model",
+            "equal with one request per iteration", "largest excess over that"]  # fmt: skip
     return table(head, rows)
 
 
@@ -628,23 +629,28 @@ def prose_sweep(x: dict) -> list[str]:
 
 def prose_traffic(x: dict) -> list[str]:
     sec = sector_facts()
-    fl, sq = sec["flash2"], sec["square-tiling phase 1"]
+    sq = [o for k, o in sec.items() if k.startswith("square-tiling")]
+    n, equal = sum(o["n"] for o in sec.values()), sum(o["equal"] for o in sec.values())
+    sq_n, sq_plain = sum(o["n"] for o in sq), sum(o["plain equal"] for o in sq)
     warps = load("sweep")["threads"] // 32
-    assert (sq["n"], sq["equal"], sq["hi"]) == tuple(sec["square-tiling phase 2"][k] for k in ("n", "equal", "hi"))
     over = "; ".join(f"{mb:.1f} against {c:.1f} MB at d = {d}, M = {M:,}" for d, M, mb, c in x["over compulsory"])
     lsu = x["lsu"]
     return [
         "- **The explicit count predicts the words the SMs ask for, not L2 or DRAM traffic.** The global load/store "
         f"bytes (the LSU's) are {rng(lsu['7+'])} of the counted bytes for flash2 once Br ≥ 7, {rng(lsu['3'])} at "
         f"Br = 3 and {rng(lsu['1'])} at Br = 1, and {rng(x['lsu square'])} for square tiling: LSU bytes near the count "
-        "hold for flash2 at Br ≥ 7 only. A 32-byte-sector model of the kernels' global accesses "
-        f"(`experiments/bench/gpu_sectors.py`, table below) accounts for the rest. It gives flash2's load and store "
-        f"bytes exactly in {fl['equal']} of {fl['n']} launches: the excess is flash2's block mask (all ones here), "
-        f"read twice per tile pair (i, j) by each of a block's {warps} warps, {2 * 32 * warps} bytes per pair and "
-        "head, which the count leaves out as it is not one of attention's arrays. It gives square tiling's exactly in "
-        f"{sq['equal']} of {sq['n']} launches of each kernel, and otherwise the hardware requests at most "
-        f"{100 * (sq['hi'] - 1):.2f} % more (never less): there the excess over the count is sector rounding, tile "
-        "rows of B words whose start or width is not a multiple of 8 words. "
+        "hold for flash2 at Br ≥ 7 only. The LSU level of `iosim.hierarchy.lsu` accounts for the rest (the "
+        "mechanism and the parameters it cites: [the LSU level](hierarchy-hardware.md#the-lsu-level-32-byte-sectors-"
+        "per-warp-request); table below): its replay of the kernels' tile copies, 32-byte sectors per warp request, "
+        f"gives the measured load and store bytes exactly in {equal} of {n} kernel launches ({sec['flash2']['equal']} "
+        f"of {sec['flash2']['n']} flash2, {sum(o['equal'] for o in sq)} of {sq_n} square tiling). flash2's excess "
+        f"over the count is its block mask (all ones here), read twice per tile pair (i, j) by each of a block's "
+        f"{warps} warps, {2 * 32 * warps} bytes per pair and head, which the count leaves out as it is not one of "
+        "attention's arrays. Square tiling's is sector rounding (tile rows of B words whose start or width is not a "
+        "multiple of 8 words) and its copy loops, which the PTX unrolls four times: where a tile's last iteration is "
+        "partial inside a warp, one iteration can become two requests that count a shared sector twice. With one "
+        f"request per iteration the model equals {sq_plain} of the {sq_n} square tiling launches and falls short of "
+        f"the rest by up to {100 * max(o['plain excess'] for o in sq):.2f} %: that gap is the unrolled loops' split. "
         "L2 traffic is "
         f"{rng(x['l2'])} of flash2's count (the L1 serves the rest of the requests) and {rng(x['l2 square'])} of "
         f"square tiling's. DRAM traffic is far below both: from Br = 7 up, flash2's is "
@@ -726,6 +732,8 @@ def prose() -> str:
 def readme_section() -> str:
     """The README's "Measured on a GPU" text (between its markers), every number from the stored files."""
     x, h, sp = sweep_facts(), hierarchy_facts(), sdpa_facts()
+    sec = sector_facts().values()
+    lsu_n, lsu_equal = sum(o["n"] for o in sec), sum(o["equal"] for o in sec)
     intro = (
         f"On one H100 ({_versions(short=True)}), `bash experiments/bench/gpu_evidence.sh` (on a GPU machine) "
         "ran iosim's numba.cuda kernels with shared memory limited to M words per block. In all "
@@ -738,8 +746,11 @@ def readme_section() -> str:
         f"both. But no launch uses more than {x['dram %']:.1f} % of the HBM bandwidth or {x['flop %']:.1f} % "
         "of the FP32 peak, so these times do not test whether fewer words cause less time. The count predicts "
         f"the bytes the SMs request for flash2 once Br ≥ 7 (LSU {rng(x['lsu']['7+'])} of the count; up to "
-        f"{max(x['lsu square']):.2f} for square tiling; a 32-byte-sector model of the accesses gives the rest: "
-        "flash2's block-mask reads, square tiling's sector rounding), not L2 or DRAM traffic."
+        f"{max(x['lsu square']):.2f} for square tiling), not L2 or DRAM traffic; the LSU level of "
+        f"`iosim.hierarchy.lsu` gives the measured load and store bytes of {lsu_equal} of the {lsu_n} kernel "
+        "launches exactly, flash2's and square tiling's: flash2's block-mask reads, square tiling's sector rounding "
+        "and copy loops unrolled four times ([the LSU level](docs/hierarchy-hardware.md#the-lsu-level-32-byte-"
+        "sectors-per-warp-request))."
     )
     rest = (
         "`iosim hierarchy` predicts the L2 traffic of PyTorch's FlashAttention-2 kernels within "
@@ -841,8 +852,10 @@ def absent_line() -> str:
 
 
 def _sweep_section() -> list[str]:
-    model = "Global load and store bytes (Nsight Compute's LSU) against a 32-byte-sector model of the kernels' "
-    model += "accesses (experiments/bench/gpu_sectors.py):"
+    model = "Global load and store bytes (Nsight Compute's LSU) against the LSU level of `iosim.hierarchy.lsu` "
+    model += "(32-byte sectors per warp request, copy loops unrolled four times as in the PTX; per launch: "
+    model += "`python -m iosim.hierarchy.lsu --table`; the mechanism: "
+    model += "[the LSU level](hierarchy-hardware.md#the-lsu-level-32-byte-sectors-per-warp-request)):"
     return [counters_line() + ".", "", sweep_table(), "", model, "", sector_table()]
 
 

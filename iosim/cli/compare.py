@@ -52,12 +52,22 @@ CSV_COLUMNS = (
 )  # fmt: skip
 
 
-def _html(args, results) -> None:
-    """``--html FILE``: the schedules that ran, side by side in one page (iosim.views.html), in rank order."""
+def _page_runs(args, results) -> list | None:
+    """``--html FILE``: the traced runs of the page of the schedules that ran, in rank order, checked against the
+    page's caps (an InputError naming the largest N that fits) before anything is printed or written."""
+    if args.html is None:
+        return None
     from iosim.views import html
 
-    names = [r.algorithm for r in results]
-    html.page(names, args.html, **problem_run_kwargs(args))
+    return html.check_fits([r.algorithm for r in results], problem_run_kwargs(args))
+
+
+def _html(args, runs) -> None:
+    """Write the page of the traced runs (:func:`_page_runs`), side by side (iosim.views.html)."""
+    from iosim.views import html
+
+    names = [r.algorithm for r in runs]
+    html.schedule_page(runs, args.html)
     quiet = args.json or args.csv  # stdout is the JSON or CSV: the note goes to stderr
     print(f"wrote {args.html}: {', '.join(names)} side by side", file=sys.stderr if quiet else sys.stdout)
 
@@ -114,6 +124,7 @@ def command(args) -> int:
         smallest = f"; the smallest M that serves one is {min(need):,} words" if need else ""
         raise InputError("M", f"is too small for every algorithm at N={args.N}, d={args.d}{smallest}", args.M)
     results.sort(key=lambda r: r.stats.total)
+    runs = _page_runs(args, results)  # the page's cap, before any output
     if args.json or args.csv:
         records = [{"rank": i + 1, **r.as_dict()} for i, r in enumerate(results)]
         if args.json:
@@ -135,7 +146,7 @@ def command(args) -> int:
             for rec in records:
                 writer.writerow({**rec, "tiling": ";".join(f"{k}={v}" for k, v in rec["tiling"].items())})
         if args.html is not None:  # the page too: --html is not a format, it is a file beside the output
-            _html(args, results)
+            _html(args, runs)
         return 0 if all(r.finite for r in results) else 1
     ranked = [
         [
@@ -189,7 +200,7 @@ def command(args) -> int:
     for f in failures:
         print(f"not run: {f}")
     if args.html is not None:
-        _html(args, results)
+        _html(args, runs)
     return 0 if all(r.finite for r in results) else 1
 
 

@@ -31,6 +31,19 @@ def _nonnegative(name: str):
     return parse
 
 
+def _partitions(text: str):
+    """--l2-partitions: a positive integer or 'device'."""
+    if text == "device":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"--l2-partitions must be a positive integer or 'device', got {text!r}")
+    return value
+
+
 def add_arguments(p) -> None:
     """Sizes, the launch (B, H_q, H_kv), the machine (a device preset or P, C, L), block order and L2 policy."""
     from iosim.hierarchy import ORDERS, POLICIES
@@ -78,9 +91,10 @@ def add_arguments(p) -> None:
     p.add_argument("--dtype-o", type=dtype_choice("--dtype-o"), default=None, help="storage dtype of O")
     p.add_argument(
         "--l2-partitions",
-        type=positive("--l2-partitions"),
+        type=_partitions,
         default=None,
-        help="L2 partitions, each serving its own half of the SMs (default: the device's, or 1)",
+        help="L2 partitions, each serving its share of the SMs: a number, or 'device' for the preset's (the H100's "
+        "and A100's 2); default 1, the single shared L2",
     )
     p.add_argument(
         "--home-lines",
@@ -89,6 +103,10 @@ def add_arguments(p) -> None:
         help="a line's home partition: (its line index in its array // this) mod partitions (default 1)",
     )
     p.add_argument("--order", choices=ORDERS, default="head-grouped", help="block order (default head-grouped)")
+    p.add_argument("--scheduler", default=None, metavar="KEY=VALUE,...",
+                   help="a tile scheduler (iosim.hierarchy.scheduler): order=grid|head-grouped|swizzled|sections:K|"
+                   "lpt|lpt-sections:K, walk=ascending|descending|sawtooth[:W], persistent=static|dynamic, stall=W, "
+                   "seed=S (docs/scheduler.md); its order replaces --order")  # fmt: skip
     p.add_argument("--policy", choices=POLICIES, default="lru", help="L2 replacement (default lru; opt = the floor)")
     p.add_argument("--backward", action="store_true", help="the backward pass's launch")
     add_mask_options(p)
@@ -106,6 +124,14 @@ def command(args) -> int:
 
     shape = _shape(args)
     s = schedule_of(args, args.algorithm)  # the Schedule, checked once before any work, as every command's
+    scheduler = None
+    if args.scheduler is not None:
+        from iosim.errors import InputError
+        from iosim.hierarchy.scheduler import Scheduler
+
+        if args.order != "head-grouped":
+            raise InputError("--order", "goes inside --scheduler when a scheduler is given (order=...)", args.order)
+        scheduler = Scheduler.parse(args.scheduler)
     r = hierarchy(
         args.algorithm,
         **shape,
@@ -118,6 +144,7 @@ def command(args) -> int:
         partitions=args.l2_partitions,
         home_lines=args.home_lines,
         order=args.order,
+        scheduler=scheduler,
         policy=args.policy,
         backward=s.backward,
         mask=args.mask,

@@ -56,12 +56,14 @@ def add_arguments(p) -> None:
     p.add_argument("--causal", action="store_true", default=None, help="causal mask (passed to the launcher)")
     p.add_argument("--mask", default=None,
                    help="--like block-sparse: the mask the kernel's BlockMask was built for (as iosim run's --mask: "
-                   "mod:FILE.py:NAME for a FlexAttention mask_mod, causal, window:W, ...)")  # fmt: skip
+                   "mod:FILE.py:NAME for a FlexAttention mask_mod, causal, window:W, ...); --like flash2: the mask of "
+                   "a kernel that skips the tiles it empties and reads no metadata (a sliding window)")  # fmt: skip
     p.add_argument("--indices", choices=INDEX_READS, default=None,
                    help="--like block-sparse: once (each listed block's index read once, the default) or template "
                    "(as torch's FlexAttention Triton template reads the indices and, at a ragged N, the captured "
                    "buffers at every padded position)")  # fmt: skip
     p.add_argument("--dtype", default=None, help="input dtype passed to the launcher (e.g. float16, float32)")
+    _add_problem_options(p)
     p.add_argument(
         "--config", default=None, metavar="K=V,...|all",
         help="triton: the config of an @triton.autotune kernel to count (part of its label, e.g. BLOCK_M=64,"
@@ -88,14 +90,53 @@ def add_arguments(p) -> None:
     p.add_argument("--json", action="store_true", help="print the counts (and the comparison) as JSON")
 
 
+def _add_problem_options(p) -> None:
+    """The problem options of ``iosim run`` that the closed form needs beyond --N/--d/--H/--kv-heads/--N-q/
+    --page-size: --dv, --mla, --dtype-q/kv/o, --gqa (parsed by iosim.cli.options' validators)."""
+    from iosim.api import MAX_D
+    from iosim.cli.options import dtype_choice
+    from iosim.problem import GQA_POLICIES, MLA_POLICIES
+
+    p.add_argument("--dv", type=positive("--dv", MAX_D), default=None, help="value width d_v (default --d)")
+    p.add_argument("--mla", choices=MLA_POLICIES, default=None,
+                   help="an MLA latent cache (V = K's first d_v columns; --kv-heads default 1): V read with K "
+                   "(shared) or again (naive)")  # fmt: skip
+    for arr, what in (("q", "Q"), ("kv", "K, V"), ("o", "O")):
+        p.add_argument(f"--dtype-{arr}", type=dtype_choice(f"--dtype-{arr}"), default=None,
+                       help=f"storage dtype of {what} in the closed form's bytes")  # fmt: skip
+    p.add_argument(
+        "--gqa",
+        choices=GQA_POLICIES,
+        default=None,
+        help="the GQA schedule of the closed form (default: the one whose K reads the kernel's equal)",
+    )
+
+
 def command(args) -> int:
-    from iosim.kernels.counting import count_file
+    from iosim.kernels.counting import count_file, overlap_lines
 
     path, _, launcher = args.target.partition(":")
     if not path.endswith(".py"):
         raise InputError("FILE", "must be a Python file FILE.py[:LAUNCHER]", args.target)
-    if args.mask is not None and args.like != "block-sparse":
+    for opt in ("dtype_q", "dtype_kv", "dtype_o", "gqa"):  # read by the closed form alone
+        if getattr(args, opt) is not None and args.like is None:
+            raise InputError(f"--{opt.replace('_', '-')}", "is read by --like (the closed form the kernel is held "
+                             "against)", getattr(args, opt))  # fmt: skip
+    if args.mla is not None and args.like not in (None, "flash2", "decode-splitkv"):
+        raise InputError("--mla", "is modelled for --like flash2 and decode-splitkv (an MLA latent's forward)",
+                         args.mla)  # fmt: skip
+    if args.dv is not None and args.like == "block-sparse":
+        raise InputError("--dv", "is modelled for --like flash2, flash2-backward and decode-splitkv", args.dv)
+    if args.mask is not None and args.like == "flash2" and args.mask.strip() in ("causal", "none", "dense"):
+        # flash2's causal closed form is --causal; without a mask it is flash2 itself (tests/test_flex_kernel.py)
         raise InputError("--mask", "is read by --like block-sparse (the mask of the kernel's BlockMask)", args.mask)
+    if args.mask is not None and args.like not in ("block-sparse", "flash2"):
+        raise InputError("--mask", "is read by --like block-sparse (the mask of the kernel's BlockMask) and flash2 "
+                         "(a kernel skipping the tiles the mask empties, with no metadata)", args.mask)  # fmt: skip
+    if args.mask is not None and args.like == "flash2":
+        from iosim import masks
+
+        masks.parse(args.mask)  # its spelling, before the count
     if args.indices is not None and args.like != "block-sparse":
         raise InputError("--indices", "is read by --like block-sparse (how the kernel reads its BlockMask)",
                          args.indices)  # fmt: skip
@@ -107,7 +148,7 @@ def command(args) -> int:
                              f"for ({masks.FORMS})")  # fmt: skip
         masks.parse(args.mask)  # its spelling, before the count
     params = {k: getattr(args, k) for k in ("N", "d", "Br", "Bc", "splits", "H", "causal", "dtype", "B", "kv_heads",
-                                            "N_q", "page_size")}  # fmt: skip
+                                            "N_q", "page_size", "dv", "mla")}  # fmt: skip
     params = {k: v for k, v in params.items() if v is not None}
     backend = None if args.backend == "auto" else args.backend
     config = None if args.config in (None, "all") else args.config
@@ -115,6 +156,9 @@ def command(args) -> int:
                        shared_memory=90 if args.shared_memory else None, config=config,
                        gpu_standin=args.gpu_standin, strict=False, fast=args.fast)  # fmt: skip
     runs = first[0].runs or [first]
+    if first[0].output:  # the launcher's own output, before the counts (beside the JSON: on stderr)
+        print(first[0].output, end="" if first[0].output.endswith("\n") else "\n",
+              file=sys.stderr if args.json else sys.stdout)  # fmt: skip
     rc, docs = 0, []
     for k, (counts, numbers, arrays) in enumerate(runs):
         if len(runs) > 1 and not args.json:
@@ -129,6 +173,12 @@ def command(args) -> int:
             _print(args, counts, cmp)
             if args.fast:
                 print("note: --fast: the values no count depends on were not computed (no numerics checked)")
+        notes, warnings = overlap_lines(counts)
+        if not args.json:
+            for line in notes:
+                print(f"note: {line}")
+        for line in warnings:
+            print(f"iosim: warning: {line}", file=sys.stderr)
         if problem:
             print(f"iosim: error: {problem}", file=sys.stderr)
         rc = max(rc, 1 if problem or (cmp is not None and cmp.numerics_ok is False) else 0)
@@ -145,14 +195,16 @@ def _compare(args, counts, numbers, arrays):
         return v if v is not None else numbers.get(name, default)
 
     given = {k: getattr(args, k) for k in ("Br", "Bc")}
-    blocks = block_sizes(counts, args.like, args.d, numbers, given)
+    widths = (args.dv, args.d - args.dv) if args.dv else ()  # an MLA latent's two parts, loaded apart
+    blocks = block_sizes(counts, args.like, args.d, numbers, given, widths)
     return compare(
         counts, args.like, args.N, args.d, blocks.get("Br"), blocks.get("Bc"), bool(pick("causal", False)),
         heads=int(pick("H", 1)), splits=pick("splits"), arrays=arrays or None, scale=numbers.get("scale"),
         whole=Whole(int(pick("B", 1)), int(pick("H", 1)), pick("kv_heads"), pick("N_q"), pick("page_size"),
                     pick("empty_splits", "written"), numbers.get("chunk_multiple"), numbers.get("metadata"),
-                    args.mask, numbers.get("buffers"), numbers.get("dtype"), args.indices or "once"),
-        dtype=numbers.get("dtype"), layout=numbers.get("layout"), logsumexp=numbers.get("logsumexp"),
+                    args.mask, numbers.get("buffers"), numbers.get("dtype"), args.indices or "once", args.dv,
+                    args.mla, (args.dtype_q, args.dtype_kv, args.dtype_o)),
+        dtype=numbers.get("dtype"), layout=numbers.get("layout"), logsumexp=numbers.get("logsumexp"), gqa=args.gqa,
     )  # fmt: skip
 
 
@@ -181,6 +233,7 @@ def _json(counts, numbers, cmp, problem) -> dict:
         doc["comparison"] = {
             "like": cmp.like, "M": cmp.M, "Br": cmp.Br, "Bc": cmp.Bc, "lower_bound": cmp.lower_bound,
             "bound": cmp.bound_name, "equal": cmp.equal, "rows": [vars(r) for r in cmp.rows], "numerics": cmp.numerics,
+            "total": cmp.kernel_total, "model_total": cmp.model_total, "not_in_model": cmp.extra_arrays,
         }  # fmt: skip
     return doc
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +35,45 @@ def add_arguments(p) -> None:
     p.add_argument(
         "--html", action="store_true", help="a self-contained teaching page (-o FILE.html; docs/teaching.md)"
     )
+    g = p.add_argument_group("a grid of settings on one --html page (each one a real trace; docs/teaching.md)")
+    for axis in ("N", "d", "M"):
+        g.add_argument(f"--grid-{axis}", type=_positive_list(f"--grid-{axis}"), default=None, metavar="A,B,...",
+                       help=f"values of {axis} the page's controls choose among (default: --{axis} alone)")  # fmt: skip
+    g.add_argument("--grid-mask", default=None, metavar="none,causal,...", help="masks the page chooses among")
+
+
+def _positive_list(name: str):
+    def parse(text: str) -> list[int]:
+        try:
+            values = [int(x) for x in text.split(",") if x.strip()]
+        except ValueError:
+            values = []
+        if not values or min(values) < 1:
+            raise argparse.ArgumentTypeError(f"must be a comma-separated list of positive integers, got {text!r}")
+        return values
+
+    return parse
+
+
+def _grid(args, out) -> int:
+    """``--html`` with ``--grid-N/-d/-M/-mask``: one page of every setting's real traces (html.grid_page)."""
+    from iosim.views import html
+
+    if getattr(args, "problem", None) is not None or any(
+        getattr(args, n, None) is not None for n in ("batch", "heads", "kv_heads", "Nq", "Nk", "dqk", "dv")
+    ):
+        raise InputError("--grid-N", "applies to one head (--N, --d), not to a problem")
+    kw = problem_run_kwargs(args)
+    Ns = args.grid_N or [kw.pop("N")]  # noqa: N806
+    ds = args.grid_d or [kw.pop("d")]
+    Ms = args.grid_M or [kw.pop("M")]  # noqa: N806
+    for k in ("N", "d", "M", "mask", "causal"):
+        kw.pop(k, None)
+    masks = args.grid_mask.split(",") if args.grid_mask else [args.mask or ("causal" if args.causal else "none")]
+    names = [args.algorithm] + ([args.algorithm2] if getattr(args, "algorithm2", None) else [])
+    html.grid_page(names, out, Ns=Ns, ds=ds, Ms=Ms, masks=masks, **kw)
+    print(f"wrote {out} ({out.stat().st_size:,} bytes; open it in a browser, no network needed)")
+    return 0
 
 
 def _traced(args):
@@ -67,6 +107,8 @@ def _html(args) -> int:
     if not args.output:
         raise InputError("--output", "is needed with --html (a .html file)")
     out = output_file("--output", args.output, html.SUFFIXES)
+    if any(getattr(args, f"grid_{a}", None) for a in ("N", "d", "M", "mask")):
+        return _grid(args, out)
     names = [args.algorithm] + ([args.algorithm2] if getattr(args, "algorithm2", None) else [])
     kw = problem_run_kwargs(args)
     html.page(names, out, **kw)
@@ -79,6 +121,10 @@ def command(args) -> int:
         return _html(args)
     if getattr(args, "algorithm2", None):
         raise InputError("ALGORITHM2", "applies with --html (a second schedule side by side)", args.algorithm2)
+    for a in ("N", "d", "M", "mask"):
+        value = getattr(args, f"grid_{a}", None)
+        if value:
+            raise InputError(f"--grid-{a}", "applies with --html (a page of several settings)", value)
     if not args.text:
         if not args.output:
             raise InputError("--output", "is needed for a picture (or use --text)")

@@ -63,8 +63,10 @@ Slot n runs on SM n mod P; SM s is in partition s x partitions // P (the SMs spl
 line's home partition is (its index within its array copy // ``home_lines``) mod partitions: NVIDIA does not
 publish its address hash, so this one is a stated choice (1: lines alternate). A read that misses its SM's
 partition crosses the fabric from the line's home (``fabric``, what ``lts__t_sectors_srcunit_ltcfabric`` counts),
-which fills it from DRAM on its own miss; writes and reductions are made dirty at the home. The default is the
-device's ``l2_partitions`` (1 without it). One partition is the single shared L2, exactly.
+which fills it from DRAM on its own miss; writes and reductions are made dirty at the home. ``partitions="device"``
+takes the device preset's ``l2_partitions`` (2 on the A100 and H100, with their sources); the default is one
+partition, the single shared L2, exactly, which every figure published before the partitions were modelled used
+(docs/hierarchy-hardware.md holds the launches measured on an H100 under both).
 
 DRAM writes, both ways
 ----------------------
@@ -740,7 +742,9 @@ def _machine(device, P, C, L, M, blocks_per_sm, bytes_per_word, policy, partitio
         C = dev.l2_bytes // bytes_per_word if C is None else C
         L = max(dev.l2_line_bytes // bytes_per_word, 1) if L is None else L
         M = dev.smem_per_block_bytes // bytes_per_word if M is None else M
-        partitions = getattr(dev, "l2_partitions", 1) if partitions is None else partitions
+        partitions = getattr(dev, "l2_partitions", 1) if partitions == "device" else partitions
+    if partitions == "device":
+        raise InputError("l2_partitions", "'device' needs a device preset (or give a number)", partitions)
     P = _int("P (SMs)", 1 if P is None else P, 1, MAX_P)
     if C is None:
         raise InputError("C (L2 words)", "must be given (or a device): 0 for no L2", C)
@@ -956,7 +960,15 @@ def _blocks(declared, cut, order, B, Hu, H_kv, unit_class, first, scheduler, slo
 
 def _plan(scheduler, k, blocks, cut, declared, slots) -> tuple:
     """Launch k's plan from the scheduler, checked: (blocks, request order or None, delay, static slots)."""
-    got = scheduler.plan(k, blocks.copy(), cut, declared)
+    import inspect
+
+    try:  # iosim.hierarchy.scheduler.Scheduler takes the resident slots (a static persistent schedule needs them)
+        takes_slots = "slots" in inspect.signature(scheduler.plan).parameters
+    except (TypeError, ValueError, AttributeError):
+        takes_slots = False
+    if not callable(getattr(scheduler, "plan", None)):
+        raise InputError("scheduler", "must have a method plan(launch_index, blocks, cut, declared)", type(scheduler))
+    got = scheduler.plan(k, blocks.copy(), cut, declared, **({"slots": slots} if takes_slots else {}))
     if not isinstance(got, tuple) or len(got) != 4:
         raise InputError("scheduler", "plan() must return (blocks, request_order, delay, static_slot)", type(got))
     b, order_k, dl, sl = got

@@ -7,8 +7,10 @@ Every failure is written as one line (parameter, accepted, got) for the parent t
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import inspect
+import io
 import json
 import sys
 from pathlib import Path
@@ -80,8 +82,19 @@ def _one(out: Path, i: int, mod, backend: str, job: dict, want_arrays: bool) -> 
     missing = [k for k, p in sig.parameters.items() if p.default is p.empty and p.kind in named and k not in kw]
     if missing:
         return _fail(out, "launcher", f"needs {', '.join(missing)}: give them as options", fn.__name__, i)
+
+    def launch():
+        out = fn(**kw)
+        if out is None:
+            accepted = ("must return the dict of its arrays by name (Q, K, V, O, ...; as the model names them) for "
+                        "the counts to be named and checked: it returned None")  # fmt: skip
+            raise InputError(f"launcher {fn.__name__}", accepted)
+        return out
+
+    printed = io.StringIO()  # what the launcher (and the kernel's device prints) wrote: handed back, not dropped
     try:
-        runs = count_configs(lambda: fn(**kw), backend, job.get("config"), strict=False, fast=job.get("fast", False))
+        with contextlib.redirect_stdout(printed):
+            runs = count_configs(launch, backend, job.get("config"), strict=False, fast=job.get("fast", False))
     except InputError as e:
         return _fail(out, e.parameter, e.accepted, e.got, i)
     except Exception as e:
@@ -113,7 +126,7 @@ def _one(out: Path, i: int, mod, backend: str, job: dict, want_arrays: bool) -> 
                         arrays[name] = a
             np.savez(out / f"arrays_{i}_{k}.npz", **arrays)
         docs.append({"counts": counts.to_dict(), "numbers": numbers})
-    doc = {"ok": True, "runs": docs}
+    doc = {"ok": True, "runs": docs, "output": printed.getvalue()}
     if job.get("shared_memory") and hasattr(mod, "launch_specs"):
         from iosim.kernels.counting import LAST_RECORDER
 

@@ -391,7 +391,7 @@ def _golden(Q, K, V, dO, scale, causal, offset, H_kv, precision, with_backward):
     """Golden O, L (and dQ, dK, dV) per (b, h), as float64 arrays (K/V heads shared by groups of query heads)."""
     B, H, N_q, d = Q.shape
     group = H // H_kv
-    out = {"O": np.empty(Q.shape), "L": np.empty((B, H, N_q)), "dQ": np.empty(Q.shape)}
+    out = {"O": np.empty((B, H, N_q, V.shape[-1])), "L": np.empty((B, H, N_q)), "dQ": np.empty(Q.shape)}
     out["dK"], out["dV"] = np.zeros(K.shape), np.zeros(V.shape)
     kw = dict(scale=scale, causal=causal, offset=offset, precision=precision)
     for b in range(B):
@@ -424,7 +424,7 @@ def _floors(Q, K, V, dO, gold, scale, causal, offset, H_kv, u, v, with_backward)
         return u + np.sqrt(n) * v
 
     keep = _keep(N_q, N_k, causal, offset)
-    f = {"O": np.empty(Q.shape), "L": np.empty((B, H, N_q)), "dQ": np.empty(Q.shape)}
+    f = {"O": np.empty((B, H, N_q, V.shape[-1])), "L": np.empty((B, H, N_q)), "dQ": np.empty(Q.shape)}
     f["dK"], f["dV"] = np.zeros(K.shape), np.zeros(V.shape)
     for b in range(B):
         for h in range(H):
@@ -472,7 +472,7 @@ def _naive(Q, K, V, dO, scale, causal, offset, H_kv, np_dtype, with_backward):
         B, _, N_k, d = K.shape
         out["dQ"] = dQ
         out["dK"] = dK.astype(np.float64).reshape(B, H_kv, group, N_k, d).sum(axis=2)
-        out["dV"] = dV.astype(np.float64).reshape(B, H_kv, group, N_k, d).sum(axis=2)
+        out["dV"] = dV.astype(np.float64).reshape(B, H_kv, group, N_k, V.shape[-1]).sum(axis=2)
     return out
 
 

@@ -45,7 +45,8 @@ METADATA = {"lengths": (1, 0), "indptr": (2, 0)}  # words each split program, ea
 def decode_splitkv(N: int, d: int, splits: int, Bc: int | None = None, B: int = 1, H_q: int = 1,
                    H_kv: int | None = None, gqa: str = "per-head", empty: str = "written",
                    page_size: int | None = None, chunk_multiple: int | None = None,
-                   metadata: dict | None = None) -> dict[str, ArrayCounts]:  # fmt: skip
+                   metadata: dict | None = None, d_v: int | None = None,
+                   mla: str | None = None) -> dict[str, ArrayCounts]:  # fmt: skip
     """Split-KV decoding of one query row per head against N keys in ``splits`` chunks, over a whole problem.
 
     The keys are cut into chunks of ``chunk = ceil(ceil(N / splits) / c) c`` with c = ``chunk_multiple`` (default
@@ -61,9 +62,12 @@ def decode_splitkv(N: int, d: int, splits: int, Bc: int | None = None, B: int = 
     partials and writes O (B H_q d), one program per query head. Metadata: ``metadata`` maps an array to the words
     each pass-1 program and each pass-2 program reads of it (default :data:`METADATA`: ``lengths`` 1 and
     ``indptr`` 2 per pass-1 program); ``kv_indices`` one word per key per unit; paged (``page_size`` P): the page
-    table one word per page piece of each column block, per unit.
+    table one word per page piece of each column block, per unit. ``d_v``: the width of V and of the outputs (d:
+    the width of q and K); ``mla="shared"``: V is K's first d_v columns, read with K (no V reads), ``"naive"``: read
+    again through V.
     """
     H_kv = H_q if H_kv is None else H_kv
+    dv = d if d_v is None else d_v
     g = H_q // H_kv
     G = g if gqa == "per-head" else 1
     R, units = g // G, B * H_kv * G
@@ -76,10 +80,10 @@ def decode_splitkv(N: int, d: int, splits: int, Bc: int | None = None, B: int = 
         **meta,
         "Q": ArrayCounts(units * live * R * d, 0),
         "K": ArrayCounts(units * N * d, 0),
-        "V": ArrayCounts(units * N * d, 0),
-        "O_part": ArrayCounts(units * live * R * d, units * live * R * d),
+        "V": ArrayCounts(0 if mla == "shared" else units * N * dv, 0),
+        "O_part": ArrayCounts(units * live * R * dv, units * live * R * dv),
         "L_part": ArrayCounts(units * live * R, units * live * R),
-        "O": ArrayCounts(0, B * H_q * d),
+        "O": ArrayCounts(0, B * H_q * dv),
         "kv_indices": ArrayCounts(units * N, 0),
     }
     if page_size:
@@ -141,7 +145,9 @@ class Comparison:
         """One line: equal per array, or the verdicts of the arrays that differ."""
         off = [r.verdict for r in self.rows if r.model_reads is not None and (r.reads, r.writes) !=
                (r.model_reads, r.model_writes)]  # fmt: skip
-        extra = f" (+{self.extra_words:,} words outside the model)" if self.extra_words else ""
+        extra = (f" (+{self.extra_words:,} words in {', '.join(self.extra_arrays)}, outside the model: "
+                 f"{self.kernel_total / max(self.model_total, 1):.4g}x the closed form over all arrays)"
+                 if self.extra_words else "")  # fmt: skip
         return ("equal per array" if not off else "; ".join(off)) + extra
 
     def equal_where_moved(self) -> bool:
@@ -149,6 +155,32 @@ class Comparison:
         such as L of a forward that keeps no residuals, left out), and the kernel moves no array the model lacks."""
         return all((r.reads, r.writes) in ((r.model_reads, r.model_writes), (0, 0)) for r in self.rows
                    if r.model_reads is not None)  # fmt: skip
+
+    @property
+    def extra_arrays(self) -> list[str]:
+        """The arrays the kernel moved that the model does not have."""
+        return [r.array for r in self.rows if r.model_reads is None and r.reads + r.writes]
+
+    @property
+    def kernel_total(self) -> int:
+        """The kernel's words over all arrays, those the model does not have included."""
+        return sum(r.reads + r.writes for r in self.rows)
+
+    def _total_row(self, mr: int, mw: int) -> list:
+        """The headline: the kernel's words over all arrays against the closed form's (which has no words in arrays
+        it does not have); those arrays named, and the ratio over the model's arrays alone beside it."""
+        reads, writes = sum(r.reads for r in self.rows), sum(r.writes for r in self.rows)
+        total, model = reads + writes, max(self.model_total, 1)
+        bound = f"{total / self.lower_bound:.3g}x the lower bound"
+        if not self.extra_arrays:
+            verdict = f"{total / model:.4g}x the closed form, {bound}"
+            return ["total (model's arrays)", reads, writes, mr, mw, "", verdict]
+        alone = (total - self.extra_words) / model
+        verdict = (
+            f"{total / model:.4g}x the closed form over all arrays, {bound} ({self.extra_words:,} words in "
+            f"{', '.join(self.extra_arrays)}: not in the model; the model's arrays alone {alone:.4g}x)"
+        )
+        return ["total (all arrays)", reads, writes, mr, mw, "", verdict]
 
     @property
     def model_total(self) -> int:
@@ -163,14 +195,23 @@ class Comparison:
         if w is None:
             return ""
         parts = [f"batch={w.B}"] if w.B != 1 else []
-        if w.H_kv not in (None, self.heads):
-            parts.append(f"kv-heads={w.H_kv} ({self.gqa})")
+        hkv = w.H_kv or (1 if w.mla else None)
+        if hkv not in (None, self.heads):
+            parts.append(f"kv-heads={hkv} ({self.gqa})")
         if w.N_q not in (None, self.N):
             parts.append(f"N_q={w.N_q}")
         if w.page_size:
             parts.append(f"page size={w.page_size}")
         if self.like == "decode-splitkv":
             parts.append(f"empty splits {w.empty_splits}")
+        if self.like == "flash2" and w.mask is not None:
+            parts.append(f"mask={w.mask}")
+        if w.d_v is not None:
+            parts.append(f"d_v={w.d_v}")
+        if w.mla:
+            parts.append(f"mla={w.mla}")
+        if any(w.dtypes):
+            parts.append("dtypes " + " ".join(f"{k}={v}" for k, v in zip(("q", "kv", "o"), w.dtypes, strict=True) if v))
         return "".join(" " + x for x in parts)
 
     def table(self) -> str:
@@ -180,11 +221,8 @@ class Comparison:
         body = [[r.array, r.reads, r.writes, r.model_reads, r.model_writes, r.distinct_reads, r.verdict]
                 for r in self.rows]  # fmt: skip
         inm = [r for r in self.rows if r.model_reads is not None]
-        reads, writes = sum(r.reads for r in inm), sum(r.writes for r in inm)
-        total = reads + writes
-        body.append(["total (model's arrays)", reads, writes, sum(r.model_reads for r in inm),
-                     sum(r.model_writes for r in inm), "", f"{total / max(self.model_total, 1):.4g}x the closed form, "
-                     f"{total / self.lower_bound:.3g}x the lower bound"])  # fmt: skip
+        mr, mw = sum(r.model_reads for r in inm), sum(r.model_writes for r in inm)
+        body.append(self._total_row(mr, mw))
         kernels = ", ".join(dict.fromkeys(self.counts.kernels))
         lines = [
             f"{self.counts.backend}: {self.counts.launches} launch(es) ({kernels}),"
@@ -225,16 +263,24 @@ class Whole:
     buffers: dict | None = None  # block-sparse: captured tensor -> (index, scope[, dtype]) (iosim.block_sparse.Buffer)
     dtype: str | None = None  # block-sparse: the inputs' dtype (bytes per word of Q, K, V, O)
     indices: str = "once"  # block-sparse: how the kernel reads the BlockMask (iosim.block_sparse.INDEX_READS)
+    d_v: int | None = None  # the width of V and O (None: d, the width of Q and K)
+    mla: str | None = None  # an MLA latent cache (V = K's first d_v columns), V read "shared" or "naive"
+    dtypes: tuple = (None, None, None)  # storage dtypes of Q, of the KV cache and of O (bytes; words do not change)
 
-    def one_head_family(self, N: int) -> bool:
-        """Square, multi-head, contiguous: the per-head closed form times B H_q is the whole problem's."""
-        return self.H_kv in (None, self.H_q) and self.N_q in (None, N) and not self.page_size
+    def one_head_family(self, N: int, d: int | None = None) -> bool:
+        """Square, multi-head, contiguous, d_v = d, no latent: the per-head closed form times B H_q is the whole
+        problem's."""
+        same_width = self.d_v is None or self.d_v == d
+        return (self.H_kv in (None, self.H_q) and self.N_q in (None, N) and not self.page_size and same_width
+                and self.mla is None)  # fmt: skip
 
     def problem(self, N: int, d: int, causal: bool, N_q: int | None = None):
         from iosim.problem import Problem
 
-        return Problem(B=self.B, H_q=self.H_q, H_kv=self.H_kv, N_q=N_q or self.N_q or N, N_k=N, d_qk=d,
-                       causal=causal, page_size=self.page_size)  # fmt: skip
+        dq, dkv, do = self.dtypes
+        return Problem(B=self.B, H_q=self.H_q, H_kv=self.H_kv, N_q=N_q or self.N_q or N, N_k=N, d_qk=d, d_v=self.d_v,
+                       causal=causal, latent=self.mla is not None, page_size=self.page_size, dtype_q=dq or "fp64",
+                       dtype_kv=dkv, dtype_o=do)  # fmt: skip
 
 
 def model(like: str, N: int, d: int, Br: int | None, Bc: int | None, causal: bool, splits: int | None,
@@ -242,7 +288,10 @@ def model(like: str, N: int, d: int, Br: int | None, Bc: int | None, causal: boo
     """(per-array closed form of the whole problem, M, lower bound, bound name)."""
     w = whole or Whole()
     heads = w.B * w.H_q
-    if like in ("flash2", "flash2-backward") and w.one_head_family(N):
+    _refuse_widths(like, w)
+    if like == "flash2" and w.mask is not None:
+        return _flash2_masked(N, d, Br, Bc, causal, w, gqa)
+    if like in ("flash2", "flash2-backward") and w.one_head_family(N, d):
         _need(Br=Br, Bc=Bc)
         back = like == "flash2-backward"
         pred = (io_model.flash2_backward if back else io_model.flash2_forward)(N, d, Br, Bc, causal)
@@ -253,10 +302,10 @@ def model(like: str, N: int, d: int, Br: int | None, Bc: int | None, causal: boo
     if like == "flash2":
         _need(Br=Br, Bc=Bc)
         p = w.problem(N, d, causal)
-        pred = io_model.flash2_problem(p, Br, Bc, gqa=gqa)
+        pred = io_model.flash2_problem(p, Br, Bc, gqa=gqa, mla=w.mla or "shared")
         per = {k: ArrayCounts(*c) if isinstance(c, tuple) else c for k, c in pred.per_array.items()}
         per = {k: c for k, c in per.items() if k != "page_table" or w.page_size}
-        M = io_model.flash_working_set(d, Br, Bc)
+        M = io_model.problem_working_set(d, p.d_v, Br, Bc, p.latent and w.mla == "shared")
         lb = max(b.value for b in bounds.problem_bounds(p, M) if b.is_lower)
         return per, M, lb, "the whole problem's (bounds.problem_bounds)"
     if like == "flash2-backward":
@@ -265,20 +314,46 @@ def model(like: str, N: int, d: int, Br: int | None, Bc: int | None, causal: boo
             raise InputError("--page-size", "is modelled for flash2 and decode-splitkv, not the backward", w.page_size)
         p = w.problem(N, d, causal)
         pred = io_model.flash2_backward_problem(p, Br, Bc, gqa=gqa)
-        M = io_model.flash2_backward_problem_working_set(d, d, Br, Bc)
+        M = io_model.flash2_backward_problem_working_set(d, p.d_v, Br, Bc)
         return (dict(pred.per_array), M, float(sum(p.compulsory_backward().values())), "the whole problem's "
                 "compulsory backward traffic (read Q, O, dO, L, K/V once per KV head; write dQ, dK, dV)")  # fmt: skip
     if like == "block-sparse":
         return block_sparse_model(N, d, Br, Bc, w)[:4]
     if like == "decode-splitkv":
         _need(Bc=Bc, splits=splits)
-        per = decode_splitkv(N, d, splits, Bc, w.B, w.H_q, w.H_kv, gqa, w.empty_splits, w.page_size,
-                             w.chunk_multiple, w.metadata)  # fmt: skip
         p = w.problem(N, d, False, N_q=1)
+        per = decode_splitkv(N, d, splits, Bc, w.B, w.H_q, p.H_kv, gqa, w.empty_splits, w.page_size,
+                             w.chunk_multiple, w.metadata, d_v=p.d_v, mla=w.mla)  # fmt: skip
         floor = sum(p.compulsory().values()) + w.B * (1 + (cdiv(N, w.page_size) if w.page_size else 0))
         return (per, decode_working_set(d, Bc), floor, "compulsory: q, the KV cache once per KV head, O, "
                 "each sequence's length (and page table) once")  # fmt: skip
     raise InputError("--like", f"must be one of {', '.join(LIKE)}", like)
+
+
+def _flash2_masked(N: int, d: int, Br: int | None, Bc: int | None, causal: bool, w: Whole, gqa: str):
+    """flash2 over the problem under ``w.mask`` (a --mask string), skipping the tiles the mask empties and reading no
+    metadata (a kernel that computes its key range itself, as a sliding-window kernel without a BlockMask does):
+    :func:`iosim.theory.io_model.flash2_problem` with the problem's TileMask; the lower bound the problem's compulsory
+    traffic under the mask (rows that see a key, keys some row sees)."""
+    from iosim.problem_runs import problem_mask, problem_seen
+
+    _need(Br=Br, Bc=Bc)
+    p = w.problem(N, d, causal)
+    tm = problem_mask(p, w.mask, None)
+    pred = io_model.flash2_problem(p, Br, Bc, gqa=gqa, mla=w.mla or "shared", mask=tm)
+    per = {k: ArrayCounts(*c) if isinstance(c, tuple) else c for k, c in pred.per_array.items()}
+    per = {k: c for k, c in per.items() if k != "page_table" or w.page_size}
+    M = io_model.problem_working_set(d, p.d_v, Br, Bc, p.latent and w.mla == "shared")
+    lb = float(sum(p.compulsory(problem_seen(p, w.mask)).values()))
+    return per, M, lb, "the problem's compulsory traffic under the mask"
+
+
+def _refuse_widths(like: str, w: Whole) -> None:
+    """--dv and --mla are modelled where the schedule has them: flash2 and decode-splitkv (and --dv the backward)."""
+    if w.mla is not None and like not in ("flash2", "decode-splitkv"):
+        raise InputError("--mla", "is modelled for --like flash2 and decode-splitkv (an MLA latent's forward)", w.mla)
+    if w.d_v is not None and like == "block-sparse":
+        raise InputError("--dv", "is modelled for --like flash2, flash2-backward and decode-splitkv", w.d_v)
 
 
 def block_sparse_model(N: int, d: int, Br: int | None, Bc: int | None, w: Whole):
@@ -340,13 +415,14 @@ BLOCKS = {"flash2": {"Br": "Q", "Bc": "K"}, "flash2-backward": {"Br": "Q", "Bc":
           "block-sparse": {"Br": "Q", "Bc": "K"}}  # fmt: skip
 
 
-def _block_of(shape: tuple, d: int) -> int | None:
+def _block_of(shape: tuple, d: int, widths: tuple = ()) -> int | None:
     """The block length of one per-program load: its shape less unit axes and one head-dimension axis (d, or d
-    padded to a power of two); None for a flat load, or when that leaves other than one axis."""
+    padded to a power of two; or one of ``widths``, such as d_v and d - d_v of an MLA latent loaded in two parts);
+    None for a flat load, or when that leaves other than one axis."""
     dims = [int(x) for x in shape if int(x) != 1]
     if len(dims) < 2:  # a flat or single-row load: its length is not a block size of the model
         return None
-    heads = {d, 1 << max(0, (d - 1).bit_length())}
+    heads = {w for x in (d, *widths) if x and x > 0 for w in (x, 1 << max(0, (x - 1).bit_length()))}
     for k in range(len(dims) - 1, -1, -1):
         if dims[k] in heads and len(dims) > 1:
             del dims[k]
@@ -354,7 +430,7 @@ def _block_of(shape: tuple, d: int) -> int | None:
     return dims[0] if len(dims) == 1 else None
 
 
-def blocks_ran(counts: KernelCounts, like: str, d: int) -> dict[str, tuple[int | None, str]]:
+def blocks_ran(counts: KernelCounts, like: str, d: int, widths: tuple = ()) -> dict[str, tuple[int | None, str]]:
     """The block sizes the kernel ran, read off the shapes of its per-program loads: for each block size ``like``
     needs, (size or None, how it was read)."""
     out = {}
@@ -362,19 +438,19 @@ def blocks_ran(counts: KernelCounts, like: str, d: int) -> dict[str, tuple[int |
         shapes = sorted(
             {tuple(s) for info in counts.launch_info for s in info.get("shapes", {}).get(array, {}).get("r", [])}
         )
-        sizes = {_block_of(s, d) for s in shapes}
+        sizes = {_block_of(s, d, widths) for s in shapes}
         how = f"{array}'s loads are {' and '.join('x'.join(map(str, s)) for s in shapes)}" if shapes else ""
         out[block] = (sizes.pop() if len(sizes) == 1 and None not in sizes else None, how)
     return out
 
 
-def block_sizes(counts: KernelCounts, like: str, d: int, launcher: dict | None = None, given: dict | None = None
-                ) -> dict[str, int]:  # fmt: skip
+def block_sizes(counts: KernelCounts, like: str, d: int, launcher: dict | None = None, given: dict | None = None,
+                widths: tuple = ()) -> dict[str, int]:  # fmt: skip
     """The block sizes to compare with: what the kernel ran (its loads' shapes) is the truth; the launcher's returned
     values and the command line's (``given``) must agree with it, or InputError names which differ. With nothing
     readable off the kernel, the launcher's or the command line's (which must then agree)."""
     out = {}
-    for block, (ran, how) in blocks_ran(counts, like, d).items():
+    for block, (ran, how) in blocks_ran(counts, like, d, widths).items():
         said = {"the launcher returned": (launcher or {}).get(block), "the command line says": (given or {}).get(block)}
         said = {k: int(v) for k, v in said.items() if v is not None}
         if ran is not None:
@@ -431,17 +507,20 @@ def compare(
     layout: str | None = None,
     logsumexp: str | None = None,
     whole: Whole | None = None,
+    gqa: str | None = None,
 ) -> Comparison:
     """Counts beside ``like``'s closed form over the whole problem (``whole``: batch, KV heads, N_q, pages, empty
     splits; ``heads`` is H_q, the query heads per batch item), the problem's lower bound, and (with ``arrays``) the
     numerics: ``layout`` and ``logsumexp`` are the launcher's declarations (:data:`LAYOUTS`, :data:`LOGSUMEXP`).
     With fewer KV heads than query heads, the closed form of the GQA policy whose K reads the kernel's equal
     (``per-head``: a KV head's K, V read g times, once per query head; ``packed``: once) is used, and said; the
-    block-sparse schedule is per-head (FlexAttention's forward runs one program per query head)."""
+    block-sparse schedule is per-head (FlexAttention's forward runs one program per query head); ``gqa`` names the
+    policy instead (``iosim run``'s --gqa)."""
     import dataclasses
 
     w = dataclasses.replace(whole or Whole(), H_q=int(heads))
-    gqa, g = "per-head", w.H_q // (w.H_kv or w.H_q)
+    wanted = gqa
+    gqa, g = gqa or "per-head", w.H_q // (w.H_kv or (1 if w.mla else w.H_q))
     sparse = None
     if like == "block-sparse":
         w = dataclasses.replace(w, dtype=w.dtype or dtype)
@@ -450,7 +529,7 @@ def compare(
             check_block_mask(arrays, bi)
     else:
         per, M, lb, bname = model(like, N, d, Br, Bc, causal, splits, w, gqa)
-    if g > 1 and like != "block-sparse":  # (the block-sparse schedule is per query head: no GQA policy to choose)
+    if g > 1 and like != "block-sparse" and wanted is None:  # (block-sparse: per query head, no policy to choose)
         packed = model(like, N, d, Br, Bc, causal, splits, w, "packed")
         k_reads = counts.per_array["K"].reads if "K" in counts.per_array else -1
         if k_reads == packed[0]["K"].reads != per["K"].reads:
@@ -470,6 +549,8 @@ def compare(
             rows.append(Row(name, t.reads, t.writes, None, None, t.distinct_reads,
                             _verdict(like, name, (t.reads, t.writes), None)))  # fmt: skip
     cmp = Comparison(like, N, d, Br, Bc, causal, heads, M, rows, lb, bname, counts, whole=w, gqa=gqa if g > 1 else None)
+    if w.mla == "shared" and like != "block-sparse":
+        cmp.notes.append("mla shared: V is K's first d_v columns, read with K's tiles: the closed form moves no V")
     reload = [r.array for r in rows if r.reads > r.distinct_reads]
     if reload:
         cmp.notes.append(f"re-loaded within a program (issued > distinct): {', '.join(reload)}")
@@ -478,9 +559,26 @@ def compare(
         c, label = sparse.census, getattr(w.mask, "label", w.mask)
         cmp.notes.append(f"mask {label}: {c['partial']} partial and {c['full']} full blocks of {c['blocks']} per "
                          "head (numerics are not checked for block-sparse)")  # fmt: skip
-    elif arrays:
-        cmp.numerics = numerics(like, arrays, causal, scale, dtype, N, d, layout, logsumexp)
+    elif any(w.dtypes):
+        cmp.notes.append(_problem_bytes_note(counts, per, w.problem(N, d, causal)))
+    if like == "flash2" and w.mask is not None:
+        cmp.notes.append(f"mask {w.mask}: flash2 skipping the tiles it empties, no metadata read (numerics are not "
+                         "checked under a mask)")  # fmt: skip
+    elif sparse is None and arrays:
+        cmp.numerics = numerics(like, arrays, causal, scale, dtype, N, d, layout, logsumexp, w.d_v, w.N_q)
     return cmp
+
+
+def _problem_bytes_note(counts: KernelCounts, per: dict, p) -> str:
+    """The kernel's bytes per array against the closed form's words at the problem's dtypes (--dtype-q/kv/o; the
+    statistics fp32, :meth:`iosim.problem.Problem.bytes_of`)."""
+    want = {k: p.bytes_of(k.replace("_", ""), c.reads) + p.bytes_of(k.replace("_", ""), c.writes)
+            for k, c in per.items()}  # fmt: skip
+    got = {k: a.read_bytes + a.write_bytes for k, a in counts.per_array.items()}
+    off = [f"{k}: {got.get(k, 0):,} against {b:,}" for k, b in want.items() if got.get(k, 0) != b]
+    if not off:
+        return f"bytes at the problem's dtypes: equal per array, {sum(want.values()):,} in the model's arrays"
+    return "bytes at the problem's dtypes differ: " + "; ".join(off)
 
 
 def _bytes_note(counts: KernelCounts, res) -> str:
@@ -524,7 +622,8 @@ def _standard(x, layout: str) -> np.ndarray:
     return x
 
 
-def read_layout(arrays: dict, like: str, N: int, d: int, layout: str | None) -> dict[str, np.ndarray]:
+def read_layout(arrays: dict, like: str, N: int, d: int, layout: str | None, dv: int | None = None,
+                N_q: int | None = None) -> dict[str, np.ndarray]:  # fmt: skip
     """Q, K, V, O (dO, dQ, dK, dV) as (B, H, N, d), read in the launcher's declared ``layout`` (or, undeclared,
     (B, H, N, d) for 4-d arrays, (H, N, d) for 3-d ones, (N, d) for 2-d ones). InputError (one line) for a layout
     iosim does not accept, an array whose rank is not the layout's, or shapes that do not read as --N, --d and the
@@ -553,11 +652,12 @@ def read_layout(arrays: dict, like: str, N: int, d: int, layout: str | None) -> 
         return out
     Q, K = out["Q"], out["K"]
     read = f"read as {layout or 'BHND/HND/ND (undeclared)'}"
-    n_q = 1 if like == "decode-splitkv" else N
+    n_q = 1 if like == "decode-splitkv" else N_q or N
     for k, x in out.items():
-        if x.shape[-1] != d:
-            raise InputError(f"launcher array {k}", f"{read} has d = {x.shape[-1]}, not --d {d}: declare its layout",
-                             raw[k])  # fmt: skip
+        width, opt = (d, "--d") if dv is None or k in ("Q", "K", "dQ", "dK") else (dv, "--dv")
+        if x.shape[-1] != width:
+            raise InputError(f"launcher array {k}", f"{read} has d = {x.shape[-1]}, not {opt} {width}: declare its "
+                             "layout", raw[k])  # fmt: skip
         want_n = n_q if k in ("Q", "O", "dO", "dQ") else N
         if x.shape[2] != want_n or x.shape[0] != Q.shape[0]:
             raise InputError(f"launcher array {k}", f"{read} has B = {x.shape[0]}, N = {x.shape[2]}; the model "
@@ -570,7 +670,8 @@ def read_layout(arrays: dict, like: str, N: int, d: int, layout: str | None) -> 
 
 
 def numerics(like: str, arrays: dict, causal: bool, scale: float | None, dtype: str | None, N: int | None = None,
-             d: int | None = None, layout: str | None = None, logsumexp: str | None = None) -> list[dict]:  # fmt: skip
+             d: int | None = None, layout: str | None = None, logsumexp: str | None = None,
+             dv: int | None = None, N_q: int | None = None) -> list[dict]:  # fmt: skip
     """Per output: the largest error against the golden and whether every element is within check's bound. Arrays
     are read in the launcher's ``layout`` (:data:`LAYOUTS`); L is converted from the kernel's ``logsumexp``
     convention (:data:`LOGSUMEXP`) to the natural log of scale QK^T before the comparison."""
@@ -581,7 +682,8 @@ def numerics(like: str, arrays: dict, causal: bool, scale: float | None, dtype: 
     if logsumexp is not None and logsumexp not in LOGSUMEXP:
         raise InputError("launcher result 'logsumexp'", f"must be one of {', '.join(LOGSUMEXP)}", logsumexp)
     first = np.asarray(arrays["K"])
-    std = read_layout(arrays, like, first.shape[-2] if N is None else N, first.shape[-1] if d is None else d, layout)
+    std = read_layout(arrays, like, first.shape[-2] if N is None else N, first.shape[-1] if d is None else d, layout,
+                      dv, N_q)  # fmt: skip
     Q, K, V = std["Q"], std["K"], std["V"]
     d, N_q, N_k = Q.shape[-1], Q.shape[-2], K.shape[-2]
     sc = float(scale) if scale is not None else 1.0 / np.sqrt(d)

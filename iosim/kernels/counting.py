@@ -79,6 +79,10 @@ class KernelCounts:
     # access of each such site, described: kernel, site, programs, arrays, offsets); stray_lanes counts them all
     stray: list[dict] = field(default_factory=list)
     stray_lanes: int = 0
+    # arguments sharing storage (views of one buffer) that the kernel moved the same words through: kernel, arrays
+    # (the pair; for write/read the writer first), kind (read/read, write/read, write/write), words (lane addresses)
+    overlap: list[dict] = field(default_factory=list)
+    output: str = ""  # what the launcher printed (count_file: its standard output in the counting process)
     # count_file: every config's (counts, numbers, arrays) when an autotuned kernel had several (this one first)
     runs: list = field(default_factory=list, repr=False)
 
@@ -110,6 +114,7 @@ class KernelCounts:
             "config": self.config,
             "stray": self.stray,
             "stray_lanes": self.stray_lanes,
+            "overlap": self.overlap,
         }
 
     @classmethod
@@ -129,6 +134,7 @@ class KernelCounts:
             config=d.get("config"),
             stray=list(d.get("stray", [])),
             stray_lanes=int(d.get("stray_lanes", 0)),
+            overlap=list(d.get("overlap", [])),
         )
 
 
@@ -181,17 +187,42 @@ class Recorder:
         self.sites_seen: set[str] = set()  # innermost FILE:LINE of every site that moved data
         self._in_program = False
         self.paused = False  # inside ``paused()``: launches run uncounted
+        self._claimed: dict[int, str] = {}  # this launch: range id -> the argument name it was registered for
+        self._overlapping: dict[int, set[int]] = {}  # range id -> the ranges sharing some of its bytes
+        self._through: dict[tuple[int, int], list[np.ndarray]] = defaultdict(list)  # this launch, (rid, r/w): bytes
+        self.overlaps: dict[tuple, int] = {}  # (kernel, rid a, rid b, kind) -> words moved through both
 
     # --- arrays ---------------------------------------------------------------------------------------------
-    def register(self, name: str, start: int, nbytes: int, itemsize: int) -> None:
-        """Name the bytes [start, start + nbytes) after a kernel parameter; a range already known keeps its name."""
+    def register(self, name: str, start: int, nbytes: int, itemsize: int) -> int | None:
+        """Name the bytes [start, start + nbytes) after a kernel parameter; a range already known keeps its name (the
+        same tensor handed to two launches is one array). Returns the range id (None for an empty range)."""
         if nbytes <= 0:
-            return
+            return None
         start, end = int(start), int(start) + int(nbytes)
-        if any(r.start == start and r.end == end for r in self.ranges):
-            return
+        for rid, r in enumerate(self.ranges):
+            if r.start == start and r.end == end:
+                return rid
         self.ranges.append(_Range(name, start, end, int(itemsize)))
         self._index()
+        return len(self.ranges) - 1
+
+    def register_argument(self, name: str, start: int, nbytes: int, itemsize: int) -> int | None:
+        """:meth:`register` for one argument of the current launch, whose accesses the backend attributes by the
+        pointer they were derived from (``origin``): two arguments of one launch over the very same bytes (one tensor
+        passed twice) are two arrays, each counted for the accesses made through it."""
+        rid = self.register(name, start, nbytes, itemsize)
+        if rid is None:
+            return None
+        if rid in self._claimed and self._claimed[rid] != name:
+            same = [i for i, r in enumerate(self.ranges) if (r.start, r.end) == (self.ranges[rid].start,
+                                                                                   self.ranges[rid].end)]  # fmt: skip
+            rid = next((i for i in same if self.ranges[i].name == name), None)
+            if rid is None:
+                self.ranges.append(_Range(name, int(start), int(start) + int(nbytes), int(itemsize)))
+                self._index()
+                rid = len(self.ranges) - 1
+        self._claimed[rid] = name
+        return rid
 
     def _index(self) -> None:
         """The segment table: between consecutive end points, the tightest range holding them (or none)."""
@@ -203,6 +234,8 @@ class Recorder:
         self._bounds = np.asarray(pts, dtype=np.uint64)
         self._seg = np.asarray(seg, dtype=np.int64)
         self._outer = np.asarray([self.ranges.index(self._outermost(i)) for i in range(len(self.ranges))], np.int64)
+        self._overlapping = {i: {j for j, o in enumerate(self.ranges) if j != i and o.start < r.end and r.start < o.end}
+                             for i, r in enumerate(self.ranges)}  # fmt: skip
 
     def _outermost(self, rid: int) -> _Range:
         r = self.ranges[rid]
@@ -211,7 +244,9 @@ class Recorder:
     # --- programs -------------------------------------------------------------------------------------------
     def begin_launch(self, kernel: str, info: dict | None = None) -> None:
         self.end_program()
+        self._close_launch()
         self._sites = {}
+        self._claimed = {}
         if self.paused:
             return
         self.launches += 1
@@ -243,12 +278,21 @@ class Recorder:
         return self._seg[np.searchsorted(self._bounds, addr, side="right")]
 
     def access(
-        self, addresses: np.ndarray, kind: str, nbytes: int, shape: tuple | None = None, site: tuple | None = None
+        self,
+        addresses: np.ndarray,
+        kind: str,
+        nbytes: int,
+        shape: tuple | None = None,
+        site: tuple | None = None,
+        origin: int | None = None,
     ) -> np.ndarray | None:
         """Lanes that moved data: their byte addresses (enabled lanes only), kind "r", "w" or "a" (atomic: a read and
         a write), the bytes one lane moves, the shape of the access's block (for reading block sizes off) and its
-        site (a tuple of (file, line, ...) frames, kernel first; None when the backend cannot tell). Returns None, or
-        which of the lanes are out of bounds (a backend may then keep them from touching memory)."""
+        site (a tuple of (file, line, ...) frames, kernel first; None when the backend cannot tell). ``origin``: the
+        range id of the argument the access's pointer was derived from, when the backend knows it (then every lane
+        inside that argument is its, whatever other argument shares the bytes: see :meth:`_access_through`); None:
+        attributed by address. Returns None, or which of the lanes are out of bounds (a backend may then keep them
+        from touching memory)."""
         if self.paused:
             return None
         if not self._in_program:
@@ -256,6 +300,8 @@ class Recorder:
         addr = np.asarray(addresses, dtype=np.uint64).ravel()
         if addr.size == 0:
             return None
+        if origin is not None and 0 <= origin < len(self.ranges):
+            return self._access_through(addr, kind, nbytes, shape, site, int(origin))
         rids = self._seg[np.searchsorted(self._bounds, addr, side="right")]
         first = int(rids[0])
         if site is not None and first >= 0:
@@ -290,6 +336,107 @@ class Recorder:
                              "elements": (r.end - r.start) // r.itemsize if r else None,
                              "inside_rid": int(self._outer[landed[0]]) if landed.size else -1})  # fmt: skip
         return out
+
+    def _access_through(self, addr: np.ndarray, kind: str, nbytes: int, shape, site, origin: int) -> np.ndarray | None:
+        """Lanes issued through argument ``origin``'s pointer: those inside its storage are its (views of one buffer
+        each keep their own loads: K and V split from one cache, V nested in K). A lane outside it is the kernel's
+        overrun: inside another argument it is *stray* (counted there, where a GPU would move it), outside every
+        argument out of bounds (counted under ``<unattributed>``); both are described (:func:`access_problem`)."""
+        r = self.ranges[origin]
+        if site is not None:
+            self._check_site_origin(site, origin, addr, kind)
+        if shape is not None and self.launch_info:
+            self.launch_info[-1]["shapes"].setdefault((origin, kind), set()).add(tuple(int(s) for s in shape))
+        inside = (addr >= np.uint64(r.start)) & (addr < np.uint64(r.end))
+        if inside.all():
+            self._add(origin, kind, addr.size, nbytes, (addr - np.uint64(r.start)) // np.uint64(r.itemsize))
+            self._note_through(origin, kind, addr)
+            return None
+        if inside.any():
+            mine = addr[inside]
+            self._add(origin, kind, mine.size, nbytes, (mine - np.uint64(r.start)) // np.uint64(r.itemsize))
+            self._note_through(origin, kind, mine)
+        out = ~inside
+        rids = self._seg[np.searchsorted(self._bounds, addr, side="right")]
+        landed = out & (rids >= 0)
+        for rid in np.unique(rids[landed]):  # an overrun into another argument: stray, counted where it lands
+            sel = landed & (rids == rid)
+            o = self.ranges[int(rid)]
+            self._add(int(rid), kind, int(sel.sum()), nbytes, (addr[sel] - np.uint64(o.start)) // np.uint64(o.itemsize))
+        if landed.any():
+            own_program = self._sites.get(site, (origin, self.program))[1] if site is not None else self.program
+            self._stray(site or (("<no site>", 0, 0),), origin, int(self._outer[rids[landed][0]]), addr[landed], kind,
+                        own_program)  # fmt: skip
+        gone = out & (rids < 0)
+        n = int(gone.sum())
+        if not n:
+            return out
+        self._add(-1, kind, n, nbytes, addr[gone])
+        self.oob_lanes += n
+        if len(self.oob) < OOB_KEPT:
+            info = self.launch_info[-1] if self.launch_info else {"kernel": "kernel"}
+            wild = not inside[0] and rids[0] < 0  # no lane starts in any argument: described by its addresses
+            offs = addr[gone].astype(np.int64) if wild else (addr[gone].astype(np.int64) - r.start) // r.itemsize
+            size = None if wild else (r.end - r.start) // r.itemsize
+            self.oob.append({"kernel": info["kernel"], "program": list(self.program), "kind": kind, "lanes": n,
+                             "rid": -1 if wild else origin, "offsets": [int(x) for x in offs[:6]], "elements": size,
+                             "inside_rid": -1})  # fmt: skip
+        return out
+
+    def _check_site_origin(self, site: tuple, origin: int, addr: np.ndarray, kind: str) -> None:
+        """One site, one argument per launch, by the pointer it used: a site that moved argument A and later moves
+        B (a pointer chosen at run time, unless declared) is stray."""
+        self.sites_seen.add(site_label(site[-1:]))
+        known = self._sites.get(site)
+        if known is None:
+            self._sites[site] = (origin, self.program)
+        elif known[0] != origin:
+            self._stray(site, known[0], origin, addr, kind, known[1])
+
+    def _stray(self, site: tuple, own: int, other: int, lanes: np.ndarray, kind: str, seen_in: tuple) -> None:
+        """Record stray lanes of ``site``: it moved argument ``own`` (first in program ``seen_in``), now ``other``."""
+        kernel = self.launch_info[-1]["kernel"] if self.launch_info else "kernel"
+        key = (kernel, site)
+        if key in self.strays:
+            self.strays[key]["total"] += lanes.size
+            return
+        o, r = self.ranges[own], self.ranges[other]
+        lanes = lanes.astype(np.int64)
+        self.strays[key] = {
+            "kernel": kernel, "site": site_label(site), "program": list(self.program), "kind": kind,
+            "lanes": int(lanes.size), "own_rid": own, "own_program": list(seen_in),
+            "own_elements": (o.end - o.start) // o.itemsize, "rid": other,
+            "offsets": [int(x) for x in (lanes[:6] - r.start) // r.itemsize],
+            "own_offsets": [int(x) for x in (lanes[:6] - o.start) // o.itemsize], "total": int(lanes.size),
+        }  # fmt: skip
+
+    def _note_through(self, rid: int, kind: str, addr: np.ndarray) -> None:
+        """Keep, for this launch, the bytes moved through an argument that shares storage with another (overlap)."""
+        if self._overlapping.get(rid):
+            if kind in ("r", "a"):
+                self._through[(rid, 0)].append(addr)
+            if kind in ("w", "a"):
+                self._through[(rid, 1)].append(addr)
+
+    def _close_launch(self) -> None:
+        """The launch's overlap: for two arguments sharing storage, the words (lane addresses) moved through both,
+        by kind: ``read/read`` (views read alike: harmless), ``write/read`` (stored through the first, loaded
+        through the second) and ``write/write``."""
+        if not self._through:
+            return
+        kernel = self.launch_info[-1]["kernel"] if self.launch_info else "kernel"
+        seen = {k: np.unique(np.concatenate(v)) for k, v in self._through.items()}
+        self._through = defaultdict(list)
+        for (a, col_a), xa in seen.items():
+            for b in self._overlapping.get(a, ()):
+                for col_b, kind in ((0, "read/read" if col_a == 0 else "write/read"), (1, "write/write")):
+                    if col_a == 0 and col_b == 1 or (col_a == col_b and b < a):
+                        continue  # each unordered pair once per kind; read/write is the writer's write/read
+                    xb = seen.get((b, col_b))
+                    n = 0 if xb is None else int(np.intersect1d(xa, xb, assume_unique=True).size)
+                    if n:
+                        key = (kernel, a, b, kind)
+                        self.overlaps[key] = self.overlaps.get(key, 0) + n
 
     def _check_site(self, site: tuple, first: int, rids: np.ndarray, addr: np.ndarray, kind: str) -> None:
         """One site, one argument per launch: the first argument a site touches is its own; lanes of a later access
@@ -344,13 +491,15 @@ class Recorder:
         """The counts; ``names`` (name -> (start, nbytes)) renames the ranges of the arrays the launcher named;
         ``selects_pointers`` (kernel names or sites ``FILE.py:LINE``) are let touch several arguments."""
         self.end_program()
+        self._close_launch()
         label = {-1: UNKNOWN}
         for rid, r in enumerate(self.ranges):
             label[rid] = r.name
         for name, (start, nbytes) in (names or {}).items():
-            for rid, r in enumerate(self.ranges):
-                if r.start == start and r.end == start + nbytes:
-                    label[rid] = name
+            same = [rid for rid, r in enumerate(self.ranges) if r.start == start and r.end == start + nbytes]
+            own = [rid for rid in same if self.ranges[rid].name == name]  # one tensor passed as two arguments
+            for rid in own or same:
+                label[rid] = name
         final: dict[int, str] = {-1: UNKNOWN}
         taken: dict[str, int] = {}
         for rid in sorted(label, key=lambda i: (i < 0, -1 if i in self.issued else 0, i)):
@@ -382,9 +531,12 @@ class Recorder:
                  for (kernel, site), e in self.strays.items()
                  if kernel not in allowed and site_label(site[-1:]) not in allowed]  # fmt: skip
         pp = np.asarray(self.per_program, dtype=np.int64).reshape(-1, 2)
+        overlap = [{"kernel": k, "arrays": [final[a], final[b]], "kind": kind, "words": n}
+                   for (k, a, b, kind), n in self.overlaps.items()]  # fmt: skip
         return KernelCounts(backend, per, len(pp), self.launches, pp, seconds, list(self.kernels),
                             launch_info=launches, out_of_bounds=oob, out_of_bounds_lanes=self.oob_lanes,
-                            stray=stray[:OOB_KEPT], stray_lanes=sum(e["total"] for e in stray))  # fmt: skip
+                            stray=stray[:OOB_KEPT], stray_lanes=sum(e["total"] for e in stray),
+                            overlap=overlap)  # fmt: skip
 
 
 def site_label(site: tuple) -> str:
@@ -448,6 +600,26 @@ def access_problem(counts: KernelCounts) -> str | None:
                 f"site moved in program {tuple(e['own_program'])}) at its offsets {offs}; a kernel that picks its "
                 f"pointer at run time declares the site ('selects_pointers')")  # fmt: skip
     return None
+
+
+def overlap_lines(counts: KernelCounts) -> tuple[list[str], list[str]]:
+    """(notes, warnings) on arguments that share storage and that the kernel moved the same words through: views
+    read alike are a note (each load counted for the view it went through); a store through one view of words
+    loaded (or stored) through another is a warning naming both (which value a program sees then depends on the
+    order programs run)."""
+    notes, warnings = [], []
+    for e in counts.overlap:
+        a, b = e["arrays"]
+        n, k = f"{e['words']:,}", e["kernel"]
+        if e["kind"] == "read/read":
+            notes.append(f"{a} and {b} share storage (views of one buffer): kernel {k} loaded {n} words through both, "
+                         f"each load counted for the view it went through")  # fmt: skip
+        elif e["kind"] == "write/read":
+            warnings.append(f"overlap: kernel {k} stored {n} words through {a} that it loaded through {b} (views of "
+                            f"one buffer): what a load sees depends on the order the programs run")  # fmt: skip
+        else:
+            warnings.append(f"overlap: kernel {k} stored {n} words through both {a} and {b} (views of one buffer)")
+    return notes, warnings
 
 
 def _distinct(chunks: list[np.ndarray], r: _Range | None) -> int:
@@ -579,6 +751,8 @@ def count(launch, backend: str = "triton", config=None, strict: bool = True, fas
             for k in ("array", "own", "inside"):
                 if e.get(k) is not None:
                     e[k] = str(rename.get(e[k], e[k]))
+        for e in counts.overlap:
+            e["arrays"] = [str(rename.get(a, a)) for a in e["arrays"]]
     if strict:
         raise_access(counts)
     return counts, out
@@ -723,6 +897,7 @@ def count_batch(
                         out = {name: z[name] for name in z.files}
                 runs.append((KernelCounts.from_dict(run["counts"]), run["numbers"], out))
             counts = runs[0][0]
+            counts.output = res.get("output", "")
             if len(runs) > 1:
                 counts.runs = runs
             if shared_memory and res.get("launch_specs"):

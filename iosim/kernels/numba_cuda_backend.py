@@ -2,10 +2,13 @@
 
 Under ``NUMBA_ENABLE_CUDASIM=1`` (set before numba is first imported) a kernel's arguments reach it as wrapped
 arrays (``FakeWithinKernelCUDAArray``) while shared and local arrays are plain NumPy: every element a thread reads or
-writes through an argument is a global access, counted here at the address it touches, so it is attributed to the
-argument whose storage holds it. Atomics (``cuda.atomic.*``) count one read and one write per call. Thread blocks
-run one after another (``BlockManager.run``): each is a program. Names come from the kernel's parameters (or the
-launcher's dict, for device arrays). Slow (every CUDA thread is a Python thread): keep sizes tiny.
+writes through an argument is a global access, counted here at the address it touches. Each argument is wrapped
+on its own, so an access is attributed to the argument whose wrapper it went through (a sub-array taken in the
+kernel keeps its argument), even where arguments share storage (K and V as views of one device array; the
+simulator copies a strided host array, so only device arrays share storage). Atomics (``cuda.atomic.*``) count one
+read and one write per call. Thread blocks run one after another (``BlockManager.run``): each is a program. Names
+come from the kernel's parameters (or the launcher's dict, for device arrays). Slow (every CUDA thread is a Python
+thread): keep sizes tiny.
 """
 
 from __future__ import annotations
@@ -74,12 +77,25 @@ def array_range(x) -> tuple[int, int] | None:
     a = _ndarray(x)
     if a is None or a.ndim == 0:
         return None
-    return int(a.ctypes.data), int(a.nbytes)
+    return _span(a)
 
 
 def to_numpy(x):
     a = _ndarray(x)
     return None if a is None else np.asarray(a, dtype=np.float64)
+
+
+ORIGIN = "_iosim_origin"  # the range id of the argument an in-kernel array wrapper stands for
+
+
+def _span(a: np.ndarray) -> tuple[int, int]:
+    """(first byte, bytes) of the memory an array's elements occupy (a strided view: from its lowest to its highest
+    element, not ``nbytes``, which would cut an interleaved view short)."""
+    if a.size == 0:
+        return int(a.ctypes.data), 0
+    lo = sum((n - 1) * st for n, st in zip(a.shape, a.strides, strict=True) if st < 0)
+    hi = sum((n - 1) * st for n, st in zip(a.shape, a.strides, strict=True) if st > 0)
+    return int(a.ctypes.data) + lo, hi - lo + a.itemsize
 
 
 def _addresses(a: np.ndarray, idx) -> np.ndarray | int | None:
@@ -134,21 +150,23 @@ def hooks(recorder):
             f = f.f_back
         return tuple(reversed(frames)) or None
 
-    def note(a, idx, kind):
+    def note(a, idx, kind, origin=None):
         if getattr(quiet, "on", False):
             return
         addr = _addresses(a, idx)
         if addr is None:
             return
-        key = (kind, a.itemsize, site())
+        key = (kind, a.itemsize, site(), origin)
         if isinstance(addr, np.ndarray):
             buf[key].extend(addr.tolist())
         else:
             buf[key].append(addr)
 
     def flush():
-        for (kind, size, where), addrs in list(buf.items()):
-            if addrs:  # a block's element accesses mix arguments: one access per argument they fall in
+        for (kind, size, where, origin), addrs in list(buf.items()):
+            if addrs and origin is not None:  # through an argument's wrapper: that argument's
+                recorder.access(np.asarray(addrs, dtype=np.uint64), kind, size, site=where, origin=origin)
+            elif addrs:  # a block's element accesses mix arguments: one access per argument they fall in
                 addr = np.asarray(addrs, dtype=np.uint64)
                 rids = recorder.range_ids(addr)
                 for rid in np.unique(rids):
@@ -157,12 +175,15 @@ def hooks(recorder):
 
     def get(self, idx):
         out = saved["get"](self, idx)
-        if not isinstance(out, W):  # an element (a sub-array is counted when its elements are touched)
-            note(self.__dict__["_item"]._ary, idx, "r")
+        origin = self.__dict__.get(ORIGIN)
+        if isinstance(out, W):  # a sub-array: counted when its elements are touched, for this argument
+            out.__dict__[ORIGIN] = origin
+        else:
+            note(self.__dict__["_item"]._ary, idx, "r", origin)
         return out
 
     def set_(self, idx, val):
-        note(self.__dict__["_item"]._ary, idx, "w")
+        note(self.__dict__["_item"]._ary, idx, "w", self.__dict__.get(ORIGIN))
         return saved["set"](self, idx, val)
 
     def atomic(name):
@@ -170,7 +191,7 @@ def hooks(recorder):
 
         def wrapped(self, array, index, *rest):
             if isinstance(array, W):  # a kernel argument: global memory (shared and local arrays are plain NumPy)
-                note(_ndarray(array), index, "a")
+                note(_ndarray(array), index, "a", array.__dict__.get(ORIGIN))
             quiet.on = True
             try:
                 return orig(self, array, index, *rest)
@@ -194,7 +215,10 @@ def hooks(recorder):
             for name, arg in zip(launch["params"], args, strict=False):
                 a = _ndarray(arg)
                 if a is not None and a.ndim > 0:
-                    recorder.register(name, int(a.ctypes.data), int(a.nbytes), a.itemsize)
+                    span = _span(a)
+                    rid = recorder.register_argument(name, span[0], span[1], a.itemsize)
+                    if isinstance(arg, W) and rid is not None:
+                        arg.__dict__[ORIGIN] = rid
                 elif not isinstance(arg, (int, float, bool, complex, np.number, np.bool_)) and a is None:
                     raise InputError(f"argument {name}", "must be an array or a number", type(arg).__name__)
         recorder.begin_program(tuple(int(x) for x in grid_point) if isinstance(grid_point, (tuple, list)) else ())

@@ -3,8 +3,14 @@
 Under the interpreter every global access of a kernel reaches a method of
 ``triton.runtime.interpreter.InterpreterBuilder``: ``create_masked_load`` / ``create_masked_store`` (plain loads
 and stores, tensor descriptors, atomic loads and stores) and ``create_atomic_rmw`` / ``create_atomic_cas``. Their
-pointers are host addresses of the (CPU) torch tensors handed to the kernel, so an access is attributed to the
-argument whose storage holds it; masked-off lanes move nothing. The programs of a launch run one after another
+pointers are host addresses of the (CPU) torch tensors handed to the kernel; masked-off lanes move nothing. Each
+access is attributed to the argument its pointer was derived from, not to whichever argument's storage holds the
+address (arguments may share storage: K and V split from one cache tensor, V nested in K as an MLA latent's first
+columns): each tensor argument enters the kernel as its address plus a tag ``(range id + 1) << 48`` in the bits
+above the 48-bit user address space, the pointer arithmetic of the kernel (``addptr``, ``where``, broadcasts, casts
+to integers and back) carries the tag along, and the hooks read the argument off the tag and strip it before
+memory is touched. A pointer the kernel did not derive from an argument (an address loaded from memory) carries no
+tag and is attributed by address. The programs of a launch run one after another
 (``set_grid_idx`` marks each), so a kernel that waits for another program may never finish (the caller's time
 limit catches it). These are private APIs: their signatures are checked at run time and a version whose hooks do
 not match is refused with one line naming the supported range. A launch's arguments are bound as Triton's
@@ -86,6 +92,16 @@ def _itemsize(handle) -> int:
     return max(1, int(getattr(ty, "primitive_bitwidth", 8)) // 8)
 
 
+TAG_SHIFT = 48  # x86-64 and AArch64 user addresses lie below 2**47: the bits above carry the argument's tag
+_LOW = np.uint64((1 << TAG_SHIFT) - 1)
+
+
+def _untag(lanes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(addresses, origin range id per lane: -1 where untagged) of tagged pointer lanes."""
+    lanes = np.asarray(lanes, dtype=np.uint64)
+    return lanes & _LOW, (lanes >> np.uint64(TAG_SHIFT)).astype(np.int64) - 1
+
+
 def _lanes(ptr, mask) -> np.ndarray:
     data = np.asarray(ptr.data)
     if mask is None:
@@ -161,6 +177,9 @@ def hooks(recorder, config=None, fast: bool = False):
     saved = {name: getattr(B, name) for name in (*_HOOKS, "set_grid_idx", "set_grid_dim")}
     saved_call, saved_tuned, saved_device = G.__call__, T.run, F.__call__
     in_launch = [False]
+    tags: dict = {}  # this launch: parameter name -> its tag ((range id + 1) << TAG_SHIFT)
+    host: dict = {}  # this launch: id(host tensor) -> (the tensor, its tag)
+    saved_init, saved_cvt = G._init_args_hst, interpreter._implicit_cvt
     patched: set = set()  # within the current launch: the triton.language modules a helper call has patched
     recorder.autotuned = {}
     pending: list[str] = []  # the config an autotuner is launching
@@ -194,10 +213,30 @@ def hooks(recorder, config=None, fast: bool = False):
         if fast_mode.ENABLED[0] and any(fast_mode.is_fake(h) for h in handles if h is not None):
             raise fast_mode.FastRefusedError(f"the {what}, computed from a value it skipped")
 
+    def access(ptrs, mask, kind: str):
+        """Count the enabled lanes of an access, each for the argument its pointer came from (an access mixing
+        pointers of several arguments, as ``tl.where`` of two can, one access per argument). Returns (the lanes'
+        addresses, their size, the out-of-bounds lanes or None, the pointers with the tags stripped)."""
+        lanes, size = _lanes(ptrs, mask), _itemsize(ptrs)
+        addr, origin = _untag(lanes)
+        data = np.asarray(ptrs.data)
+        if data.size and (np.asarray(data, dtype=np.uint64) >> np.uint64(TAG_SHIFT)).any():
+            ptrs = interpreter.TensorHandle(np.asarray(data, dtype=np.uint64) & _LOW, ptrs.dtype)
+        where = site()
+        if origin.size == 0 or (origin == origin[0]).all():
+            o = int(origin[0]) if origin.size else -1
+            return addr, size, recorder.access(addr, kind, size, np.shape(data), where, o if o >= 0 else None), ptrs
+        oob = np.zeros(addr.size, dtype=bool)
+        for o in np.unique(origin):
+            sel = origin == o
+            got = recorder.access(addr[sel], kind, size, np.shape(data), where, int(o) if o >= 0 else None)
+            if got is not None:
+                oob[np.flatnonzero(sel)[got]] = True
+        return addr, size, (oob if oob.any() else None), ptrs
+
     def load(self, ptrs, mask, *rest, **kw):
         real("address or mask of a load", ptrs, mask)
-        lanes, size = _lanes(ptrs, mask), _itemsize(ptrs)
-        oob = recorder.access(lanes, "r", size, np.shape(ptrs.data), site())
+        lanes, size, oob, ptrs = access(ptrs, mask, "r")
         out = saved["create_masked_load"](self, ptrs, guard(ptrs, mask, oob), *rest, **kw)
         if fast_mode.ENABLED[0]:
             st = fast_mode.STATE[0]
@@ -208,8 +247,7 @@ def hooks(recorder, config=None, fast: bool = False):
 
     def store(self, ptrs, value, mask, *rest, **kw):
         real("address or mask of a store", ptrs, mask)
-        lanes, size = _lanes(ptrs, mask), _itemsize(ptrs)
-        oob = recorder.access(lanes, "w", size, np.shape(ptrs.data), site())
+        lanes, size, oob, ptrs = access(ptrs, mask, "w")
         if fast_mode.ENABLED[0]:
             if fast_mode.is_fake(value):  # counted; nothing written; the bytes hold a value not computed
                 fast_mode.STATE[0].mark(lanes, size)
@@ -219,13 +257,12 @@ def hooks(recorder, config=None, fast: bool = False):
 
     def atomic_real(ptr, mask, *operands) -> None:
         real("address, mask or operands of a compare-and-swap", ptr, mask, *operands)
-        if fast_mode.ENABLED[0] and fast_mode.STATE[0].poisoned(_lanes(ptr, mask), _itemsize(ptr)):
+        if fast_mode.ENABLED[0] and fast_mode.STATE[0].poisoned(_untag(_lanes(ptr, mask))[0], _itemsize(ptr)):
             raise fast_mode.FastRefusedError("a compare-and-swap on memory holding a value it skipped")
 
     def rmw(self, op, ptr, val, mask, *rest, **kw):
         real("address or mask of an atomic", ptr, mask)
-        lanes, size = _lanes(ptr, mask), _itemsize(ptr)
-        oob = recorder.access(lanes, "a", size, np.shape(ptr.data), site())
+        lanes, size, oob, ptr = access(ptr, mask, "a")
         if fast_mode.ENABLED[0] and (fast_mode.is_fake(val) or fast_mode.STATE[0].poisoned(lanes, size)):
             # an add (max, ...) of a value not computed, or into memory holding one: counted, not performed; the
             # memory and the old values it returns are not computed
@@ -235,7 +272,7 @@ def hooks(recorder, config=None, fast: bool = False):
 
     def cas(self, ptr, cmp, val, *rest, **kw):
         atomic_real(ptr, None, cmp, val)
-        recorder.access(_lanes(ptr, None), "a", _itemsize(ptr), np.shape(ptr.data), site())
+        _, _, _, ptr = access(ptr, None, "a")
         return saved["create_atomic_cas"](self, ptr, cmp, val, *rest, **kw)
 
     def set_grid_idx(self, x, y, z, *a, **kw):
@@ -251,18 +288,21 @@ def hooks(recorder, config=None, fast: bool = False):
     def call(self, *args, **kwargs):
         named, options = bind(self.fn, args, kwargs)
         constexprs = list(getattr(self, "constexprs", []))
+        info = {"constexprs": {k: _plain(named[k]) for k in constexprs if k in named}, "options": options,
+                "config": pending[-1] if pending else None}  # fmt: skip
+        recorder.begin_launch(getattr(self.fn, "__name__", "kernel"), info)  # (before the arguments: it resets them)
+        tags.clear()
         for name, arg in named.items():
             base = getattr(arg, "base", None) if type(arg).__name__ == "TensorDescriptor" else arg
             if hasattr(base, "data_ptr") and hasattr(base, "element_size"):
                 if not recorder.paused:  # an uncounted launch names nothing
-                    recorder.register(name, *_extent(base))
+                    rid = recorder.register_argument(name, *_extent(base))
+                    if rid is not None:
+                        tags[name] = np.uint64((rid + 1) << TAG_SHIFT)
             elif not (arg is None or isinstance(arg, (int, float, bool, str, tuple))) and not hasattr(arg, "value"):
                 raise InputError(
                     f"argument {name}", "must be a torch tensor, a number or a constexpr", type(arg).__name__
                 )
-        info = {"constexprs": {k: _plain(named[k]) for k in constexprs if k in named}, "options": options,
-                "config": pending[-1] if pending else None}  # fmt: skip
-        recorder.begin_launch(getattr(self.fn, "__name__", "kernel"), info)
         if not recorder.paused:
             specs = getattr(recorder, "launch_specs", None)
             if specs is None:
@@ -275,6 +315,30 @@ def hooks(recorder, config=None, fast: bool = False):
             return saved_call(self, *args, **kwargs)
         finally:
             in_launch[0] = fast_mode.STATE[0].in_launch = outer
+
+    def init_args(self, args_dev, kwargs):
+        """Triton's copy of the arguments to the host, then which host tensor is which parameter (the interpreter
+        binds the same objects next and converts each to a pointer: :func:`tagged_cvt`)."""
+        args_hst, kwargs_hst = saved_init(self, args_dev, kwargs)
+        host.clear()
+        if tags:
+            try:
+                bound = inspect.getcallargs(self.fn, *args_hst, **kwargs_hst)
+            except TypeError:
+                bound = {}
+            for name, arg in bound.items():
+                base = getattr(arg, "base", None) if type(arg).__name__ == "TensorDescriptor" else arg
+                if name in tags and base is not None:
+                    host[id(base)] = (base, tags[name])
+        return args_hst, kwargs_hst
+
+    def tagged_cvt(arg):
+        """The interpreter's conversion of an argument to a pointer, with the argument's tag in its high bits."""
+        out = saved_cvt(arg)
+        hit = host.get(id(arg)) if hasattr(arg, "data_ptr") else None
+        if hit is not None and hit[0] is arg:
+            out.handle.data = np.asarray(out.handle.data, dtype=np.uint64) + hit[1]
+        return out
 
     def device_call(self, *args, **kwargs):
         """A jitted helper called from a kernel. On every such call Triton patches the triton.language modules the
@@ -322,6 +386,7 @@ def hooks(recorder, config=None, fast: bool = False):
     B.create_atomic_rmw, B.create_atomic_cas = rmw, cas
     B.set_grid_idx, B.set_grid_dim = set_grid_idx, set_grid_dim
     G.__call__, T.run, F.__call__ = call, tuned_run, device_call
+    G._init_args_hst, interpreter._implicit_cvt = init_args, tagged_cvt
     try:
         with fast_mode.active(array_range) if fast else contextlib.nullcontext():
             yield
@@ -329,6 +394,7 @@ def hooks(recorder, config=None, fast: bool = False):
         for name, fn in saved.items():
             setattr(B, name, fn)
         G.__call__, T.run, F.__call__ = saved_call, saved_tuned, saved_device
+        G._init_args_hst, interpreter._implicit_cvt = saved_init, saved_cvt
         recorder.end_program()
 
 

@@ -41,12 +41,13 @@ from iosim.memory_model.core import INIT, LOAD
 
 MAX_EVENTS = 20_000  # events a page holds (all its schedules together)
 MAX_HTML_BYTES = 3_000_000  # bytes of one page's HTML
+MAX_PEBBLE_VERTICES = 1_200  # vertices of one pebble game's graph (a board a class can read and click)
 MAX_GRID = 40  # cells per side of a drawn array (larger arrays are drawn in cells of several words)
 SUFFIXES = (".html",)
 
 # The paper's step numbers of a forward pass's events, by (op, array): FlashAttention Algorithm 1 (Dao et al.,
-# 2022), FlashAttention-2 Algorithm 1 (Dao, 2023), standard attention Algorithm 0. A free takes the step of the
-# load or alloc that made its tile. Arrays not listed (and the passes not listed) have no step number.
+# 2022), FlashAttention-2 Algorithm 1 (Dao, 2023), standard attention Algorithm 0. A free has no step of its own (the
+# papers never free a tile: it is overwritten by the next load). Arrays and passes not listed have no step number.
 PAPER_STEPS = {
     ("flash1", "forward"): {
         ("init", "O"): (2, "initialise O = 0, l = 0, m = -inf in HBM"),
@@ -103,7 +104,8 @@ def _script_json(data) -> str:
 def render(kind: str, title: str, data: dict) -> str:
     """The page: the template with its styles, scripts and data inline."""
     html = _asset("page.html")
-    scripts = {"schedule": ["common.js", "schedule.js"], "pebble": ["common.js", "pebble.js"]}[kind]
+    scripts = {"schedule": ["common.js", "schedule.js"], "pebble": ["common.js", "pebble.js"],
+               "exercise": ["common.js", "exercise.js"]}[kind]  # fmt: skip
     js = "\n".join(_asset(s) for s in scripts)
     from iosim.version import __version__
 
@@ -112,13 +114,55 @@ def render(kind: str, title: str, data: dict) -> str:
         ("/*SCRIPT*/", js),
         ("/*DATA*/", f"const PAGE = {_script_json({**data, 'kind': kind, 'version': __version__})};"),
         ("<!--TITLE-->", _escape(title)),
+        ("<!--NOSCRIPT-->", _noscript(kind, data)),
     ):
         html = html.replace(key, value)
     return html
 
 
-def _escape(text: str) -> str:
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+def _escape(text) -> str:
+    return str(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def _table(head: list, rows: list) -> str:
+    cells = "".join(f"<th>{_escape(h)}</th>" for h in head)
+    body = "".join("<tr>" + "".join(f"<td>{_escape(c)}</td>" for c in r) + "</tr>" for r in rows)
+    return f'<table class="counts"><tr>{cells}</tr>{body}</table>'
+
+
+def _noscript(kind: str, data: dict) -> str:
+    """What the page shows with JavaScript off: a line saying the player needs it, and the page's final numbers
+    as plain HTML (per-array counts beside the closed form and the bounds; the pebble games' best schedules)."""
+    parts = ['<p class="verdict bad">This page plays its trace with JavaScript, which is off: the final numbers '
+             "are below; turn JavaScript on to step through the events.</p>"]  # fmt: skip
+    if kind == "exercise":
+        rows = [[a, *(f"{v[0]:,} / {v[1]:,}" for v in (data["kernel"][a], data["schedule"][a], data["bound"][a]))]
+                for a in data["kernel"]]  # fmt: skip
+        parts.append(_table(["array", "your kernel", "iosim's schedule", "lower bound"], rows))
+        parts.append(f"<p>{'passed' if data['passed'] else 'not yet'}</p>")
+        return "".join(parts)
+    if kind == "pebble":
+        for g in data["games"]:
+            b = g["best"]
+            parts.append(f"<h2>{_escape(g['graph'])}, M = {g['M']}: iosim's {_escape(b['how'])}, {b['io']} I/O</h2>")
+            parts.append(f'<div class="moves">{_escape(" ".join(f"{r} {v}" for r, v in b["moves"]))}</div>')
+        return "".join(parts)
+    schedules = data.get("schedules")
+    if schedules is None:  # a grid page: the first setting that runs
+        first = next((x for x in data["grid"]["settings"] if "schedules" in x), {"schedules": []})
+        parts.append(f"<p>The setting N = {first.get('N')}, d = {first.get('d')}, M = {first.get('M')}:</p>")
+        schedules = first["schedules"]
+    for s in schedules:
+        cf = s["closed_form"] or {}
+        rows = [[n, f"{s['simulated'].get(n, [0, 0])[0]:,}", f"{s['simulated'].get(n, [0, 0])[1]:,}",
+                 " / ".join(f"{x:,}" for x in cf[n]) if n in cf else "-"] for n in s["rows"]]  # fmt: skip
+        t = s["totals"]
+        parts.append(f"<h2>{_escape(s['title'])}</h2>")
+        parts.append(_table(["array", "reads", "writes", "closed form"], rows))
+        parts.append(f"<p>total {t['reads'] + t['writes']:,} words, peak {t['peak']:,} of M = {s['M']:,}</p>")
+        parts.append("<ul>" + "".join(f"<li>lower bound {v:,.0f} words: {_escape(n)}</li>" for n, v in s["bounds"]))
+        parts.append("</ul>")
+    return "".join(parts)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -163,6 +207,13 @@ def thread_block(r) -> tuple[int, int, int]:
     return 0, ends[0], blocks
 
 
+def outer_starts(ev) -> list[int]:
+    """The first event of every outer iteration: event 0 and each event after one that leaves fast memory empty,
+    an initialisation of slow memory (flash1's O, l, m) not counting as an iteration of its own."""
+    empty = (ev[:, 7] == 0) & (ev[:, 0] != INIT)
+    return sorted({0, *(int(k) + 1 for k in np.flatnonzero(empty) if k + 1 < len(ev))})
+
+
 def _grid(shape) -> list[int]:
     rows, cols = shape
     fr, fc = -(-rows // MAX_GRID), -(-cols // MAX_GRID)
@@ -182,23 +233,15 @@ def _counts(ev, names) -> dict:
 
 
 def _steps(r, ev) -> tuple[list[int], dict]:
-    """The paper's step of each event (0: none) and the steps' descriptions."""
+    """The paper's step of each event (0: none, a free among them) and the steps' descriptions."""
     table = PAPER_STEPS.get((r.algorithm, r.main.name), {})
     steps = [0] * len(ev)
-    made: dict[int, int] = {}
     text = {}
-    for k, (op, aid, *_rest) in enumerate(ev[:, :2].tolist()):
-        name = r.trace.names[aid]
-        h = int(ev[k, 8])
-        if op == 4:  # free: the step that made the tile
-            steps[k] = made.pop(h, 0)
-            continue
-        s = table.get((OPS[op], name))
+    for k, (op, aid) in enumerate(ev[:, :2].tolist()):
+        s = table.get((OPS[op], r.trace.names[aid]))
         if s:
             steps[k] = s[0]
             text[s[0]] = s[1]
-        if op in (1, 3):
-            made[h] = steps[k]
     return steps, text
 
 
@@ -221,8 +264,7 @@ def schedule_data(r) -> dict:
     compact = ev.copy()
     compact[:, 1] = [remap[a] for a in ev[:, 1].tolist()]
     slow = sorted({remap[a] for a, op in zip(ev[:, 1].tolist(), ev[:, 0].tolist(), strict=True) if op in (1, 2, 5)})
-    zero = np.flatnonzero(ev[:, 7] == 0)
-    outer = sorted({0, *(int(k) + 1 for k in zero if k + 1 < len(ev))})
+    outer = outer_starts(ev)
     steps, step_text = _steps(r, ev)
     pred = r.predicted
     stats = r.stats
@@ -241,6 +283,8 @@ def schedule_data(r) -> dict:
         "step_text": {str(k): v for k, v in step_text.items()},
         "outer": outer,
         "final": _counts(compact, names),
+        "rows": _rows(names, stats, pred),
+        "blocks": score_blocks(ev, t.names),
         "peak": int(ev[:, 7].max()) if len(ev) else 0,
         "thread_blocks": blocks,
         "problem": None if single else str(r.problem),
@@ -258,6 +302,41 @@ def schedule_data(r) -> dict:
     return data
 
 
+def score_blocks(ev, names) -> list[list[int]] | None:
+    """The blocks of S = Q K^T the schedule computes, from the trace: at each allocation of a score tile S_ij, the
+    rows of the Q tile and of the K tile then resident, as [event, q0, nq, k0, nk] (event order, the event's index
+    in ``ev``). A block a mask skips is
+    never allocated, so it is absent. None for a schedule without score tiles beside resident Q and K tiles (standard
+    attention writes S whole)."""
+    if not {"S", "Q", "K"} <= set(names):
+        return None
+    s_id, q_id, k_id = names.index("S"), names.index("Q"), names.index("K")
+    live: dict[int, tuple] = {}
+    out = []
+    for e, (op, a, r0, nr, _c0, _nc, _w, _res, h) in enumerate(ev[:, :9].tolist()):
+        if op in (1, 3):
+            live[h] = (a, r0, nr)
+        elif op == 4:
+            live.pop(h, None)
+        if op == 3 and a == s_id:
+            q = [t for t in live.values() if t[0] == q_id]
+            k = [t for t in live.values() if t[0] == k_id]
+            if len(q) == 1 and len(k) == 1:
+                out.append([e, q[0][1], q[0][2], k[0][1], k[0][2]])
+    return out or None
+
+
+def _rows(names, stats, pred) -> list[str]:
+    """The counters' rows: every array the page's events move, then any other array of the run's (or the
+    problem's) counts, so a column sums to its total (split-KV: the combine kernel's O and L)."""
+    out = [n for n in names if n in stats.per_array or (pred is not None and n in pred.per_array)]
+    more = list(stats.per_array) + ([] if pred is None else list(pred.per_array))
+    for n in more:
+        if n not in out:
+            out.append(n)
+    return out
+
+
 def _bounds(r) -> list[list]:
     """[name, words] of the lower bounds that apply to the run's pass (the run's own bound first)."""
     from iosim.theory import bounds
@@ -270,7 +349,7 @@ def _bounds(r) -> list[list]:
         out += [[f"{b.name}: {b.formula}", float(b.value)] for b in found if b.is_lower and b.applies]
     seen, uniq = set(), []
     for name, value in out:
-        if name not in seen:
+        if value > 0 and name not in seen:  # a bound of 0 words (Hong-Kung's at a large M) says nothing
             seen.add(name)
             uniq.append([name, value])
     return uniq
@@ -300,20 +379,35 @@ def closed_form_chart(N: int, d: int, M: int, backward: bool = False, causal: bo
         if pts:
             series[name] = pts
     lower = [[m, float(bounds.lower_bound(N, d, m, backward=backward, causal=causal)[0])] for m in Ms]
-    # the smallest of the papers' upper bounds that apply at each M: their Theta forms with constant 1, for orientation
-    # (iosim.theory.bounds): at small M such a form can fall below a lower bound with its constant
-    upper = []
-    for m in Ms:
-        bs = bounds.backward_bounds(N, d, m) if backward else bounds.forward_bounds(N, d, m)
-        ups = [float(b.value) for b in bs if b.kind.startswith("upper") and b.applies]
-        if ups:
-            upper.append([m, min(ups)])
+    upper = theorem2_line(N, d, Ms, backward, causal)
     return {"N": N, "d": d, "M": M, "d2": d * d, "series": series, "lower": lower, "upper": upper,
             "backward": backward}  # fmt: skip
 
 
-def _build(results, chart: bool = True) -> tuple[str, int]:
-    """The page of traced ``results`` and the events it holds."""
+def theorem2_line(N: int, d: int, Ms, backward: bool = False, causal: bool = False) -> list[list]:  # noqa: N803
+    """FlashAttention's Theorem 2 (Dao et al., 2022) with the constants of its proof kept, at each M: the exact count
+    of Algorithm 1 (or 4, backward) at the paper's blocks Bc = ceil(M/4d), Br = min(Bc, d), from iosim's closed form
+    (forward 2Nd + Tc(3Nd + 4N) + Nd + 2N, backward 4Nd + Tc(5Nd + 2N) + 3Nd with the initialisations; Tc = ceil(N/Bc)).
+    It is the Theta(N^2 d^2 / M) upper bound as a number, not a Theta form with constant 1 (which falls below the
+    trivial lower bound 4Nd at small N^2 d / M). The paper's blocks overfill M by about half (design.md), which the
+    chart's legend says."""
+    from iosim import registry
+
+    a = registry.get("flash1")
+    out = []
+    for m in Ms:
+        try:
+            t = a.backward_tiling(N, d, m, "paper") if backward else a.choose_tiling(N, d, m, "paper")
+            pred = (a.predict_backward if backward else a.predict_forward)(N, d, m, t, causal)
+        except InputError:
+            continue
+        out.append([m, int(pred.total)])
+    return out
+
+
+def _page_of(results, chart: bool = True) -> dict:
+    """The data of one page of traced ``results``: their schedules and, for one-head runs of equal N, d and pass,
+    the chart of the closed forms against M."""
     schedules = [schedule_data(r) for r in results]
     first = results[0]
     one_head = all(r.problem is None or r.problem.is_single for r in results)
@@ -323,8 +417,74 @@ def _build(results, chart: bool = True) -> tuple[str, int]:
         data["chart"] = closed_form_chart(
             first.N, first.d, first.M, first.main.name == "backward", first.mask == "causal"
         )
+    return data
+
+
+def _build(results, chart: bool = True) -> tuple[str, int]:
+    """The page of traced ``results`` and the events it holds."""
+    data = _page_of(results, chart)
+    schedules = data["schedules"]
     title = " vs ".join(r.algorithm for r in results) + f": {schedules[0]['title']}"
     return render("schedule", title, data), sum(len(s["steps"]) for s in schedules)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A grid of settings on one page
+# ---------------------------------------------------------------------------------------------------------------
+GRID_AXES = ("N", "d", "M", "mask")
+
+
+def _setting(algorithms, key: dict, kw: dict) -> dict:
+    """One setting of a grid page: its real traces' page data, or the one-line refusal a class sees."""
+    mask = None if key["mask"] == "none" else key["mask"]
+    try:
+        runs = [traced(a, N=key["N"], d=key["d"], M=key["M"], mask=mask, **kw) for a in algorithms]
+        data = _page_of(runs)
+    except InputError as e:
+        return {**key, "refused": str(e)}
+    events = sum(len(s["steps"]) for s in data["schedules"])
+    if events > MAX_EVENTS:
+        return {**key, "refused": f"{events:,} events, over a setting's cap of {MAX_EVENTS:,}"}
+    return {**key, **data}
+
+
+def grid_page(algorithms, path=None, *, Ns, ds, Ms, masks=("none",), **kw) -> str:  # noqa: N803
+    """One page holding the real traces of every setting of the grid ``Ns`` x ``ds`` x ``Ms`` x ``masks`` of the
+    schedules ``algorithms`` (other keywords as :func:`iosim.run`: tiling, backward, ...); the page's controls pick
+    a setting and every number follows it.
+
+    Why traces, not a JavaScript port of the loop nests: every number on the page is then iosim's own count,
+    exact by construction, and there is no second implementation of the schedules to drift from the first. The
+    price is size: the grid must fit :data:`MAX_HTML_BYTES`; a setting iosim refuses (M too small for d) is kept
+    with its one-line refusal, which the page shows in place of a blank panel."""
+    if isinstance(algorithms, str):
+        algorithms = [algorithms]
+    if path is not None:
+        path = outputs.file("path", path, SUFFIXES)
+    axes = {"N": sorted(set(Ns)), "d": sorted(set(ds)), "M": sorted(set(Ms)), "mask": list(dict.fromkeys(masks))}
+    for name in ("N", "d", "M"):
+        if not axes[name] or min(axes[name]) < 1:
+            raise InputError(name, "values of a grid must be positive integers", axes[name])
+    keys = [dict(N=n, d=d, M=m, mask=k) for n in axes["N"] for d in axes["d"] for m in axes["M"] for k in axes["mask"]]
+    settings = [_setting(algorithms, key, kw) for key in keys]
+    title = " vs ".join(algorithms) + ": N, d and M chosen on the page"
+    html = render("schedule", title, {"grid": {"axes": axes, "settings": settings, "algorithms": list(algorithms)}})
+    size = len(html.encode())
+    if size > MAX_HTML_BYTES:
+        per_n = {n: sum(len(_script_json(s)) for s in settings if s["N"] == n) for n in axes["N"]}
+        fit, total = [], len(html.encode()) - sum(per_n.values())
+        for n in axes["N"]:
+            total += per_n[n]
+            if total > MAX_HTML_BYTES:
+                break
+            fit.append(n)
+        best = f"N in {fit} fits with these d, M and masks" if fit else "no N fits with these d, M and masks"
+        raise InputError(
+            "grid", f"makes a page of {size:,} bytes, over the cap of {MAX_HTML_BYTES:,} bytes of HTML; {best}"
+        )
+    if path is not None:
+        path.write_text(html, encoding="utf-8")
+    return html
 
 
 def _fits(events: int, size: int) -> bool:
@@ -402,9 +562,12 @@ def check_fits(algorithms, kw: dict) -> list:
             probes[n] = page_size(algorithms, _with_n(kw, n))
         return _fits(*probes[n][:2])
 
-    n = min(16, N)
-    while n < N and ok(n):
-        n *= 2
+    try:
+        n = min(16, N)
+        while n < N and ok(n):
+            n *= 2
+    except InputError:  # the mask holds at this N only (blockdiag:, prefix:, file:): no smaller N to probe
+        return _at_its_own_n(algorithms, kw, ok, probes)
     if n >= N and ok(N):
         return probes[N][2]
     lo, hi = n // 2, min(n, N)  # ok(lo) unless lo was never probed; not ok(hi)
@@ -422,6 +585,22 @@ def check_fits(algorithms, kw: dict) -> list:
         "N",
         f"gives a trace too large for a page (the cap is {MAX_EVENTS:,} events and {MAX_HTML_BYTES:,} bytes of "
         f"HTML); {best}",
+        N,
+    )
+
+
+def _at_its_own_n(algorithms, kw: dict, ok, probes) -> list:
+    """The traced runs at the requested N for a mask that holds at that N only (document lengths, a prefix, an
+    N x N file), or an InputError saying so (no smaller N exists to name)."""
+    N = _n_of(kw)
+    if ok(N):
+        return probes[N][2]
+    events, size = probes[N][:2]
+    raise InputError(
+        "N",
+        f"gives a trace too large for a page ({events:,} events; the cap is {MAX_EVENTS:,} events and "
+        f"{MAX_HTML_BYTES:,} bytes of HTML), and the mask {kw.get('mask')} holds at this N only: no smaller N "
+        "fits it (a larger M or a smaller mask makes a page)",
         N,
     )
 
@@ -455,21 +634,51 @@ def _layout(graph) -> list[list[float]]:
     return pos
 
 
+def _resized(spec: str, first: int) -> str:
+    kind, sizes = spec.strip().split(":", 1)
+    return f"{kind}:{'x'.join([str(first), *sizes.split('x')[1:]])}"
+
+
+def pebble_graph(spec: str):
+    """The graph of ``spec`` for a pebble page, or an InputError naming the largest graph of its kind (its first
+    size varied, the others kept) within :data:`MAX_PEBBLE_VERTICES` vertices."""
+    from iosim.pebble.graph import named
+
+    g = named(spec)
+    if len(g) <= MAX_PEBBLE_VERTICES:
+        return g
+    lo, hi = 0, int(spec.split(":", 1)[1].split("x")[0])  # named(hi) is over the cap
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if len(named(_resized(spec, mid))) <= MAX_PEBBLE_VERTICES:
+            lo = mid
+        else:
+            hi = mid
+    best = f"the largest that fits is {_resized(spec, lo)}" if lo else "no graph of its kind with these sizes fits"
+    raise InputError(
+        "graph",
+        f"has {len(g):,} vertices, too many for a pebble page (the cap is {MAX_PEBBLE_VERTICES:,}); {best}",
+        spec,
+    )
+
+
 def pebble_data(
     spec: str,
     M: int,  # noqa: N803
     solution: str | None = None,
-    optimum_states: int = 20_000,
+    optimum_states: int | None = None,
     allow_long: bool = False,
 ) -> dict:
     """A graph of the pebble page: vertices, parents, inputs, outputs, layout, the exercise's solution (a
     schedule file's moves) and iosim's best schedule: the optimum where the search finishes within
-    ``optimum_states`` states, else the greedy schedule (labelled so)."""
+    ``optimum_states`` states (default: the search's own limit, as ``iosim pebble --html``), else the greedy schedule
+    (labelled so)."""
     from iosim.pebble import search
-    from iosim.pebble.game import Game, parse
-    from iosim.pebble.graph import named
 
-    g = named(spec)
+    optimum_states = search.MAX_STATES if optimum_states is None else optimum_states
+    from iosim.pebble.game import Game, parse
+
+    g = pebble_graph(spec)
     best, how = None, None
     if len(g) <= search.MAX_VERTICES:
         try:
@@ -504,13 +713,18 @@ def pebble_data(
     }
 
 
-def pebble_page(games, path=None, optimum_states: int = 20_000, allow_long: bool = False) -> str:
+def pebble_page(games, path=None, optimum_states: int | None = None, allow_long: bool = False) -> str:
     """The pebble page: ``games`` is a list of (graph spec, M, solution file or None); iosim's optimum is searched
-    up to ``optimum_states`` states per graph (:func:`pebble_data`)."""
+    up to ``optimum_states`` states per graph (default: the search's own limit, 400,000 states, as ``iosim pebble
+    --html``; :func:`pebble_data`). Every graph is checked against :data:`MAX_PEBBLE_VERTICES` before any search."""
     if path is not None:
         path = outputs.file("path", path, SUFFIXES)
+    for g in games:
+        pebble_graph(g[0])
     data = {"games": [pebble_data(*g, optimum_states=optimum_states, allow_long=allow_long) for g in games]}
     html = render("pebble", "The red-blue pebble game", data)
+    if len(html.encode()) > MAX_HTML_BYTES:
+        raise InputError("games", f"make a page over the cap of {MAX_HTML_BYTES:,} bytes of HTML; play fewer at once")
     if path is not None:
         path.write_text(html, encoding="utf-8")
     return html

@@ -30,8 +30,29 @@ function fragment() {
   }
   return out;
 }
-function setFragment(obj) {
-  const text = "#" + Object.entries(obj).map(([k, v]) => k + "=" + encodeURIComponent(v)).join("&");
-  if (window.location.hash !== text) history.replaceState(null, "", text);
+// The URL fragment follows the page at most every FRAGMENT_MS: browsers ignore history.replaceState called too
+// often (Chromium: about 200 calls in 10 s), which left the fragment behind the page after fast play. A call
+// within FRAGMENT_MS of the last update waits, and the newest position is written when the wait ends.
+const FRAGMENT_MS = 120;
+let fragmentWanted = null, fragmentTimer = null, fragmentLast = 0;
+function writeFragment() {
+  fragmentTimer = null;
+  fragmentLast = Date.now();
+  if (fragmentWanted !== null && window.location.hash !== fragmentWanted) history.replaceState(null, "", fragmentWanted);
 }
+function setFragment(obj) {
+  fragmentWanted = "#" + Object.entries(obj).map(([k, v]) => k + "=" + encodeURIComponent(v)).join("&");
+  if (fragmentTimer !== null) return;
+  const wait = fragmentLast + FRAGMENT_MS - Date.now();
+  if (wait <= 0) writeFragment(); else fragmentTimer = setTimeout(writeFragment, wait);
+}
+// WCAG 2 contrast: relative luminance of an sRGB colour "#rrggbb", and the text colour (near-black or white) that
+// reads best on a background (every background then gives at least 4.5:1 with one of the two).
+function luminance(hex) {
+  const c = [1, 3, 5].map(i => parseInt(hex.slice(i, i + 2), 16) / 255)
+    .map(v => v <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4);
+  return 0.2126 * c[0] + 0.7152 * c[1] + 0.0722 * c[2];
+}
+function contrast(a, b) { const x = luminance(a), y = luminance(b); return (Math.max(x, y) + 0.05) / (Math.min(x, y) + 0.05); }
+function textOn(bg) { return contrast(bg, "#000000") >= contrast(bg, "#ffffff") ? "#000000" : "#ffffff"; }
 document.getElementById("version").textContent = PAGE.version;

@@ -90,18 +90,20 @@ class Board {
       b("undo", "take back the last move (u)", () => this.undo(), "undo"),
       b("restart", "start again", () => this.restart(), "restart"),
       b("exercise's solution", "play the solution file of docs/pebble", () => this.playList("solution"), "solution"),
-      b("iosim's best", "play iosim's optimum (or greedy schedule where the search is out of reach)", () => this.playList("best"), "best"));
+      b("iosim's best", "play iosim's optimum (or greedy schedule where the search is out of reach)", () => this.playList("best"), "best"),
+      b("best: next move", "iosim's best schedule one move at a time (n)", () => this.stepBest(), "best-step"));
     this.status = el("div", { class: "occupancy", id: "status" });
     this.verdict = el("div", { class: "verdict", id: "verdict" });
     this.svg = svg("svg", { id: "board" });
     this.log = el("div", { class: "moves", id: "log" });
     this.info = el("div", { class: "note", id: "info" });
     main.append(this.controls, el("div", { class: "game" },
-      el("div", {}, this.svg, el("div", { class: "note", text: "click a vertex, then a rule (keys 1-4). Red fill: red pebble (fast memory); blue ring: blue pebble (slow memory); dashed: an output. Inputs at the bottom." })),
+      el("div", {}, this.svg, el("div", { class: "note", text: "click a vertex (or Tab to it and press Enter), then a rule (keys 1-4). Red fill: red pebble (fast memory); blue ring: blue pebble (slow memory); dashed: an output. Inputs at the bottom." })),
       el("div", {}, el("h2", { text: "Game" }), this.status, this.verdict, this.info, el("h2", { text: "Moves" }), this.log)));
     document.addEventListener("keydown", e => {
       const r = { "1": "R1", "2": "R2", "3": "R3", "4": "R4" }[e.key];
       if (r) { this.play(r); e.preventDefault(); } else if (e.key === "u") { this.undo(); e.preventDefault(); }
+      else if (e.key === "n") { this.stepBest(); e.preventDefault(); }
     });
     const f = fragment();
     this.load(Math.max(0, Math.min(this.games.length - 1, parseInt(f.g || "0", 10) || 0)));
@@ -145,6 +147,20 @@ class Board {
     this.bad = !v.legal;
     this.draw();
   }
+  stepBest() {  // the next move of iosim's best schedule, from the start unless the moves so far are its beginning
+    const best = this.g.best.moves;
+    const prefix = this.moves.length < best.length && this.moves.every((m, i) => m[0] === best[i][0] && m[1] === best[i][1]);
+    if (!prefix) this.restart();
+    const [r, n] = best[this.moves.length];
+    const v = this.g.names.indexOf(n);
+    this.sel = v;
+    this.game.move(r, v);
+    this.moves.push([r, n]);
+    this.message = "iosim's " + this.g.best.how.split(" (")[0] + ", move " + this.moves.length + " of " + best.length + ": " +
+      TITLES[r] + " on " + n + (this.moves.length === best.length ? "; done, " + fmt(this.g.best.io) + " I/O" : "");
+    this.bad = false;
+    this.draw();
+  }
   draw() {
     const g = this.g, game = this.game;
     const W = 900, H = 520, pad = 24;
@@ -156,15 +172,24 @@ class Board {
     const r = Math.max(5, Math.min(14, 300 / g.names.length + 4));
     g.names.forEach((name, v) => {
       const cls = ["v", game.red.has(v) ? "red" : "", this.sel === v ? "sel" : "", outs.has(v) ? "output" : ""].join(" ");
-      const node = svg("g", { class: cls, "data-v": v, "data-name": name },
+      const node = svg("g", { class: cls, "data-v": v, "data-name": name, tabindex: 0, role: "button", focusable: "true",
+        "aria-label": name + (game.red.has(v) ? ", red" : "") + (game.blue.has(v) ? ", blue" : "") + (this.sel === v ? ", selected" : "") },
         svg("title", { text: name + (game.red.has(v) ? ", red" : "") + (game.blue.has(v) ? ", blue" : "") }),
         svg("circle", { class: "body", cx: X(g.pos[v]), cy: Y(g.pos[v]), r }));
       if (game.blue.has(v)) node.append(svg("circle", { class: "blue", cx: X(g.pos[v]), cy: Y(g.pos[v]), r: r + 3 }));
       if (g.names.length <= 40) node.append(svg("text", { class: "lab", x: X(g.pos[v]), y: Y(g.pos[v]) + r + 9, "text-anchor": "middle", text: name }));
       node.addEventListener("click", () => { this.sel = v; this.draw(); });
+      node.addEventListener("keydown", e => {  // keyboard play: Tab to a vertex, Enter or space selects it
+        if (e.key === "Enter" || e.key === " ") { this.sel = v; this.draw(); e.preventDefault(); }
+      });
       kids.push(node);
     });
+    const focused = document.activeElement && document.activeElement.getAttribute ? document.activeElement.getAttribute("data-v") : null;
     this.svg.replaceChildren(...kids);
+    if (focused !== null) {  // the redrawn vertex keeps the keyboard focus
+      const again = this.svg.querySelector('g[data-v="' + focused + '"]');
+      if (again) again.focus();
+    }
     const o = game.outcome();
     this.status.textContent = "graph " + g.graph + " (" + g.names.length + " vertices), M = " + g.M + " red pebbles; moves " +
       o.moves + "; I/O " + o.io + " (R1 reads " + o.reads + ", R2 writes " + o.writes + "); R3 computes " + o.computes +
@@ -179,7 +204,7 @@ class Board {
   }
 }
 
-document.getElementById("help").textContent = "click a vertex, then 1 R1 read \u00b7 2 R2 write \u00b7 3 R3 compute \u00b7 4 R4 remove \u00b7 u undo";
+document.getElementById("help").textContent = "click a vertex (or Tab to it, Enter), then 1 R1 read \u00b7 2 R2 write \u00b7 3 R3 compute \u00b7 4 R4 remove \u00b7 u undo \u00b7 n iosim's next move";
 const board = new Board();
 window.iosimPebble = {
   replay: (i, moves) => replay(PAGE.games[i], PAGE.games[i].M, moves),

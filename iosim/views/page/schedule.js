@@ -4,6 +4,7 @@
 const LOAD = 1, STORE = 2, ALLOC = 3, FREE = 4, INIT = 5;
 const OPNAME = ["", "load", "store", "alloc", "free", "init"];
 const OUTLINE = ["", "#0050d0", "#e07000", "#008a2e", "#777", "#c00"];
+const READ_RGB = "20, 60, 160", WRITE_RGB = "200, 90, 0";  // shades of reads and of writes per word
 const CANVAS_H = Math.round(Math.max(80, Math.min(240, window.innerHeight * 0.16)));  // projector screens: larger
 
 class Schedule {
@@ -14,7 +15,9 @@ class Schedule {
     this.A = data.names.length;
     this.index = index;
     this.reset();
-    this.heatMax = this.finalHeatMax();
+    this.heatMax = this.finalHeatMax();  // the most words moved per word of any array, read or written, in the run
+    this.scale = this.heatMax;  // the page sets one scale for all its schedules (setScale)
+    this.both = this.reads.map((r, a) => r > 0 && this.writes[a] > 0);  // arrays drawn as reads above, writes below
     this.reset();
     this.build();
   }
@@ -22,7 +25,8 @@ class Schedule {
     this.k = -1;  // the last event applied
     this.reads = new Array(this.A).fill(0);
     this.writes = new Array(this.A).fill(0);
-    this.heat = this.d.grids.map(g => new Float64Array(g[0] * g[1]));
+    this.heat = this.d.grids.map(g => new Float64Array(g[0] * g[1]));  // reads per word
+    this.wheat = this.d.grids.map(g => new Float64Array(g[0] * g[1]));  // writes per word (initialisation too)
     this.live = new Map();  // handle -> [array, r0, nr, c0, nc, words]
     this.resident = 0;
     this.peak = 0;
@@ -32,9 +36,13 @@ class Schedule {
     const op = this.e(k, 0), a = this.e(k, 1), words = this.e(k, 6), h = this.e(k, 8);
     if (op === LOAD) {
       this.reads[a] += words;
-      this.addHeat(a, this.e(k, 2), this.e(k, 3), this.e(k, 4), this.e(k, 5));
-    } else if (op === STORE || op === INIT) {
+      this.addHeat(this.heat[a], a, this.e(k, 2), this.e(k, 3), this.e(k, 4), this.e(k, 5));
+    } else if (op === STORE) {
       this.writes[a] += words;
+      this.addHeat(this.wheat[a], a, this.e(k, 2), this.e(k, 3), this.e(k, 4), this.e(k, 5));
+    } else if (op === INIT) {  // the whole array, written once
+      this.writes[a] += words;
+      this.addHeat(this.wheat[a], a, 0, this.d.shapes[a][0], 0, this.d.shapes[a][1]);
     }
     if (op === LOAD || op === ALLOC) {
       this.live.set(h, [a, this.e(k, 2), this.e(k, 3), this.e(k, 4), this.e(k, 5), words]);
@@ -46,9 +54,8 @@ class Schedule {
     this.peak = Math.max(this.peak, this.resident);
     this.k = k;
   }
-  addHeat(a, r0, nr, c0, nc) {
+  addHeat(H, a, r0, nr, c0, nc) {
     const [gr, gc, fr, fc] = this.d.grids[a];
-    const H = this.heat[a];
     for (let i = Math.floor(r0 / fr); i < Math.min(gr, Math.ceil((r0 + nr) / fr)); i++) {
       const rows = Math.min(r0 + nr, (i + 1) * fr) - Math.max(r0, i * fr);
       for (let j = Math.floor(c0 / fc); j < Math.min(gc, Math.ceil((c0 + nc) / fc)); j++) {
@@ -59,7 +66,9 @@ class Schedule {
   }
   finalHeatMax() {
     for (let k = 0; k < this.n; k++) this.apply(k);
-    return this.heat.map(H => H.reduce((x, y) => Math.max(x, y), 0));
+    let mx = 0;
+    for (const H of [...this.heat, ...this.wheat]) for (const v of H) mx = Math.max(mx, v);
+    return mx;
   }
   seek(k) {
     k = Math.max(-1, Math.min(this.n - 1, k));
@@ -75,7 +84,9 @@ class Schedule {
   state() {  // what the tests read
     const reads = {}, writes = {};
     this.d.names.forEach((n, i) => { reads[n] = this.reads[i]; writes[n] = this.writes[i]; });
-    return { k: this.k, n: this.n, reads, writes, resident: this.resident, peak: this.peak,
+    return { k: this.k, n: this.n, reads, writes, resident: this.resident, peak: this.peak, scale: this.scale,
+      blocksDone: this.blocksDone === undefined ? null : this.blocksDone,
+      heat: Object.fromEntries(this.d.names.map((n, i) => [n, [Array.from(this.heat[i]), Array.from(this.wheat[i])]])),
       live: [...this.live.values()].map(t => [this.d.names[t[0]], t[5]]) };
   }
   build() {
@@ -102,8 +113,16 @@ class Schedule {
         el("span", { class: "swatch", style: "background:" + colour(d.names[a], a) }),
         d.names[a] + " " + rows + "\u00d7" + cols)));
     }
+    if (d.blocks) {  // S = Q K^T: the blocks the schedule computes (from the trace); a skipped block stays blank
+      const N = d.shapes[d.names.indexOf("Q")][0], nk = d.shapes[d.names.indexOf("K")][0];
+      const h = CANVAS_H, w = Math.max(10, Math.min(260, Math.round(h * nk / N)));
+      this.blockCanvas = el("canvas", { width: w, height: h, "data-array": "S-blocks" });
+      arrays.append(el("figure", {}, this.blockCanvas, el("figcaption", { text: "S = QK\u1d40 blocks computed (" +
+        d.blocks.length + "; blank: skipped)" })));
+    }
     left.append(arrays);
-    left.append(el("div", { class: "note", text: "shade: reads so far per word (darkest = the most any word of that array is read in the whole run); outline: this event's tile; dashed: tiles in fast memory" }));
+    this.legend = el("div", { class: "note legend" });
+    left.append(this.legend);
     this.fast = el("div", { class: "fast", title: "fast memory: M words" });
     this.occupancy = el("div", { class: "occupancy" });
     left.append(el("h2", { text: "Fast memory (M = " + fmt(d.M) + " words)" }), this.fast, this.occupancy);
@@ -120,8 +139,27 @@ class Schedule {
     for (const t of lines) right.append(el("div", { class: "occupancy", text: t }));
     right.append(b);
   }
+  drawBlocks(k) {  // the score blocks computed up to event k, the latest outlined
+    const d = this.d, c = this.blockCanvas, ctx = c.getContext("2d");
+    const N = d.shapes[d.names.indexOf("Q")][0], nk = d.shapes[d.names.indexOf("K")][0];
+    const sx = c.width / nk, sy = c.height / N;
+    ctx.fillStyle = "#fff"; ctx.fillRect(0, 0, c.width, c.height);
+    let last = null, done = 0;
+    ctx.fillStyle = "rgba(" + READ_RGB + ", 0.55)";
+    for (const b of d.blocks) {
+      if (b[0] > k) break;
+      ctx.fillRect(b[3] * sx, b[1] * sy, b[4] * sx, b[2] * sy);
+      last = b; done++;
+    }
+    if (last) { ctx.lineWidth = 3; ctx.strokeStyle = OUTLINE[ALLOC]; ctx.strokeRect(last[3] * sx + 1.5, last[1] * sy + 1.5, Math.max(1, last[4] * sx - 3), Math.max(1, last[2] * sy - 3)); }
+    this.blocksDone = done;
+  }
   render() {
     const d = this.d, k = this.k;
+    this.legend.textContent = "shade: words moved so far per word, one scale for every array" +
+      (schedules.length > 1 ? " and schedule" : "") + ": the darkest is " + fmt(this.scale) +
+      " per word (the most any word is moved in the run); blue: reads, orange: writes (an array both read and " +
+      "written: reads in a cell's upper half, writes in its lower half); outline: this event's tile; dashed: tiles in fast memory";
     // the event line
     if (k < 0) {
       this.eventLine.textContent = "before the first event (press \u2192 or play)";
@@ -142,15 +180,19 @@ class Schedule {
       const ctx = c.getContext("2d");
       const sx = c.width / (gc * fc), sy = c.height / (gr * fr);
       ctx.fillStyle = "#fff"; ctx.fillRect(0, 0, c.width, c.height);
-      const H = this.heat[a], mx = this.heatMax[a] || 1;
-      for (let i = 0; i < gr; i++) for (let j = 0; j < gc; j++) {
-        const v = H[i * gc + j];
-        if (v > 0) {
-          const t = Math.min(1, v / mx);
-          ctx.fillStyle = "rgba(20, 60, 160, " + (0.12 + 0.83 * t).toFixed(3) + ")";
-          ctx.fillRect(j * fc * sx, i * fr * sy, Math.min(fc, cols - j * fc) * sx, Math.min(fr, rows - i * fr) * sy);
+      const mx = this.scale || 1, split = this.both[a];
+      const shade = (H, rgb, half) => {
+        for (let i = 0; i < gr; i++) for (let j = 0; j < gc; j++) {
+          const v = H[i * gc + j];
+          if (v <= 0) continue;
+          const t = Math.min(1, v / mx), h = Math.min(fr, rows - i * fr) * sy;
+          ctx.fillStyle = "rgba(" + rgb + ", " + (0.08 + 0.87 * t).toFixed(3) + ")";
+          const y = i * fr * sy + (half === 2 ? h / 2 : 0);
+          ctx.fillRect(j * fc * sx, y, Math.min(fc, cols - j * fc) * sx, half ? h / 2 : h);
         }
-      }
+      };
+      shade(this.heat[a], READ_RGB, split ? 1 : 0);
+      shade(this.wheat[a], WRITE_RGB, split ? 2 : 0);
       ctx.setLineDash([3, 2]); ctx.lineWidth = 1; ctx.strokeStyle = "#008a2e";
       for (const t of this.live.values()) if (t[0] === a) ctx.strokeRect(t[3] * sx + 0.5, t[1] * sy + 0.5, Math.max(1, t[4] * sx - 1), Math.max(1, t[2] * sy - 1));
       ctx.setLineDash([]);
@@ -161,12 +203,15 @@ class Schedule {
         ctx.strokeRect(c0 * sx + 1.5, r0 * sy + 1.5, Math.max(1, nc * sx - 3), Math.max(1, nr * sy - 3));
       }
     }
+    if (this.blockCanvas) this.drawBlocks(k);
     // fast memory
     const tiles = [];
     let x = 0;
-    for (const t of this.live.values()) {
+    const hNow = k >= 0 ? this.e(k, 8) : -1;  // the tile of this event, lit in fast memory as on its array
+    for (const [h, t] of this.live.entries()) {
       const name = d.names[t[0]], w = 100 * t[5] / d.M;
-      tiles.push(el("div", { class: "tile", style: "left:" + x + "%;width:" + w + "%;background:" + colour(name, t[0]),
+      const bg = colour(name, t[0]);
+      tiles.push(el("div", { class: h === hNow ? "tile current" : "tile", style: "left:" + x + "%;width:" + w + "%;background:" + bg + ";color:" + textOn(bg),
         title: name + "[" + t[1] + ":" + (t[1] + t[2]) + ", " + t[3] + ":" + (t[3] + t[4]) + "] " + t[5] + " words", text: name }));
       x += w;
     }
@@ -179,29 +224,34 @@ class Schedule {
       el("th", { text: d.problem ? "block's final" : "final (trace)" }), el("th", { text: d.problem ? "problem, simulated" : "closed form" }));
     if (d.problem) head.append(el("th", { text: "problem, closed form" }));
     const rows = [head];
-    const names = Object.keys(d.final);
     let R = 0, W = 0, FR = 0, FW = 0;
-    for (const name of names) {
-      const a = d.names.indexOf(name), f = d.final[name];
-      R += this.reads[a]; W += this.writes[a]; FR += f[0]; FW += f[1];
+    for (const name of d.rows) {  // every array of the block and of the problem (split-KV: O, L of the combine)
+      const a = d.names.indexOf(name), f = d.final[name] || [0, 0];
+      const reads = a < 0 ? 0 : this.reads[a], writes = a < 0 ? 0 : this.writes[a];
+      R += reads; W += writes; FR += f[0]; FW += f[1];
       const cf = d.problem ? d.simulated[name] : (d.closed_form || {})[name];
-      const done = this.reads[a] === f[0] && this.writes[a] === f[1];
+      const done = reads === f[0] && writes === f[1];
       const tr = el("tr", { "data-array": name },
         el("td", {}, el("span", { class: "swatch", style: "background:" + colour(name, a) }), name),
-        el("td", { class: done ? "done" : "", text: fmt(this.reads[a]) }),
-        el("td", { class: done ? "done" : "", text: fmt(this.writes[a]) }),
+        el("td", { class: done ? "done" : "", text: fmt(reads) }),
+        el("td", { class: done ? "done" : "", text: fmt(writes) }),
         el("td", { text: fmt(f[0]) + " / " + fmt(f[1]) }),
         el("td", { text: cf ? fmt(cf[0]) + " / " + fmt(cf[1]) : "-" }));
       if (d.problem) { const c = (d.closed_form || {})[name]; tr.append(el("td", { text: c ? fmt(c[0]) + " / " + fmt(c[1]) : "-" })); }
       rows.push(tr);
     }
-    const tr = el("tr", {}, el("td", { text: "total" }), el("td", { text: fmt(R) }), el("td", { text: fmt(W) }),
-      el("td", { text: fmt(FR) + " / " + fmt(FW) }), el("td", { text: "" }));
+    const sum = (t, i) => Object.values(t || {}).reduce((x, v) => x + v[i], 0);
+    const other = d.problem ? d.simulated : d.closed_form;
+    const tr = el("tr", { "data-total": "" }, el("td", { text: "total" }), el("td", { text: fmt(R) }), el("td", { text: fmt(W) }),
+      el("td", { text: fmt(FR) + " / " + fmt(FW) }), el("td", { text: other ? fmt(sum(other, 0)) + " / " + fmt(sum(other, 1)) : "" }));
+    if (d.problem) tr.append(el("td", { text: d.closed_form ? fmt(sum(d.closed_form, 0)) + " / " + fmt(sum(d.closed_form, 1)) : "-" }));
     rows.push(tr);
     this.table.replaceChildren(...rows);
   }
 }
 
+// series colours of the chart, each at least 4.5:1 against its white background (its labels are small text)
+const CHART_COLOURS = ["#c62828", "#1f5f9f", "#2e7d32", "#6a3d9a", "#a65200", "#6d4c41"];
 function chartSVG(c) {
   const W = 720, H = 300, L = 70, R = 130, T = 14, B = 36;
   const all = [];
@@ -234,14 +284,14 @@ function chartSVG(c) {
     labels.push([Y(p[1]) + 4, X(p[0]) + 4, colr, label]);
   };
   const labels = [];
-  const colours = ["#d62728", "#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"];
+  const colours = CHART_COLOURS;
   Object.entries(c.series).forEach(([name, pts], i) => line(pts, colours[i % colours.length], "", name, name));
   line(c.lower, "#000", "5 3", "lower bound", "lower");
-  line(c.upper || [], "#777", "1 3", "\u0398 upper bound, constant 1 (orientation)", "upper");
+  line(c.upper || [], "#595959", "1 3", "Thm 2's count, paper blocks", "upper");
   labels.sort((a, b) => a[0] - b[0]);  // the end labels, pushed apart so none overlaps
   labels.forEach((l, i) => { if (i > 0) l[0] = Math.max(l[0], labels[i - 1][0] + 13); });
   for (const [y, x, colr, label] of labels) s.append(svg("text", { x, y, fill: colr, text: label }));
-  for (const [m, label, colr] of [[c.d2, "M = d\u00b2 = " + fmt(c.d2), "#888"], [c.M, "this page: M = " + fmt(c.M), "#c00"]]) {
+  for (const [m, label, colr] of [[c.d2, "M = d\u00b2 = " + fmt(c.d2), "#595959"], [c.M, "this page: M = " + fmt(c.M), "#c00000"]]) {
     if (Math.log10(m) < x0 || Math.log10(m) > x1) continue;
     s.append(svg("line", { x1: X(m), x2: X(m), y1: T, y2: H - B, stroke: colr, "stroke-dasharray": "2 2", "data-mark": label }));
     s.append(svg("text", { x: X(m) + 3, y: T + 10 + (m === c.M ? 12 : 0), fill: colr, text: label }));
@@ -268,7 +318,7 @@ class Player {
     if (this.race) this.drawRace();
     this.pos.textContent = (this.s.length > 1 ? (100 * this.t / this.T).toFixed(1) + "% of each schedule" :
       "event " + fmt(this.t) + " of " + fmt(this.T));
-    setFragment(this.s.length > 1 ? { t: this.t } : { k: this.t });
+    setFragment(Object.assign({}, settingKey(), this.s.length > 1 ? { t: this.t } : { k: this.t }));
   }
   drawRace() {
     const total = s => s.reads.reduce((x, y) => x + y, 0) + s.writes.reduce((x, y) => x + y, 0);
@@ -281,13 +331,20 @@ class Player {
         el("span", { class: "sofar", style: "width:" + (100 * total(s) / top) + "%;background:" + ["#1f77b4", "#d62728", "#2ca02c", "#9467bd"][i % 4] })),
       el("span", { class: "words", text: fmt(total(s)) + " of " + fmt(final(s)) + " words" }))));
   }
-  outer(dir) {  // to the end of this outer iteration (fast memory empty), or of the one before
-    const s = this.s[0], k = this.eventAt(s, this.t), o = s.d.outer;
-    const ends = o.slice(1).map(x => x - 1).concat([s.n - 1]);
-    let target = -1;
-    if (dir > 0) target = ends.find(e => e > k) ?? s.n - 1;
-    else for (const e of ends) if (e < k) target = e;
-    this.go(Math.round((target + 1) * this.T / s.n));
+  tickOf(s, e) {  // the first tick at which schedule s has done event e
+    let t = Math.max(0, Math.floor((e + 0.5) * this.T / s.n));
+    while (t < this.T && this.eventAt(s, t) < e) t++;
+    return t;
+  }
+  outer(dir) {  // to the next (or the last) tick at which some schedule ends an outer iteration (fast memory empty)
+    const ticks = new Set([0, this.T]);
+    for (const s of this.s) {
+      for (const x of s.d.outer.slice(1)) ticks.add(this.tickOf(s, x - 1));
+      ticks.add(this.tickOf(s, s.n - 1));
+    }
+    const sorted = [...ticks].sort((a, b) => a - b);
+    const target = dir > 0 ? sorted.find(t => t > this.t) ?? this.T : sorted.filter(t => t < this.t).pop() ?? 0;
+    this.go(target);
   }
   play(on) {
     if (on === undefined) on = this.timer === null;
@@ -332,43 +389,206 @@ class Player {
     const panels = el("div", { class: this.s.length > 1 ? "panels" : "panels one" });
     for (const s of this.s) panels.append(s.root);
     document.getElementById("main").append(panels);
-    document.addEventListener("keydown", e => {
-      if (e.target && (e.target.tagName === "INPUT" && e.target.type !== "range" || e.target.tagName === "SELECT")) return;
-      let done = true;
-      if (e.key === " ") this.play();
-      else if (e.key === "ArrowRight" && e.shiftKey || e.key === "PageDown") this.outer(1);
-      else if (e.key === "ArrowLeft" && e.shiftKey || e.key === "PageUp") this.outer(-1);
-      else if (e.key === "ArrowRight") this.go(this.t + 1);
-      else if (e.key === "ArrowLeft") this.go(this.t - 1);
-      else if (e.key === "Home") this.go(0);
-      else if (e.key === "End") this.go(this.T);
-      else if (e.key === "+" || e.key === "=") this.setSpeed(this.speed + 1);
-      else if (e.key === "-") this.setSpeed(this.speed - 1);
-      else done = false;
-      if (done) e.preventDefault();
-    });
-    window.addEventListener("hashchange", () => this.fromFragment());
   }
-  fromFragment() {
-    const f = fragment();
-    const v = this.s.length > 1 ? f.t : f.k;
-    const t = parseInt(v, 10);
-    this.go(Number.isFinite(t) ? t : 0);
+  key(e) {  // the page's keys (one listener for the page calls the player of the setting shown)
+    if (e.target && (e.target.tagName === "INPUT" && e.target.type !== "range" || e.target.tagName === "SELECT")) return;
+    let done = true;
+    if (e.key === " ") this.play();
+    else if (e.key === "ArrowRight" && e.shiftKey || e.key === "PageDown") this.outer(1);
+    else if (e.key === "ArrowLeft" && e.shiftKey || e.key === "PageUp") this.outer(-1);
+    else if (e.key === "ArrowRight") this.go(this.t + 1);
+    else if (e.key === "ArrowLeft") this.go(this.t - 1);
+    else if (e.key === "Home") this.go(0);
+    else if (e.key === "End") this.go(this.T);
+    else if (e.key === "+" || e.key === "=") this.setSpeed(this.speed + 1);
+    else if (e.key === "-") this.setSpeed(this.speed - 1);
+    else done = false;
+    if (done) e.preventDefault();
   }
 }
 
-document.getElementById("help").textContent = "keys: space play/pause \u00b7 \u2190 \u2192 one event \u00b7 shift+\u2190 \u2192 (or PageUp/PageDown) one outer iteration \u00b7 Home/End \u00b7 + \u2212 speed";
-const schedules = PAGE.schedules.map((d, i) => new Schedule(d, i));
-const player = new Player(schedules);
-if (PAGE.chart) {
-  const c = PAGE.chart;
-  document.getElementById("main").append(el("section", { class: "panel chart" },
-    el("h2", { text: "Total words against M, every algorithm from its closed form (" + (c.backward ? "backward" : "forward") +
-      ", N = " + fmt(c.N) + ", d = " + c.d + "; at " + c.lower.length + " values of M, computed when this page was built)" }), chartSVG(c)));
+// The argument on the page: the lecture "why FlashAttention reads Theta(N^2 d^2 / M)" walked step by step with the
+// numbers of the setting shown, every one read from the trace (tile sizes, the working set at the peak, how often
+// each K_j is loaded, K's total) or from the chart's closed forms (the crossover), and the lesson's questions,
+// whose answers the page checks against the same trace.
+function traceFacts(s) {
+  const d = s.d, ev = d.events, n = d.steps.length, id = name => d.names.indexOf(name);
+  const q = id("Q"), k = id("K");
+  if (q < 0 || k < 0) return null;
+  const f = { N: d.shapes[q][0], d: d.shapes[q][1], M: d.M, Br: 0, Bc: 0, qRows: new Set(), kLoads: new Map(), kWords: 0,
+    peak: 0, peakAt: 0, firstOuterEnd: d.outer.length > 1 ? d.outer[1] : n };
+  const live = new Map();
+  let atPeak = [];
+  for (let i = 0; i < n; i++) {
+    const op = ev[9 * i], a = ev[9 * i + 1], r0 = ev[9 * i + 2], nr = ev[9 * i + 3], w = ev[9 * i + 6], h = ev[9 * i + 8];
+    if (op === LOAD && a === q) { if (!f.Br) f.Br = nr; f.qRows.add(r0); }
+    if (op === LOAD && a === k) { if (!f.Bc) f.Bc = nr; f.kLoads.set(r0, (f.kLoads.get(r0) || 0) + 1); f.kWords += w; }
+    if (op === LOAD || op === ALLOC) live.set(h, [d.names[a], w]); else if (op === FREE) live.delete(h);
+    if (ev[9 * i + 7] > f.peak) { f.peak = ev[9 * i + 7]; f.peakAt = i; atPeak = [...live.values()]; }
+  }
+  f.atPeak = atPeak;
+  f.Tr = f.qRows.size;
+  const counts = [...f.kLoads.values()];
+  f.kMin = Math.min(...counts); f.kMax = Math.max(...counts); f.k1 = f.kLoads.get(0) || 0;
+  return f;
 }
-player.fromFragment();
+function crossover(chart, name) {  // the smallest M of the chart at which `name` moves fewer words than standard and square tiling
+  if (!chart || !chart.series[name]) return null;
+  const at = (series, m) => { const p = (series || []).find(x => x[0] === m); return p ? p[1] : null; };
+  for (const [m, v] of chart.series[name]) {
+    const others = ["standard", "square-tiling"].map(o => at(chart.series[o], m)).filter(x => x !== null);
+    if (others.length === 2 && others.every(o => v < o)) return m;
+  }
+  return null;
+}
+function narration(set, scheds) {
+  const i = scheds.findIndex(s => s.d.algorithm === "flash2" || s.d.algorithm === "flash1");
+  if (i < 0 || scheds[i].d.pass !== "forward") return null;
+  const s = scheds[i], f = traceFacts(s);
+  if (!f) return null;
+  const alg = s.d.algorithm, N = f.N, dd = f.d, M = f.M;
+  const cross = crossover(set.chart, alg), d2 = dd * dd;
+  const tiles = f.atPeak.map(([n, w]) => n + " " + fmt(w)).join(", ");
+  const steps = [
+    ["What fits in M", "At its peak (event " + fmt(f.peakAt + 1) + ") fast memory holds " + tiles + ": " + fmt(f.peak) +
+      " of M = " + fmt(M) + " words. The row block Q_i and its output O_i (Br \u00d7 d each), the column blocks K_j and V_j " +
+      "(Bc \u00d7 d each) and the score tile S_ij (Br \u00d7 Bc) must all fit at once.", f.peakAt + 1],
+    ["Why Br \u2248 M/(4d)", "Four tiles of d columns share M, so a block has about M/(4d) = " + (M / (4 * dd)).toFixed(1) +
+      " rows (S_ij and the row statistics take the rest). This trace's blocks: Br = " + f.Br + ", Bc = " + f.Bc + ".", 1],
+    ["How often each K_j is read", alg === "flash2" ?
+      "Every row block streams all of K: Tr = \u2308N/Br\u2309 = \u2308" + N + "/" + f.Br + "\u2309 = " + f.Tr +
+      " row blocks, and the trace loads each K_j " + (f.kMin === f.kMax ? f.kMin : f.kMin + " to " + f.kMax) + " times." :
+      "FlashAttention (Algorithm 1) keeps K_j for a whole column block and streams Q past it: each K_j is loaded " +
+      (f.kMin === f.kMax ? f.kMin : f.kMin + " to " + f.kMax) + " time(s), and Q, O, l, m make the round trips instead.",
+      f.firstOuterEnd],
+    ["The total against Tr\u00b7N\u00b7d", "K is read " + fmt(f.kWords) + " words in all; Tr\u00b7N\u00b7d = " + f.Tr + " \u00b7 " +
+      N + " \u00b7 " + dd + " = " + fmt(f.Tr * N * dd) + (f.kWords === f.Tr * N * dd ? " (equal)." : ".") +
+      " With Br \u2248 M/(4d) that is about 4N\u00b2d\u00b2/M = " + fmt(4 * N * N * dd * dd / M) +
+      " words: K and V are read about 4Nd/M = " + (4 * N * dd / M).toFixed(2) + " times each, hence \u0398(N\u00b2d\u00b2/M).", s.n],
+    ["The crossover at M = d\u00b2", "Standard attention moves \u0398(Nd + N\u00b2) words and square tiling \u0398(N\u00b2d/\u221aM); " +
+      "N\u00b2d\u00b2/M is the smaller once M \u2265 d\u00b2 = " + fmt(d2) + ". " + (cross === null ? "On this chart " + alg +
+      " never moves the fewest words of the three." : "On this page's chart (closed forms) " + alg +
+      " first moves fewer words than both at M = " + fmt(cross) + " (" + (cross / d2).toFixed(2) + " d\u00b2)."), s.n],
+  ];
+  const box = el("section", { class: "panel narration", id: "narration" });
+  box.append(el("h2", { text: "The argument, with this setting's numbers (" + alg + ", N = " + N + ", d = " + dd + ", M = " + fmt(M) + ")" }));
+  const text = el("div", { class: "story", id: "story" });
+  let at = 0;
+  const show = j => {
+    at = Math.max(0, Math.min(steps.length - 1, j));
+    const [head, body, tick] = steps[at];
+    text.replaceChildren(el("h3", { text: (at + 1) + " of " + steps.length + ". " + head }), el("p", { text: body }));
+    if (player) player.go(Math.round(tick * player.T / s.n));
+  };
+  const b = (label, id, fn) => { const e = el("button", { text: label, id }); e.addEventListener("click", fn); return e; };
+  box.append(el("div", { class: "controls story-controls" }, b("\u2039 previous", "story-back", () => show(at - 1)),
+    b("next \u203a", "story-next", () => show(at + 1))), text);
+  box.append(questions(alg, f, cross));
+  text.append(el("p", { class: "note", text: "Press \u201cnext\u201d to walk the argument; the player moves to the moment each step speaks of." }));
+  box.iosimSteps = steps.map(x => x[1]);
+  window.iosimStory = { steps: () => steps.map(x => [x[0], x[1]]), show: j => { show(j); return text.textContent; }, facts: f, crossover: cross };
+  return box;
+}
+function questions(alg, f, cross) {
+  const qs = [
+    ["tr", "How many row blocks Q_i does " + alg + " use here (Tr)?", f.Tr],
+    ["k1", "How many times is K_1, the first column block, loaded?", f.k1],
+    ["kwords", "How many words of K are read in all?", f.kWords],
+  ];
+  if (cross !== null) qs.push(["cross", "From the chart: the smallest M at which " + alg + " moves fewer words than standard attention and square tiling?", cross]);
+  const box = el("div", { class: "questions" }, el("h3", { text: "Questions (answers checked against this trace)" }));
+  for (const [id, ask, answer] of qs) {
+    const input = el("input", { type: "text", inputmode: "numeric", id: "answer-" + id, "aria-label": ask, size: 8 });
+    const out = el("span", { class: "verdict", id: "verdict-" + id });
+    const check = () => {
+      const v = parseInt(input.value.replace(/[,\s]/g, ""), 10);
+      if (!Number.isFinite(v)) { out.textContent = "type a whole number"; out.className = "verdict bad"; return; }
+      const ok = v === answer;
+      out.textContent = ok ? "right: the trace says " + fmt(answer) : "not yet: " + fmt(v) + " is too " + (v > answer ? "high" : "low");
+      out.className = "verdict " + (ok ? "good" : "bad");
+    };
+    const btn = el("button", { text: "check", id: "check-" + id });
+    btn.addEventListener("click", check);
+    input.addEventListener("keydown", e => { if (e.key === "Enter") check(); });
+    box.append(el("div", { class: "question" }, el("label", { for: "answer-" + id, text: ask + " " }), input, btn, out));
+  }
+  return box;
+}
+
+document.getElementById("help").textContent = "keys: space play/pause \u00b7 \u2190 \u2192 one event \u00b7 shift+\u2190 \u2192 (or PageUp/PageDown) one outer iteration \u00b7 Home/End \u00b7 + \u2212 speed";
+
+// A page of one setting (PAGE.schedules) or of a grid of settings (PAGE.grid: the real traces of every N, d, M and
+// mask it holds, picked with the controls above the player; every number follows the setting picked).
+const GRID = PAGE.grid || null;
+const GRID_AXES = ["N", "d", "M", "mask"];
+let schedules = [], player = null, current = null;
+function settingKey() { return GRID && current ? { N: current.N, d: current.d, M: current.M, mask: current.mask } : {}; }
+function findSetting(want) { return GRID.settings.find(x => GRID_AXES.every(a => String(x[a]) === String(want[a]))); }
+function start(set, t) {
+  const main = document.getElementById("main");
+  if (player) player.play(false);
+  main.replaceChildren();
+  current = set;
+  schedules = []; player = null;
+  if (GRID) drawSettings();
+  if (set.refused) {  // a setting iosim refuses: its one line, never a blank page
+    main.append(el("p", { class: "verdict bad", id: "refused", text: "N = " + set.N + ", d = " + set.d + ", M = " + set.M +
+      ": " + set.refused }));
+    setFragment(settingKey());
+    return;
+  }
+  schedules = set.schedules.map((d, i) => new Schedule(d, i));
+  const scale = Math.max(1, ...schedules.map(s => s.heatMax));  // one shading scale for every array of every schedule
+  for (const s of schedules) s.scale = scale;
+  player = new Player(schedules);
+  if (set.chart) {
+    const c = set.chart;
+    main.append(el("section", { class: "panel chart" },
+      el("h2", { text: "Total words against M, every algorithm from its closed form (" + (c.backward ? "backward" : "forward") +
+        ", N = " + fmt(c.N) + ", d = " + c.d + "; at " + c.lower.length + " values of M, computed when this page was built)" }), chartSVG(c)));
+  }
+  const story = narration(set, schedules);
+  if (story) main.append(story);
+  player.go(t || 0);
+}
+function drawSettings() {
+  let bar = document.getElementById("settings");
+  if (!bar) {
+    bar = el("nav", { id: "settings", class: "controls settings" });
+    document.getElementById("main").before(bar);
+  }
+  const pick = [];
+  for (const a of GRID_AXES) {
+    const values = GRID.axes[a];
+    if (values.length < 2 && a === "mask") continue;
+    const sel = el("select", { id: "set-" + a, "aria-label": a });
+    values.forEach(v => sel.append(el("option", { value: v, text: a + " = " + v })));
+    sel.value = current[a];
+    sel.addEventListener("change", () => start(findSetting(Object.assign(settingKey(), { [a]: sel.value })) || current));
+    pick.push(sel);
+  }
+  bar.replaceChildren(el("span", { text: "setting (each one a real trace):" }), ...pick);
+}
+function fromFragment() {
+  const f = fragment();
+  const many = (current && current.schedules ? current.schedules : PAGE.schedules || GRID.settings.find(x => x.schedules).schedules).length > 1;
+  const v = parseInt(many ? f.t : f.k, 10), t = Number.isFinite(v) ? v : 0;
+  if (!GRID && !current) { start(PAGE, t); return; }  // the first start reads the fragment before writing it
+  if (GRID) {
+    const base = current ? settingKey() : { N: GRID.axes.N[0], d: GRID.axes.d[0], M: GRID.axes.M[0], mask: GRID.axes.mask[0] };
+    const asked = Object.fromEntries(GRID_AXES.filter(a => f[a] !== undefined).map(a => [a, f[a]]));
+    const set = findSetting(Object.assign(base, asked)) || current || GRID.settings.find(x => !x.refused) || GRID.settings[0];
+    if (set !== current) { start(set, t); return; }
+  }
+  if (player) player.go(t);
+}
+document.addEventListener("keydown", e => { if (player) player.key(e); });
+window.addEventListener("hashchange", () => fromFragment());
+fromFragment();
 window.iosimPage = {
   go: t => player.go(t), ticks: () => player.T, tick: () => player.t,
   state: () => schedules.map(s => s.state()),
   seekEvent: (i, k) => { const s = schedules[i]; s.seek(k); return s.state(); },
+  setting: want => { const set = findSetting(Object.assign(settingKey(), want)); if (set) start(set); return settingKey(); },
+  refused: () => (current && current.refused) || null,
 };
