@@ -242,10 +242,6 @@ def main(argv=None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
-
-
 # ------------------------------------------------------------------------------------ the L2 capacity probe
 COPY_CTAS, COPY_THREADS = 132 * 8, 256  # gpu_predictions._copy: 8 blocks of 256 threads on each of 132 SMs
 
@@ -311,14 +307,15 @@ def predictions() -> dict:
     entries = []
     for name, eid in (("forward", "fa2-fwd"), ("forward causal", "fa2-fwd-causal"), ("backward", "fa2-bwd"),
                       ("backward causal", "fa2-bwd-causal")):  # fmt: skip
-        last = stored[f"{name} | {MODELS[-1]}"]
+        model = next(m for m in reversed(MODELS) if f"{name} | {m}" in stored)  # every mechanism modelled for it
+        last = stored[f"{name} | {model}"]
         entries.append({
             "id": eid, "what": f"SDPA FlashAttention-2 {name} (the first lease's launch), every mechanism",
             "backend": "sdpa-flash", **base, "causal": "causal" in name, "pass": name.split()[0],
-            "model": MODELS[-1], "blocks_per_sm": last["blocks_per_sm"],
+            "model": model, "blocks_per_sm": last["blocks_per_sm"],
             "predicted": {k: last[k] for k in keep if last.get(k)},
             "alternatives": {m: {k: stored[f"{name} | {m}"][k] for k in ("dram_read", "dram_write")}
-                             for m in MODELS[:-1] if f"{name} | {m}" in stored},
+                             for m in (*MODELS, *EXTRA) if m != model and f"{name} | {m}" in stored},
         })  # fmt: skip
     dec = stored[f"decode GQA | {MODELS[2]}"]
     entries.append({"id": "cudnn-decode-gqa-packed", "what": "SDPA cuDNN GQA decode, K/V read once per KV head",
@@ -341,3 +338,7 @@ def predictions() -> dict:
     return {"device": "H100 SXM", "iosim_version": __version__, "registered": time.strftime("%Y-%m-%d"),
             "note": "registered before the lease that measures it; not to be refitted (docs/hierarchy-hardware.md)",
             "entries": entries}  # fmt: skip
+
+
+if __name__ == "__main__":
+    sys.exit(main())
