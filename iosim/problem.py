@@ -202,7 +202,9 @@ class Problem:
         return array, "head"
 
     def bytes_of(self, array: str, words: int) -> int:
-        """Bytes of ``words`` entries of ``array``."""
+        """Bytes of ``words`` entries of ``array`` (a non-negative integer: InputError otherwise)."""
+        if isinstance(words, bool) or not isinstance(words, numbers.Integral) or words < 0:
+            raise InputError("words", "must be a non-negative integer (a count of entries)", words)
         dt = self.dtype_of(array)
         return int(words) * (INT_BYTES[dt] if dt in INT_BYTES else BYTES[dt])
 

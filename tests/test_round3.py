@@ -69,3 +69,12 @@ def test_compare_checks_the_page_cap_before_printing(tmp_path, monkeypatch, caps
     rc, lines, left, out = run_cli(["compare", "--N", "8192", "--d", "64", "--M", "16384", "--count-only", "--html",
                                     "{tmp}/w.html"], tmp_path, monkeypatch, capsys)  # fmt: skip
     assert rc == 2 and len(lines) == 1 and "largest N that fits" in lines[0] and out == "" and not left
+
+
+@pytest.mark.parametrize("words", [-5, 1.5, True, "3"])
+def test_bytes_of_refuses_what_is_not_a_count(words):
+    """Problem.bytes_of('Q', -5) returned -40."""
+    from iosim import InputError, Problem
+
+    with pytest.raises(InputError, match="^words must be a non-negative integer"):
+        Problem(N=8, d=4).bytes_of("Q", words)
