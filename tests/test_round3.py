@@ -78,3 +78,18 @@ def test_bytes_of_refuses_what_is_not_a_count(words):
 
     with pytest.raises(InputError, match="^words must be a non-negative integer"):
         Problem(N=8, d=4).bytes_of("Q", words)
+
+
+@pytest.mark.parametrize("extra", [["--heads", "4", "--kv-heads", "2", "--backward"],
+                                   ["--heads", "2", "--mask", "window:8:causal"]])  # fmt: skip
+def test_hierarchy_spelled_with_n_or_nq_nk_is_one_launch(extra, tmp_path, monkeypatch, capsys):
+    """--N built no problem: a GQA backward had no group sum (23,296 DRAM words against 29,440) and a mask over
+    several heads was taken from head 0; now --N and --Nq/--Nk spell the same launch, every level equal."""
+    base = ["hierarchy", "flash2", "--d", "8", "--M", "2048", "--C", "0", "--json", *extra]
+    got = []
+    for sizes in (["--N", "64"], ["--Nq", "64", "--Nk", "64"]):
+        rc, lines, _, out = run_cli([*base, *sizes], tmp_path, monkeypatch, capsys)
+        assert rc == 0, lines
+        d = json.loads(out)
+        got.append((d["dram"], d["two_level"], {k: v["l2_fill"] for k, v in d["per_array"].items()}))
+    assert got[0] == got[1]

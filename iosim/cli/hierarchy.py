@@ -213,7 +213,8 @@ def _levels(r) -> None:
 
 def _shape(args) -> dict:
     """N, d, the launch's heads and the word size, or a problem (iosim.Problem) when --Nq, --Nk, --dv,
-    --page-size, --mla, --gqa packed or --splits asks for one beyond N x d."""
+    --page-size, --mla, --gqa packed, --splits, GQA heads (the backward's group sum) or a mask over several heads (a
+    mask_mod may read b and h) asks for one beyond N x d: --N and --Nq/--Nk spell the same launch."""
     from iosim.errors import InputError
     from iosim.problem import BYTES, Problem
 
@@ -226,8 +227,10 @@ def _shape(args) -> dict:
         raise InputError("--bytes-per-word", "goes without --dtype-q/--dtype-kv/--dtype-o (each array at its dtype)",
                          args.bytes_per_word)  # fmt: skip
     bytes_per_word = 2 if args.bytes_per_word is None else args.bytes_per_word
+    gqa = args.H_kv is not None and args.H_kv < args.H_q  # a group sum in the backward: a problem's launch
+    per_head_mask = args.mask not in (None, "none") and args.batch * args.H_q > 1  # a mask may read b and h
     if (all(x is None for x in (*beyond, *dtypes)) and args.gqa == "per-head" and args.splits == 1
-            and args.pages == "pieces"):  # fmt: skip
+            and args.pages == "pieces" and not gqa and not per_head_mask):  # fmt: skip
         if args.N is None:
             raise InputError("--N", "must be given (or --Nq and --Nk)", None)
         return dict(N=args.N, d=args.d, bytes_per_word=bytes_per_word, **fields)
