@@ -87,8 +87,9 @@ def test_hierarchy_spelled_with_n_or_nq_nk_is_one_launch(extra, tmp_path, monkey
     several heads was taken from head 0; now --N and --Nq/--Nk spell the same launch, every level equal."""
     base = ["hierarchy", "flash2", "--d", "8", "--M", "2048", "--C", "0", "--json", *extra]
     got = []
-    for sizes in (["--N", "64"], ["--Nq", "64", "--Nk", "64"]):
-        rc, lines, _, out = run_cli([*base, *sizes], tmp_path, monkeypatch, capsys)
+    for i, sizes in enumerate((["--N", "64"], ["--Nq", "64", "--Nk", "64"])):
+        (tmp_path / str(i)).mkdir()
+        rc, lines, _, out = run_cli([*base, *sizes], tmp_path / str(i), monkeypatch, capsys)
         assert rc == 0, lines
         d = json.loads(out)
         got.append((d["dram"], d["two_level"], {k: v["l2_fill"] for k, v in d["per_array"].items()}))
