@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import io
 import json
 import os
 import pathlib
@@ -330,21 +329,11 @@ def ncu_child(kernel: str, N: int, d: int, M: int, causal: bool) -> None:
 
 def parse_ncu_csv(text: str) -> list[dict]:
     """ncu --csv --print-units base rows grouped by launch: [{"id", "name", "grid", "block", metric: value, ...}],
-    in launch order."""
-    lines = [line for line in text.splitlines() if line.startswith('"')]
-    launches: dict[str, dict] = {}
-    for rec in csv.DictReader(io.StringIO("\n".join(lines))):
-        lid = rec.get("ID")
-        if lid is None:
-            continue
-        r = launches.setdefault(lid, {"id": int(lid), "name": rec.get("Kernel Name", ""), "grid": rec.get("Grid Size"),
-                                      "block": rec.get("Block Size")})  # fmt: skip
-        value = (rec.get("Metric Value") or "").replace(",", "")
-        try:
-            r[rec["Metric Name"]] = float(value)
-        except (ValueError, KeyError):
-            r[rec.get("Metric Name", "?")] = value
-    return sorted(launches.values(), key=lambda r: r["id"])
+    in launch order (the one parser: ncu_raw.parse, beside this file)."""
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+    import ncu_raw
+
+    return ncu_raw.parse(text)
 
 
 def ncu_table(gpu, args, case) -> list[dict]:
