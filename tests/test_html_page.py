@@ -136,7 +136,7 @@ def test_chart_is_the_closed_forms(flash2_run):
             t = a.choose_tiling(32, 8, m, "fit")
             assert total == a.predict_forward(32, 8, m, t, False).total
     assert all(v == iosim.theory.bounds.lower_bound(32, 8, m)[0] for m, v in c["lower"])
-    # the upper line is FlashAttention's Theorem 2 with its proof's constants (papers.md F1 and B1, initialisations
+    # the upper line is FlashAttention's Theorem 2 with its proof's constants (docs/theory.md; initialisations
     # counted), never below the lower bound (issue 46, defect 6: a Theta form with constant 1 fell below it)
     lower = dict(c["lower"])
     for backward, chart in ((False, c), (True, html.closed_form_chart(32, 8, 256, backward=True))):

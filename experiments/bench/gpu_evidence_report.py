@@ -604,7 +604,8 @@ def prose_sweep(x: dict) -> list[str]:
         f"- **The kernels run the simulated schedules on hardware.** In all {x['launches']} launches of the sweep "
         f"(N = {x['N']:,}, B·H = {x['BH']}, d = {ds}, M from d²/16 to {x['M top']:,} words) the kernels' own "
         "counters equal the simulator's reads and writes, array by array. The lease's pytest output was not stored, "
-        "so its counts are not repeated here (the plan now stores it, `raw/tests.txt`); the logsumexp accuracy "
+        "so its counts are not repeated here (the plan now stores it, as `tests.txt` in `raw/`); the logsumexp "
+        "accuracy "
         "failure at N = 1536, d = 2 reported from that lease stays open.",
         "- **Fewer words and less time go together below d²; the data do not show that the words set the time.** "
         f"At M ≤ d²/4 square tiling moves {rng(x['small words'])} of flash2's words and "
