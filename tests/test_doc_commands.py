@@ -22,6 +22,7 @@ SLOW = {
     "iosim experiments run all": "every experiment, several minutes",
     "iosim experiments run flash-thm2": "about a minute and a half on 2 cores",
     "python experiments/01_crossover.py": "a whole experiment",
+    "python experiments/17_topk_overlap.py": "a whole experiment (its --quick grid runs in tests/test_experiments.py)",
     "python experiments/bench/gpu.py": "needs a GPU",
     "iosim sweep": "a 16-point grid at N = 4096 with its numeric references",
     "iosim run flash1 --N 4096 --d 64 --M 16384": "a numeric run with its reference",
