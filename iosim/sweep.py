@@ -395,11 +395,11 @@ def _reads_of(mask: str) -> tuple[str, ...]:
 
 def _own_dirs() -> list[str]:
     """iosim's own source folders (an editable install's are outside site-packages): the code fingerprint keys them."""
-    import iosim
-    import iosim.algorithms
-    import iosim.memory_model
+    import importlib.util
 
-    return [str(Path(m.__file__).parent) + os.sep for m in (iosim, iosim.algorithms, iosim.memory_model)]
+    here = Path(__file__).resolve().parent  # iosim/; its algorithms and memory model may live beside it (a checkout)
+    found = [importlib.util.find_spec(f"iosim.{m}") for m in ("algorithms", "memory_model")]
+    return [str(here), *(str(Path(next(iter(f.submodule_search_locations)))) for f in found if f is not None)]
 
 
 def site_dirs() -> list[str]:

@@ -201,8 +201,10 @@ def test_sweep_takes_problem_and_schedule_objects():
         assert r["total"] == iosim.run(p, s, 2000, count_only=True).stats.total
     with pytest.raises(InputError, match="^gqa belongs to the Schedule"):
         iosim.sweep({"schedule": schedules, "gqa": "packed", "N": 8, "d": 4, "M": 200})
-    with pytest.raises(InputError, match="^problem in a sweep keeps the default dtypes"):
-        iosim.sweep({"problem": Problem(N=8, d=4, dtype_q="bf16"), "M": 200})
+    dt = iosim.sweep({"problem": Problem(N=8, d=4, dtype_q="bf16"), "M": 200}, executor="serial", as_frame=False)
+    assert dt[0]["dtype_q"] == "bf16" and dt[0]["total_bytes"] < sum(  # a problem's dtypes are grid keys now
+        r["total_bytes"] for r in iosim.sweep({"problem": Problem(N=8, d=4), "M": 200}, executor="serial",
+                                              as_frame=False))  # fmt: skip
 
 
 def test_the_pebble_adapter_takes_the_same_objects():

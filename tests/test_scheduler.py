@@ -531,7 +531,7 @@ def test_is_default_says_when_a_plan_keeps_todays_launch():
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# replay: a recorded hierarchy launch re-run through iosim's own clock and L2 under a plan
+# the hierarchy's own hook: hierarchy(scheduler=...) runs a plan through iosim's clock and L2
 
 
 def _hier(**kw):
@@ -542,37 +542,23 @@ def _hier(**kw):
 
 
 @pytest.mark.parametrize("kw", [dict(), dict(backward=True), dict(order="grid", C=0), dict(H_kv=1, H_q=2)])
-def test_replay_of_the_plain_plan_is_the_recorded_launch(kw):
-    from iosim.hierarchy.scheduler import replay
-
+def test_the_plain_plan_through_the_hook_is_the_launch(kw):
     res = _hier(**kw)
-    got = replay(res, Scheduler(order=res.order))
-    assert got["dram_read"] == {n: c.dram_read for n, c in res.per_array.items()}
-    assert got["dram_update"] == {n: c.dram_update for n, c in res.per_array.items()}
-    assert got["clock"] == res.clock
+    got = _hier(scheduler=Scheduler(order=res.order), **{k: v for k, v in kw.items() if k != "order"})
+    assert {n: c.dram_read for n, c in got.per_array.items()} == {n: c.dram_read for n, c in res.per_array.items()}
+    assert {n: c.dram_update for n, c in got.per_array.items()} == {n: c.dram_update for n, c in res.per_array.items()}
+    assert got.clock == res.clock
 
 
 @pytest.mark.parametrize("spelling", ["walk=descending", "order=lpt", "walk=sawtooth:2", "order=grid,walk=sawtooth"])
-def test_replay_equals_the_reference_clock(spelling):
-    """iosim's segment LRU and clock (l2.run_launches) and the pure-Python line LRU and clock above fetch the same
-    words per array under the same plan: one head unit per copy, write-validate, ties by dispatch index."""
-    from iosim.hierarchy.scheduler import replay
-
+def test_the_hook_equals_the_reference_clock(spelling):
+    """iosim's segment LRU and clock (l2.run_launches, through hierarchy(scheduler=)) and the pure-Python line LRU
+    and clock above fetch the same words per array under the same plan."""
     res = _hier(H_q=2)
     trace, cut, declared = res.trace, res.cut, res.declared
     sched = Scheduler.parse(spelling)
     plans = [sched.plan(0, res.blocks, cut, declared)]
     fills, ends = _reference_run(trace, cut, declared, plans, res.P * res.blocks_per_sm, res.C // res.L, res.L)
-    got = replay(res, sched)
-    assert got["dram_read"] == {n: fills[n] for n in got["dram_read"]} and got["clock"] == ends
-
-
-def test_replay_refuses_what_it_cannot_run():
-    from iosim.hierarchy.scheduler import replay
-
-    res = _hier()
-    for s in ("stall=4", "persistent=static"):
-        with pytest.raises(InputError, match="scheduler"):
-            replay(res, Scheduler.parse(s))
-    with pytest.raises(InputError, match="result"):
-        replay(_hier(record=False), Scheduler())
+    got = _hier(H_q=2, scheduler=sched)
+    read = {n: c.dram_read for n, c in got.per_array.items()}
+    assert read == {n: fills[n] for n in read} and got.clock == ends

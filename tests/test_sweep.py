@@ -3,12 +3,14 @@ executor (serial, processes, a local Dask cluster where distributed is installed
 
 import json
 import math
+import re
 import sys
 
 import pytest
 
 import iosim
 from iosim.cli import main
+from iosim.errors import install_hint
 from iosim.sweep import DEFAULTS, FIELDS, PROBLEM_KEYS, TILE_KEYS, expand, sweep
 
 GRID = {"algorithm": ["flash2", "square-tiling"], "pass": ["forward", "backward"], "N": [64, 0], "d": 8, "M": [256, 4]}
@@ -141,12 +143,12 @@ def test_dataframe_and_parquet(tmp_path):
 def test_missing_extras_name_the_extra(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "pandas", None)  # import pandas now raises ImportError
     assert isinstance(sweep(GRID, executor="serial"), list)  # records as dicts without pandas
-    with pytest.raises(iosim.InputError, match=r'pip install "iosim\[sweep\]"'):
+    with pytest.raises(iosim.InputError, match=re.escape(install_hint("sweep"))):
         sweep(GRID, executor="serial", as_frame=True)
-    with pytest.raises(iosim.InputError, match=r'pip install "iosim\[sweep\]"'):
+    with pytest.raises(iosim.InputError, match=re.escape(install_hint("sweep"))):
         sweep(GRID, executor="serial", out=tmp_path / "s.parquet")
     monkeypatch.setitem(sys.modules, "distributed", None)
-    with pytest.raises(iosim.InputError, match=r'pip install "iosim\[dask\]"'):
+    with pytest.raises(iosim.InputError, match=re.escape(install_hint("dask"))):
         sweep(GRID, executor="dask:tcp://127.0.0.1:8786")
 
 
