@@ -64,20 +64,14 @@ def test_a_count_only_masked_run_compiles_on_an_empty_cache(tmp_path):
 
 def test_the_warm_up_never_forks_after_a_threaded_library_is_loaded(monkeypatch):
     """A fork after torch (or jax, triton) is imported copies their locks held and can hang the child: the first-run
-    worker is spawned then (a mask file that imports torch hung iosim compare on an empty cache), forked otherwise."""
+    worker is spawned then (a mask file that imports torch hung iosim compare on an empty cache), forked otherwise.
+    sys.modules is saved and restored by hand: the real modules must come back exactly (a torch imported twice in
+    one process registers its operator libraries twice and fails)."""
     import sys
 
     from iosim import warmup
 
-    saved = {m: sys.modules.pop(m) for m in warmup.THREADED if m in sys.modules}
-    try:
-        assert warmup.start_method() == "fork"
-        for m in warmup.THREADED:
-            monkeypatch.setitem(sys.modules, m, object())
-            assert warmup.start_method() == "spawn", m
-            monkeypatch.delitem(sys.modules, m)
-    finally:
-        sys.modules.update(saved)
+    real = {m: sys.modules.get(m) for m in warmup.THREADED}
     seen = []
 
     class Ctx:  # what start asks of multiprocessing: the method, then a process it starts
@@ -86,6 +80,20 @@ def test_the_warm_up_never_forks_after_a_threaded_library_is_loaded(monkeypatch)
 
     monkeypatch.setattr(warmup.mp, "get_context", lambda method: seen.append(method) or Ctx())
     monkeypatch.setattr(warmup, "is_warm", lambda key: False)
-    monkeypatch.setitem(sys.modules, "torch", object())
-    assert warmup.start(["standard"], {"N": 8}, "k") is not None and seen == ["spawn"]
-    assert warmup.start(["standard"], {"N": 8, "mask": lambda: None}, "k") is None  # does not pickle: no worker
+    try:
+        for m in warmup.THREADED:
+            sys.modules.pop(m, None)
+        assert warmup.start_method() == "fork"
+        for m in warmup.THREADED:
+            sys.modules[m] = object()
+            assert warmup.start_method() == "spawn", m
+            del sys.modules[m]
+        sys.modules["torch"] = object()
+        assert warmup.start(["standard"], {"N": 8}, "k") is not None and seen == ["spawn"]
+        assert warmup.start(["standard"], {"N": 8, "mask": lambda: None}, "k") is None  # does not pickle: no worker
+    finally:
+        for m, v in real.items():
+            if v is None:
+                sys.modules.pop(m, None)
+            else:
+                sys.modules[m] = v
