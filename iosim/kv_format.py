@@ -15,7 +15,7 @@ Presets (bytes per row; the layouts as their projects describe them):
 
 * ``fp8_ds_mla`` (vLLM's DeepSeek-V4 sparse-MLA cache, the layout of FlashMLA's V4 kernels): 448 NoPE values in
   fp8 e4m3 with one ue8m0 scale per 64 values (7 bytes) and 1 byte of padding, 64 RoPE values in bf16 (128 bytes):
-  448 + 8 + 128 = 584 bytes per token (rows of d_qk = 512). Described in TensorRT-LLM issue #14327 ("584 B = 448
+  448 + 8 + 128 = 584 bytes per token (rows of d_qk = 512). Described on TensorRT-LLM's tracker ("584 B = 448
   (nope FP8 E4M3) + 128 (rope BF16) + 7 (UE8M0 per-tile scale) + 1 (pad)").
 * ``flashmla_v32`` (DeepSeek-V3.2's "FP8 with scale" cache of FlashMLA's sparse decoding kernel): 512 NoPE values
   in fp8 e4m3, 4 fp32 scales (one per 128 values, 16 bytes), 64 RoPE values in bf16 (128 bytes): 656 bytes per
@@ -137,7 +137,7 @@ PRESETS = {
         "fp8_ds_mla",
         (Part("nope", 448, "fp8", "block", 64, "ue8m0", True), Part("rope", 64, "bf16")),
         pad=1,
-        source="TensorRT-LLM issue #14327 (DeepSeek-V4's FlashMLA/SGLang layout); vLLM kv_cache_dtype fp8_ds_mla",
+        source="TensorRT-LLM's tracker (DeepSeek-V4's FlashMLA/SGLang layout); vLLM kv_cache_dtype fp8_ds_mla",
         row_width=512,
     ),
     "flashmla_v32": KVFormat(
