@@ -36,7 +36,7 @@ def test_the_readme_test_command_installs_what_ci_installs_and_runs_what_ci_runs
     assert installs[0] == ["pip", "install", "torch==2.13.0"]
     extras = installs[1][-1]
     assert f'python -m pip install --quiet -e "{extras}"' in CI
-    assert 'python -m pip install --quiet torch==2.13.0' in CI
+    assert "python -m pip install --quiet torch==2.13.0" in CI
     pytest_step = " ".join(steps[-1])
     assert pytest_step.startswith("pytest")
     assert re.search(rf"^{re.escape(pytest_step)}$", CI, flags=re.M), "CI runs the README's test command as written"
