@@ -182,12 +182,32 @@ def lower_bound(N: int, d: int, M: int, backward: bool = False, mask=None, causa
     none or causal) the dense bounds do not apply: the sparse nnz bound (L6, provisional, constant 1) is used. A
     causal problem computes N(N+1)/2 scores, not N^2: its bounds count those (a bound proven for all N^2 scores
     would not be proven for a schedule that forms about half of them)."""
+    if mask is not None and getattr(mask, "label", "") == "none":
+        mask = None  # the dense mask compiled: the dense bounds apply
     if mask is not None:
-        return sparse_lower_bound(N, d, M, mask.nnz())[0], "sparse nnz (L6, provisional)"
+        sparse = sparse_lower_bound(N, d, M, mask.nnz())[0]
+        floor = masked_compulsory(N, d, mask, backward)
+        if floor >= sparse:
+            return float(floor), "trivial, masked rows and keys"
+        return sparse, "sparse nnz (L6, provisional)"
     scores = N * (N + 1) // 2 if causal else None
     bounds = backward_bounds(N, d, M, scores) if backward else forward_bounds(N, d, M, scores)
     best = max((b for b in bounds if b.is_lower and b.applies), key=lambda b: b.value)
     return best.value, best.name + (", causal scores" if causal and best.name != "trivial" else "")
+
+
+def masked_compulsory(N: int, d: int, mask, backward: bool = False) -> int:
+    """The trivial bound under a mask (one head, N x N): read each query row that sees a key, each key (and its
+    value) that some row sees, write O whole (a row that sees nothing still has its output); the backward reads Q,
+    O, dO and L of those rows and writes dQ, dK, dV whole. Any mask kind, a mask_mod's included, so the bound a
+    ``mod:`` mask reports is never below the one its built-in twin reports."""
+    from iosim.algorithms.tile_masks import seen_counts
+
+    kind, params, table, _ = mask.args
+    rows, keys = (int(x) for x in seen_counts(kind, params, table, N, 0, N))
+    if backward:
+        return 3 * rows * d + rows + 2 * keys * d + 3 * N * d
+    return rows * d + 2 * keys * d + N * d
 
 
 # ---------------------------------------------------------------------------------------------------------------
