@@ -44,6 +44,15 @@ def _partitions(text: str):
     return value
 
 
+def _sector_bytes(text: str):
+    """--sector-bytes: a positive integer or 'device'."""
+    if text == "device":
+        return text
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"--sector-bytes must be a positive integer or 'device', got {text!r}")
+    return int(text)
+
+
 def _kernel(text: str):
     """--kernel: a FlashAttention-2 kernel name (Nsight Compute's), or threads=T,smem=BYTES[,registers=R]."""
     if "<" in text:
@@ -128,6 +137,14 @@ def add_arguments(p) -> None:
         default=1,
         help="a line's home partition: (its line index in its array // this) mod partitions (default 1)",
     )
+    p.add_argument(
+        "--sector-bytes",
+        type=_sector_bytes,
+        default=None,
+        metavar="BYTES|device",
+        help="fill and write back the L2's lines by sectors of this size ('device': the preset's, 32 B on "
+        "the H100); default whole lines",
+    )
     p.add_argument("--order", choices=ORDERS, default="head-grouped", help="block order (default head-grouped)")
     p.add_argument("--scheduler", default=None, metavar="KEY=VALUE,...",
                    help="a tile scheduler (iosim.hierarchy.scheduler): order=grid|head-grouped|swizzled|sections:K|"
@@ -168,6 +185,7 @@ def command(args) -> int:
         L=args.L,
         blocks_per_sm=args.blocks_per_sm,
         kernel=args.kernel,
+        sector_bytes=args.sector_bytes,
         partitions=args.l2_partitions,
         home_lines=args.home_lines,
         order=args.order,
@@ -198,7 +216,10 @@ def command(args) -> int:
         f"block(s) of M={r.M:,} words, L2 C={r.C:,} words "
         f"({r.policy}), lines of L={r.L} words, {r.bytes_per_word} bytes per word; order {r.order}"
     )
-    print(f"blocks per SM: {r.blocks_per_sm} ({r.resident})")
+    if args.kernel is not None:  # (the samples of the docs pages print no such line where no kernel is named)
+        print(f"blocks per SM: {r.blocks_per_sm} ({r.resident})")
+    if r.sector_bytes is not None:
+        print(f"L2 fills and write-backs by sectors of {r.sector_bytes} bytes")
     kernels = "; ".join(k["kernel"] for k in r.launches)
     print(
         f"{r.ctas:,} thread blocks in {len(r.launches)} launch(es) ({kernels}), waves "
