@@ -397,28 +397,27 @@ def test_cli_sector_bytes(capsys):
     assert e.value.code == 2 and "--sector-bytes" in capsys.readouterr().err
 
 
-def test_sectors_move_no_registered_h100_prediction(monkeypatch):
+def _h100_with_sectors(monkeypatch, names, models, N, decode):  # noqa: N803
     """The H100 experiment's models with sector fills (the preset's 32 bytes): cuDNN's decode at its full size gives
-    the registered figures; the FA2 launches, scaled down to 2 heads of N = 1,024 (the same tiles, dtypes and
-    machine), give every level as with whole lines."""
+    the registered figures; the FA2 launches, scaled down to 2 heads of N (the same tiles, dtypes and machine), give
+    every level as with whole lines."""
     import functools
 
-    import iosim.hierarchy.simulate as sim
+    from iosim.hierarchy import simulate as sim
 
     sys.path.insert(0, str(ROOT / "experiments" / "bench"))
     import hierarchy_h100 as h
 
-    pred = {e["id"]: e for e in json.loads(h.PREDICTIONS.read_text())["entries"]}
     lines = sim.hierarchy
-    monkeypatch.setattr(sim, "hierarchy", functools.partial(lines, sector_bytes="device"))
-    got = h.levels(h.run("decode GQA", h.MODELS[2]))
-    assert {k: got[k] for k in pred["cudnn-decode-gqa-packed"]["predicted"]} == pred["cudnn-decode-gqa-packed"][
-        "predicted"]  # fmt: skip
-    small = {n: iosim.Problem(B=1, H_q=2, N=1024, d=128, dtype_q="fp16", causal=h.LAUNCHES[n]["causal"])
-             for n in ("forward", "forward causal", "backward", "backward causal")}  # fmt: skip
+    if decode:
+        pred = {e["id"]: e for e in json.loads(h.PREDICTIONS.read_text())["entries"]}["cudnn-decode-gqa-packed"]
+        monkeypatch.setattr(sim, "hierarchy", functools.partial(lines, sector_bytes="device"))
+        got = h.levels(h.run("decode GQA", h.MODELS[2]))
+        assert {k: got[k] for k in pred["predicted"]} == pred["predicted"]
+    small = {n: iosim.Problem(B=1, H_q=2, N=N, d=128, dtype_q="fp16", causal=h.LAUNCHES[n]["causal"]) for n in names}
     monkeypatch.setattr(h, "_problem", small.get)
     for name in small:
-        for model in (*h.MODELS, *h.EXTRA):
+        for model in models or (*h.MODELS, *h.EXTRA):
             if model in h.EXTRA and name not in h.EXTRA[model]:
                 continue
             monkeypatch.setattr(sim, "hierarchy", functools.partial(lines, sector_bytes="device"))
@@ -428,3 +427,15 @@ def test_sectors_move_no_registered_h100_prediction(monkeypatch):
             assert s.sector_bytes == 32
             monkeypatch.setattr(sim, "hierarchy", lines)
             assert h.levels(s) == h.levels(h.run(name, model)), (name, model)
+
+
+def test_sectors_move_no_h100_figure_fast_case(monkeypatch):
+    _h100_with_sectors(monkeypatch, ("forward causal", "backward"), ("+ FA2's walk", "+ resident CTAs"), 512, False)
+
+
+@pytest.mark.slow
+def test_sectors_move_no_registered_h100_prediction(monkeypatch):
+    """Every model of the experiment on the four FA2 launches at N = 1,024, and cuDNN's decode at full size (about
+    5 minutes on the loaded 2-core machine)."""
+    names = ("forward", "forward causal", "backward", "backward causal")
+    _h100_with_sectors(monkeypatch, names, None, 1024, True)

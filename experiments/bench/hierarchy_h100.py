@@ -15,8 +15,9 @@ Each launch is predicted under models that add one mechanism at a time:
 * ``+ bytes`` - each array at its kernel dtype (fp16 operands, fp32 statistics, dQ's fp32 accumulator reduced by
   4-byte atomics);
 * ``+ partitions`` - the L2 as two partitions of 25 MiB, each caching for its half of the SMs (devices.csv);
-* ``+ resident CTAs`` - blocks per SM from the kernel's threads and shared memory (its registers are not known:
-  the bound the other limits allow, iosim.hierarchy.resident) and M = the two-level working set of its tiles;
+* ``+ resident CTAs`` - blocks per SM from the kernel's threads and shared memory, computed by
+  ``hierarchy(kernel=<its name>, device="H100")`` (its registers are not known: the bound the other limits allow,
+  iosim.hierarchy.resident) and M = the two-level working set of its tiles;
 * ``+ FA2's walk`` - the forward's column blocks walked from the last down (flash_fwd_kernel.h), the order of the
   grid as FlashAttention-2 launches it (row blocks fastest, then batch, then head: head-grouped).
 
