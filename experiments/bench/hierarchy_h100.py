@@ -15,8 +15,9 @@ Each launch is predicted under models that add one mechanism at a time:
 * ``+ bytes`` - each array at its kernel dtype (fp16 operands, fp32 statistics, dQ's fp32 accumulator reduced by
   4-byte atomics);
 * ``+ partitions`` - the L2 as two partitions of 25 MiB, each caching for its half of the SMs (devices.csv);
-* ``+ resident CTAs`` - blocks per SM from the kernel's threads and shared memory (its registers are not known:
-  the bound the other limits allow, iosim.hierarchy.resident) and M = the two-level working set of its tiles;
+* ``+ resident CTAs`` - blocks per SM from the kernel's threads and shared memory, computed by
+  ``hierarchy(kernel=<its name>, device="H100")`` (its registers are not known: the bound the other limits allow,
+  iosim.hierarchy.resident) and M = the two-level working set of its tiles;
 * ``+ FA2's walk`` - the forward's column blocks walked from the last down (flash_fwd_kernel.h), the order of the
   grid as FlashAttention-2 launches it (row blocks fastest, then batch, then head: head-grouped).
 
@@ -73,20 +74,13 @@ def _problem(name: str):
     return Problem(B=1, H_q=32, N=32768, d=128, dtype_q="fp16", causal=LAUNCHES[name]["causal"])
 
 
-def _resident(name: str) -> tuple[int, str]:
-    """Blocks per SM of the launch's main kernel from its resources (registers unknown: an upper bound)."""
-    from iosim.hierarchy import resident
-
-    main = ("dq_dk_dv", "flash_fwd", "cudnn_generated")  # the launch's main kernel
+def main_kernel(name: str) -> str:
+    """The name of the launch's main kernel as Nsight Compute stored it (FA2's carry their traits: hierarchy(kernel=)
+    computes their blocks per SM from them, registers unknown: an upper bound)."""
+    main = ("dq_dk_dv", "flash_fwd", "cudnn_generated")
     label = LAUNCHES[name]["label"]
     rows = _ncu()["launches"]
-    kernel = next(x["kernel"] for x in rows if x["label"] == label and any(m in x["kernel"] for m in main))
-    try:
-        k = resident.parse_kernel_name(kernel)
-    except Exception:  # noqa: BLE001 (cuDNN's kernel: no traits in its name)
-        return 1, "cuDNN kernel: resources not in its name (one per SM assumed)"
-    threads = 32 * k.warps
-    return resident.resident_ctas("H100", threads, None, k.smem_bytes)
+    return next(x["kernel"] for x in rows if x["label"] == label and any(m in x["kernel"] for m in main))
 
 
 def run(name: str, model: str):
@@ -114,10 +108,10 @@ def run(name: str, model: str):
         return hierarchy("flash2", device="H100", partitions=2, home_lines=HOME_LINES, **kw)
     if name == "decode GQA" or (step == 4 and spec["backward"]):  # cuDNN's resources are not in its name; the
         return None  # backward's walk is not modelled: the steps above are the model there
-    bps = 2 if model == TWO_CTAS else _resident(name)[0]
     step = 4 if model == TWO_CTAS else step
-    # the H100 preset's machine in fp16 words, its blocks per SM from the kernel's resources
-    machine = dict(P=132, C=52428800 // 2, L=64, partitions=2, home_lines=HOME_LINES, blocks_per_sm=bps)
+    # the H100 preset's machine in fp16 words; its blocks per SM from the kernel's resources, inside hierarchy()
+    machine = dict(device="H100", partitions=2, home_lines=HOME_LINES, kernel=main_kernel(name),
+                   blocks_per_sm=2 if model == TWO_CTAS else None)  # fmt: skip
     if step == 4 and not spec["backward"]:
         kw.update(scheduler=Scheduler(order="head-grouped", walk="descending"))
     return hierarchy("flash2", M=_working_set(name), **machine, **kw)
@@ -286,15 +280,18 @@ def _iosim_causal():
     its walk ascends (algorithms/cuda/flash.py), its grid is (row block, head) with the row block fastest, 128
     threads, 173 registers per thread (the driver's figure for flash2_forward_kernel, gpu_h100/occupancy.json)."""
     from iosim import Problem
-    from iosim.hierarchy import resident
     from iosim.hierarchy.simulate import hierarchy
 
     M = 16384
-    bps, _ = resident.resident_ctas("H100", 128, 173, 4 * M)
     p = Problem(B=1, H_q=32, N=8192, d=64, dtype_q="fp32", causal=True)
-    r = hierarchy("flash2", problem=p, M=M, P=132, C=52428800 // 4, L=32, partitions=2, home_lines=HOME_LINES,
-                  blocks_per_sm=bps, element_bytes="kernel", allow_long=True)  # fmt: skip
-    return levels(r), bps
+    r = hierarchy("flash2", problem=p, M=M, device="H100", partitions=2, home_lines=HOME_LINES,
+                  kernel=IOSIM_FLASH2_FORWARD, element_bytes="kernel", allow_long=True)  # fmt: skip
+    return levels(r), r.blocks_per_sm
+
+
+# iosim's numba.cuda flash2 forward at d = 64, M = 16,384 as the H100's driver gave it (gpu_h100/occupancy.json, its
+# row: NUM_REGS 173, SHARED_SIZE_BYTES 0, "dynamic smem" 64,480 bytes; 128 threads per block, the launchers')
+IOSIM_FLASH2_FORWARD = dict(name="flash2_forward_kernel", threads=128, registers=173, smem_bytes=64480)
 
 
 def predictions() -> dict:

@@ -44,6 +44,33 @@ def _partitions(text: str):
     return value
 
 
+def _sector_bytes(text: str):
+    """--sector-bytes: a positive integer or 'device'."""
+    if text == "device":
+        return text
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"--sector-bytes must be a positive integer or 'device', got {text!r}")
+    return int(text)
+
+
+def _kernel(text: str):
+    """--kernel: a FlashAttention-2 kernel name (Nsight Compute's), or threads=T,smem=BYTES[,registers=R]."""
+    if "<" in text:
+        return text
+    keys = {"threads": "threads", "smem": "smem_bytes", "registers": "registers"}
+    out = {}
+    for part in text.split(","):
+        key, _, value = part.partition("=")
+        if key.strip() not in keys or not value.strip().isdigit():
+            raise argparse.ArgumentTypeError(
+                f"--kernel must be a FlashAttention-2 kernel name or threads=T,smem=BYTES[,registers=R], got {text!r}"
+            )
+        out[keys[key.strip()]] = int(value)
+    if not {"threads", "smem_bytes"} <= set(out):
+        raise argparse.ArgumentTypeError(f"--kernel needs threads= and smem= (registers= optional), got {text!r}")
+    return out
+
+
 def add_arguments(p) -> None:
     """Sizes, the launch (B, H_q, H_kv), the machine (a device preset or P, C, L), block order and L2 policy."""
     from iosim.hierarchy import ORDERS, POLICIES
@@ -83,6 +110,14 @@ def add_arguments(p) -> None:
     p.add_argument("--C", type=_nonnegative("--C"), default=None, help="L2 words (0: no L2; default: the device's)")
     p.add_argument("--L", type=positive("--L"), default=None, help="L2 line in words (default: the device's, or 1)")
     p.add_argument("--blocks-per-sm", type=positive("--blocks-per-sm"), default=None, help="default: what fits")
+    p.add_argument(
+        "--kernel",
+        type=_kernel,
+        default=None,
+        metavar="NAME|threads=T,smem=B[,registers=R]",
+        help="with --device: the kernel whose threads, registers and shared memory give the blocks per SM "
+        "(an FA2 kernel name as Nsight Compute prints it, or its figures; registers unknown: upper bound)",
+    )
     p.add_argument("--bytes-per-word", type=positive("--bytes-per-word"), default=None,
                    help="every array's bytes per word (default 2: fp16/bf16); not with --dtype-*")  # fmt: skip
     # iosim run's dtype options: given, each array is priced at its dtype as the kernels move it (element_bytes kernel)
@@ -101,6 +136,14 @@ def add_arguments(p) -> None:
         type=positive("--home-lines"),
         default=1,
         help="a line's home partition: (its line index in its array // this) mod partitions (default 1)",
+    )
+    p.add_argument(
+        "--sector-bytes",
+        type=_sector_bytes,
+        default=None,
+        metavar="BYTES|device",
+        help="fill and write back the L2's lines by sectors of this size ('device': the preset's, 32 B on "
+        "the H100); default whole lines",
     )
     p.add_argument("--order", choices=ORDERS, default="head-grouped", help="block order (default head-grouped)")
     p.add_argument("--scheduler", default=None, metavar="KEY=VALUE,...",
@@ -141,6 +184,8 @@ def command(args) -> int:
         C=args.C,
         L=args.L,
         blocks_per_sm=args.blocks_per_sm,
+        kernel=args.kernel,
+        sector_bytes=args.sector_bytes,
         partitions=args.l2_partitions,
         home_lines=args.home_lines,
         order=args.order,
@@ -171,6 +216,10 @@ def command(args) -> int:
         f"block(s) of M={r.M:,} words, L2 C={r.C:,} words "
         f"({r.policy}), lines of L={r.L} words, {r.bytes_per_word} bytes per word; order {r.order}"
     )
+    if args.kernel is not None:  # (the samples of the docs pages print no such line where no kernel is named)
+        print(f"blocks per SM: {r.blocks_per_sm} ({r.resident})")
+    if r.sector_bytes is not None:
+        print(f"L2 fills and write-backs by sectors of {r.sector_bytes} bytes")
     kernels = "; ".join(k["kernel"] for k in r.launches)
     print(
         f"{r.ctas:,} thread blocks in {len(r.launches)} launch(es) ({kernels}), waves "

@@ -29,6 +29,18 @@ keeps per-sector valid masks): a write miss allocates its lines dirty without fe
 ``Lw`` words of DRAM writes when it is evicted or flushed at the end. ``cap = 0`` is no L2: every request goes to
 DRAM word for word (the two-level count; a reduction is a read and a write of each word).
 
+**Sectors** (``spl`` > 1 sectors per line; 1, the default, is whole-line fills as above). An H100 L2 line is 128
+bytes in four 32-byte sectors (Nsight Compute's Memory Tables), each with its own valid bit, and DRAM moves sectors.
+With sectors, a line is allocated and replaced whole (LRU over lines, as above) but holds a valid and a dirty mask of
+its sectors: a read fills only the sectors it requests that are not valid (a **sector miss**, also on a resident
+line); a write validates and dirties the sectors it touches (write-validate per sector: a partial write of a sector
+makes the whole sector valid, the L2's byte masks are not modelled); a reduction fills its missing sectors and
+dirties them; an evicted or flushed line writes back its dirty sectors only. A request's sectors on a line are
+those its word range covers. To keep the segment LRU exact, every line a request covers only in part is a segment
+of its own (:func:`mark_boundaries` with ``iso``), so a segment of several lines is always requested whole, every
+sector; the one-line segments carry the masks (``vmask``, ``dmask``; :func:`touch_sectors`). A word count of a
+sector is ``Lw[b] // spl``.
+
 **Partitions** (an L2 as NVIDIA's A100 and H100 build it). The A100 whitepaper ("NVIDIA A100 Tensor Core GPU
 Architecture", section "L2 cache"): the L2 is divided into two partitions; each partition localizes and caches data
 for memory accesses from SMs in the GPCs directly connected to it, and hardware cache-coherence maintains the
@@ -70,9 +82,10 @@ READ, WRITE, REDUCE, SKIP = 0, 1, 2, -1
 
 
 @njit(cache=True)
-def mark_boundaries(req, piece_lo, piece_hi, base, stride, loff, Lw, mark):  # noqa: N803
+def mark_boundaries(req, piece_lo, piece_hi, base, stride, loff, Lw, mark, iso=0):  # noqa: N803
     """mark[loff[b] + l] = 1 where some request of an array stored in b starts or ends a line range (requests
-    piece_lo:piece_hi); ``Lw[b]``: b's words per line."""
+    piece_lo:piece_hi); ``Lw[b]``: b's words per line. ``iso`` = 1 (sectors) also makes every line a request covers
+    only in part a segment of its own."""
     for k in range(piece_lo, piece_hi):
         a, r0, nr, c0, nc = req[k, 1], req[k, 2], req[k, 3], req[k, 4], req[k, 5]
         if nr <= 0 or nc <= 0 or req[k, 0] < 0:
@@ -86,11 +99,24 @@ def mark_boundaries(req, piece_lo, piece_hi, base, stride, loff, Lw, mark):  # n
             w1 = (r0 + nr) * ca
             mark[o + w0 // L] = 1
             mark[o + (w1 - 1) // L + 1] = 1
+            if iso:
+                _isolate(mark, o, w0, w1, L)
         else:
             for r in range(nr):
                 w0 = (r0 + r) * ca + c0
                 mark[o + w0 // L] = 1
                 mark[o + (w0 + nc - 1) // L + 1] = 1
+                if iso:
+                    _isolate(mark, o, w0, w0 + nc, L)
+
+
+@njit(cache=True, inline="always")
+def _isolate(mark, o, w0, w1, L):  # noqa: N803
+    """The first and last lines of the words [w0, w1), where covered only in part, become one-line segments."""
+    if w0 % L:
+        mark[o + w0 // L + 1] = 1
+    if w1 % L:
+        mark[o + (w1 - 1) // L] = 1
 
 
 @njit(cache=True, inline="always")
@@ -193,6 +219,103 @@ def drop(s, p, h, res, prv, nxt):
         res[p, s] = 0
 
 
+@njit(cache=True, inline="always")
+def popcount(m):
+    n = 0
+    while m:
+        m &= m - 1
+        n += 1
+    return n
+
+
+@njit(cache=True)
+def touch_sectors(s, k, m, d, a, cap, sw, Lw, spl, p, h, res, dmask, vmask, prv, nxt, seg_aid, wb):  # noqa: N803
+    """:func:`touch` with sectors (module docstring): segment s (k lines, sector mask ``m`` on each: a segment of
+    several lines is always requested whole) in partition p; ``d`` = 1 dirties the sectors of ``m``. Evicted lines
+    write back their dirty sectors (``Lw // spl`` words each). Returns the mask of the sectors that missed (on each
+    of the k lines): the caller counts k x popcount x ``sw`` words."""
+    r = res[p, s]
+    if r == k:  # the line(s) resident: only the sectors not yet valid miss
+        miss = m & ~vmask[p, s]
+        vmask[p, s] |= m
+        if d:
+            dmask[p, s] |= m
+        if h[p, _HEAD] != s:
+            _unlink(p, s, h, prv, nxt)
+            _push_head(p, s, h, prv, nxt)
+        return miss
+    if r > 0:  # partly resident (the tail segment of several lines): every line misses; drop what is left
+        if dmask[p, s]:
+            wb[a] += r * popcount(dmask[p, s]) * sw
+        _unlink(p, s, h, prv, nxt)
+        h[p, _USED] -= r
+        res[p, s] = 0
+    if k > cap:  # larger than the cache: it streams through, leaving its last cap lines
+        t = h[p, _TAIL]
+        while t >= 0:
+            if dmask[p, t]:
+                wb[seg_aid[t]] += res[p, t] * popcount(dmask[p, t]) * (Lw[seg_aid[t]] // spl)
+            res[p, t] = 0
+            u = prv[p, t]
+            prv[p, t] = -1
+            nxt[p, t] = -1
+            t = u
+        h[p, _HEAD] = -1
+        h[p, _TAIL] = -1
+        if d:
+            wb[a] += (k - cap) * popcount(m) * sw
+        res[p, s] = cap
+        h[p, _USED] = cap
+    else:
+        need = h[p, _USED] + k - cap
+        while need > 0:
+            t = h[p, _TAIL]
+            rt = res[p, t]
+            per = popcount(dmask[p, t]) * (Lw[seg_aid[t]] // spl)
+            if rt <= need:
+                wb[seg_aid[t]] += rt * per
+                _unlink(p, t, h, prv, nxt)
+                res[p, t] = 0
+                h[p, _USED] -= rt
+                need -= rt
+            else:  # the tail segment keeps its newest lines
+                res[p, t] = rt - need
+                wb[seg_aid[t]] += need * per
+                h[p, _USED] -= need
+                need = 0
+        res[p, s] = k
+        h[p, _USED] += k
+    vmask[p, s] = m
+    dmask[p, s] = m if d else 0
+    _push_head(p, s, h, prv, nxt)
+    return m
+
+
+@njit(cache=True)
+def segment_sectors(s, k, m, w, a, q, hm, cap, sw, Lw, spl, st, vmask, dmask, fill, wb, fabric):  # noqa: N803
+    """:func:`segment` with sectors: the sectors ``m`` of segment s's k lines (module docstring)."""
+    h, res, _, prv, nxt, seg_aid = st
+    if w == READ:
+        miss = touch_sectors(s, k, m, 0, a, cap, sw, Lw, spl, q, h, res, dmask, vmask, prv, nxt, seg_aid, wb)
+        if miss:
+            if hm != q:
+                fabric[a] += k * popcount(miss) * sw
+                miss = touch_sectors(s, k, miss, 0, a, cap, sw, Lw, spl, hm, h, res, dmask, vmask, prv, nxt, seg_aid,
+                                     wb)  # fmt: skip
+            fill[a] += k * popcount(miss) * sw
+        return
+    if hm != q:
+        fabric[a] += k * popcount(m) * sw
+        if w == WRITE:  # the writer keeps a clean copy of what it wrote
+            touch_sectors(s, k, m, 0, a, cap, sw, Lw, spl, q, h, res, dmask, vmask, prv, nxt, seg_aid, wb)
+    miss = touch_sectors(s, k, m, 1, a, cap, sw, Lw, spl, hm, h, res, dmask, vmask, prv, nxt, seg_aid, wb)
+    if w == REDUCE:
+        fill[a] += k * popcount(miss) * sw
+    for p in range(h.shape[0]):
+        if p != hm and (w == REDUCE or p != q):
+            drop(s, p, h, res, prv, nxt)
+
+
 @njit(cache=True)
 def segment(s, k, w, a, q, hm, cap, lw, Lw, st, fill, wb, fabric):  # noqa: N803
     """Segment s (k lines homed in partition hm) requested by an SM of partition q: read, write or reduction through
@@ -221,9 +344,9 @@ def segment(s, k, w, a, q, hm, cap, lw, Lw, st, fill, wb, fabric):  # noqa: N803
 
 @njit(cache=True)
 def issue(k, copy, q, req, base, stride, nseg, gbase, loff, soff, seg_of_line, seg_start, seg_home, Lw, cap, st,
-          fill, wb, fabric):  # fmt: skip  # noqa: N803
+          fill, wb, fabric, spl, vmask, dmask):  # fmt: skip  # noqa: N803
     """Request k of a block on a slot of partition q, working on copy ``copy`` of its array: every segment it
-    touches, in order."""
+    touches, in order (``spl`` > 1: the sectors it covers on each, with the masks ``vmask``, ``dmask``)."""
     w, a, r0, nr, c0, nc = req[k, 0], req[k, 1], req[k, 2], req[k, 3], req[k, 4], req[k, 5]
     if nr <= 0 or nc <= 0 or w < 0:
         return
@@ -250,10 +373,26 @@ def issue(k, copy, q, req, base, stride, nseg, gbase, loff, soff, seg_of_line, s
         while True:
             j = soff[b] + s
             le = seg_start[j + 1]
-            segment(g0 + s, le - seg_start[j], w, a, q, seg_home[j], cap, lw, Lw, st, fill, wb, fabric)
+            if spl == 1:
+                segment(g0 + s, le - seg_start[j], w, a, q, seg_home[j], cap, lw, Lw, st, fill, wb, fabric)
+            else:
+                m = _sector_mask(w0, w1, seg_start[j], le, lw, spl)
+                segment_sectors(g0 + s, le - seg_start[j], m, w, a, q, seg_home[j], cap, lw // spl, Lw, spl, st,
+                                vmask, dmask, fill, wb, fabric)  # fmt: skip
             if le >= l1:
                 break
             s += 1
+
+
+@njit(cache=True, inline="always")
+def _sector_mask(w0, w1, ls, le, lw, spl):
+    """The sectors of the words [w0, w1) on the one line ls (every sector of a segment of several lines)."""
+    if le - ls > 1:
+        return (1 << spl) - 1
+    sw = lw // spl
+    lo = max(w0, ls * lw) - ls * lw
+    hi = min(w1, le * lw) - ls * lw
+    return ((1 << ((hi - 1) // sw + 1)) - 1) & ~((1 << (lo // sw)) - 1)
 
 
 @njit(cache=True)
@@ -333,7 +472,7 @@ def _first_wave(lo, hi_, t_start, slots, static, ht, hi, hs, cur, end, inst_piec
 def run_launches(
     inst_piece, inst_copy, launch_ptr, slots, slot_part, piece_ptr, req, kind, base, stride, nseg, gbase, loff, soff,
     seg_of_line, seg_start, seg_home, Lw, cap, st, fill, wb, fabric, l2_read, l2_update, l2_reduce, delay,
-    static_slot, wb_launch, record, rec_inst, rec_req, clock,
+    static_slot, wb_launch, record, rec_inst, rec_req, clock, spl, vmask, dmask,
 ):  # fmt: skip
     """Run the launches' blocks through the clock model into the L2 (module docstring). Block i works on copy
     ``inst_copy[i, kind[a]]`` of array a (kind 0: its head unit's, 1: its K/V head's, 2: its batch item's); its requests
@@ -341,7 +480,8 @@ def run_launches(
     request and runs on slot ``static_slot[i]`` (-1 for every block of a launch: the next free slot). A slot's
     requests go to partition ``slot_part[slot]``. With ``record``, the order in which the L2 sees the requests: block
     ``rec_inst[n]``, request ``rec_req[n]``. ``clock[k]`` is the end time of launch k, ``wb_launch[k]`` the words
-    written back per array by the end of launch k (before the final flush). Returns the number of requests issued."""
+    written back per array by the end of launch k (before the final flush). ``spl`` sectors per line (1: whole
+    lines), with the sector masks ``vmask``, ``dmask`` (module docstring). Returns the number of requests issued."""
     ht = np.empty(slots, np.int64)
     hi = np.empty(slots, np.int64)
     hs = np.empty(slots, np.int64)
@@ -362,7 +502,7 @@ def run_launches(
             w, a = req[k, 0], req[k, 1]
             if w >= 0:
                 issue(k, inst_copy[i, kind[a]], slot_part[slot], req, base, stride, nseg, gbase, loff, soff,
-                      seg_of_line, seg_start, seg_home, Lw, cap, st, fill, wb, fabric)  # fmt: skip
+                      seg_of_line, seg_start, seg_home, Lw, cap, st, fill, wb, fabric, spl, vmask, dmask)  # fmt: skip
                 if w == WRITE:
                     l2_update[a] += req[k, 6]
                 elif w == REDUCE:
@@ -406,6 +546,18 @@ def flush(st, Lw, wb):  # noqa: N803
         while t >= 0:
             if dirty[p, t] and res[p, t] > 0:
                 wb[seg_aid[t]] += res[p, t] * Lw[seg_aid[t]]
+            t = prv[p, t]
+
+
+@njit(cache=True)
+def flush_sectors(st, dmask, Lw, spl, wb):  # noqa: N803
+    """:func:`flush` with sectors: every resident line writes back its dirty sectors."""
+    h, res, _, prv, nxt, seg_aid = st
+    for p in range(h.shape[0]):
+        t = h[p, _TAIL]
+        while t >= 0:
+            if dmask[p, t] and res[p, t] > 0:
+                wb[seg_aid[t]] += res[p, t] * popcount(dmask[p, t]) * (Lw[seg_aid[t]] // spl)
             t = prv[p, t]
 
 

@@ -160,6 +160,35 @@ class KernelResources:
         return resident_ctas(device, self.threads, self.registers, self.smem_bytes)
 
 
+GIVEN_KEYS = ("threads", "smem_bytes", "registers", "name")
+
+
+def kernel_of(kernel) -> KernelResources:
+    """The kernel a hierarchy launch names (``hierarchy(kernel=...)``), as :class:`KernelResources`: one already made
+    (:data:`FA2_KERNELS`, :func:`parse_kernel_name`), a FlashAttention-2 kernel name as Nsight Compute prints it, or a
+    dict ``threads`` (per block), ``smem_bytes`` (static + dynamic shared memory per block), ``registers`` (per
+    thread; None or absent: unknown) and an optional ``name`` (iosim's own kernels: the driver's figures, as
+    ``experiments/bench/gpu_h100/occupancy.json`` stores them). Threads count in whole warps, as the occupancy
+    calculation counts them. Anything else is one line naming ``kernel``."""
+    if isinstance(kernel, KernelResources):
+        return kernel
+    if isinstance(kernel, str):
+        return parse_kernel_name(kernel)
+    if not isinstance(kernel, dict) or not {"threads", "smem_bytes"} <= set(kernel) or set(kernel) - set(GIVEN_KEYS):
+        raise InputError(
+            "kernel",
+            "must be a FlashAttention-2 kernel name, iosim.hierarchy.resident.KernelResources or a dict with threads, "
+            "smem_bytes and optionally registers, name",
+            kernel if isinstance(kernel, dict) else type(kernel).__name__,
+        )
+    threads, smem, regs = kernel["threads"], kernel["smem_bytes"], kernel.get("registers")
+    if isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= 1024:
+        raise InputError("kernel threads", "must be an integer in 1..1024 (threads per block)", threads)
+    return KernelResources(kernel=str(kernel.get("name", "given kernel")), traits="given", head_dim=0, block_m=0,
+                           block_n=0, warps=-(-threads // 32), elem_bytes=0, smem_bytes=smem, source="given",
+                           registers=regs)  # fmt: skip
+
+
 def _traits(name: str) -> tuple[dict, str]:
     m = _FWD.search(name)
     if m:

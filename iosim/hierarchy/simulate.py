@@ -22,6 +22,16 @@ per array) + the conversion (:attr:`HierarchyResult.convert_dq_dram`).
 Each CTA has M words of shared memory; an SM holds ``floor(smem_per_sm / (M x bytes_per_word + 1 KB))`` of them (at
 most 32; the 1 KB is the CUDA driver's reservation per block), so ``P x blocks_per_sm`` CTAs are resident at once.
 
+**Resident CTAs from the kernel's resources** (``kernel``, with a device): the kernel the launch models, its threads
+per block, registers per thread and shared memory per block (:func:`iosim.hierarchy.resident.kernel_of`: a
+FlashAttention-2 kernel name, whose traits give its threads and shared memory by FA2's source, or the figures as a
+dict), gives the blocks per SM by the CUDA occupancy calculation on the device's per-SM limits
+(:func:`iosim.hierarchy.resident.resident_ctas`: threads, registers, shared memory, blocks per SM, each cited in the
+devices table). ``HierarchyResult.resident`` says which limit bound it; with registers unknown the count is the
+bound the other limits allow and says so ("upper bound"). M is then the two-level model's fast memory per CTA (a
+kernel may hold part of it in registers: FA2 keeps O and S there), not what decides residency. A ``blocks_per_sm``
+passed wins (at most what the kernel's resources allow).
+
 **Block orders** (within each launch; p = the CTA's piece, the row block of flash2's forward):
 
 * ``grid``: heads fastest, for p, for b, for h (a grid with batch x heads as blockIdx.x);
@@ -207,6 +217,8 @@ class HierarchyResult:
     l2_partitions: int = 1
     home_lines: int = 1  # a line's home partition: (its index in its array copy // home_lines) mod partitions
     final_flush_bytes: int | None = None  # dirty bytes written back after the last launch (None under OPT)
+    resident: str = "given"  # how blocks_per_sm was decided: given, the kernel's limiter, or M's shared memory
+    sector_bytes: int | None = None  # the L2 fills and writes back sectors of this many bytes (None: whole lines)
 
     def _sum(self, attr: str) -> int:
         return sum(getattr(c, attr) for c in self.per_array.values())
@@ -357,6 +369,8 @@ class HierarchyResult:
                                  for c in self.per_array.values()),
             dram_writes=self.dram_writes,
             final_flush_bytes=self.final_flush_bytes,
+            resident=self.resident,
+            sector_bytes=self.sector_bytes,
         )  # fmt: skip
         return out
 
@@ -404,11 +418,12 @@ class _Layout:
     line_words: np.ndarray  # each array's words per line
 
 
-def _layout(trace, cut, B: int, H_q: int, H_kv: int, Lw, where, parts: int = 1, G: int = 1) -> _Layout:  # noqa: N803
+def _layout(trace, cut, B: int, H_q: int, H_kv: int, Lw, where, parts: int = 1, G: int = 1, iso: int = 0) -> _Layout:  # noqa: N803
     """Every array's lines, copies and segments; ``where`` is :meth:`iosim.problem.Problem.storage`, the one address
     map (which array's addresses an array uses, and what one copy of it serves); ``Lw`` each array's words per line.
     With ``parts`` > 1 L2 partitions a line's home is (its index within its array copy // G) mod parts (every copy
-    aligned to G parts lines), and segments also end where the home changes (every G lines)."""
+    aligned to G parts lines), and segments also end where the home changes (every G lines). ``iso`` = 1 (sector
+    fills): a line some request covers only in part is a segment of its own."""
     names = trace.names
     n = len(names)
     placed = [where(nm) for nm in names]
@@ -424,7 +439,7 @@ def _layout(trace, cut, B: int, H_q: int, H_kv: int, Lw, where, parts: int = 1, 
     copies = np.choose(kv, [B * H_q, B * H_kv, B]).astype(np.int64)
     loff = np.concatenate(([0], np.cumsum(nl + 1)[:-1])).astype(np.int64)
     mark = np.zeros(int(np.sum(nl + 1)) + 1, np.int8)
-    l2.mark_boundaries(cut.requests, 0, len(cut.requests), base, stride, loff, Lw, mark)
+    l2.mark_boundaries(cut.requests, 0, len(cut.requests), base, stride, loff, Lw, mark, iso)
     seg_of_line = np.zeros(max(int(np.sum(nl)), 1), np.int64)
     starts, nseg, soff, lo_off = [], np.zeros(n, np.int64), np.zeros(n, np.int64), np.zeros(n, np.int64)
     so = lo = 0
@@ -573,6 +588,8 @@ def hierarchy(
     partitions: int | None = None,
     home_lines: int = 1,
     scheduler=None,
+    kernel=None,
+    sector_bytes=None,
 ):
     """Run ``algorithm``'s launch (forward, or the backward pass) over ``B`` x ``H_q`` heads through P SMs, an L2
     of C words with lines of L words, and DRAM (module docstring); a :class:`HierarchyResult`.
@@ -604,7 +621,10 @@ def hierarchy(
     ``element_bytes`` ``uniform`` (every array at ``bytes_per_word``) or ``kernel`` (over a problem: each array at
     :func:`kernel_dtype`, dQ's atomic accumulation as reductions); ``partitions`` L2 partitions (default: the
     device's ``l2_partitions``, or 1) with homes by ``home_lines``; ``scheduler`` an object whose ``plan`` orders
-    each launch's blocks and requests, delays them or pins them to slots (module docstring).
+    each launch's blocks and requests, delays them or pins them to slots (module docstring); ``kernel`` (with a
+    device) the kernel whose resources give the blocks per SM (module docstring, ``result.resident`` says how);
+    ``sector_bytes`` (None: whole-line fills, the default; ``"device"``: the preset's, 32 on the H100; or a number of
+    bytes) fills and writes back the L2's lines by sectors (:mod:`iosim.hierarchy.l2`, "Sectors").
 
     ``hierarchy(problem, schedule, device)`` is the same launch from the three objects: an :class:`iosim.Problem`,
     an :class:`iosim.Schedule` (or an algorithm's name) and a device preset (or M, with P, C, L as keywords)."""
@@ -617,7 +637,8 @@ def hierarchy(
     w = _launch(dict(locals()))
     N, d, B, H_q, H_kv, causal, bytes_per_word = w.N, w.d, w.B, w.H_q, w.H_kv, w.causal, w.bytes_per_word
     unit, units, mask, kv_policy = w.unit, w.units, w.mask, w.kv_policy
-    mc = _machine(device, P, C, L, M, blocks_per_sm, bytes_per_word, policy, partitions, home_lines)
+    mc = _machine(device, P, C, L, M, blocks_per_sm, bytes_per_word, policy, partitions, home_lines, kernel,
+                  sector_bytes)  # fmt: skip
 
     t0 = time.perf_counter()
     Hu = H_kv if unit is not None and unit.H_q > 1 else H_q  # CTA families per batch item: packed, one per KV head
@@ -633,11 +654,12 @@ def hierarchy(
     cut, declared = _merge(parts, mask if units is None else units[0])
     eb = _element_bytes(arrays.names, problem, element_bytes, mc.bytes_per_word)
     Lw = _line_words(arrays.names, eb, mc)
+    _check_sectors(arrays.names, eb, mc)
     if element_bytes == "kernel":  # the kernel's atomic accumulations: one reduction each, no load
         cut = _reductions(cut, declared, arrays.names)
     widths = np.array([arrays.shapes[n][1] for n in arrays.names], np.int64)
     n_req_total = _estimate(parts, cut, policy, mc, Lw, widths, B * Hu, problem, N, allow_long)
-    lay = _layout(arrays, cut, B, Hu, H_kv, Lw, where, mc.parts, mc.home_lines)
+    lay = _layout(arrays, cut, B, Hu, H_kv, Lw, where, mc.parts, mc.home_lines, int(mc.spl > 1))
     inst, launch_ptr, delay, static, cut = _blocks(declared, cut, order, B, Hu, H_kv, unit_class, parts[0], scheduler,
                                                    mc.slots)  # fmt: skip
     assert n_req_total == (int(np.sum(np.diff(declared.cta_ptr)[inst[:, 0]])) if len(inst) else 0)
@@ -649,7 +671,7 @@ def hierarchy(
         mc.bytes_per_word, order, policy, mc.name, tiling_used, len(inst), kinds, [k["waves"] for k in kinds], per,
         int(run.n_rec), time.perf_counter() - t0, [int(x) for x in run.clock[: len(kinds)]],
         problem if unit is not None else None, gqa, int(splits), element_bytes, mc.parts, mc.home_lines,
-        None if run.final_flush is None else int(np.sum(run.final_flush * eb)),
+        None if run.final_flush is None else int(np.sum(run.final_flush * eb)), mc.resident, mc.sector_bytes,
     )  # fmt: skip
     if record:
         res.record = np.stack([run.rec_inst[: run.n_rec], run.rec_req[: run.n_rec]], axis=1)
@@ -686,7 +708,8 @@ def _three_objects(kw: dict):
         M = k["device_or_memory"]  # noqa: N806
     opts = {n: options[n] for n in ("backward", "tiling", "Br", "Bc", "gqa", "mla", "kv_policy", "splits", "pages")}
     keep = ("P", "C", "L", "blocks_per_sm", "bytes_per_word", "order", "policy", "mask", "allow_long", "record",
-            "opt_limit_bytes", "element_bytes", "partitions", "home_lines", "scheduler")  # fmt: skip
+            "opt_limit_bytes", "element_bytes", "partitions", "home_lines", "scheduler", "kernel",
+            "sector_bytes")  # fmt: skip
     return hierarchy(spec.algorithm, problem=k["algorithm"], M=M, device=device, block=options["B"],
                      **{n: k[n] for n in keep}, **opts)  # fmt: skip
 
@@ -730,9 +753,23 @@ def _launch(kw: dict) -> SimpleNamespace:
                            units=units, mask=mask, kv_policy=kv_policy)  # fmt: skip
 
 
-def _machine(device, P, C, L, M, blocks_per_sm, bytes_per_word, policy, partitions, home_lines) -> SimpleNamespace:  # noqa: N803
+def _machine(
+    device,
+    P,
+    C,
+    L,
+    M,
+    blocks_per_sm,
+    bytes_per_word,
+    policy,
+    partitions,
+    home_lines,
+    kernel=None,  # noqa: N803
+    sector_bytes=None,
+):
     """Check the machine: P SMs, an L2 of C words (in ``partitions`` partitions, homes by ``home_lines``) with lines
-    of L words, M words of shared memory per block and the blocks per SM; a device preset gives the defaults."""
+    of L words, M words of shared memory per block and the blocks per SM (from ``kernel``'s resources where given);
+    a device preset gives the defaults."""
     from iosim import api
 
     dev = None
@@ -767,36 +804,98 @@ def _machine(device, P, C, L, M, blocks_per_sm, bytes_per_word, policy, partitio
     if M is None:
         raise InputError("M", "must be given (or a device)", M)
     M = _int("M", M, 1, api.MAX_M)
-    blocks_per_sm = _blocks_per_sm(dev, M, bytes_per_word, blocks_per_sm)
+    blocks_per_sm, resident = _blocks_per_sm(dev, M, bytes_per_word, blocks_per_sm, kernel)
+    sector_bytes, spl = _sector_size(dev, sector_bytes, L * bytes_per_word, policy)
     slot_part = (np.arange(P * blocks_per_sm, dtype=np.int64) % P) * parts // P  # slot on SM slot mod P
     return SimpleNamespace(name=None if dev is None else dev.name, P=P, C=C, L=L, M=M, blocks_per_sm=blocks_per_sm,
                            bytes_per_word=bytes_per_word, parts=parts, home_lines=home_lines,
-                           slots=P * blocks_per_sm, slot_part=slot_part, cap=C // L // parts)  # fmt: skip
+                           slots=P * blocks_per_sm, slot_part=slot_part, cap=C // L // parts,
+                           resident=resident, sector_bytes=sector_bytes, spl=spl)  # fmt: skip
 
 
-def _blocks_per_sm(dev, M, bytes_per_word, blocks_per_sm) -> int:  # noqa: N803
-    """Resident blocks per SM: what fits the device's shared memory per SM (or the given number, at most that)."""
+MAX_SECTORS_PER_LINE = 32  # a line's sector masks are int64 bit sets
+
+
+def _sector_size(dev, sector_bytes, line_bytes: int, policy: str) -> tuple[int | None, int]:
+    """(sector bytes or None, sectors per line): None is whole-line fills (one "sector" a line); ``"device"`` the
+    preset's ``sector_bytes``; a number must divide the line into at most 32 sectors."""
+    if sector_bytes is None:
+        return None, 1
+    if sector_bytes == "device":
+        if dev is None:
+            raise InputError("sector_bytes", "'device' needs a device preset (or give a number of bytes)", sector_bytes)
+        sector_bytes = dev.sector_bytes
+    sector_bytes = _int("sector_bytes", sector_bytes, 1, line_bytes)
+    if line_bytes % sector_bytes or line_bytes // sector_bytes > MAX_SECTORS_PER_LINE:
+        raise InputError("sector_bytes", f"must divide the line of {line_bytes} bytes into at most "
+                         f"{MAX_SECTORS_PER_LINE} equal sectors", sector_bytes)  # fmt: skip
+    if policy == "opt":
+        raise InputError("policy opt", "is a line cache (Belady's): use lru with sectors", policy)
+    return sector_bytes, line_bytes // sector_bytes
+
+
+def _check_sectors(names, eb: np.ndarray, mc) -> None:
+    """Every array's words fill whole sectors (a sector holds sector_bytes / element bytes of them)."""
+    for n, e in zip(names, eb.tolist(), strict=True):
+        if mc.sector_bytes is not None and mc.sector_bytes % e:
+            raise InputError("sector_bytes", f"must hold a whole number of every array's words: {n} has {e}-byte "
+                             "words", mc.sector_bytes)  # fmt: skip
+
+
+def _blocks_per_sm(dev, M, bytes_per_word, blocks_per_sm, kernel=None) -> tuple[int, str]:  # noqa: N803
+    """Resident blocks per SM and how they were decided: the kernel's resources on the device's per-SM limits
+    (``kernel``), else what fits the device's shared memory per SM at M words a block; a given number wins (at most
+    that bound)."""
+    if kernel is not None:
+        return _blocks_of_kernel(dev, kernel, blocks_per_sm)
     block_bytes = M * bytes_per_word
+    how = "given" if blocks_per_sm is not None else "one per SM (no device)"
     if dev is not None:
-        if block_bytes > dev.smem_per_block_bytes:
-            raise InputError(
-                "M",
-                f"must fit the {dev.name}'s shared memory per block: {dev.smem_per_block_bytes:,} bytes = "
-                f"{dev.smem_per_block_bytes // bytes_per_word:,} words of {bytes_per_word} bytes",
-                M,
-            )
+        _check_m_fits(dev, M, bytes_per_word)
         fit = min(dev.smem_per_sm_bytes // (block_bytes + RESERVED_SMEM_PER_BLOCK), MAX_BLOCKS_PER_SM)
         if fit < 1:
             raise InputError("M", f"gives blocks that do not fit an SM of the {dev.name}", M)
         if blocks_per_sm is None:
             blocks_per_sm = fit
+            how = "shared memory of M words per block (no kernel given: threads and registers not counted)"
         elif blocks_per_sm > fit:
             raise InputError(
                 "blocks_per_sm",
                 f"must be at most {fit} ({dev.name}: shared memory per SM / the block's)",
                 blocks_per_sm,
             )
-    return _int("blocks_per_sm", 1 if blocks_per_sm is None else blocks_per_sm, 1, MAX_BLOCKS_PER_SM)
+    return _int("blocks_per_sm", 1 if blocks_per_sm is None else blocks_per_sm, 1, MAX_BLOCKS_PER_SM), how
+
+
+def _check_m_fits(dev, M, bytes_per_word) -> None:  # noqa: N803
+    if M * bytes_per_word > dev.smem_per_block_bytes:
+        raise InputError(
+            "M",
+            f"must fit the {dev.name}'s shared memory per block: {dev.smem_per_block_bytes:,} bytes = "
+            f"{dev.smem_per_block_bytes // bytes_per_word:,} words of {bytes_per_word} bytes",
+            M,
+        )
+
+
+def _blocks_of_kernel(dev, kernel, blocks_per_sm) -> tuple[int, str]:
+    """Blocks per SM from the kernel's threads, registers and shared memory (the occupancy calculation on the
+    device's per-SM limits, :func:`iosim.hierarchy.resident.resident_ctas`) and which limit binds; a given number
+    wins, at most that."""
+    from iosim.hierarchy import resident
+
+    if dev is None:
+        raise InputError("kernel", "needs a device preset (its per-SM limits decide the resident blocks)")
+    k = resident.kernel_of(kernel)
+    bound, limiter = k.resident(dev)
+    if bound < 1:
+        raise InputError("kernel", f"does not fit an SM of the {dev.name} ({limiter})", k.kernel)
+    how = f"{k.kernel}'s resources on the {dev.name}: {limiter}"
+    if blocks_per_sm is None:
+        return bound, how
+    blocks_per_sm = _int("blocks_per_sm", blocks_per_sm, 1, MAX_BLOCKS_PER_SM)
+    if blocks_per_sm > bound:
+        raise InputError("blocks_per_sm", f"must be at most {bound} ({how})", blocks_per_sm)
+    return blocks_per_sm, f"given (at most {bound} by {how})"
 
 
 def _unit_parts(algorithm, problem, unit, N, d, causal, mask, units, n_units, convert, run_kw, given) -> tuple:  # noqa: N803
@@ -1019,15 +1118,20 @@ def _run_l2(inst, launch_ptr, declared, cut, lay, Lw, mc, policy, record, n_req,
           lay.seg_aid if lru_cap else np.zeros(1, np.int16))  # fmt: skip
     lru = policy == "lru" or cap == 0
     f_lru, w_lru = (z.fill, z.wb) if lru else (np.zeros_like(z.fill), np.zeros_like(z.wb))
+    masks = (pn, ns) if mc.spl > 1 and lru_cap else (1, 1)  # each segment's valid and dirty sectors
+    vmask, dmask = np.zeros(masks, np.int64), np.zeros(masks, np.int64)
     z.n_rec = l2.run_launches(
         inst[:, 0].copy(), inst[:, 1:].copy(), launch_ptr, mc.slots, mc.slot_part, declared.cta_ptr, cut.requests,
         lay.kv, lay.base, lay.stride, lay.nseg, lay.gbase, lay.loff, lay.soff, lay.seg_of_line, lay.seg_start,
         lay.seg_home, Lw, lru_cap, st, f_lru, w_lru, z.fabric, z.read, z.update, z.reduce, delay, static, wb_launch,
-        need_record, z.rec_inst, z.rec_req, z.clock,
+        need_record, z.rec_inst, z.rec_req, z.clock, mc.spl, vmask, dmask,
     )  # fmt: skip
     z.wb_launch = wb_launch if lru else None  # OPT's write-backs are not in launch time
     if policy == "lru" and cap > 0:
-        l2.flush(st, Lw, z.wb)
+        if mc.spl > 1:
+            l2.flush_sectors(st, dmask, Lw, mc.spl, z.wb)
+        else:
+            l2.flush(st, Lw, z.wb)
     if policy == "opt" and cap > 0:
         _opt(z.rec_inst, z.rec_req, z.n_rec, inst, cut, lay, Lw, cap, z.fill, z.wb, opt_limit)
     z.final_flush = z.wb - wb_launch[len(launch_ptr) - 2] if lru and len(launch_ptr) > 1 else None
