@@ -13,6 +13,13 @@ the query's position and masks, inside a block, the keys after it (a score mask:
 :func:`selection` therefore draws, for each query token and KV head, S distinct blocks among those starting at or
 before the token's position: every block it lists is loaded, so the selection is iosim's (``iosim.topk_sparse``,
 policy ``gqa``), with the same array.
+
+The kernel (``parallel_nsa_fwd_kernel``): grid (T_q, NV, B H_kv), NV = ceil(d_v / BV) with BV = min(128,
+next_pow2(d_v)) for a CPU tensor (256 on Hopper); program (t, i_v, b H_kv + h) loads its g query rows once, then for
+each of its S selections the index (one word) and, for a block starting at or before the query's position, that
+block's keys below T_k of K and of V (BS = ``block`` rows), and stores g rows of O and g logsumexps (natural log,
+float32). One program per (batch item, KV head, query token) holding the group's heads, loading its selection once:
+iosim's ``gqa`` policy.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ TOPK = 4  # S, the blocks selected per query token (16 in the paper)
 
 
 def selection(problem=None, *, N_q: int | None = None, N: int | None = None, B: int = 1, kv_heads: int = 1,
-              block: int = BLOCK, topk: int = TOPK, seed: int = 0) -> np.ndarray:  # noqa: N803  # fmt: skip
+              block: int = BLOCK, topk: int = TOPK, seed: int = 0) -> np.ndarray:  # fmt: skip
     """int32 (B, H_kv, T_q, S): for query token t (absolute position T_k - T_q + t) of each batch item and KV head,
     ``topk`` distinct blocks among 0 .. (T_k - T_q + t) // block, ascending, drawn from ``seed``. Called with an
     :class:`iosim.Problem` (``iosim run topk-sparse --indices mod:THIS_FILE:selection``) it reads N_q, N_k, B and
@@ -33,8 +40,8 @@ def selection(problem=None, *, N_q: int | None = None, N: int | None = None, B: 
         N_q, N, B, kv_heads = problem.N_q, problem.N_k, problem.B, problem.H_kv
     first = (N - N_q) // block + 1  # blocks visible to the first query token
     if first < topk:
-        raise ValueError(f"the first query token (position {N - N_q}) sees {first} blocks of {block}; {topk} are "
-                         "selected: make N - N_q at least (topk - 1) * block")  # fmt: skip
+        raise ValueError(f"the first query token (position {N - N_q}) sees {first} block(s) of {block} keys; {topk} "
+                         "are selected: make N - N_q at least (topk - 1) * block")  # fmt: skip
     rng = np.random.default_rng(seed)
     out = np.empty((B, kv_heads, N_q, topk), dtype=np.int32)
     for b in range(B):
