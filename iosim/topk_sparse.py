@@ -300,8 +300,9 @@ def reference(Q, K, V, p: Problem, idx: np.ndarray, block: int, q_block: int, sc
 
 def _max_error(x: np.ndarray, ref: np.ndarray) -> float:
     """max |x - ref|, a row with L = -inf in both counting 0 (one in only one: inf)."""
-    same = np.isneginf(x) & np.isneginf(ref)
-    return float(np.abs(np.where(same, 0.0, x - ref)).max(initial=0.0))
+    diff = np.zeros(np.shape(x))
+    np.subtract(x, ref, out=diff, where=~(np.isneginf(x) & np.isneginf(ref)))
+    return float(np.abs(diff).max(initial=0.0))
 
 
 def topk_sparse(problem: Problem, indices, *, policy: str = "per-query", block: int = 1, q_block: int = 1,
