@@ -116,7 +116,8 @@ def _from_spec(spec, p: Problem):
 
 def _invalid(invalid):
     """None (every entry a block) or -1 (entries -1 mean "no block"); one line otherwise."""
-    if invalid is not None and (isinstance(invalid, bool) or invalid != -1):
+    integer = isinstance(invalid, numbers.Integral) and not isinstance(invalid, bool)
+    if invalid is not None and not (integer and invalid == -1):
         raise InputError("invalid", "must be None (every index is a block) or -1 (-1 entries select no block)", invalid)
     return invalid
 

@@ -283,7 +283,7 @@ def test_bad_indices_one_line(indices, text):
 
 OPTIONS = [(dict(policy="group:0"), "policy"), (dict(policy="blocks"), "policy"), (dict(block=0), "block"),
            (dict(policy="gather"), "one selection per key/value"), (dict(invalid=0), "invalid must be None"),
-           (dict(invalid=True), "invalid must be None")]  # fmt: skip
+           (dict(invalid=True), "invalid must be None"), (dict(invalid=-1.0), "invalid must be None")]  # fmt: skip
 
 
 def test_invalid_entries_other_than_minus_one_refused():
