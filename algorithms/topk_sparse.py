@@ -13,9 +13,11 @@ U of the key blocks they selected. :func:`topk_forward` runs, per program (the p
 
 1. load the program's query rows Q_i (R x d_qk, in runs of consecutive rows); alloc O_i (R x d_v), L_i (its l_i
    until the end) and m_i (R each); load the index rows the program reads (D rows of k words: its selection);
-2. for each selected block j in U (ascending): load K_j (c_j x d_qk, c_j = min(b, N_k - j b)), alloc S_ij
+2. for each selected block j in U (ascending; U leaves out -1 entries and, under causal, a block that starts after
+   the position of every row of the program): load K_j (c_j x d_qk, c_j = min(b, N_k - j b)), alloc S_ij
    (R x c_j), load V_j (c_j x d_v; none under MLA's shared latent: V_j is K_j's first d_v columns);
-   S_ij = tau Q_i K_j^T, the rows that did not select j set to -inf, FlashAttention-2's online update; free;
+   S_ij = tau Q_i K_j^T, the rows that did not select j and (causal) the keys after a row's position set to -inf,
+   FlashAttention-2's online update; free;
 3. O_i /= l_i, L_i = m_i + log l_i; store O_i and L_i; free.
 
 The policies differ only in what a program is (:mod:`iosim.topk_sparse` builds them): ``per-query`` one query row
@@ -118,16 +120,26 @@ def _free_n(W, hs, n):
 
 
 @njit(cache=True)
-def _mask_unselected(S, Ib, rsel, a, kk, j):  # noqa: N803
-    """S_ij's rows whose selection (row rsel[a + r] of the resident index tile Ib) does not hold block j: -inf."""
+def _mask_unselected(S, Ib, rsel, rpos, a, kk, j, c0):  # noqa: N803
+    """-inf in S_ij (keys c0 ..) on the rows whose selection (row rsel[a + r] of the resident index tile Ib) does not
+    hold block j, and on the keys after row r's position rpos[a + r] (causal: a score mask, the block is loaded)."""
     for r in range(S.shape[0]):
         row = rsel[a + r]
         hit = False
         for t in range(kk):
             if Ib[row * kk + t] == j:
                 hit = True
-        if not hit:
-            for c in range(S.shape[1]):
+        for c in range(S.shape[1]):
+            if not hit or c0 + c > rpos[a + r]:
+                S[r, c] = -np.inf
+
+
+@njit(cache=True)
+def _mask_after(S, rpos, a, wkey, t0):  # noqa: N803
+    """-inf in a workspace tile S (workspace rows t0 ..) on the keys wkey[t0 + c] after row r's position."""
+    for r in range(S.shape[0]):
+        for c in range(S.shape[1]):
+            if wkey[t0 + c] > rpos[a + r]:
                 S[r, c] = -np.inf
 
 
@@ -164,10 +176,11 @@ def _close_program(W, O, L, plan, p, dims, Ob, lb, hq, ho, hl, hi, nq, no, nl, n
 @njit(cache=True)
 def topk_forward(W, ids, Q, K, V, O, L, Idx, plan, dims, scale, shared, hq, ho, hl, hi):  # noqa: N803
     """The schedule of the module docstring (policies per-query, group:g, gqa). ids = (Q, K, V, O, L, indices, m,
-    S); plan = (rows, rptr, irows, iptr, rsel, ublk, uptr, kvb): per program p its query rows rows[rptr[p] ..
-    rptr[p + 1]], its index rows irows[iptr[p] ..], each query row's position in them rsel, its union of blocks
-    ublk[uptr[p] ..] and its key/value head's first K/V row kvb[p]; dims = (d_qk, d_v, k, b, N_k, R_max);
-    hq, ho, hl, hi: handle slots (R_max each)."""
+    S); plan = (rows, rptr, irows, iptr, rsel, ublk, uptr, kvb, rpos): per program p its query rows rows[rptr[p] ..
+    rptr[p + 1]], its index rows irows[iptr[p] ..], each query row's place in them rsel, its union of blocks
+    ublk[uptr[p] ..] (-1 entries and, under causal, blocks after all its rows left out), its key/value head's first
+    K/V row kvb[p] and each query row's position rpos (causal: r + N_k - N_q; else N_k); dims = (d_qk, d_v, k,
+    b, N_k, R_max); hq, ho, hl, hi: handle slots (R_max each)."""
     iK, iV, iS = ids[1], ids[2], ids[7]
     rsel, ublk, uptr, kvb = plan[4], plan[5], plan[6], plan[7]
     dqk, dv, kk, b, Nk, Rmax = dims[0], dims[1], dims[2], dims[3], dims[4], dims[5]
@@ -190,7 +203,7 @@ def topk_forward(W, ids, Q, K, V, O, L, Idx, plan, dims, scale, shared, hq, ho, 
             hV = -1 if shared else load(W, iV, V, kvb[p] + c0, c, 0, dv, Vj)
             if Q is not None:
                 score_tile(Qi, Kj, Sij, scale)  # S_ij = tau Q_i K_j^T
-                _mask_unselected(Sij, Ib, rsel, plan[1][p], kk, j)
+                _mask_unselected(Sij, Ib, rsel, plan[8], plan[1][p], kk, j, c0)
                 _online_update(Sij, Kj if shared else Vj, Oi, lb[:R], mb[:R])
             if hV >= 0:
                 free(W, hV)
@@ -230,10 +243,10 @@ def topk_gather(W, ids, K, V, Kws, Vws, Idx, plan, wptr, dims, shared, hi):  # n
 
 
 @njit(cache=True)
-def workspace_attend(W, ids, Q, Kws, Vws, O, L, plan, wptr, dims, Bc, scale, shared, hq, ho, hl, hi):  # noqa: N803
+def workspace_attend(W, ids, Q, Kws, Vws, O, L, plan, wptr, wkey, dims, Bc, scale, shared, hq, ho, hl, hi):  # noqa: N803
     """FlashMLA's packed path, second kernel: per program, FlashAttention-2 over its wptr[p + 1] - wptr[p] packed
-    workspace rows in tiles of Bc (every row of the program selected all of them: no mask, no index reads).
-    ids = (Q, Kws, Vws, O, L, -, m, S)."""
+    workspace rows in tiles of Bc (every row of the program selected all of them: no index reads; under causal the
+    keys wkey[t] after a row's position plan[8] are masked). ids = (Q, Kws, Vws, O, L, -, m, S)."""
     iKw, iVw, iS = ids[1], ids[2], ids[7]
     dqk, dv, Rmax = dims[0], dims[1], dims[5]
     Qb, Ob, lb, mb = buffer(Rmax * dqk, Q), buffer(Rmax * dv, Q), buffer(Rmax, Q), buffer(Rmax, Q)
@@ -253,6 +266,7 @@ def workspace_attend(W, ids, Q, Kws, Vws, O, L, plan, wptr, dims, Bc, scale, sha
             hV = -1 if shared else load(W, iVw, Vws, t0, n, 0, dv, Vj)
             if Q is not None:
                 score_tile(Qi, Kj, Sij, scale)
+                _mask_after(Sij, plan[8], plan[1][p], wkey, t0)
                 _online_update(Sij, Kj if shared else Vj, Oi, lb[:R], mb[:R])
             if hV >= 0:
                 free(W, hV)

@@ -10,6 +10,16 @@ queries). What is refused, in one line naming ``indices``: a non-integer dtype, 
 at or beyond ceil(N_k / block), k = 0 (an empty selection) and a block listed twice in one row (a kernel that loads
 a duplicated index loads its keys twice and counts their scores twice in the softmax: refused rather than counted).
 
+``invalid=-1`` accepts -1 entries as "no block" (fla-core's NSA top-k writes -1 where a token has fewer than k
+blocks to choose from, and its selected-attention kernel reads such an index word and skips it; other negatives are
+still refused, and -1 may repeat within a row). A causal problem (``Problem(causal=True)``, bottom-right aligned:
+query row r is at position r + N_k - N_q) leaves out of a program's block set every selected block that starts
+after the position of all its rows (j block > r + N_k - N_q: a block is loaded if any row of the program sees it;
+under ``per-query`` and ``gqa`` all rows of a program share one position), and masks, inside a loaded block, the
+scores of the keys after each row's position (a score mask: the block is loaded whole, as fla's kernel does). The
+index words are counted in full either way: k per index row a program reads. A row that sees no key gets O = 0 and
+L = -inf.
+
 It comes as an array, ``file:PATH.npy`` (numpy.load), ``mod:FILE.py:NAME`` (the function NAME of FILE.py called
 with the problem, returning the array) or a Python callable taking the problem, as masks do (:mod:`iosim.masks`).
 
@@ -104,8 +114,18 @@ def _from_spec(spec, p: Problem):
     return spec, "array"
 
 
-def load_indices(spec, p: Problem, block: int = 1, q_block: int = 1) -> np.ndarray:
-    """The selection as an int64 array (B', H', T_q, k), checked (module docstring: what is refused)."""
+def _invalid(invalid):
+    """None (every entry a block) or -1 (entries -1 mean "no block"); one line otherwise."""
+    integer = isinstance(invalid, numbers.Integral) and not isinstance(invalid, bool)
+    if invalid is not None and not (integer and invalid == -1):
+        raise InputError("invalid", "must be None (every index is a block) or -1 (-1 entries select no block)", invalid)
+    return invalid
+
+
+def load_indices(spec, p: Problem, block: int = 1, q_block: int = 1, invalid: int | None = None) -> np.ndarray:
+    """The selection as an int64 array (B', H', T_q, k), checked (module docstring: what is refused); ``invalid``
+    -1: -1 entries are kept as "no block"."""
+    invalid = _invalid(invalid)
     block = _positive("block", block, MAX_BLOCK)
     q_block = _positive("q_block", q_block, p.N_q)
     a, label = _from_spec(spec, p)
@@ -130,12 +150,14 @@ def load_indices(spec, p: Problem, block: int = 1, q_block: int = 1) -> np.ndarr
         raise InputError("indices", "must select at least one key block per row (k >= 1): an empty selection",
                          f"{label}: shape {a.shape}")  # fmt: skip
     lo, hi = int(a.min()), int(a.max())
-    if lo < 0 or hi >= nblk:
-        raise InputError("indices", f"must be key blocks from 0 to {nblk - 1:,} (ceil(N_k / block) = {nblk:,}; no "
-                         "negative padding)", f"{label}: min {lo:,}, max {hi:,}")  # fmt: skip
+    low = a[a != -1].min(initial=0) if invalid == -1 else lo
+    if low < 0 or hi >= nblk:
+        pad = "; -1 for no block" if invalid == -1 else "; -1 as no block needs invalid=-1"
+        raise InputError("indices", f"must be key blocks from 0 to {nblk - 1:,} (ceil(N_k / block) = {nblk:,}{pad})",
+                         f"{label}: min {lo:,}, max {hi:,}")  # fmt: skip
     a = a.astype(np.int64)
     s = np.sort(a, axis=3)
-    dup = np.argwhere((s[..., 1:] == s[..., :-1]).any(axis=3))
+    dup = np.argwhere(((s[..., 1:] == s[..., :-1]) & (s[..., 1:] >= 0)).any(axis=3))
     if dup.size:
         where = tuple(int(x) for x in dup[0])
         raise InputError("indices", "must list each key block at most once per row (a duplicate would be loaded and "
@@ -155,9 +177,10 @@ class Plan:
     ublk: np.ndarray
     uptr: np.ndarray
     kvb: np.ndarray
+    rpos: np.ndarray
 
     def arrays(self) -> tuple:
-        return (self.rows, self.rptr, self.irows, self.iptr, self.rsel, self.ublk, self.uptr, self.kvb)
+        return (self.rows, self.rptr, self.irows, self.iptr, self.rsel, self.ublk, self.uptr, self.kvb, self.rpos)
 
     @property
     def programs(self) -> int:
@@ -175,21 +198,29 @@ def _program_rows(p: Problem, kind: str, g: int):
     return [[(b, hk * G + t, r) for t in range(G)] for b in range(p.B) for hk in range(p.H_kv) for r in range(p.N_q)]
 
 
-def plan(p: Problem, idx: np.ndarray, kind: str, g: int, q_block: int) -> Plan:
-    """The programs of policy (kind, g) over the selection ``idx`` (B', H', T_q, k)."""
+def position(p: Problem, r: int) -> int:
+    """The position of query row r: r + N_k - N_q under causal (bottom-right), else N_k (after every key)."""
+    return r + p.offset if p.causal else p.N_k
+
+
+def plan(p: Problem, idx: np.ndarray, kind: str, g: int, q_block: int, block: int) -> Plan:
+    """The programs of policy (kind, g) over the selection ``idx`` (B', H', T_q, k): each loads the blocks its rows
+    selected that start at or before the last position among them (:func:`position`; -1 entries: none)."""
     Bm, Hm, Tq, _ = idx.shape
     flat = idx.reshape(Bm * Hm * Tq, -1)
-    rows, rptr, irows, iptr, rsel, ublk, uptr, kvb = [], [0], [], [0], [], [], [0], []
+    rows, rptr, irows, iptr, rsel, ublk, uptr, kvb, rpos = [], [0], [], [0], [], [], [0], [], []
     for prog in _program_rows(p, kind, g):
         mine: list[int] = []
+        last = max(position(p, r) for _, _, r in prog)
         for b, h, r in prog:
             hh = h if Hm == p.H_q else (h // p.g if Hm == p.H_kv else 0)
             ir = ((b if Bm == p.B else 0) * Hm + hh) * Tq + r // q_block
             if ir not in mine:
                 mine.append(ir)
             rows.append((b * p.H_q + h) * p.N_q + r)
+            rpos.append(position(p, r))
             rsel.append(mine.index(ir))
-        union = sorted({int(j) for ir in mine for j in flat[ir]})
+        union = sorted({int(j) for ir in mine for j in flat[ir] if 0 <= j * block <= last})
         irows += mine
         ublk += union
         rptr.append(len(rows))
@@ -197,7 +228,7 @@ def plan(p: Problem, idx: np.ndarray, kind: str, g: int, q_block: int) -> Plan:
         uptr.append(len(ublk))
         b, h = prog[0][0], prog[0][1]
         kvb.append((b * p.H_kv + h // p.g) * p.N_k)
-    return Plan(*(np.array(x, dtype=np.int64) for x in (rows, rptr, irows, iptr, rsel, ublk, uptr, kvb)))
+    return Plan(*(np.array(x, dtype=np.int64) for x in (rows, rptr, irows, iptr, rsel, ublk, uptr, kvb, rpos)))
 
 
 @dataclass
@@ -216,6 +247,7 @@ class TopkResult:
     programs: int
     errors: dict = field(default_factory=dict)
     outputs: dict = field(default_factory=dict, repr=False)  # a numeric run's O (B H_q N_q, d_v) and L
+    invalid: int | None = None  # -1: -1 entries selected no block
 
     @property
     def exact(self) -> bool:
@@ -245,14 +277,18 @@ class TopkResult:
 
 
 def reference(Q, K, V, p: Problem, idx: np.ndarray, block: int, q_block: int, scale: float):
-    """float64 attention restricted to each row's selected keys: O (B H_q N_q, d_v) and L (B H_q N_q)."""
+    """float64 attention restricted to each row's selected keys (no -1 entry; under causal, none after the row's
+    position): O (B H_q N_q, d_v) and L (B H_q N_q); a row with no such key: O = 0, L = -inf."""
     irow = io_model.topk_index_rows(idx.shape, (p.B, p.H_q, p.H_kv, p.N_q), q_block).ravel()
     flat = idx.reshape(-1, idx.shape[3])
     O = np.zeros((p.B * p.H_q * p.N_q, p.d_v))
-    L = np.zeros(p.B * p.H_q * p.N_q)
+    L = np.full(p.B * p.H_q * p.N_q, -np.inf)
     for row in range(O.shape[0]):
         b, h = row // (p.H_q * p.N_q), row // p.N_q % p.H_q
-        keys = np.concatenate([np.arange(j * block, min((j + 1) * block, p.N_k)) for j in flat[irow[row]]])
+        keys = [c for j in flat[irow[row]] if j >= 0 for c in range(j * block, min((j + 1) * block, p.N_k))]
+        keys = np.array([c for c in keys if c <= position(p, row % p.N_q)], dtype=np.int64)
+        if keys.size == 0:
+            continue
         base = (b * p.H_kv + h // p.g) * p.N_k
         s = scale * (K[base + keys] @ Q[row])
         m = s.max()
@@ -263,22 +299,31 @@ def reference(Q, K, V, p: Problem, idx: np.ndarray, block: int, q_block: int, sc
     return O, L
 
 
+def _max_error(x: np.ndarray, ref: np.ndarray) -> float:
+    """max |x - ref|, a row with L = -inf in both counting 0 (one in only one: inf)."""
+    diff = np.zeros(np.shape(x))
+    np.subtract(x, ref, out=diff, where=~(np.isneginf(x) & np.isneginf(ref)))
+    return float(np.abs(diff).max(initial=0.0))
+
+
 def topk_sparse(problem: Problem, indices, *, policy: str = "per-query", block: int = 1, q_block: int = 1,
                 Bc: int = 64, M: int | None = None, count_only: bool = True, seed: int = 0,
-                scale: float | None = None) -> TopkResult:  # noqa: N803  # fmt: skip
+                scale: float | None = None, invalid: int | None = None) -> TopkResult:  # noqa: N803  # fmt: skip
     """Count the top-k sparse schedule of ``policy`` over ``problem`` for the selection ``indices`` (module
     docstring) on a fast memory of M words (default: the schedule's peak, so it fits exactly); ``Bc``: the
-    workspace tile of ``gather``. ``count_only=False`` also computes O and L from standard-normal inputs drawn from
-    ``seed`` (Q, then K, then V unless MLA's latent, as (B H_q N_q, d_qk), (B H_kv N_k, d_qk), (B H_kv N_k, d_v) rows
-    in (b, h, row) order) and compares them with the float64 reference restricted to the selected keys."""
+    workspace tile of ``gather``; ``invalid=-1``: -1 entries select no block; ``problem.causal``: blocks after every
+    row of a program are not loaded, keys after a row's position are masked (module docstring).
+    ``count_only=False`` also computes O and L from standard-normal inputs drawn from ``seed`` (Q, then K, then V
+    unless MLA's latent, as (B H_q N_q, d_qk), (B H_kv N_k, d_qk), (B H_kv N_k, d_v) rows in (b, h, row) order) and
+    compares them with the float64 reference restricted to the selected keys (and, causal, the visible ones)."""
     p = problem
     if not isinstance(p, Problem):
         raise InputError("problem", "must be an iosim.Problem", type(p).__name__)
-    if p.page_size is not None or p.causal:
-        raise InputError("problem", "must have no page_size or causal field here: the indices are the selection", p)
+    if p.page_size is not None:
+        raise InputError("problem", "must have no page_size field here: the indices are the selection", p)
     kind, g = parse_policy(policy)
     Bc = _positive("Bc", Bc, 1 << 20)
-    idx = load_indices(indices, p, block, q_block)
+    idx = load_indices(indices, p, block, q_block, invalid)
     if kind == "gather" and idx.shape[1] > p.H_kv:
         raise InputError("indices", f"must hold one selection per key/value head (H' <= H_kv = {p.H_kv}) for the "
                          "gather policy: its workspace serves every query head of the group", idx.shape)  # fmt: skip
@@ -286,23 +331,23 @@ def topk_sparse(problem: Problem, indices, *, policy: str = "per-query", block: 
         raise InputError("count_only", "must be True or False", count_only)
     dims = (p.B, p.H_q, p.H_kv, p.N_q, p.N_k, p.d_qk, p.d_v)
     shared = p.latent
-    predicted = io_model.topk_sparse(kind, g, idx, dims, block, q_block, shared, Bc)
+    predicted = io_model.topk_sparse(kind, g, idx, dims, block, q_block, shared, Bc, causal=p.causal)
     if M is not None and (isinstance(M, bool) or not isinstance(M, numbers.Integral) or not predicted.peak <= M):
         raise InputError("M", f"must be an integer of at least the schedule's working set, {predicted.peak:,} words", M)
-    pl = plan(p, idx, kind, g, q_block)
+    pl = plan(p, idx, kind, g, q_block, block)
     mem = TwoLevelMemory(predicted.peak if M is None else int(M), strict=True)
     numeric = not count_only
     scale = 1 / np.sqrt(p.d_qk) if scale is None else float(scale)
     out = _run(mem, p, idx, pl, kind, block, Bc, shared, scale, numeric, seed)
     stats = mem.stats()
-    floor = bounds.topk_compulsory(idx, dims, block, q_block, p.latent)
+    floor = bounds.topk_compulsory(idx, dims, block, q_block, p.latent, causal=p.causal)
     errors, outputs = {}, {}
     if numeric:
         (Q, K, V), (O, L) = out
         O_ref, L_ref = reference(Q, K, V, p, idx, block, q_block, scale)
-        errors = {"O": float(np.abs(O - O_ref).max()), "L": float(np.abs(L - L_ref).max())}
+        errors = {"O": _max_error(O, O_ref), "L": _max_error(L, L_ref)}
         outputs = {"O": O, "L": L}
-    return TopkResult(p, policy, block, q_block, stats, predicted, floor, pl.programs, errors, outputs)
+    return TopkResult(p, policy, block, q_block, stats, predicted, floor, pl.programs, errors, outputs, invalid)
 
 
 def _run(mem, p: Problem, idx, pl: Plan, kind: str, block: int, Bc: int, shared: bool, scale: float, numeric: bool,
@@ -315,7 +360,9 @@ def _run(mem, p: Problem, idx, pl: Plan, kind: str, block: int, Bc: int, shared:
     flat = np.ascontiguousarray(idx.reshape(-1, k))
     Rmax = int(np.diff(pl.rptr).max())
     width = np.minimum(block, p.N_k - pl.ublk * block)
-    wptr = np.concatenate([[0], np.cumsum(np.add.reduceat(width, pl.uptr[:-1]))]).astype(np.int64)
+    wptr = np.concatenate([[0], np.cumsum(width)]).astype(np.int64)[pl.uptr]  # a program may load no block
+    starts = np.concatenate([[0], np.cumsum(width)[:-1]]).astype(np.int64)
+    wkey = np.repeat(pl.ublk * block - starts, width) + np.arange(width.sum(), dtype=np.int64)  # workspace row's key
     Q = K = V = O = L = Kws = Vws = Idx = None
     if numeric:
         rng = np.random.default_rng(seed)
@@ -338,7 +385,7 @@ def _run(mem, p: Problem, idx, pl: Plan, kind: str, block: int, Bc: int, shared:
         gids = np.array([got[n] for n in ("K", "V", "Kws", "Vws", "indices")], dtype=np.int64)
         mem.call(alg.topk_gather, gids, K, V, Kws, Vws, Idx, pl.arrays(), wptr, dims, shared, hs[3])
         ids[1], ids[2] = got["Kws"], got["Vws"]
-        mem.call(alg.workspace_attend, ids, Q, Kws, Vws, O, L, pl.arrays(), wptr, dims, Bc, scale, shared, *hs)
+        mem.call(alg.workspace_attend, ids, Q, Kws, Vws, O, L, pl.arrays(), wptr, wkey, dims, Bc, scale, shared, *hs)
     else:
         mem.call(alg.topk_forward, ids, Q, K, V, O, L, Idx, pl.arrays(), dims, scale, shared, *hs)
     return ((Q, K, V), (O, L)) if numeric else None

@@ -23,8 +23,15 @@ def selection(p, Bm, Hm, Tq, k, nblk, seed):
     return np.array([rng.permutation(nblk)[:k] for _ in range(Bm * Hm * Tq)]).reshape(Bm, Hm, Tq, k)
 
 
+def pos(p, r):
+    """Query row r's position: r + N_k - N_q under causal (bottom-right), else past every key."""
+    return r + p.N_k - p.N_q if p.causal else p.N_k
+
+
 def model(p, idx, policy, block, q_block, Bc=64):
-    """Words per array and the peak, counted program by program from the policy's description."""
+    """Words per array and the peak, counted program by program from the policy's description: a program loads
+    the union of its rows' selected blocks, leaving out -1 entries and, under causal, a block that starts after the
+    position of every one of its rows."""
     G = p.H_q // p.H_kv
     if policy == "per-query":
         progs = [[(b, h, r)] for b in range(p.B) for h in range(p.H_q) for r in range(p.N_q)]
@@ -49,7 +56,9 @@ def model(p, idx, policy, block, q_block, Bc=64):
             key = (b if Bm == p.B else 0, hh, r // q_block)
             rows_read.add(key)
             union |= {int(j) for j in idx[key]}
-        widths = [min(block, p.N_k - j * block) for j in union]
+        last = max(pos(p, r) for _, _, r in prog)
+        union = {j for j in union if j >= 0 and j * block <= last}
+        widths = [min(block, p.N_k - j * block) for j in union] or [0]
         words["Q"] += R * p.d_qk
         words["O"] += R * p.d_v
         words["L"] += R
@@ -68,7 +77,8 @@ def model(p, idx, policy, block, q_block, Bc=64):
 
 
 def floor(p, idx, block, q_block):
-    """The union of the keys selected by each key/value head's rows, + Q + O."""
+    """The union of the keys each key/value head's rows attend to (selected, not -1, causal: at or before the
+    row's position), + Q + O."""
     G = p.H_q // p.H_kv
     Bm, Hm = idx.shape[:2]
     keys = 0
@@ -79,7 +89,8 @@ def floor(p, idx, block, q_block):
                 for r in range(p.N_q):
                     hh = h if Hm == p.H_q else (h // G if Hm == p.H_kv else 0)
                     for j in idx[b if Bm == p.B else 0, hh, r // q_block]:
-                        sel |= set(range(j * block, min((j + 1) * block, p.N_k)))
+                        if j >= 0:
+                            sel |= set(range(j * block, min((j + 1) * block, p.N_k, pos(p, r) + 1)))
             keys += len(sel)
     out = {"Q": p.B * p.H_q * p.N_q * p.d_qk, "K": keys * p.d_qk, "O": p.B * p.H_q * p.N_q * p.d_v}
     if not p.latent:
@@ -124,7 +135,8 @@ def test_group_union_hand_count():
 
 
 def reference(p, Q, K, V, idx, block, q_block, scale):
-    """Dense float64 softmax with every unselected key masked to -inf."""
+    """Dense float64 softmax with every unselected key (and, causal, every key after the row's position) masked to
+    -inf; a row with no key left: O = 0."""
     G = p.H_q // p.H_kv
     Bm, Hm = idx.shape[:2]
     O = np.zeros((p.B, p.H_q, p.N_q, p.d_v))
@@ -132,7 +144,11 @@ def reference(p, Q, K, V, idx, block, q_block, scale):
         hh = h if Hm == p.H_q else (h // G if Hm == p.H_kv else 0)
         allowed = np.zeros(p.N_k, bool)
         for j in idx[b if Bm == p.B else 0, hh, r // q_block]:
-            allowed[j * block : (j + 1) * block] = True
+            if j >= 0:
+                allowed[j * block : (j + 1) * block] = True
+        allowed &= np.arange(p.N_k) <= pos(p, r)
+        if not allowed.any():
+            continue
         Kh = K.reshape(p.B, p.H_kv, p.N_k, -1)[b, h // G]
         Vh = Kh[:, : p.d_v] if p.latent else V.reshape(p.B, p.H_kv, p.N_k, -1)[b, h // G]
         s = np.where(allowed, scale * Kh @ Q.reshape(p.B, p.H_q, p.N_q, -1)[b, h, r], -np.inf)
@@ -161,6 +177,76 @@ def test_outputs_equal_reference(kw, policy, per_query_head):
     assert np.abs(r.outputs["O"] - O_ref).max() < 1e-12
 
 
+CAUSAL = [dict(B=1, H_q=2, H_kv=1, N_q=7, N_k=53, d_qk=5, d_v=3, causal=True),
+          dict(B=2, H_q=4, H_kv=2, N_q=9, N_k=6, d_qk=4, d_v=6, causal=True),  # N_q > N_k: rows 0..2 see no key
+          dict(B=1, H_q=3, N_q=5, N_k=29, d_qk=6, d_v=4, latent=True, causal=True)]  # fmt: skip
+
+
+def with_invalid(idx, seed):
+    """About a third of the entries set to -1 (no block), a row possibly all -1."""
+    rng = np.random.default_rng(seed)
+    return np.where(rng.random(idx.shape) < 0.35, -1, idx)
+
+
+@pytest.mark.parametrize("kw, block, q_block", list(itertools.product(CAUSAL, [1, 4], [1, 2])))
+def test_causal_and_invalid_counts_equal_closed_form_and_model(kw, block, q_block):
+    p = Problem(**kw)
+    nblk = -(-p.N_k // block)
+    Tq = -(-p.N_q // q_block)
+    for Hm, empty in ((p.H_kv, False), (p.H_kv, True), (p.H_q, True)):
+        idx = selection(p, p.B, Hm, Tq, min(4, nblk), nblk, seed=block + 3 * q_block + Hm)
+        idx = with_invalid(idx, seed=Hm) if empty else idx
+        for policy in ("per-query", "group:3", "gqa", "gather"):
+            if policy == "gather" and Hm > p.H_kv:
+                continue
+            r = topk_sparse(p, idx, policy=policy, block=block, q_block=q_block, Bc=3, invalid=-1 if empty else None)
+            assert r.exact, (policy, r.stats.per_array, r.predicted.per_array)
+            words, peak = model(p, idx, policy, block, q_block, Bc=3)
+            assert r.words == words and r.stats.peak == peak, (policy, r.words, words, r.stats.peak, peak)
+            assert r.floor == floor(p, idx, block, q_block)
+
+
+def test_causal_block_loaded_if_any_row_of_the_program_sees_it():
+    """N_q = 4 rows at positions 4..7 (N_k = 8), blocks of 2 keys starting at 0, 2, 4, 6; rows select {3, 0},
+    {3, 1}, {3, 2}, {0, 1}. Block 3 starts at 6: rows 0 and 1 do not see it. Per query: 2 + 2 + 4 + 4 = 12 keys;
+    groups of 2: rows 0..1 (last position 5) load {0, 1}, rows 2..3 (last 7) {0, 1, 2, 3}: 4 + 8 = 12; one group of
+    4 (last 7): {0, 1, 2, 3} = 8 keys, block 3 once for row 2's sake. Not causal: 16, 6 + 8 = 14, 8. The index
+    words are 2 per row read either way."""
+    idx = np.array([[3, 0], [3, 1], [3, 2], [0, 1]])
+    got = {}
+    for causal in (True, False):
+        p = Problem(N_q=4, N_k=8, d=8, causal=causal)
+        for pol in ("per-query", "group:2", "group:4"):
+            r = topk_sparse(p, idx, block=2, policy=pol, count_only=False)
+            assert r.exact and r.errors["O"] < 1e-12 and r.words["indices"] == 8
+            got[causal, pol] = r.words["K"] // 8
+    assert got == {(True, "per-query"): 12, (True, "group:2"): 12, (True, "group:4"): 8,
+                   (False, "per-query"): 16, (False, "group:2"): 14, (False, "group:4"): 8}  # fmt: skip
+
+
+@pytest.mark.parametrize("kw, policy", [(CAUSAL[1], "group:3"), (CAUSAL[1], "gqa"), (CAUSAL[0], "per-query"),
+                                        (CAUSAL[2], "gather"), (CAUSAL[0], "gather")])  # fmt: skip
+def test_causal_and_invalid_outputs_equal_reference(kw, policy):
+    """Keys after a row's position inside a loaded block are masked; rows with no key left (N_q > N_k, all -1)
+    get O = 0 and L = -inf, as the reference written here."""
+    p = Problem(**kw)
+    nblk = -(-p.N_k // 4)
+    Hm = p.H_q if policy == "group:3" else p.H_kv
+    idx = with_invalid(selection(p, p.B, Hm, p.N_q, min(3, nblk), nblk, seed=4), seed=2)
+    r = topk_sparse(p, idx, policy=policy, block=4, count_only=False, seed=5, Bc=3, invalid=-1)
+    assert r.exact and r.errors["O"] < 1e-12 and r.errors["L"] < 1e-12
+    rng = np.random.default_rng(5)
+    Q = rng.standard_normal((p.B * p.H_q * p.N_q, p.d_qk))
+    K = rng.standard_normal((p.B * p.H_kv * p.N_k, p.d_qk))
+    V = None if p.latent else rng.standard_normal((p.B * p.H_kv * p.N_k, p.d_v))
+    O_ref = reference(p, Q, K, V, idx, 4, 1, 1 / np.sqrt(p.d_qk))
+    assert np.abs(r.outputs["O"] - O_ref).max() < 1e-12
+    empty = ~O_ref.any(axis=1)
+    assert np.isneginf(r.outputs["L"][empty]).all() and np.isfinite(r.outputs["L"][~empty]).all()
+    if kw is CAUSAL[1]:
+        assert empty.sum() >= p.B * p.H_q * (p.N_q - p.N_k)  # the rows before the first key
+
+
 def test_sources_file_mod_function(tmp_path):
     p = Problem(N_q=3, N_k=23, d=4)
     idx = np.array([[0, 4], [1, 2], [3, 0]], dtype=np.int32)
@@ -176,7 +262,7 @@ def test_sources_file_mod_function(tmp_path):
 
 BAD = [
     (np.array([[0, 4], [1, 2], [3, 9]]), "must be key blocks from 0 to 4"),
-    (np.array([[0, 4], [1, 2], [3, -1]]), "must be key blocks from 0 to 4"),
+    (np.array([[0, 4], [1, 2], [3, -1]]), "-1 as no block needs invalid=-1"),
     (np.array([[0, 1], [1, 1], [3, 0]]), "at most once per row"),
     (np.array([[0.0, 1.0], [1, 2], [3, 0]]), "must be an integer array"),
     (np.array([[0, 1], [1, 2]]), "must have shape"),
@@ -196,7 +282,19 @@ def test_bad_indices_one_line(indices, text):
 
 
 OPTIONS = [(dict(policy="group:0"), "policy"), (dict(policy="blocks"), "policy"), (dict(block=0), "block"),
-           (dict(policy="gather"), "one selection per key/value")]  # fmt: skip
+           (dict(policy="gather"), "one selection per key/value"), (dict(invalid=0), "invalid must be None"),
+           (dict(invalid=True), "invalid must be None"), (dict(invalid=-1.0), "invalid must be None")]  # fmt: skip
+
+
+def test_invalid_entries_other_than_minus_one_refused():
+    p = Problem(N_q=3, N_k=23, d=4)
+    with pytest.raises(InputError, match="indices must be key blocks from 0 to 4 .*-1 for no block"):
+        topk_sparse(p, np.array([[0, -1], [-1, -1], [3, -2]]), block=5, invalid=-1)
+    with pytest.raises(InputError, match="at most once per row"):
+        topk_sparse(p, np.array([[0, 0], [-1, -1], [3, -1]]), block=5, invalid=-1)
+    r = topk_sparse(p, np.array([[0, -1], [-1, -1], [3, -1]]), block=5, invalid=-1, count_only=False)
+    assert r.words["K"] == 10 * 4 and r.words["indices"] == 6 and r.exact  # blocks 0 and 3; row 1 sees none
+    assert r.outputs["L"][1] == -np.inf and not r.outputs["O"][1].any()
 
 
 @pytest.mark.parametrize("kw, text", OPTIONS)
@@ -274,3 +372,29 @@ def test_docstring_example_and_memory():
     assert topk_sparse(p, idx, block=16, policy="group:4", M=r.stats.peak).exact  # fits at exactly its peak
     with pytest.raises(InputError, match="M must be an integer of at least the schedule's working set, 400"):
         topk_sparse(p, idx, block=16, policy="group:4", M=r.stats.peak - 1)
+
+
+def test_cli_causal_and_invalid_index(tmp_path, capsys):
+    """--causal reaches the problem (the rows at positions 4..7 of test_causal_block_loaded_if_any_row_..., per
+    query: 12 keys of K and of V against a floor of the 7 keys 0..6 the rows attend to); -1 entries need
+    --invalid-index -1."""
+    from iosim.cli import main
+
+    np.save(tmp_path / "idx.npy", np.array([[3, 0], [3, 1], [3, 2], [0, 1]], dtype=np.int32))
+    np.save(tmp_path / "pad.npy", np.array([[3, 0], [-1, 1], [3, -1], [-1, -1]], dtype=np.int32))
+    base = ["run", "topk-sparse", "--Nq", "4", "--Nk", "8", "--d", "8", "--M", "2000", "--index-block", "2",
+            "--count-only", "--causal", "--indices"]  # fmt: skip
+    assert main([*base, f"file:{tmp_path / 'idx.npy'}"]) == 0
+    out = capsys.readouterr().out
+    assert "causal (bottom-right)" in out and "192 / 112 = 1.71" in out  # (12 + 12) x 8 / (7 + 7) x 8
+    assert main([*base, f"file:{tmp_path / 'pad.npy'}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "-1 as no block needs invalid=-1" in err[0]
+    assert main([*base, f"file:{tmp_path / 'pad.npy'}", "--invalid-index", "-1"]) == 0
+    out = capsys.readouterr().out  # rows 0..3 load {0}, {1}, {3} (it starts at 6 <= 6), {}: 6 keys; seen 0..3, 6
+    assert "invalid index (selects no block)" in out and "96 / 80 = 1.20" in out
+    with pytest.raises(SystemExit) as e:
+        main([*base, f"file:{tmp_path / 'pad.npy'}", "--invalid-index", "0"])
+    assert e.value.code == 2 and "--invalid-index" in capsys.readouterr().err
+    assert main(["run", "flash2", "--N", "8", "--d", "4", "--M", "500", "--invalid-index", "-1"]) == 2
+    assert "--invalid-index is read by topk-sparse" in capsys.readouterr().err

@@ -368,7 +368,9 @@ TOPK_HELP = (
     "iosim run topk-sparse: each query row attends to the k key blocks its indices select (iosim.topk_sparse): "
     "--indices file:PATH.npy | mod:FILE.py:NAME (an integer array (B', H', ceil(N_q / q_block), k) or "
     "(ceil(N_q / q_block), k)), --index-block b keys per selected block (1: token level, DSA), --q-block (one "
-    "selection per block of query rows, MoBA), --policy per-query | group:G | gqa | gather, --workspace-tile (gather)."
+    "selection per block of query rows, MoBA), --policy per-query | group:G | gqa | gather, --workspace-tile (gather), "
+    "--invalid-index -1 (-1 entries select no block), --causal (bottom-right: blocks after a program's rows are not "
+    "loaded, keys after a row are masked)."
 )
 
 
@@ -383,6 +385,8 @@ def add_topk_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--policy", default="per-query", help="per-query (default), group:G, gqa or gather")
     g.add_argument("--workspace-tile", type=positive("--workspace-tile", 1 << 20), default=64,
                    help="gather: workspace rows per attention tile (default 64, FlashMLA's)")  # fmt: skip
+    g.add_argument("--invalid-index", type=int, choices=(-1,), default=None,
+                   help="-1: entries -1 select no block (fla's NSA top-k pads with -1); default refused")  # fmt: skip
 
 
 def add_kv_format_option(p: argparse.ArgumentParser) -> None:

@@ -11,13 +11,13 @@ from iosim.cli.options import fmt_err, fmt_int, kv_format_rows, problem_of
 from iosim.errors import InputError
 
 # Options of iosim run that the top-k schedule does not read, with their defaults: given, they are refused.
-UNUSED = {"backward": False, "mask": None, "causal": False, "kv_policy": None, "splits": 1, "page_size": None,
+UNUSED = {"backward": False, "mask": None, "kv_policy": None, "splits": 1, "page_size": None,
           "gqa": "per-head", "Br": None, "Bc": None, "B": None, "pages": "pieces", "tiling": "fit", "dtype": "float64",
           "bytes": False}  # fmt: skip
 
 
 # The options only topk-sparse reads, with their defaults: given to another algorithm, they are refused.
-OWN = {"policy": "per-query", "index_block": 1, "q_block": 1, "workspace_tile": 64}
+OWN = {"policy": "per-query", "index_block": 1, "q_block": 1, "workspace_tile": 64, "invalid_index": None}
 
 
 def refuse_own_options(args) -> None:
@@ -47,7 +47,7 @@ def command(args) -> int:
     from iosim.problem import Problem
 
     _check(args)
-    p = problem_of(args) or Problem(N=args.N, d=args.d)
+    p = problem_of(args) or Problem(N=args.N, d=args.d, causal=bool(args.causal))
     registry.index_schedule(args.algorithm)
     from iosim.topk_sparse import topk_sparse
 
@@ -58,7 +58,7 @@ def command(args) -> int:
         kv_format(args.kv_format)
     r = topk_sparse(p, args.indices, policy=args.policy, block=args.index_block, q_block=args.q_block,
                     Bc=args.workspace_tile, M=args.M, count_only=count_only, seed=args.seed,
-                    scale=args.scale)  # fmt: skip
+                    scale=args.scale, invalid=args.invalid_index)  # fmt: skip
     s = r.stats
     kv = kv_format_rows(p, {n: c.reads for n, c in s.per_array.items()}, args.kv_format) if args.kv_format else []
     floor_kv = r.floor["K"] + r.floor.get("V", 0)
@@ -67,7 +67,8 @@ def command(args) -> int:
                "q_block": r.q_block, "programs": r.programs, "exact": r.exact, "peak": s.peak, "M": s.M,
                "words": r.words, "bytes": r.bytes, "predicted": {k: v.reads + v.writes for k, v in
                                                                    r.predicted.per_array.items()},
-               "floor": r.floor, "errors": r.errors, "kv_format": {row[0]: row[1] for row in kv}}  # fmt: skip
+               "floor": r.floor, "errors": r.errors, "invalid_index": r.invalid,
+               "kv_format": {row[0]: row[1] for row in kv}}  # fmt: skip
         print(json.dumps(out, indent=2))
         return 0
     rows = [
@@ -75,6 +76,7 @@ def command(args) -> int:
         ["problem", str(p)],
         ["policy", r.policy],
         ["index block, query block", f"{r.block}, {r.q_block}"],
+        *([["invalid index (selects no block)", str(r.invalid)]] if r.invalid is not None else []),
         ["programs (thread blocks)", fmt_int(r.programs)],
         ["total", fmt_int(s.total)],
         ["predicted total (io_model)", fmt_int(r.predicted.total)],

@@ -312,11 +312,13 @@ def problem_bounds(problem, M: int, seen: tuple[int, int] | None = None) -> list
     return [floor]
 
 
-def topk_compulsory(indices, dims: tuple, block: int, q_block: int, latent: bool) -> dict[str, int]:
+def topk_compulsory(indices, dims: tuple, block: int, q_block: int, latent: bool, causal: bool = False) -> dict:
     """The compulsory traffic of sparse attention by top-k indices, in words: read Q, write O, and read once per
-    key/value head the union of the keys that its query heads' rows select (every other key need not move); MLA's
-    latent (``latent``) is one cache, V inside K. ``indices`` (B', H', T_q, k) select blocks of ``block`` keys; dims =
-    (B, H_q, H_kv, N_q, N_k, d_qk, d_v). The index array itself is not counted here (it is the selection's input)."""
+    key/value head the union of the keys that its query heads' rows attend to (every other key need not move): the
+    keys of their selected blocks (a -1 entry selects none) and, under ``causal`` (query row r at position
+    r + N_k - N_q), only those at or before the row's position. MLA's latent (``latent``) is one cache, V inside K.
+    ``indices`` (B', H', T_q, k) select blocks of ``block`` keys; dims = (B, H_q, H_kv, N_q, N_k, d_qk, d_v). The
+    index array itself is not counted here (it is the selection's input)."""
     import numpy as np
 
     from iosim.theory.io_model import topk_index_rows
@@ -328,10 +330,18 @@ def topk_compulsory(indices, dims: tuple, block: int, q_block: int, latent: bool
     head = np.broadcast_to((np.arange(B)[:, None, None] * H_kv + np.arange(H_q)[None, :, None] // (H_q // H_kv)),
                            irow.shape).ravel()  # fmt: skip
     n_irows = int(irow.max()) + 1
-    pairs = np.unique(head * n_irows + irow.ravel())  # (key/value head, index row) pairs
+    pair = head * n_irows + irow.ravel()  # each query row's (key/value head, index row)
+    pairs, inv = np.unique(pair, return_inverse=True)
+    last = np.full(pairs.size, N_k, dtype=np.int64)  # the last position among a pair's rows (N_k: every key)
+    if causal:
+        last[:] = -(1 << 62)
+        np.maximum.at(last, inv.ravel(), np.broadcast_to(np.arange(N_q) + N_k - N_q, irow.shape).ravel())
     sel = indices.reshape(-1, k)[pairs % n_irows]
-    ub = np.unique((pairs // n_irows)[:, None] * nblk + sel) % nblk  # the union of blocks per key/value head
-    keys = int(np.minimum(block, N_k - ub * block).sum())
+    seen = np.minimum(np.minimum(block, N_k - sel * block), last[:, None] + 1 - sel * block)  # keys of j seen
+    seen = np.where(sel >= 0, np.maximum(seen, 0), 0)
+    per_block = np.zeros(B * H_kv * nblk, dtype=np.int64)  # keys of block j seen by some row of the head
+    np.maximum.at(per_block, ((pairs // n_irows)[:, None] * nblk + np.maximum(sel, 0)).ravel(), seen.ravel())
+    keys = int(per_block.sum())
     out = {"Q": B * H_q * N_q * d_qk, "K": keys * d_qk, "O": B * H_q * N_q * d_v}
     if not latent:
         out["V"] = keys * d_v

@@ -906,10 +906,13 @@ def topk_programs(policy: str, group: int, dims: tuple) -> np.ndarray:
 
 
 def topk_sparse(policy: str, group: int, indices: np.ndarray, dims: tuple, block: int, q_block: int, shared: bool,
-                Bc: int = 64) -> Prediction:  # fmt: skip
+                Bc: int = 64, causal: bool = False) -> Prediction:  # fmt: skip
     """The exact count of the top-k sparse schedule. ``indices`` (B', H', T_q, k) selects, for each query row, k
-    blocks of ``block`` keys (block c_j = min(block, N_k - j block) keys wide); dims = (B, H_q, H_kv, N_q, N_k, d_qk,
-    d_v). Program p holds R_p query rows, reads D_p distinct index rows and loads the union U_p of their blocks:
+    blocks of ``block`` keys (block c_j = min(block, N_k - j block) keys wide; a negative entry, -1, selects none);
+    dims = (B, H_q, H_kv, N_q, N_k, d_qk, d_v). Program p holds R_p query rows, reads D_p distinct index rows and
+    loads the union U_p of their blocks; under ``causal`` (query row r at position r + N_k - N_q) U_p holds only the
+    blocks with j block <= the largest position among its rows (whole blocks: the keys after a row are masked, not
+    left unloaded):
 
     * Q: B H_q N_q d_qk reads; O: B H_q N_q d_v writes; L: B H_q N_q writes;
     * indices: k sum_p D_p reads; K: d_qk sum_p sum_{j in U_p} c_j; V: the same with d_v (none when ``shared``, MLA's
@@ -928,7 +931,12 @@ def topk_sparse(policy: str, group: int, indices: np.ndarray, dims: tuple, block
     n_irows = int(irow.max()) + 1
     pairs = np.unique(pid * n_irows + irow)  # (program, index row) pairs: the rows each program reads
     sel = indices.reshape(-1, k)[pairs % n_irows]  # their selected blocks
-    keys = np.unique((pairs // n_irows)[:, None] * nblk + sel)  # (program, block) pairs of the unions
+    last = np.full(P, N_k, dtype=np.int64)  # each program's last position (N_k: every block)
+    if causal:
+        last[:] = -(1 << 62)
+        np.maximum.at(last, pid, np.broadcast_to(np.arange(N_q) + N_k - N_q, (B, H_q, N_q)).ravel())
+    seen = (sel >= 0) & (sel * block <= last[pairs // n_irows][:, None])
+    keys = np.unique(((pairs // n_irows)[:, None] * nblk + sel)[seen])  # (program, block) pairs of the unions
     up, ub = keys // nblk, keys % nblk
     c = np.minimum(block, N_k - ub * block)
     R = np.bincount(pid, minlength=P)
