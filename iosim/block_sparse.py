@@ -9,7 +9,10 @@ loads every column block and masks afterwards.
 The mask is a torch ``BlockMask`` (built on the CPU), its four index tensors (:func:`iosim.mask_mod.block_index`),
 a ``mask_mod`` function (classified as ``create_block_mask`` does: a block is full only when every one of its
 BQ x BKV positions is allowed; per (b, h) when it reads b or h, or as ``mask_B``, ``mask_H`` say), or any iosim
-mask (``"causal"``, ``"window:256"``, ...; its rows are the last N_q of an N_k x N_k mask, as everywhere in iosim).
+mask (``"causal"``, ``"window:256"``, ...). Every one of them is over the sequence: the queries are the last N_q of
+N_k positions, so a mask_mod is evaluated at q_idx = N_k - N_q + i, the same whether it comes raw, wrapped in
+``iosim.masks.from_mask_mod`` or as ``mod:FILE:NAME`` (torch's ``create_block_mask`` with Q_LEN = N_q < N_k passes
+q_idx = i: give it the mask_mod shifted by N_k - N_q for the same mask).
 
 >>> from iosim import Problem
 >>> r = block_sparse(Problem(N=1024, d=64, dtype_q="bf16"), "causal", block=128)
@@ -184,7 +187,7 @@ def blocks_of(p: Problem, mask, block=(128, 128), mask_B: int | None = None, mas
         cls = np.zeros((Bm, Hm, -(-p.N_q // BQ), -(-p.N_k // BKV)), dtype=np.int8)
         for b in range(Bm):
             for h in range(Hm):
-                cls[b, h] = _mm.classify(mask, b, h, p.N_q, p.N_k, BQ, BKV, padded=True).cls
+                cls[b, h] = _mm.classify(mask, b, h, p.N_q, p.N_k, BQ, BKV, padded=True, q_offset=p.N_k - p.N_q).cls
         bi = _index_of(cls, BQ, BKV)
     else:
         from iosim import estimate, head_masks

@@ -192,10 +192,12 @@ class Classes:
 
 
 def classify(fn, b: int, h: int, Nq: int, Nk: int, BQ: int, BKV: int, *, padded: bool, bits: bool = False,  # noqa: N803
-             name: str = "mask_mod") -> Classes:  # fmt: skip
+             name: str = "mask_mod", q_offset: int = 0) -> Classes:  # fmt: skip
     """The block classes of fn over [0, N_q) x [0, N_k), a band of BQ rows and at most :data:`CHUNK` elements at a
     time. ``padded``: a ragged block is full only if its BQ x BKV padded area is (never: it is partial).
-    ``bits`` (BKV = 64): keep each partial block's rows as int64 words."""
+    ``bits`` (BKV = 64): keep each partial block's rows as int64 words. ``q_offset``: query row i is evaluated at
+    q_idx = q_offset + i (N_k - N_q for a problem's queries, the last N_q rows of the sequence as in every iosim
+    mask; torch's ``create_block_mask`` with Q_LEN = N_q evaluates q_idx = i)."""
     if bits and BKV != 64:
         raise ValueError("bits need blocks of 64 columns")
     nbr, nbc = -(-Nq // BQ), -(-Nk // BKV)
@@ -209,7 +211,7 @@ def classify(fn, b: int, h: int, Nq: int, Nk: int, BQ: int, BKV: int, *, padded:
         limit = int(0.5 * available_bytes())
     for bi in range(nbr):
         r0, r1 = bi * BQ, min(Nq, (bi + 1) * BQ)
-        q = np.arange(r0, r1, dtype=np.int64)
+        q = np.arange(r0, r1, dtype=np.int64) + q_offset
         rows = r1 - r0
         band_words = []
         for c0 in range(0, Nk, step):
@@ -411,7 +413,10 @@ class Agreement:
 
 def agreement(bi: BlockIndex, Nq: int, Nk: int, mask_mod=None) -> Agreement:  # noqa: N803
     """Compare a BlockMask's classes with the padded classes of ``mask_mod`` (default: its own), block by block, for
-    every (b, h) it holds (a whole N_q x N_k evaluation per (b, h), a chunk at a time)."""
+    every (b, h) it holds (a whole N_q x N_k evaluation per (b, h), a chunk at a time). The queries are the last N_q
+    positions of the sequence, as in every iosim mask: ``mask_mod`` is evaluated at q_idx = N_k - N_q + i, so a
+    BlockMask that torch built with Q_LEN = N_q < N_k from the same function (q_idx = i) disagrees, as it should:
+    its kernel computes another mask than the one iosim counts."""
     fn = mask_mod if mask_mod is not None else bi.mask_mod
     if fn is None:
         raise InputError("mask_mod", "must be given: the BlockMask has none to compare with", None)
@@ -422,7 +427,7 @@ def agreement(bi: BlockIndex, Nq: int, Nk: int, mask_mod=None) -> Agreement:  # 
     first: dict = {}
     for b in range(have.shape[0]):
         for h in range(have.shape[1]):
-            want = classify(fn, b, h, Nq, Nk, bi.BQ, bi.BKV, padded=True).cls
+            want = classify(fn, b, h, Nq, Nk, bi.BQ, bi.BKV, padded=True, q_offset=Nk - Nq).cls
             got = have[b, h]
             kinds = (
                 ("dropped", (got == EMPTY) & (want != EMPTY)),
