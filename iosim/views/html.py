@@ -564,11 +564,17 @@ def _n_of(kw: dict) -> int:
     return int(kw["N"]) if p is None else int(p.N_k)
 
 
-def page_size(algorithms, kw: dict) -> tuple[int, int, list, list | None]:
-    """(events, bytes of HTML, the traced runs, their GQA partners) of a page of ``algorithms`` run with ``kw``
-    (bytes 0 and partners None when the events are already over the cap: the page is not rendered). A GQA run's
-    partner is the same keywords under the other policy (:func:`iosim.views.shared_kv.partner`), so the size
-    counts the shared K/V panel the page will carry."""
+def page_size(algorithms, kw: dict) -> tuple[int, int, list]:
+    """(events, bytes of HTML, the traced runs) of a page of ``algorithms`` run with ``kw`` (bytes 0 when the
+    events are already over the cap: the page is not rendered); a GQA run's shared K/V panel counted
+    (:func:`sized`)."""
+    return sized(algorithms, kw)[:3]
+
+
+def sized(algorithms, kw: dict) -> tuple[int, int, list, list | None]:
+    """:func:`page_size` and the runs' GQA partners: the same keywords under the other policy
+    (:func:`iosim.views.shared_kv.partner`; None when the events are already over the cap), so the size counts the
+    shared K/V panel the page will carry."""
     from iosim.views import shared_kv
 
     runs = [traced(a, **kw) for a in algorithms]
@@ -599,7 +605,7 @@ def fitting(algorithms, kw: dict) -> tuple[list, list]:
 
     def ok(n: int) -> bool:
         if n not in probes:
-            probes[n] = page_size(algorithms, _with_n(kw, n))
+            probes[n] = sized(algorithms, _with_n(kw, n))
         return _fits(*probes[n][:2])
 
     try:
