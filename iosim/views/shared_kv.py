@@ -202,7 +202,10 @@ def explain(data: dict) -> list[str]:
     per, packed = pol["per-head"], pol["packed"]
     kv = " and ".join(a for a in KV if a in per["group"])
     if (per["Br"], per["Bc"]) == (packed["Br"], packed["Bc"]):
-        out.append(f"Both runs use the same tiles (Br = {per['Br']}, Bc = {per['Bc']}): only the policy differs.")
+        out.append(
+            f"Both runs use the same tiles, K_j and V_j of Bc = {per['Bc']} keys and row blocks of at most Br = "
+            f"{per['Br']} query rows: only the policy differs."
+        )
     else:
         out.append(
             f"The runs' tiles differ (per-head Br = {per['Br']}, Bc = {per['Bc']}; packed Br = {packed['Br']}, "
