@@ -10,7 +10,7 @@ import json
 import math
 
 import pytest
-from test_html_browser import _clean, _fits, _open, _shot, browser  # noqa: F401 (browser: the fixture)
+from test_html_browser import TEXT_COLOURS, _clean, _contrast, _fits, _open, _shot, browser  # noqa: F401 (fixture)
 
 import iosim
 from iosim.views import html
@@ -155,3 +155,8 @@ def test_gqa_page_in_the_browser(browser, tmp_path):  # noqa: F811
     _shot(drv, tmp_path, "gqa")
     drv.execute_script("window.iosimPage.go(window.iosimPage.ticks())")  # the last event, a store: nothing lit
     assert drv.find_elements(css, "#gqa0 tr.current") == []
+    chips = 0
+    for tag, text, fg, bg in drv.execute_script(TEXT_COLOURS):  # every text, the chips' among them, 4.5:1 or more
+        assert _contrast(fg, bg) >= 4.5, (tag, text, fg, bg)
+        chips += tag == "SPAN.chip"
+    assert chips == 3 * (4 + 1)

@@ -225,6 +225,12 @@ def explain(data: dict) -> list[str]:
         else f"Packing reads {-saved['words']:,} more words of {kv} here."
     )
     out.append(verdict + " " + _why(data["algorithm"], data["pass"], per, packed))
+    if data.get("mask", "none") != "none":
+        out.append(
+            f"Under the mask ({data['mask']}) a block loads only the K_j its rows see: a packed row block holding "
+            "rows of several heads loads every K_j that any of them sees, so tiles differ in loads and packing can "
+            "save less, or read more."
+        )
     return out
 
 
@@ -238,7 +244,7 @@ def gqa_data(r, other=None) -> dict | None:
     p = r.problem
     own = policy_counts(r)
     data = {"g": p.g, "H_q": p.H_q, "H_kv": p.H_kv, "B": p.B, "N_q": p.N_q, "N_k": p.N_k, "own": own["policy"],
-            "algorithm": r.algorithm, "pass": r.main.name, "heads": list(range(p.g)),
+            "algorithm": r.algorithm, "pass": r.main.name, "heads": list(range(p.g)), "mask": r.mask,
             "policies": {own["policy"]: own}}  # fmt: skip
     if isinstance(other, str):
         data["refused"] = other

@@ -15,8 +15,8 @@ function headsLabel(heads, g) {
 }
 function chip(heads, g) {
   const cols = heads.length ? heads.map(headColour) : ["#9e9e9e"];
-  const bg = cols.length === 1 ? "background:" + cols[0] :
-    "background:linear-gradient(90deg," + cols.map((c, i) => c + " " + (100 * i / cols.length) + "% " + (100 * (i + 1) / cols.length) + "%").join(",") + ")";
+  const bg = cols.length === 1 ? "background:" + cols[0] : "background-color:" + cols[0] +  // behind the stripes
+    ";background-image:linear-gradient(90deg," + cols.map((c, i) => c + " " + (100 * i / cols.length) + "% " + (100 * (i + 1) / cols.length) + "%").join(",") + ")";
   const fg = cols.every(c => textOn(c) === "#ffffff") ? "#ffffff" : "#000000";
   return el("span", { class: "chip", style: bg + ";color:" + fg + (fg === "#ffffff" && cols.length > 1 ? ";text-shadow:0 0 2px #000" : ""), "data-heads": heads.join(","),
     title: heads.length ? "a load read by query head" + (heads.length > 1 ? "s " : " ") + heads.join(", ") : "a load no query head read",
@@ -41,8 +41,8 @@ function gqaPicture(g, tiles) {  // the group's query heads, each joined to the 
     const y = top + h * (H - top - 10) / shown, hh = Math.min(rowH - 4, (H - top - 10) / shown - 3);
     const c = headColour(h);
     pic.append(svg("line", { x1: 120, y1: y + hh / 2, x2: kvX, y2: top + (H - top - 10) / 2, stroke: c, "stroke-width": 1.5 }));
-    pic.append(svg("rect", { x: 4, y, width: 116, height: hh, fill: c, "data-head": h }));
-    pic.append(svg("text", { x: 10, y: y + hh / 2 + 4, fill: textOn(c), text: "query head " + h + (h === shown - 1 && shown < g.g ? " \u2026" : "") }));
+    pic.append(svg("rect", { x: 4, y, width: 116, height: hh, fill: c, "fill-opacity": 0.12, stroke: c, "stroke-width": 2, "data-head": h }));
+    pic.append(svg("text", { x: 10, y: y + hh / 2 + 4, fill: "#1b1b1b", text: "query head " + h + (h === shown - 1 && shown < g.g ? " \u2026" : "") }));
   }
   for (let j = 0; j < n; j++) {
     const y = top + j * tileH, name = "K_" + (j + 1) + "/V_" + (j + 1);
