@@ -10,7 +10,10 @@ scripts are iosim's own, in ``iosim/views/page/``, plain JavaScript with no thir
   the event where the algorithm has numbered steps (:data:`PAPER_STEPS`); play/pause, speed, one event and one
   outer iteration back and forth, a scrubber and keyboard shortcuts; the URL fragment (``#k=EVENT``) keeps the
   position. Over a problem (batch, heads, GQA, decoding, split-KV) the page plays the first thread block's
-  schedule (:func:`thread_block`) with the problem's simulated and closed-form totals beside it.
+  schedule (:func:`thread_block`) with the problem's simulated and closed-form totals beside it. With GQA (query
+  heads sharing a key/value head) it draws key/value head 0 with the query heads that read each of its tiles and
+  each tile's loads under per-head and packed GQA, from this run's trace and a second traced run under the other
+  policy with the same tiles (:mod:`iosim.views.shared_kv`, ``page/gqa.js``).
 * **side by side** (:func:`schedule_page` with several runs): the schedules advance together by fraction of their
   events, with a chart of total words against M for every registered algorithm from the closed forms (computed
   when the page is built), the page's M marked, the d^2 crossover and the lower and upper bounds drawn (inline SVG).
