@@ -10,7 +10,10 @@ scripts are iosim's own, in ``iosim/views/page/``, plain JavaScript with no thir
   the event where the algorithm has numbered steps (:data:`PAPER_STEPS`); play/pause, speed, one event and one
   outer iteration back and forth, a scrubber and keyboard shortcuts; the URL fragment (``#k=EVENT``) keeps the
   position. Over a problem (batch, heads, GQA, decoding, split-KV) the page plays the first thread block's
-  schedule (:func:`thread_block`) with the problem's simulated and closed-form totals beside it.
+  schedule (:func:`thread_block`) with the problem's simulated and closed-form totals beside it. With GQA (query
+  heads sharing a key/value head) it draws key/value head 0 with the query heads that read each of its tiles and
+  each tile's loads under per-head and packed GQA, from this run's trace and a second traced run under the other
+  policy with the same tiles (:mod:`iosim.views.shared_kv`, ``page/gqa.js``).
 * **side by side** (:func:`schedule_page` with several runs): the schedules advance together by fraction of their
   events, with a chart of total words against M for every registered algorithm from the closed forms (computed
   when the page is built), the page's M marked, the d^2 crossover and the lower and upper bounds drawn (inline SVG).
@@ -104,7 +107,7 @@ def _script_json(data) -> str:
 def render(kind: str, title: str, data: dict) -> str:
     """The page: the template with its styles, scripts and data inline."""
     html = _asset("page.html")
-    scripts = {"schedule": ["common.js", "schedule.js"], "pebble": ["common.js", "pebble.js"],
+    scripts = {"schedule": ["common.js", "gqa.js", "schedule.js"], "pebble": ["common.js", "pebble.js"],
                "exercise": ["common.js", "exercise.js"]}[kind]  # fmt: skip
     js = "\n".join(_asset(s) for s in scripts)
     from iosim.version import __version__
@@ -162,6 +165,23 @@ def _noscript(kind: str, data: dict) -> str:
         parts.append(f"<p>total {t['reads'] + t['writes']:,} words, peak {t['peak']:,} of M = {s['M']:,}</p>")
         parts.append("<ul>" + "".join(f"<li>lower bound {v:,.0f} words: {_escape(n)}</li>" for n, v in s["bounds"]))
         parts.append("</ul>")
+        if s.get("gqa"):
+            parts.append(_noscript_gqa(s["gqa"]))
+    return "".join(parts)
+
+
+def _noscript_gqa(g: dict) -> str:
+    """GQA's shared K/V as plain HTML: the sentences and, per policy, each K tile's loads and words."""
+    parts = [f"<h2>Shared K/V: key/value head 0 and its {g['g']} query heads</h2>"]
+    parts += [f"<p>{_escape(t)}</p>" for t in g["text"]]
+    names = [n for n in ("per-head", "packed") if n in g["policies"]]
+    by = {n: {(t[0], t[1]): t for t in g["policies"][n]["tiles"].get("K", [])} for n in names}
+    rows = []
+    for j, (k0, nk) in enumerate(sorted(set().union(*by.values()))):
+        row = [f"K_{j + 1} (keys {k0} to {k0 + nk - 1})"]
+        row += [f"{by[n][k0, nk][2]:,} loads, {by[n][k0, nk][3]:,} words" if (k0, nk) in by[n] else "-" for n in names]
+        rows.append(row)
+    parts.append(_table(["tile", *names], rows))
     return "".join(parts)
 
 
@@ -405,10 +425,20 @@ def theorem2_line(N: int, d: int, Ms, backward: bool = False, causal: bool = Fal
     return out
 
 
-def _page_of(results, chart: bool = True) -> dict:
+def _page_of(results, chart: bool = True, partners=None) -> dict:
     """The data of one page of traced ``results``: their schedules and, for one-head runs of equal N, d and pass,
-    the chart of the closed forms against M."""
+    the chart of the closed forms against M. A GQA run's schedule carries its shared K/V (``gqa``:
+    :func:`iosim.views.shared_kv.gqa_data`) with the other policy's counts from ``partners`` (one per result:
+    :func:`iosim.views.shared_kv.partner`; None: rebuilt from each run where its mask allows)."""
+    from iosim.views import shared_kv
+
     schedules = [schedule_data(r) for r in results]
+    if partners is None:
+        partners = [shared_kv.partner(r) for r in results]
+    for s, r, other in zip(schedules, results, partners, strict=True):
+        gqa = shared_kv.gqa_data(r, other)
+        if gqa is not None:
+            s["gqa"] = gqa
     first = results[0]
     one_head = all(r.problem is None or r.problem.is_single for r in results)
     same = len({(r.N, r.d, r.main.name, r.causal) for r in results}) == 1
@@ -420,9 +450,9 @@ def _page_of(results, chart: bool = True) -> dict:
     return data
 
 
-def _build(results, chart: bool = True) -> tuple[str, int]:
-    """The page of traced ``results`` and the events it holds."""
-    data = _page_of(results, chart)
+def _build(results, chart: bool = True, partners=None) -> tuple[str, int]:
+    """The page of traced ``results`` (GQA: with ``partners``, as :func:`_page_of`) and the events it holds."""
+    data = _page_of(results, chart, partners)
     schedules = data["schedules"]
     title = " vs ".join(r.algorithm for r in results) + f": {schedules[0]['title']}"
     return render("schedule", title, data), sum(len(s["steps"]) for s in schedules)
@@ -491,15 +521,17 @@ def _fits(events: int, size: int) -> bool:
     return events <= MAX_EVENTS and size <= MAX_HTML_BYTES
 
 
-def schedule_page(results, path=None, chart: bool = True) -> str:
+def schedule_page(results, path=None, chart: bool = True, partners=None) -> str:
     """The page of one traced run, or of several side by side; written to ``path`` (``.html``) if given.
     Returns the HTML. A chart of the closed forms against M is added for one-head runs of equal N, d, pass.
+    A GQA run's panel of its shared K/V compares it with the other policy: ``partners`` (one traced run, refusal
+    or None per result, :func:`iosim.views.shared_kv.partner`), rebuilt from the runs when not given.
     A page over the caps is an InputError (:func:`page` names the largest N that fits instead)."""
     if not isinstance(results, (list, tuple)):
         results = [results]
     if path is not None:
         path = outputs.file("path", path, SUFFIXES)
-    html, events = _build(results, chart)
+    html, events = _build(results, chart, partners)
     size = len(html.encode())
     if not _fits(events, size):
         raise InputError(
@@ -537,11 +569,23 @@ def _n_of(kw: dict) -> int:
 
 def page_size(algorithms, kw: dict) -> tuple[int, int, list]:
     """(events, bytes of HTML, the traced runs) of a page of ``algorithms`` run with ``kw`` (bytes 0 when the
-    events are already over the cap: the page is not rendered)."""
+    events are already over the cap: the page is not rendered); a GQA run's shared K/V panel counted
+    (:func:`sized`)."""
+    return sized(algorithms, kw)[:3]
+
+
+def sized(algorithms, kw: dict) -> tuple[int, int, list, list | None]:
+    """:func:`page_size` and the runs' GQA partners: the same keywords under the other policy
+    (:func:`iosim.views.shared_kv.partner`; None when the events are already over the cap), so the size counts the
+    shared K/V panel the page will carry."""
+    from iosim.views import shared_kv
+
     runs = [traced(a, **kw) for a in algorithms]
     events = sum(thread_block(r)[1] - thread_block(r)[0] for r in runs)
-    size = len(_build(runs)[0].encode()) if events <= MAX_EVENTS else 0
-    return events, size, runs
+    if events > MAX_EVENTS:
+        return events, 0, runs, None
+    partners = [shared_kv.partner(r, kw) for r in runs]
+    return events, len(_build(runs, True, partners)[0].encode()), runs, partners
 
 
 def page_events(algorithms, kw: dict) -> int:
@@ -550,16 +594,21 @@ def page_events(algorithms, kw: dict) -> int:
 
 
 def check_fits(algorithms, kw: dict) -> list:
-    """The traced runs of a page of ``algorithms`` at ``kw``, or, for a page over :data:`MAX_EVENTS` events or
-    :data:`MAX_HTML_BYTES` bytes, an InputError on N naming the largest N that fits at that d and M. Smaller sizes
-    are probed first (N = 16, 32, ... up to the requested N), so an oversized request costs only traces of about
-    the cap's size (events grow at least linearly with N)."""
+    """The traced runs of a page of ``algorithms`` at ``kw`` (:func:`fitting`, without the GQA partners)."""
+    return fitting(algorithms, kw)[0]
+
+
+def fitting(algorithms, kw: dict) -> tuple[list, list]:
+    """(the traced runs, their GQA partners) of a page of ``algorithms`` at ``kw``, or, for a page over
+    :data:`MAX_EVENTS` events or :data:`MAX_HTML_BYTES` bytes, an InputError on N naming the largest N that fits at
+    that d and M. Smaller sizes are probed first (N = 16, 32, ... up to the requested N), so an oversized request
+    costs only traces of about the cap's size (events grow at least linearly with N)."""
     N = _n_of(kw)
     probes: dict[int, tuple] = {}
 
     def ok(n: int) -> bool:
         if n not in probes:
-            probes[n] = page_size(algorithms, _with_n(kw, n))
+            probes[n] = sized(algorithms, _with_n(kw, n))
         return _fits(*probes[n][:2])
 
     try:
@@ -569,7 +618,7 @@ def check_fits(algorithms, kw: dict) -> list:
     except InputError:  # the mask holds at this N only (blockdiag:, prefix:, file:): no smaller N to probe
         return _at_its_own_n(algorithms, kw, ok, probes)
     if n >= N and ok(N):
-        return probes[N][2]
+        return probes[N][2], probes[N][3]
     lo, hi = n // 2, min(n, N)  # ok(lo) unless lo was never probed; not ok(hi)
     lo = lo if lo >= 1 and ok(lo) else 0
     while hi - lo > 1:
@@ -589,12 +638,12 @@ def check_fits(algorithms, kw: dict) -> list:
     )
 
 
-def _at_its_own_n(algorithms, kw: dict, ok, probes) -> list:
+def _at_its_own_n(algorithms, kw: dict, ok, probes) -> tuple[list, list]:
     """The traced runs at the requested N for a mask that holds at that N only (document lengths, a prefix, an
     N x N file), or an InputError saying so (no smaller N exists to name)."""
     N = _n_of(kw)
     if ok(N):
-        return probes[N][2]
+        return probes[N][2], probes[N][3]
     events, size = probes[N][:2]
     raise InputError(
         "N",
@@ -611,7 +660,8 @@ def page(algorithms, path, **kw) -> Path:
     if isinstance(algorithms, str):
         algorithms = [algorithms]
     path = outputs.file("path", path, SUFFIXES)
-    schedule_page(check_fits(algorithms, kw), path)
+    runs, partners = fitting(algorithms, kw)
+    schedule_page(runs, path, partners=partners)
     return path
 
 

@@ -86,6 +86,7 @@ class Schedule {
     this.d.names.forEach((n, i) => { reads[n] = this.reads[i]; writes[n] = this.writes[i]; });
     return { k: this.k, n: this.n, reads, writes, resident: this.resident, peak: this.peak, scale: this.scale,
       blocksDone: this.blocksDone === undefined ? null : this.blocksDone,
+      gqaTile: this.gqaTile === undefined ? null : this.gqaTile,
       heat: Object.fromEntries(this.d.names.map((n, i) => [n, [Array.from(this.heat[i]), Array.from(this.wheat[i])]])),
       live: [...this.live.values()].map(t => [this.d.names[t[0]], t[5]]) };
   }
@@ -138,6 +139,10 @@ class Schedule {
       (d.exact === true ? " (equal, array by array and in peak)" : d.exact === false ? " (DIFFERENT)" : ""));
     for (const t of lines) right.append(el("div", { class: "occupancy", text: t }));
     right.append(b);
+    if (d.gqa) {  // GQA: the key/value head its query heads share, each tile's loads under both policies (gqa.js)
+      this.gqa = gqaPanel(d.gqa, this.index);
+      this.root.append(this.gqa.root);
+    }
   }
   drawBlocks(k) {  // the score blocks computed up to event k, the latest outlined
     const d = this.d, c = this.blockCanvas, ctx = c.getContext("2d");
@@ -204,6 +209,7 @@ class Schedule {
       }
     }
     if (this.blockCanvas) this.drawBlocks(k);
+    if (this.gqa) this.gqaTile = cur ? this.gqa.light(cur[0], d.names[cur[1]], cur[2], cur[3]) : this.gqa.light(0);
     // fast memory
     const tiles = [];
     let x = 0;
