@@ -125,3 +125,39 @@ def test_a_mask_mods_lower_bound_is_never_below_its_compulsory_traffic(command, 
     assert rc == 0, lines
     line = next(x for x in out.splitlines() if x.lower().startswith("lower bound"))
     assert f"{floor:,}" in line and "masked rows and keys" in line, line
+
+
+def test_block_sparse_reads_one_mask_mod_alike_raw_wrapped_or_named(tmp_path):
+    """With N_q < N_k the same mask_mod passed raw read K 1,536 words (3 blocks) and wrapped in from_mask_mod 7,680
+    (15 blocks): two conventions. Every spelling now evaluates it over the sequence (q_idx = N_k - N_q + i, the
+    queries the last N_q positions, as every iosim mask), and torch's create_block_mask given the function shifted
+    by N_k - N_q lists the same blocks."""
+    import numpy as np
+    import torch
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    from iosim import Problem, masks
+    from iosim.block_sparse import block_sparse
+
+    def causal(b, h, q_idx, kv_idx):
+        return q_idx >= kv_idx
+
+    (tmp_path / "m.py").write_text("def causal(b, h, q_idx, kv_idx):\n    return q_idx >= kv_idx\n")
+    Nq, Nk, d, blk = 40, 200, 8, 16
+    p = Problem(N_q=Nq, N_k=Nk, d_qk=d, d_v=d)
+    runs = [block_sparse(p, m, block=blk) for m in (causal, masks.from_mask_mod(causal), f"mod:{tmp_path}/m.py:causal")]
+    off = Nk - Nq
+    bm = create_block_mask(lambda b, h, q, kv: causal(b, h, q + off, kv), None, None, Nq, Nk, device="cpu",
+                           BLOCK_SIZE=blk)  # fmt: skip
+    runs.append(block_sparse(p, bm, block=blk))
+    # independent: the key blocks each query block sees, the queries at positions off .. Nk - 1
+    pos = off + np.arange(Nq)
+    seen = sum(len({k // blk for k in range(Nk) if any(pos[i] >= k for i in range(r, min(r + blk, Nq)))})
+               for r in range(0, Nq, blk))  # fmt: skip
+    widths = {j: min(blk, Nk - j * blk) for j in range(-(-Nk // blk))}
+    want_k = sum(d * widths[j] for r in range(0, Nq, blk)
+                 for j in {k // blk for k in range(Nk) if pos[min(r + blk, Nq) - 1] >= k})  # fmt: skip
+    assert seen > 3 and torch is not None
+    for r in runs:
+        assert r.exact and r.words["K"] == want_k, (r.words["K"], want_k)
+    assert all(r.stats.per_array["K"] == runs[0].stats.per_array["K"] for r in runs)
