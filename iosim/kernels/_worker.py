@@ -41,6 +41,18 @@ def _launcher(path: Path, name: str | None):
     return found[0]
 
 
+def _untaken(fn, job: dict, kw: dict) -> tuple[str, str] | None:
+    """(option, why) for the first option of ``job["must_take"]`` given but not taken by the launcher (no parameter
+    of that name, no ``**kwargs``): the launch would run without it while the command reads it as the launch's."""
+    for k in job.get("must_take", ()):
+        if job["params"].get(k) is not None and k not in kw:
+            opt = "--" + k.replace("_", "-")
+            why = (f"is not a parameter of launcher {fn.__name__} ({Path(job['path']).name}), which would run without "
+                   f"it: declare {k} in the launcher, or leave {opt} out")  # fmt: skip
+            return opt, why
+    return None
+
+
 def main(argv: list[str]) -> int:
     out = Path(argv[0])
     req = json.loads((out / "request.json").read_text())
@@ -53,13 +65,13 @@ def main(argv: list[str]) -> int:
     except InputError as e:
         return _fail(out, e.parameter, e.accepted, e.got)
     for i, job in enumerate(req["jobs"]):
-        rc = _one(out, i, mod, req["backend"], job, req.get("arrays"))
+        rc = _one(out, i, mod, req["backend"], job, req.get("arrays"), req.get("keep") or ())
         if rc:
             return rc
     return 0
 
 
-def _one(out: Path, i: int, mod, backend: str, job: dict, want_arrays: bool) -> int:
+def _one(out: Path, i: int, mod, backend: str, job: dict, want_arrays: bool, keep=()) -> int:
     from iosim.errors import InputError
     from iosim.kernels.counting import DECLARATIONS, count_configs
 
@@ -82,6 +94,9 @@ def _one(out: Path, i: int, mod, backend: str, job: dict, want_arrays: bool) -> 
     missing = [k for k, p in sig.parameters.items() if p.default is p.empty and p.kind in named and k not in kw]
     if missing:
         return _fail(out, "launcher", f"needs {', '.join(missing)}: give them as options", fn.__name__, i)
+    untaken = _untaken(fn, job, kw)
+    if untaken:
+        return _fail(out, *untaken, None, i)
 
     def launch():
         out = fn(**kw)
@@ -115,11 +130,13 @@ def _one(out: Path, i: int, mod, backend: str, job: dict, want_arrays: bool) -> 
                 numbers[key] = {str(k): v if isinstance(v, (int, str)) else list(v) for k, v in result[key].items()}
         if "dtype" not in numbers and getattr(result.get("Q"), "dtype", None) is not None:
             numbers["dtype"] = str(result["Q"].dtype).removeprefix("torch.")  # the inputs' precision, for numerics
-        if want_arrays:
+        if want_arrays or keep:  # keep: the arrays returned in every mode (a BlockMask's index tensors)
             import numpy as np
 
             arrays = {}
             for name, v in result.items():
+                if not want_arrays and name not in keep:
+                    continue
                 if name not in numbers and v is not None and name not in DECLARATIONS:
                     a = mod.to_numpy(v)
                     if a is not None:
