@@ -54,6 +54,11 @@ NUMBA_LAUNCHERS = textwrap.dedent(
 
     def launch_none(N, d):
         _copy(N * d)
+
+
+    def launch_returns(N, d):
+        # takes neither H nor causal, and says what it ran: one head, causal (as a library's causal-only kernel)
+        return {**_copy(N * d), "H": 1, "causal": True}
     """
 )
 
@@ -154,8 +159,8 @@ def test_the_issues_case_a_problem_option_a_triton_launcher_does_not_declare(cli
     needs("triton", "torch")
     line = refused(cli("tests/_kernel_launches.py:launch", "--N", 64, "--d", 16, "--like", "flash2", "--H", 4,
                        "--no-numerics"), "--H")  # fmt: skip
-    assert line == ("iosim: error: --H is not a parameter of launcher launch (_kernel_launches.py), which would run "
-                    "without it: declare H in the launcher, or leave --H out")  # fmt: skip
+    assert line == ("iosim: error: --H is not a parameter of launcher launch (_kernel_launches.py), which ran without "
+                    "it (it returns no H): declare H in the launcher, or leave --H out")  # fmt: skip
 
 
 @pytest.mark.parametrize("extra, option", [(["--page-size", "4"], "--page-size"), (["--N-q", "2"], "--N-q")])
@@ -164,6 +169,15 @@ def test_an_option_the_launcher_does_not_declare_is_refused(cli, numba_file, ext
     name = option.removeprefix("--").replace("-", "_")
     refused(cli(f"{numba_file}:launch", "--N", 4, "--d", 4, *extra), option, "launcher launch (numba_launchers.py)",
             f"declare {name} in the launcher")  # fmt: skip
+
+
+def test_an_option_the_launcher_returns_instead_must_be_what_it_ran(cli, numba_file):
+    """A launcher may return an option instead of taking it: the same value is accepted (the counts printed), another
+    refused, naming what the launcher says it ran."""
+    rc, out, err = cli(f"{numba_file}:launch_returns", "--N", 4, "--d", 4, "--H", 1, "--causal")
+    assert rc == 0 and err == [] and "total: 16 reads, 16 writes" in out, (err, out)
+    refused(cli(f"{numba_file}:launch_returns", "--N", 4, "--d", 4, "--H", 2), "--H",
+            "launcher launch_returns (numba_launchers.py), which ran with H = 1 (its result)")  # fmt: skip
 
 
 @pytest.mark.parametrize(

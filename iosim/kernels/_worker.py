@@ -41,15 +41,25 @@ def _launcher(path: Path, name: str | None):
     return found[0]
 
 
-def _untaken(fn, job: dict, kw: dict) -> tuple[str, str] | None:
+def _untaken(fn, job: dict, kw: dict, result: dict) -> tuple[str, str] | None:
     """(option, why) for the first option of ``job["must_take"]`` given but not taken by the launcher (no parameter
-    of that name, no ``**kwargs``): the launch would run without it while the command reads it as the launch's."""
+    of that name, no ``**kwargs``), unless the launcher's ``result`` says it ran with that very value (a launcher may
+    return what it ran instead of taking it, as a library's always-causal kernel returns ``causal``): otherwise the
+    launch ran without it while the command reads it as the launch's."""
     for k in job.get("must_take", ()):
-        if job["params"].get(k) is not None and k not in kw:
-            opt = "--" + k.replace("_", "-")
-            why = (f"is not a parameter of launcher {fn.__name__} ({Path(job['path']).name}), which would run without "
-                   f"it: declare {k} in the launcher, or leave {opt} out")  # fmt: skip
-            return opt, why
+        given = job["params"].get(k)
+        if given is None or k in kw:
+            continue
+        ran = result.get(k)
+        ran = ran.item() if getattr(ran, "ndim", None) == 0 and hasattr(ran, "item") else ran  # a NumPy scalar
+        ran = ran if isinstance(ran, (int, float, bool, str)) else None
+        if ran is not None and isinstance(ran, bool) == isinstance(given, bool) and ran == given:
+            continue
+        opt = "--" + k.replace("_", "-")
+        did = f"ran with {k} = {ran!r} (its result)" if ran is not None else f"ran without it (it returns no {k})"
+        why = (f"is not a parameter of launcher {fn.__name__} ({Path(job['path']).name}), which {did}: declare {k} in "
+               f"the launcher, or leave {opt} out")  # fmt: skip
+        return opt, why
     return None
 
 
@@ -94,9 +104,6 @@ def _one(out: Path, i: int, mod, backend: str, job: dict, want_arrays: bool, kee
     missing = [k for k, p in sig.parameters.items() if p.default is p.empty and p.kind in named and k not in kw]
     if missing:
         return _fail(out, "launcher", f"needs {', '.join(missing)}: give them as options", fn.__name__, i)
-    untaken = _untaken(fn, job, kw)
-    if untaken:
-        return _fail(out, *untaken, None, i)
 
     def launch():
         out = fn(**kw)
@@ -122,6 +129,9 @@ def _one(out: Path, i: int, mod, backend: str, job: dict, want_arrays: bool, kee
             accepted = "uses a GPU feature Triton's interpreter does not run (so it cannot be counted on a CPU)"
             return _fail(out, "kernel", accepted, str(cause), i)
         return _fail(out, "kernel", "raised", f"{type(cause).__name__}: {cause}", i)
+    untaken = _untaken(fn, job, kw, runs[0][1])
+    if untaken:
+        return _fail(out, *untaken, None, i)
     docs = []
     for k, (counts, result) in enumerate(runs):
         numbers = {k: v for k, v in result.items() if isinstance(v, (int, float, bool, str))}
