@@ -56,6 +56,14 @@ NUMBA_LAUNCHERS = textwrap.dedent(
         _copy(N * d)
 
 
+    def launch_qo(N, d):
+        # one head's Q copied into O, named as the model names them
+        q, k, v = (np.ones(N * d, dtype=np.float32) for _ in range(3))
+        o = np.zeros_like(q)
+        copy[1, N * d](q, o)
+        return {"Q": q, "K": k, "V": v, "O": o, "names": {"X": "Q", "Y": "O"}}
+
+
     def launch_returns(N, d):
         # takes neither H nor causal, and says what it ran: one head, causal (as a library's causal-only kernel)
         return {**_copy(N * d), "H": 1, "causal": True}
@@ -208,6 +216,16 @@ def test_a_declared_option_reaches_the_launch(cli, numba_file, launcher):
     assert rc == 0 and err == [], err
     rows = {w[0]: w[1:3] for w in map(str.split, out.splitlines()) if w and w[0] in ("X", "Y")}
     assert rows == {"X": ["48", "0"], "Y": ["0", "48"]}, out
+
+
+def test_format_reaches_the_table_beside_the_model(cli, numba_file):
+    """--format is the table's format with --like too (it was printed as "simple" whatever was asked)."""
+    args = [f"{numba_file}:launch_qo", "--N", 4, "--d", 4, "--like", "flash2", "--Br", 4, "--Bc", 4, "--no-numerics"]
+    rc, out, err = cli(*args, "--format", "github")
+    rows = [x for x in out.splitlines() if x.startswith("| Q ") or x.startswith("| O ")]
+    assert rc == 0 and len(rows) == 2, (err, out)
+    cells = [c.strip() for c in rows[0].split("|")[2:6]]
+    assert cells == ["16", "0", "16", "0"]  # Q: 4 x 4 read once, as flash2's closed form reads it
 
 
 def test_a_launcher_returning_none_is_refused(cli, numba_file):

@@ -292,7 +292,7 @@ def _print(args, counts, cmp) -> None:
     for line in launches(counts):
         print(line)
     if cmp is not None:
-        print(cmp.table())
+        print(cmp.table(args.format))
         _print_shared(counts, cmp.M)
         return
     head = ["array", "reads", "writes", "read bytes", "write bytes", "atomics", "distinct reads", "distinct writes"]

@@ -214,7 +214,9 @@ class Comparison:
             parts.append("dtypes " + " ".join(f"{k}={v}" for k, v in zip(("q", "kv", "o"), w.dtypes, strict=True) if v))
         return "".join(" " + x for x in parts)
 
-    def table(self) -> str:
+    def table(self, fmt: str = "simple") -> str:
+        """The model line, the per-array table in ``fmt`` (a tabulate format, ``iosim kernel --format``), the
+        numerics and the notes."""
         from tabulate import tabulate
 
         head = ["array", "reads", "writes", "model reads", "model writes", "distinct reads", "verdict"]
@@ -234,7 +236,7 @@ class Comparison:
             + self._whole()
             + f"; M = {self.M} words "
             f"(the working set of the block sizes); lower bound {self.lower_bound:,.0f} ({self.bound_name})",
-            tabulate(body, head, tablefmt="simple", intfmt=","),
+            tabulate(body, head, tablefmt=fmt, intfmt=","),
         ]
         for n in self.numerics:
             lines.append(
