@@ -83,7 +83,7 @@ def main(argv: list[str]) -> int:
 
 def _one(out: Path, i: int, mod, backend: str, job: dict, want_arrays: bool, keep=()) -> int:
     from iosim.errors import InputError
-    from iosim.kernels.counting import DECLARATIONS, count_configs
+    from iosim.kernels.counting import count_configs
 
     if job.get("gpu_standin"):
         from iosim.kernels.standin import install
@@ -132,27 +132,7 @@ def _one(out: Path, i: int, mod, backend: str, job: dict, want_arrays: bool, kee
     untaken = _untaken(fn, job, kw, runs[0][1])
     if untaken:
         return _fail(out, *untaken, None, i)
-    docs = []
-    for k, (counts, result) in enumerate(runs):
-        numbers = {k: v for k, v in result.items() if isinstance(v, (int, float, bool, str))}
-        for key in ("layout", "metadata", "buffers"):  # declarations per array (JSON carries them)
-            if isinstance(result.get(key), dict):
-                numbers[key] = {str(k): v if isinstance(v, (int, str)) else list(v) for k, v in result[key].items()}
-        if "dtype" not in numbers and getattr(result.get("Q"), "dtype", None) is not None:
-            numbers["dtype"] = str(result["Q"].dtype).removeprefix("torch.")  # the inputs' precision, for numerics
-        if want_arrays or keep:  # keep: the arrays returned in every mode (a BlockMask's index tensors)
-            import numpy as np
-
-            arrays = {}
-            for name, v in result.items():
-                if not want_arrays and name not in keep:
-                    continue
-                if name not in numbers and v is not None and name not in DECLARATIONS:
-                    a = mod.to_numpy(v)
-                    if a is not None:
-                        arrays[name] = a
-            np.savez(out / f"arrays_{i}_{k}.npz", **arrays)
-        docs.append({"counts": counts.to_dict(), "numbers": numbers})
+    docs = [_save_run(out, i, k, mod, counts, result, want_arrays, keep) for k, (counts, result) in enumerate(runs)]
     doc = {"ok": True, "runs": docs, "output": printed.getvalue()}
     if job.get("shared_memory") and hasattr(mod, "launch_specs"):
         from iosim.kernels.counting import LAST_RECORDER
@@ -160,6 +140,30 @@ def _one(out: Path, i: int, mod, backend: str, job: dict, want_arrays: bool, kee
         doc["launch_specs"] = mod.launch_specs(LAST_RECORDER[0])
     (out / f"result_{i}.json").write_text(json.dumps(doc))
     return 0
+
+
+def _save_run(out: Path, i: int, k: int, mod, counts, result: dict, want_arrays: bool, keep=()) -> dict:
+    """Run ``k`` of job ``i`` as JSON (its counts and the numbers the launcher returned); its arrays as float64 in
+    DIR/arrays_<i>_<k>.npz when ``want_arrays`` (those named in ``keep`` in every mode: a BlockMask's indices)."""
+    from iosim.kernels.counting import DECLARATIONS
+
+    numbers = {k: v for k, v in result.items() if isinstance(v, (int, float, bool, str))}
+    for key in ("layout", "metadata", "buffers"):  # declarations per array (JSON carries them)
+        if isinstance(result.get(key), dict):
+            numbers[key] = {str(k): v if isinstance(v, (int, str)) else list(v) for k, v in result[key].items()}
+    if "dtype" not in numbers and getattr(result.get("Q"), "dtype", None) is not None:
+        numbers["dtype"] = str(result["Q"].dtype).removeprefix("torch.")  # the inputs' precision, for numerics
+    if want_arrays or keep:
+        import numpy as np
+
+        arrays = {}
+        for name, v in result.items():
+            if (want_arrays or name in keep) and name not in numbers and v is not None and name not in DECLARATIONS:
+                a = mod.to_numpy(v)
+                if a is not None:
+                    arrays[name] = a
+        np.savez(out / f"arrays_{i}_{k}.npz", **arrays)
+    return {"counts": counts.to_dict(), "numbers": numbers}
 
 
 if __name__ == "__main__":

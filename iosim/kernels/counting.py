@@ -835,6 +835,19 @@ def check_backend(path, backend: str) -> None:
                      f"(--backend {BACKEND_OF[mods[0]]}, or auto)")  # fmt: skip
 
 
+def _resolve_backend(reqs: list[dict], backend: str | None, gpu_standin: bool, shared_memory, fast: bool) -> str:
+    """The backend of a batch: named (and then the launcher files' own, :func:`check_backend`) or detected from the
+    first file; the options it does not take refused; its extra installed."""
+    if backend is None:
+        backend = detect_backend(reqs[0]["path"])
+    else:
+        for r in reqs:
+            check_backend(r["path"], backend)
+    _backend_options(backend, gpu_standin, shared_memory, fast)
+    require_extra(backend)
+    return backend
+
+
 def _backend_options(backend: str, gpu_standin: bool, shared_memory, fast: bool) -> None:
     """The options that apply to Triton launchers only, refused (one line) for another backend."""
     if fast and backend != "triton":
@@ -914,13 +927,7 @@ def count_batch(
         reqs.append({"path": str(p.resolve()), "launcher": launcher or None, "params": dict(params),
                      "shared_memory": shared_memory, "config": config, "gpu_standin": gpu_standin,
                      "fast": bool(fast), "must_take": list(must_take)})  # fmt: skip
-    if backend is None:
-        backend = detect_backend(reqs[0]["path"])
-    else:
-        for r in reqs:
-            check_backend(r["path"], backend)
-    _backend_options(backend, gpu_standin, shared_memory, fast)
-    require_extra(backend)
+    backend = _resolve_backend(reqs, backend, gpu_standin, shared_memory, fast)
     with tempfile.TemporaryDirectory(prefix="iosim-kernel-") as tmp:
         req = {"jobs": reqs, "backend": backend, "arrays": bool(arrays) and not fast,  # --fast computes no outputs
                "keep": list(keep)}  # fmt: skip
