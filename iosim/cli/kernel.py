@@ -112,49 +112,26 @@ def _add_problem_options(p) -> None:
     )
 
 
+LAUNCH = ("N", "d", "Br", "Bc", "splits", "H", "causal", "dtype", "B", "kv_heads", "N_q", "page_size", "dv", "mla")
+BLOCK_MASK = ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices")  # returned in every mode
+
+
 def command(args) -> int:
     from iosim.kernels.counting import count_file, overlap_lines
 
     path, _, launcher = args.target.partition(":")
     if not path.endswith(".py"):
         raise InputError("FILE", "must be a Python file FILE.py[:LAUNCHER]", args.target)
-    for opt in ("dtype_q", "dtype_kv", "dtype_o", "gqa"):  # read by the closed form alone
-        if getattr(args, opt) is not None and args.like is None:
-            raise InputError(f"--{opt.replace('_', '-')}", "is read by --like (the closed form the kernel is held "
-                             "against)", getattr(args, opt))  # fmt: skip
-    if args.mla is not None and args.like not in (None, "flash2", "decode-splitkv"):
-        raise InputError("--mla", "is modelled for --like flash2 and decode-splitkv (an MLA latent's forward)",
-                         args.mla)  # fmt: skip
-    if args.dv is not None and args.like == "block-sparse":
-        raise InputError("--dv", "is modelled for --like flash2, flash2-backward and decode-splitkv", args.dv)
-    if args.mask is not None and args.like == "flash2" and args.mask.strip() in ("causal", "none", "dense"):
-        # flash2's causal closed form is --causal; without a mask it is flash2 itself (tests/test_flex_kernel.py)
-        raise InputError("--mask", "is read by --like block-sparse (the mask of the kernel's BlockMask)", args.mask)
-    if args.mask is not None and args.like not in ("block-sparse", "flash2"):
-        raise InputError("--mask", "is read by --like block-sparse (the mask of the kernel's BlockMask) and flash2 "
-                         "(a kernel skipping the tiles the mask empties, with no metadata)", args.mask)  # fmt: skip
-    if args.mask is not None and args.like == "flash2":
-        from iosim import masks
-
-        masks.parse(args.mask)  # its spelling, before the count
-    if args.indices is not None and args.like != "block-sparse":
-        raise InputError("--indices", "is read by --like block-sparse (how the kernel reads its BlockMask)",
-                         args.indices)  # fmt: skip
-    if args.like == "block-sparse":
-        from iosim import masks
-
-        if args.mask is None:
-            raise InputError("--mask", f"is needed by --like block-sparse: the mask the kernel's BlockMask was built "
-                             f"for ({masks.FORMS})")  # fmt: skip
-        masks.parse(args.mask)  # its spelling, before the count
-    params = {k: getattr(args, k) for k in ("N", "d", "Br", "Bc", "splits", "H", "causal", "dtype", "B", "kv_heads",
-                                            "N_q", "page_size", "dv", "mla")}  # fmt: skip
+    _check_model_options(args)
+    _check_problem_options(args)
+    params = {k: getattr(args, k) for k in LAUNCH}
     params = {k: v for k, v in params.items() if v is not None}
     backend = None if args.backend == "auto" else args.backend
     config = None if args.config in (None, "all") else args.config
     first = count_file(path, launcher or None, backend, params, args.timeout, arrays=not args.no_numerics,
                        shared_memory=90 if args.shared_memory else None, config=config,
-                       gpu_standin=args.gpu_standin, strict=False, fast=args.fast)  # fmt: skip
+                       gpu_standin=args.gpu_standin, strict=False, fast=args.fast, must_take=_must_take(args, params),
+                       keep=BLOCK_MASK if args.like == "block-sparse" else ())  # fmt: skip
     runs = first[0].runs or [first]
     if first[0].output:  # the launcher's own output, before the counts (beside the JSON: on stderr)
         print(first[0].output, end="" if first[0].output.endswith("\n") else "\n",
@@ -190,6 +167,73 @@ def command(args) -> int:
     return rc
 
 
+def _check_model_options(args) -> None:
+    """The options only a --like model reads, refused (one line) where no model reads them."""
+    for opt in ("dtype_q", "dtype_kv", "dtype_o", "gqa"):  # read by the closed form alone
+        if getattr(args, opt) is not None and args.like is None:
+            raise InputError(f"--{opt.replace('_', '-')}", "is read by --like (the closed form the kernel is held "
+                             "against)", getattr(args, opt))  # fmt: skip
+    if args.gqa is not None and args.like == "block-sparse":
+        raise InputError("--gqa", "is not read by --like block-sparse (its schedule runs one program per query head: "
+                         "per-head)", args.gqa)  # fmt: skip
+    if args.mla is not None and args.like not in (None, "flash2", "decode-splitkv"):
+        raise InputError("--mla", "is modelled for --like flash2 and decode-splitkv (an MLA latent's forward)",
+                         args.mla)  # fmt: skip
+    if args.dv is not None and args.like == "block-sparse":
+        raise InputError("--dv", "is modelled for --like flash2, flash2-backward and decode-splitkv", args.dv)
+    if args.empty_splits is not None and args.like != "decode-splitkv":
+        raise InputError("--empty-splits", "is read by --like decode-splitkv (what a split-KV decoding kernel does "
+                         "with an empty split)", args.empty_splits)  # fmt: skip
+    if args.page_size is not None and args.like in ("flash2-backward", "block-sparse"):
+        what = "the backward" if args.like == "flash2-backward" else "block-sparse"
+        raise InputError("--page-size", f"is modelled for flash2 and decode-splitkv, not {what}", args.page_size)
+    if args.N_q is not None and args.like == "decode-splitkv":
+        raise InputError("--N-q", "is not read by --like decode-splitkv (one query row per head)", args.N_q)
+    if args.causal and args.like in ("block-sparse", "decode-splitkv"):
+        why = ("the mask is --mask (e.g. --mask causal)" if args.like == "block-sparse" else
+               "one query row per head, the last, sees every key")  # fmt: skip
+        raise InputError("--causal", f"is not read by --like {args.like}: {why}")
+    _check_mask_options(args)
+
+
+def _check_mask_options(args) -> None:
+    """--mask and --indices where a model reads them, spelled as iosim run's --mask."""
+    from iosim import masks
+
+    if args.mask is not None and args.like == "flash2" and args.mask.strip() in ("causal", "none", "dense"):
+        # flash2's causal closed form is --causal; without a mask it is flash2 itself (tests/test_flex_kernel.py)
+        raise InputError("--mask", "is read by --like block-sparse (the mask of the kernel's BlockMask)", args.mask)
+    if args.mask is not None and args.like not in ("block-sparse", "flash2"):
+        raise InputError("--mask", "is read by --like block-sparse (the mask of the kernel's BlockMask) and flash2 "
+                         "(a kernel skipping the tiles the mask empties, with no metadata)", args.mask)  # fmt: skip
+    if args.indices is not None and args.like != "block-sparse":
+        raise InputError("--indices", "is read by --like block-sparse (how the kernel reads its BlockMask)",
+                         args.indices)  # fmt: skip
+    if args.like == "block-sparse" and args.mask is None:
+        raise InputError("--mask", f"is needed by --like block-sparse: the mask the kernel's BlockMask was built "
+                         f"for ({masks.FORMS})")  # fmt: skip
+    if args.mask is not None:
+        masks.parse(args.mask)  # its spelling, before the count
+
+
+def _check_problem_options(args) -> None:
+    """--kv-heads against --H (when both are given): a divisor of H, 1..H (iosim.kernels.comparison.check_heads)."""
+    if args.kv_heads is not None and args.H is not None:
+        from iosim.kernels.comparison import check_heads
+
+        check_heads(args.H, args.kv_heads)
+
+
+def _must_take(args, params: dict) -> tuple:
+    """The options given that the launcher must declare (or the launch would run without them while the command
+    reads them as the launch's): all of them, except --Br/--Bc where --like reads the block sizes off the kernel's
+    loads (and checks them there) and --mla where --like models it (how the kernel reads V, as --gqa)."""
+    from iosim.kernels.comparison import BLOCKS
+
+    own = set(BLOCKS.get(args.like, {})) | ({"mla"} if args.like in ("flash2", "decode-splitkv") else set())
+    return tuple(k for k in params if k not in own)
+
+
 def _compare(args, counts, numbers, arrays):
     from iosim.kernels.comparison import Whole, block_sizes, compare
 
@@ -197,6 +241,9 @@ def _compare(args, counts, numbers, arrays):
         v = getattr(args, name, None)
         return v if v is not None else numbers.get(name, default)
 
+    if args.like == "block-sparse" and not all(k in (arrays or {}) for k in BLOCK_MASK):
+        raise InputError("--mask", "is checked against the kernel's BlockMask: the launcher must return its index "
+                         f"tensors by name ({', '.join(BLOCK_MASK)})")  # fmt: skip
     given = {k: getattr(args, k) for k in ("Br", "Bc")}
     widths = (args.dv, args.d - args.dv) if args.dv else ()  # an MLA latent's two parts, loaded apart
     blocks = block_sizes(counts, args.like, args.d, numbers, given, widths)
@@ -245,7 +292,7 @@ def _print(args, counts, cmp) -> None:
     for line in launches(counts):
         print(line)
     if cmp is not None:
-        print(cmp.table())
+        print(cmp.table(args.format))
         _print_shared(counts, cmp.M)
         return
     head = ["array", "reads", "writes", "read bytes", "write bytes", "atomics", "distinct reads", "distinct writes"]

@@ -41,6 +41,28 @@ def _launcher(path: Path, name: str | None):
     return found[0]
 
 
+def _untaken(fn, job: dict, kw: dict, result: dict) -> tuple[str, str] | None:
+    """(option, why) for the first option of ``job["must_take"]`` given but not taken by the launcher (no parameter
+    of that name, no ``**kwargs``), unless the launcher's ``result`` says it ran with that very value (a launcher may
+    return what it ran instead of taking it, as a library's always-causal kernel returns ``causal``): otherwise the
+    launch ran without it while the command reads it as the launch's."""
+    for k in job.get("must_take", ()):
+        given = job["params"].get(k)
+        if given is None or k in kw:
+            continue
+        ran = result.get(k)
+        ran = ran.item() if getattr(ran, "ndim", None) == 0 and hasattr(ran, "item") else ran  # a NumPy scalar
+        ran = ran if isinstance(ran, (int, float, bool, str)) else None
+        if ran is not None and isinstance(ran, bool) == isinstance(given, bool) and ran == given:
+            continue
+        opt = "--" + k.replace("_", "-")
+        did = f"ran with {k} = {ran!r} (its result)" if ran is not None else f"ran without it (it returns no {k})"
+        why = (f"is not a parameter of launcher {fn.__name__} ({Path(job['path']).name}), which {did}: declare {k} in "
+               f"the launcher, or leave {opt} out")  # fmt: skip
+        return opt, why
+    return None
+
+
 def main(argv: list[str]) -> int:
     out = Path(argv[0])
     req = json.loads((out / "request.json").read_text())
@@ -53,15 +75,15 @@ def main(argv: list[str]) -> int:
     except InputError as e:
         return _fail(out, e.parameter, e.accepted, e.got)
     for i, job in enumerate(req["jobs"]):
-        rc = _one(out, i, mod, req["backend"], job, req.get("arrays"))
+        rc = _one(out, i, mod, req["backend"], job, req.get("arrays"), req.get("keep") or ())
         if rc:
             return rc
     return 0
 
 
-def _one(out: Path, i: int, mod, backend: str, job: dict, want_arrays: bool) -> int:
+def _one(out: Path, i: int, mod, backend: str, job: dict, want_arrays: bool, keep=()) -> int:
     from iosim.errors import InputError
-    from iosim.kernels.counting import DECLARATIONS, count_configs
+    from iosim.kernels.counting import count_configs
 
     if job.get("gpu_standin"):
         from iosim.kernels.standin import install
@@ -107,25 +129,10 @@ def _one(out: Path, i: int, mod, backend: str, job: dict, want_arrays: bool) -> 
             accepted = "uses a GPU feature Triton's interpreter does not run (so it cannot be counted on a CPU)"
             return _fail(out, "kernel", accepted, str(cause), i)
         return _fail(out, "kernel", "raised", f"{type(cause).__name__}: {cause}", i)
-    docs = []
-    for k, (counts, result) in enumerate(runs):
-        numbers = {k: v for k, v in result.items() if isinstance(v, (int, float, bool, str))}
-        for key in ("layout", "metadata", "buffers"):  # declarations per array (JSON carries them)
-            if isinstance(result.get(key), dict):
-                numbers[key] = {str(k): v if isinstance(v, (int, str)) else list(v) for k, v in result[key].items()}
-        if "dtype" not in numbers and getattr(result.get("Q"), "dtype", None) is not None:
-            numbers["dtype"] = str(result["Q"].dtype).removeprefix("torch.")  # the inputs' precision, for numerics
-        if want_arrays:
-            import numpy as np
-
-            arrays = {}
-            for name, v in result.items():
-                if name not in numbers and v is not None and name not in DECLARATIONS:
-                    a = mod.to_numpy(v)
-                    if a is not None:
-                        arrays[name] = a
-            np.savez(out / f"arrays_{i}_{k}.npz", **arrays)
-        docs.append({"counts": counts.to_dict(), "numbers": numbers})
+    untaken = _untaken(fn, job, kw, runs[0][1])
+    if untaken:
+        return _fail(out, *untaken, None, i)
+    docs = [_save_run(out, i, k, mod, counts, result, want_arrays, keep) for k, (counts, result) in enumerate(runs)]
     doc = {"ok": True, "runs": docs, "output": printed.getvalue()}
     if job.get("shared_memory") and hasattr(mod, "launch_specs"):
         from iosim.kernels.counting import LAST_RECORDER
@@ -133,6 +140,30 @@ def _one(out: Path, i: int, mod, backend: str, job: dict, want_arrays: bool) -> 
         doc["launch_specs"] = mod.launch_specs(LAST_RECORDER[0])
     (out / f"result_{i}.json").write_text(json.dumps(doc))
     return 0
+
+
+def _save_run(out: Path, i: int, k: int, mod, counts, result: dict, want_arrays: bool, keep=()) -> dict:
+    """Run ``k`` of job ``i`` as JSON (its counts and the numbers the launcher returned); its arrays as float64 in
+    DIR/arrays_<i>_<k>.npz when ``want_arrays`` (those named in ``keep`` in every mode: a BlockMask's indices)."""
+    from iosim.kernels.counting import DECLARATIONS
+
+    numbers = {k: v for k, v in result.items() if isinstance(v, (int, float, bool, str))}
+    for key in ("layout", "metadata", "buffers"):  # declarations per array (JSON carries them)
+        if isinstance(result.get(key), dict):
+            numbers[key] = {str(k): v if isinstance(v, (int, str)) else list(v) for k, v in result[key].items()}
+    if "dtype" not in numbers and getattr(result.get("Q"), "dtype", None) is not None:
+        numbers["dtype"] = str(result["Q"].dtype).removeprefix("torch.")  # the inputs' precision, for numerics
+    if want_arrays or keep:
+        import numpy as np
+
+        arrays = {}
+        for name, v in result.items():
+            if (want_arrays or name in keep) and name not in numbers and v is not None and name not in DECLARATIONS:
+                a = mod.to_numpy(v)
+                if a is not None:
+                    arrays[name] = a
+        np.savez(out / f"arrays_{i}_{k}.npz", **arrays)
+    return {"counts": counts.to_dict(), "numbers": numbers}
 
 
 if __name__ == "__main__":

@@ -214,7 +214,9 @@ class Comparison:
             parts.append("dtypes " + " ".join(f"{k}={v}" for k, v in zip(("q", "kv", "o"), w.dtypes, strict=True) if v))
         return "".join(" " + x for x in parts)
 
-    def table(self) -> str:
+    def table(self, fmt: str = "simple") -> str:
+        """The model line, the per-array table in ``fmt`` (a tabulate format, ``iosim kernel --format``), the
+        numerics and the notes."""
         from tabulate import tabulate
 
         head = ["array", "reads", "writes", "model reads", "model writes", "distinct reads", "verdict"]
@@ -234,7 +236,7 @@ class Comparison:
             + self._whole()
             + f"; M = {self.M} words "
             f"(the working set of the block sizes); lower bound {self.lower_bound:,.0f} ({self.bound_name})",
-            tabulate(body, head, tablefmt="simple", intfmt=","),
+            tabulate(body, head, tablefmt=fmt, intfmt=","),
         ]
         for n in self.numerics:
             lines.append(
@@ -348,6 +350,14 @@ def _flash2_masked(N: int, d: int, Br: int | None, Bc: int | None, causal: bool,
     return per, M, lb, "the problem's compulsory traffic under the mask"
 
 
+def check_heads(H_q: int, H_kv: int | None) -> None:
+    """InputError (on --kv-heads) unless the key/value heads divide the query heads (GQA/MQA: H_q / H_kv query heads
+    share one), 1..H_q; None: as many as the query heads."""
+    if H_kv is not None and (not 1 <= H_kv <= H_q or H_q % H_kv):
+        divisors = ", ".join(str(k) for k in range(1, H_q + 1) if H_q % k == 0)
+        raise InputError("--kv-heads", f"must divide --H = {H_q} (one of {divisors}: 1..{H_q})", H_kv)
+
+
 def _refuse_widths(like: str, w: Whole) -> None:
     """--dv and --mla are modelled where the schedule has them: flash2 and decode-splitkv (and --dv the backward)."""
     if w.mla is not None and like not in ("flash2", "decode-splitkv"):
@@ -356,10 +366,12 @@ def _refuse_widths(like: str, w: Whole) -> None:
         raise InputError("--dv", "is modelled for --like flash2, flash2-backward and decode-splitkv", w.d_v)
 
 
-def block_sparse_model(N: int, d: int, Br: int | None, Bc: int | None, w: Whole):
+def block_sparse_model(N: int, d: int, Br: int | None, Bc: int | None, w: Whole, arrays: dict | None = None):
     """(per-array counts, M, lower bound, its name, the :class:`iosim.block_sparse.BlockSparseResult`, the
     BlockIndex of the mask) of the block-sparse schedule on ``w.mask`` with blocks Br x Bc and ``w.buffers``; the
-    lower bound is the problem's compulsory traffic under the mask (rows that see a key, keys some row sees)."""
+    lower bound is the problem's compulsory traffic under the mask (rows that see a key, keys some row sees). With
+    ``arrays`` (the launcher's), the kernel's BlockMask is checked against the mask's first
+    (:func:`check_block_mask`)."""
     from iosim import masks
     from iosim.block_sparse import Buffer, block_sparse, blocks_of
     from iosim.problem import ALIASES, Problem
@@ -381,6 +393,8 @@ def block_sparse_model(N: int, d: int, Br: int | None, Bc: int | None, w: Whole)
     m = masks.parse(w.mask)
     fn = getattr(m, "fn", None)  # a mask_mod: its blocks classified as create_block_mask classifies them
     bi = blocks_of(p, fn if fn is not None else w.mask, (Br, Bc))
+    if arrays:
+        check_block_mask(arrays, bi)
     res = block_sparse(p, bi, block=(Br, Bc), buffers=bufs, indices=w.indices)
     per = {k: ArrayCounts(c.reads, c.writes) for k, c in res.stats.per_array.items()}
     lb = float(sum(p.compulsory(problem_seen(p, w.mask)).values()))
@@ -519,14 +533,13 @@ def compare(
     import dataclasses
 
     w = dataclasses.replace(whole or Whole(), H_q=int(heads))
+    check_heads(w.H_q, w.H_kv)
     wanted = gqa
     gqa, g = gqa or "per-head", w.H_q // (w.H_kv or (1 if w.mla else w.H_q))
     sparse = None
     if like == "block-sparse":
         w = dataclasses.replace(w, dtype=w.dtype or dtype)
-        per, M, lb, bname, sparse, bi = block_sparse_model(N, d, Br, Bc, w)
-        if arrays:
-            check_block_mask(arrays, bi)
+        per, M, lb, bname, sparse, bi = block_sparse_model(N, d, Br, Bc, w, arrays)
     else:
         per, M, lb, bname = model(like, N, d, Br, Bc, causal, splits, w, gqa)
     if g > 1 and like != "block-sparse" and wanted is None:  # (block-sparse: per query head, no policy to choose)

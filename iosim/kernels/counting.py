@@ -781,17 +781,29 @@ def count_configs(launch, backend: str = "triton", config=None, strict: bool = T
     return runs
 
 
-def detect_backend(path) -> str:
-    """The backend a launcher file needs, from the modules it imports: triton (or, for a library of Triton kernels
-    imported by name, torch), pallas (jax), or numba-cuda (numba)."""
+BACKEND_OF = {"triton": "triton", "torch": "triton", "jax": "pallas", "numba": "numba-cuda"}  # module -> backend
+KIND = {"triton": "Triton", "pallas": "Pallas", "numba-cuda": "numba-cuda"}  # the kernels each backend counts
+
+
+def _imports(path) -> list[str]:
+    """The top-level modules a launcher file imports, in the order it imports them."""
     import re
     from pathlib import Path
 
     text = Path(path).read_text(errors="replace")
-    top = set(re.findall(r"^\s*(?:from|import)\s+([A-Za-z_]\w*)", text, flags=re.M))
+    return list(dict.fromkeys(re.findall(r"^\s*(?:from|import)\s+([A-Za-z_]\w*)", text, flags=re.M)))
+
+
+def detect_backend(path) -> str:
+    """The backend a launcher file needs, from the modules it imports: triton (or, for a library of Triton kernels
+    imported by name, torch), pallas (jax), or numba-cuda (numba)."""
+    from pathlib import Path
+
+    top = set(_imports(path))
     for module, backend in (("triton", "triton"), ("jax", "pallas"), ("numba", "numba-cuda"), ("torch", "triton")):
         if module in top:
             return backend
+    text = Path(path).read_text(errors="replace")
     for word, backend in (
         ("triton", "triton"),
         ("pallas", "pallas"),
@@ -803,6 +815,49 @@ def detect_backend(path) -> str:
     raise InputError(
         "--backend", f"could not be told from {path} (imports none of triton, jax, numba, torch): name one"
     )
+
+
+def check_backend(path, backend: str) -> None:
+    """InputError when ``backend`` is named for a file that imports another backend's package and not its own (a
+    Triton kernel under ``--backend pallas`` would fail on a missing GPU driver, a Pallas one under ``--backend
+    triton`` launch nothing Triton counts). A file that imports none of them (a launcher importing a library or
+    another launcher) is not judged."""
+    from pathlib import Path
+
+    if backend not in KIND:
+        return  # require_extra names the accepted backends
+    mods = [m for m in _imports(path) if m in BACKEND_OF]
+    if not mods or backend in {BACKEND_OF[m] for m in mods}:
+        return
+    own = next(m for m, b in BACKEND_OF.items() if b == backend)
+    raise InputError(f"--backend {backend}", f"counts {KIND[backend]} kernels: {Path(path).name} imports "
+                     f"{', '.join(mods)} and not {own}, so its launcher's kernel is not a {KIND[backend]} kernel "
+                     f"(--backend {BACKEND_OF[mods[0]]}, or auto)")  # fmt: skip
+
+
+def _resolve_backend(reqs: list[dict], backend: str | None, gpu_standin: bool, shared_memory, fast: bool) -> str:
+    """The backend of a batch: named (and then the launcher files' own, :func:`check_backend`) or detected from the
+    first file; the options it does not take refused; its extra installed."""
+    if backend is None:
+        backend = detect_backend(reqs[0]["path"])
+    else:
+        for r in reqs:
+            check_backend(r["path"], backend)
+    _backend_options(backend, gpu_standin, shared_memory, fast)
+    require_extra(backend)
+    return backend
+
+
+def _backend_options(backend: str, gpu_standin: bool, shared_memory, fast: bool) -> None:
+    """The options that apply to Triton launchers only, refused (one line) for another backend."""
+    if fast and backend != "triton":
+        raise InputError("--fast", "is offered for Triton kernels (under the interpreter) only", backend)
+    if gpu_standin and backend != "triton":
+        raise InputError("--gpu-standin", "applies to Triton launchers (it stands in for Triton's active driver and "
+                         f"torch.cuda's device queries); this launcher runs under {backend}")  # fmt: skip
+    if shared_memory and backend != "triton":
+        raise InputError("--shared-memory", "applies to Triton kernels (Triton's compiler for sm_90); this launcher "
+                         f"runs under {backend}")  # fmt: skip
 
 
 def count_file(
@@ -817,6 +872,8 @@ def count_file(
     gpu_standin: bool = False,
     strict: bool = True,
     fast: bool = False,
+    must_take: tuple = (),
+    keep: tuple = (),
 ) -> tuple[KernelCounts, dict, dict]:
     """Count a launcher file's kernels in a fresh process with the backend's mode on.
 
@@ -831,10 +888,13 @@ def count_file(
     stand-ins for the GPU queries libraries make at import (:mod:`iosim.kernels.standin`) in the counting process
     before the launcher file is imported. Out-of-bounds or stray accesses raise :class:`AccessError` unless
     ``strict`` is False (see :func:`count`). ``fast`` (Triton) skips the values no count depends on
-    (:mod:`iosim.kernels.fast`): the same counts, no arrays.
+    (:mod:`iosim.kernels.fast`): the same counts, no arrays. ``must_take``: the keys of ``params`` the launcher
+    must declare (a parameter of that name, or ``**kwargs``), or InputError naming the option before anything runs
+    (``iosim kernel``: an option the launch would otherwise run without). ``keep``: arrays of the launcher's result
+    returned even when ``arrays`` is False or under ``fast`` (a BlockMask's index tensors, checked in every mode).
     """
     return count_batch([(path, launcher, params or {})], backend, timeout, arrays, shared_memory, config,
-                       gpu_standin, strict, fast)[0]  # fmt: skip
+                       gpu_standin, strict, fast, must_take, keep)[0]  # fmt: skip
 
 
 def count_batch(
@@ -847,6 +907,8 @@ def count_batch(
     gpu_standin: bool = False,
     strict: bool = True,
     fast: bool = False,
+    must_take: tuple = (),
+    keep: tuple = (),
 ) -> list[tuple]:
     """:func:`count_file` for several (path, launcher, params) jobs in one fresh process (one import of the backend's
     packages): a list of (counts, numbers, arrays). ``timeout`` bounds the whole batch."""
@@ -864,11 +926,11 @@ def count_batch(
             raise InputError("FILE", "must be an existing Python file defining a launcher", str(path))
         reqs.append({"path": str(p.resolve()), "launcher": launcher or None, "params": dict(params),
                      "shared_memory": shared_memory, "config": config, "gpu_standin": gpu_standin,
-                     "fast": bool(fast)})  # fmt: skip
-    backend = backend or detect_backend(reqs[0]["path"])
-    require_extra(backend)
+                     "fast": bool(fast), "must_take": list(must_take)})  # fmt: skip
+    backend = _resolve_backend(reqs, backend, gpu_standin, shared_memory, fast)
     with tempfile.TemporaryDirectory(prefix="iosim-kernel-") as tmp:
-        req = {"jobs": reqs, "backend": backend, "arrays": bool(arrays) and not fast}  # --fast computes no outputs
+        req = {"jobs": reqs, "backend": backend, "arrays": bool(arrays) and not fast,  # --fast computes no outputs
+               "keep": list(keep)}  # fmt: skip
         Path(tmp, "request.json").write_text(json.dumps(req))
         env = dict(os.environ, **ENV[backend])
         cmd = [sys.executable, "-m", "iosim.kernels._worker", tmp]
@@ -892,7 +954,7 @@ def count_batch(
             runs = []
             for k, run in enumerate(res["runs"]):
                 out = {}
-                if arrays and Path(tmp, f"arrays_{i}_{k}.npz").exists():
+                if (arrays or keep) and Path(tmp, f"arrays_{i}_{k}.npz").exists():
                     with np.load(Path(tmp, f"arrays_{i}_{k}.npz")) as z:
                         out = {name: z[name] for name in z.files}
                 runs.append((KernelCounts.from_dict(run["counts"]), run["numbers"], out))
