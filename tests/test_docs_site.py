@@ -34,6 +34,8 @@ def test_the_settings_read_from_disk():
     assert config["use_directory_urls"] is False
     plugins = [p if isinstance(p, str) else next(iter(p)) for p in config["plugins"]]
     assert "search" in plugins and "offline" in plugins
+    kernels = next(s["Kernels"] for s in config["nav"] if isinstance(s, dict) and "Kernels" in s)
+    assert next(iter(kernels[0].values())) == "kernel-first.md", "a kernel author's first page leads the section"
     shims = [s for s in config["extra"]["polyfills"] if "iframe-worker" in s]
     assert shims and all((DOCS / s).is_file() for s in shims), "the offline plugin's shim must come from docs/"
     for page in [*DOCS.rglob("*.md"), ROOT / "README.md"]:
