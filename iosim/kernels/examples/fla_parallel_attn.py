@@ -9,7 +9,7 @@ reads the block sizes off what ran.
 The kernel (``parallel_attn_fwd_kernel``) is FlashAttention-2's causal forward: one program per (query block of BT
 rows, batch x query head) loads its Q block once, steps over the key blocks below the diagonal and then the
 diagonal ones (masked), and stores O and the logsumexp once. Its logsumexp is in the log2 domain ((B, N, H) in
-layout), and a KV head serves g query heads, each loading it (per-head GQA). Counts: docs/kernels.md.
+layout), and a KV head serves g query heads, each loading it (per-head GQA). Counts: docs/kernels-library.md.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ kernel, beside flash2's closed form.
 head, batch) loads its Q block (int8) and its scale once, steps over every key block of BLOCK_N = 64 keys (K int8
 and its scale, V fp16), and stores O once; it stores no logsumexp. Q and K are named by the kernel's parameters
 (the int8 arrays it reads); the numerics are not checked (int8 inputs are SageAttention's own approximation, not
-iosim.check's floating-point rule). Counts: docs/kernels.md.
+iosim.check's floating-point rule). Counts: docs/kernels-library.md.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ cache rows of K and V; ``num_kv_splits`` (B words) is the number of splits per s
 split is not empty, q, the split's ``kv_indices`` and its keys and values in blocks of 64, then stores its partial
 output and logsumexp (an empty split stores nothing). A split's length is rounded up to ``_MIN_BLOCK_KV`` = 32
 keys. Stage 2, one program per (sequence, head): reads ``kv_indptr`` twice and ``num_kv_splits`` once, the live
-splits' partials, and stores O. Counts: docs/kernels.md.
+splits' partials, and stores O. Counts: docs/kernels-library.md.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ The kernel has one program per (block of BLOCK_M query rows, batch x head): it l
 the key blocks (all of them; causal: those left of the diagonal, then the diagonal's, masked), stores O once and
 ``M`` = m_i + log2(l_i) for its rows, unmasked. Nothing masks the rows, so N must be a multiple of BLOCK_M (at
 another N the last block's ``M`` store runs past the array: iosim reports it). The autotuner has up to 36 configs:
-name one with ``--config`` (``BLOCK_M=128,BLOCK_N=64,num_stages=2,num_warps=4``). Counts: docs/kernels.md.
+name one with ``--config`` (``BLOCK_M=128,BLOCK_N=64,num_stages=2,num_warps=4``). Counts: docs/kernels-library.md.
 """
 
 from __future__ import annotations
