@@ -19,6 +19,8 @@ from iosim.problem import MAX_DIM, MAX_TOKENS
 def as_real_array(name: str, x, what: str) -> np.ndarray:
     """``x`` as a NumPy array of finite real numbers; one line naming ``name`` (and ``what`` it must be) if not."""
     if hasattr(x, "detach") and hasattr(x, "cpu"):  # a torch tensor (possibly on a device, possibly with grad)
+        if getattr(x, "is_meta", False):
+            raise InputError(name, f"must be {what} holding data: a meta tensor has none", "a tensor on device meta")
         x = x.detach().cpu()
         if str(getattr(x, "dtype", "")) == "torch.bfloat16":  # NumPy has no bfloat16: widen first
             x = x.float()
@@ -69,20 +71,15 @@ def problem_arrays(p, Q, K, V, dO=None) -> tuple[np.ndarray, np.ndarray, np.ndar
 
 
 def check_arrays(Q, K, V, N, d) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int]:
+    """One head's Q, K, V (N x d each), read as :func:`as_real_array` reads a problem's arrays (torch tensors with
+    grad or on a device, bfloat16 and fp8 widened), with one line naming the array when one is not."""
     arrays = {}
     for name, x in (("Q", Q), ("K", K), ("V", V)):
         if x is None:
             raise InputError(name, "must be given together with Q, K and V (or none of them, with N and d)")
-        try:
-            a = np.asarray(x)
-        except (TypeError, ValueError) as e:
-            raise InputError(name, "must be a 2-D array of real numbers of shape (N, d)", type(x).__name__) from e
+        a = as_real_array(name, x, "a 2-D array of real numbers of shape (N, d)")
         if a.ndim != 2 or a.shape[0] == 0 or a.shape[1] == 0:
             raise InputError(name, "must be a non-empty 2-D array of shape (N, d)", f"shape {a.shape}")
-        if not np.issubdtype(a.dtype, np.number) or np.iscomplexobj(a) or a.dtype == np.bool_:
-            raise InputError(name, "must hold real numbers", f"dtype {a.dtype}")
-        if not np.all(np.isfinite(a)):
-            raise InputError(name, "must hold only finite values (no NaN or inf)", "non-finite entries")
         arrays[name] = a
     shape = arrays["Q"].shape
     for name in ("K", "V"):
@@ -99,14 +96,7 @@ def check_arrays(Q, K, V, N, d) -> tuple[np.ndarray, np.ndarray, np.ndarray, int
 
 def check_dO(dO, N: int, d: int) -> np.ndarray:
     """The upstream gradient dO: validated like Q, K, V (shape N x d, real, finite)."""
-    try:
-        a = np.asarray(dO)
-    except (TypeError, ValueError) as e:
-        raise InputError("dO", "must be a 2-D array of real numbers", type(dO).__name__) from e
+    a = as_real_array("dO", dO, "a 2-D array of real numbers")
     if a.ndim != 2 or a.shape != (N, d):
         raise InputError("dO", f"must be a 2-D array of the shape of Q ({N}, {d})", f"shape {a.shape}")
-    if not np.issubdtype(a.dtype, np.number) or np.iscomplexobj(a) or a.dtype == np.bool_:
-        raise InputError("dO", "must hold real numbers", f"dtype {a.dtype}")
-    if not np.all(np.isfinite(a)):
-        raise InputError("dO", "must hold only finite values (no NaN or inf)", "non-finite entries")
     return a

@@ -161,3 +161,38 @@ def test_block_sparse_reads_one_mask_mod_alike_raw_wrapped_or_named(tmp_path):
     for r in runs:
         assert r.exact and r.words["K"] == want_k, (r.words["K"], want_k)
     assert all(r.stats.per_array["K"] == runs[0].stats.per_array["K"] for r in runs)
+
+
+def _tensor(kind, N=16, d=8):
+    import torch
+
+    if kind == "meta":
+        return torch.empty(N, d, device="meta")
+    if kind == "requires_grad":
+        return torch.randn(N, d, dtype=torch.float64, requires_grad=True)
+    if kind == "torch-bf16":
+        return torch.randn(N, d).to(torch.bfloat16)
+    import jax.numpy as jnp
+
+    return jnp.asarray(__import__("numpy").random.default_rng(0).standard_normal((N, d)), dtype=jnp.bfloat16)
+
+
+@pytest.mark.parametrize("path", ["one-head", "problem"])
+@pytest.mark.parametrize("kind", ["meta", "requires_grad", "torch-bf16", "jax-bf16"])
+def test_the_callers_tensors_read_alike_on_both_paths(kind, path):
+    """A torch meta tensor ended in a traceback on the problem path and a misleading refusal on the one-head path; a
+    requires_grad tensor in a traceback and a bf16 torch or JAX tensor in a refusal on the one-head path, where the
+    problem path took them. Both paths now read the caller's arrays alike: a meta tensor is one line naming Q."""
+    import numpy as np
+
+    import iosim
+
+    Q, K, V = (_tensor(kind) for _ in range(3))
+    kw = dict(problem=iosim.Problem(N=16, d=8)) if path == "problem" else {}
+    if kind == "meta":
+        with pytest.raises(iosim.InputError, match="^Q must be .* holding data: a meta tensor has none"):
+            iosim.run("flash2", Q=Q, K=K, V=V, M=1024, **kw)
+        return
+    r = iosim.run("flash2", Q=Q, K=K, V=V, M=1024, **kw)
+    assert r.finite and r.stats.total == r.predicted.total
+    assert max(r.errors.values()) < 1e-12 and np.isfinite(max(r.errors.values()))
