@@ -128,7 +128,7 @@ def _method(hook):
     return method
 
 
-@dataclass
+@dataclass(eq=False)
 class _Session:
     """The state the hooks share while installed: the recorder, the simulator's functions they wrap (``saved``,
     ``saved_atomics``), the element accesses of the running block (``buf``: (kind, itemsize, site, origin) -> byte

@@ -167,7 +167,7 @@ def _method(hook):
     return method
 
 
-@dataclass
+@dataclass(eq=False)
 class _Session:
     """The state the hooks share while installed: the recorder, the interpreter's own functions they wrap, and the
     argument tags of the launch in progress.
