@@ -283,8 +283,9 @@ class _Session:
         return addr, size, (oob if oob.any() else None), ptrs
 
     def load(self, builder, ptrs, mask, *rest, **kw):
-        """``tl.load`` (``create_masked_load``): record the words a masked pointer block reads, per argument; under
-        --fast, a load of memory a stand-in was stored to (or with a stand-in ``other``) yields a stand-in."""
+        """``tl.load`` (``create_masked_load``): record the words a masked pointer block reads, attributed to the
+        argument whose address tag the pointer carries, then load with the tags stripped and out-of-bounds lanes
+        off; under --fast, a load of memory a stand-in was stored to (or with a stand-in ``other``) yields one."""
         fm = self.fast_mode
         self.real("address or mask of a load", ptrs, mask)
         lanes, size, oob, ptrs = self.access(ptrs, mask, "r")
@@ -297,8 +298,9 @@ class _Session:
         return out
 
     def store(self, builder, ptrs, value, mask, *rest, **kw):
-        """``tl.store`` (``create_masked_store``): record the words a masked pointer block writes, per argument;
-        under --fast, a stand-in value is counted and not written (its bytes are marked as holding one)."""
+        """``tl.store`` (``create_masked_store``): record the words a masked pointer block writes, attributed to
+        the argument whose address tag the pointer carries; under --fast, a stand-in value is counted and not
+        written (its bytes are marked as holding one)."""
         fm = self.fast_mode
         self.real("address or mask of a store", ptrs, mask)
         lanes, size, oob, ptrs = self.access(ptrs, mask, "w")
