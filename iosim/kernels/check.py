@@ -559,6 +559,97 @@ def validate(dtype: str = "float32", layout: str = "BHND", distributions=None, c
             _choice("distribution", dist, DISTRIBUTIONS)
 
 
+@dataclass(frozen=True)
+class _Setup:
+    """What every case of one check shares: the callables, the random stream, the report (its batch and heads),
+    the dtype and its unit roundoff ``u``, the conversion of inputs, the scale (None: 1/sqrt(d)), the golden's
+    precision, the layout and the causal alignment."""
+
+    fn: Callable
+    bwd: Callable | None
+    rng: np.random.Generator
+    report: CheckReport
+    np_dtype: np.dtype
+    u: float
+    convert: Callable
+    scale: float | None
+    precision: str
+    layout: str
+    causal_align: str
+
+
+@dataclass(frozen=True)
+class _CaseData:
+    """One case's inputs (in the kernel's dtype), its scale, and the golden, naive and floor values per output."""
+
+    case: Case
+    scale: float
+    inputs: tuple  # Q, K, V, dO
+    gold: dict
+    naive: dict
+    floors: dict
+
+
+def _check_arguments(fn, backward, quick, equal_lengths, seed, scale, name):
+    """The callables and scalar options checked (InputError naming the first bad one): (quick, equal_lengths,
+    scale as a Python float or None)."""
+    if not callable(fn):
+        raise InputError("fn", "must be a callable fn(Q, K, V, *, causal, scale)", type(fn).__name__)
+    if not (backward is None or isinstance(backward, bool) or callable(backward)):
+        raise InputError("backward", "must be a callable, False, or None (use fn.backward if it exists)", backward)
+    quick = _flag("quick", quick)
+    if equal_lengths is not None:
+        equal_lengths = _flag("equal_lengths", equal_lengths)
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < 1 << 64:
+        raise InputError("seed", "must be an integer from 0 to 2^64 - 1", seed)
+    if scale is not None:
+        if isinstance(scale, bool) or not isinstance(scale, (int, float, np.floating, np.integer)):
+            raise InputError("scale", "must be None or a finite real number", scale)
+        if not math.isfinite(float(scale)) or scale <= 0:
+            raise InputError("scale", "must be None or a positive finite number (default 1/sqrt(d))", scale)
+        scale = float(scale)  # a plain Python float: a float32 kernel must stay float32 (NumPy 2 promotion)
+    if name is not None and not isinstance(name, str):
+        raise InputError("name", "must be None or a string", name)
+    return quick, equal_lengths, scale
+
+
+def _shapes(N, d, quick: bool) -> tuple[bool, tuple[int, ...], tuple[int, ...]]:
+    """(whether N or d was given, the N values, the d values): the defaults (quick or not) where not given."""
+    Ns = _positive_ints("N", N) if N is not None else (QUICK_N if quick else DEFAULT_N)
+    ds = _positive_ints("d", d) if d is not None else (QUICK_D if quick else DEFAULT_D)
+    return N is not None or d is not None, Ns, ds
+
+
+def _names(distributions) -> tuple[str, ...]:
+    """Distribution names as a tuple (one name may be given bare)."""
+    return (distributions,) if isinstance(distributions, str) else tuple(distributions)
+
+
+def _heads(batch, heads, heads_kv) -> tuple[int, int, int]:
+    """(batch, heads, heads_kv) checked: positive, and heads_kv (default heads) dividing heads."""
+    batch, heads = _positive_int("batch", batch), _positive_int("heads", heads)
+    heads_kv = heads if heads_kv is None else _positive_int("heads_kv", heads_kv)
+    if heads % heads_kv:
+        raise InputError("heads_kv", f"must divide heads ({heads})", heads_kv)
+    return batch, heads, heads_kv
+
+
+def _check_memory(cases: list[Case], B: int, H: int, H_kv: int, with_bwd: bool, Ns) -> None:
+    """InputError when the largest case would need more than 80% of the memory available."""
+    from iosim.estimate import available_bytes as _available_bytes
+
+    need = max((_case_bytes(c, B, H, H_kv, with_bwd) for c in cases), default=0)
+    have = _available_bytes()
+    if need > 0.8 * have:
+        big = max(cases, key=lambda c: _case_bytes(c, B, H, H_kv, with_bwd))
+        raise InputError(
+            "N",
+            f"and d give a case (N_q={big.N_q}, N_k={big.N_k}, d={big.d}, B={B}, H={H}) that needs about "
+            f"{need / 2**30:.1f} GiB; {have / 2**30:.1f} GiB are available: use smaller N, d or heads",
+            Ns,
+        )
+
+
 def check(
     fn: Callable,
     *,
@@ -597,166 +688,143 @@ def check(
     :class:`CheckReport`; ``report.passed`` is the verdict.
     """
     validate(dtype, layout, distributions, causal_align)
-    if not callable(fn):
-        raise InputError("fn", "must be a callable fn(Q, K, V, *, causal, scale)", type(fn).__name__)
-    if not (backward is None or isinstance(backward, bool) or callable(backward)):
-        raise InputError("backward", "must be a callable, False, or None (use fn.backward if it exists)", backward)
-    quick = _flag("quick", quick)
-    if equal_lengths is not None:
-        equal_lengths = _flag("equal_lengths", equal_lengths)
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < 1 << 64:
-        raise InputError("seed", "must be an integer from 0 to 2^64 - 1", seed)
-    if scale is not None:
-        if isinstance(scale, bool) or not isinstance(scale, (int, float, np.floating, np.integer)):
-            raise InputError("scale", "must be None or a finite real number", scale)
-        if not math.isfinite(float(scale)) or scale <= 0:
-            raise InputError("scale", "must be None or a positive finite number (default 1/sqrt(d))", scale)
-        scale = float(scale)  # a plain Python float: a float32 kernel must stay float32 (NumPy 2 promotion)
-    if name is not None and not isinstance(name, str):
-        raise InputError("name", "must be None or a string", name)
+    quick, equal_lengths, scale = _check_arguments(fn, backward, quick, equal_lengths, seed, scale, name)
     dtype_name, np_dtype, u = _dtype(dtype)
-    if distributions is not None:
-        distributions = (distributions,) if isinstance(distributions, str) else tuple(distributions)
-    explicit = N is not None or d is not None
-    Ns = _positive_ints("N", N) if N is not None else (QUICK_N if quick else DEFAULT_N)
-    ds = _positive_ints("d", d) if d is not None else (QUICK_D if quick else DEFAULT_D)
-    batch, heads = _positive_int("batch", batch), _positive_int("heads", heads)
-    heads_kv = heads if heads_kv is None else _positive_int("heads_kv", heads_kv)
-    if heads % heads_kv:
-        raise InputError("heads_kv", f"must divide heads ({heads})", heads_kv)
-    if distributions is None:  # on the user's shapes too: "large" is what catches a softmax without max-subtraction
-        distributions = DISTRIBUTIONS
+    explicit, Ns, ds = _shapes(N, d, quick)
+    batch, heads, heads_kv = _heads(batch, heads, heads_kv)
+    # all by default, on the user's shapes too: "large" is what catches a softmax without max-subtraction
+    distributions = DISTRIBUTIONS if distributions is None else _names(distributions)
     causals = _causals(causal)
     if equal_lengths is None:
         equal_lengths = bool(getattr(fn, "equal_lengths", False))
     bwd = getattr(fn, "backward", None) if backward is None else (backward or None)
     convert = _converter(inputs)
     precision = "extended" if dtype_name == "float64" else "float64"
-    report = CheckReport(
-        name or getattr(fn, "__name__", "fn"), dtype_name, batch, heads, heads_kv=heads_kv, layout=layout
-    )
-    report.causal_align = causal_align
+    label = name or getattr(fn, "__name__", "fn")
+    report = CheckReport(label, dtype_name, batch, heads, heads_kv=heads_kv, layout=layout, causal_align=causal_align)
     rng = np.random.default_rng(seed)
     cases = _cases(Ns, ds, causals, distributions, quick, explicit, equal_lengths)
-    from iosim.estimate import available_bytes as _available_bytes
-
-    need = max((_case_bytes(c, batch, heads, heads_kv, bwd is not None) for c in cases), default=0)
-    have = _available_bytes()
-    if need > 0.8 * have:
-        big = max(cases, key=lambda c: _case_bytes(c, batch, heads, heads_kv, bwd is not None))
-        raise InputError(
-            "N",
-            f"and d give a case (N_q={big.N_q}, N_k={big.N_k}, d={big.d}, B={batch}, H={heads}) that needs about "
-            f"{need / 2**30:.1f} GiB; {have / 2**30:.1f} GiB are available: use smaller N, d or heads",
-            Ns,
-        )
+    _check_memory(cases, batch, heads, heads_kv, bwd is not None, Ns)
+    setup = _Setup(fn, bwd, rng, report, np_dtype, u, convert, scale, precision, layout, causal_align)
     for case in cases:
         if progress:
             progress(f"{case.distribution} N_q={case.N_q} N_k={case.N_k} d={case.d} causal={case.causal}")
-        report.rows += _check_case(
-            fn, bwd, case, rng, report, np_dtype, u, convert, scale, precision, layout, causal_align
-        )
+        report.rows += _check_case(setup, case)
     return report
 
 
 def planned_cases(N=None, d=None, quick: bool = False, distributions=None, causal=(False, True), equal_lengths=False):
     """The cases :func:`check` would run with these arguments (for an estimate of its time before it starts)."""
-    explicit = N is not None or d is not None
-    Ns = _positive_ints("N", N) if N is not None else (QUICK_N if quick else DEFAULT_N)
-    ds = _positive_ints("d", d) if d is not None else (QUICK_D if quick else DEFAULT_D)
-    if distributions is not None:
-        distributions = (distributions,) if isinstance(distributions, str) else tuple(distributions)
+    explicit, Ns, ds = _shapes(N, d, quick)
+    distributions = None if distributions is None else _names(distributions)
     return _cases(Ns, ds, _causals(causal), distributions or DISTRIBUTIONS, quick, explicit, equal_lengths)
 
 
-def _check_case(fn, bwd, case, rng, report, np_dtype, u, convert, scale, precision, layout, causal_align):
-    """The rows of one case: forward outputs, then (if offered) gradients."""
+def _case_data(setup: _Setup, case: Case) -> _CaseData:
+    """Draw one case's inputs, round them to the dtype, and compute the golden, naive and floor values from the
+    values the kernel sees, exactly."""
+    report, u, np_dtype = setup.report, setup.u, setup.np_dtype
     B, H, H_kv = report.batch, report.heads, report.heads_kv
-    sc = float(default_scale(case.d) if scale is None else scale)  # a Python float, as PyTorch passes it
-    offset = case.N_k - case.N_q if causal_align == "bottom-right" else 0
-    Q, K, V, dO = (x.astype(np_dtype) for x in _draw(case, rng, B, H, H_kv, sc, offset))
+    sc = float(default_scale(case.d) if setup.scale is None else setup.scale)  # a Python float, as PyTorch passes it
+    offset = case.N_k - case.N_q if setup.causal_align == "bottom-right" else 0
+    Q, K, V, dO = (x.astype(np_dtype) for x in _draw(case, setup.rng, B, H, H_kv, sc, offset))
     Q64, K64, V64, dO64 = (x.astype(np.float64) for x in (Q, K, V, dO))  # the values fn sees, exactly
-    with_bwd = bwd is not None
-    gold = _golden(Q64, K64, V64, dO64, sc, case.causal, offset, H_kv, precision, with_bwd)
+    with_bwd = setup.bwd is not None
+    gold = _golden(Q64, K64, V64, dO64, sc, case.causal, offset, H_kv, setup.precision, with_bwd)
     with np.errstate(all="ignore"):
         naive = _naive(Q64, K64, V64, dO64, sc, case.causal, offset, H_kv, np_dtype, with_bwd)
         v = u if np_dtype == np.float64 else ACCUMULATOR_U
         floors = _floors(Q64, K64, V64, dO64, gold, sc, case.causal, offset, H_kv, u, v, with_bwd)
+    return _CaseData(case, sc, (Q, K, V, dO), gold, naive, floors)
 
-    def lay(x):  # (B, H, N, d) -> the layout handed to fn
-        return np.ascontiguousarray(x if layout == "BHND" else np.swapaxes(x, 1, 2))
 
-    def row(passname, output, got=None, note=""):
-        factor = FORWARD_FACTOR if passname == "forward" else BACKWARD_FACTOR
-        ref = gold[output]
-        baseline = float(np.max(_abs_err(naive[output], ref))) if ref.size else 0.0
-        rule = factor * baseline if np.isfinite(baseline) else 0.0
-        base = dict(distribution=case.distribution, N_k=case.N_k, rule=rule)
-        if note:
-            return OutputCheck(
-                passname, case.N_q, case.d, case.causal, output, np.inf, baseline, rule, note=note, **base
-            )
-        try:
-            x = np.asarray(got, dtype=np.float64)
-        except (TypeError, ValueError) as e:  # a string, an object: a failed row, never a crashed check
-            shown = f"{type(got).__name__} {str(got)[:40]!r}" if isinstance(got, (str, bytes)) else type(got).__name__
-            return OutputCheck(
-                passname, case.N_q, case.d, case.causal, output, np.inf, baseline, rule,
-                note=f"not an array of numbers: {shown} ({type(e).__name__})"[:200], **base,
-            )  # fmt: skip
-        if output != "L" and layout == "BNHD" and x.ndim == 4:
-            x = np.swapaxes(x, 1, 2)
-        if x.shape != ref.shape:
-            shown = x.shape if output == "L" or layout == "BHND" or x.ndim != 4 else np.swapaxes(x, 1, 2).shape
-            expected = ref.shape if output == "L" or layout == "BHND" else np.swapaxes(ref, 1, 2).shape
-            return OutputCheck(
-                passname, case.N_q, case.d, case.causal, output, np.inf, baseline, rule,
-                note=f"shape {tuple(shown)}, expected {tuple(expected)} ({layout})", **base,
-            )  # fmt: skip
-        if not ref.size:
-            return OutputCheck(passname, case.N_q, case.d, case.causal, output, 0.0, baseline, rule, **base)
-        err = _abs_err(x, ref)
-        bound = np.maximum(rule, floors[output])
-        with np.errstate(divide="ignore", invalid="ignore"):
-            ratio = np.where(err > bound, np.where(bound > 0, err / bound, np.inf), err / np.where(bound > 0, bound, 1))
-        i = np.unravel_index(int(np.argmax(ratio)), ratio.shape)
-        where = f"({i[0]}, {i[1]}, {i[2]})"
-        return OutputCheck(
-            passname, case.N_q, case.d, case.causal, output, float(err[i]), baseline, float(bound[i]),
-            floor=float(floors[output][i]), where=where, all_within=bool(np.all(err <= bound)), **base,
-        )  # fmt: skip
+def _lay(x: np.ndarray, layout: str) -> np.ndarray:
+    """(B, H, N, d) -> the layout handed to fn."""
+    return np.ascontiguousarray(x if layout == "BHND" else np.swapaxes(x, 1, 2))
 
-    def read(passname, outputs, keys, optional=()):
-        """A row per output: compared, or failed with a note when it is missing or cannot be read."""
-        found = []
-        for key in keys:
-            if outputs[key] is None:
-                if key not in optional:
-                    found.append(row(passname, key, note=f"no output {key}"))
-                continue
-            try:
-                got = to_numpy(outputs[key])
-            except Exception as e:  # an output NumPy cannot read is a failed row
-                found.append(row(passname, key, note=f"unreadable output: {type(e).__name__}: {e}"[:200]))
-                continue
-            found.append(row(passname, key, got))
-        return found
 
+def _check_case(setup: _Setup, case: Case) -> list[OutputCheck]:
+    """The rows of one case: forward outputs, then (if offered) gradients; a callable that raises is a failed row
+    (iosim's own InputError and CapacityError are raised on: a bad configuration, not a wrong kernel)."""
+    data = _case_data(setup, case)
+    Q, K, V, dO = data.inputs
     try:
-        dev = [convert(lay(x)) for x in (Q, K, V)]
-        out = _unpack(fn(*dev, causal=case.causal, scale=sc), ("O", "L"))
+        dev = [setup.convert(_lay(x, setup.layout)) for x in (Q, K, V)]
+        out = _unpack(setup.fn(*dev, causal=case.causal, scale=data.scale), ("O", "L"))
     except USER_ERRORS:  # iosim's own: a bad configuration (too small an M), not a wrong kernel: exit 2
         raise
     except Exception as e:  # a callable that raises is a failed row, not a crashed check
-        return [row("forward", "O", note=f"raised {type(e).__name__}: {e}"[:200])]
-    rows = read("forward", out, ("O", "L"), optional=("L",))
-    if bwd is None or out["O"] is None:
+        return [_row(setup, data, "forward", "O", note=f"raised {type(e).__name__}: {e}"[:200])]
+    rows = _read(setup, data, "forward", out, ("O", "L"), optional=("L",))
+    if setup.bwd is None or out["O"] is None:
         return rows
     try:
-        g = bwd(*dev, out["O"], convert(lay(dO)), out["L"], causal=case.causal, scale=sc)
+        g = setup.bwd(*dev, out["O"], setup.convert(_lay(dO, setup.layout)), out["L"], causal=case.causal,
+                      scale=data.scale)  # fmt: skip
         grads = _unpack(g, ("dQ", "dK", "dV"))
     except USER_ERRORS:
         raise
     except Exception as e:
-        return rows + [row("backward", "dQ", note=f"raised {type(e).__name__}: {e}"[:200])]
-    return rows + read("backward", grads, ("dQ", "dK", "dV"))
+        return rows + [_row(setup, data, "backward", "dQ", note=f"raised {type(e).__name__}: {e}"[:200])]
+    return rows + _read(setup, data, "backward", grads, ("dQ", "dK", "dV"))
+
+
+def _read(setup: _Setup, data: _CaseData, passname, outputs, keys, optional=()) -> list[OutputCheck]:
+    """A row per output: compared, or failed with a note when it is missing or cannot be read."""
+    found = []
+    for key in keys:
+        if outputs[key] is None:
+            if key not in optional:
+                found.append(_row(setup, data, passname, key, note=f"no output {key}"))
+            continue
+        try:
+            got = to_numpy(outputs[key])
+        except Exception as e:  # an output NumPy cannot read is a failed row
+            found.append(_row(setup, data, passname, key, note=f"unreadable output: {type(e).__name__}: {e}"[:200]))
+            continue
+        found.append(_row(setup, data, passname, key, got))
+    return found
+
+
+def _row(setup: _Setup, data: _CaseData, passname, output, got=None, note="") -> OutputCheck:
+    """One output's row: its naive baseline and rule, then a failed row with ``note`` (or why ``got`` is no array
+    of the golden's shape), or the comparison element by element."""
+    case, layout = data.case, setup.layout
+    factor = FORWARD_FACTOR if passname == "forward" else BACKWARD_FACTOR
+    ref = data.gold[output]
+    baseline = float(np.max(_abs_err(data.naive[output], ref))) if ref.size else 0.0
+    rule = factor * baseline if np.isfinite(baseline) else 0.0
+    base = dict(distribution=case.distribution, N_k=case.N_k, rule=rule)
+    x, why = (None, note) if note else _as_output(got, output, ref, layout)
+    if why:
+        return OutputCheck(passname, case.N_q, case.d, case.causal, output, np.inf, baseline, rule, note=why, **base)
+    if not ref.size:
+        return OutputCheck(passname, case.N_q, case.d, case.causal, output, 0.0, baseline, rule, **base)
+    err = _abs_err(x, ref)
+    floor = data.floors[output]
+    bound = np.maximum(rule, floor)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(err > bound, np.where(bound > 0, err / bound, np.inf), err / np.where(bound > 0, bound, 1))
+    i = np.unravel_index(int(np.argmax(ratio)), ratio.shape)
+    where = f"({i[0]}, {i[1]}, {i[2]})"
+    return OutputCheck(
+        passname, case.N_q, case.d, case.causal, output, float(err[i]), baseline, float(bound[i]),
+        floor=float(floor[i]), where=where, all_within=bool(np.all(err <= bound)), **base,
+    )  # fmt: skip
+
+
+def _as_output(got, output: str, ref: np.ndarray, layout: str) -> tuple[np.ndarray | None, str]:
+    """(got as a float64 array in the (B, H, N, d) layout, "") or (None, why it cannot be compared: not an array
+    of numbers, or not the golden's shape)."""
+    try:
+        x = np.asarray(got, dtype=np.float64)
+    except (TypeError, ValueError) as e:  # a string, an object: a failed row, never a crashed check
+        shown = f"{type(got).__name__} {str(got)[:40]!r}" if isinstance(got, (str, bytes)) else type(got).__name__
+        return None, f"not an array of numbers: {shown} ({type(e).__name__})"[:200]
+    if output != "L" and layout == "BNHD" and x.ndim == 4:
+        x = np.swapaxes(x, 1, 2)
+    if x.shape != ref.shape:
+        shown = x.shape if output == "L" or layout == "BHND" or x.ndim != 4 else np.swapaxes(x, 1, 2).shape
+        expected = ref.shape if output == "L" or layout == "BHND" else np.swapaxes(ref, 1, 2).shape
+        return None, f"shape {tuple(shown)}, expected {tuple(expected)} ({layout})"
+    return x, ""

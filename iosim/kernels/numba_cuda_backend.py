@@ -14,11 +14,13 @@ thread): keep sizes tiny.
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import os
 import sys
 import threading
 from collections import defaultdict
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -116,124 +118,177 @@ def _addresses(a: np.ndarray, idx) -> np.ndarray | int | None:
     return (v.ctypes.data + np.asarray(off, dtype=np.int64)).astype(np.uint64)
 
 
-@contextlib.contextmanager
-def hooks(recorder):
-    require()
-    kernel, kernelapi, devicearray = _sim()
-    W, K, BM, A = (
-        devicearray.FakeWithinKernelCUDAArray,
-        kernel.FakeCUDAKernel,
-        kernel.BlockManager,
-        kernelapi.FakeCUDAAtomic,
-    )
-    saved = {"get": W.__getitem__, "set": W.__setitem__, "call": K.__call__, "run": BM.run}
-    saved_atomics = {a: getattr(A, a) for a in _ATOMICS if hasattr(A, a)}
-    buf: dict = defaultdict(list)  # (kind, itemsize) -> byte addresses, flushed after every block
-    quiet = threading.local()
-    launch = {"params": None}
+def _method(hook):
+    """A plain function that calls ``hook`` (a bound method of a :class:`_Session`) with the instance first: set on
+    one of the simulator's classes, it receives that class's instance as ``self``."""
 
-    import numba
-    import numba.cuda
+    def method(obj, *args, **kwargs):
+        return hook(obj, *args, **kwargs)
 
-    # numba's frames, numba.cuda's (the numba-cuda package installs it apart from numba) and the standard library's
-    skip = tuple(os.path.dirname(m.__file__) + os.sep for m in (numba, numba.cuda, threading))
+    return method
 
-    def site() -> tuple | None:
+
+@dataclass(eq=False)
+class _Session:
+    """The state the hooks share while installed: the recorder, the simulator's functions they wrap (``saved``,
+    ``saved_atomics``), the element accesses of the running block (``buf``: (kind, itemsize, site, origin) -> byte
+    addresses, flushed to the recorder after every block), the launch's parameter names (``params``, None outside
+    a launch) and a per-thread flag that silences element accesses inside an atomic (``quiet``)."""
+
+    recorder: object
+    kernel: object  # numba.cuda.simulator.kernel
+    W: type  # the in-kernel array wrapper, FakeWithinKernelCUDAArray
+    skip: tuple  # numba's, numba.cuda's and the standard library's directories: no part of a site
+    saved: dict = field(default_factory=dict)
+    saved_atomics: dict = field(default_factory=dict)
+    buf: dict = field(default_factory=lambda: defaultdict(list))
+    quiet: threading.local = field(default_factory=threading.local)
+    params: list | None = None
+
+    def targets(self, BM, A) -> dict:
+        """What the hooks replace while counting: label -> (owner, attribute, hook)."""
+        W, K = self.W, self.kernel.FakeCUDAKernel
+        out = {
+            "get": (W, "__getitem__", _method(self.get)),
+            "set": (W, "__setitem__", _method(self.set_)),
+            "call": (K, "__call__", _method(self.call)),
+            "run": (BM, "run", _method(self.run)),
+        }
+        for a in _ATOMICS:
+            if hasattr(A, a):
+                out[f"atomic.{a}"] = (A, a, _method(functools.partial(self.atomic, a)))
+        return out
+
+    def install(self, BM, A) -> None:
+        """Keep each original (by the label of its hook) and set its hook in its place."""
+        targets = self.targets(BM, A)
+        self.saved = {label: getattr(owner, name) for label, (owner, name, _) in targets.items()}
+        for owner, name, hook in targets.values():
+            setattr(owner, name, hook)
+
+    def restore(self, BM, A) -> None:
+        """Put every original back."""
+        for label, (owner, name, _) in self.targets(BM, A).items():
+            setattr(owner, name, self.saved[label])
+
+    def site(self) -> tuple | None:
         """The access's site: the kernel's (and its device functions') source lines and instructions on the stack
         of its simulator thread, kernel first, down to the element access (numba's, the standard library's and this
         module's frames skipped); the simulator runs them as plain Python."""
         frames, f = [], sys._getframe(2)
         while f is not None:
             name = f.f_code.co_filename
-            if not name.startswith(skip) and name != __file__:
+            if not name.startswith(self.skip) and name != __file__:
                 frames.append((name, f.f_lineno, f.f_lasti))
             f = f.f_back
         return tuple(reversed(frames)) or None
 
-    def note(a, idx, kind, origin=None):
-        if getattr(quiet, "on", False):
+    def note(self, a, idx, kind, origin=None):
+        """Buffer the byte addresses of the elements ``a[idx]`` touches, by kind, site and argument (``origin``)."""
+        if getattr(self.quiet, "on", False):
             return
         addr = _addresses(a, idx)
         if addr is None:
             return
-        key = (kind, a.itemsize, site(), origin)
+        key = (kind, a.itemsize, self.site(), origin)
         if isinstance(addr, np.ndarray):
-            buf[key].extend(addr.tolist())
+            self.buf[key].extend(addr.tolist())
         else:
-            buf[key].append(addr)
+            self.buf[key].append(addr)
 
-    def flush():
-        for (kind, size, where, origin), addrs in list(buf.items()):
+    def flush(self):
+        """Hand the block's buffered accesses to the recorder: one access per (kind, site) and argument."""
+        rec = self.recorder
+        for (kind, size, where, origin), addrs in list(self.buf.items()):
             if addrs and origin is not None:  # through an argument's wrapper: that argument's
-                recorder.access(np.asarray(addrs, dtype=np.uint64), kind, size, site=where, origin=origin)
+                rec.access(np.asarray(addrs, dtype=np.uint64), kind, size, site=where, origin=origin)
             elif addrs:  # a block's element accesses mix arguments: one access per argument they fall in
                 addr = np.asarray(addrs, dtype=np.uint64)
-                rids = recorder.range_ids(addr)
+                rids = rec.range_ids(addr)
                 for rid in np.unique(rids):
-                    recorder.access(addr[rids == rid], kind, size, site=where)
-        buf.clear()
+                    rec.access(addr[rids == rid], kind, size, site=where)
+        self.buf.clear()
 
-    def get(self, idx):
-        out = saved["get"](self, idx)
-        origin = self.__dict__.get(ORIGIN)
-        if isinstance(out, W):  # a sub-array: counted when its elements are touched, for this argument
+    def get(self, wrapper, idx):
+        """``arg[idx]`` in a kernel: a read of the elements selected, for the argument the wrapper stands for (a
+        sub-array is not read yet: it keeps the argument and is counted when its elements are touched)."""
+        out = self.saved["get"](wrapper, idx)
+        origin = wrapper.__dict__.get(ORIGIN)
+        if isinstance(out, self.W):  # a sub-array: counted when its elements are touched, for this argument
             out.__dict__[ORIGIN] = origin
         else:
-            note(self.__dict__["_item"]._ary, idx, "r", origin)
+            self.note(wrapper.__dict__["_item"]._ary, idx, "r", origin)
         return out
 
-    def set_(self, idx, val):
-        note(self.__dict__["_item"]._ary, idx, "w", self.__dict__.get(ORIGIN))
-        return saved["set"](self, idx, val)
+    def set_(self, wrapper, idx, val):
+        """``arg[idx] = val`` in a kernel: a write of the elements selected, for the wrapper's argument."""
+        self.note(wrapper.__dict__["_item"]._ary, idx, "w", wrapper.__dict__.get(ORIGIN))
+        return self.saved["set"](wrapper, idx, val)
 
-    def atomic(name):
-        orig = saved_atomics[name]
-
-        def wrapped(self, array, index, *rest):
-            if isinstance(array, W):  # a kernel argument: global memory (shared and local arrays are plain NumPy)
-                note(_ndarray(array), index, "a", array.__dict__.get(ORIGIN))
-            quiet.on = True
-            try:
-                return orig(self, array, index, *rest)
-            finally:
-                quiet.on = False
-
-        return wrapped
-
-    def call(self, *args):
-        if getattr(self, "_device", False) or getattr(kernel, "_kernel_context", None) is not None:
-            return saved["call"](self, *args)
-        recorder.begin_launch(getattr(self.fn, "__name__", "kernel"))
-        launch["params"] = list(inspect.signature(self.fn).parameters)
+    def atomic(self, name, api, array, index, *rest):
+        """``cuda.atomic.<name>(array, index, ...)``: one atomic access of the element for a kernel argument (shared
+        and local arrays are plain NumPy: not global memory); the reads and writes the simulator makes to perform
+        it are not counted again."""
+        if isinstance(array, self.W):
+            self.note(_ndarray(array), index, "a", array.__dict__.get(ORIGIN))
+        self.quiet.on = True
         try:
-            return saved["call"](self, *args)
+            return self.saved[f"atomic.{name}"](api, array, index, *rest)
         finally:
-            launch["params"] = None
+            self.quiet.on = False
 
-    def run(self, grid_point, *args):
-        if launch["params"] is not None:
-            for name, arg in zip(launch["params"], args, strict=False):
-                a = _ndarray(arg)
-                if a is not None and a.ndim > 0:
-                    span = _span(a)
-                    rid = recorder.register_argument(name, span[0], span[1], a.itemsize)
-                    if isinstance(arg, W) and rid is not None:
-                        arg.__dict__[ORIGIN] = rid
-                elif not isinstance(arg, (int, float, bool, complex, np.number, np.bool_)) and a is None:
-                    raise InputError(f"argument {name}", "must be an array or a number", type(arg).__name__)
-        recorder.begin_program(tuple(int(x) for x in grid_point) if isinstance(grid_point, (tuple, list)) else ())
+    def call(self, kern, *args):
+        """``kernel[grid, block](...)``: begin a launch named after the kernel and keep its parameter names (a
+        device function, or a call inside a kernel, runs unrecorded)."""
+        if getattr(kern, "_device", False) or getattr(self.kernel, "_kernel_context", None) is not None:
+            return self.saved["call"](kern, *args)
+        self.recorder.begin_launch(getattr(kern.fn, "__name__", "kernel"))
+        self.params = list(inspect.signature(kern.fn).parameters)
         try:
-            return saved["run"](self, grid_point, *args)
+            return self.saved["call"](kern, *args)
         finally:
-            flush()
+            self.params = None
 
-    W.__getitem__, W.__setitem__, K.__call__, BM.run = get, set_, call, run
-    for name in saved_atomics:
-        setattr(A, name, atomic(name))
+    def run(self, manager, grid_point, *args):
+        """One thread block (``BlockManager.run``): name the arguments, begin a program, run the block, then flush
+        its accesses to the recorder."""
+        if self.params is not None:
+            self.register_arguments(args)
+        self.recorder.begin_program(tuple(int(x) for x in grid_point) if isinstance(grid_point, (tuple, list)) else ())
+        try:
+            return self.saved["run"](manager, grid_point, *args)
+        finally:
+            self.flush()
+
+    def register_arguments(self, args) -> None:
+        """Register each array argument's memory as a range named after its parameter and mark its in-kernel
+        wrapper with the range id; refuse an argument that is neither an array nor a number."""
+        for name, arg in zip(self.params, args, strict=False):
+            a = _ndarray(arg)
+            if a is not None and a.ndim > 0:
+                span = _span(a)
+                rid = self.recorder.register_argument(name, span[0], span[1], a.itemsize)
+                if isinstance(arg, self.W) and rid is not None:
+                    arg.__dict__[ORIGIN] = rid
+            elif not isinstance(arg, (int, float, bool, complex, np.number, np.bool_)) and a is None:
+                raise InputError(f"argument {name}", "must be an array or a number", type(arg).__name__)
+
+
+@contextlib.contextmanager
+def hooks(recorder):
+    """Count the global accesses of the numba.cuda kernels launched in the block (under the CUDA simulator)."""
+    require()
+    kernel, kernelapi, devicearray = _sim()
+    import numba
+    import numba.cuda
+
+    # numba's frames, numba.cuda's (the numba-cuda package installs it apart from numba) and the standard library's
+    skip = tuple(os.path.dirname(m.__file__) + os.sep for m in (numba, numba.cuda, threading))
+    session = _Session(recorder, kernel, devicearray.FakeWithinKernelCUDAArray, skip)
+    BM, A = kernel.BlockManager, kernelapi.FakeCUDAAtomic
+    session.install(BM, A)
     try:
         yield
     finally:
-        W.__getitem__, W.__setitem__, K.__call__, BM.run = saved["get"], saved["set"], saved["call"], saved["run"]
-        for name, fn in saved_atomics.items():
-            setattr(A, name, fn)
+        session.restore(BM, A)
         recorder.end_program()

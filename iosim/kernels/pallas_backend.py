@@ -34,6 +34,7 @@ import contextlib
 import functools
 import re
 import threading
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -99,38 +100,83 @@ def _clean(name: str) -> str:
     return re.sub(r"(_tile)?_ref$", "", name)
 
 
-@contextlib.contextmanager
-def hooks(recorder):
-    require()
-    ipc, sm = _modules()
-    from jax.experimental.pallas import tpu as pltpu
+def _function(hook):
+    """A plain function calling ``hook`` (a bound method): what a module attribute or a class attribute must be
+    where the caller reads attributes off it (``__wrapped__``) or expects the instance as ``self``."""
 
-    S = sm.SharedMemory
-    saved = {m: getattr(S, m) for m in ("allocate_buffer", "get_buffer_content", "store_buffer_content")}
-    saved_get, saved_store = ipc.get, ipc.store
-    buffers: dict = {}  # key -> [range id, base, shape, itemsize]
-    handing_back = [False]
-    recorder.hbm_buffers = []
-    nxt = [1]
+    def function(*args, **kwargs):
+        return hook(*args, **kwargs)
 
-    def hbm_key(memory_space, buffer_id, device_id):
-        name = ipc.TPU_MEMORY_SPACE_NAMES[int(memory_space)]
+    return function
+
+
+@dataclass(eq=False)
+class _TpuSession:
+    """The state the TPU-interpreter hooks share while installed: the recorder, the interpreter's functions they
+    wrap (``saved``), each HBM buffer's address range (``buffers``: key -> [range id, base, shape, itemsize]), the
+    next address span (``next_span``), whether pallas_call is handing its outputs back (``handing_back``: those
+    reads are not the kernel's) and whether the launch has begun (``started``)."""
+
+    recorder: object
+    ipc: object  # jax._src.pallas.mosaic.interpret.interpret_pallas_call
+    gpu_error: InputError | None = None  # why GPU kernels cannot be counted here (TPU kernels still are)
+    saved: dict = field(default_factory=dict)
+    buffers: dict = field(default_factory=dict)
+    next_span: int = 1
+    handing_back: bool = False
+    started: bool = False
+
+    def targets(self, S) -> dict:
+        """What the hooks replace while counting: label -> (owner, attribute, hook)."""
+        ipc = self.ipc
+        return {
+            "allocate_buffer": (S, "allocate_buffer", _function(self.allocate_buffer)),
+            "get_buffer_content": (S, "get_buffer_content", _function(self.get_buffer_content)),
+            "store_buffer_content": (S, "store_buffer_content", _function(self.store_buffer_content)),
+            "get": (ipc, "get", _function(self.get)),
+            "store": (ipc, "store", _function(self.store)),
+            "interpret_pallas_call": (ipc, "interpret_pallas_call", self.interpret_pallas_call),
+        }
+
+    def install(self, S) -> None:
+        """Keep each original (by the label of its hook) and set its hook in its place; the DMAs call the
+        undecorated get and store (``__wrapped__``), which stay the originals'."""
+        targets = self.targets(S)
+        self.saved = {label: getattr(owner, name) for label, (owner, name, _) in targets.items()}
+        for label in ("get", "store"):
+            hook, orig = targets[label][2], self.saved[label]
+            hook.__wrapped__ = getattr(orig, "__wrapped__", orig)
+        for owner, name, hook in targets.values():
+            setattr(owner, name, hook)
+
+    def restore(self, S) -> None:
+        """Put every original back."""
+        for label, (owner, name, _) in self.targets(S).items():
+            setattr(owner, name, self.saved[label])
+
+    def hbm_key(self, memory_space, buffer_id, device_id):
+        """The shared memory's key of an HBM buffer."""
+        name = self.ipc.TPU_MEMORY_SPACE_NAMES[int(memory_space)]
         return (name, int(buffer_id), int(device_id), 0)
 
-    def allocate_buffer(self, key, ref_count, value, *rest, **kw):
-        new = key not in self.mem
-        out = saved["allocate_buffer"](self, key, ref_count, value, *rest, **kw)
+    def allocate_buffer(self, memory, key, ref_count, value, *rest, **kw):
+        """A new HBM buffer: its own address span, registered as a range named ``hbm<N>`` until a get or store
+        names it (:meth:`name`)."""
+        new = key not in memory.mem
+        out = self.saved["allocate_buffer"](memory, key, ref_count, value, *rest, **kw)
         if new and key[0] in HBM:
-            v = np.asarray(value)
-            base = nxt[0] * _SPAN
-            nxt[0] += 1
-            recorder.register(f"hbm{key[1]}", base, v.size * v.itemsize, v.itemsize)
-            buffers[key] = [len(recorder.ranges) - 1, base, v.shape, v.itemsize]
-            recorder.hbm_buffers.append((len(recorder.ranges) - 1, self.mem[key]))
+            rec, v = self.recorder, np.asarray(value)
+            base = self.next_span * _SPAN
+            self.next_span += 1
+            rec.register(f"hbm{key[1]}", base, v.size * v.itemsize, v.itemsize)
+            self.buffers[key] = [len(rec.ranges) - 1, base, v.shape, v.itemsize]
+            rec.hbm_buffers.append((len(rec.ranges) - 1, memory.mem[key]))
         return out
 
-    def touched(key, rnge, shape) -> np.ndarray | None:
-        info = buffers.get(key)
+    def touched(self, key, rnge) -> np.ndarray | None:
+        """The flat element indices a range (a tuple of slices) selects in buffer ``key`` (None: not an HBM
+        buffer of ours; empty: a range outside it)."""
+        info = self.buffers.get(key)
         if info is None:
             return None
         idx = np.arange(int(np.prod(info[2])), dtype=np.int64).reshape(info[2])
@@ -140,91 +186,96 @@ def hooks(recorder):
             return np.zeros(0, dtype=np.int64)
         return np.asarray(sel).ravel()
 
-    def note(key, rnge, kind):
-        info = buffers.get(key)
+    def note(self, key, rnge, kind):
+        """Record the elements of HBM buffer ``key`` a read or write of ``rnge`` touches (in bounds)."""
+        info = self.buffers.get(key)
         if info is None:
             return
-        el = touched(key, rnge, info[2])
+        el = self.touched(key, rnge)
         if el is not None and el.size:
-            tpu_launch()
-            recorder.access(np.uint64(info[1]) + el.astype(np.uint64) * np.uint64(info[3]), kind, info[3])
+            self.tpu_launch()
+            self.recorder.access(np.uint64(info[1]) + el.astype(np.uint64) * np.uint64(info[3]), kind, info[3])
 
-    def get_buffer_content(self, key, rnge, *rest, **kw):
-        if key[0] in HBM and not handing_back[0]:
-            note(key, rnge, "r")
-        return saved["get_buffer_content"](self, key, rnge, *rest, **kw)
+    def get_buffer_content(self, memory, key, rnge, *rest, **kw):
+        """A read of a buffer: counted when it is HBM's and not pallas_call handing an output back."""
+        if key[0] in HBM and not self.handing_back:
+            self.note(key, rnge, "r")
+        return self.saved["get_buffer_content"](memory, key, rnge, *rest, **kw)
 
-    def store_buffer_content(self, key, rnge, value, *rest, **kw):
+    def store_buffer_content(self, memory, key, rnge, value, *rest, **kw):
+        """A write of a buffer: counted when it is HBM's."""
         if key[0] in HBM:
-            note(key, rnge, "w")
-        return saved["store_buffer_content"](self, key, rnge, value, *rest, **kw)
+            self.note(key, rnge, "w")
+        return self.saved["store_buffer_content"](memory, key, rnge, value, *rest, **kw)
 
-    def name(memory_space, buffer_id, device_id, label):
-        info = buffers.get(hbm_key(memory_space, buffer_id, device_id))
+    def name(self, memory_space, buffer_id, device_id, label):
+        """Name an HBM buffer still called ``hbm<N>`` after the kernel parameter that reads or writes it."""
+        info = self.buffers.get(self.hbm_key(memory_space, buffer_id, device_id))
         if info is not None and label and label != "unknown":
-            r = recorder.ranges[info[0]]
+            r = self.recorder.ranges[info[0]]
             if r.name.startswith("hbm"):
                 r.name = _clean(label)
 
-    def get(token, device_id, local_core_id, memory_space, buffer_id, *rest, **kw):
-        name(memory_space, buffer_id, device_id, kw.get("input_name"))
-        # pallas_call hands its outputs back to jax with a bare get of each whole output buffer: not the kernel's
-        handing_back[0] = not kw
+    def get(self, token, device_id, local_core_id, memory_space, buffer_id, *rest, **kw):
+        """The interpreter's get of a buffer: names it after the input; a bare get (no keywords) is pallas_call
+        handing an output back to jax, not the kernel's read."""
+        self.name(memory_space, buffer_id, device_id, kw.get("input_name"))
+        self.handing_back = not kw
         try:
-            return saved_get(token, device_id, local_core_id, memory_space, buffer_id, *rest, **kw)
+            return self.saved["get"](token, device_id, local_core_id, memory_space, buffer_id, *rest, **kw)
         finally:
-            handing_back[0] = False
+            self.handing_back = False
 
-    def store(token, device_id, local_core_id, memory_space, buffer_id, *rest, **kw):
-        name(memory_space, buffer_id, device_id, kw.get("output_name"))
-        return saved_store(token, device_id, local_core_id, memory_space, buffer_id, *rest, **kw)
+    def store(self, token, device_id, local_core_id, memory_space, buffer_id, *rest, **kw):
+        """The interpreter's store to a buffer: names it after the output."""
+        self.name(memory_space, buffer_id, device_id, kw.get("output_name"))
+        return self.saved["store"](token, device_id, local_core_id, memory_space, buffer_id, *rest, **kw)
 
-    get.__wrapped__ = getattr(saved_get, "__wrapped__", saved_get)  # DMAs call the undecorated get
-    store.__wrapped__ = getattr(saved_store, "__wrapped__", saved_store)
+    def tpu_launch(self):
+        """Begin the launch (once) at its first counted access or grid point."""
+        if not self.started:
+            self.started = True
+            self.recorder.begin_launch("pallas")
 
-    started = [False]
-
-    def tpu_launch():
-        if not started[0]:
-            started[0] = True
-            recorder.begin_launch("pallas")
-
-    def grid_point(token, *_):
-        tpu_launch()
-        recorder.begin_program()
+    def grid_point(self, token, *_):
+        """The interpreter's grid-point recorder: each grid step is a program."""
+        self.tpu_launch()
+        self.recorder.begin_program()
         return token
 
-    for m, fn in (("allocate_buffer", allocate_buffer), ("get_buffer_content", get_buffer_content),
-                  ("store_buffer_content", store_buffer_content)):  # fmt: skip
-        setattr(S, m, fn)
-    ipc.get, ipc.store = get, store
-    saved_call = ipc.interpret_pallas_call
-
-    try:
-        require_gpu()
-        gpu_error = None
-    except InputError as e:  # TPU kernels are still counted; a GPU kernel then fails with this one line
-        gpu_error = e
-
-    def interpret_pallas_call(*args, interpret_params=None, **params):
-        if _is_gpu_call(params):  # a kernel for GPUs: the generic interpreter (counted by gpu_hooks)
-            if gpu_error is not None:
-                raise gpu_error
+    def interpret_pallas_call(self, *args, interpret_params=None, **params):
+        """A pallas_call: a kernel for GPUs goes to the generic interpreter (counted by :func:`gpu_hooks`), or
+        fails with the line saying why it cannot be counted; a TPU kernel runs under the TPU interpreter."""
+        if _is_gpu_call(params):
+            if self.gpu_error is not None:
+                raise self.gpu_error
             from jax._src.pallas import hlo_interpreter as hi
 
             return hi.pallas_call_hlo_interpret(*args, **params)
-        return saved_call(*args, interpret_params=interpret_params, **params)
+        return self.saved["interpret_pallas_call"](*args, interpret_params=interpret_params, **params)
 
-    ipc.interpret_pallas_call = interpret_pallas_call
+
+@contextlib.contextmanager
+def hooks(recorder):
+    """Count the HBM traffic of the Pallas kernels run in the block: TPU kernels under the TPU interpreter, GPU
+    kernels (Triton compiler params) under the generic one (:func:`gpu_hooks`)."""
+    require()
+    ipc, sm = _modules()
+    from jax.experimental.pallas import tpu as pltpu
+
+    recorder.hbm_buffers = []
+    session = _TpuSession(recorder, ipc)
     try:
-        gpu = gpu_hooks(recorder) if gpu_error is None else contextlib.nullcontext()
-        with gpu, pltpu.force_tpu_interpret_mode(pltpu.InterpretParams(grid_point_recorder=grid_point)):
+        require_gpu()
+    except InputError as e:  # TPU kernels are still counted; a GPU kernel then fails with this one line
+        session.gpu_error = e
+    session.install(sm.SharedMemory)
+    try:
+        gpu = gpu_hooks(recorder) if session.gpu_error is None else contextlib.nullcontext()
+        with gpu, pltpu.force_tpu_interpret_mode(pltpu.InterpretParams(grid_point_recorder=session.grid_point)):
             yield
     finally:
-        for m, fn in saved.items():
-            setattr(S, m, fn)
-        ipc.get, ipc.store = saved_get, saved_store
-        ipc.interpret_pallas_call = saved_call
+        session.restore(sm.SharedMemory)
         recorder.end_program()
 
 
@@ -335,95 +386,174 @@ class _Launch:
             self.block.append(sizes)
 
 
-@contextlib.contextmanager
-def gpu_hooks(recorder):
-    """Count GPU-targeted pallas_calls (Triton compiler params) run with ``interpret=True``: every load/get and
-    store/swap the kernel issues on a ref of a pallas_call operand (global memory under the Triton lowering;
-    BlockSpec'd refs are views into it) is counted per enabled lane at its element of the whole array."""
-    require_gpu()
-    import jax
+def _iota(aval):
+    """The flat element index of each element of a ref's block (what a replayed access reads in place of data)."""
     import jax.numpy as jnp
 
-    hi, sd, pp, sp, pallas_core = _gpu_modules()
-    from jax.experimental import io_callback
+    shape = tuple(aval.shape)
+    return jnp.arange(int(np.prod(shape)) if shape else 1, dtype=jnp.int32).reshape(shape)
 
-    saved_call, saved_k2h, saved_dis = hi.pallas_call_hlo_interpret, hi.kernel_to_hlo_jaxpr, sd.discharge_state
-    saved_ds = hi._dynamic_slice
-    rules = {p: sd._discharge_rules[p] for p in (pp.load_p, pp.swap_p, sp.get_p, sp.swap_p)}
-    try:  # Triton's atomics: a read and a write per lane
-        from jax._src.pallas.triton import primitives as tp
 
-        atomics = [p for p in (getattr(tp, "atomic_rmw_p", None), getattr(tp, "atomic_cas_p", None)) if p is not None]
-    except ImportError:
-        atomics = []
-    rules.update({p: sd._discharge_rules[p] for p in atomics if p in sd._discharge_rules})
-    launches: list[_Launch] = []
-    bases: dict[str, int] = {}
-    state = {"launch": None, "tags": None, "top": False, "last": None}
+def _names_of(jaxpr, gm) -> list[str]:
+    """The operands' names: the kernel's parameter names (``q_ref`` -> ``q``), else each block mapping's origin."""
+    arg_names = list(getattr(getattr(jaxpr, "debug_info", None), "arg_names", None) or [])
+    n0 = gm.num_index_operands
+    out = []
+    for k, bm in enumerate(gm.block_mappings):
+        nm = arg_names[n0 + k] if n0 + k < len(arg_names) and arg_names[n0 + k] else str(bm.origin)
+        nm = _clean(re.sub(r"\W+", "_", str(nm)).strip("_")) or f"arg{k}"
+        out.append(nm)
+    return out
 
-    def base_of(name, nbytes, itemsize):
-        if name not in bases:
-            bases[name] = (len(bases) + 1) * _SPAN
-            recorder.register(name, bases[name], nbytes, itemsize)
-        return bases[name]
 
-    lock = threading.Lock()  # XLA runs host callbacks on several threads: one at a time into the recorder
+def _block_elements(L: _Launch, k: int, idx: np.ndarray) -> tuple[np.ndarray, tuple]:
+    """The whole-array flat element of each block-local lane ``idx`` of operand k in the current grid step, lanes
+    outside the block or in the padding of a partial block dropped; and the array's shape."""
+    kshape = [b for b, s in zip(L.block[k], L.squeezed[k], strict=True) if not s]
+    size = int(np.prod(kshape)) if kshape else 1
+    idx = idx[(idx >= 0) & (idx < size)]
+    local = np.unravel_index(idx, kshape) if kshape else ()
+    start = L.cur[k]
+    coords, j = [], 0
+    for dim, sq in enumerate(L.squeezed[k]):
+        if sq:
+            coords.append(np.full(idx.shape, int(start[dim]), dtype=np.int64))
+        else:
+            coords.append(int(start[dim]) + np.asarray(local[j], dtype=np.int64))
+            j += 1
+    shape = L.shapes[k]
+    inside = np.ones(idx.shape, dtype=bool)
+    for c, n in zip(coords, shape, strict=True):
+        inside &= (c >= 0) & (c < n)  # the padding of a partial block is no element of the array
+    flat = np.ravel_multi_index(tuple(c[inside] for c in coords), shape) if shape else np.zeros(int(inside.sum()))
+    return flat, shape
 
-    def mark(lid, k, *vals):
+
+@dataclass(eq=False)
+class _GpuSession:
+    """The state the generic-interpreter hooks share while installed: the recorder, the functions and discharge
+    rules they wrap (``saved``, ``rules``), Triton's atomic primitives (``atomics``), every pallas_call seen
+    (``launches``), each operand's address base by name (``bases``), the launch being traced (``launch``), its
+    refs' operand tags (``tags``: id(aval) -> operand, -1 for scratch; None until its jaxpr is tagged), whether the
+    next discharge is the kernel's own jaxpr (``top``) and the launch the last block copy belonged to (``last``)."""
+
+    recorder: object
+    jax: object
+    hi: object  # jax._src.pallas.hlo_interpreter
+    sd: object  # jax._src.state.discharge
+    pp: object  # jax._src.pallas.primitives
+    sp: object  # jax._src.state.primitives
+    io_callback: object
+    rules: dict = field(default_factory=dict)
+    atomics: list = field(default_factory=list)
+    saved: dict = field(default_factory=dict)
+    launches: list = field(default_factory=list)
+    bases: dict = field(default_factory=dict)
+    launch: _Launch | None = None
+    tags: dict | None = None
+    top: bool = False
+    last: int | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)  # XLA runs host callbacks on several threads
+
+    # --- installing ---------------------------------------------------------------------------------------------
+
+    def keep_rules(self) -> None:
+        """Keep the discharge rules of the state primitives (and of Triton's atomics: a read and a write per
+        lane) that the hooks replace."""
+        pp, sp, sd = self.pp, self.sp, self.sd
+        self.rules = {p: sd._discharge_rules[p] for p in (pp.load_p, pp.swap_p, sp.get_p, sp.swap_p)}
+        try:
+            from jax._src.pallas.triton import primitives as tp
+
+            self.atomics = [
+                p for p in (getattr(tp, "atomic_rmw_p", None), getattr(tp, "atomic_cas_p", None)) if p is not None
+            ]
+        except ImportError:
+            self.atomics = []
+        self.rules.update({p: sd._discharge_rules[p] for p in self.atomics if p in sd._discharge_rules})
+
+    def install(self) -> None:
+        """Wrap the interpreter's pallas_call, its kernel lowering, its block copy and state discharge, and replace
+        the discharge rules of the loads and stores; clear jax's caches so that no launch lowered before runs
+        without the callbacks."""
+        hi, sd, pp, sp = self.hi, self.sd, self.pp, self.sp
+        self.saved = {"call": hi.pallas_call_hlo_interpret, "k2h": hi.kernel_to_hlo_jaxpr,
+                      "discharge": sd.discharge_state, "ds": hi._dynamic_slice}  # fmt: skip
+        hi.pallas_call_hlo_interpret = self.pallas_call_hlo_interpret
+        hi.kernel_to_hlo_jaxpr = self.kernel_to_hlo_jaxpr
+        hi._dynamic_slice = self.dynamic_slice
+        sd.discharge_state = self.discharge_state
+        new_rules = {pp.load_p: self.load_rule, pp.swap_p: self.swap_rule, sp.get_p: self.get_rule,
+                     sp.swap_p: self.state_swap_rule}  # fmt: skip
+        for p, rule in zip(self.atomics, (self.atomic_rmw_rule, self.atomic_cas_rule), strict=False):
+            if p in self.rules:
+                new_rules[p] = rule
+        sd._discharge_rules.update(new_rules)
+        self.jax.clear_caches()  # a launch compiled before (without the callbacks) must be lowered again
+
+    def restore(self) -> None:
+        """Put the originals and the discharge rules back and clear jax's caches again."""
+        hi, sd = self.hi, self.sd
+        hi.pallas_call_hlo_interpret, hi.kernel_to_hlo_jaxpr = self.saved["call"], self.saved["k2h"]
+        sd.discharge_state, hi._dynamic_slice = self.saved["discharge"], self.saved["ds"]
+        sd._discharge_rules.update(self.rules)
+        self.jax.clear_caches()
+
+    # --- host side: block starts and accesses -------------------------------------------------------------------
+
+    def base_of(self, name, nbytes, itemsize):
+        """The base address of the operand called ``name``, registering its range on first use."""
+        if name not in self.bases:
+            self.bases[name] = (len(self.bases) + 1) * _SPAN
+            self.recorder.register(name, self.bases[name], nbytes, itemsize)
+        return self.bases[name]
+
+    def mark(self, lid, k, *vals):
         """The interpreter copied operand k's block of this grid step (its start), before the kernel ran."""
-        with lock:
-            return _mark(lid, k, *vals)
+        with self.lock:
+            return self._mark(lid, k, *vals)
 
-    def host(lid, k, kind, _dep, idx, mask):
-        with lock:
-            _host(lid, k, kind, idx, mask)
+    def host(self, lid, k, kind, _dep, idx, mask):
+        """A replayed access reaches the host: its block-local lanes and mask (``_dep`` only orders it)."""
+        with self.lock:
+            self._host(lid, k, kind, idx, mask)
 
-    def _mark(lid, k, *vals):
+    def _mark(self, lid, k, *vals):
+        """Note operand k's block start; a new launch begins when another launch's copies interleave or the grid
+        is done, a new program with the first of a grid step's block copies."""
         *start, block = vals
-        L = launches[lid]
+        L = self.launches[lid]
         nb = len(L.names)
         steps = int(np.prod([int(g) for g in L.gm.grid]))  # one execution of the launch: its grid's steps
-        if state["last"] != lid or L.marks % (nb * max(steps, 1)) == 0:
-            recorder.begin_launch(L.name)
-            state["last"], L.marks = lid, 0
+        if self.last != lid or L.marks % (nb * max(steps, 1)) == 0:
+            self.recorder.begin_launch(L.name)
+            self.last, L.marks = lid, 0
         if L.marks % nb == 0:  # a grid step's n block copies all come after the previous step's accesses
-            recorder.begin_program()
+            self.recorder.begin_program()
         L.marks += 1
         L.cur[k] = tuple(int(x) for x in start)
         return block
 
-    def _host(lid, k, kind, idx, mask):
-        L = launches[lid]
+    def _host(self, lid, k, kind, idx, mask):
+        """Record the enabled lanes of an access on operand k at their elements of the whole array."""
+        L = self.launches[lid]
         idx = np.asarray(idx, dtype=np.int64)
         if mask is not None:
             idx = idx[np.broadcast_to(np.asarray(mask, dtype=bool), idx.shape)]
-        idx = idx.ravel()
-        kshape = [b for b, s in zip(L.block[k], L.squeezed[k], strict=True) if not s]
-        size = int(np.prod(kshape)) if kshape else 1
-        idx = idx[(idx >= 0) & (idx < size)]
-        local = np.unravel_index(idx, kshape) if kshape else ()
-        start = L.cur[k]
-        coords, j = [], 0
-        for dim, sq in enumerate(L.squeezed[k]):
-            if sq:
-                coords.append(np.full(idx.shape, int(start[dim]), dtype=np.int64))
-            else:
-                coords.append(int(start[dim]) + np.asarray(local[j], dtype=np.int64))
-                j += 1
-        shape = L.shapes[k]
-        inside = np.ones(idx.shape, dtype=bool)
-        for c, n in zip(coords, shape, strict=True):
-            inside &= (c >= 0) & (c < n)  # the padding of a partial block is no element of the array
-        flat = np.ravel_multi_index(tuple(c[inside] for c in coords), shape) if shape else np.zeros(int(inside.sum()))
+        flat, shape = _block_elements(L, k, idx.ravel())
         item = L.itemsize[k]
         nbytes = int(np.prod(shape)) * item if shape else item
-        base = base_of(L.names[k], nbytes, item)
-        recorder.access(np.uint64(base) + np.asarray(flat, dtype=np.uint64) * np.uint64(item), kind, item)
+        base = self.base_of(L.names[k], nbytes, item)
+        self.recorder.access(np.uint64(base) + np.asarray(flat, dtype=np.uint64) * np.uint64(item), kind, item)
 
-    def report(in_avals, kind, ref, block_index, mask):
+    # --- traced side: the kernel's accesses ---------------------------------------------------------------------
+
+    def report(self, in_avals, kind, ref, block_index, mask):
         """In the discharge trace: a callback with the block-local element of each lane and the mask; it takes one
         element of the ref's value too, so that it runs after this grid step's block copy (``mark``)."""
-        tags, L = state["tags"], state["launch"]
+        import jax.numpy as jnp
+
+        tags, L = self.tags, self.launch
         if L is None or tags is None:
             return
         k = tags.get(id(in_avals[0]))
@@ -433,117 +563,131 @@ def gpu_hooks(recorder):
             raise InputError("pallas kernel", "loads/stores on refs traced to a pallas_call operand", str(in_avals[0]))
         dep = jnp.ravel(ref)[:1]
         m = None if mask is None else jnp.broadcast_to(mask, jnp.shape(block_index))
-        jax.debug.callback(functools.partial(host, L.lid, k, kind), dep, block_index, m)
+        self.jax.debug.callback(functools.partial(self.host, L.lid, k, kind), dep, block_index, m)
 
-    def dynamic_slice(start_idx, block_shape, value, is_squeeze):
-        out = saved_ds(start_idx, block_shape, value, is_squeeze)
-        L = state["launch"]
+    def dynamic_slice(self, start_idx, block_shape, value, is_squeeze):
+        """The interpreter's copy of an operand's block for a grid step: reports the block's start to the host
+        (an ``io_callback`` the kernel's accesses depend on)."""
+        import jax.numpy as jnp
+
+        out = self.saved["ds"](start_idx, block_shape, value, is_squeeze)
+        L = self.launch
         if L is None:
             return out
         k = L.ds % len(L.names)
         L.ds += 1
-        spec = jax.ShapeDtypeStruct(jnp.shape(out), out.dtype)
-        return io_callback(functools.partial(mark, L.lid, k), spec, *start_idx, out, ordered=False)
+        spec = self.jax.ShapeDtypeStruct(jnp.shape(out), out.dtype)
+        return self.io_callback(functools.partial(self.mark, L.lid, k), spec, *start_idx, out, ordered=False)
 
-    def iota(aval):
-        shape = tuple(aval.shape)
-        return jnp.arange(int(np.prod(shape)) if shape else 1, dtype=jnp.int32).reshape(shape)
-
-    def load_rule(in_avals, out_avals, *args, args_tree, **kw):
+    def load_rule(self, in_avals, out_avals, *args, args_tree, **kw):
+        """pallas ``load``: replayed on the block's element indices to report each lane's element (a read)."""
+        rule = self.rules[self.pp.load_p]
         ref, transforms, mask, other = args_tree.unflatten(args)
-        flat, tree = jax.tree_util.tree_flatten((iota(in_avals[0]), transforms, None, None))
-        _, where = rules[pp.load_p](in_avals, out_avals, *flat, args_tree=tree, **kw)
-        report(in_avals, "r", ref, where, mask)
-        return rules[pp.load_p](in_avals, out_avals, *args, args_tree=args_tree, **kw)
+        flat, tree = self.jax.tree_util.tree_flatten((_iota(in_avals[0]), transforms, None, None))
+        _, where = rule(in_avals, out_avals, *flat, args_tree=tree, **kw)
+        self.report(in_avals, "r", ref, where, mask)
+        return rule(in_avals, out_avals, *args, args_tree=args_tree, **kw)
 
-    def swap_rule(in_avals, out_avals, *args, args_tree, **kw):
+    def swap_rule(self, in_avals, out_avals, *args, args_tree, **kw):
+        """pallas ``store``/``swap``: replayed on the block's element indices to report each lane's element (a
+        write)."""
+        import jax.numpy as jnp
+
+        rule = self.rules[self.pp.swap_p]
         ref, transforms, val, mask = args_tree.unflatten(args)
-        flat, tree = jax.tree_util.tree_flatten(
-            (iota(in_avals[0]), transforms, jnp.zeros(jnp.shape(val), jnp.int32), None)
+        flat, tree = self.jax.tree_util.tree_flatten(
+            (_iota(in_avals[0]), transforms, jnp.zeros(jnp.shape(val), jnp.int32), None)
         )
-        _, where = rules[pp.swap_p](in_avals, out_avals, *flat, args_tree=tree, **kw)
-        report(in_avals, "w", ref, where, mask)
-        return rules[pp.swap_p](in_avals, out_avals, *args, args_tree=args_tree, **kw)
+        _, where = rule(in_avals, out_avals, *flat, args_tree=tree, **kw)
+        self.report(in_avals, "w", ref, where, mask)
+        return rule(in_avals, out_avals, *args, args_tree=args_tree, **kw)
 
-    def get_rule(in_avals, out_avals, x, *idx, tree, **kw):
-        _, where = rules[sp.get_p](in_avals, out_avals, iota(in_avals[0]), *idx, tree=tree, **kw)
-        report(in_avals, "r", x, where, None)
-        return rules[sp.get_p](in_avals, out_avals, x, *idx, tree=tree, **kw)
+    def get_rule(self, in_avals, out_avals, x, *idx, tree, **kw):
+        """state ``get`` (``ref[...]``): a read of every element it selects."""
+        rule = self.rules[self.sp.get_p]
+        _, where = rule(in_avals, out_avals, _iota(in_avals[0]), *idx, tree=tree, **kw)
+        self.report(in_avals, "r", x, where, None)
+        return rule(in_avals, out_avals, x, *idx, tree=tree, **kw)
 
-    def atomic_rmw_rule(in_avals, out_avals, *args, args_tree, **kw):
-        ref, transforms, val, mask = args_tree.unflatten(args)
-        flat, tree = jax.tree_util.tree_flatten((iota(in_avals[0]), transforms, None, None))
-        _, where = rules[pp.load_p](in_avals, out_avals, *flat, args_tree=tree)
-        report(in_avals, "a", ref, where, mask)
-        return rules[atomics[0]](in_avals, out_avals, *args, args_tree=args_tree, **kw)
+    def state_swap_rule(self, in_avals, out_avals, x, val, *idx, tree, **kw):
+        """state ``swap`` (``ref[...] = v``): a write of every element it selects."""
+        import jax.numpy as jnp
 
-    def atomic_cas_rule(in_avals, out_avals, ref, cmp, val):
-        report(in_avals, "a", ref, iota(in_avals[0]), None)
-        return rules[atomics[1]](in_avals, out_avals, ref, cmp, val)
-
-    def state_swap_rule(in_avals, out_avals, x, val, *idx, tree, **kw):
+        rule = self.rules[self.sp.swap_p]
         zeros = jnp.zeros(jnp.shape(val), jnp.int32)
-        _, where = rules[sp.swap_p](in_avals, out_avals, iota(in_avals[0]), zeros, *idx, tree=tree, **kw)
-        report(in_avals, "w", x, where, None)
-        return rules[sp.swap_p](in_avals, out_avals, x, val, *idx, tree=tree, **kw)
+        _, where = rule(in_avals, out_avals, _iota(in_avals[0]), zeros, *idx, tree=tree, **kw)
+        self.report(in_avals, "w", x, where, None)
+        return rule(in_avals, out_avals, x, val, *idx, tree=tree, **kw)
 
-    def discharge_state(closed, *a, **kw):
-        if state["top"]:  # the kernel's own jaxpr (its invars: index operands, blocks, scratch): tag the refs
-            state["top"] = False
-            gm = state["launch"].gm
+    def atomic_rmw_rule(self, in_avals, out_avals, *args, args_tree, **kw):
+        """Triton's ``atomic_rmw``: its lanes located as a load's, one atomic access (a read and a write) each."""
+        ref, transforms, val, mask = args_tree.unflatten(args)
+        flat, tree = self.jax.tree_util.tree_flatten((_iota(in_avals[0]), transforms, None, None))
+        _, where = self.rules[self.pp.load_p](in_avals, out_avals, *flat, args_tree=tree)
+        self.report(in_avals, "a", ref, where, mask)
+        return self.rules[self.atomics[0]](in_avals, out_avals, *args, args_tree=args_tree, **kw)
+
+    def atomic_cas_rule(self, in_avals, out_avals, ref, cmp, val):
+        """Triton's ``atomic_cas``: an atomic access of every element of the ref."""
+        self.report(in_avals, "a", ref, _iota(in_avals[0]), None)
+        return self.rules[self.atomics[1]](in_avals, out_avals, ref, cmp, val)
+
+    # --- launches -----------------------------------------------------------------------------------------------
+
+    def discharge_state(self, closed, *a, **kw):
+        """State discharge; on the kernel's own jaxpr (its invars: index operands, blocks, scratch) the refs are
+        tagged first with the operand each reaches (-1: scratch)."""
+        if self.top:
+            self.top = False
+            gm = self.launch.gm
             n0, nb = gm.num_index_operands, len(gm.block_mappings)
-            state["tags"] = {}
+            self.tags = {}
             invars = closed.jaxpr.invars
             top = {v: -1 for v in invars[n0 + nb :]}  # scratch operands
             top.update({invars[n0 + k]: k for k in range(nb)})
-            _tag_refs(closed.jaxpr, top, state["tags"])
-        return saved_dis(closed, *a, **kw)
+            _tag_refs(closed.jaxpr, top, self.tags)
+        return self.saved["discharge"](closed, *a, **kw)
 
-    def kernel_to_hlo_jaxpr(jaxpr, consts, grid_mapping):
-        state["top"] = True
+    def kernel_to_hlo_jaxpr(self, jaxpr, consts, grid_mapping):
+        """The kernel's lowering: its next state discharge is the kernel's own jaxpr."""
+        self.top = True
         try:
-            return saved_k2h(jaxpr, consts, grid_mapping)
+            return self.saved["k2h"](jaxpr, consts, grid_mapping)
         finally:
-            state["top"] = False
+            self.top = False
 
-    def names_of(jaxpr, gm):
-        arg_names = list(getattr(getattr(jaxpr, "debug_info", None), "arg_names", None) or [])
-        n0 = gm.num_index_operands
-        out = []
-        for k, bm in enumerate(gm.block_mappings):
-            nm = arg_names[n0 + k] if n0 + k < len(arg_names) and arg_names[n0 + k] else str(bm.origin)
-            nm = _clean(re.sub(r"\W+", "_", str(nm)).strip("_")) or f"arg{k}"
-            out.append(nm)
-        return out
-
-    def pallas_call_hlo_interpret(*args, jaxpr, grid_mapping, **params):
+    def pallas_call_hlo_interpret(self, *args, jaxpr, grid_mapping, **params):
+        """A GPU pallas_call under the generic interpreter: a new :class:`_Launch` for its trace (scalar prefetch
+        and dynamic grids refused)."""
         gm = grid_mapping
         if gm.num_index_operands or getattr(gm, "num_dynamic_grid_bounds", 0):
             raise InputError("pallas_call", "counted without scalar prefetch or a dynamic grid", gm.num_index_operands)
-        L = _Launch(len(launches), str(params.get("name") or "pallas_call"), gm, names_of(jaxpr, gm))
-        launches.append(L)
-        prev = state["launch"]
-        state["launch"], state["tags"] = L, None
+        L = _Launch(len(self.launches), str(params.get("name") or "pallas_call"), gm, _names_of(jaxpr, gm))
+        self.launches.append(L)
+        prev = self.launch
+        self.launch, self.tags = L, None
         try:
-            return saved_call(*args, jaxpr=jaxpr, grid_mapping=grid_mapping, **params)
+            return self.saved["call"](*args, jaxpr=jaxpr, grid_mapping=grid_mapping, **params)
         finally:
-            state["launch"], state["tags"] = prev, None
+            self.launch, self.tags = prev, None
 
-    hi.pallas_call_hlo_interpret = pallas_call_hlo_interpret
-    hi.kernel_to_hlo_jaxpr = kernel_to_hlo_jaxpr
-    hi._dynamic_slice = dynamic_slice
-    sd.discharge_state = discharge_state
-    new_rules = {pp.load_p: load_rule, pp.swap_p: swap_rule, sp.get_p: get_rule, sp.swap_p: state_swap_rule}
-    for p, rule in zip(atomics, (atomic_rmw_rule, atomic_cas_rule), strict=False):
-        if p in rules:
-            new_rules[p] = rule
-    sd._discharge_rules.update(new_rules)
-    jax.clear_caches()  # a launch compiled before (without the callbacks) must be lowered again
+
+@contextlib.contextmanager
+def gpu_hooks(recorder):
+    """Count GPU-targeted pallas_calls (Triton compiler params) run with ``interpret=True``: every load/get and
+    store/swap the kernel issues on a ref of a pallas_call operand (global memory under the Triton lowering;
+    BlockSpec'd refs are views into it) is counted per enabled lane at its element of the whole array."""
+    require_gpu()
+    import jax
+
+    hi, sd, pp, sp, pallas_core = _gpu_modules()
+    from jax.experimental import io_callback
+
+    session = _GpuSession(recorder, jax, hi, sd, pp, sp, io_callback)
+    session.keep_rules()
+    session.install()
     try:
         yield
         jax.effects_barrier()
     finally:
-        hi.pallas_call_hlo_interpret, hi.kernel_to_hlo_jaxpr, sd.discharge_state = saved_call, saved_k2h, saved_dis
-        hi._dynamic_slice = saved_ds
-        sd._discharge_rules.update(rules)
-        jax.clear_caches()
+        session.restore()

@@ -26,12 +26,13 @@ import contextlib
 import inspect
 import os
 import sys
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from iosim.errors import InputError, install_hint
 
-SKIP_REPATCH = True  # see hooks' device_call (tests compare both settings: the same counts and outputs)
+SKIP_REPATCH = True  # see _Session.device_call (tests compare both settings: the same counts and outputs)
 SUPPORTED = "triton 3.9 to 3.x (tested with 3.9.0; the hooks are checked at run time)"
 # positional parameters (after self) each hook needs to see, by name
 _HOOKS = {
@@ -156,6 +157,312 @@ def choose_config(kernel: str, labels: list[str], wanted) -> int:
     return found[0]
 
 
+def _method(hook):
+    """A plain function that calls ``hook`` (a bound method of a :class:`_Session`) with the instance first: set on
+    one of Triton's classes, it receives that class's instance (the builder, the grid executor, ...) as ``self``."""
+
+    def method(obj, *args, **kwargs):
+        return hook(obj, *args, **kwargs)
+
+    return method
+
+
+@dataclass(eq=False)
+class _Session:
+    """The state the hooks share while installed: the recorder, the interpreter's own functions they wrap, and the
+    argument tags of the launch in progress.
+
+    ``tags``: this launch's parameter name -> its tag ((range id + 1) << TAG_SHIFT); ``host``: id(host tensor) ->
+    (the tensor, its tag), for the interpreter's conversion of the same object to a pointer; ``patched``: within the
+    current launch, the triton.language modules a helper call has patched; ``pending``: the config an autotuner is
+    launching (its label)."""
+
+    recorder: object
+    config: object
+    interpreter: object  # triton.runtime.interpreter
+    tl: object  # triton.language
+    fast_mode: object  # iosim.kernels.fast
+    triton_dir: str
+    own_files: set
+    saved: dict = field(default_factory=dict)
+    in_launch: bool = False
+    tags: dict = field(default_factory=dict)
+    host: dict = field(default_factory=dict)
+    patched: set = field(default_factory=set)
+    pending: list = field(default_factory=list)
+
+    # --- installing ---------------------------------------------------------------------------------------------
+
+    def targets(self) -> dict:
+        """What the hooks replace while counting: label -> (owner, attribute, hook)."""
+        from triton.runtime import autotuner
+
+        interp = self.interpreter
+        B, G = interp.InterpreterBuilder, interp.GridExecutor
+        F, T = interp.InterpretedFunction, autotuner.Autotuner
+        return {
+            "load": (B, "create_masked_load", _method(self.load)),
+            "store": (B, "create_masked_store", _method(self.store)),
+            "rmw": (B, "create_atomic_rmw", _method(self.rmw)),
+            "cas": (B, "create_atomic_cas", _method(self.cas)),
+            "set_grid_idx": (B, "set_grid_idx", _method(self.set_grid_idx)),
+            "set_grid_dim": (B, "set_grid_dim", _method(self.set_grid_dim)),
+            "launch": (G, "__call__", _method(self.launch)),
+            "init_args": (G, "_init_args_hst", _method(self.init_args)),
+            "tuned_run": (T, "run", _method(self.tuned_run)),
+            "device_call": (F, "__call__", _method(self.device_call)),
+            "tagged_cvt": (interp, "_implicit_cvt", self.tagged_cvt),
+        }
+
+    def install(self) -> None:
+        """Keep each original (``saved``, by the label of its hook) and set its hook in its place."""
+        targets = self.targets()
+        self.saved = {label: getattr(owner, name) for label, (owner, name, _) in targets.items()}
+        for owner, name, hook in targets.values():
+            setattr(owner, name, hook)
+
+    def restore(self) -> None:
+        """Put every original back."""
+        for label, (owner, name, _) in self.targets().items():
+            setattr(owner, name, self.saved[label])
+
+    # --- the accesses -------------------------------------------------------------------------------------------
+
+    def guard(self, ptrs, mask, oob):
+        """The mask with the out-of-bounds lanes switched off: they are reported (exit 1) and never touch memory,
+        which the interpreter would otherwise read or write at a host address outside the arrays."""
+        if oob is None:
+            return mask
+        shape = np.shape(ptrs.data)
+        m = np.ones(shape, dtype=bool) if mask is None else np.broadcast_to(np.asarray(mask.data, bool), shape).copy()
+        flat = m.reshape(-1)
+        flat[np.flatnonzero(flat)[oob]] = False
+        return self.interpreter.TensorHandle(flat.reshape(shape), self.tl.int1)
+
+    def site(self) -> tuple | None:
+        """The access's site: the kernel's source lines (and call instructions) on the stack, kernel first, down
+        to the ``tl.load`` (or store, atomic) that issued it; the interpreter runs a kernel and its jitted helpers as
+        Python code compiled with their own file and line numbers. Frames of Triton and of this module are skipped
+        (None: a kernel living inside Triton, whose sites cannot be told apart this way); the walk stops at the
+        launch (:meth:`launch`)."""
+        frames, f = [], sys._getframe(2)
+        stop = _Session.launch.__code__
+        while f is not None and f.f_code is not stop:
+            name = f.f_code.co_filename
+            if not name.startswith(self.triton_dir) and name not in self.own_files:
+                frames.append((name, f.f_lineno, f.f_lasti))  # f_lasti: two calls on one line are two sites
+            f = f.f_back
+        return tuple(reversed(frames)) or None
+
+    def real(self, what: str, *handles) -> None:
+        """Under --fast: an address or a mask must be a computed value."""
+        fm = self.fast_mode
+        if fm.ENABLED[0] and any(fm.is_fake(h) for h in handles if h is not None):
+            raise fm.FastRefusedError(f"the {what}, computed from a value it skipped")
+
+    def access(self, ptrs, mask, kind: str):
+        """Record the enabled lanes of a pointer block, each lane for the argument whose tag its pointer carries
+        (an access mixing pointers of several arguments, as ``tl.where`` of two can, is one access per argument;
+        an untagged lane is attributed by address). Returns (the lanes' addresses, their size, the out-of-bounds
+        lanes or None, the pointers with the tags stripped)."""
+        lanes, size = _lanes(ptrs, mask), _itemsize(ptrs)
+        addr, origin = _untag(lanes)
+        data = np.asarray(ptrs.data)
+        if data.size and (np.asarray(data, dtype=np.uint64) >> np.uint64(TAG_SHIFT)).any():
+            ptrs = self.interpreter.TensorHandle(np.asarray(data, dtype=np.uint64) & _LOW, ptrs.dtype)
+        where, record = self.site(), self.recorder.access
+        if origin.size == 0 or (origin == origin[0]).all():
+            o = int(origin[0]) if origin.size else -1
+            return addr, size, record(addr, kind, size, np.shape(data), where, o if o >= 0 else None), ptrs
+        oob = np.zeros(addr.size, dtype=bool)
+        for o in np.unique(origin):
+            sel = origin == o
+            got = record(addr[sel], kind, size, np.shape(data), where, int(o) if o >= 0 else None)
+            if got is not None:
+                oob[np.flatnonzero(sel)[got]] = True
+        return addr, size, (oob if oob.any() else None), ptrs
+
+    def load(self, builder, ptrs, mask, *rest, **kw):
+        """``tl.load`` (``create_masked_load``): record the words a masked pointer block reads, attributed to the
+        argument whose address tag the pointer carries, then load with the tags stripped and out-of-bounds lanes
+        off; under --fast, a load of memory a stand-in was stored to (or with a stand-in ``other``) yields one."""
+        fm = self.fast_mode
+        self.real("address or mask of a load", ptrs, mask)
+        lanes, size, oob, ptrs = self.access(ptrs, mask, "r")
+        out = self.saved["load"](builder, ptrs, self.guard(ptrs, mask, oob), *rest, **kw)
+        if fm.ENABLED[0]:
+            st = fm.STATE[0]
+            if (rest and fm.is_fake(rest[0])) or st.poisoned(lanes, size):  # memory a stand-in was stored to
+                fm.mark(out)
+                st.loaded_fakes += 1
+        return out
+
+    def store(self, builder, ptrs, value, mask, *rest, **kw):
+        """``tl.store`` (``create_masked_store``): record the words a masked pointer block writes, attributed to
+        the argument whose address tag the pointer carries; under --fast, a stand-in value is counted and not
+        written (its bytes are marked as holding one)."""
+        fm = self.fast_mode
+        self.real("address or mask of a store", ptrs, mask)
+        lanes, size, oob, ptrs = self.access(ptrs, mask, "w")
+        if fm.ENABLED[0]:
+            if fm.is_fake(value):  # counted; nothing written; the bytes hold a value not computed
+                fm.STATE[0].mark(lanes, size)
+                return None
+            fm.STATE[0].clear(lanes, size)
+        return self.saved["store"](builder, ptrs, value, self.guard(ptrs, mask, oob), *rest, **kw)
+
+    def rmw(self, builder, op, ptr, val, mask, *rest, **kw):
+        """``tl.atomic_add`` and the other read-modify-writes (``create_atomic_rmw``): record each enabled lane as
+        an atomic access; under --fast, one on a value not computed is counted and not performed."""
+        fm = self.fast_mode
+        self.real("address or mask of an atomic", ptr, mask)
+        lanes, size, oob, ptr = self.access(ptr, mask, "a")
+        if fm.ENABLED[0] and (fm.is_fake(val) or fm.STATE[0].poisoned(lanes, size)):
+            # an add (max, ...) of a value not computed, or into memory holding one: counted, not performed; the
+            # memory and the old values it returns are not computed
+            fm.STATE[0].mark(lanes, size)
+            return fm.stand_in_values(ptr)
+        return self.saved["rmw"](builder, op, ptr, val, self.guard(ptr, mask, oob), *rest, **kw)
+
+    def cas(self, builder, ptr, cmp, val, *rest, **kw):
+        """``tl.atomic_cas`` (``create_atomic_cas``): record every lane as an atomic access (no mask); --fast refuses
+        one whose operands or memory hold a value it skipped (the swap's outcome would be unknown)."""
+        fm = self.fast_mode
+        self.real("address, mask or operands of a compare-and-swap", ptr, None, cmp, val)
+        if fm.ENABLED[0] and fm.STATE[0].poisoned(_untag(_lanes(ptr, None))[0], _itemsize(ptr)):
+            raise fm.FastRefusedError("a compare-and-swap on memory holding a value it skipped")
+        _, _, _, ptr = self.access(ptr, None, "a")
+        return self.saved["cas"](builder, ptr, cmp, val, *rest, **kw)
+
+    # --- programs and launches ----------------------------------------------------------------------------------
+
+    def set_grid_idx(self, builder, x, y, z, *a, **kw):
+        """The interpreter starts the program at grid index (x, y, z): a new program for the recorder."""
+        out = self.saved["set_grid_idx"](builder, x, y, z, *a, **kw)
+        self.recorder.begin_program((x, y, z))
+        return out
+
+    def set_grid_dim(self, builder, *grid, **kw):
+        """The launch's grid, recorded with the launch (an uncounted launch records nothing)."""
+        rec = self.recorder
+        if rec.launch_info and not rec.paused:
+            rec.launch_info[-1]["grid"] = [int(g) for g in grid]
+        return self.saved["set_grid_dim"](builder, *grid, **kw)
+
+    def launch(self, executor, *args, **kwargs):
+        """``kernel[grid](...)`` (``GridExecutor.__call__``): begin a launch, tag each tensor argument with its
+        range, keep what recompiling it needs, then run it as Triton does."""
+        named, options = bind(executor.fn, args, kwargs)
+        constexprs = list(getattr(executor, "constexprs", []))
+        info = {"constexprs": {k: _plain(named[k]) for k in constexprs if k in named}, "options": options,
+                "config": self.pending[-1] if self.pending else None}  # fmt: skip
+        self.recorder.begin_launch(getattr(executor.fn, "__name__", "kernel"), info)  # (before the arguments)
+        self.tag_arguments(named)
+        self.keep_spec(executor.fn, named, constexprs)
+        fm = self.fast_mode
+        outer, self.in_launch = self.in_launch, True
+        fm.STATE[0].in_launch = True
+        self.patched.clear()
+        try:
+            return self.saved["launch"](executor, *args, **kwargs)
+        finally:
+            self.in_launch = fm.STATE[0].in_launch = outer
+
+    def tag_arguments(self, named: dict) -> None:
+        """Register each tensor argument's memory (a tensor descriptor's base tensor) as a named range and keep its
+        tag; refuse an argument that is neither a tensor, a number nor a constexpr."""
+        rec = self.recorder
+        self.tags.clear()
+        for name, arg in named.items():
+            base = getattr(arg, "base", None) if type(arg).__name__ == "TensorDescriptor" else arg
+            if hasattr(base, "data_ptr") and hasattr(base, "element_size"):
+                if not rec.paused:  # an uncounted launch names nothing
+                    rid = rec.register_argument(name, *_extent(base))
+                    if rid is not None:
+                        self.tags[name] = np.uint64((rid + 1) << TAG_SHIFT)
+            elif not (arg is None or isinstance(arg, (int, float, bool, str, tuple))) and not hasattr(arg, "value"):
+                raise InputError(
+                    f"argument {name}", "must be a torch tensor, a number or a constexpr", type(arg).__name__
+                )
+
+    def keep_spec(self, fn, named: dict, constexprs: list) -> None:
+        """Keep (kernel, arguments, constexpr names) of a counted launch for :func:`launch_specs`."""
+        rec = self.recorder
+        if not rec.paused:
+            specs = getattr(rec, "launch_specs", None)
+            if specs is None:
+                specs = rec.launch_specs = []
+            specs.append((fn, named, constexprs))
+
+    def init_args(self, executor, args_dev, kwargs):
+        """Triton's copy of the arguments to the host, then which host tensor is which parameter (the interpreter
+        binds the same objects next and converts each to a pointer: :meth:`tagged_cvt`)."""
+        args_hst, kwargs_hst = self.saved["init_args"](executor, args_dev, kwargs)
+        self.host.clear()
+        if self.tags:
+            try:
+                bound = inspect.getcallargs(executor.fn, *args_hst, **kwargs_hst)
+            except TypeError:
+                bound = {}
+            for name, arg in bound.items():
+                base = getattr(arg, "base", None) if type(arg).__name__ == "TensorDescriptor" else arg
+                if name in self.tags and base is not None:
+                    self.host[id(base)] = (base, self.tags[name])
+        return args_hst, kwargs_hst
+
+    def tagged_cvt(self, arg):
+        """The interpreter's conversion of an argument to a pointer, with the argument's tag in its high bits."""
+        out = self.saved["tagged_cvt"](arg)
+        hit = self.host.get(id(arg)) if hasattr(arg, "data_ptr") else None
+        if hit is not None and hit[0] is arg:
+            out.handle.data = np.asarray(out.handle.data, dtype=np.uint64) + hit[1]
+        return out
+
+    def device_call(self, helper, *args, **kwargs):
+        """A jitted helper called from a kernel. On every such call Triton patches the triton.language modules the
+        helper's globals hold (``triton.language``, ``triton.language.core``: module objects shared by every
+        function) and never restores them before the launch ends; once a module is patched in a launch, patching
+        it again changes nothing, so it is skipped (a fifth of the interpreter's time in a flash kernel's
+        reductions, tl.max and tl.sum being jitted helpers). The helper itself runs exactly as Triton runs it."""
+        fm, tl = self.fast_mode, self.tl
+        if fm.ENABLED[0] and fm.reduction_kind(helper.fn):
+            out = fm.reduction(args, kwargs)
+            if out is not None:
+                if fm.AUDIT[0]:
+                    fm.audit(helper.fn.__name__, out, self.saved["device_call"](helper, *args, **kwargs))
+                return out
+        langs = frozenset(id(v) for v in helper.fn.__globals__.values() if v is tl or v is tl.core)
+        if not (SKIP_REPATCH and self.in_launch and langs <= self.patched):
+            out = self.saved["device_call"](helper, *args, **kwargs)
+            if self.in_launch:
+                self.patched.update(langs)
+            return out
+        try:
+            return helper.rewrite()(*args, **kwargs)
+        except Exception as e:
+            raise self.interpreter.InterpreterError(repr(e)) from e
+
+    def tuned_run(self, tuner, *args, **kwargs):
+        """The autotuner without its benchmark (which needs a GPU): the chosen config, launched as Triton does; the
+        kernel's config labels are recorded in ``recorder.autotuned``."""
+        kernel = getattr(tuner.base_fn, "__name__", "kernel")
+        tuner.nargs = dict(zip(tuner.arg_names, args, strict=False))  # as Triton's Autotuner.run
+        configs = tuner.prune_configs(kwargs) if tuner.early_config_prune else list(tuner.configs)
+        labels = [config_label(c) for c in configs]
+        self.recorder.autotuned[kernel] = labels
+        k = choose_config(kernel, labels, self.config if len(configs) > 1 else None)
+        chosen = configs[k]
+        tuner.best_config = chosen
+        if chosen.pre_hook is not None:
+            chosen.pre_hook({**tuner.nargs, **kwargs, **chosen.all_kwargs()})
+        self.pending.append(labels[k] + (f" (config {k + 1} of {len(labels)})" if len(labels) > 1 else ""))
+        try:
+            return tuner.fn.run(*args, **kwargs, **chosen.all_kwargs())
+        finally:
+            self.pending.pop()
+            tuner.nargs = None
+
+
 @contextlib.contextmanager
 def hooks(recorder, config=None, fast: bool = False):
     """Install the counting hooks for the duration of the block (the interpreter must be active). ``config`` picks
@@ -165,236 +472,22 @@ def hooks(recorder, config=None, fast: bool = False):
     require()
     import triton
     import triton.language as tl
-    from triton.runtime import autotuner, interpreter
+    from triton.runtime import interpreter
 
     from iosim.kernels import fast as fast_mode
 
-    triton_dir = os.path.dirname(triton.__file__) + os.sep
-    own_files = {__file__, fast_mode.__file__}  # iosim's hooks and --fast's wrappers: no part of a site
-
-    B, G, T = interpreter.InterpreterBuilder, interpreter.GridExecutor, autotuner.Autotuner
-    F = interpreter.InterpretedFunction
-    saved = {name: getattr(B, name) for name in (*_HOOKS, "set_grid_idx", "set_grid_dim")}
-    saved_call, saved_tuned, saved_device = G.__call__, T.run, F.__call__
-    in_launch = [False]
-    tags: dict = {}  # this launch: parameter name -> its tag ((range id + 1) << TAG_SHIFT)
-    host: dict = {}  # this launch: id(host tensor) -> (the tensor, its tag)
-    saved_init, saved_cvt = G._init_args_hst, interpreter._implicit_cvt
-    patched: set = set()  # within the current launch: the triton.language modules a helper call has patched
+    session = _Session(
+        recorder, config, interpreter, tl, fast_mode,
+        triton_dir=os.path.dirname(triton.__file__) + os.sep,
+        own_files={__file__, fast_mode.__file__},  # iosim's hooks and --fast's wrappers: no part of a site
+    )  # fmt: skip
     recorder.autotuned = {}
-    pending: list[str] = []  # the config an autotuner is launching
-
-    def guard(ptrs, mask, oob):
-        """The mask with the out-of-bounds lanes switched off: they are reported (exit 1) and never touch memory,
-        which the interpreter would otherwise read or write at a host address outside the arrays."""
-        if oob is None:
-            return mask
-        shape = np.shape(ptrs.data)
-        m = np.ones(shape, dtype=bool) if mask is None else np.broadcast_to(np.asarray(mask.data, bool), shape).copy()
-        flat = m.reshape(-1)
-        flat[np.flatnonzero(flat)[oob]] = False
-        return interpreter.TensorHandle(flat.reshape(shape), tl.int1)
-
-    def site() -> tuple | None:
-        """The access's site: the kernel's source lines (and call instructions) on the stack, kernel first, down
-        to the ``tl.load`` (or store, atomic) that issued it; the interpreter runs a kernel and its jitted helpers as
-        Python code compiled with their own file and line numbers. Frames of Triton and of this module are skipped
-        (None: a kernel living inside Triton, whose sites cannot be told apart this way)."""
-        frames, f = [], sys._getframe(2)
-        while f is not None and f.f_code is not call.__code__:
-            name = f.f_code.co_filename
-            if not name.startswith(triton_dir) and name not in own_files:
-                frames.append((name, f.f_lineno, f.f_lasti))  # f_lasti: two calls on one line are two sites
-            f = f.f_back
-        return tuple(reversed(frames)) or None
-
-    def real(what: str, *handles) -> None:
-        """Under --fast: an address or a mask must be a computed value."""
-        if fast_mode.ENABLED[0] and any(fast_mode.is_fake(h) for h in handles if h is not None):
-            raise fast_mode.FastRefusedError(f"the {what}, computed from a value it skipped")
-
-    def access(ptrs, mask, kind: str):
-        """Count the enabled lanes of an access, each for the argument its pointer came from (an access mixing
-        pointers of several arguments, as ``tl.where`` of two can, one access per argument). Returns (the lanes'
-        addresses, their size, the out-of-bounds lanes or None, the pointers with the tags stripped)."""
-        lanes, size = _lanes(ptrs, mask), _itemsize(ptrs)
-        addr, origin = _untag(lanes)
-        data = np.asarray(ptrs.data)
-        if data.size and (np.asarray(data, dtype=np.uint64) >> np.uint64(TAG_SHIFT)).any():
-            ptrs = interpreter.TensorHandle(np.asarray(data, dtype=np.uint64) & _LOW, ptrs.dtype)
-        where = site()
-        if origin.size == 0 or (origin == origin[0]).all():
-            o = int(origin[0]) if origin.size else -1
-            return addr, size, recorder.access(addr, kind, size, np.shape(data), where, o if o >= 0 else None), ptrs
-        oob = np.zeros(addr.size, dtype=bool)
-        for o in np.unique(origin):
-            sel = origin == o
-            got = recorder.access(addr[sel], kind, size, np.shape(data), where, int(o) if o >= 0 else None)
-            if got is not None:
-                oob[np.flatnonzero(sel)[got]] = True
-        return addr, size, (oob if oob.any() else None), ptrs
-
-    def load(self, ptrs, mask, *rest, **kw):
-        real("address or mask of a load", ptrs, mask)
-        lanes, size, oob, ptrs = access(ptrs, mask, "r")
-        out = saved["create_masked_load"](self, ptrs, guard(ptrs, mask, oob), *rest, **kw)
-        if fast_mode.ENABLED[0]:
-            st = fast_mode.STATE[0]
-            if (rest and fast_mode.is_fake(rest[0])) or st.poisoned(lanes, size):  # memory a stand-in was stored to
-                fast_mode.mark(out)
-                st.loaded_fakes += 1
-        return out
-
-    def store(self, ptrs, value, mask, *rest, **kw):
-        real("address or mask of a store", ptrs, mask)
-        lanes, size, oob, ptrs = access(ptrs, mask, "w")
-        if fast_mode.ENABLED[0]:
-            if fast_mode.is_fake(value):  # counted; nothing written; the bytes hold a value not computed
-                fast_mode.STATE[0].mark(lanes, size)
-                return None
-            fast_mode.STATE[0].clear(lanes, size)
-        return saved["create_masked_store"](self, ptrs, value, guard(ptrs, mask, oob), *rest, **kw)
-
-    def atomic_real(ptr, mask, *operands) -> None:
-        real("address, mask or operands of a compare-and-swap", ptr, mask, *operands)
-        if fast_mode.ENABLED[0] and fast_mode.STATE[0].poisoned(_untag(_lanes(ptr, mask))[0], _itemsize(ptr)):
-            raise fast_mode.FastRefusedError("a compare-and-swap on memory holding a value it skipped")
-
-    def rmw(self, op, ptr, val, mask, *rest, **kw):
-        real("address or mask of an atomic", ptr, mask)
-        lanes, size, oob, ptr = access(ptr, mask, "a")
-        if fast_mode.ENABLED[0] and (fast_mode.is_fake(val) or fast_mode.STATE[0].poisoned(lanes, size)):
-            # an add (max, ...) of a value not computed, or into memory holding one: counted, not performed; the
-            # memory and the old values it returns are not computed
-            fast_mode.STATE[0].mark(lanes, size)
-            return fast_mode.stand_in_values(ptr)
-        return saved["create_atomic_rmw"](self, op, ptr, val, guard(ptr, mask, oob), *rest, **kw)
-
-    def cas(self, ptr, cmp, val, *rest, **kw):
-        atomic_real(ptr, None, cmp, val)
-        _, _, _, ptr = access(ptr, None, "a")
-        return saved["create_atomic_cas"](self, ptr, cmp, val, *rest, **kw)
-
-    def set_grid_idx(self, x, y, z, *a, **kw):
-        out = saved["set_grid_idx"](self, x, y, z, *a, **kw)
-        recorder.begin_program((x, y, z))
-        return out
-
-    def set_grid_dim(self, *grid, **kw):
-        if recorder.launch_info and not recorder.paused:
-            recorder.launch_info[-1]["grid"] = [int(g) for g in grid]
-        return saved["set_grid_dim"](self, *grid, **kw)
-
-    def call(self, *args, **kwargs):
-        named, options = bind(self.fn, args, kwargs)
-        constexprs = list(getattr(self, "constexprs", []))
-        info = {"constexprs": {k: _plain(named[k]) for k in constexprs if k in named}, "options": options,
-                "config": pending[-1] if pending else None}  # fmt: skip
-        recorder.begin_launch(getattr(self.fn, "__name__", "kernel"), info)  # (before the arguments: it resets them)
-        tags.clear()
-        for name, arg in named.items():
-            base = getattr(arg, "base", None) if type(arg).__name__ == "TensorDescriptor" else arg
-            if hasattr(base, "data_ptr") and hasattr(base, "element_size"):
-                if not recorder.paused:  # an uncounted launch names nothing
-                    rid = recorder.register_argument(name, *_extent(base))
-                    if rid is not None:
-                        tags[name] = np.uint64((rid + 1) << TAG_SHIFT)
-            elif not (arg is None or isinstance(arg, (int, float, bool, str, tuple))) and not hasattr(arg, "value"):
-                raise InputError(
-                    f"argument {name}", "must be a torch tensor, a number or a constexpr", type(arg).__name__
-                )
-        if not recorder.paused:
-            specs = getattr(recorder, "launch_specs", None)
-            if specs is None:
-                specs = recorder.launch_specs = []
-            specs.append((self.fn, named, constexprs))
-        outer, in_launch[0] = in_launch[0], True
-        fast_mode.STATE[0].in_launch = True
-        patched.clear()
-        try:
-            return saved_call(self, *args, **kwargs)
-        finally:
-            in_launch[0] = fast_mode.STATE[0].in_launch = outer
-
-    def init_args(self, args_dev, kwargs):
-        """Triton's copy of the arguments to the host, then which host tensor is which parameter (the interpreter
-        binds the same objects next and converts each to a pointer: :func:`tagged_cvt`)."""
-        args_hst, kwargs_hst = saved_init(self, args_dev, kwargs)
-        host.clear()
-        if tags:
-            try:
-                bound = inspect.getcallargs(self.fn, *args_hst, **kwargs_hst)
-            except TypeError:
-                bound = {}
-            for name, arg in bound.items():
-                base = getattr(arg, "base", None) if type(arg).__name__ == "TensorDescriptor" else arg
-                if name in tags and base is not None:
-                    host[id(base)] = (base, tags[name])
-        return args_hst, kwargs_hst
-
-    def tagged_cvt(arg):
-        """The interpreter's conversion of an argument to a pointer, with the argument's tag in its high bits."""
-        out = saved_cvt(arg)
-        hit = host.get(id(arg)) if hasattr(arg, "data_ptr") else None
-        if hit is not None and hit[0] is arg:
-            out.handle.data = np.asarray(out.handle.data, dtype=np.uint64) + hit[1]
-        return out
-
-    def device_call(self, *args, **kwargs):
-        """A jitted helper called from a kernel. On every such call Triton patches the triton.language modules the
-        helper's globals hold (``triton.language``, ``triton.language.core``: module objects shared by every
-        function) and never restores them before the launch ends; once a module is patched in a launch, patching
-        it again changes nothing, so it is skipped (a fifth of the interpreter's time in a flash kernel's
-        reductions, tl.max and tl.sum being jitted helpers). The helper itself runs exactly as Triton runs it."""
-        if fast_mode.ENABLED[0] and fast_mode.reduction_kind(self.fn):
-            out = fast_mode.reduction(args, kwargs)
-            if out is not None:
-                if fast_mode.AUDIT[0]:
-                    fast_mode.audit(self.fn.__name__, out, saved_device(self, *args, **kwargs))
-                return out
-        langs = frozenset(id(v) for v in self.fn.__globals__.values() if v is tl or v is tl.core)
-        if not (SKIP_REPATCH and in_launch[0] and langs <= patched):
-            out = saved_device(self, *args, **kwargs)
-            if in_launch[0]:
-                patched.update(langs)
-            return out
-        try:
-            return self.rewrite()(*args, **kwargs)
-        except Exception as e:
-            raise interpreter.InterpreterError(repr(e)) from e
-
-    def tuned_run(self, *args, **kwargs):
-        """The autotuner without its benchmark (which needs a GPU): the chosen config, launched as Triton does."""
-        kernel = getattr(self.base_fn, "__name__", "kernel")
-        self.nargs = dict(zip(self.arg_names, args, strict=False))  # as Triton's Autotuner.run
-        configs = self.prune_configs(kwargs) if self.early_config_prune else list(self.configs)
-        labels = [config_label(c) for c in configs]
-        recorder.autotuned[kernel] = labels
-        k = choose_config(kernel, labels, config if len(configs) > 1 else None)
-        chosen = configs[k]
-        self.best_config = chosen
-        if chosen.pre_hook is not None:
-            chosen.pre_hook({**self.nargs, **kwargs, **chosen.all_kwargs()})
-        pending.append(labels[k] + (f" (config {k + 1} of {len(labels)})" if len(labels) > 1 else ""))
-        try:
-            return self.fn.run(*args, **kwargs, **chosen.all_kwargs())
-        finally:
-            pending.pop()
-            self.nargs = None
-
-    B.create_masked_load, B.create_masked_store = load, store
-    B.create_atomic_rmw, B.create_atomic_cas = rmw, cas
-    B.set_grid_idx, B.set_grid_dim = set_grid_idx, set_grid_dim
-    G.__call__, T.run, F.__call__ = call, tuned_run, device_call
-    G._init_args_hst, interpreter._implicit_cvt = init_args, tagged_cvt
+    session.install()
     try:
         with fast_mode.active(array_range) if fast else contextlib.nullcontext():
             yield
     finally:
-        for name, fn in saved.items():
-            setattr(B, name, fn)
-        G.__call__, T.run, F.__call__ = saved_call, saved_tuned, saved_device
-        G._init_args_hst, interpreter._implicit_cvt = saved_init, saved_cvt
+        session.restore()
         recorder.end_program()
 
 
