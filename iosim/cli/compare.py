@@ -240,36 +240,18 @@ def _blocks(r) -> str:
 
 
 def _compare_problem(args) -> int:
-    """``iosim compare`` over a problem: the schedules that apply (flash1, flash2; GQA per-head and packed; the
-    requested splits; MLA shared and naive; standard attention and square tiling head by head where no split,
-    page or latent is asked for, under any mask; the backward: flash1, flash2, and standard attention and square
-    tiling head by head where N_q = N_k) side by side against the compulsory traffic."""
+    """``iosim compare`` over a problem: the schedules that apply (:func:`_plans`) run and ranked by words moved,
+    side by side against the compulsory traffic, printed as JSON or CSV or as a table
+    (:func:`_print_problem`)."""
     from iosim.problem import Problem
 
     kw = problem_run_kwargs(args)
     problem = kw.pop("problem", None) or Problem(N=args.N, d=args.d, causal=bool(args.causal))
     for k in ("N", "d", "causal", "gqa", "splits", "mla"):
         kw.pop(k, None)
-    mlas = ("shared", "naive") if problem.latent else ("shared",)
-    plans = [
-        (a, g, s, m)
-        for a in ("flash2", "flash1")
-        for g in (("per-head", "packed") if problem.g > 1 else ("packed",))
-        for s in sorted({1, args.splits} if a == "flash2" else {1})
-        for m in mlas
-    ]
-    if not problem.latent and problem.page_size is None and args.splits == 1:  # each query head its own problem
-        plans += [(a, "per-head", 1, "shared") for a in ("standard", "square-tiling")]
-    results, failures = [], []
-    square = problem.N_q == problem.N_k and problem.d_qk == problem.d_v  # a query head is the one-head problem
-    masked = kw.get("mask") not in (None, "none", "dense")
     backward = bool(kw.get("backward"))
-    if backward:  # flash1, flash2's own problem schedules; standard, square tiling head by head
-        plans = [(a, g, s, m) for a, g, s, m in plans if a in ("flash1", "flash2") and s == 1]
-        if square and not problem.latent and problem.page_size is None:
-            plans += [(a, "per-head", 1, "shared") for a in ("standard", "square-tiling")]
-        else:
-            failures = [f"{a}: a backward over a problem needs N_q = N_k, d_qk = d_v" for a in ONE_HEAD]
+    plans, failures = _plans(problem, args.splits, backward)
+    results = []
     for a, g, s, m in plans:
         try:
             results.append(api.run(a, problem=problem, gqa=g, splits=s, mla=m, **kw))
@@ -287,6 +269,40 @@ def _compare_problem(args) -> int:
     results.sort(key=lambda r: r.stats.total)
     seen = api.problem_seen(problem, kw.get("mask"), allow_long=kw.get("allow_long", False))
     need = problem.compulsory_backward(seen) if backward else problem.compulsory(seen)
+    _print_problem(args, problem, results, failures, need, kw.get("mask") not in (None, "none", "dense"), backward)
+    return 0
+
+
+def _plans(problem, splits: int, backward: bool) -> tuple[list[tuple], list[str]]:
+    """The schedules that apply to ``problem``, as (algorithm, gqa, splits, mla), and a line per schedule that does
+    not: flash2 and flash1 (GQA per-head and packed; the requested splits for flash2; MLA shared and naive), and
+    standard attention and square tiling head by head where no split, page or latent is asked for, under any mask;
+    the backward: flash1 and flash2 unsplit, and standard attention and square tiling head by head where N_q = N_k
+    and d_qk = d_v."""
+    mlas = ("shared", "naive") if problem.latent else ("shared",)
+    plans = [
+        (a, g, s, m)
+        for a in ("flash2", "flash1")
+        for g in (("per-head", "packed") if problem.g > 1 else ("packed",))
+        for s in sorted({1, splits} if a == "flash2" else {1})
+        for m in mlas
+    ]
+    if not problem.latent and problem.page_size is None and splits == 1:  # each query head its own problem
+        plans += [(a, "per-head", 1, "shared") for a in ("standard", "square-tiling")]
+    failures = []
+    square = problem.N_q == problem.N_k and problem.d_qk == problem.d_v  # a query head is the one-head problem
+    if backward:  # flash1, flash2's own problem schedules; standard, square tiling head by head
+        plans = [(a, g, s, m) for a, g, s, m in plans if a in ("flash1", "flash2") and s == 1]
+        if square and not problem.latent and problem.page_size is None:
+            plans += [(a, "per-head", 1, "shared") for a in ("standard", "square-tiling")]
+        else:
+            failures = [f"{a}: a backward over a problem needs N_q = N_k, d_qk = d_v" for a in ONE_HEAD]
+    return plans, failures
+
+
+def _print_problem(args, problem, results, failures, need: dict, masked: bool, backward: bool) -> None:
+    """``--json`` or ``--csv`` (the ranked records and the compulsory words), or the problem's lines (its shape,
+    the compulsory traffic in words and bytes), the ranked table and a line per schedule not run."""
     floor = sum(need.values())
     if args.json or args.csv:
         records = [{"rank": i + 1, **r.as_dict()} for i, r in enumerate(results)]
@@ -299,7 +315,7 @@ def _compare_problem(args) -> int:
             writer.writeheader()
             for rec in records:
                 writer.writerow(rec)
-        return 0
+        return
     print(f"{problem}; {f'mask {results[0].mask}; ' if masked else ''}M={args.M} words")
     what = (
         "read Q, O, dO, L, K/V once per KV head, write dQ, dK, dV"
@@ -322,4 +338,3 @@ def _compare_problem(args) -> int:
     print(tabulate(rows, headers=[*headers, "exact", "max err"], tablefmt=args.format, disable_numparse=True))
     for f in failures:
         print(f"not run: {f}")
-    return 0
