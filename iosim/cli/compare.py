@@ -73,20 +73,44 @@ def _html(args, runs) -> None:
 
 
 def command(args) -> int:
-    if args.backward and args.splits != 1:  # split-KV splits the forward's keys; the backward has no such kernel
-        raise InputError("--splits", "applies to the forward pass (split-KV); the backward runs unsplit", args.splits)
-    if args.html is not None:  # checked before any work
-        from iosim.views import html
-
-        output_file("--html", args.html, html.SUFFIXES)
+    """``iosim compare``: check the options that must fail before any work (:func:`_check_args`); over a problem,
+    :func:`_compare_problem`; for one head, the lower bound (:func:`_lower_bound`), every algorithm run
+    (:func:`_run_all`) and ranked by words moved, then printed as JSON or CSV (:func:`_print_records`) or as a
+    table (:func:`_print_table`), and the page written last (``--html``). Exit 1 when an output is not finite."""
+    _check_args(args)
     if problem_of(args) is not None or args.gqa != "per-head" or args.splits != 1 or args.Br or args.Bc or args.B:
         if args.html is not None:
             raise InputError(
                 "--html", "applies to one head (N, d); over a problem: iosim show ALGO ... --html", args.html
             )
         return _compare_problem(args)
-    results = []
-    failures = []
+    lb, lb_name = _lower_bound(args)
+    results, failures = _run_all(args)
+    results.sort(key=lambda r: r.stats.total)
+    runs = _page_runs(args, results)  # the page's cap, before any output
+    if args.json or args.csv:
+        _print_records(args, results, failures, lb, lb_name)
+    else:
+        _print_table(args, results, failures, lb, lb_name)
+    if args.html is not None:  # the page too: --html is not a format, it is a file beside the output
+        _html(args, runs)
+    return 0 if all(r.finite for r in results) else 1
+
+
+def _check_args(args) -> None:
+    """Before any work: ``--splits`` only on the forward pass (split-KV splits the forward's keys; the backward has
+    no such kernel), and the ``--html`` output path."""
+    if args.backward and args.splits != 1:
+        raise InputError("--splits", "applies to the forward pass (split-KV); the backward runs unsplit", args.splits)
+    if args.html is not None:
+        from iosim.views import html
+
+        output_file("--html", args.html, html.SUFFIXES)
+
+
+def _lower_bound(args) -> tuple[float, str]:
+    """The papers' lower bound for one head (:func:`iosim.theory.bounds.lower_bound`), under a sparse mask counted
+    over the mask (compiled, and its estimated cost checked, before any run): (value, name)."""
     sparse = args.mask not in (None, "none", "dense") and args.mask != "causal"
     mask = masks.compile_mask(args.mask, args.N, allow_long=args.yes) if sparse else None
     if mask is not None:  # the lower bound, then each algorithm's estimate, closed form and run count the mask
@@ -94,16 +118,23 @@ def command(args) -> int:
 
         estimate.check_mask(mask, passes=1 + 3 * len(registry.algorithms()), allow_long=args.yes)
     causal = args.causal or args.mask == "causal"
-    lb, lb_name = bounds.lower_bound(args.N, args.d, args.M, backward=args.backward, mask=mask, causal=causal)
+    return bounds.lower_bound(args.N, args.d, args.M, backward=args.backward, mask=mask, causal=causal)
+
+
+def _run_all(args) -> tuple[list, list[str]]:
+    """Every registered algorithm (with a backward pass, under --backward) run once: (the results, a line per
+    algorithm not run). An algorithm that does not fit M is a line, a bad argument is raised; when none fits, M is
+    refused naming the smallest M that serves one. On a cold Numba cache, a second process compiles standard
+    attention and square tiling (about half the first run's compile time) while this one runs the others:
+    :mod:`iosim.warmup`."""
     kwargs = run_kwargs(args)
     names = [n for n in registry.algorithms() if not args.backward or registry.get(n).has_backward]
-    failures += [f"{n}: no backward pass" for n in registry.algorithms() if n not in names]
-    # On a cold Numba cache, a second process compiles standard attention and square tiling (about half the
-    # first run's compile time) while this one runs the others: iosim.warmup.
+    failures = [f"{n}: no backward pass" for n in registry.algorithms() if n not in names]
     key = f"compare-{args.dtype}-{'b' if args.backward else 'f'}-{'c' if args.count_only else 'n'}"
     later = [n for n in names if n in ("standard", "square-tiling")]
     worker = warmup.start(later, kwargs, key) if len(names) > 1 else None
     order = [n for n in names if n not in later] + later if worker else names
+    results = []
     for name in order:
         if name in later and worker is not None:
             worker.join()
@@ -123,45 +154,36 @@ def command(args) -> int:
         need = [m for m in need if m is not None]
         smallest = f"; the smallest M that serves one is {min(need):,} words" if need else ""
         raise InputError("M", f"is too small for every algorithm at N={args.N}, d={args.d}{smallest}", args.M)
-    results.sort(key=lambda r: r.stats.total)
-    runs = _page_runs(args, results)  # the page's cap, before any output
-    if args.json or args.csv:
-        records = [{"rank": i + 1, **r.as_dict()} for i, r in enumerate(results)]
-        if args.json:
-            print(
-                json.dumps(
-                    {
-                        "iosim_version": __version__,
-                        "compare": records,
-                        "not_run": failures,
-                        "lower_bound": lb,
-                        "lower_bound_name": lb_name,
-                    },
-                    indent=2,  # fmt: skip
-                )
+    return results, failures
+
+
+def _print_records(args, results, failures, lb, lb_name) -> None:
+    """``--json`` (the ranked records with provenance, the algorithms not run and the lower bound) or ``--csv``
+    (one row per algorithm, :data:`CSV_COLUMNS`) on stdout."""
+    records = [{"rank": i + 1, **r.as_dict()} for i, r in enumerate(results)]
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "iosim_version": __version__,
+                    "compare": records,
+                    "not_run": failures,
+                    "lower_bound": lb,
+                    "lower_bound_name": lb_name,
+                },
+                indent=2,  # fmt: skip
             )
-        else:
-            writer = csv.DictWriter(sys.stdout, fieldnames=CSV_COLUMNS, extrasaction="ignore", lineterminator="\n")
-            writer.writeheader()
-            for rec in records:
-                writer.writerow({**rec, "tiling": ";".join(f"{k}={v}" for k, v in rec["tiling"].items())})
-        if args.html is not None:  # the page too: --html is not a format, it is a file beside the output
-            _html(args, runs)
-        return 0 if all(r.finite for r in results) else 1
-    ranked = [
-        [
-            i + 1,
-            r.algorithm,
-            str(r.tiling).replace("rule=", ""),
-            *(fmt_int(x) for x in (r.stats.reads, r.stats.writes, r.stats.total)),
-            f"{r.stats.peak / r.M:.3f}",
-            "-" if r.predicted is None else fmt_int(r.predicted.total),
-            exact(r.main.exact),
-            f"{r.stats.total / lb:.2f}" if lb else "-",
-            fmt_err(r.max_abs_error) if r.finite else "NOT FINITE",
-        ]
-        for i, r in enumerate(results)
-    ]
+        )
+        return
+    writer = csv.DictWriter(sys.stdout, fieldnames=CSV_COLUMNS, extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    for rec in records:
+        writer.writerow({**rec, "tiling": ";".join(f"{k}={v}" for k, v in rec["tiling"].items())})
+
+
+def _print_table(args, results, failures, lb, lb_name) -> None:
+    """The header lines (sizes and regime, the lower bound, the fine-grained backward bound, the theory's winner),
+    the ranked table and a line per algorithm not run."""
     print(
         f"N={args.N}, d={args.d}, M={args.M} words ({bounds.regime(args.d, args.M)}; d^2 = {args.d**2}), "
         f"{mask_words(args)}, {'backward' if args.backward else 'forward'}, "
@@ -175,23 +197,10 @@ def command(args) -> int:
             f" = {thm.formula}"
         )
     print(theory_line(args.d, args.M))
-    headers = [
-        "rank",
-        "algorithm",
-        "tiling",
-        "reads",
-        "writes",
-        "total",
-        "peak/M",
-        "predicted",
-        "exact",
-        "total/LB",
-        "max err",
-    ]
     print(
         tabulate(
-            ranked,
-            headers=headers,
+            [_ranked_row(i + 1, r, lb) for i, r in enumerate(results)],
+            headers=TABLE_HEADERS,
             tablefmt=args.format,
             disable_numparse=True,
             colalign=("right", "left", "left", "right", "right", "right", "right", "right", "left", "right", "right"),
@@ -199,9 +208,26 @@ def command(args) -> int:
     )
     for f in failures:
         print(f"not run: {f}")
-    if args.html is not None:
-        _html(args, runs)
-    return 0 if all(r.finite for r in results) else 1
+
+
+TABLE_HEADERS = (
+    "rank", "algorithm", "tiling", "reads", "writes", "total", "peak/M", "predicted", "exact", "total/LB", "max err",
+)  # fmt: skip
+
+
+def _ranked_row(rank: int, r, lb) -> list:
+    """One algorithm's row of the table (:data:`TABLE_HEADERS`)."""
+    return [
+        rank,
+        r.algorithm,
+        str(r.tiling).replace("rule=", ""),
+        *(fmt_int(x) for x in (r.stats.reads, r.stats.writes, r.stats.total)),
+        f"{r.stats.peak / r.M:.3f}",
+        "-" if r.predicted is None else fmt_int(r.predicted.total),
+        exact(r.main.exact),
+        f"{r.stats.total / lb:.2f}" if lb else "-",
+        fmt_err(r.max_abs_error) if r.finite else "NOT FINITE",
+    ]
 
 
 ONE_HEAD = ("standard", "square-tiling")
@@ -214,36 +240,18 @@ def _blocks(r) -> str:
 
 
 def _compare_problem(args) -> int:
-    """``iosim compare`` over a problem: the schedules that apply (flash1, flash2; GQA per-head and packed; the
-    requested splits; MLA shared and naive; standard attention and square tiling head by head where no split,
-    page or latent is asked for, under any mask; the backward: flash1, flash2, and standard attention and square
-    tiling head by head where N_q = N_k) side by side against the compulsory traffic."""
+    """``iosim compare`` over a problem: the schedules that apply (:func:`_plans`) run and ranked by words moved,
+    side by side against the compulsory traffic, printed as JSON or CSV or as a table
+    (:func:`_print_problem`)."""
     from iosim.problem import Problem
 
     kw = problem_run_kwargs(args)
     problem = kw.pop("problem", None) or Problem(N=args.N, d=args.d, causal=bool(args.causal))
     for k in ("N", "d", "causal", "gqa", "splits", "mla"):
         kw.pop(k, None)
-    mlas = ("shared", "naive") if problem.latent else ("shared",)
-    plans = [
-        (a, g, s, m)
-        for a in ("flash2", "flash1")
-        for g in (("per-head", "packed") if problem.g > 1 else ("packed",))
-        for s in sorted({1, args.splits} if a == "flash2" else {1})
-        for m in mlas
-    ]
-    if not problem.latent and problem.page_size is None and args.splits == 1:  # each query head its own problem
-        plans += [(a, "per-head", 1, "shared") for a in ("standard", "square-tiling")]
-    results, failures = [], []
-    square = problem.N_q == problem.N_k and problem.d_qk == problem.d_v  # a query head is the one-head problem
-    masked = kw.get("mask") not in (None, "none", "dense")
     backward = bool(kw.get("backward"))
-    if backward:  # flash1, flash2's own problem schedules; standard, square tiling head by head
-        plans = [(a, g, s, m) for a, g, s, m in plans if a in ("flash1", "flash2") and s == 1]
-        if square and not problem.latent and problem.page_size is None:
-            plans += [(a, "per-head", 1, "shared") for a in ("standard", "square-tiling")]
-        else:
-            failures = [f"{a}: a backward over a problem needs N_q = N_k, d_qk = d_v" for a in ONE_HEAD]
+    plans, failures = _plans(problem, args.splits, backward)
+    results = []
     for a, g, s, m in plans:
         try:
             results.append(api.run(a, problem=problem, gqa=g, splits=s, mla=m, **kw))
@@ -261,6 +269,40 @@ def _compare_problem(args) -> int:
     results.sort(key=lambda r: r.stats.total)
     seen = api.problem_seen(problem, kw.get("mask"), allow_long=kw.get("allow_long", False))
     need = problem.compulsory_backward(seen) if backward else problem.compulsory(seen)
+    _print_problem(args, problem, results, failures, need, kw.get("mask") not in (None, "none", "dense"), backward)
+    return 0
+
+
+def _plans(problem, splits: int, backward: bool) -> tuple[list[tuple], list[str]]:
+    """The schedules that apply to ``problem``, as (algorithm, gqa, splits, mla), and a line per schedule that does
+    not: flash2 and flash1 (GQA per-head and packed; the requested splits for flash2; MLA shared and naive), and
+    standard attention and square tiling head by head where no split, page or latent is asked for, under any mask;
+    the backward: flash1 and flash2 unsplit, and standard attention and square tiling head by head where N_q = N_k
+    and d_qk = d_v."""
+    mlas = ("shared", "naive") if problem.latent else ("shared",)
+    plans = [
+        (a, g, s, m)
+        for a in ("flash2", "flash1")
+        for g in (("per-head", "packed") if problem.g > 1 else ("packed",))
+        for s in sorted({1, splits} if a == "flash2" else {1})
+        for m in mlas
+    ]
+    if not problem.latent and problem.page_size is None and splits == 1:  # each query head its own problem
+        plans += [(a, "per-head", 1, "shared") for a in ("standard", "square-tiling")]
+    failures = []
+    square = problem.N_q == problem.N_k and problem.d_qk == problem.d_v  # a query head is the one-head problem
+    if backward:  # flash1, flash2's own problem schedules; standard, square tiling head by head
+        plans = [(a, g, s, m) for a, g, s, m in plans if a in ("flash1", "flash2") and s == 1]
+        if square and not problem.latent and problem.page_size is None:
+            plans += [(a, "per-head", 1, "shared") for a in ("standard", "square-tiling")]
+        else:
+            failures = [f"{a}: a backward over a problem needs N_q = N_k, d_qk = d_v" for a in ONE_HEAD]
+    return plans, failures
+
+
+def _print_problem(args, problem, results, failures, need: dict, masked: bool, backward: bool) -> None:
+    """``--json`` or ``--csv`` (the ranked records and the compulsory words), or the problem's lines (its shape,
+    the compulsory traffic in words and bytes), the ranked table and a line per schedule not run."""
     floor = sum(need.values())
     if args.json or args.csv:
         records = [{"rank": i + 1, **r.as_dict()} for i, r in enumerate(results)]
@@ -273,7 +315,7 @@ def _compare_problem(args) -> int:
             writer.writeheader()
             for rec in records:
                 writer.writerow(rec)
-        return 0
+        return
     print(f"{problem}; {f'mask {results[0].mask}; ' if masked else ''}M={args.M} words")
     what = (
         "read Q, O, dO, L, K/V once per KV head, write dQ, dK, dV"
@@ -296,4 +338,3 @@ def _compare_problem(args) -> int:
     print(tabulate(rows, headers=[*headers, "exact", "max err"], tablefmt=args.format, disable_numparse=True))
     for f in failures:
         print(f"not run: {f}")
-    return 0

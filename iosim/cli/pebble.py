@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from pathlib import Path
 
 from iosim.cli.options import Parser, add_problem_shape, add_yes, count, output_file, positive, problem_of
@@ -68,7 +69,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "batch, heads and GQA, N_q against N_k, d_qk and d_v (iosim.Problem; --causal is bottom-right)",
     )
     add_problem_shape(g)
-    g.add_argument("--gqa", choices=("per-head", "packed"), default="per-head", help="GQA schedule")
+    g.add_argument("--gqa", choices=("per-head", "packed"), default=None, help="GQA schedule (default per-head)")
     p.add_argument("--picture", metavar="FILE", help="draw the graph with its pebbles (PNG; needs iosim[plot])")
     p.add_argument("--at", type=count("--at"), default=None, help="with --picture: the state after this many moves")
     p.add_argument("--json", action="store_true", help="print JSON")
@@ -94,16 +95,10 @@ def command(args) -> int:
             raise InputError("graph", "is not used with --from-run (the run's own graph is checked)", args.graph)
         return _cmd_from_run(args)
     _need(args, "graph", why=f"({SPEC_HELP}), or --from-run ALGO")
-    problem_only = [f"--{n}" for n in ("N", "d", "batch", "heads", "kv_heads", "Nq", "Nk", "dqk", "dv")
-                    if getattr(args, n, None) is not None]  # fmt: skip
-    if problem_only:  # a named graph has its own sizes (matmul:MxKxN, attention:NxD): a problem option says nothing
-        raise InputError(
-            problem_only[0].replace("_", "-"),
-            f"applies with --from-run; the graph {args.graph} has its sizes in its name ({SPEC_HELP})",
-            getattr(args, problem_only[0][2:]),
-        )
+    _refuse_run_options(args)
     if args.html is not None:
         return _html(args)
+    _graph_name(args.graph)
     _need(args, "--M", why="(the number of red pebbles)")
     graph = named(args.graph)
     if args.optimum or args.greedy:
@@ -150,21 +145,87 @@ def command(args) -> int:
     return 0 if illegal is None and outcome.complete else 1
 
 
+# The options of an iosim run (--from-run) and what a named graph is instead: its builder (iosim.pebble.graph) takes
+# its sizes from its name and nothing else, so none of them can be honoured on it.
+RUN_ONLY = (
+    ("--causal", "causal", "it is dense (no mask)"),
+    ("--backward", "backward", "the backward's graph is attention-backward:NxD"),
+    ("--mask", "mask", "it is dense (no mask)"),
+    ("--kv-policy", "kv_policy", "it is dense (no mask, no empty blocks)"),
+    ("--Br", "Br", "it has no tiles (a schedule file orders its moves)"),
+    ("--Bc", "Bc", "it has no tiles (a schedule file orders its moves)"),
+    ("--B", "B", "it has no tiles (a schedule file orders its moves)"),
+    ("--gqa", "gqa", "it has one head"),
+)
+
+
+def _refuse_run_options(args) -> None:
+    """A named graph (or a folder of them) with an option of a run: one line naming the option, where it applies
+    (--from-run) and why the graph cannot take it. A problem's sizes first: a named graph has its own
+    (matmul:MxKxN, attention:NxD)."""
+    problem_only = [f"--{n}" for n in ("N", "d", "batch", "heads", "kv_heads", "Nq", "Nk", "dqk", "dv")
+                    if getattr(args, n, None) is not None]  # fmt: skip
+    if problem_only:
+        raise InputError(
+            problem_only[0].replace("_", "-"),
+            f"applies with --from-run; the graph {args.graph} has its sizes in its name ({SPEC_HELP})",
+            getattr(args, problem_only[0][2:]),
+        )
+    for flag, name, why in RUN_ONLY:
+        value = getattr(args, name, None)
+        if value is not None and value is not False:
+            raise InputError(
+                flag, f"applies with --from-run ALGO; the graph {args.graph} is built from its name: {why}", value
+            )
+
+
+def _graph_name(spec: str) -> None:
+    """A folder, or a path that names neither a folder that exists nor a graph (a graph's name has a colon and no
+    slash: matmul:2x2x2), refused in one line naming it (a folder of exercises applies with --html)."""
+    if Path(spec).is_dir():
+        raise InputError("graph", "is a folder: a folder of exercises applies with --html FILE", spec)
+    if ":" not in spec or "/" in spec or "\\" in spec:
+        raise InputError("graph", f"is neither a folder that exists nor a graph ({SPEC_HELP})", spec)
+
+
 def _html(args) -> int:
     """``--html FILE``: the game in a page (iosim.views.html.pebble_page), the output checked before any work."""
     from iosim.views import html
 
     out = output_file("--html", args.html, html.SUFFIXES)
     if Path(args.graph).is_dir():
+        _check_exercises(args.graph)
         games = html.exercises(args.graph)
         if not games:
             raise InputError("graph", "as a folder must hold exercises named GRAPH-SIZES-MM.txt", args.graph)
     else:
+        _graph_name(args.graph)
         _need(args, "--M", why="(the number of red pebbles)")
         games = [(args.graph, args.M, args.schedule)]
     html.pebble_page(games, out, optimum_states=args.max_states, allow_long=args.yes)
     print(f"wrote {out}: {', '.join(f'{g} with M = {m}' for g, m, _ in games)}")
     return 0
+
+
+EXERCISE = re.compile(r"(?P<kind>.+)-(?P<sizes>[^-]+)-M(?P<M>[0-9]+)")
+
+
+def _check_exercises(folder: str) -> None:
+    """Each file of ``folder`` that iosim.views.html.exercises takes (``*-M*.txt``) named GRAPH-SIZES-MM.txt (a
+    graph that parses, M a whole number) and readable as text, else one line naming the file."""
+    for f in sorted(Path(folder).glob("*-M*.txt")):
+        m = EXERCISE.fullmatch(f.stem)
+        if m is None:
+            raise InputError("graph", "as a folder must hold exercises named GRAPH-SIZES-MM.txt "
+                             "(matmul-2x2x2-M4.txt: graph matmul:2x2x2, M = 4)", str(f))  # fmt: skip
+        try:
+            named(f"{m['kind']}:{m['sizes']}")
+        except InputError as e:
+            raise InputError("graph", f"as a folder must hold exercises of graphs: {e}", str(f)) from None
+        try:
+            f.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise InputError("graph", "as a folder must hold exercises readable as text", f"{f}: {e}") from None
 
 
 def _print_outcome(o: Outcome) -> None:
@@ -216,7 +277,8 @@ def _cmd_from_run(args) -> int:
             raise InputError("--backward", "is not available for a problem as a pebbling (forward only)", True)
         algos = ["flash1", "flash2"] if args.from_run == "all" else [args.from_run]
         masking = dict(mask=args.mask, kv_policy=args.kv_policy)
-        runs = [from_run.pebble_run(a, M=args.M, problem=problem, gqa=args.gqa, **masking, **_tiles(args, a))
+        gqa = args.gqa or "per-head"
+        runs = [from_run.pebble_run(a, M=args.M, problem=problem, gqa=gqa, **masking, **_tiles(args, a))
                 for a in algos]  # fmt: skip
         return _report(args, runs)
     _need(args, "--N", "--d", "--M", why="with --from-run")
@@ -267,7 +329,7 @@ def _report(args, runs) -> int:
         policy = args.kv_policy or ("paper" if runs[0].problem is None else "skip")
         print(
             f"iosim runs as red-blue pebblings: {shape} M={args.M}"
-            f"{f' gqa={args.gqa}' if runs[0].problem is not None else ''} causal={'yes' if args.causal else 'no'}"
+            f"{f' gqa={runs[0].gqa}' if runs[0].problem is not None else ''} causal={'yes' if args.causal else 'no'}"
             f"{f' mask={runs[0].mask} ({policy})' if args.mask else ''}"
         )
         heads = [

@@ -28,10 +28,10 @@ def add_arguments(p) -> None:
     add_run_options(p)
     add_problem_options(p)
     p.add_argument("-o", "--output", help="the picture (.png; .gif for animate); with --view all, the stem of four")
-    p.add_argument("--view", choices=show.VIEWS, default="tiles", help="which picture (default tiles)")
+    p.add_argument("--view", choices=show.VIEWS, default=None, help="which picture (default tiles)")
     p.add_argument("--step", type=count("--step"), default=None, help="the event of the step view (default: peak)")
     p.add_argument("--text", action="store_true", help="a plain-text step-through on stdout (no matplotlib needed)")
-    p.add_argument("--limit", type=count("--limit"), default=200, help="events printed by --text (default 200)")
+    p.add_argument("--limit", type=count("--limit"), default=None, help="events printed by --text (default 200)")
     p.add_argument(
         "--html", action="store_true", help="a self-contained teaching page (-o FILE.html; docs/teaching.md)"
     )
@@ -100,10 +100,30 @@ def _output(args) -> Path:
     return output_file("--output", args.output, (".gif",) if args.view == "animate" else show.PICTURES)
 
 
+# The options of a picture or of --text, and where each applies: the --html page steps through every event and
+# shows every view itself, so none of them says anything to it.
+NOT_HTML = (
+    ("--text", "text", "is an output of its own (a step-through on stdout); --html writes a page: choose one"),
+    ("--view", "view", "chooses a picture (-o FILE.png); the --html page shows every view"),
+    ("--step", "step", "chooses the event of a picture's step view; the --html page steps through every event"),
+    ("--limit", "limit", "applies with --text (events printed); the --html page holds every event"),
+)
+
+
+def _refuse_picture_options(args) -> None:
+    """With --html: a picture's or --text's option given is refused in one line saying where it applies."""
+    for flag, name, where in NOT_HTML:
+        value = getattr(args, name, None)
+        if value is not None and value is not False:  # 0 is a value given (--step 0, --limit 0)
+            raise InputError(flag, where, value)
+
+
 def _html(args) -> int:
-    """``--html``: one self-contained page (iosim.views.html), the output checked before any work."""
+    """``--html``: one self-contained page (iosim.views.html), the options checked (:func:`_refuse_picture_options`)
+    and the output checked before any work."""
     from iosim.views import html
 
+    _refuse_picture_options(args)
     if not args.output:
         raise InputError("--output", "is needed with --html (a .html file)")
     out = output_file("--output", args.output, html.SUFFIXES)
@@ -125,6 +145,7 @@ def command(args) -> int:
         value = getattr(args, f"grid_{a}", None)
         if value:
             raise InputError(f"--grid-{a}", "applies with --html (a page of several settings)", value)
+    args.view = getattr(args, "view", None) or "tiles"
     if not args.text:
         if not args.output:
             raise InputError("--output", "is needed for a picture (or use --text)")
@@ -138,7 +159,7 @@ def command(args) -> int:
     if not 0 <= step < max(n, 1):
         raise InputError("--step", f"must be an event number from 0 to {n - 1:,}", args.step)
     if args.text:
-        print(show.text(r, args.step, args.limit))
+        print(show.text(r, args.step, 200 if args.limit is None else args.limit))
         return 0
     views = ("tiles", "timeline", "step", "animate") if args.view == "all" else (args.view,)
     for v in views:

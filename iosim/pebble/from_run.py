@@ -620,90 +620,50 @@ def _played(rec: _Recorder, name: str, outputs, M: int):  # noqa: N803
 MAX_PROBLEM_SCORES = MAX_N * MAX_N  # a problem's scores B H_q N_q N_k, at most one largest one-head run's
 
 
-def _problem_run(algorithm: str, problem, M: int, pass_: str, gqa: str, seed: int, scale, mask=None,  # noqa: N803
-                 kv_policy=None, Br=None, Bc=None, B=None) -> PebbleRun:  # fmt: skip
+@dataclass(frozen=True)
+class _ProblemAsk:
+    """A problem as a pebbling, as asked: :func:`pebble_run`'s arguments over an :class:`iosim.Problem` (``M`` red
+    pebbles, ``gqa`` per-head or packed, ``scale`` None for 1/sqrt(d_qk), ``mask`` and ``kv_policy`` as
+    :func:`iosim.run` takes them, ``Br``, ``Bc``, ``B`` explicit tiles)."""
+
+    algorithm: str
+    problem: object
+    M: int  # noqa: N815
+    pass_: str
+    gqa: str
+    seed: int
+    scale: float | None
+    mask: object = None
+    kv_policy: str | None = None
+    Br: int | None = None  # noqa: N815
+    Bc: int | None = None  # noqa: N815
+    B: int | None = None  # noqa: N815
+
+
+def _problem_run(ask: _ProblemAsk) -> PebbleRun:
     """:func:`pebble_run` over an :class:`iosim.Problem`: flash1 or flash2 over batch and heads (GQA per-head or
     packed), N_q against N_k keys, d_qk and d_v, causal bottom-right or a mask over the N_k positions (the queries
     its last N_q rows), run symbolically through the problem drivers of :mod:`iosim.algorithms.flash` (a
-    contiguous cache, one split, no latent)."""
-    from iosim.algorithms import flash
-    from iosim.problem import GQA_POLICIES, Problem
-    from iosim.problem_runs import problem_mask
-    from iosim.references import problem_reference
-    from iosim.schedule import explicit_tiles
+    contiguous cache, one split, no latent). Steps: check the request (:func:`_check_problem`), cut the problem
+    into the parts one mask covers (:func:`_problem_parts`), tile it, draw Q, K, V, run each part symbolically
+    (:func:`_record_problem`), play the recorded moves, and hold the outputs against the float64 reference."""
     from iosim.theory.tiling import problem_tiling
 
-    if not isinstance(problem, Problem):
-        raise InputError("problem", "must be an iosim.Problem", type(problem).__name__)
-    if algorithm not in ("flash1", "flash2"):
-        raise InputError("algorithm", "of a problem as a pebbling must be flash1 or flash2", algorithm)
-    explicit_tiles(registry.get(algorithm), Br, Bc, B)
-    if pass_ != "forward":
-        raise InputError("pass", "of a problem as a pebbling must be forward", pass_)
-    if problem.page_size is not None or problem.latent:
-        raise InputError("problem", "as a pebbling takes a contiguous KV cache without an MLA latent", str(problem))
-    if gqa not in GQA_POLICIES:
-        raise InputError("gqa", f"must be one of {', '.join(GQA_POLICIES)}", gqa)
-    p = problem
-    scores = p.B * p.H_q * p.N_q * p.N_k
-    if scores > MAX_PROBLEM_SCORES or max(p.d_qk, p.d_v) > MAX_D:
-        raise InputError(
-            "problem",
-            f"as a pebbling must have at most {MAX_PROBLEM_SCORES} scores (B H_q N_q N_k) and widths at most {MAX_D} "
-            "(moves per element)",
-            str(p),
-        )
-    if not isinstance(M, int) or isinstance(M, bool) or M < 1:
-        raise InputError("M", "must be a positive integer", M)
-    G, _, rows = p.groups(gqa)
-    masked = not (mask is None or (isinstance(mask, str) and mask in ("none", "dense")))
-    parts = [(0, 0, p.H_q, None)]  # (b, first query head, heads, mask): the whole problem, one mask
-    if masked:  # a mask that differs per (b, h): each part of the problem under its own (iosim.head_masks)
-        from iosim import head_masks
-
-        one, heads = head_masks.resolve(p, mask)  # heads: each query head's own mask, when they differ
-        if heads is not None:
-            parts = head_masks.part_masks(p, heads, head_masks.cut(p, heads), gqa)
-        else:
-            parts = [(0, 0, p.H_q, problem_mask(p, one, kv_policy))]
-    t = problem_tiling(algorithm, p, M, "fit", rows, False, Br, Bc)
-    scale = 1.0 / math.sqrt(p.d_qk) if scale is None else float(scale)
-    rng = np.random.default_rng(seed)
-    Q = rng.standard_normal((p.B * p.H_q * p.N_q, p.d_qk))
-    K = rng.standard_normal((p.B * p.H_kv * p.N_k, p.d_qk))
-    V = rng.standard_normal((p.B * p.H_kv * p.N_k, p.d_v))
-    rec = _Recorder()
-    _REC.append(rec)
-    try:
-        ins = [_leaves(rec, n, a) for n, a in (("Q", Q), ("K", K), ("V", V))]
-        mem = _RecordingMemory(M, rec)
-        O = np.empty((p.B * p.H_q * p.N_q, p.d_v), dtype=object)
-        O_ref = np.empty(O.shape)
-        with _symbolic(_Session(rec, mem.names)):
-            for b, h0, nh, part_mask in parts:  # one after another, each its own problem (iosim.head_masks)
-                sub = p if len(parts) == 1 else replace(p, B=1, H_q=nh, H_kv=max(1, nh // p.g))
-                tm = part_mask if len(parts) == 1 or part_mask is None else problem_mask(sub, part_mask, kv_policy)
-                q0, k0 = (b * p.H_q + h0) * p.N_q, (b * p.H_kv + h0 // p.g) * p.N_k
-                qs, ks = slice(q0, q0 + sub.B * sub.H_q * p.N_q), slice(k0, k0 + sub.B * sub.H_kv * p.N_k)
-                kw = dict(Br=t.Br, Bc=t.Bc, gqa=gqa, mla="shared", scale=scale, dtype=np.dtype(object), mask=tm)
-                args = (ins[0][qs], ins[1][ks], ins[2][ks], None)
-                if algorithm == "flash2":
-                    O[qs] = flash.flash2_problem(mem, sub, *args, splits=1, combine_rows=1, **kw)[0]
-                else:
-                    O[qs] = flash.flash1_problem(mem, sub, *args, **kw)[0]
-                if len(parts) == 1:
-                    O_ref[qs] = problem_reference(sub, Q[qs], K[ks], V[ks], scale, tm)[0]
-    finally:
-        _REC.pop()
-    graph, moves, outcome, illegal = _played(rec, f"{algorithm}-forward-{gqa}:{p},M={M}", [O], M)
+    _check_problem(ask)
+    p, M = ask.problem, ask.M  # noqa: N806
+    _, _, rows = p.groups(ask.gqa)
+    parts, heads = _problem_parts(ask)
+    t = problem_tiling(ask.algorithm, p, M, "fit", rows, False, ask.Br, ask.Bc)
+    scale = 1.0 / math.sqrt(p.d_qk) if ask.scale is None else float(ask.scale)
+    rng = np.random.default_rng(ask.seed)
+    Q = rng.standard_normal((p.B * p.H_q * p.N_q, p.d_qk))  # noqa: N806
+    K = rng.standard_normal((p.B * p.H_kv * p.N_k, p.d_qk))  # noqa: N806
+    V = rng.standard_normal((p.B * p.H_kv * p.N_k, p.d_v))  # noqa: N806
+    rec, mem, O, O_ref = _record_problem(ask, parts, t, scale, (Q, K, V))  # noqa: N806
+    graph, moves, outcome, illegal = _played(rec, f"{ask.algorithm}-forward-{ask.gqa}:{p},M={M}", [O], M)
     stats = mem.stats()
     if len(parts) > 1:  # each query head against its key/value head under its own mask, one head at a time
-        head = replace(p, B=1, H_q=1, H_kv=1)
-        for b in range(p.B):
-            for h in range(p.H_q):
-                q0, k0 = (b * p.H_q + h) * p.N_q, (b * p.H_kv + h // p.g) * p.N_k
-                qs, ks = slice(q0, q0 + p.N_q), slice(k0, k0 + p.N_k)
-                O_ref[qs] = problem_reference(head, Q[qs], K[ks], V[ks], scale, heads[b][h])[0]
+        _per_head_reference(p, heads, (Q, K, V), scale, O_ref)
     err = float(np.max(np.abs(np.vectorize(_x, otypes=[float])(O) - O_ref)))
     tmask = parts[0][3]
     label = (f"{heads[0][0].label} per (b, h)" if len(parts) > 1
@@ -714,10 +674,109 @@ def _problem_run(algorithm: str, problem, M: int, pass_: str, gqa: str, seed: in
         return j // p.N_k == b * p.H_kv + h // p.g
 
     return PebbleRun(
-        algorithm, "forward", p.N_q, p.d_qk, M, p.causal, graph, moves, outcome, illegal, stats.reads, stats.writes,
-        stats.init_writes, stats.peak, level1_products(graph, pairs), err,
-        label, p, gqa,
+        ask.algorithm, "forward", p.N_q, p.d_qk, M, p.causal, graph, moves, outcome, illegal, stats.reads,
+        stats.writes, stats.init_writes, stats.peak, level1_products(graph, pairs), err,
+        label, p, ask.gqa,
     )  # fmt: skip
+
+
+def _check_problem(ask: _ProblemAsk) -> None:
+    """What a problem's pebbling takes, checked in this order: an iosim.Problem; flash1 or flash2 with tiles it
+    takes; the forward pass; a contiguous cache without a latent; a known GQA policy; at most
+    :data:`MAX_PROBLEM_SCORES` scores and widths of at most :data:`MAX_D`; a positive M."""
+    from iosim.problem import GQA_POLICIES, Problem
+    from iosim.schedule import explicit_tiles
+
+    p = ask.problem
+    if not isinstance(p, Problem):
+        raise InputError("problem", "must be an iosim.Problem", type(p).__name__)
+    if ask.algorithm not in ("flash1", "flash2"):
+        raise InputError("algorithm", "of a problem as a pebbling must be flash1 or flash2", ask.algorithm)
+    explicit_tiles(registry.get(ask.algorithm), ask.Br, ask.Bc, ask.B)
+    if ask.pass_ != "forward":
+        raise InputError("pass", "of a problem as a pebbling must be forward", ask.pass_)
+    if p.page_size is not None or p.latent:
+        raise InputError("problem", "as a pebbling takes a contiguous KV cache without an MLA latent", str(p))
+    if ask.gqa not in GQA_POLICIES:
+        raise InputError("gqa", f"must be one of {', '.join(GQA_POLICIES)}", ask.gqa)
+    scores = p.B * p.H_q * p.N_q * p.N_k
+    if scores > MAX_PROBLEM_SCORES or max(p.d_qk, p.d_v) > MAX_D:
+        raise InputError(
+            "problem",
+            f"as a pebbling must have at most {MAX_PROBLEM_SCORES} scores (B H_q N_q N_k) and widths at most {MAX_D} "
+            "(moves per element)",
+            str(p),
+        )
+    M = ask.M  # noqa: N806
+    if not isinstance(M, int) or isinstance(M, bool) or M < 1:
+        raise InputError("M", "must be a positive integer", M)
+
+
+def _problem_parts(ask: _ProblemAsk):
+    """The parts of the problem that each run under one mask, as (b, first query head, heads, mask), and each query
+    head's own mask (``heads[b][h]``) when they differ (None otherwise): the whole problem under one mask, or the
+    runs of heads that share one (:mod:`iosim.head_masks`)."""
+    from iosim.problem_runs import problem_mask
+
+    p, mask = ask.problem, ask.mask
+    if mask is None or (isinstance(mask, str) and mask in ("none", "dense")):
+        return [(0, 0, p.H_q, None)], None
+    from iosim import head_masks
+
+    one, heads = head_masks.resolve(p, mask)  # heads: each query head's own mask, when they differ
+    if heads is not None:
+        return head_masks.part_masks(p, heads, head_masks.cut(p, heads), ask.gqa), heads
+    return [(0, 0, p.H_q, problem_mask(p, one, ask.kv_policy))], None
+
+
+def _record_problem(ask: _ProblemAsk, parts, t, scale: float, arrays):
+    """Run each part symbolically, one after another, each its own problem (:mod:`iosim.head_masks`), through
+    flash1's or flash2's problem driver on one recording memory: (recorder, memory, O as Values, O's float64
+    reference; the reference is filled here when the problem runs as one part)."""
+    from iosim.algorithms import flash
+    from iosim.problem_runs import problem_mask
+    from iosim.references import problem_reference
+
+    p, kv_policy = ask.problem, ask.kv_policy
+    Q, K, V = arrays  # noqa: N806
+    rec = _Recorder()
+    _REC.append(rec)
+    try:
+        ins = [_leaves(rec, n, a) for n, a in (("Q", Q), ("K", K), ("V", V))]
+        mem = _RecordingMemory(ask.M, rec)
+        O = np.empty((p.B * p.H_q * p.N_q, p.d_v), dtype=object)  # noqa: N806
+        O_ref = np.empty(O.shape)  # noqa: N806
+        with _symbolic(_Session(rec, mem.names)):
+            for b, h0, nh, part_mask in parts:
+                sub = p if len(parts) == 1 else replace(p, B=1, H_q=nh, H_kv=max(1, nh // p.g))
+                tm = part_mask if len(parts) == 1 or part_mask is None else problem_mask(sub, part_mask, kv_policy)
+                q0, k0 = (b * p.H_q + h0) * p.N_q, (b * p.H_kv + h0 // p.g) * p.N_k
+                qs, ks = slice(q0, q0 + sub.B * sub.H_q * p.N_q), slice(k0, k0 + sub.B * sub.H_kv * p.N_k)
+                kw = dict(Br=t.Br, Bc=t.Bc, gqa=ask.gqa, mla="shared", scale=scale, dtype=np.dtype(object), mask=tm)
+                args = (ins[0][qs], ins[1][ks], ins[2][ks], None)
+                if ask.algorithm == "flash2":
+                    O[qs] = flash.flash2_problem(mem, sub, *args, splits=1, combine_rows=1, **kw)[0]
+                else:
+                    O[qs] = flash.flash1_problem(mem, sub, *args, **kw)[0]
+                if len(parts) == 1:
+                    O_ref[qs] = problem_reference(sub, Q[qs], K[ks], V[ks], scale, tm)[0]
+    finally:
+        _REC.pop()
+    return rec, mem, O, O_ref
+
+
+def _per_head_reference(p, heads, arrays, scale: float, O_ref) -> None:  # noqa: N803
+    """Fill ``O_ref`` head by head: each query head (b, h) against its key/value head h // g under its own mask
+    ``heads[b][h]``."""
+    from iosim.references import problem_reference
+
+    Q, K, V = arrays  # noqa: N806
+    head = replace(p, B=1, H_q=1, H_kv=1)
+    for b in range(p.B):
+        for h in range(p.H_q):
+            q0, k0 = (b * p.H_q + h) * p.N_q, (b * p.H_kv + h // p.g) * p.N_k
+            qs, ks = slice(q0, q0 + p.N_q), slice(k0, k0 + p.N_k)
+            O_ref[qs] = problem_reference(head, Q[qs], K[ks], V[ks], scale, heads[b][h])[0]
 
 
 def pebble_run(
@@ -742,39 +801,77 @@ def pebble_run(
     (an :class:`iosim.Problem`, in place of N and d) with ``gqa``: flash1 or flash2's forward over the problem.
     ``Br``, ``Bc`` (flash1, flash2) and ``B`` (the square tile) are :func:`iosim.run`'s explicit tiles, checked
     against M as it checks them. ``pebble_run(problem, schedule, M)`` takes the three objects (an
-    :class:`iosim.Problem`, an :class:`iosim.Schedule` or an algorithm's name, and M)."""
+    :class:`iosim.Problem`, an :class:`iosim.Schedule` or an algorithm's name, and M).
+
+    Steps: the objects form is unpacked into keywords; a problem goes to :func:`_problem_run`; one head is checked,
+    tiled (:func:`_one_head_tiling`), run symbolically (:func:`_record_one_head`), played and held against the
+    float64 reference (:func:`_max_error`)."""
     from iosim.masks import compile_mask
     from iosim.problem import Problem
-    from iosim.problem_runs import explicit_tiling
-    from iosim.schedule import explicit_tiles, from_objects
+    from iosim.schedule import explicit_tiles
 
     if isinstance(algorithm, Problem):  # pebble_run(problem, schedule, M): N and d hold the schedule and M here
-        schedule, memory = N, d if d is not None else M
-        given = dict(kv_policy=kv_policy, causal=causal, problem=problem, gqa=None if gqa == "per-head" else gqa,
-                     Br=Br, Bc=Bc, B=B)  # fmt: skip
-        spec, options = from_objects(algorithm, schedule, given)  # a keyword an object holds is refused there
-        return pebble_run(
-            spec.algorithm, M=memory, pass_="backward" if spec.backward else "forward", seed=seed, scale=scale,
-            mask=mask, kv_policy=spec.kv_policy, problem=algorithm, gqa=spec.gqa, Br=spec.Br, Bc=spec.Bc, B=spec.B,
-        )  # fmt: skip
+        return _from_objects(algorithm, N, d if d is not None else M, causal, seed, scale, mask, kv_policy,
+                             problem, gqa, (Br, Bc, B))  # fmt: skip
     if problem is not None:
         if N is not None or d is not None or causal:
             raise InputError("N, d, causal", "are fields of the problem when problem= is given", (N, d))
-        return _problem_run(algorithm, problem, M, pass_, gqa, seed, scale, mask, kv_policy, Br, Bc, B)
+        return _problem_run(_ProblemAsk(algorithm, problem, M, pass_, gqa, seed, scale, mask, kv_policy, Br, Bc, B))
     _check_sizes(algorithm, pass_, N, d, M)
     algo = registry.get(algorithm)
     given = explicit_tiles(algo, Br, Bc, B)
     tmask = compile_mask(mask, N, causal, kv_policy)  # what the built-in drivers take as their ``causal`` argument
     causal = tmask.is_causal
     allowed = tmask if not causal and tmask.label != "none" else None
+    t, tb = _one_head_tiling(algo, given, N, d, M, pass_, tmask)
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    rng = np.random.default_rng(seed)
+    Q, K, V = (rng.standard_normal((N, d)) for _ in range(3))  # noqa: N806
+    dO = rng.standard_normal((N, d))  # noqa: N806
+    rec, mem, outputs = _record_one_head(algo, pass_, (Q, K, V, dO), N, d, M, (t, tb), scale, tmask)
+    masked = f"-{tmask.label}" if causal or allowed is not None else ""
+    graph, moves, outcome, illegal = _played(rec, f"{algorithm}-{pass_}{masked}:{N}x{d},M={M}", outputs.values(), M)
+    stats = mem.stats()
+    err = _max_error(algorithm, pass_, outputs, Q, K, V, dO, scale, causal, allowed)
+    return PebbleRun(
+        algorithm, pass_, N, d, M, causal, graph, moves, outcome, illegal, stats.reads, stats.writes,
+        stats.init_writes, stats.peak, level1_products(graph), err, tmask.label,
+    )  # fmt: skip
+
+
+def _from_objects(problem, schedule, memory, causal, seed, scale, mask, kv_policy, given_problem, gqa, tiles):
+    """``pebble_run(problem, schedule, M)``: the schedule's fields as keywords (a keyword an object holds is refused
+    by :func:`iosim.schedule.from_objects`), then :func:`pebble_run` over the problem."""
+    from iosim.schedule import from_objects
+
+    Br, Bc, B = tiles  # noqa: N806
+    given = dict(kv_policy=kv_policy, causal=causal, problem=given_problem, gqa=None if gqa == "per-head" else gqa,
+                 Br=Br, Bc=Bc, B=B)  # fmt: skip
+    spec, options = from_objects(problem, schedule, given)
+    return pebble_run(
+        spec.algorithm, M=memory, pass_="backward" if spec.backward else "forward", seed=seed, scale=scale,
+        mask=mask, kv_policy=spec.kv_policy, problem=problem, gqa=spec.gqa, Br=spec.Br, Bc=spec.Bc, B=spec.B,
+    )  # fmt: skip
+
+
+def _one_head_tiling(algo, given: dict, N: int, d: int, M: int, pass_: str, tmask):  # noqa: N803
+    """The forward tiling and (for the backward pass) the backward tiling under rule ``fit``, or the explicit tiles
+    ``given`` (:func:`iosim.schedule.explicit_tiles`) checked against M as :func:`iosim.run` checks them."""
+    from iosim.problem_runs import explicit_tiling
+
     t = algo.choose_tiling(N, d, M, "fit")
     tb = algo.backward_tiling(N, d, M, "fit") if pass_ == "backward" else None
     if given:
         t, tb = explicit_tiling(algo, given, t, tb, N, d, M, tmask, True)
-    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    rng = np.random.default_rng(seed)
-    Q, K, V = (rng.standard_normal((N, d)) for _ in range(3))
-    dO = rng.standard_normal((N, d))
+    return t, tb
+
+
+def _record_one_head(algo, pass_: str, arrays, N: int, d: int, M: int, tilings, scale: float, tmask):  # noqa: N803
+    """Run one head's pass symbolically on a recording memory: (recorder, memory, the outputs as Values). The
+    backward reads the forward's outputs (run as usual, in float64): inputs of its graph, named by their arrays
+    (O[r,c], l[r], P[i,j])."""
+    Q, K, V, dO = arrays  # noqa: N806
+    t, tb = tilings
     rec = _Recorder()
     _REC.append(rec)
     try:
@@ -784,41 +881,17 @@ def pebble_run(
             with _symbolic(_Session(rec, mem.names)):
                 outputs = algo.forward(mem, ins["Q"], ins["K"], ins["V"], N, d, t, scale, tmask, np.dtype(object))
         else:
-            # the backward reads the forward's outputs (run as usual, in float64): inputs of its graph, named by
-            # their arrays (O[r,c], l[r], P[i,j])
             fwd = algo.forward(TwoLevelMemory(M), Q, K, V, N, d, t, scale, tmask, np.dtype(np.float64))
             fwd_in = {k: _leaves(rec, k, a) for k, a in fwd.items() if a is not None}
             mem = _RecordingMemory(M, rec)
-            dO_in = _leaves(rec, "dO", dO)
+            dO_in = _leaves(rec, "dO", dO)  # noqa: N806
             with _symbolic(_Session(rec, mem.names)):
                 outputs = algo.backward(
                     mem, ins["Q"], ins["K"], ins["V"], dO_in, fwd_in, N, d, tb, scale, tmask, np.dtype(object)
                 )
     finally:
         _REC.pop()
-    masked = f"-{tmask.label}" if causal or allowed is not None else ""
-    graph, moves, outcome, illegal = _played(rec, f"{algorithm}-{pass_}{masked}:{N}x{d},M={M}", outputs.values(), M)
-    stats = mem.stats()
-    err = _max_error(algorithm, pass_, outputs, Q, K, V, dO, scale, causal, allowed)
-    return PebbleRun(
-        algorithm,
-        pass_,
-        N,
-        d,
-        M,
-        causal,
-        graph,
-        moves,
-        outcome,
-        illegal,
-        stats.reads,
-        stats.writes,
-        stats.init_writes,
-        stats.peak,
-        level1_products(graph),
-        err,
-        tmask.label,
-    )
+    return rec, mem, outputs
 
 
 def _max_error(algorithm, pass_, outputs, Q, K, V, dO, scale, causal, mask=None) -> float:  # noqa: N803

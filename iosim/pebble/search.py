@@ -61,7 +61,15 @@ def optimum(
 ) -> Optimum:
     """The exact minimum I/O of ``graph`` with ``M`` red pebbles (InputError past the search's limits). A search
     allowed over a minute (``max_states`` times the cost of a state, :mod:`iosim.estimate`) needs
-    ``allow_long=True``; over an hour is refused."""
+    ``allow_long=True``; over an hour is refused. Steps: check the arguments and the search's cost
+    (:func:`_check_search`), write the graph as bit masks (:class:`_Bits`), run A* (:func:`_astar`)."""
+    _check_search(graph, M, max_vertices, max_states, allow_long)
+    return _astar(graph, _Bits.of(graph, M), max_states)
+
+
+def _check_search(graph, M, max_vertices, max_states, allow_long) -> None:  # noqa: N803
+    """The graph, the limits, the search's time (:mod:`iosim.estimate`), the graph's size and M, in that order:
+    the first that fails is an InputError naming it."""
     from iosim import estimate
 
     if not isinstance(graph, Graph):
@@ -85,94 +93,143 @@ def optimum(
         )
     if not isinstance(M, int) or isinstance(M, bool) or M < min_M(graph):
         raise InputError("M", f"must be at least {min_M(graph)} for {graph.name} (a vertex and its parents red)", M)
-    parents = [sum(1 << p for p in ps) for ps in graph.parents]
-    inputs = sum(1 << v for v in graph.inputs)
-    outputs = sum(1 << v for v in graph.outputs)
-    computable = [v for v in range(n) if not graph.is_input(v)]
 
-    def h(red: int, blue: int) -> int:
-        """Outputs without blue (one write each) plus the inputs, not red, that some such output still needs
-        through vertices with neither pebble (each needs a read: an input is never computed)."""
-        region, stack, need = 0, [], 0
-        missing = outputs & ~blue
-        m = missing & ~red
-        while m:
-            u = m & -m
-            m ^= u
-            stack.append(u.bit_length() - 1)
-            region |= u
-        while stack:
-            v = stack.pop()
-            ps = parents[v] & ~red & ~region
-            region |= ps
-            while ps:
-                u = ps & -ps
-                ps ^= u
-                if not blue & u:
-                    stack.append(u.bit_length() - 1)
-                elif inputs & u:
-                    need += 1
-        return missing.bit_count() + need
 
-    def live(red: int, blue: int) -> int:
-        """The vertices with a path to an output that lacks a blue pebble (the only ones worth reading or
-        computing: anything else can be dropped from a schedule with all its consequences)."""
-        alive = outputs & ~blue
-        frontier = alive
-        while frontier:
-            u = frontier & -frontier
-            frontier ^= u
-            ps = parents[u.bit_length() - 1] & ~alive
-            alive |= ps
-            frontier |= ps
-        return alive
+@dataclass(frozen=True)
+class _Bits:
+    """The graph as the search sees it: vertex v is bit v; ``parents[v]`` the mask of v's parents; ``inputs`` and
+    ``outputs`` masks; ``computable`` the non-input vertices in order; ``M`` the red pebbles."""
 
-    def successors(red: int, blue: int):
-        """(red, blue, cost, moves) after each move worth trying from (red, blue)."""
-        ready = red & outputs & ~blue
-        if ready:  # a red output is written at once: writing it later is never cheaper (a forced move)
-            u = ready & -ready
-            yield red, blue | u, 1, (Move("R2", u.bit_length() - 1),)
-            return
-        full = red.bit_count() >= M
-        alive = live(red, blue)
+    n: int
+    parents: list[int]
+    inputs: int
+    outputs: int
+    computable: list[int]
+    M: int  # noqa: N815
 
-        def place(v: int, rule: str, cost: int, keep: int):
-            bit = 1 << v
-            if not full:
-                yield red | bit, blue, cost, (Move(rule, v),)
-                return
-            rest = red & ~keep
-            while rest:
-                u = rest & -rest
-                rest ^= u
-                yield (red ^ u) | bit, blue, cost, (Move("R4", u.bit_length() - 1), Move(rule, v))
+    @classmethod
+    def of(cls, graph: Graph, M: int) -> _Bits:  # noqa: N803
+        return cls(
+            len(graph),
+            [sum(1 << p for p in ps) for ps in graph.parents],
+            sum(1 << v for v in graph.inputs),
+            sum(1 << v for v in graph.outputs),
+            [v for v in range(len(graph)) if not graph.is_input(v)],
+            M,
+        )
 
-        r = red & ~blue & alive  # R2: write a red vertex that is not yet blue
-        while r:
-            u = r & -r
-            r ^= u
-            yield red, blue | u, 1, (Move("R2", u.bit_length() - 1),)
-        b = blue & ~red & alive  # R1: read a blue vertex
-        while b:
-            u = b & -b
-            b ^= u
-            yield from place(u.bit_length() - 1, "R1", 1, 0)
-        for v in computable:  # R3: compute a vertex whose parents are all red
-            if not red >> v & 1 and alive >> v & 1 and parents[v] & red == parents[v]:
-                yield from place(v, "R3", 0, parents[v])
 
-    start = (0, inputs)
+def _heuristic(g: _Bits, red: int, blue: int) -> int:
+    """Outputs without blue (one write each) plus the inputs, not red, that some such output still needs through
+    vertices with neither pebble (each needs a read: an input is never computed). Never overestimates."""
+    parents, inputs = g.parents, g.inputs
+    region, stack, need = 0, [], 0
+    missing = g.outputs & ~blue
+    m = missing & ~red
+    while m:
+        u = m & -m
+        m ^= u
+        stack.append(u.bit_length() - 1)
+        region |= u
+    while stack:
+        v = stack.pop()
+        ps = parents[v] & ~red & ~region
+        region |= ps
+        while ps:
+            u = ps & -ps
+            ps ^= u
+            if not blue & u:
+                stack.append(u.bit_length() - 1)
+            elif inputs & u:
+                need += 1
+    return missing.bit_count() + need
+
+
+def _live(g: _Bits, blue: int) -> int:
+    """The vertices with a path to an output that lacks a blue pebble (the only ones worth reading or computing:
+    anything else can be dropped from a schedule with all its consequences)."""
+    parents = g.parents
+    alive = g.outputs & ~blue
+    frontier = alive
+    while frontier:
+        u = frontier & -frontier
+        frontier ^= u
+        ps = parents[u.bit_length() - 1] & ~alive
+        alive |= ps
+        frontier |= ps
+    return alive
+
+
+def _place(red: int, blue: int, full: bool, v: int, rule: str, cost: int, keep: int):
+    """Put a red pebble on v by ``rule`` (R1 or R3): at once while a pebble is free, else paired with the removal
+    (R4) of each red pebble but those in ``keep`` in turn."""
+    bit = 1 << v
+    if not full:
+        yield red | bit, blue, cost, (Move(rule, v),)
+        return
+    rest = red & ~keep
+    while rest:
+        u = rest & -rest
+        rest ^= u
+        yield (red ^ u) | bit, blue, cost, (Move("R4", u.bit_length() - 1), Move(rule, v))
+
+
+def _successors(g: _Bits, red: int, blue: int):
+    """(red, blue, cost, moves) after each move worth trying from (red, blue): a red output not yet blue is written
+    at once (a forced move); else each R2 of a live red vertex, each R1 of a live blue one, each R3 of a live vertex
+    whose parents are red."""
+    ready = red & g.outputs & ~blue
+    if ready:  # a red output is written at once: writing it later is never cheaper (a forced move)
+        u = ready & -ready
+        yield red, blue | u, 1, (Move("R2", u.bit_length() - 1),)
+        return
+    full = red.bit_count() >= g.M
+    alive = _live(g, blue)
+    r = red & ~blue & alive  # R2: write a red vertex that is not yet blue
+    while r:
+        u = r & -r
+        r ^= u
+        yield red, blue | u, 1, (Move("R2", u.bit_length() - 1),)
+    b = blue & ~red & alive  # R1: read a blue vertex
+    while b:
+        u = b & -b
+        b ^= u
+        yield from _place(red, blue, full, u.bit_length() - 1, "R1", 1, 0)
+    parents = g.parents
+    for v in g.computable:  # R3: compute a vertex whose parents are all red
+        if not red >> v & 1 and alive >> v & 1 and parents[v] & red == parents[v]:
+            yield from _place(red, blue, full, v, "R3", 0, parents[v])
+
+
+def _pruned(g: _Bits, red: int, blue: int, moves: tuple[Move, ...]):
+    """A successor state with its dead pebbles gone: a red pebble no missing output can use is removed now (free,
+    and never worse: R4 moves appended), and blue on a dead vertex (never read again) is dropped from the state's
+    key so that one state stands for all such."""
+    alive = _live(g, blue)
+    dead = red & ~alive
+    if dead:
+        red &= alive
+        moves += tuple(Move("R4", v) for v in range(g.n) if dead >> v & 1)
+    blue &= alive | g.inputs | g.outputs
+    return red, blue, moves
+
+
+def _astar(graph: Graph, g: _Bits, max_states: int) -> Optimum:
+    """A* from (no red, the inputs blue) until every output is blue: pop the cheapest f = cost + heuristic, expand
+    it (:func:`_successors`, :func:`_pruned`), keep the best cost and the way back to each state. The first
+    finished state popped is optimal (the heuristic never overestimates)."""
+    M = g.M  # noqa: N806
+    start = (0, g.inputs)
     best = {start: 0}
     back: dict[tuple[int, int], tuple[tuple[int, int], tuple[Move, ...]]] = {}
-    heap = [(h(0, inputs), 0, 0, 0, inputs)]
+    heap = [(_heuristic(g, 0, g.inputs), 0, 0, 0, g.inputs)]
     tick = expanded = 0
     while heap:
-        f, g, _, red, blue = heapq.heappop(heap)
-        if best.get((red, blue), -1) != g:
+        f, cost, _, red, blue = heapq.heappop(heap)
+        if best.get((red, blue), -1) != cost:
             continue
-        if outputs & ~blue == 0:
-            return Optimum(graph.name, M, g, _path(back, (red, blue), graph, M), expanded)
+        if g.outputs & ~blue == 0:
+            return Optimum(graph.name, M, cost, _path(back, (red, blue), graph, M), expanded)
         expanded += 1
         if expanded > max_states:
             raise InputError(
@@ -180,19 +237,14 @@ def optimum(
                 f"gave up on {graph.name} with M={M} after {max_states} search states (the optimum is at least {f}; "
                 f"a larger graph or M needs a smarter search)",
             )
-        for r2, b2, cost, moves in successors(red, blue):
-            ng = g + cost
-            alive2 = live(r2, b2)
-            dead = r2 & ~alive2  # a red pebble no missing output can use: removed now (free, and never worse)
-            if dead:
-                r2 &= alive2
-                moves += tuple(Move("R4", v) for v in range(n) if dead >> v & 1)
-            b2 &= alive2 | inputs | outputs  # blue on a dead vertex is never read again: one state for all
+        for r2, b2, step, moves in _successors(g, red, blue):
+            ng = cost + step
+            r2, b2, moves = _pruned(g, r2, b2, moves)
             if ng < best.get((r2, b2), 1 << 60):
                 best[(r2, b2)] = ng
                 back[(r2, b2)] = ((red, blue), moves)
                 tick += 1
-                heapq.heappush(heap, (ng + h(r2, b2), ng, tick, r2, b2))
+                heapq.heappush(heap, (ng + _heuristic(g, r2, b2), ng, tick, r2, b2))
     raise InputError("graph", f"{graph.name} cannot be pebbled with M={M}")
 
 

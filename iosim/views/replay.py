@@ -645,7 +645,12 @@ def replay(
     ``gqa=`` among them (:func:`_problem_scope` says what a problem's replay covers). Returns a
     :class:`ReplayResult` (per-array words fetched and written per policy, beside the explicit schedule's counts).
     ``replay(problem, schedule, M)`` replays a :class:`iosim.Schedule` over an :class:`iosim.Problem`, as
-    :func:`iosim.run` runs it."""
+    :func:`iosim.run` runs it.
+
+    Steps: check the options (:func:`_check_options`), the shape and its least work (:func:`_shape`) and the cache
+    (:func:`_check_cache`); refuse a replay too long up front (:func:`_check_work`); run the schedule count-only
+    with a trace; derive its compute ops (:func:`operand_ops`); check their exact count; replay them through each
+    policy (:func:`_replayed`)."""
     from iosim import api
     from iosim.problem import Problem
     from iosim.schedule import from_objects
@@ -660,7 +665,48 @@ def replay(
         raise InputError("M", "must be given: the fast memory's size in words")
 
     problem = run_options.pop("problem", None)
+    policies, allow_long = _check_options(algorithm, policy, write_allocate, opt_limit_bytes, run_options)
+    N, d, work = _shape(algorithm, problem, N, d, run_options)  # noqa: N806
+    cache = _check_cache(M, cache_words, line, write_allocate, policies, opt_limit_bytes)
+    where = ("problem", str(problem)) if problem is not None else ("N", N)
+    limit = _Limit(allow_long, *where, policies)
+    if work is not None:
+        _check_work(work, limit)
+    shape = dict(problem=problem) if problem is not None else dict(N=N, d=d, causal=causal)
+    run = dict(M=M, backward=backward, tiling=tiling, count_only=True, trace=True, reference=False)
+    r = api.run(algorithm, **shape, **run, **run_options)
+    ops, x = operand_ops(r.trace, algorithm, backward, N, cache.line, problem)
+    accesses = cs.access_count(ops)
+    _check_accesses(accesses, limit)
+    return _replayed(algorithm, r, M, cache, backward, accesses, (ops, x), problem)
 
+
+@dataclass(frozen=True)
+class _Cache:
+    """The replayed cache, checked: ``words`` its size and ``line`` its line (words), ``write_allocate``, the
+    ``policies`` to replay and OPT's memory limit ``opt_limit_bytes`` (None: half the free memory)."""
+
+    words: int
+    line: int
+    write_allocate: bool
+    policies: tuple[str, ...]
+    opt_limit_bytes: int | None
+
+
+@dataclass(frozen=True)
+class _Limit:
+    """How a replay's length is checked (:mod:`iosim.estimate`): ``allow_long`` past a minute, the ``parameter``
+    and ``value`` an InputError names (N, or the problem), the ``policies`` whose time is estimated."""
+
+    allow_long: bool
+    parameter: str
+    value: object
+    policies: tuple[str, ...]
+
+
+def _check_options(algorithm, policy, write_allocate, opt_limit_bytes, run_options) -> tuple[tuple[str, ...], bool]:
+    """The policies (:func:`parse_policies`), write_allocate, opt_limit_bytes, allow_long and the algorithm, checked
+    in that order: (the policies, allow_long)."""
     policies = parse_policies(policy)
     if not isinstance(write_allocate, (bool, np.bool_)):
         raise InputError("write_allocate", "must be True or False", write_allocate)
@@ -673,18 +719,29 @@ def replay(
         raise InputError("allow_long", "must be True or False", allow_long)
     if not isinstance(algorithm, str) or algorithm not in BASE_ALGORITHMS:
         raise InputError("algorithm", f"replay knows the compute steps of {', '.join(BASE_ALGORITHMS)}", algorithm)
+    return policies, allow_long
+
+
+def _shape(algorithm, problem, N, d, run_options):  # noqa: N803
+    """(N, d, the least number of operand accesses or None when it is not known before the run): one head's N and
+    d (N^2 d), or a problem's N_q and d_qk (B H_q N_q N_k d_qk: every head forms its N_q x N_k scores; under a mask
+    fewer, counted after the run)."""
     if problem is not None:
         _problem_scope(algorithm, problem)
         if N is not None or d is not None:
             raise InputError("N, d", "must not be given with problem= (the problem holds N_q, N_k, d_qk)", (N, d))
-        N, d = problem.N_q, problem.d_qk
-        heads = problem.B * problem.H_q  # every head forms its N_q x N_k scores: B H_q N_q N_k d_qk accesses at least
-        masked = run_options.get("mask") not in (None, "none", "dense")  # (a mask: fewer; counted after the run)
+        heads = problem.B * problem.H_q
+        masked = run_options.get("mask") not in (None, "none", "dense")
         work = None if masked else heads * problem.N_q * problem.N_k * problem.d_qk
-    elif N is None or d is None:
+        return problem.N_q, problem.d_qk, work
+    if N is None or d is None:
         raise InputError("N and d", "must be given (or problem=)", (N, d))
-    else:
-        work = N * N * d if isinstance(N, (int, np.integer)) and isinstance(d, (int, np.integer)) else None
+    work = N * N * d if isinstance(N, (int, np.integer)) and isinstance(d, (int, np.integer)) else None
+    return N, d, work
+
+
+def _check_cache(M, cache_words, line, write_allocate, policies, opt_limit_bytes) -> _Cache:  # noqa: N803
+    """The cache's size (default M, from 1 to 2^40 words) and its line (a power of two up to the size)."""
     cache_words = M if cache_words is None else cache_words
     whole = isinstance(cache_words, (int, np.integer)) and not isinstance(cache_words, bool)
     if not whole or not 0 < cache_words <= 1 << 40:
@@ -696,57 +753,58 @@ def replay(
         or line & (line - 1)
     ):
         raise InputError("line", f"must be a power of two from 1 to the cache size {cache_words:,} (words)", line)
-    parameter, value = ("problem", str(problem)) if problem is not None else ("N", N)
-    if work is not None and work > MAX_ACCESSES:
-        raise InputError(  # every algorithm touches at least N^2 d operand words (S = Q K^T); checked up front
-            parameter,
+    return _Cache(int(cache_words), int(line), bool(write_allocate), policies, opt_limit_bytes)
+
+
+def _check_work(work: int, limit: _Limit) -> None:
+    """Up front: every algorithm touches at least N^2 d operand words (S = Q K^T), so a replay of more than
+    :data:`MAX_ACCESSES`, or longer than :mod:`iosim.estimate` allows, is refused before the run."""
+    if work > MAX_ACCESSES:
+        raise InputError(
+            limit.parameter,
             f"gives over {work:,} operand accesses (the scores' N^2 d at least), over the replay limit of "
             f"{MAX_ACCESSES:,} (about 5 minutes of LRU); use a smaller N or d",
-            value,
+            limit.value,
         )
-    if work is not None:  # at least N^2 d accesses: up front
-        estimate.check(
-            estimate.replay_seconds(work, policies),
-            f"a replay through {', '.join(policies)} of at least {work:,} operand accesses",
-            allow_long=allow_long,
-            parameter=parameter,
-            value=value,
-            remedy="use a smaller N or d, or --policy lru,fifo",
-        )
-    shape = dict(problem=problem) if problem is not None else dict(N=N, d=d, causal=causal)
-    r = api.run(
-        algorithm,
-        **shape,
-        M=M,
-        backward=backward,
-        tiling=tiling,
-        count_only=True,
-        trace=True,
-        reference=False,
-        **run_options,
-    )
-    ops, x = operand_ops(r.trace, algorithm, backward, N, int(line), problem)
-    accesses = cs.access_count(ops)
-    if accesses > MAX_ACCESSES:
-        raise InputError(
-            parameter,
-            f"gives {accesses:,} operand accesses, over the replay limit of {MAX_ACCESSES:,}; use a smaller N",
-            value,
-        )
-    estimate.check(  # the exact count, now that the schedule has run (its OPT trace included)
-        estimate.replay_seconds(accesses, policies),
-        f"a replay through {', '.join(policies)} of {accesses:,} operand accesses",
-        allow_long=allow_long,
-        parameter=parameter,
-        value=value,
+    estimate.check(
+        estimate.replay_seconds(work, limit.policies),
+        f"a replay through {', '.join(limit.policies)} of at least {work:,} operand accesses",
+        allow_long=limit.allow_long,
+        parameter=limit.parameter,
+        value=limit.value,
         remedy="use a smaller N or d, or --policy lru,fifo",
     )
+
+
+def _check_accesses(accesses: int, limit: _Limit) -> None:
+    """The exact count, now that the schedule has run (its OPT trace included): at most :data:`MAX_ACCESSES` and
+    within the time :mod:`iosim.estimate` allows."""
+    if accesses > MAX_ACCESSES:
+        raise InputError(
+            limit.parameter,
+            f"gives {accesses:,} operand accesses, over the replay limit of {MAX_ACCESSES:,}; use a smaller N",
+            limit.value,
+        )
+    estimate.check(
+        estimate.replay_seconds(accesses, limit.policies),
+        f"a replay through {', '.join(limit.policies)} of {accesses:,} operand accesses",
+        allow_long=limit.allow_long,
+        parameter=limit.parameter,
+        value=limit.value,
+        remedy="use a smaller N or d, or --policy lru,fifo",
+    )
+
+
+def _replayed(algorithm, r, M, cache: _Cache, backward, accesses, derived, problem) -> ReplayResult:  # noqa: N803
+    """The result: the explicit schedule's per-array reads and writes (of the run ``r``), then the compute ops
+    ``derived`` (ops, address map) replayed through each policy's cache (:func:`replay_ops`)."""
+    ops, x = derived
     explicit = {n: (c.reads, c.writes) for n, c in r.stats.per_array.items()}
     out = ReplayResult(
-        algorithm, r.N, r.d, M, int(cache_words), int(line), bool(write_allocate), backward, r.causal, accesses,
+        algorithm, r.N, r.d, M, cache.words, cache.line, cache.write_allocate, backward, r.causal, accesses,
         explicit, problem=problem,
     )  # fmt: skip
     out.rows = list(x.report) + [n for n in explicit if n not in x.report]
-    for p in policies:
-        out.policies[p] = replay_ops(ops, x, p, int(cache_words), int(line), bool(write_allocate), opt_limit_bytes)
+    for p in cache.policies:
+        out.policies[p] = replay_ops(ops, x, p, cache.words, cache.line, cache.write_allocate, cache.opt_limit_bytes)
     return out
