@@ -714,7 +714,7 @@ def replay(
             remedy="use a smaller N or d, or --policy lru,fifo",
         )
     shape = dict(problem=problem) if problem is not None else dict(N=N, d=d, causal=causal)
-    r = api.run(
+    r = api.run_keywords(
         algorithm,
         **shape,
         M=M,
