@@ -637,7 +637,7 @@ def _init_gradients(W, s, work):
         hbm.dQ[:] = 0.0
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")  # one nest: inlined into _backward
 def _row_block(W, s, t, qbase, r0, br, c0, bc, partial):
     """Steps 9-16 for row block [r0, r0 + br) of the thread block's rows (its query rows start at ``qbase``) against
     the resident K_j, V_j: load the row tiles, recompute P_ij, accumulate dV~_j, dK~_j, write dQ_i back."""
@@ -676,7 +676,7 @@ def _row_block(W, s, t, qbase, r0, br, c0, bc, partial):
         free(W, hh)
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")  # one nest: inlined into _backward
 def _column_block(W, s, t, kv, qbase, dkv, j):
     """Steps 6-18 (Algorithm 4: 8-25), one thread block: K_j, V_j loaded (step 6), dK~_j, dV~_j zeroed on chip
     (step 7), the row blocks the mask leaves (step 8), dK_j, dV_j written once (step 18). ``kv``: the key/value
