@@ -283,10 +283,6 @@ class ProblemRun:
     def gather(self) -> bool:  # flash1 over a paged cache: a column block's keys gathered from their pages
         return self.o.get("pages") == "gather"
 
-    @property
-    def fast(self) -> bool:  # a count-only run without a trace runs on the counters-only memory
-        return self.count_only and not self.trace
-
     @classmethod
     def check(cls, algo, p: Problem, M: int, gqa, splits, mla, Br, Bc, B, masked: bool, o: dict) -> ProblemRun:
         """The schedule's options against the algorithm and the problem, the mask compiled, the flags, the caller's
@@ -312,7 +308,8 @@ class ProblemRun:
         return r
 
     def memory(self, trace: bool) -> TwoLevelMemory:
-        """A fresh fast memory of M words for one pass (``trace``: record it)."""
+        """A fresh fast memory of M words for one pass (``trace``: record it); a count-only run without a trace
+        runs on the counters-only memory."""
         return TwoLevelMemory(self.M, strict=self.strict, trace=trace, fast=self.count_only and not self.trace)
 
     def inputs(self) -> tuple:
