@@ -554,15 +554,8 @@ class FastTiles(NamedTuple):
     dP: object
 
 
-@njit(cache=True)
-def fast_words(n):
-    """The words of :class:`FastTiles` for the sizes ``n``: Q_i, O_i, dO_i, dQ_i (2 Br (d_qk + d_v)), L_i, D_i, l_i,
-    m_i (4 Br), K_j, V_j, dK~_j, dV~_j (2 Bc (d_qk + d_v)), S_ij, dP_ij (2 Br Bc), in that order."""
-    return 2 * (n.Br + n.Bc) * (n.dqk + n.dv) + 4 * n.Br + 2 * n.Br * n.Bc
-
-
 def part(work, o, n):
-    """Words [o, o + n) of the workspace ``work``; None in count-only mode (``work`` None)."""
+    """Words [o, o + n) of a fast-memory buffer; None in count-only mode (``work`` None)."""
     return None if work is None else work[o : o + n]
 
 
@@ -574,17 +567,14 @@ def _part(work, o, n):
 
 
 @njit(cache=True)
-def _fast_tiles(work, n):
-    """:class:`FastTiles` carved from one workspace of :func:`fast_words` words (None: count-only), in its order."""
+def _fast_tiles(n, like):
+    """:class:`FastTiles` for the sizes ``n``, of ``like``'s dtype (None each in count-only mode: ``like`` None)."""
     q, v, r, kq, kv, s = n.Br * n.dqk, n.Br * n.dv, n.Br, n.Bc * n.dqk, n.Bc * n.dv, n.Br * n.Bc
-    a = 2 * (q + v)  # the row statistics start here
-    b = a + 4 * r  # the column tiles
-    c = b + 2 * (kq + kv)  # the score tiles
     return FastTiles(
-        part(work, 0, q), part(work, q, v), part(work, q + v, v), part(work, q + 2 * v, q),  # Q_i, O_i, dO_i, dQ_i
-        part(work, a, r), part(work, a + r, r), part(work, a + 2 * r, r), part(work, a + 3 * r, r),  # L, D, l, m
-        part(work, b, kq), part(work, b + kq, kv), part(work, b + kq + kv, kq), part(work, b + 2 * kq + kv, kv),
-        part(work, c, s), part(work, c + s, s),  # S_ij, dP_ij
+        buffer(q, like), buffer(v, like), buffer(v, like), buffer(q, like),  # Q_i, O_i, dO_i, dQ_i
+        buffer(r, like), buffer(r, like), buffer(r, like), buffer(r, like),  # L_i, D_i, l_i, m_i
+        buffer(kq, like), buffer(kv, like), buffer(kq, like), buffer(kv, like),  # K_j, V_j, dK~_j, dV~_j
+        buffer(s, like), buffer(s, like),  # S_ij, dP_ij
     )  # fmt: skip
 
 
@@ -623,18 +613,18 @@ def _gradients(Pij, dPij, Qi, Oi, dOi, dQi, Kj, Vj, dKj, dVj, D_i, n):  # noqa: 
 
 
 @njit(cache=True)
-def _init_gradients(W, s, work):
+def _init_gradients(W, s, dQ):  # noqa: N803
     """Step 3: dQ = (0) in HBM, every query row of every head; Algorithm 4 (step 6) zeroes dK and dV there too (the
     expanded partials under per-head GQA). Counted as initialisation writes."""
-    ids, hbm, n = s.ids, s.hbm, s.n
+    ids, n = s.ids, s.n
     init_slow(W, ids.dQ, n.B * n.Hkv * n.g * n.Nq * n.dqk)
     if n.alg1:
         expand = n.G > 1
         kvw = (n.B * n.Hkv * n.G if expand else n.B * n.Hkv) * n.Nk
         init_slow(W, ids.dKpart if expand else ids.dK, kvw * n.dqk)
         init_slow(W, ids.dVpart if expand else ids.dV, kvw * n.dv)
-    if work is not None:
-        hbm.dQ[:] = 0.0
+    if dQ is not None:  # numeric runs: the zeros themselves
+        dQ[:] = 0.0
 
 
 @njit(cache=True, inline="always")  # one nest: inlined into _backward
@@ -720,18 +710,20 @@ def _column_block(W, s, t, kv, qbase, dkv, j):
 
 
 @njit(cache=True)
-def _backward(W, s, work):
-    """The K/V-outer backward over a problem (``s``: :class:`Backward`; ``work``: fast memory's buffers,
-    :func:`fast_words` words, None in count-only mode): FlashAttention-2's Algorithm 2 (``alg1`` False: the D pass,
-    P from L) or FlashAttention's Algorithm 4 (``alg1`` True: dK, dV zero-initialised in HBM, P from l and m, O_i
-    loaded and D_i recomputed on every inner step). Step numbers are FlashAttention-2's; Algorithm 4's where they
-    differ. Batch items, key/value heads and (per-head GQA) query heads are the outermost loops."""
-    ids, hbm, n = s.ids, s.hbm, s.n
+def _backward(W, ids, Q, K, V, O, dO, L, l, m, D, dQ, dK, dV, dKpart, dVpart, n, mask):  # noqa: E741, N803
+    """The K/V-outer backward over a problem: FlashAttention-2's Algorithm 2 (``n.alg1`` False: the D pass, P from
+    L) or FlashAttention's Algorithm 4 (``n.alg1`` True: dK, dV zero-initialised in HBM, P from l and m, O_i loaded
+    and D_i recomputed on every inner step). Step numbers are FlashAttention-2's; Algorithm 4's where they differ.
+    Batch items, key/value heads and (per-head GQA) query heads are the outermost loops. The slow-memory arrays are
+    arguments of their own, in ``ids``' order (None each in count-only mode), as the memory model's ``call`` and its
+    witness take a driver's data; the nest's state is one :class:`Backward` (``n``: :class:`BackwardShape`,
+    ``mask``: the mask's kind, params, table)."""
+    s = Backward(ids, BackwardArrays(Q, K, V, O, dO, L, l, m, D, dQ, dK, dV, dKpart, dVpart), n, mask)
     B, Hkv, g, G, Nk = n.B, n.Hkv, n.g, n.G, n.Nk  # noqa: N806
-    _init_gradients(W, s, work)  # step 3 (Algorithm 4: step 6)
-    t = _fast_tiles(work, n)
+    _init_gradients(W, s, dQ)  # step 3 (Algorithm 4: step 6)
+    t = _fast_tiles(n, Q)
     if not n.alg1:  # step 4: D = rowsum(dO o O), its own pass over all B H_q N_q rows (flash-attn's preprocess)
-        d_pass(W, (ids.dO, ids.O, ids.D), hbm.dO, hbm.O, hbm.D, B * Hkv * g * n.Nq, n.dv, n.Br, t.dO, t.O, t.D)
+        d_pass(W, (ids.dO, ids.O, ids.D), dO, O, D, B * Hkv * g * n.Nq, n.dv, n.Br, t.dO, t.O, t.D)
     for b in range(B):
         for hk in range(Hkv):
             kv = (b * Hkv + hk) * Nk
@@ -741,8 +733,8 @@ def _backward(W, s, work):
                 for j in range(cdiv(Nk, n.Bc)):  # step 5: one thread block per column block
                     _column_block(W, s, t, kv, qbase, dkv, j)
     if G > 1:  # the group sum: dK = sum over the g query heads of their expanded partials (and dV)
-        sum_group(W, (ids.dKpart, ids.dK), hbm.dKpart, hbm.dK, B * Hkv, g, Nk, n.dqk, n.Bc, t.K, t.dK)
-        sum_group(W, (ids.dVpart, ids.dV), hbm.dVpart, hbm.dV, B * Hkv, g, Nk, n.dv, n.Bc, t.V, t.dV)
+        sum_group(W, (ids.dKpart, ids.dK), dKpart, dK, B * Hkv, g, Nk, n.dqk, n.Bc, t.K, t.dK)
+        sum_group(W, (ids.dVpart, ids.dV), dVpart, dV, B * Hkv, g, Nk, n.dv, n.Bc, t.V, t.dV)
 
 
 @njit(cache=True)
@@ -865,8 +857,8 @@ def flash1_problem(mem, problem, Q, K, V, table, *, Br, Bc, gqa, mla, scale, dty
 
 
 def _backward_call(mem, p, Q, K, V, O, dO, L, l, m, Br, Bc, gqa, scale, dtype, alg1, mask):  # noqa: E741, N803
-    """Both backward passes over a problem: the arrays registered and poisoned, the nest's state (:class:`Backward`)
-    and fast memory's buffers built, :func:`_backward` run on ``mem``. Returns (dQ, dK, dV)."""
+    """Both backward passes over a problem: the arrays registered and poisoned, :func:`_backward` run on ``mem``
+    with the slow-memory arrays in ``ids``' order and the sizes (:class:`BackwardShape`). Returns (dQ, dK, dV)."""
     G, _, R = p.groups(gqa)
     Rtot = p.B * p.H_q * p.N_q
     numeric = Q is not None
@@ -896,8 +888,7 @@ def _backward_call(mem, p, Q, K, V, O, dO, L, l, m, Br, Bc, gqa, scale, dtype, a
     kind, params, table, skip = problem_mask(p, mask)
     sizes = (p.B, p.H_kv, p.g, G, p.N_q, p.N_k, p.d_qk, p.d_v, Br, Bc)
     shape = BackwardShape(*(int(x) for x in sizes), float(scale), bool(alg1), bool(skip))
-    work = np.empty(fast_words(shape), dtype) if numeric else None
-    mem.call(_backward, Backward(ids, hbm, shape, (kind, params, table)), work)
+    mem.call(_backward, ids, *hbm, shape, (kind, params, table))
     return dQ, dK, dV
 
 
