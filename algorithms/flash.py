@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 from iosim.algorithms._tiles import buffer, cdiv, exp_nonpos, score_tile, tile
@@ -75,7 +76,8 @@ from iosim.algorithms.tile_masks import (
     rows_nnz,
 )
 from iosim.memory_model import alloc, alloc_vec, free, init_slow, load, load_vec, store, store_vec
-from numba import njit
+from numba import njit, types
+from numba.extending import overload
 
 
 @njit(cache=True)
@@ -460,114 +462,279 @@ def d_pass(W, ids, dO, O, D, R, d, Br, dOb, Ob, Db):  # noqa: N803
             free(W, h)
 
 
+class BackwardIds(NamedTuple):
+    """The memory model's id of every array the backward names (-1: an array this run does not use)."""
+
+    Q: int
+    K: int
+    V: int
+    O: int
+    dO: int
+    L: int
+    l: int  # noqa: E741 - the paper's l_i
+    m: int
+    D: int
+    dQ: int
+    dK: int
+    dV: int
+    dKpart: int
+    dVpart: int
+    S: int
+    dP: int
+
+
+class BackwardArrays(NamedTuple):
+    """The backward's arrays in slow memory (HBM), rows in the module docstring's order; None each in count-only
+    mode. Algorithm 4 reads l, m (L is a 1-word stand-in), FlashAttention-2 reads L and D (l, m stand-ins);
+    dKpart, dVpart are per-head GQA's expanded partials (dK, dV themselves otherwise)."""
+
+    Q: object
+    K: object
+    V: object
+    O: object
+    dO: object
+    L: object
+    l: object  # noqa: E741
+    m: object
+    D: object
+    dQ: object
+    dK: object
+    dV: object
+    dKpart: object
+    dVpart: object
+
+
+class BackwardShape(NamedTuple):
+    """The schedule's sizes: B batch items, Hkv key/value heads of g query heads each, G thread-block groups per
+    key/value head (g: per-head GQA; 1: packed), Nq query rows against Nk keys, widths dqk and dv, tiles Br x Bc,
+    the softmax scale tau, ``alg1`` (FlashAttention's Algorithm 4, else FlashAttention-2's Algorithm 2) and the
+    mask's policy ``skip`` (load no K_j, V_j that no row sees)."""
+
+    B: int
+    Hkv: int
+    g: int
+    G: int
+    Nq: int
+    Nk: int
+    dqk: int
+    dv: int
+    Br: int
+    Bc: int
+    scale: float
+    alg1: bool
+    skip: bool
+
+
+class Backward(NamedTuple):
+    """All the backward nest reads: ids, slow-memory arrays, sizes and the mask's (kind, params, table)."""
+
+    ids: BackwardIds
+    hbm: BackwardArrays
+    n: BackwardShape
+    mask: tuple
+
+
+class FastTiles(NamedTuple):
+    """Fast memory's buffers for one inner step's tiles (1-D, viewed as tiles by :func:`tile`); None each in
+    count-only mode."""
+
+    Q: object
+    O: object
+    dO: object
+    dQ: object
+    L: object
+    D: object
+    l: object  # noqa: E741
+    m: object
+    K: object
+    V: object
+    dK: object
+    dV: object
+    S: object
+    dP: object
+
+
+def part(work, o, n):
+    """Words [o, o + n) of a fast-memory buffer; None in count-only mode (``work`` None)."""
+    return None if work is None else work[o : o + n]
+
+
+@overload(part, jit_options={"cache": True})
+def _part(work, o, n):
+    if isinstance(work, types.NoneType):
+        return lambda work, o, n: None
+    return lambda work, o, n: work[o : o + n]
+
+
 @njit(cache=True)
-def _backward(  # noqa: N803
-    W, ids, Q, K, V, O, dO, L, l, m, D, dQ, dK, dV, dKp, dVp, B, Hkv, g, G, Nq, Nk, dqk, dv, Br, Bc, scale, alg1,  # noqa: E741
-    mk, mp, mt, skip,
-):  # fmt: skip
-    """The K/V-outer backward: FlashAttention-2's Algorithm 2 (alg1 False: D pass, P from L) or FlashAttention's
-    Algorithm 4 (alg1 True: dK, dV zero-initialised in HBM, P from l and m, O_i loaded and D_i recomputed on every
-    inner step). Step numbers are FlashAttention-2's; Algorithm 4's where they differ."""
-    iQ, iK, iV, iO, idO, iL, il, im, iD, idQ, idK, idV, idKp, idVp, iS, idP = ids
-    R = Nq * (g // G)  # rows of one thread block's row loop: N_q (per-head) or g N_q (packed)
-    Rtot = B * Hkv * g * Nq
-    off = Nk - Nq
-    Tc = cdiv(Nk, Bc)
-    expand = G > 1  # per-head GQA: dK, dV written per query head (expanded), summed over the group afterwards
-    # Step 3: dQ = (0) in HBM (every query row of every head).
-    init_slow(W, idQ, Rtot * dqk)
-    if alg1:  # Algorithm 4, step 6: dK, dV (the expanded partials under per-head GQA) = (0) in HBM too
-        kvw = (B * Hkv * G if expand else B * Hkv) * Nk
-        init_slow(W, idKp if expand else idK, kvw * dqk)
-        init_slow(W, idVp if expand else idV, kvw * dv)
-    if Q is not None:
-        dQ[:, :] = 0.0
-    Qb, dOb, dQb, Ob = buffer(Br * dqk, Q), buffer(Br * dv, Q), buffer(Br * dqk, Q), buffer(Br * dv, Q)
-    Lb, Db, lb, mb = buffer(Br, Q), buffer(Br, Q), buffer(Br, Q), buffer(Br, Q)
-    if not alg1:  # step 4: D = rowsum(dO o O), its own pass over all B H_q N_q rows (flash-attn's preprocess)
-        d_pass(W, (idO, iO, iD), dO, O, D, Rtot, dv, Br, dOb, Ob, Db)
-    Kb, Vb, dKb, dVb = buffer(Bc * dqk, Q), buffer(Bc * dv, Q), buffer(Bc * dqk, Q), buffer(Bc * dv, Q)
-    Sb, dPb = buffer(Br * Bc, Q), buffer(Br * Bc, Q)
-    for b in range(B):  # batch items, key/value heads and (per-head) query heads: outermost
+def _fast_tiles(n, like):
+    """:class:`FastTiles` for the sizes ``n``, of ``like``'s dtype (None each in count-only mode: ``like`` None)."""
+    q, v, r, kq, kv, s = n.Br * n.dqk, n.Br * n.dv, n.Br, n.Bc * n.dqk, n.Bc * n.dv, n.Br * n.Bc
+    return FastTiles(
+        buffer(q, like), buffer(v, like), buffer(v, like), buffer(q, like),  # Q_i, O_i, dO_i, dQ_i
+        buffer(r, like), buffer(r, like), buffer(r, like), buffer(r, like),  # L_i, D_i, l_i, m_i
+        buffer(kq, like), buffer(kv, like), buffer(kq, like), buffer(kv, like),  # K_j, V_j, dK~_j, dV~_j
+        buffer(s, like), buffer(s, like),  # S_ij, dP_ij
+    )  # fmt: skip
+
+
+@njit(cache=True)
+def _zero(a):
+    """a = 0 on chip or in HBM (numeric runs; ``a`` None in count-only mode)."""
+    if a is not None:
+        a[:] = 0.0
+
+
+@njit(cache=True)
+def _probabilities(Sij, Qi, Kj, t, n, mask, r0, c0, br, partial):  # noqa: N803
+    """Steps 10-11 on chip (Algorithm 4: 12-14): S_ij = tau Q_i K_j^T, the element mask in a partial block, then
+    P_ij in place of S_ij, from L_i (Algorithm 4: from l_i and m_i). Nothing in count-only mode (Sij None)."""
+    if Sij is None:
+        return
+    score_tile(Qi, Kj, Sij, n.scale)  # step 10: S_ij = tau Q_i K_j^T
+    if partial:  # Algorithm 4, step 13: a partial block's element mask (-inf)
+        mk, mp, mt = mask
+        rows_apply(Sij, mk, mp, mt, r0, c0, n.Nq, n.Nk - n.Nq)
+    if n.alg1:
+        _probabilities_from_stats(Sij, t.m[:br], t.l[:br])  # Algorithm 4, step 14: diag(l_i)^-1 exp(S_ij - m_i)
+    else:
+        _probabilities_from_stats(Sij, t.L[:br], None)  # step 11: P_ij = exp(S_ij - L_i)
+
+
+@njit(cache=True)
+def _gradients(Pij, dPij, Qi, Oi, dOi, dQi, Kj, Vj, dKj, dVj, D_i, n):  # noqa: N803
+    """Steps 12-16 on chip (Algorithm 4: 17-23): dV~_j, dP_ij, dS_ij, dQ_i, dK~_j; Algorithm 4 first recomputes
+    D_i = rowsum(dO_i o O_i) (its step 20, on every inner step). Nothing in count-only mode (Pij None)."""
+    if Pij is None:
+        return
+    if n.alg1:
+        _rowsum_product(dOi, Oi, D_i)  # Algorithm 4, step 20: D_i, recomputed on every inner step
+    _backward_tile(Pij, dPij, Qi, Kj, Vj, dOi, dQi, dKj, dVj, D_i, n.scale)
+
+
+@njit(cache=True)
+def _init_gradients(W, s, dQ):  # noqa: N803
+    """Step 3: dQ = (0) in HBM, every query row of every head; Algorithm 4 (step 6) zeroes dK and dV there too (the
+    expanded partials under per-head GQA). Counted as initialisation writes."""
+    ids, n = s.ids, s.n
+    init_slow(W, ids.dQ, n.B * n.Hkv * n.g * n.Nq * n.dqk)
+    if n.alg1:
+        expand = n.G > 1
+        kvw = (n.B * n.Hkv * n.G if expand else n.B * n.Hkv) * n.Nk
+        init_slow(W, ids.dKpart if expand else ids.dK, kvw * n.dqk)
+        init_slow(W, ids.dVpart if expand else ids.dV, kvw * n.dv)
+    if dQ is not None:  # numeric runs: the zeros themselves
+        dQ[:] = 0.0
+
+
+@njit(cache=True, inline="always")  # one nest: inlined into _backward
+def _row_block(W, s, t, qbase, r0, br, c0, bc, partial):
+    """Steps 9-16 for row block [r0, r0 + br) of the thread block's rows (its query rows start at ``qbase``) against
+    the resident K_j, V_j: load the row tiles, recompute P_ij, accumulate dV~_j, dK~_j, write dQ_i back."""
+    ids, hbm, n = s.ids, s.hbm, s.n
+    q = qbase + r0
+    Qi, Oi, dOi, dQi = tile(t.Q, br, n.dqk), tile(t.O, br, n.dv), tile(t.dO, br, n.dv), tile(t.dQ, br, n.dqk)
+    Kj, Vj, dKj, dVj = tile(t.K, bc, n.dqk), tile(t.V, bc, n.dv), tile(t.dK, bc, n.dqk), tile(t.dV, bc, n.dv)
+    Sij, dPij = tile(t.S, br, bc), tile(t.dP, br, bc)
+    hQ = load(W, ids.Q, hbm.Q, q, br, 0, n.dqk, Qi)  # step 9
+    if n.alg1:  # Algorithm 4, step 11: Q_i, O_i, dO_i, dQ_i, l_i, m_i; D_i computed on chip
+        hO = load(W, ids.O, hbm.O, q, br, 0, n.dv, Oi)
+        hdO = load(W, ids.dO, hbm.dO, q, br, 0, n.dv, dOi)
+        hdQ = load(W, ids.dQ, hbm.dQ, q, br, 0, n.dqk, dQi)
+        h1 = load_vec(W, ids.l, hbm.l, q, br, t.l)
+        h2 = load_vec(W, ids.m, hbm.m, q, br, t.m)
+    else:  # step 9 without O_i (unused once D exists): dO_i, dQ_i (step 15's read), L_i, D_i
+        hO = -1
+        hdO = load(W, ids.dO, hbm.dO, q, br, 0, n.dv, dOi)
+        hdQ = load(W, ids.dQ, hbm.dQ, q, br, 0, n.dqk, dQi)
+        h1 = load_vec(W, ids.L, hbm.L, q, br, t.L)
+        h2 = load_vec(W, ids.D, hbm.D, q, br, t.D)
+    hS = alloc(W, ids.S, r0, br, c0, bc)  # S_ij, then P_ij in place
+    hdP = alloc(W, ids.dP, r0, br, c0, bc)  # dP_ij, then dS_ij in place
+    hD = alloc_vec(W, ids.D, q, br) if n.alg1 else -1  # Algorithm 4: D_i on chip
+    _probabilities(Sij, Qi, Kj, t, n, s.mask, r0, c0, br, partial)  # steps 10-11
+    _gradients(Sij, dPij, Qi, Oi, dOi, dQi, Kj, Vj, dKj, dVj, part(t.D, 0, br), n)  # steps 12-16
+    store(W, hdQ, dQi, hbm.dQ)  # step 15: dQ_i back to HBM (Algorithm 4, step 22)
+    free(W, hS)
+    free(W, hdP)
+    if n.alg1:
+        free(W, hD)
+    free(W, hQ)
+    if n.alg1:
+        free(W, hO)
+    for hh in (hdO, hdQ, h1, h2):
+        free(W, hh)
+
+
+@njit(cache=True, inline="always")  # one nest: inlined into _backward
+def _column_block(W, s, t, kv, qbase, dkv, j):
+    """Steps 6-18 (Algorithm 4: 8-25), one thread block: K_j, V_j loaded (step 6), dK~_j, dV~_j zeroed on chip
+    (step 7), the row blocks the mask leaves (step 8), dK_j, dV_j written once (step 18). ``kv``: the key/value
+    head's first key row; ``qbase``: the thread block's first query row; ``dkv``: its first row of dK, dV (of the
+    expanded partials under per-head GQA)."""
+    ids, hbm, n = s.ids, s.hbm, s.n
+    mk, mp, mt = s.mask
+    R, off, expand = n.Nq * (n.g // n.G), n.Nk - n.Nq, n.G > 1  # R: N_q rows (per-head) or g N_q (packed)
+    c0 = j * n.Bc
+    bc = min(n.Bc, n.Nk - c0)
+    lo, hi = cols_rows(mk, mp, mt, c0, bc, n.Nq, off, R)
+    i0, i1 = block_range(lo, hi, n.Br)  # row blocks outside the mask's range are not visited
+    if n.skip:  # policy skip: from the first row block that sees a key of K_j
+        i0 = _first_seen(mk, mp, mt, c0, bc, i0, i1, n.Br, R, n.Nq, off, True)
+    seen = i0 < i1 or not n.skip  # skip and no row sees K_j: K_j, V_j are never loaded
+    if n.alg1 and not seen:  # Algorithm 4: dK_j = dV_j = 0 from step 6 stand
+        return
+    Kj, Vj, dKj, dVj = tile(t.K, bc, n.dqk), tile(t.V, bc, n.dv), tile(t.dK, bc, n.dqk), tile(t.dV, bc, n.dv)
+    hK = hV = -1
+    if seen:
+        hK = load(W, ids.K, hbm.K, kv + c0, bc, 0, n.dqk, Kj)  # step 6
+        hV = load(W, ids.V, hbm.V, kv + c0, bc, 0, n.dv, Vj)
+    hdK = alloc(W, ids.dKpart if expand else ids.dK, dkv + c0, bc, 0, n.dqk)  # step 7: dK~_j = dV~_j = 0 on chip
+    hdV = alloc(W, ids.dVpart if expand else ids.dV, dkv + c0, bc, 0, n.dv)
+    _zero(dKj)
+    _zero(dVj)
+    for i in range(i0, i1):  # step 8: row blocks (packed: the g heads' rows one after another)
+        r0 = i * n.Br
+        br = min(n.Br, R - r0)
+        nnz = rows_nnz(mk, mp, mt, r0, br, c0, bc, n.Nq, off)
+        if nnz == 0:  # no row of the block sees a key of K_j: skipped
+            continue
+        _row_block(W, s, t, qbase, r0, br, c0, bc, nnz < br * bc)
+    store(W, hdK, dKj, hbm.dKpart if expand else hbm.dK)  # step 18: dK_j, dV_j written once
+    store(W, hdV, dVj, hbm.dVpart if expand else hbm.dV)
+    if seen:
+        free(W, hK)
+        free(W, hV)
+    free(W, hdK)
+    free(W, hdV)
+
+
+@njit(cache=True)
+def _backward(W, ids, Q, K, V, O, dO, L, l, m, D, dQ, dK, dV, dKpart, dVpart, n, mask):  # noqa: E741, N803
+    """The K/V-outer backward over a problem: FlashAttention-2's Algorithm 2 (``n.alg1`` False: the D pass, P from
+    L) or FlashAttention's Algorithm 4 (``n.alg1`` True: dK, dV zero-initialised in HBM, P from l and m, O_i loaded
+    and D_i recomputed on every inner step). Step numbers are FlashAttention-2's; Algorithm 4's where they differ.
+    Batch items, key/value heads and (per-head GQA) query heads are the outermost loops. The slow-memory arrays are
+    arguments of their own, in ``ids``' order (None each in count-only mode), as the memory model's ``call`` and its
+    witness take a driver's data; the nest's state is one :class:`Backward` (``n``: :class:`BackwardShape`,
+    ``mask``: the mask's kind, params, table)."""
+    s = Backward(ids, BackwardArrays(Q, K, V, O, dO, L, l, m, D, dQ, dK, dV, dKpart, dVpart), n, mask)
+    B, Hkv, g, G, Nk = n.B, n.Hkv, n.g, n.G, n.Nk  # noqa: N806
+    _init_gradients(W, s, dQ)  # step 3 (Algorithm 4: step 6)
+    t = _fast_tiles(n, Q)
+    if not n.alg1:  # step 4: D = rowsum(dO o O), its own pass over all B H_q N_q rows (flash-attn's preprocess)
+        d_pass(W, (ids.dO, ids.O, ids.D), dO, O, D, B * Hkv * g * n.Nq, n.dv, n.Br, t.dO, t.O, t.D)
+    for b in range(B):
         for hk in range(Hkv):
             kv = (b * Hkv + hk) * Nk
             for h in range(G):
-                qbase = ((b * Hkv + hk) * g + h) * Nq
-                part = ((b * Hkv + hk) * G + h) * Nk  # this query head's rows of the expanded dK, dV
-                for j in range(Tc):  # step 5: one thread block per column block
-                    c0 = j * Bc
-                    bc = min(Bc, Nk - c0)
-                    lo, hi = cols_rows(mk, mp, mt, c0, bc, Nq, off, R)
-                    i0, i1 = block_range(lo, hi, Br)  # row blocks outside the mask's range are not visited
-                    if skip:  # policy skip: from the first row block that sees a key of K_j
-                        i0 = _first_seen(mk, mp, mt, c0, bc, i0, i1, Br, R, Nq, off, True)
-                    seen = i0 < i1 or not skip  # skip and no row sees K_j: K_j, V_j are never loaded
-                    if alg1 and not seen:  # Algorithm 4: dK_j = dV_j = 0 from step 6 stand
-                        continue
-                    Kj, Vj, dKj, dVj = tile(Kb, bc, dqk), tile(Vb, bc, dv), tile(dKb, bc, dqk), tile(dVb, bc, dv)
-                    hK = hV = -1
-                    if seen:
-                        hK = load(W, iK, K, kv + c0, bc, 0, dqk, Kj)  # step 6
-                        hV = load(W, iV, V, kv + c0, bc, 0, dv, Vj)
-                    hdK = alloc(W, idKp if expand else idK, part + c0 if expand else kv + c0, bc, 0, dqk)  # step 7
-                    hdV = alloc(W, idVp if expand else idV, part + c0 if expand else kv + c0, bc, 0, dv)
-                    if Q is not None:
-                        dKj[:, :] = 0.0
-                        dVj[:, :] = 0.0
-                    for i in range(i0, i1):  # step 8: row blocks (packed: the g heads' rows one after another)
-                        r0 = i * Br
-                        br = min(Br, R - r0)
-                        nnz = rows_nnz(mk, mp, mt, r0, br, c0, bc, Nq, off)
-                        if nnz == 0:  # no row of the block sees a key of K_j: skipped
-                            continue
-                        Qi, Oi, dOi, dQi = tile(Qb, br, dqk), tile(Ob, br, dv), tile(dOb, br, dv), tile(dQb, br, dqk)
-                        Sij, dPij = tile(Sb, br, bc), tile(dPb, br, bc)
-                        hQ = load(W, iQ, Q, qbase + r0, br, 0, dqk, Qi)  # step 9
-                        if alg1:  # Algorithm 4, step 11: Q_i, O_i, dO_i, dQ_i, l_i, m_i; D_i computed on chip
-                            hO = load(W, iO, O, qbase + r0, br, 0, dv, Oi)
-                            hdO = load(W, idO, dO, qbase + r0, br, 0, dv, dOi)
-                            hdQ = load(W, idQ, dQ, qbase + r0, br, 0, dqk, dQi)
-                            h1 = load_vec(W, il, l, qbase + r0, br, lb)
-                            h2 = load_vec(W, im, m, qbase + r0, br, mb)
-                        else:  # step 9 without O_i (unused once D exists): dO_i, dQ_i (step 15's read), L_i, D_i
-                            hO = -1
-                            hdO = load(W, idO, dO, qbase + r0, br, 0, dv, dOi)
-                            hdQ = load(W, idQ, dQ, qbase + r0, br, 0, dqk, dQi)
-                            h1 = load_vec(W, iL, L, qbase + r0, br, Lb)
-                            h2 = load_vec(W, iD, D, qbase + r0, br, Db)
-                        hS = alloc(W, iS, r0, br, c0, bc)  # S_ij, then P_ij in place
-                        hdP = alloc(W, idP, r0, br, c0, bc)  # dP_ij, then dS_ij in place
-                        hD = alloc_vec(W, iD, qbase + r0, br) if alg1 else -1  # Algorithm 4: D_i on chip
-                        if Q is not None:
-                            score_tile(Qi, Kj, Sij, scale)  # step 10: S_ij = tau Q_i K_j^T, masked
-                            if nnz < br * bc:  # a partial block: the element mask
-                                rows_apply(Sij, mk, mp, mt, r0, c0, Nq, off)
-                            if alg1:
-                                _probabilities_from_stats(Sij, mb[:br], lb[:br])  # Algorithm 4, step 14
-                                _rowsum_product(dOi, Oi, Db[:br])  # step 20: D_i, recomputed on every step
-                            else:
-                                _probabilities_from_stats(Sij, Lb[:br], None)  # step 11: P_ij = exp(S_ij - L_i)
-                            _backward_tile(Sij, dPij, Qi, Kj, Vj, dOi, dQi, dKj, dVj, Db[:br], scale)  # steps 12-16
-                        store(W, hdQ, dQi, dQ)  # step 15: dQ_i back to HBM
-                        free(W, hS)
-                        free(W, hdP)
-                        if alg1:
-                            free(W, hD)
-                        free(W, hQ)
-                        if alg1:
-                            free(W, hO)
-                        for hh in (hdO, hdQ, h1, h2):
-                            free(W, hh)
-                    store(W, hdK, dKj, dKp if expand else dK)  # step 18: dK_j, dV_j written once
-                    store(W, hdV, dVj, dVp if expand else dV)
-                    if seen:
-                        free(W, hK)
-                        free(W, hV)
-                    free(W, hdK)
-                    free(W, hdV)
-    if expand:  # the group sum: dK = sum over the g query heads of their expanded partials (and dV)
-        sum_group(W, (idKp, idK), dKp, dK, B * Hkv, g, Nk, dqk, Bc, Kb, dKb)
-        sum_group(W, (idVp, idV), dVp, dV, B * Hkv, g, Nk, dv, Bc, Vb, dVb)
+                qbase = ((b * Hkv + hk) * g + h) * n.Nq
+                dkv = ((b * Hkv + hk) * G + h) * Nk if G > 1 else kv  # per-head GQA: this head's partials
+                for j in range(cdiv(Nk, n.Bc)):  # step 5: one thread block per column block
+                    _column_block(W, s, t, kv, qbase, dkv, j)
+    if G > 1:  # the group sum: dK = sum over the g query heads of their expanded partials (and dV)
+        sum_group(W, (ids.dKpart, ids.dK), dKpart, dK, B * Hkv, g, Nk, n.dqk, n.Bc, t.K, t.dK)
+        sum_group(W, (ids.dVpart, ids.dV), dVpart, dV, B * Hkv, g, Nk, n.dv, n.Bc, t.V, t.dV)
 
 
 @njit(cache=True)
@@ -690,6 +857,8 @@ def flash1_problem(mem, problem, Q, K, V, table, *, Br, Bc, gqa, mla, scale, dty
 
 
 def _backward_call(mem, p, Q, K, V, O, dO, L, l, m, Br, Bc, gqa, scale, dtype, alg1, mask):  # noqa: E741, N803
+    """Both backward passes over a problem: the arrays registered and poisoned, :func:`_backward` run on ``mem``
+    with the slow-memory arrays in ``ids``' order and the sizes (:class:`BackwardShape`). Returns (dQ, dK, dV)."""
     G, _, R = p.groups(gqa)
     Rtot = p.B * p.H_q * p.N_q
     numeric = Q is not None
@@ -714,11 +883,12 @@ def _backward_call(mem, p, Q, K, V, O, dO, L, l, m, Br, Bc, gqa, scale, dtype, a
         shapes["D"] = n  # Algorithm 4: D_i on chip only
     if expand:
         shapes.update(dKpart=(parts, p.d_qk), dVpart=(parts, p.d_v))
-    ids = _ids(
-        mem, shapes, ("Q", "K", "V", "O", "dO", "L", "l", "m", "D", "dQ", "dK", "dV", "dKpart", "dVpart", "S", "dP")
-    )
-    args = (p.B, p.H_kv, p.g, G, p.N_q, p.N_k, p.d_qk, p.d_v, Br, Bc, float(scale), alg1, *problem_mask(p, mask))
-    mem.call(_backward, ids, Q, K, V, O, dO, L, l, m, D, dQ, dK, dV, dKp, dVp, *args)
+    ids = BackwardIds(*_ids(mem, shapes, BackwardIds._fields))
+    hbm = BackwardArrays(Q, K, V, O, dO, L, l, m, D, dQ, dK, dV, dKp, dVp)
+    kind, params, table, skip = problem_mask(p, mask)
+    sizes = (p.B, p.H_kv, p.g, G, p.N_q, p.N_k, p.d_qk, p.d_v, Br, Bc)
+    shape = BackwardShape(*(int(x) for x in sizes), float(scale), bool(alg1), bool(skip))
+    mem.call(_backward, ids, *hbm, shape, (kind, params, table))
     return dQ, dK, dV
 
 

@@ -83,7 +83,7 @@ def measure(g) -> list[dict]:
     }  # fmt: skip
     nothing = masks.FromBlocks(np.zeros((1, 1), bool), (N, N)).compile(N)
     floor = {
-        (a, p, M): iosim.run(a, N=N, d=d, M=M, mask=nothing, kv_policy=p, count_only=True).stats.total
+        (a, p, M): iosim.run(iosim.Schedule(a, kv_policy=p), N=N, d=d, M=M, mask=nothing, count_only=True).stats.total
         for a, p in RUNS
         for M in Ms
     }
@@ -95,7 +95,7 @@ def measure(g) -> list[dict]:
             for M in Ms:
                 lb, switch = bounds.sparse_lower_bound(N, d, M, nnz)
                 for algo, policy in RUNS:
-                    r = iosim.run(algo, N=N, d=d, M=M, mask=compiled, kv_policy=policy, count_only=True)
+                    r = iosim.run(iosim.Schedule(algo, kv_policy=policy), N=N, d=d, M=M, mask=compiled, count_only=True)
                     t = r.tiling
                     Br, Bc = (t.Br, t.Bc) if t.Br else (t.B, t.B)
                     ts = tile_sums(N, Br, Bc, compiled)

@@ -45,12 +45,12 @@ def measure(g) -> list[dict]:
         for grp in GROUPS:
             p = Problem(H_q=H_Q, H_kv=H_Q // grp, N_q=1, N_k=nk, d=D)
             for gqa in ("per-head", "packed"):
-                r = iosim.run("flash2", problem=p, M=g.M, gqa=gqa, count_only=True, allow_long=True)
+                r = iosim.run(iosim.Schedule("flash2", gqa=gqa), problem=p, M=g.M, count_only=True, allow_long=True)
                 rows.append(_row(p, r, N_q=1, N_k=nk, g=grp, gqa=gqa))
     for nq in g.Nqs:
         p = Problem(H_q=H_Q, H_kv=H_Q // 8, N_q=nq, N_k=g.Nk_q, d=D)
         for gqa in ("per-head", "packed"):
-            r = iosim.run("flash2", problem=p, M=g.M, gqa=gqa, count_only=True)
+            r = iosim.run(iosim.Schedule("flash2", gqa=gqa), problem=p, M=g.M, count_only=True)
             rows.append(_row(p, r, N_q=nq, N_k=g.Nk_q, g=8, gqa=gqa))
     return rows
 

@@ -43,7 +43,7 @@ def measure(g) -> list[dict]:
             p = Problem(B=b, H_q=H_Q, H_kv=H_KV, N_q=1, N_k=nk, d=D)
             base = None
             for s in g.splits:
-                r = iosim.run("flash2", problem=p, M=g.M, gqa="packed", splits=s, count_only=True)
+                r = iosim.run(iosim.Schedule("flash2", gqa="packed", splits=s), problem=p, M=g.M, count_only=True)
                 R = b * H_Q  # query rows of the problem
                 total = r.stats.total
                 base = total if s == 1 else base

@@ -55,7 +55,7 @@ def measure(g) -> list[dict]:
                 floor = sum(p.compulsory().values())
                 for mla in ("shared", "naive"):
                     try:
-                        r = iosim.run("flash2", problem=p, M=M, gqa="packed", mla=mla, count_only=True)
+                        r = iosim.run(iosim.Schedule("flash2", gqa="packed", mla=mla), problem=p, M=M, count_only=True)
                     except InputError:
                         rec[f"{mla}_over_floor"] = None
                         rec[f"{mla}_tiling"] = "does not fit"

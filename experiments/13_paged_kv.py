@@ -43,11 +43,11 @@ def measure(g) -> list[dict]:
     rows = []
     for algo in ("flash2", "flash1"):
         base = Problem(B=8, H_q=32, H_kv=8, N_q=1, N_k=g.N_k, d=128)
-        ref = iosim.run(algo, problem=base, M=g.M, gqa="packed", Bc=g.Bc, count_only=True)
+        ref = iosim.run(iosim.Schedule(algo, gqa="packed", Bc=g.Bc), problem=base, M=g.M, count_only=True)
         ref_kv = ref.stats.per_array["K"].reads + ref.stats.per_array["V"].reads
         for P in [None, *g.pages]:
             p = Problem(B=8, H_q=32, H_kv=8, N_q=1, N_k=g.N_k, d=128, page_size=P)
-            r = iosim.run(algo, problem=p, M=g.M, gqa="packed", Bc=g.Bc, count_only=True)
+            r = iosim.run(iosim.Schedule(algo, gqa="packed", Bc=g.Bc), problem=p, M=g.M, count_only=True)
             pa = r.stats.per_array
             table_words = pa["page_table"].reads if "page_table" in pa else 0
             kv = pa["K"].reads + pa["V"].reads

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import inspect
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -39,7 +39,7 @@ from iosim.validate import (
 # Re-exported: the names other modules and users reach through iosim.api (sizes, the problem helpers).
 __all__ = [
     "DTYPES", "MAX_D", "MAX_M", "MAX_N", "MAX_SEED", "PassResult", "Result", "algorithm_names", "combine_rows",
-    "problem_reference", "problem_reference_backward", "problem_seen", "run",
+    "problem_reference", "problem_reference_backward", "problem_seen", "run", "run_keywords", "SCHEDULE_OPTIONS",
 ]  # fmt: skip
 
 
@@ -62,50 +62,125 @@ def _trace_memory_is_input(fn):
     return wrapper
 
 
-def _three_objects(fn):
-    """``run``'s keywords as the three objects: the :class:`Schedule` they stand for is built (and so checked) once,
-    before any work, and stamped on the result with the problem and the memory (``result.spec``, the JSON's
-    provenance); ``run(problem, schedule, M)`` is the same run from the objects themselves."""
+# The schedule's options: keywords of run() until its keyword form was shortened; now fields of iosim.Schedule only.
+SCHEDULE_OPTIONS = ("tiling", "Br", "Bc", "B", "gqa", "splits", "mla", "kv_policy", "pages")
+
+
+def _short_keywords(fn):
+    """``run``'s keywords checked before any work: a schedule option (:data:`SCHEDULE_OPTIONS`) is refused in one
+    line naming :class:`iosim.Schedule`, which takes it now; a missing or unknown keyword in one line too."""
     signature = inspect.signature(fn)
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        for k in kwargs:
+            if k in SCHEDULE_OPTIONS:
+                raise InputError(
+                    f"run(): {k}",
+                    f"is a schedule option now: pass iosim.Schedule(algorithm, {k}=...) in place of the algorithm's "
+                    "name (or run(problem, schedule, M))",
+                )
         try:
-            bound = signature.bind(*args, **kwargs)
-        except TypeError as e:  # a missing or unknown keyword: one line, as every other mistake
-            raise InputError("run", f"takes (algorithm, *, M, ...) or (problem, schedule, M): {e}") from None
-        a = bound.arguments
-        algorithm = a.get("algorithm")
-        if isinstance(algorithm, Problem):
-            numerics = {k: v for k, v in a.items() if k not in ("algorithm", "schedule", "M")}
-            return _run_objects(algorithm, a.get("schedule"), a.get("M"), numerics, fn)
-        if a.get("schedule") is not None:
-            raise InputError("schedule", "is given with a problem as the first argument: run(problem, schedule, M)")
-        if a.get("M") is None:
-            raise InputError("M", "must be given: the fast memory's size in words")
-        d = {k: a.get(k, v.default) for k, v in signature.parameters.items()}
-        spec = Schedule(algorithm, **{k: d[k] for k in Schedule.__dataclass_fields__ if k != "algorithm"})
-        result = fn(*args, **kwargs)
-        result.spec = spec
-        return result
+            signature.bind(*args, **kwargs)
+        except TypeError as e:
+            raise InputError(
+                "run", f"takes (algorithm or schedule, *, M, ...) or (problem, schedule, M): {e}"
+            ) from None
+        return fn(*args, **kwargs)
 
     return wrapper
 
 
-def _run_objects(problem: Problem, schedule, M, numerics: dict, fn) -> Result:
-    """``run(problem, schedule, M, **numerics)``: the schedule over the problem; the keywords left are the numerics
-    (dtype, seed, scale, count_only, reference, trace, ...)."""
-    schedule, options = from_objects(problem, schedule, numerics)
-    result = fn(schedule.algorithm, M=M, **options)
-    result.spec = schedule
+@_short_keywords
+def run(
+    algorithm: str | Schedule | Problem,
+    schedule: Schedule | str | None = None,
+    M: int | None = None,
+    *,
+    N: int | None = None,
+    d: int | None = None,
+    problem: Problem | None = None,
+    Q=None,
+    K=None,
+    V=None,
+    dO=None,
+    backward: bool = False,
+    causal: bool = False,
+    mask=None,
+    count_only: bool = False,
+    dtype: str = "float64",
+    seed: int = 0,
+    scale: float | None = None,
+    strict: bool = True,
+    trace: bool = False,
+    reference: bool = True,
+    allow_long: bool = False,
+) -> Result:
+    """Run an algorithm under a fast memory of ``M`` words and return counts, prediction, bounds and errors.
+
+    Two forms, the same run: the keyword form ``run("flash2", N=1024, d=64, M=16384)`` (the first argument an
+    algorithm's name or an :class:`iosim.Schedule`; the problem one head of N x d, or ``problem=``), and the objects
+    form ``run(problem, schedule, M)`` (an :class:`iosim.Problem`, a Schedule or an algorithm's name, the memory).
+    The schedule's options (the tiling rule, explicit tiles Br, Bc or B, the GQA policy, split-KV's splits, MLA's
+    read of V, the empty-block policy kv_policy, flash1's paged reads) are fields of :class:`iosim.Schedule`, not
+    keywords of ``run``: ``run(iosim.Schedule("flash2", Br=64, Bc=32), N=1024, d=64, M=16384)``.
+
+    Inputs are either the caller's Q, K, V (N x d each; then N and d come from them) or random standard-normal
+    arrays of size N x d drawn from ``seed``. ``count_only`` runs the same schedule without arithmetic (and without
+    allocating N x d data), so it scales to N = 2^20. ``strict=False`` records a capacity overflow instead of
+    raising :class:`iosim.memory_model.CapacityError`.
+
+    ``backward=True`` (or ``Schedule(..., backward=True)``) runs the forward (on its own memory of M words), then
+    the backward on a fresh memory of M words, reading the forward's outputs (O and l, m or L, or P) as the paper's
+    backward does. ``dO`` is the upstream gradient (N x d; drawn from ``seed`` after Q, K, V when not given).
+    ``passes`` holds both passes' counts; ``errors`` are then those of dQ, dK, dV against
+    :func:`iosim.algorithms.reference.attention_backward`.
+
+    ``trace=True`` records every load, store, alloc, free and initialisation of the requested pass
+    (``result.trace``; :meth:`iosim.memory_model.Trace.replay` reproduces the counts). ``reference=False`` skips the
+    float64 reference (no ``errors``). A run (count-only, or numeric with its reference) estimated at over a minute
+    needs ``allow_long=True``; over an hour, or a numeric run whose arrays would not fit in memory, is refused up
+    front (:class:`InputError`; the rule and its costs: :mod:`iosim.estimate`).
+    Outputs that are not finite (finite inputs whose scores overflow) give a warning and ``result.finite`` False.
+
+    ``mask`` (an :mod:`iosim.masks` pattern, a ``--mask`` string such as ``"window:128"``, or an N x N boolean array)
+    masks the scores; ``causal=True`` is the causal mask. Built-in algorithms skip the tiles the mask empties; the
+    schedule's ``kv_policy`` decides whether the outer-loop operands of a block whose tiles are all empty load.
+
+    ``problem`` (an :class:`iosim.problem.Problem`: batch, query and key/value heads, N_q, N_k, d_qk, d_v, causal
+    bottom-right, MLA latent, page size, dtypes) replaces N and d. A one-head problem with N_q = N_k and the default
+    schedule runs the algorithms above unchanged.
+    """
+    numerics = dict(N=N, d=d, problem=problem, Q=Q, K=K, V=V, dO=dO, causal=causal, mask=mask, count_only=count_only,
+                    dtype=dtype, seed=seed, scale=scale, strict=strict, trace=trace, reference=reference,
+                    allow_long=allow_long)  # fmt: skip
+    if isinstance(algorithm, Problem):  # the objects form: a keyword of the Problem or the Schedule is refused
+        spec, options = from_objects(algorithm, schedule, {**numerics, **({"backward": backward} if backward else {})})
+    else:
+        if schedule is not None:
+            raise InputError("schedule", "is given with a problem as the first argument: run(problem, schedule, M)")
+        if M is None:
+            raise InputError("M", "must be given: the fast memory's size in words")
+        spec = algorithm if isinstance(algorithm, Schedule) else Schedule(algorithm)
+        if backward is not False:
+            spec = replace(spec, backward=backward)
+        options = {**numerics, **spec.run_options()}
+    result = _run(spec.algorithm, M, **options)
+    result.spec = spec
     return result
 
 
-@_three_objects
+def run_keywords(algorithm: str, **options) -> Result:
+    """:func:`run` with the schedule's options given as keywords beside run's own (what the command line's flags map
+    to): they build the :class:`iosim.Schedule` (checked first), the rest are :func:`run`'s keywords."""
+    fields = {k: options.pop(k) for k in SCHEDULE_OPTIONS if k in options}
+    schedule = Schedule(algorithm, backward=options.pop("backward", False), **fields)
+    return run(schedule, **options)
+
+
 @_trace_memory_is_input
-def run(
-    algorithm: str | Problem,
-    schedule: Schedule | str | None = None,
+def _run(
+    algorithm: str,
     M: int | None = None,
     *,
     N: int | None = None,
@@ -136,39 +211,8 @@ def run(
     B: int | None = None,
     pages: str = "pieces",
 ) -> Result:
-    """Run ``algorithm`` under a fast memory of ``M`` words and return counts, prediction, bounds and errors.
-
-    Inputs are either the caller's Q, K, V (N x d each; then N and d come from them) or random standard-normal
-    arrays of size N x d drawn from ``seed``. ``count_only`` runs the same schedule without arithmetic (and without
-    allocating N x d data), so it scales to N = 2^20. ``strict=False`` records a capacity overflow instead of
-    raising :class:`iosim.memory_model.CapacityError`.
-
-    ``backward=True`` runs the forward (on its own memory of M words), then the backward on a fresh memory of M
-    words, reading the forward's outputs (O and l, m or L, or P) as the paper's backward does. ``dO`` is the upstream
-    gradient (N x d; drawn from ``seed`` after Q, K, V when not given). ``passes`` holds both passes' counts;
-    ``errors`` are then those of dQ, dK, dV against :func:`iosim.algorithms.reference.attention_backward`.
-
-    ``trace=True`` records every load, store, alloc, free and initialisation of the requested pass
-    (``result.trace``; :meth:`iosim.memory_model.Trace.replay` reproduces the counts). ``reference=False`` skips the
-    float64 reference (no ``errors``). A run (count-only, or numeric with its reference) estimated at over a minute
-    needs ``allow_long=True``; over an hour, or a numeric run whose arrays would not fit in memory, is refused up
-    front (:class:`InputError`; the rule and its costs: :mod:`iosim.estimate`).
-    Outputs that are not finite (finite inputs whose scores overflow) give a warning and ``result.finite`` False.
-
-    ``mask`` (an :mod:`iosim.masks` pattern, a ``--mask`` string such as ``"window:128"``, or an N x N boolean array)
-    masks the scores; ``causal=True`` is the causal mask. Built-in algorithms skip the tiles the mask empties;
-    ``kv_policy`` ("paper" or "skip") decides whether the outer-loop operands (K_j, V_j; Q_i for flash2's forward)
-    of a block whose tiles are all empty are loaded (FlashAttention Algorithm 5) or not (its CUDA kernel); None is
-    paper for one head and skip over a problem (flash1, flash2), whose schedules skip as the kernels do.
-
-    ``problem`` (an :class:`iosim.problem.Problem`: batch, query and key/value heads, N_q, N_k, d_qk, d_v, causal
-    bottom-right, MLA latent, page size, dtypes) replaces N and d; ``gqa`` ("per-head" or "packed"), ``splits``
-    (split-KV, flash2) and ``mla`` ("shared" or "naive", a latent problem) choose the schedule over it
-    (:mod:`iosim.algorithms.flash`). A one-head problem with N_q = N_k and the default schedule runs the
-    algorithms above unchanged. ``Br``, ``Bc`` (flash1, flash2) and ``B`` (standard, square-tiling) fix the tiles
-    instead of the tiling rule; their working set must fit in M. ``pages`` ("pieces" or "gather") is how flash1
-    reads a paged cache (:class:`iosim.Schedule`).
-    """
+    """:func:`run`'s body: every option a keyword (the Schedule's fields among them), checked here or by the
+    problem run (:func:`iosim.problem_runs.run_problem`, which calls it back for each head of a head-by-head run)."""
     algo = registry.get(algorithm)
     M = positive_int("M", M, MAX_M)
     if problem is not None or gqa != "per-head" or splits != 1 or mla != "shared" or pages != "pieces":
@@ -177,7 +221,7 @@ def run(
             opts = dict(backward=backward, count_only=count_only, tiling=tiling, dtype=dtype, seed=seed, scale=scale)
             opts.update(strict=strict, trace=trace, reference=reference, allow_long=allow_long, mask=mask)
             opts.update(kv_policy=kv_policy, arrays=(Q, K, V, dO), pages=pages)
-            return run_problem(algo, problem, M, gqa, splits, mla, Br, Bc, B, run, **opts)
+            return run_problem(algo, problem, M, gqa, splits, mla, Br, Bc, B, _run, **opts)
         N, d, causal = problem.N_q, problem.d_qk, problem.causal
         if Q is not None or K is not None or V is not None:  # one head's arrays, given as (B, H, N, d) or (N, d)
             Q, K, V, dO = problem_arrays(problem, Q, K, V, dO)

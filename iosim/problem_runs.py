@@ -3,6 +3,8 @@ MLA. :func:`iosim.api.run` comes here when the problem is more than one head of 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from iosim import estimate
@@ -238,14 +240,93 @@ def problem_mask(p: Problem, mask, policy, allow_long: bool = False):
     return None if tm.kind == DENSE else tm
 
 
+@dataclass
+class ProblemRun:
+    """One run over a problem, its options checked (:meth:`check`): what the steps of :func:`run_problem` share.
+    ``o`` keeps the raw keywords a step reads as given (tiling rule, kv_policy, pages, combine, mask)."""
+
+    algo: object  # the registered algorithm (iosim.registry.Algorithm)
+    p: Problem
+    M: int
+    gqa: str
+    splits: int
+    mla: str
+    Br: int | None
+    Bc: int | None
+    B: int | None
+    o: dict
+    backward: bool
+    count_only: bool = False
+    strict: bool = True
+    reference: bool = True
+    allow_long: bool = False
+    trace: bool = False
+    dtype: str = "float64"
+    seed: int | None = 0
+    scale: float = 1.0
+    tmask: object = None  # the compiled TileMask over N_k x N_k, or None (dense, or the problem's causal field)
+    user: tuple | None = None  # the caller's (Q, K, V, dO), flattened, or None (drawn from seed)
+
+    @property
+    def name(self) -> str:
+        return self.algo.name
+
+    @property
+    def rule(self) -> str:  # the tiling rule, "fit" or "paper"
+        return self.o["tiling"]
+
+    @property
+    def np_dtype(self) -> np.dtype:
+        return np.dtype(self.dtype)
+
+    @property
+    def gather(self) -> bool:  # flash1 over a paged cache: a column block's keys gathered from their pages
+        return self.o.get("pages") == "gather"
+
+    @classmethod
+    def check(cls, algo, p: Problem, M: int, gqa, splits, mla, Br, Bc, B, masked: bool, o: dict) -> ProblemRun:
+        """The schedule's options against the algorithm and the problem, the mask compiled, the flags, the caller's
+        arrays, dtype, seed, scale and explicit tiles checked, in that order (the first mistake is the one named)."""
+        from iosim.masks import compile_mask
+
+        backward = flag("backward", o["backward"])
+        splits, mla = _problem_schedule(algo, p, gqa, splits, mla, B, o.get("pages", "pieces"))
+        tmask = problem_mask(p, o["mask"], o["kv_policy"], o["allow_long"] is True) if masked else None
+        if not masked and p.causal and o["kv_policy"] == "paper":  # the causal field under the policy asked for
+            tmask = compile_mask(None, p.N_k, True, "paper")
+        if backward:
+            _problem_backward_check(algo, p, splits)
+        r = cls(algo, p, M, gqa, splits, mla, Br, Bc, B, o, backward, trace=flag("trace", o["trace"]), tmask=tmask)
+        r.user = _user_arrays(p, o, backward)
+        r.count_only, r.strict = flag("count_only", o["count_only"]), flag("strict", o["strict"])
+        r.reference, r.allow_long = flag("reference", o["reference"]), flag("allow_long", o["allow_long"])
+        r.dtype = dtype_arg(o["dtype"])
+        r.seed = None if r.user is not None else seed_arg(o["seed"])
+        r.scale = scale_arg(o["scale"], p.d_qk)
+        r.Br = None if Br is None else positive_int("Br", Br, MAX_N)
+        r.Bc = None if Bc is None else positive_int("Bc", Bc, MAX_N)
+        return r
+
+    def memory(self, trace: bool) -> TwoLevelMemory:
+        """A fresh fast memory of M words for one pass (``trace``: record it); a count-only run without a trace
+        runs on the counters-only memory."""
+        return TwoLevelMemory(self.M, strict=self.strict, trace=trace, fast=self.count_only and not self.trace)
+
+    def inputs(self) -> tuple:
+        """(Q, K, V, K_stored, V_stored, table): the caller's or drawn from ``seed``; all None when count-only."""
+        if self.count_only:
+            return (None,) * 6
+        return _problem_inputs(self.p, np.random.default_rng(self.seed), self.user)
+
+    def mask_label(self) -> str:
+        return self.tmask.label if self.tmask else "causal" if self.p.causal else "none"
+
+
 def run_problem(algo, p: Problem, M: int, gqa, splits, mla, Br, Bc, B, one_head, **o) -> Result:
     """:func:`iosim.api.run` over a whole problem (flash1, flash2: :mod:`iosim.algorithms.flash`; standard and
-    square tiling head by head). ``one_head`` is :func:`iosim.api.run` itself, which a backward run head by head
-    calls for each head."""
-    from iosim.algorithms import flash
-    from iosim.masks import check_policy, compile_mask
-    from iosim.theory import io_model
-    from iosim.theory.tiling import problem_tiling
+    square tiling head by head). ``one_head`` is :func:`iosim.api.run`'s keyword form, which a backward run head by
+    head calls for each head."""
+    from iosim.masks import check_policy
 
     check_policy(o["kv_policy"], None)  # checked with or without a mask (None: skip over a problem)
     masked = not (o["mask"] is None or (isinstance(o["mask"], str) and o["mask"] in ("none", "dense")))
@@ -259,131 +340,125 @@ def run_problem(algo, p: Problem, M: int, gqa, splits, mla, Br, Bc, B, one_head,
         o = {**o, "mask": one}
     if algo.name not in PROBLEM_ALGORITHMS and backward:
         return run_by_heads(algo, p, M, gqa, splits, mla, Br, Bc, B, masked, o, one_head)
-    splits, mla = _problem_schedule(algo, p, gqa, splits, mla, B, o.get("pages", "pieces"))
-    gather = o.get("pages") == "gather"
-    tmask = problem_mask(p, o["mask"], o["kv_policy"], o["allow_long"] is True) if masked else None
-    if not masked and p.causal and o["kv_policy"] == "paper":  # the causal field under the policy asked for
-        tmask = compile_mask(None, p.N_k, True, "paper")
-    if backward:
-        _problem_backward_check(algo, p, splits)
-    trace = flag("trace", o["trace"])
-    user = _user_arrays(p, o, backward)
-    count_only, strict = flag("count_only", o["count_only"]), flag("strict", o["strict"])
-    reference, allow_long = flag("reference", o["reference"]), flag("allow_long", o["allow_long"])
-    dtype = dtype_arg(o["dtype"])
-    seed = None if user is not None else seed_arg(o["seed"])
-    scale = scale_arg(o["scale"], p.d_qk)
-    Br = None if Br is None else positive_int("Br", Br, MAX_N)
-    Bc = None if Bc is None else positive_int("Bc", Bc, MAX_N)
+    r = ProblemRun.check(algo, p, M, gqa, splits, mla, Br, Bc, B, masked, o)
     if algo.name in ONE_HEAD_ALGORITHMS:
-        return _run_one_head_problem(
-            algo,
-            p,
-            M,
-            B,
-            count_only,
-            strict,
-            reference,
-            dtype,
-            seed,
-            scale,
-            o["tiling"],
-            allow_long,
-            tmask,
-            trace,
-            user,
-        )
-    if B is not None:
-        raise InputError("B", f"applies to standard and square-tiling; {algo.name} takes Br and Bc", B)
-    G = p.g if gqa == "per-head" else 1
+        return _run_one_head_problem(r)
+    return _run_flash_problem(r)
+
+
+def _run_flash_problem(r: ProblemRun) -> Result:
+    """flash1 or flash2 over the problem: the tiling, the long-run and memory checks, the forward, its reference,
+    then (backward) the backward on a fresh memory; the result carries the schedule and what it saw."""
+    if r.B is not None:
+        raise InputError("B", f"applies to standard and square-tiling; {r.name} takes Br and Bc", r.B)
+    p = r.p
+    G = p.g if r.gqa == "per-head" else 1
     rows = p.N_q * (p.g // G)
-    shared = p.latent and mla == "shared"
-    t = problem_tiling(algo.name, p, M, o["tiling"], rows, shared, Br, Bc)
-    bm = combine_rows(p, splits, M)
+    t = _flash_tiling(r, rows)
+    bm = combine_rows(p, r.splits, r.M)  # a fast memory too small for split-KV's combine step is refused here
+    _check_flash_cost(r, t, rows, G)
+    mem = r.memory(r.trace and not r.backward)
+    schedule = {
+        "gqa": r.gqa,
+        "splits": r.splits,
+        "mla": r.mla if p.latent else None,
+        "combine_rows": bm if r.splits > 1 else None,
+        "pages": r.o.get("pages", "pieces") if p.page_size and r.name == "flash1" else None,
+    }
+    Q, K, V, Ks, Vs, table = r.inputs()
+    outputs, predicted = _flash_forward(r, mem, t, bm, (Q, Ks, Vs), table)
+    schedule["thread_blocks"] = predicted.thread_blocks
+    errors: dict[str, float] = {}
+    if not r.count_only and r.reference:
+        O_ref, L_ref = problem_reference(p, Q, K, V, r.scale, r.tmask)
+        errors["O"] = float(np.max(np.abs(outputs["O"] - O_ref)))
+        errors["L"] = logsumexp_error(outputs["L"], L_ref)
+    seen = _seen(p, r.tmask)
+    lb = float(sum(p.compulsory(seen).values()))
+    fwd = PassResult(
+        "forward", mem.stats(), predicted, lb, "compulsory (read Q, K/V once per KV head, write O)", errors, t,
+        r.count_only or all_finite(outputs, ("O", "L")),
+    )  # fmt: skip
+    passes = {"forward": fwd}
+    pass_trace = mem.trace()
+    if r.backward:
+        passes["backward"], pass_trace = _problem_backward_pass(r, rows, outputs, (Q, K, V), schedule, seen)
+    return Result(
+        r.name, p.N_q, p.d_qk, r.M, p.causal, r.count_only, r.dtype, passes["backward"].tiling if r.backward else t,
+        passes, outputs, r.seed, r.scale, pass_trace, r.mask_label(),
+        r.tmask.policy if r.tmask else (r.o["kv_policy"] or "skip"), p, schedule, seen,
+    )  # fmt: skip
+
+
+def _flash_tiling(r: ProblemRun, rows: int):
+    """The forward's tiles over the problem (the rule's, or the explicit Br, Bc): :func:`problem_tiling`."""
+    from iosim.theory.tiling import problem_tiling
+
+    shared = r.p.latent and r.mla == "shared"
+    return problem_tiling(r.name, r.p, r.M, r.rule, rows, shared, r.Br, r.Bc)
+
+
+def _check_flash_cost(r: ProblemRun, t, rows: int, G: int) -> None:  # noqa: N803
+    """The long-run rule (the run's estimated seconds: its tile steps, arithmetic and a random mask's tile tests)
+    and, numeric, whether its arrays fit in memory: refused up front, before any work."""
+    p = r.p
     groups = p.B * p.H_kv * G
-    steps = groups * -(-rows // t.Br) * (-(-p.N_k // t.Bc) + p.pages + splits)
-    passes_n = 3 if backward else 1  # a random mask's tests: the backward about twice the forward's
+    steps = groups * -(-rows // t.Br) * (-(-p.N_k // t.Bc) + p.pages + r.splits)
+    passes_n = 3 if r.backward else 1  # a random mask's tests: the backward about twice the forward's
     steps_b = 0
-    if backward:  # the backward's own tiles (smaller than the forward's, so more of them)
+    if r.backward:  # the backward's own tiles (smaller than the forward's, so more of them)
         from iosim.theory.tiling import problem_backward_tiling
 
-        tb = problem_backward_tiling(p, M, o["tiling"], rows, Br, Bc, algo.name)
+        tb = problem_backward_tiling(p, r.M, r.rule, rows, r.Br, r.Bc, r.name)
         steps_b = groups * -(-rows // tb.Br) * -(-p.N_k // tb.Bc)
     # a random mask: every tile of every group is tested by the run, and once more by the closed form's summary
-    draws = (groups + 1) * -(-rows // t.Br) * -(-p.N_k // t.Bc) * (tmask.tile_tests(t.Br, t.Bc) if tmask else 0)
+    tests = r.tmask.tile_tests(t.Br, t.Bc) if r.tmask else 0
+    draws = (groups + 1) * -(-rows // t.Br) * -(-p.N_k // t.Bc) * tests
     # one head of N_q x N_k per group: the numeric estimate's arithmetic is per head (N_q N_k d), times the heads
-    if count_only:
+    if r.count_only:
         seconds = estimate.count_only_seconds(steps + estimate.COUNT_BACKWARD * steps_b)
     else:
         flops = estimate.NUMERIC_N2D * p.B * p.H_q * p.N_q * p.N_k * (p.d_qk + p.d_v)
         seconds = (steps + steps_b) * estimate.NUMERIC_STEP + flops * (
-            1 + (estimate.NUMERIC_BACKWARD if backward else 0)
+            1 + (estimate.NUMERIC_BACKWARD if r.backward else 0)
         )
-    seconds += _priced_tile_tests(tmask, p, draws * passes_n, allow_long, "larger blocks")
-    estimate.check(seconds, f"a run of {algo.name} over {p}", allow_long=allow_long, parameter="problem", value=str(p))
-    if not count_only:
-        words = (p.B * p.H_q * p.N_q * (p.d_qk + (splits + 1) * p.d_v)) + 3 * p.B * p.H_kv * p.N_k * (p.d_qk + p.d_v)
-        if backward:  # dO, dQ, D and the reference's; dK, dV and the expanded partials
+    seconds += _priced_tile_tests(r.tmask, p, draws * passes_n, r.allow_long, "larger blocks")
+    estimate.check(seconds, f"a run of {r.name} over {p}", allow_long=r.allow_long, parameter="problem", value=str(p))
+    if not r.count_only:
+        words = (p.B * p.H_q * p.N_q * (p.d_qk + (r.splits + 1) * p.d_v)) + 3 * p.B * p.H_kv * p.N_k * (p.d_qk + p.d_v)
+        if r.backward:  # dO, dQ, D and the reference's; dK, dV and the expanded partials
             words += 3 * p.B * p.H_q * (p.N_q + p.N_k) * (p.d_qk + p.d_v)
         if words * 8 > 0.8 * estimate.available_bytes():
             raise InputError(
                 "count_only", f"must be True for this problem ({words * 8 / 2**30:.1f} GiB of arrays)", False
             )
-    np_dtype = np.dtype(dtype)
-    mem = TwoLevelMemory(M, strict=strict, trace=trace and not backward, fast=count_only and not trace)
-    schedule = {
-        "gqa": gqa,
-        "splits": splits,
-        "mla": mla if p.latent else None,
-        "combine_rows": bm if splits > 1 else None,
-        "pages": o.get("pages", "pieces") if p.page_size and algo.name == "flash1" else None,
-    }
-    errors: dict[str, float] = {}
-    if count_only:
-        Q = K = V = Ks = Vs = table = None
-    else:
-        Q, K, V, Ks, Vs, table = _problem_inputs(p, np.random.default_rng(seed), user)
-    data = [None if x is None else np.ascontiguousarray(x, dtype=np_dtype) for x in (Q, Ks, Vs)]
-    if algo.name == "flash2":
-        apart = splits > 1 and o.get("combine") == "apart"  # a part of a problem whose combine runs over the whole
+
+
+def _flash_forward(r: ProblemRun, mem: TwoLevelMemory, t, bm: int, inputs: tuple, table) -> tuple[dict, object]:
+    """The forward nest of flash2 (split-KV's combine in blocks of ``bm`` rows included, unless ``combine`` is
+    "apart": a part of a problem whose combine runs over the whole) or flash1 on ``mem``: (outputs, the closed
+    form's prediction)."""
+    from iosim.algorithms import flash
+    from iosim.theory import io_model
+
+    p, s = r.p, r.splits
+    data = [None if x is None else np.ascontiguousarray(x, dtype=r.np_dtype) for x in inputs]
+    if r.name == "flash2":
+        apart = s > 1 and r.o.get("combine") == "apart"
         O, L = flash.flash2_problem(
-            mem, p, *data, table, Br=t.Br, Bc=t.Bc, gqa=gqa, splits=splits, mla=mla, combine_rows=bm, scale=scale,
-            dtype=np_dtype, mask=tmask, combine_mem=TwoLevelMemory(M, fast=count_only) if apart else None,
+            mem, p, *data, table, Br=t.Br, Bc=t.Bc, gqa=r.gqa, splits=s, mla=r.mla, combine_rows=bm, scale=r.scale,
+            dtype=r.np_dtype, mask=r.tmask, combine_mem=TwoLevelMemory(r.M, fast=r.count_only) if apart else None,
         )  # fmt: skip
-        outputs = {"O": O, "L": L}
-        predicted = io_model.flash2_problem(p, t.Br, t.Bc, gqa, splits, mla, None if apart else bm, tmask)
-    else:
-        O, l_, m = flash.flash1_problem(
-            mem, p, *data, table, Br=t.Br, Bc=t.Bc, gqa=gqa, mla=mla, scale=scale, dtype=np_dtype, mask=tmask,
-            gather=gather,
-        )  # fmt: skip
-        with np.errstate(divide="ignore"):
-            L = None if m is None else m + np.log(l_)
-        outputs = {"O": O, "l": l_, "m": m, "L": L}
-        predicted = io_model.flash1_problem(p, t.Br, t.Bc, gqa, mla, tmask, gather=gather)
-    schedule["thread_blocks"] = predicted.thread_blocks
-    if not count_only and reference:
-        O_ref, L_ref = problem_reference(p, Q, K, V, scale, tmask)
-        errors["O"] = float(np.max(np.abs(outputs["O"] - O_ref)))
-        errors["L"] = logsumexp_error(outputs["L"], L_ref)
-    seen = _seen(p, tmask)
-    lb = float(sum(p.compulsory(seen).values()))
-    fwd = PassResult(
-        "forward", mem.stats(), predicted, lb, "compulsory (read Q, K/V once per KV head, write O)", errors, t,
-        count_only or all_finite(outputs, ("O", "L")),
+        predicted = io_model.flash2_problem(p, t.Br, t.Bc, r.gqa, s, r.mla, None if apart else bm, r.tmask)
+        return {"O": O, "L": L}, predicted
+    O, l_, m = flash.flash1_problem(
+        mem, p, *data, table, Br=t.Br, Bc=t.Bc, gqa=r.gqa, mla=r.mla, scale=r.scale, dtype=r.np_dtype, mask=r.tmask,
+        gather=r.gather,
     )  # fmt: skip
-    passes = {"forward": fwd}
-    if backward:
-        passes["backward"], bwd_trace = _problem_backward_pass(
-            algo.name, p, M, gqa, rows, o["tiling"], Br, Bc, strict, count_only, reference, np_dtype, seed, scale,
-            outputs, (Q, K, V), schedule, trace, tmask, seen, user,
-        )  # fmt: skip
-    return Result(
-        algo.name, p.N_q, p.d_qk, M, p.causal, count_only, dtype, passes["backward"].tiling if backward else t,
-        passes, outputs, seed, scale,
-        bwd_trace if backward else mem.trace(), tmask.label if tmask else "causal" if p.causal else "none",
-        tmask.policy if tmask else (o["kv_policy"] or "skip"), p, schedule, seen,
-    )  # fmt: skip
+    with np.errstate(divide="ignore"):
+        L = None if m is None else m + np.log(l_)
+    predicted = io_model.flash1_problem(p, t.Br, t.Bc, r.gqa, r.mla, r.tmask, gather=r.gather)
+    return {"O": O, "l": l_, "m": m, "L": L}, predicted
 
 
 def _priced_tile_tests(tmask, p: Problem, draws: int, allow_long: bool, larger: str) -> float:
@@ -612,9 +687,7 @@ def _gqa_reduction(p: Problem, M: int, bwd: PassResult, outputs: dict, count_onl
                       bwd.finite), out  # fmt: skip
 
 
-def _problem_backward_pass(name: str, p: Problem, M, gqa, rows, rule, Br, Bc, strict, count_only, reference, np_dtype,
-                           seed, scale, outputs, inputs, schedule, trace=False, mask=None,
-                           seen=None, user=None) -> tuple:  # fmt: skip
+def _problem_backward_pass(r: ProblemRun, rows: int, outputs: dict, inputs: tuple, schedule: dict, seen) -> tuple:
     """The flash2 (flash1) backward over a problem on a fresh memory of M words, reading the forward's O and L (O,
     l and m); dO is drawn from ``seed`` after Q, K, V. Fills ``outputs`` with dQ, dK, dV.
     Returns the pass and its trace (the run's trace, as for one head)."""
@@ -622,145 +695,148 @@ def _problem_backward_pass(name: str, p: Problem, M, gqa, rows, rule, Br, Bc, st
     from iosim.theory import io_model
     from iosim.theory.tiling import problem_backward_tiling
 
-    t = problem_backward_tiling(p, M, rule, rows, Br, Bc, name)
+    p, name = r.p, r.name
+    t = problem_backward_tiling(p, r.M, r.rule, rows, r.Br, r.Bc, name)
     predict = io_model.flash1_backward_problem if name == "flash1" else io_model.flash2_backward_problem
-    predicted = predict(p, t.Br, t.Bc, gqa, mask)
-    if (Br is not None or Bc is not None) and strict and predicted.peak > M:
+    predicted = predict(p, t.Br, t.Bc, r.gqa, r.tmask)
+    if (r.Br is not None or r.Bc is not None) and r.strict and predicted.peak > r.M:
         raise InputError(
-            "Br, Bc", f"give a backward working set of {predicted.peak:,} words above M = {M:,}: choose smaller tiles",
-            (Br, Bc),
+            "Br, Bc", f"give a backward working set of {predicted.peak:,} words above M = {r.M:,}: choose smaller "
+            "tiles", (r.Br, r.Bc),
         )  # fmt: skip
-    mem = TwoLevelMemory(M, strict=strict, trace=trace, fast=count_only and not trace)
-    Rtot = p.B * p.H_q * p.N_q
-    errors: dict[str, float] = {}
-    if count_only:
+    mem = r.memory(r.trace)
+    if r.count_only:
         dO = None
         data = (None,) * (7 if name == "flash1" else 6)
     else:
-        rng = np.random.default_rng(seed)
-        _problem_inputs(p, rng, user)  # the same draws as the forward's, then dO
-        dO = _problem_dO(rng, (Rtot, p.d_v), user)
+        rng = np.random.default_rng(r.seed)
+        _problem_inputs(p, rng, r.user)  # the same draws as the forward's, then dO
+        dO = _problem_dO(rng, (p.B * p.H_q * p.N_q, p.d_v), r.user)
         stats = (outputs["l"], outputs["m"]) if name == "flash1" else (outputs["L"],)
         data = (*inputs, outputs["O"], dO, *stats)
     run_backward = flash.flash1_backward_problem if name == "flash1" else flash.flash2_backward_problem
-    dQ, dK, dV = run_backward(mem, p, *data, Br=t.Br, Bc=t.Bc, gqa=gqa, scale=scale, dtype=np_dtype, mask=mask)
+    dQ, dK, dV = run_backward(mem, p, *data, Br=t.Br, Bc=t.Bc, gqa=r.gqa, scale=r.scale, dtype=r.np_dtype, mask=r.tmask)
     outputs.update(dQ=dQ, dK=dK, dV=dV)
     schedule["backward_thread_blocks"] = predicted.thread_blocks
-    if not count_only and reference:
-        refs = problem_reference_backward(p, *inputs, dO, scale, mask)
-        for name, x, ref in zip(("dQ", "dK", "dV"), (dQ, dK, dV), refs, strict=True):
-            errors[name] = float(np.max(np.abs(x - ref)))
+    errors: dict[str, float] = {}
+    if not r.count_only and r.reference:
+        refs = problem_reference_backward(p, *inputs, dO, r.scale, r.tmask)
+        for grad, x, ref in zip(("dQ", "dK", "dV"), (dQ, dK, dV), refs, strict=True):
+            errors[grad] = float(np.max(np.abs(x - ref)))
     result = PassResult(
         "backward", mem.stats(), predicted, float(sum(p.compulsory_backward(seen).values())), BACKWARD_FLOOR, errors, t,
-        count_only or all_finite(outputs, ("dQ", "dK", "dV")),
+        r.count_only or all_finite(outputs, ("dQ", "dK", "dV")),
     )  # fmt: skip
     return result, mem.trace()
 
 
-def _run_one_head_problem(
-    algo,
-    p: Problem,
-    M,
-    B,
-    count_only,
-    strict,
-    reference,
-    dtype,
-    seed,
-    scale,
-    rule,
-    allow_long,
-    tmask=None,
-    trace=False,
-    user=None,
-) -> Result:
+def _run_one_head_problem(r: ProblemRun) -> Result:
     """Standard attention (Algorithm 0) or square tiling over a problem: each of the B H_q query heads in turn, its
     own schedule of N_q rows against its key/value head's N_k keys (GQA ``per-head``), widths d_qk and d_v; causal
     bottom-right, or the TileMask ``tmask`` over the whole N_k x N_k sequence with the queries its last N_q rows
     (:func:`problem_mask`). Exact counts: :func:`iosim.theory.io_model.standard_forward` with N_k and d_v (the
     dense baseline computes every tile whatever the mask) or :func:`iosim.theory.io_model.square_tiling_problem`
     for one head, times the heads (:func:`iosim.theory.io_model.heads_problem`)."""
-    from iosim.algorithms import square_tiling, standard
+    p, heads = r.p, r.p.B * r.p.H_q
+    t, predicted = _one_head_tiling(r)
+    if r.trace and heads > 1:  # each head's schedule addresses its own rows from 0: one trace would overlay them
+        raise InputError(
+            "trace",
+            f"is recorded for {r.name} over one head (B = H_q = 1; it runs B H_q = {heads} heads one after "
+            "another): trace one head, or flash1 / flash2 over the whole problem",
+            True,
+        )
+    if r.B is not None and r.strict and predicted.peak > r.M:
+        raise InputError(
+            "B", f"gives a working set of {predicted.peak:,} words above M = {r.M:,}: choose a smaller B", r.B
+        )
+    _check_one_head_cost(r, t)
+    mem = r.memory(r.trace)
+    Q, K, V, outputs = _one_head_forward(r, mem, t)
+    errors: dict[str, float] = {}
+    if not r.count_only and r.reference:
+        O_ref, L_ref = problem_reference(p, Q, K, V, r.scale, r.tmask)
+        errors["O"] = float(np.max(np.abs(outputs["O"] - O_ref)))
+        if "L" in outputs:
+            errors["L"] = logsumexp_error(outputs["L"], L_ref)
+    seen = _seen(p, r.tmask)
+    fwd = PassResult(
+        "forward", mem.stats(), predicted, float(sum(p.compulsory(seen).values())),
+        "compulsory (read Q, K/V once per KV head, write O)", errors, t,
+        r.count_only or all_finite({"O": outputs["O"]}, ("O",)),
+    )  # fmt: skip
+    return Result(
+        r.name, p.N_q, p.d_qk, r.M, p.causal, r.count_only, r.dtype, t, {"forward": fwd}, outputs, r.seed, r.scale,
+        mem.trace(), r.mask_label(), r.tmask.policy if r.tmask else "paper", p,
+        {"gqa": "per-head", "splits": 1, "mla": None, "thread_blocks": None} if heads > 1 else {"thread_blocks": None},
+        seen,
+    )  # fmt: skip
+
+
+def _one_head_tiling(r: ProblemRun) -> tuple:
+    """One head's square tiles (the rule's, or the explicit B) and the closed form over all B H_q heads."""
     from iosim.theory import io_model
     from iosim.theory.tiling import saha_ye_problem_tiling
     from iosim.theory.tiling import square_tiling as standard_tiling
 
-    if algo.name == "standard":
-        t = standard_tiling("standard", p.N_q, p.d_qk, M, rule, p.N_k, p.d_v)
+    p = r.p
+    if r.name == "standard":
+        t = standard_tiling("standard", p.N_q, p.d_qk, r.M, r.rule, p.N_k, p.d_v)
     else:
-        t = saha_ye_problem_tiling(p, M, rule)
-    if B is not None:
-        t = Tiling("explicit", B=positive_int("B", B, MAX_N))
-    if algo.name == "standard":
-        one = io_model.standard_forward(p.N_q, p.d_qk, M, t.B, p.causal, p.N_k, p.d_v)
+        t = saha_ye_problem_tiling(p, r.M, r.rule)
+    if r.B is not None:
+        t = Tiling("explicit", B=positive_int("B", r.B, MAX_N))
+    if r.name == "standard":
+        one = io_model.standard_forward(p.N_q, p.d_qk, r.M, t.B, p.causal, p.N_k, p.d_v)
     else:
-        one = io_model.square_tiling_problem(p, t.B, tmask)
-    heads = p.B * p.H_q
-    if trace and heads > 1:  # each head's schedule addresses its own rows from 0: one trace would overlay them
-        raise InputError(
-            "trace",
-            f"is recorded for {algo.name} over one head (B = H_q = 1; it runs B H_q = {heads} heads one after "
-            "another): trace one head, or flash1 / flash2 over the whole problem",
-            True,
-        )
-    predicted = io_model.heads_problem(one, heads)
-    if B is not None and strict and predicted.peak > M:
-        raise InputError("B", f"gives a working set of {predicted.peak:,} words above M = {M:,}: choose a smaller B", B)
+        one = io_model.square_tiling_problem(p, t.B, r.tmask)
+    return t, io_model.heads_problem(one, p.B * p.H_q)
+
+
+def _check_one_head_cost(r: ProblemRun, t) -> None:
+    """The long-run rule (tile steps, arithmetic, a random mask's tile tests) and, numeric, the memory check."""
+    p, heads = r.p, r.p.B * r.p.H_q
     Tq, Tk = -(-p.N_q // t.B), -(-p.N_k // t.B)
     steps = heads * (Tq * Tk * (-(-p.d_qk // t.B) + -(-p.d_v // t.B)) + p.N_q)  # the products' tile steps, rows
-    if count_only:
+    if r.count_only:
         seconds = estimate.count_only_seconds(steps)
     else:
         seconds = estimate.numeric_seconds(1, 1, steps, False) + estimate.NUMERIC_N2D * heads * p.N_q * p.N_k * (
             p.d_qk + p.d_v
         )
-    if tmask is not None and algo.name == "square-tiling":  # each tile tested in both phases and by the closed form
-        draws = (2 * heads + 1) * Tq * Tk * tmask.tile_tests(t.B, t.B)
-        seconds += _priced_tile_tests(tmask, p, draws, allow_long, "a larger B")
-    estimate.check(seconds, f"a run of {algo.name} over {p}", allow_long=allow_long, parameter="problem", value=str(p))
-    if not count_only:
+    if r.tmask is not None and r.name == "square-tiling":  # each tile tested in both phases and by the closed form
+        draws = (2 * heads + 1) * Tq * Tk * r.tmask.tile_tests(t.B, t.B)
+        seconds += _priced_tile_tests(r.tmask, p, draws, r.allow_long, "a larger B")
+    estimate.check(seconds, f"a run of {r.name} over {p}", allow_long=r.allow_long, parameter="problem", value=str(p))
+    if not r.count_only:
         words = 3 * p.N_q * p.N_k + 3 * heads * (p.N_q + p.N_k) * (p.d_qk + p.d_v)
         if words * 8 > 0.8 * estimate.available_bytes():
             raise InputError("count_only", f"must be True for this problem ({words * 8 / 2**30:.1f} GiB)", False)
-    mem = TwoLevelMemory(M, strict=strict, trace=trace, fast=count_only and not trace)
-    np_dtype = np.dtype(dtype)
-    mask = p.causal if tmask is None else tmask
-    kw = dict(N=p.N_q, d=p.d_qk, B=t.B, scale=scale, causal=mask, dtype=np_dtype, N_k=p.N_k, d_v=p.d_v)
-    if count_only:
-        Q = K = V = O = L = None
+
+
+def _one_head_forward(r: ProblemRun, mem: TwoLevelMemory, t) -> tuple:
+    """Every head's forward on ``mem``, one after another (query head h reads key/value head h // g): (Q, K, V,
+    outputs), the inputs None in count-only mode."""
+    from iosim.algorithms import square_tiling, standard
+
+    p, heads = r.p, r.p.B * r.p.H_q
+    forward = standard.standard_forward if r.name == "standard" else square_tiling.square_tiling_forward
+    mask = p.causal if r.tmask is None else r.tmask
+    kw = dict(N=p.N_q, d=p.d_qk, B=t.B, scale=r.scale, causal=mask, dtype=r.np_dtype, N_k=p.N_k, d_v=p.d_v)
+    if r.count_only:
         for _ in range(heads):  # every head is simulated (its counts add to the same arrays' tallies)
-            if algo.name == "standard":
-                standard.standard_forward(mem, None, None, None, **kw)
-            else:
-                square_tiling.square_tiling_forward(mem, None, None, None, **kw)
-    else:
-        Q, K, V, _, _, _ = _problem_inputs(p, np.random.default_rng(seed), user)
-        O = np.empty((heads * p.N_q, p.d_v), dtype=np_dtype)
-        L = np.empty(heads * p.N_q, dtype=np_dtype) if algo.name == "square-tiling" else None
-        for b in range(p.B):
-            for h in range(p.H_q):  # query head h reads key/value head h // g (GQA per-head)
-                q = (b * p.H_q + h) * p.N_q
-                k = (b * p.H_kv + h // p.g) * p.N_k
-                args = (Q[q : q + p.N_q], K[k : k + p.N_k], V[k : k + p.N_k])
-                if algo.name == "standard":
-                    O[q : q + p.N_q] = standard.standard_forward(mem, *args, **kw)[0]
-                else:
-                    O[q : q + p.N_q], L[q : q + p.N_q], _ = square_tiling.square_tiling_forward(mem, *args, **kw)
-    outputs = {"O": O} if algo.name == "standard" else {"O": O, "L": L}
-    errors: dict[str, float] = {}
-    if not count_only and reference:
-        O_ref, L_ref = problem_reference(p, Q, K, V, scale, tmask)
-        errors["O"] = float(np.max(np.abs(O - O_ref)))
-        if "L" in outputs:
-            errors["L"] = logsumexp_error(outputs["L"], L_ref)
-    seen = _seen(p, tmask)
-    fwd = PassResult(
-        "forward", mem.stats(), predicted, float(sum(p.compulsory(seen).values())),
-        "compulsory (read Q, K/V once per KV head, write O)", errors, t, count_only or all_finite({"O": O}, ("O",)),
-    )  # fmt: skip
-    return Result(
-        algo.name, p.N_q, p.d_qk, M, p.causal, count_only, dtype, t, {"forward": fwd}, outputs, seed, scale,
-        mem.trace(), tmask.label if tmask else "causal" if p.causal else "none", tmask.policy if tmask else "paper", p,
-        {"gqa": "per-head", "splits": 1, "mla": None, "thread_blocks": None} if heads > 1 else {"thread_blocks": None},
-        seen,
-    )  # fmt: skip
+            forward(mem, None, None, None, **kw)
+        outputs = {"O": None} if r.name == "standard" else {"O": None, "L": None}
+        return None, None, None, outputs
+    Q, K, V = r.inputs()[:3]
+    O = np.empty((heads * p.N_q, p.d_v), dtype=r.np_dtype)
+    L = np.empty(heads * p.N_q, dtype=r.np_dtype) if r.name == "square-tiling" else None
+    for b in range(p.B):
+        for h in range(p.H_q):
+            q = (b * p.H_q + h) * p.N_q
+            k = (b * p.H_kv + h // p.g) * p.N_k
+            out = forward(mem, Q[q : q + p.N_q], K[k : k + p.N_k], V[k : k + p.N_k], **kw)
+            O[q : q + p.N_q] = out[0]
+            if L is not None:
+                L[q : q + p.N_q] = out[1]
+    return Q, K, V, ({"O": O} if r.name == "standard" else {"O": O, "L": L})

@@ -215,7 +215,7 @@ def run_point(p: dict) -> dict:
     try:
         _check_point(p)
         problem = _problem_of(p)
-        r = api.run(
+        r = api.run_keywords(
             p["algorithm"],
             M=p["M"],
             N=None if problem else p["N"],

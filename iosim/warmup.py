@@ -51,7 +51,7 @@ def _compile(names: list[str], kwargs: dict) -> None:
     small = dict(kwargs, N=min(kwargs["N"], 64), allow_long=True)
     for name in names:
         try:
-            api.run(name, **small)
+            api.run_keywords(name, **small)
         except Exception:  # the main process reports what fails; here only the compilation matters
             pass
 

@@ -6,6 +6,7 @@ from conftest import RESULT_KEYS
 
 import iosim
 from iosim import InputError
+from iosim.api import run_keywords
 
 
 def test_algorithms_lists_the_core_three():
@@ -41,7 +42,7 @@ def test_result_fields(rng):
 def test_bad_sizes_name_the_parameter(kwargs, param):
     name = kwargs.pop("algorithm")
     with pytest.raises(InputError) as e:
-        iosim.run(name, **kwargs)
+        run_keywords(name, **kwargs)
     assert e.value.parameter == param
     assert str(e.value).startswith(param)
 

@@ -194,8 +194,10 @@ def test_backward_fit_is_the_largest_block_that_fits(name):
 def test_paper_tiling_overflows_the_backward(name):
     """Algorithm 4's Bc = ceil(M/4d), Br = min(Bc, d) holds about 3M in the backward: strict mode raises."""
     with pytest.raises(CapacityError):
-        iosim.run(name, N=1024, d=64, M=16384, tiling="paper", backward=True, count_only=True)
-    r = iosim.run(name, N=1024, d=64, M=16384, tiling="paper", backward=True, count_only=True, strict=False)
+        iosim.run(iosim.Schedule(name, tiling="paper"), N=1024, d=64, M=16384, backward=True, count_only=True)
+    r = iosim.run(
+        iosim.Schedule(name, tiling="paper"), N=1024, d=64, M=16384, backward=True, count_only=True, strict=False
+    )
     assert r.stats.peak > r.M and r.stats.overflowed and r.main.exact
 
 

@@ -11,6 +11,7 @@ from iosim.memory_model import CapacityError
 
 import iosim
 from iosim import InputError
+from iosim.api import run_keywords
 from iosim.cli import main
 
 SIZES = ["--N", "64", "--d", "8", "--M", "1000"]
@@ -235,14 +236,14 @@ def test_api_bad_input_raises_input_error_naming_the_parameter(kwargs, parameter
     kwargs = dict(kwargs)
     algorithm = kwargs.pop("algorithm", "flash2")
     with pytest.raises(InputError) as e:
-        iosim.run(algorithm, **kwargs)
+        run_keywords(algorithm, **kwargs)
     assert e.value.parameter == parameter
     assert str(e.value).startswith(parameter)
 
 
 def test_a_tiling_that_does_not_fit_is_a_capacity_error_not_a_crash():
     with pytest.raises(CapacityError, match="capacity exceeded"):
-        iosim.run("flash1", N=1024, d=64, M=4096, tiling="paper", count_only=True)
+        iosim.run(iosim.Schedule("flash1", tiling="paper"), N=1024, d=64, M=4096, count_only=True)
 
 
 @pytest.mark.parametrize(

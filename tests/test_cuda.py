@@ -142,7 +142,7 @@ def test_layout_larger_than_M_raises_like_the_simulator():
     Q, K, V = _inputs(1, 1, 64, 16)
     M = 512
     with pytest.raises(CapacityError):
-        iosim.run("flash2", N=64, d=16, M=M, tiling="paper", count_only=True)
+        iosim.run(iosim.Schedule("flash2", tiling="paper"), N=64, d=16, M=M, count_only=True)
     with pytest.raises(CapacityError):
         gpu.forward("flash2", Q, K, V, M=M, tiling="paper")
 

@@ -109,12 +109,12 @@ def test_causal_skips_blocks():
 def test_paper_tiling_overflows_small_M_under_strict_capacity():
     """FlashAttention's Bc = ceil(M/4d), Br = min(Bc, d) needs more than M words for M below about 4 d^2."""
     with pytest.raises(CapacityError) as e:
-        iosim.run("flash1", N=1024, d=64, M=4096, tiling="paper", count_only=True)
+        iosim.run(iosim.Schedule("flash1", tiling="paper"), N=1024, d=64, M=4096, count_only=True)
     assert e.value.M == 4096
-    r = iosim.run("flash1", N=1024, d=64, M=4096, tiling="paper", count_only=True, strict=False)
+    r = iosim.run(iosim.Schedule("flash1", tiling="paper"), N=1024, d=64, M=4096, count_only=True, strict=False)
     ws = io_model.flash_working_set(64, 16, 16)
     assert r.stats.peak == ws > 4096 and r.stats.overflowed
-    ok = iosim.run("flash1", N=1024, d=64, M=65536, tiling="paper", count_only=True)
+    ok = iosim.run(iosim.Schedule("flash1", tiling="paper"), N=1024, d=64, M=65536, count_only=True)
     assert (ok.tiling.Bc, ok.tiling.Br) == (256, 64) and ok.main.exact
 
 

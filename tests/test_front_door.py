@@ -44,7 +44,7 @@ SCHEDULES = [
 @pytest.mark.parametrize("problem", PROBLEMS, ids=str)
 def test_objects_count_what_the_keywords_count(problem, schedule):
     r = iosim.run(problem, schedule, 3000, count_only=True)
-    k = iosim.run(schedule.algorithm, M=3000, problem=problem, count_only=True, **schedule.run_options())
+    k = iosim.run(schedule, M=3000, problem=problem, count_only=True)
     assert r.stats == k.stats and r.predicted.total == r.stats.total
     assert r.spec == schedule and k.spec == schedule
     out = json.loads(json.dumps(r.as_dict()))
@@ -53,7 +53,7 @@ def test_objects_count_what_the_keywords_count(problem, schedule):
 
 
 def test_the_keyword_form_builds_the_schedule():
-    r = iosim.run("flash2", N=100, d=16, M=2000, Br=10, Bc=12)
+    r = iosim.run(iosim.Schedule("flash2", Br=10, Bc=12), N=100, d=16, M=2000)
     assert r.spec == Schedule("flash2", Br=10, Bc=12)
     assert r.as_dict()["schedule_spec"]["Br"] == 10
     assert iosim.run(Problem(N=100, d=16), "flash2", 2000).stats == iosim.run("flash2", N=100, d=16, M=2000).stats
@@ -74,7 +74,7 @@ def test_the_keyword_form_builds_the_schedule():
         (lambda: Schedule("flash2", backward="yes"), "backward"),
         (lambda: iosim.run("flash2", N=10, d=4), "M"),
         (lambda: iosim.run("flash2", N=10, d=4, M=100, bogus=1), "run"),
-        (lambda: iosim.run(Problem(N=10, d=4), Schedule("flash2"), 1000, gqa="packed"), "gqa"),
+        (lambda: iosim.run(Problem(N=10, d=4), Schedule("flash2"), 1000, gqa="packed"), "run(): gqa"),
         (lambda: iosim.run(Problem(N=10, d=4), Schedule("flash2"), 1000, N=10), "N"),
         (lambda: iosim.run(Problem(N=10, d=4), 5, 1000), "schedule"),
         (lambda: iosim.run("flash2", "flash1", 1000, N=10, d=4), "schedule"),

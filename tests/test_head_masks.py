@@ -13,6 +13,7 @@ import pytest
 
 import iosim
 from iosim import Problem, head_masks, masks
+from iosim.api import run_keywords
 from iosim.cli import main
 from iosim.errors import InputError
 
@@ -57,11 +58,11 @@ def test_per_head_mask_mod_is_exact_and_each_head_its_own_mask(algo, backward):
     """Counts equal the closed form per array and in peak; each (b, h) counts what its own mask as an N x N array
     counts on one head; outputs equal the float64 reference; the floor is at most the counts."""
     kw = dict(Br=4, Bc=5, backward=backward) if algo.startswith("flash") else {}
-    r = iosim.run(algo, problem=P, M=900, mask=masks.from_mask_mod(doc_window), seed=1, **kw)
+    r = run_keywords(algo, problem=P, M=900, mask=masks.from_mask_mod(doc_window), seed=1, **kw)
     assert _exact(r) and r.schedule["mask_parts"] == "8 (head)" and r.mask == "mod:doc_window per (b, h)"
     assert max(r.errors.values()) < 1e-12 and r.finite
     one = Problem(N_q=P.N_q, N_k=P.N_k, d_qk=P.d_qk, d_v=P.d_v)
-    heads = [iosim.run(algo, problem=one, M=900, mask=_dense(doc_window, b, h), count_only=True, **kw)
+    heads = [run_keywords(algo, problem=one, M=900, mask=_dense(doc_window, b, h), count_only=True, **kw)
              for b in range(P.B) for h in range(P.H_q)]  # fmt: skip
     fwd = heads[0].passes["forward"].stats
     for x in heads[1:]:
@@ -92,10 +93,10 @@ def test_the_cut_is_exact(monkeypatch, how, algo, gqa, sched, backward):
     kw = dict(problem=p, M=900, gqa=gqa, seed=3, backward=backward, splits=sched.get("splits", 1))
     if algo.startswith("flash"):
         kw.update(Br=4, Bc=5)
-    whole = iosim.run(algo, mask=masks.from_mask_mod(doc_only, 0, 0), **kw)
+    whole = run_keywords(algo, mask=masks.from_mask_mod(doc_only, 0, 0), **kw)
     monkeypatch.setattr(head_masks, "uniform", lambda g: False)
     monkeypatch.setattr(head_masks, "cut", lambda p, g: how)
-    cut = iosim.run(algo, mask=masks.from_mask_mod(lambda b, h, q, kv: doc_only(0 * b, 0 * h, q, kv)), **kw)
+    cut = run_keywords(algo, mask=masks.from_mask_mod(lambda b, h, q, kv: doc_only(0 * b, 0 * h, q, kv)), **kw)
     assert cut.schedule["mask_parts"].endswith(f"({how})") and _exact(cut) and _exact(whole)
     assert _counts(cut) == _counts(whole) and cut.schedule["thread_blocks"] == whole.schedule["thread_blocks"]
     assert cut.schedule.get("combine_rows") == whole.schedule.get("combine_rows")
@@ -110,8 +111,14 @@ def test_the_coarsest_cut_and_packed_gqa(fn, how, parts):
     """The cut is the coarsest within whose parts the mask is the same; packed GQA runs a part per key/value head
     when the g heads of a group differ (their packed rows under a mask of their own)."""
     for gqa in ("per-head", "packed"):
-        r = iosim.run("flash2", problem=P, M=900, gqa=gqa, mask=masks.from_mask_mod(fn), count_only=True,
-                      backward=True, Br=4, Bc=5)  # fmt: skip
+        r = iosim.run(
+            iosim.Schedule("flash2", gqa=gqa, Br=4, Bc=5),
+            problem=P,
+            M=900,
+            mask=masks.from_mask_mod(fn),
+            count_only=True,
+            backward=True,
+        )
         n = P.B * P.H_kv if how == "head" and gqa == "packed" else parts
         assert _exact(r) and r.schedule["mask_parts"] == f"{n} ({how})"
 
@@ -139,11 +146,11 @@ def test_packed_gqa_with_heads_that_differ(algo, backward, splits):
     kw = dict(M=900, gqa="packed", Br=4, Bc=5, backward=backward, splits=splits)
     rng = np.random.default_rng(4)
     Q, K, V = (rng.standard_normal(s) for s in ((2, 4, 7, 6), (2, 2, 29, 6), (2, 2, 29, 5)))
-    r = iosim.run(algo, problem=p, mask=masks.from_mask_mod(doc_window), Q=Q, K=K, V=V, **kw)
+    r = run_keywords(algo, problem=p, mask=masks.from_mask_mod(doc_window), Q=Q, K=K, V=V, **kw)
     assert _exact(r) and r.schedule["mask_parts"] == "4 (head)" and r.finite
     assert max(r.errors.values()) < 1e-12
     one = Problem(N_q=p.g * p.N_q, N_k=p.N_k, d_qk=p.d_qk, d_v=p.d_v)
-    groups = [iosim.run(algo, problem=one, mask=_stacked(doc_window, b, hk, p), count_only=True, **kw)
+    groups = [run_keywords(algo, problem=one, mask=_stacked(doc_window, b, hk, p), count_only=True, **kw)
               for b in range(p.B) for hk in range(p.H_kv)]  # fmt: skip
     for name, ps in r.passes.items():
         total = groups[0].passes[name].stats
@@ -186,10 +193,10 @@ def test_block_mask_per_head():
 
     bm = create_block_mask(tmod, 2, 4, 29, 29, device="cpu", BLOCK_SIZE=8)
     kw = dict(problem=P, M=900, count_only=True, backward=True, Br=4, Bc=5)
-    a = iosim.run("flash1", mask=masks.from_block_mask(bm), **kw)
-    b = iosim.run("flash1", mask=masks.from_mask_mod(doc_window), **kw)
+    a = run_keywords("flash1", mask=masks.from_block_mask(bm), **kw)
+    b = run_keywords("flash1", mask=masks.from_mask_mod(doc_window), **kw)
     assert _exact(a) and _counts(a) == _counts(b)
-    pinned = iosim.run("flash1", mask=masks.from_block_mask(bm, 1, 3), **kw)
+    pinned = run_keywords("flash1", mask=masks.from_block_mask(bm, 1, 3), **kw)
     assert "mask_parts" not in pinned.schedule and _exact(pinned)
     with pytest.raises(InputError, match="^block_mask has \\(B, H\\) = \\(2, 4\\)"):
         iosim.run("flash1", problem=Problem(B=3, H_q=4, N_q=17, N_k=29, d=6), M=900,
@@ -219,16 +226,30 @@ def test_split_kv_per_head_mask(fn, how, gqa, splits):
     array's counts are the sums of each (b, h) run alone under its mask as an N x N array with the same splits (the
     combine's counts do not depend on its blocks); outputs equal the reference. N_k = 29, B_c = 5: 6 column blocks,
     so 4 splits of 2 leave the last split no block, and the masks leave splits empty for many row blocks."""
-    r = iosim.run("flash2", problem=P, M=900, gqa=gqa, splits=splits, mask=masks.from_mask_mod(fn), seed=2, Br=4,
-                  Bc=5)  # fmt: skip
+    r = iosim.run(
+        iosim.Schedule("flash2", gqa=gqa, splits=splits, Br=4, Bc=5),
+        problem=P,
+        M=900,
+        mask=masks.from_mask_mod(fn),
+        seed=2,
+    )
     assert _exact(r) and r.schedule["mask_parts"].endswith(f"({how})") and r.schedule["splits"] == splits
     assert max(r.errors.values()) < 1e-12 and r.finite
     Rtot = P.B * P.H_q * P.N_q
     bm = min(Rtot, 900 // (splits + 2 * P.d_v + 1))  # the whole problem's combine block
     assert r.schedule["combine_rows"] == bm and r.main.stats.peak >= bm * (splits + 2 * P.d_v + 1)
     one = Problem(N_q=P.N_q, N_k=P.N_k, d_qk=P.d_qk, d_v=P.d_v)
-    heads = [iosim.run("flash2", problem=one, M=900, splits=splits, mask=_dense(fn, b, h), count_only=True, Br=4,
-                       Bc=5) for b in range(P.B) for h in range(P.H_q)]  # fmt: skip
+    heads = [
+        iosim.run(
+            iosim.Schedule("flash2", splits=splits, Br=4, Bc=5),
+            problem=one,
+            M=900,
+            mask=_dense(fn, b, h),
+            count_only=True,
+        )
+        for b in range(P.B)
+        for h in range(P.H_q)
+    ]
     total = heads[0].main.stats
     for x in heads[1:]:
         total = total + x.main.stats
@@ -243,9 +264,9 @@ def test_refusals(tmp_path):
     differs; the command line gives exit 2 and runs the per-(b, h) mask otherwise."""
     mod = masks.from_mask_mod(doc_window)
     with pytest.raises(InputError, match="^splits applies to flash2"):  # split-KV runs per part on flash2 alone
-        iosim.run("flash1", problem=P, M=900, mask=mod, splits=2, count_only=True)
+        iosim.run(iosim.Schedule("flash1", splits=2), problem=P, M=900, mask=mod, count_only=True)
     with pytest.raises(InputError, match="^splits is an inference option with no backward"):
-        iosim.run("flash2", problem=P, M=900, mask=mod, splits=2, backward=True, count_only=True)
+        iosim.run(iosim.Schedule("flash2", splits=2), problem=P, M=900, mask=mod, backward=True, count_only=True)
     with pytest.raises(InputError, match="^trace is not recorded with a mask that differs"):
         iosim.run("flash2", problem=P, M=900, mask=mod, trace=True, count_only=True)
     assert iosim.api.problem_seen(P, masks.from_mask_mod(doc_window, 1, 2)) is not None

@@ -14,6 +14,7 @@ from iosim.memory_model.core import INIT, LOAD, STORE
 
 import iosim
 from iosim import InputError
+from iosim.api import run_keywords
 from iosim.hierarchy import ORDERS, ctas, device, hierarchy, l2, launches, presets
 from iosim.views import cache_sim as cs
 
@@ -365,10 +366,13 @@ def test_explicit_tiles(capsys):
     from iosim.cli import main
 
     h = hierarchy("flash2", N=200, d=16, M=4000, P=2, C=0, H_q=2, Br=24, Bc=40)
-    r = iosim.run("flash2", N=200, d=16, M=4000, Br=24, Bc=40, count_only=True)
+    r = iosim.run(iosim.Schedule("flash2", Br=24, Bc=40), N=200, d=16, M=4000, count_only=True)
     assert h.tiling == "rule=explicit, Br=24, Bc=40" and h.two_level == 2 * r.stats.total
     s = hierarchy("square-tiling", N=200, d=16, M=4000, P=2, C=0, block=12)
-    assert s.two_level == iosim.run("square-tiling", N=200, d=16, M=4000, B=12, count_only=True).stats.total
+    assert (
+        s.two_level
+        == iosim.run(iosim.Schedule("square-tiling", B=12), N=200, d=16, M=4000, count_only=True).stats.total
+    )
     base = ["hierarchy", "flash2", "--N", "200", "--d", "16", "--M", "4000", "--P", "2", "--C", "0"]
     assert main([*base, "--Br", "24", "--Bc", "40"]) == 0 and "Br=24, Bc=40" in capsys.readouterr().out
     for bad, word in ((["--B", "12"], "B applies"), (["--Br", "200", "--Bc", "200"], "working set")):
@@ -404,14 +408,16 @@ def test_decoding_and_chunked_prefill_launches(algorithm, gqa):
         for mask in (None, "window:9") if not p.causal else (None,):
             for mla in ("shared", "naive") if p.latent else ("shared",):
                 h = hierarchy(algorithm, problem=p, M=3000, P=4, C=0, gqa=gqa, mask=mask, mla=mla)
-                r = iosim.run(algorithm, problem=p, M=3000, gqa=gqa, mask=mask, mla=mla, count_only=True)
+                r = iosim.run(
+                    iosim.Schedule(algorithm, gqa=gqa, mla=mla), problem=p, M=3000, mask=mask, count_only=True
+                )
                 assert h.two_level == h.dram == r.stats.total
                 assert {n: c.two_level for n, c in h.per_array.items() if c.two_level} == {
                     n: c.reads + c.writes for n, c in r.stats.per_array.items() if c.reads + c.writes
                 }
         if algorithm in ("flash1", "flash2") and not (p.latent or p.page_size) and (gqa == "packed" or p.g == 1):
             hb = hierarchy(algorithm, problem=p, M=3000, P=4, C=0, gqa=gqa, backward=True)
-            rb = iosim.run(algorithm, problem=p, M=3000, gqa=gqa, backward=True, count_only=True)
+            rb = iosim.run(iosim.Schedule(algorithm, gqa=gqa), problem=p, M=3000, backward=True, count_only=True)
             assert hb.two_level == hb.dram == rb.passes["backward"].stats.total  # no group sum to leave out
         big = hierarchy(algorithm, problem=p, M=3000, P=4, C=1 << 22, L=1, gqa=gqa, order="swizzled")
         assert big.per_array["K"].dram == p.B * p.H_kv * p.N_k * p.d_qk
@@ -734,7 +740,7 @@ def test_a_mask_that_differs_per_head_launches_each_units_own(case):
     assert [k["kernel"] for k in h.launches] == names
     assert ({n: c.l2_fill for n, c in h.per_array.items() if c.l2_fill},
             {n: c.l2_writeback for n, c in h.per_array.items() if c.l2_writeback}) == (fill, wb)  # fmt: skip
-    r = iosim.run(alg, count_only=True, **{k: v for k, v in kw.items() if k != "kv_policy"}, kv_policy=policy)
+    r = run_keywords(alg, count_only=True, **{k: v for k, v in kw.items() if k != "kv_policy"}, kv_policy=policy)
     flat = h if C == 0 else hierarchy(alg, P=P, C=0, L=L, blocks_per_sm=1, **kw)
     ps = r.passes["backward" if backward else "forward"]
     assert {n: (c.two_level_reads, c.two_level_writes) for n, c in flat.per_array.items() if c.two_level} == {
@@ -752,8 +758,14 @@ def test_a_group_of_per_head_units_that_differ_is_refused():
     with pytest.raises(InputError, match="^gqa must be packed for this launch: the mask differs between the g = 2"):
         hierarchy("flash2", mask=masks.from_mask_mod(_doc_window), **kw)
     h = hierarchy("flash2", mask=masks.from_mask_mod(lambda b, h, q, kv: _doc_window(b, h // 2, q, kv)), **kw)
-    r = iosim.run("flash2", problem=problem, M=100_000, Br=4, Bc=5, backward=True, count_only=True,
-                  mask=masks.from_mask_mod(lambda b, h, q, kv: _doc_window(b, h // 2, q, kv)))  # fmt: skip
+    r = iosim.run(
+        iosim.Schedule("flash2", Br=4, Bc=5),
+        problem=problem,
+        M=100_000,
+        backward=True,
+        count_only=True,
+        mask=masks.from_mask_mod(lambda b, h, q, kv: _doc_window(b, h // 2, q, kv)),
+    )
     assert h.two_level == r.passes["backward"].stats.total
 
 
@@ -920,7 +932,7 @@ def test_dq_conversion_is_its_own_launch_at_its_dtypes(gqa, H_kv):  # noqa: N803
     assert conv["reads"] == {"dq_accum": words} and conv["writes"] == {"dQ_out": words}
     assert (conv["read_bytes"], conv["write_bytes"]) == (4 * words, 1 * words)
     assert (conv["read_dtype"], conv["write_dtype"]) == ("fp32", "fp8")
-    run = iosim.run("flash2", problem=p, M=100_000, Br=3, Bc=5, backward=True, gqa=gqa, count_only=True)
+    run = iosim.run(iosim.Schedule("flash2", Br=3, Bc=5, gqa=gqa), problem=p, M=100_000, backward=True, count_only=True)
     want = {n: (c.reads, c.writes) for n, c in run.passes["backward"].stats.per_array.items() if c.reads or c.writes}
     sched = {n: (c.dram_read, c.dram_update) for n, c in h0.per_array.items() if c.launch == "schedule" and c.dram}
     assert sched == want and h0.schedule_dram == h0.two_level == run.passes["backward"].stats.total

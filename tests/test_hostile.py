@@ -370,7 +370,7 @@ API_COERCIONS = [
     (lambda: iosim.replay("flash2", **R, opt_limit_bytes=-1), "opt_limit_bytes"),
     (lambda: iosim.replay("flash2", **R, allow_long="yes"), "allow_long"),
     (lambda: iosim.replay(None, **R), "algorithm"),
-    (lambda: iosim.run("flash2", **R, kv_policy=3), "kv_policy"),
+    (lambda: iosim.run(iosim.Schedule("flash2", kv_policy=3), **R), "kv_policy"),
     (lambda: iosim.run("flash2", **R, count_only="yes"), "count_only"),
     (lambda: iosim.run("flash2", **R, causal=1), "causal"),
     (lambda: iosim.run("flash2", **R, strict="no"), "strict"),

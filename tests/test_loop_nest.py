@@ -105,7 +105,9 @@ PAPER = {
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize(("N", "d", "Br", "Bc"), [(1, 1, 1, 1), (7, 3, 2, 3), (13, 2, 5, 4), (9, 4, 16, 16)])
 def test_one_head_makes_the_papers_events_in_order(algorithm, backward, causal, N, d, Br, Bc):  # noqa: N803
-    r = iosim.run(algorithm, N=N, d=d, M=10**5, Br=Br, Bc=Bc, causal=causal, backward=backward, trace=True)
+    r = iosim.run(
+        iosim.Schedule(algorithm, Br=Br, Bc=Bc), N=N, d=d, M=10**5, causal=causal, backward=backward, trace=True
+    )
     got = [(e["op"], e["array"], e["r0"], e["nr"], e["c0"], e["nc"]) for e in r.trace.records()]
     br, bc = min(Br, N), min(Bc, N)
     assert got == PAPER[(algorithm, backward)](N, d, br, bc, causal)

@@ -100,8 +100,12 @@ def test_problem_counts_equal_closed_form_and_the_array_mask(algo, shape, gqa, s
     kw = {"splits": sched["splits"]} if "splits" in sched else {}
     mod = masks.from_mask_mod(fn)
     for bwd in (False, True) if not sched else (False,):
-        r = iosim.run(algo, problem=p, M=900, gqa=gqa, mask=mod, count_only=True, Br=4, Bc=5, backward=bwd, **kw)
-        a = iosim.run(algo, problem=p, M=900, gqa=gqa, mask=ref, count_only=True, Br=4, Bc=5, backward=bwd, **kw)
+        r = iosim.run(
+            iosim.Schedule(algo, gqa=gqa, Br=4, Bc=5), problem=p, M=900, mask=mod, count_only=True, backward=bwd, **kw
+        )
+        a = iosim.run(
+            iosim.Schedule(algo, gqa=gqa, Br=4, Bc=5), problem=p, M=900, mask=ref, count_only=True, backward=bwd, **kw
+        )
         assert _exact(r)
         assert {k: v.stats.per_array for k, v in r.passes.items()} == {
             k: v.stats.per_array for k, v in a.passes.items()

@@ -60,7 +60,7 @@ def test_gather_is_refused_where_it_means_nothing():
     with pytest.raises(InputError, match="flash1 over a paged cache"):
         iosim.run(_paged(None), Schedule("flash1", pages="gather"), 4096, count_only=True)
     with pytest.raises(InputError, match="flash1 over a paged cache"):  # one head: not the plain run, refused too
-        iosim.run("flash1", N=64, d=8, M=4096, pages="gather", count_only=True)
+        iosim.run(iosim.Schedule("flash1", pages="gather"), N=64, d=8, M=4096, count_only=True)
 
 
 def test_command_line(capsys):

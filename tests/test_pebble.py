@@ -10,6 +10,7 @@ import pytest
 
 import iosim
 from iosim import InputError
+from iosim.api import run_keywords
 from iosim.cli import main
 from iosim.pebble import Game, IllegalMoveError, Move, attention, from_run, matmul, named, parse, search
 from iosim.pebble.graph import attention_backward
@@ -159,7 +160,7 @@ def test_masked_schedules_are_legal_pebblings_with_the_same_io(algorithm, pass_,
         assert r.max_error < 1e-12, label
         assert r.mask.startswith(mask.split(":")[0]), r.mask
         if pass_ == "forward":  # the same schedule as iosim.run's, mask and policy included
-            run = iosim.run(algorithm, N=7, d=3, M=30, mask=mask, kv_policy=policy, reference=False)
+            run = iosim.run(iosim.Schedule(algorithm, kv_policy=policy), N=7, d=3, M=30, mask=mask, reference=False)
             assert run.stats.total == r.sim_reads + r.sim_writes, label
 
 
@@ -281,7 +282,10 @@ def test_problem_run_as_a_pebbling(algorithm, gqa, causal):
     p = iosim.Problem(B=2, H_q=2, H_kv=1, N_q=2, N_k=5, d_qk=3, d_v=2, causal=causal)
     r = pebble_run(algorithm, problem=p, M=60, gqa=gqa)
     assert r.legal and r.outcome.complete and r.io_matches
-    assert r.sim_reads + r.sim_writes == iosim.run(algorithm, problem=p, M=60, gqa=gqa, count_only=True).stats.total
+    assert (
+        r.sim_reads + r.sim_writes
+        == iosim.run(iosim.Schedule(algorithm, gqa=gqa), problem=p, M=60, count_only=True).stats.total
+    )
     assert r.level1 == r.level1_total == 2 * 2 * 2 * 5 * 3
     assert r.max_error < 1e-12 and r.problem == p
 
@@ -306,7 +310,9 @@ def test_problem_run_as_a_pebbling_under_a_mask_per_head(algorithm, gqa):
 
     p = iosim.Problem(B=2, H_q=2, H_kv=1, N_q=2, N_k=5, d_qk=3, d_v=2)
     r = pebble_run(algorithm, problem=p, M=60, gqa=gqa, mask=masks.from_mask_mod(doc_window), seed=5)
-    run = iosim.run(algorithm, problem=p, M=60, gqa=gqa, mask=masks.from_mask_mod(doc_window), count_only=True)
+    run = iosim.run(
+        iosim.Schedule(algorithm, gqa=gqa), problem=p, M=60, mask=masks.from_mask_mod(doc_window), count_only=True
+    )
     assert r.legal and r.outcome.complete and r.io_matches and r.mask == "mod:doc_window per (b, h)"
     assert (r.sim_reads, r.sim_writes) == (run.stats.reads, run.stats.writes)
     assert r.max_error < 1e-12  # against each query head's reference under its own mask (head 0: the diagonal)
@@ -359,11 +365,11 @@ def test_pebble_run_takes_explicit_tiles(capsys):
     for algo, tiles in (("flash2", dict(Br=2, Bc=3)), ("flash1", dict(Br=3, Bc=2)), ("square-tiling", dict(B=2))):
         for pass_ in ("forward", "backward"):
             r = pebble_run(algo, 6, 2, 80, pass_, **tiles)
-            ref = iosim.run(algo, N=6, d=2, M=80, backward=pass_ == "backward", count_only=True, **tiles)
+            ref = run_keywords(algo, N=6, d=2, M=80, backward=pass_ == "backward", count_only=True, **tiles)
             assert r.legal and r.io_matches and (r.sim_reads, r.sim_writes) == (ref.stats.reads, ref.stats.writes)
     p = iosim.Problem(H_q=2, N_q=2, N_k=6, d=2)
     r = pebble_run("flash1", M=80, problem=p, gqa="packed", Br=4, Bc=2)
-    ref = iosim.run("flash1", problem=p, M=80, gqa="packed", Br=4, Bc=2, count_only=True)
+    ref = iosim.run(iosim.Schedule("flash1", gqa="packed", Br=4, Bc=2), problem=p, M=80, count_only=True)
     assert r.legal and r.io_matches and r.sim_reads == ref.stats.reads
     for argv, word in ((["--from-run", "flash2", "--N", "6", "--d", "2", "--M", "60", "--B", "2"], "B applies"),
                        (["--from-run", "flash1", "--heads", "2", "--Nq", "2", "--Nk", "6", "--d", "2", "--M", "30",

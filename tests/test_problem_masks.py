@@ -16,6 +16,7 @@ import pytest
 
 import iosim
 from iosim import Problem
+from iosim.api import run_keywords
 from iosim.cli import main
 from iosim.errors import InputError
 
@@ -55,7 +56,7 @@ def test_counts_equal_closed_form(algo, m, shape, gqa, policy, sched):
     """Forward (and, without the inference options, backward) counts per array and peak, on a ragged grid."""
     p, kw = _problem(shape, sched)
     for bwd in (False, True) if not sched else (False,):
-        r = iosim.run(algo, problem=p, M=900, gqa=gqa, mask=_mask(m, p.N_k), kv_policy=policy, count_only=True,
+        r = run_keywords(algo, problem=p, M=900, gqa=gqa, mask=_mask(m, p.N_k), kv_policy=policy, count_only=True,
                       Br=4, Bc=5, backward=bwd, **kw)  # fmt: skip
         assert _exact(r)
         assert r.kv_policy == (policy or "skip")
@@ -67,7 +68,9 @@ def test_counts_equal_closed_form(algo, m, shape, gqa, policy, sched):
 def test_numerics_forward_and_backward(algo, m, gqa):
     """Outputs and gradients against the float64 reference (mask rows N_k - N_q .. N_k - 1 for the queries)."""
     p = Problem(B=2, H_q=4, H_kv=2, N_q=11, N_k=31, d_qk=6, d_v=5)
-    r = iosim.run(algo, problem=p, M=900, gqa=gqa, mask=_mask(m, p.N_k), Br=4, Bc=5, backward=True, seed=3)
+    r = iosim.run(
+        iosim.Schedule(algo, gqa=gqa, Br=4, Bc=5), problem=p, M=900, mask=_mask(m, p.N_k), backward=True, seed=3
+    )
     assert _exact(r) and r.finite
     for ps in r.passes.values():
         assert ps.errors and max(ps.errors.values()) < 1e-12
@@ -76,7 +79,7 @@ def test_numerics_forward_and_backward(algo, m, gqa):
 @pytest.mark.parametrize("sched", [{"splits": 3}, {"page_size": 6}, {"latent": True}])
 def test_numerics_inference_schedules(sched):
     p, kw = _problem((3, 29), sched)
-    r = iosim.run("flash2", problem=p, M=900, gqa="packed", mask="window:7", Br=4, Bc=5, seed=2, **kw)
+    r = run_keywords("flash2", problem=p, M=900, gqa="packed", mask="window:7", Br=4, Bc=5, seed=2, **kw)
     assert _exact(r) and max(r.errors.values()) < 1e-12
 
 
@@ -87,12 +90,14 @@ def test_sliding_window_decoding_by_hand():
     B, Hq, Hkv, Nk, d, W, Bc = 2, 8, 2, 1024, 16, 128, 64
     p = Problem(B=B, H_q=Hq, H_kv=Hkv, N_q=1, N_k=Nk, d=d)
     for gqa, loads in (("packed", B * Hkv), ("per-head", B * Hq)):
-        r = iosim.run("flash2", problem=p, M=20000, gqa=gqa, mask=f"window:{W}", Bc=Bc, count_only=True)
+        r = iosim.run(iosim.Schedule("flash2", gqa=gqa, Bc=Bc), problem=p, M=20000, mask=f"window:{W}", count_only=True)
         per = r.stats.per_array
         assert per["K"].reads == per["V"].reads == loads * W * d
         assert per["Q"].reads == B * Hq * d and per["O"].writes == B * Hq * d
     # flash1 (K/V outer): the same K, V words; the one query row block streams past the W / Bc tiles it sees
-    r = iosim.run("flash1", problem=p, M=20000, gqa="packed", mask=f"window:{W}", Bc=Bc, count_only=True)
+    r = iosim.run(
+        iosim.Schedule("flash1", gqa="packed", Bc=Bc), problem=p, M=20000, mask=f"window:{W}", count_only=True
+    )
     assert r.stats.per_array["K"].reads == B * Hkv * W * d
     assert r.stats.per_array["Q"].reads == B * Hq * d * (W // Bc)
 
@@ -102,7 +107,7 @@ def test_chunked_prefill_window_is_bottom_right():
     (q + N_k - N_q - W, q + N_k - N_q]; the reference built from that definition (not from the mask module)
     equals the run's output."""
     p = Problem(B=1, H_q=1, H_kv=1, N_q=7, N_k=20, d=4)
-    r = iosim.run("flash2", problem=p, M=600, mask="window:5:causal", Br=3, Bc=4, seed=5)
+    r = iosim.run(iosim.Schedule("flash2", Br=3, Bc=4), problem=p, M=600, mask="window:5:causal", seed=5)
     rng = np.random.default_rng(5)
     Q, K, V = rng.standard_normal((7, 4)), rng.standard_normal((20, 4)), rng.standard_normal((20, 4))
     S = Q @ K.T / 2.0
@@ -118,8 +123,8 @@ def test_causal_mask_equals_causal_field(algo):
     pc = Problem(B=2, H_q=4, H_kv=2, N_q=9, N_k=30, d=6, causal=True)
     for gqa in ("per-head", "packed"):
         kw = dict(M=900, gqa=gqa, Br=4, Bc=5, count_only=True, backward=True)
-        a = iosim.run(algo, problem=p, mask="causal", **kw)
-        b = iosim.run(algo, problem=pc, **kw)
+        a = run_keywords(algo, problem=p, mask="causal", **kw)
+        b = run_keywords(algo, problem=pc, **kw)
         for name in ("forward", "backward"):
             assert a.passes[name].stats.per_array == b.passes[name].stats.per_array
 
@@ -129,8 +134,8 @@ def test_paper_policy_loads_the_outer_operand_of_empty_blocks():
     also reads every other K_j, V_j piece flash1 meets (Algorithm 5 loads before testing)."""
     p = Problem(B=1, H_q=2, H_kv=1, N_q=1, N_k=40, d=4)
     kw = dict(M=900, gqa="packed", mask="blockdiag:30,10", Bc=5, count_only=True)
-    skip = iosim.run("flash1", problem=p, kv_policy="skip", **kw)
-    paper = iosim.run("flash1", problem=p, kv_policy="paper", **kw)
+    skip = run_keywords("flash1", problem=p, kv_policy="skip", **kw)
+    paper = run_keywords("flash1", problem=p, kv_policy="paper", **kw)
     assert skip.stats.per_array["K"].reads == 10 * 4 and paper.stats.per_array["K"].reads == 40 * 4
     assert skip.stats.per_array["Q"].reads == paper.stats.per_array["Q"].reads == 2 * 2 * 4
     assert _exact(skip) and _exact(paper)
@@ -198,13 +203,13 @@ def test_one_head_algorithms_under_a_mask_over_any_shape(algo, m):
     for Nq, Nk, dqk, dv in ONE_HEAD_SHAPES:
         p = Problem(B=2, H_q=4, H_kv=2, N_q=Nq, N_k=Nk, d_qk=dqk, d_v=dv)
         for B in (None, 4):
-            r = iosim.run(algo, problem=p, M=900, mask=_mask(m, Nk), seed=1, B=B)
-            c = iosim.run(algo, problem=p, M=900, mask=_mask(m, Nk), count_only=True, B=B)
+            r = iosim.run(iosim.Schedule(algo, B=B), problem=p, M=900, mask=_mask(m, Nk), seed=1)
+            c = iosim.run(iosim.Schedule(algo, B=B), problem=p, M=900, mask=_mask(m, Nk), count_only=True)
             assert _exact(r) and r.finite and max(r.errors.values()) < 1e-12, (Nq, Nk, B)
             assert c.stats.per_array == r.stats.per_array and c.stats.peak == r.stats.peak
             assert r.mask.startswith(_mask(m, Nk)) and r.kv_policy == "skip"
     if algo == "standard":  # the dense baseline: the mask changes no word
-        dense = iosim.run(algo, problem=p, M=900, B=4, count_only=True)
+        dense = iosim.run(iosim.Schedule(algo, B=4), problem=p, M=900, count_only=True)
         assert dense.stats.per_array == c.stats.per_array
 
 
@@ -214,7 +219,7 @@ def test_square_tiling_sliding_window_decoding_by_hand():
     counted here by hand, not through the mask oracle."""
     Hq, Hkv, Nk, d, W, B = 4, 2, 512, 16, 96, 32
     p = Problem(H_q=Hq, H_kv=Hkv, N_q=1, N_k=Nk, d=d)
-    r = iosim.run("square-tiling", problem=p, M=8000, mask=f"window:{W}:causal", B=B, count_only=True)
+    r = iosim.run(iosim.Schedule("square-tiling", B=B), problem=p, M=8000, mask=f"window:{W}:causal", count_only=True)
     per = r.stats.per_array
     assert per["K"].reads == per["V"].reads == Hq * (W + 1) * d - Hq * d  # window:W:causal sees W keys
     assert per["Q"].reads == Hq * d * (W // B) and per["S"].writes == Hq * W

@@ -12,6 +12,7 @@ from iosim.memory_model import TwoLevelMemory
 
 import iosim
 from iosim import InputError, Problem
+from iosim.api import run_keywords
 from iosim.theory import io_model
 
 HEADS = [(1, 1, 1), (2, 4, 2), (1, 6, 1), (1, 3, 3)]  # (B, H_q, H_kv)
@@ -125,18 +126,20 @@ def test_numerics_match_reference(algo, p, gqa, splits):
     if algo == "flash1" and splits > 1:
         splits = 1
     for mla in ("shared", "naive") if p.latent else ("shared",):
-        r = iosim.run(algo, problem=p, M=2000, gqa=gqa, splits=splits, mla=mla, seed=7, Br=3, Bc=4)
+        r = iosim.run(iosim.Schedule(algo, gqa=gqa, splits=splits, mla=mla, Br=3, Bc=4), problem=p, M=2000, seed=7)
         assert r.main.exact, (r.stats.per_array, r.predicted.per_array, r.stats.peak, r.predicted.peak)
         assert np.all(np.isfinite(r.outputs["O"])), "an output element was never written"
         assert r.errors["O"] <= 1e-12 and r.errors["L"] <= 1e-12, r.errors
-        c = iosim.run(algo, problem=p, M=2000, gqa=gqa, splits=splits, mla=mla, Br=3, Bc=4, count_only=True)
+        c = iosim.run(
+            iosim.Schedule(algo, gqa=gqa, splits=splits, mla=mla, Br=3, Bc=4), problem=p, M=2000, count_only=True
+        )
         assert c.stats.per_array == r.stats.per_array and c.stats.peak == r.stats.peak
 
 
 def test_rows_without_keys_get_zero_and_minus_inf():
     """N_q > N_k, causal bottom-right: the first N_q - N_k rows see no key (O = 0, L = -inf)."""
     p = Problem(N_q=9, N_k=4, d_qk=4, causal=True)
-    r = iosim.run("flash2", problem=p, M=500, gqa="packed", Br=2, Bc=2)
+    r = iosim.run(iosim.Schedule("flash2", gqa="packed", Br=2, Bc=2), problem=p, M=500)
     assert np.all(r.outputs["O"][:5] == 0) and np.all(np.isneginf(r.outputs["L"][:5]))
     assert r.errors["O"] <= 1e-12 and r.main.exact
 
@@ -148,7 +151,9 @@ def test_one_head_problem_counts_as_today(algo, N, causal):
     """The problem schedule on one head with N_q = N_k counts what the seed algorithms count, word for word."""
     legacy = iosim.run(algo, N=N, d=16, M=1500, causal=causal, count_only=True)
     t = legacy.tiling
-    r = iosim.run(algo, problem=Problem(N=N, d=16, causal=causal), M=1500, gqa="packed", count_only=True)
+    r = iosim.run(
+        iosim.Schedule(algo, gqa="packed"), problem=Problem(N=N, d=16, causal=causal), M=1500, count_only=True
+    )
     assert r.tiling.Br == t.Br and r.tiling.Bc == t.Bc
     assert r.stats.per_array == legacy.stats.per_array and r.stats.peak == legacy.stats.peak
     assert r.main.exact
@@ -157,8 +162,8 @@ def test_one_head_problem_counts_as_today(algo, N, causal):
 def test_gqa_decoding_factor_g():
     """At N_q = 1 per-head loads K/V g times per KV head, packed once: the factor g of the Metal-kernel finding."""
     p = Problem(B=2, H_q=8, H_kv=2, N_q=1, N_k=4096, d=64)
-    per = iosim.run("flash2", problem=p, M=20000, gqa="per-head", count_only=True)
-    packed = iosim.run("flash2", problem=p, M=20000, gqa="packed", count_only=True)
+    per = iosim.run(iosim.Schedule("flash2", gqa="per-head"), problem=p, M=20000, count_only=True)
+    packed = iosim.run(iosim.Schedule("flash2", gqa="packed"), problem=p, M=20000, count_only=True)
     assert per.stats.per_array["K"].reads == p.g * packed.stats.per_array["K"].reads
     assert packed.stats.per_array["K"].reads == p.compulsory()["K"]
     assert per.main.exact and packed.main.exact
@@ -166,8 +171,8 @@ def test_gqa_decoding_factor_g():
 
 def test_split_kv_costs_partials_and_adds_blocks():
     p = Problem(B=1, H_q=4, H_kv=1, N_q=1, N_k=8192, d=128)
-    one = iosim.run("flash2", problem=p, M=40000, gqa="packed", count_only=True)
-    four = iosim.run("flash2", problem=p, M=40000, gqa="packed", splits=4, count_only=True)
+    one = iosim.run(iosim.Schedule("flash2", gqa="packed"), problem=p, M=40000, count_only=True)
+    four = iosim.run(iosim.Schedule("flash2", gqa="packed", splits=4), problem=p, M=40000, count_only=True)
     rows = p.B * p.H_q * p.N_q
     extra = four.stats.total - one.stats.total
     # each split writes its partial O and lse (s rows of d_v + 1 per query row), the combine reads them back,
@@ -178,7 +183,7 @@ def test_split_kv_costs_partials_and_adds_blocks():
 
 def test_bytes_follow_dtypes():
     p = Problem(B=1, H_q=8, H_kv=1, N_q=1, N_k=1000, d=64, dtype_q="bf16", dtype_kv="fp8")
-    r = iosim.run("flash2", problem=p, M=20000, gqa="packed", count_only=True)
+    r = iosim.run(iosim.Schedule("flash2", gqa="packed"), problem=p, M=20000, count_only=True)
     b = r.bytes_per_array
     assert b["K"] == r.stats.per_array["K"].reads and b["Q"] == 2 * r.stats.per_array["Q"].reads
     assert b["L"] == 4 * r.stats.per_array["L"].writes
@@ -225,7 +230,7 @@ def test_bad_problem_is_one_line(kwargs, parameter):
 def test_bad_schedule_is_one_line(algo, kwargs, parameter):
     p = Problem(B=1, H_q=4, H_kv=2, N_q=2, N_k=8, d=16)
     with pytest.raises(InputError) as e:
-        iosim.run(algo, problem=p, M=200, count_only=True, **kwargs)
+        run_keywords(algo, problem=p, M=200, count_only=True, **kwargs)
     assert e.value.parameter == parameter and "\n" not in str(e.value)
 
 
@@ -234,10 +239,10 @@ def test_bad_schedule_is_one_line(algo, kwargs, parameter):
     [("flash2", dict(Br=5, Bc=3)), ("flash1", dict(Bc=7)), ("square-tiling", dict(B=6)), ("standard", dict(B=9))],
 )
 def test_explicit_tiles_one_head(algo, tiles):
-    r = iosim.run(algo, N=50, d=8, M=4000, **tiles)
+    r = run_keywords(algo, N=50, d=8, M=4000, **tiles)
     assert r.main.exact and all(getattr(r.tiling, k) == v for k, v in tiles.items())
     with pytest.raises(InputError):
-        iosim.run(algo, N=50, d=8, M=30, **tiles)
+        run_keywords(algo, N=50, d=8, M=30, **tiles)
 
 
 def _cli(*argv):
@@ -278,7 +283,9 @@ def test_sweep_problem_points():
 @pytest.mark.parametrize("algo, splits", [("flash2", 3), ("flash1", 1)])
 def test_trace_of_a_problem_replays(algo, splits, tmp_path, capsys):
     p = Problem(B=2, H_q=4, H_kv=2, N_q=2, N_k=23, d=8, page_size=5, causal=True)
-    r = iosim.run(algo, problem=p, M=600, gqa="packed", splits=splits, trace=True, count_only=True, Br=3, Bc=4)
+    r = iosim.run(
+        iosim.Schedule(algo, gqa="packed", splits=splits, Br=3, Bc=4), problem=p, M=600, trace=True, count_only=True
+    )
     assert r.trace is not None and r.trace.replay(r.M) == r.stats and r.main.exact
     out = tmp_path / "t.npy"
     argv = ["trace", algo, "--batch", "2", "--heads", "4", "--kv-heads", "2", "--Nq", "2", "--Nk", "23", "--d", "8"]
@@ -334,7 +341,7 @@ def test_one_head_rectangular_grid(algo, causal):
             continue
         r = iosim.run(algo, problem=p, M=M, count_only=True)
         assert r.main.exact and r.stats.peak <= M, (p, M)
-        e = iosim.run(algo, problem=p, M=M, count_only=True, B=2)
+        e = iosim.run(iosim.Schedule(algo, B=2), problem=p, M=M, count_only=True)
         assert e.main.exact and e.tiling.B == 2
     for Nq, Nk in ((23, 11), (4, 30)):
         r = iosim.run(algo, problem=Problem(N_q=Nq, N_k=Nk, d_qk=7, d_v=5, causal=causal), M=60, seed=2)
@@ -369,7 +376,7 @@ def test_heads_one_after_another(algo, causal):
 def test_heads_schedule_options_that_do_not_apply(algo, kwargs, problem, parameter):
     p = Problem(B=2, H_q=4, H_kv=2, N_q=3, N_k=8, d=8, **problem)
     with pytest.raises(InputError) as e:
-        iosim.run(algo, problem=p, M=400, count_only=True, **kwargs)
+        run_keywords(algo, problem=p, M=400, count_only=True, **kwargs)
     assert e.value.parameter == parameter and "flash1 and flash2" in str(e.value) and "\n" not in str(e.value)
 
 
@@ -397,7 +404,7 @@ def test_compare_over_one_head_with_nq_below_nk(extra, capsys):
 def test_problem_kv_policy_and_flags_are_checked_with_or_without_a_mask(algo):
     p = Problem(H_q=2, N_q=3, N_k=20, d=4)
     with pytest.raises(InputError) as e:
-        iosim.run(algo, problem=p, M=900, kv_policy="lazy", count_only=True)
+        iosim.run(iosim.Schedule(algo, kv_policy="lazy"), problem=p, M=900, count_only=True)
     assert e.value.parameter == "kv_policy" and "\n" not in str(e.value)
     for name in ("causal", "latent"):
         with pytest.raises(InputError) as e:
@@ -423,7 +430,9 @@ def test_causal_field_honours_the_kv_policy(algo, capsys):
     p = Problem(H_q=3, H_kv=1, N_q=40, N_k=13, d=16, causal=True)
     q = {}
     for policy in ("paper", "skip"):
-        r = iosim.run(algo, problem=p, M=2468, Br=6, Bc=5, kv_policy=policy, count_only=True, backward=True)
+        r = iosim.run(
+            iosim.Schedule(algo, Br=6, Bc=5, kv_policy=policy), problem=p, M=2468, count_only=True, backward=True
+        )
         assert r.kv_policy == policy and r.passes["forward"].exact and r.passes["backward"].exact
         q[policy] = r.passes["forward"].stats.per_array["Q"].reads
     if algo == "flash2":

@@ -12,6 +12,7 @@ from iosim.memory_model import TwoLevelMemory
 
 import iosim
 from iosim import InputError, Problem
+from iosim.api import run_keywords
 from iosim.theory import io_model
 from iosim.theory.tiling import flash_backward_tiling, problem_backward_tiling
 
@@ -92,7 +93,7 @@ PROBLEMS = [
 @pytest.mark.parametrize("gqa", ["per-head", "packed"])
 @pytest.mark.parametrize("algo", ["flash1", "flash2"])
 def test_backward_numerics_and_counts_through_run(algo, p, gqa):
-    r = iosim.run(algo, M=700, problem=p, backward=True, gqa=gqa, seed=3)
+    r = iosim.run(iosim.Schedule(algo, gqa=gqa), M=700, problem=p, backward=True, seed=3)
     b = r.passes["backward"]
     assert b.exact
     assert b.stats.peak <= 700
@@ -101,7 +102,7 @@ def test_backward_numerics_and_counts_through_run(algo, p, gqa):
     for name in ("dQ", "dK", "dV"):
         assert np.isfinite(r.outputs[name]).all()
     assert r.tiling == b.tiling
-    count = iosim.run(algo, M=700, problem=p, backward=True, gqa=gqa, count_only=True)
+    count = iosim.run(iosim.Schedule(algo, gqa=gqa), M=700, problem=p, backward=True, count_only=True)
     assert count.passes["backward"].stats.per_array == b.stats.per_array
 
 
@@ -129,7 +130,7 @@ def test_reference_backward_sums_the_group():
 def test_backward_refusals_are_one_line(kw, parameter):
     kw = {"algorithm": "flash2", "problem": Problem(B=1, H_q=2, H_kv=1, N_q=3, N_k=32, d_qk=8, d_v=8), **kw}
     with pytest.raises(InputError) as e:
-        iosim.run(kw.pop("algorithm"), M=5000, backward=True, count_only=True, **kw)
+        run_keywords(kw.pop("algorithm"), M=5000, backward=True, count_only=True, **kw)
     assert e.value.parameter == parameter
     assert "\n" not in str(e.value)
 
@@ -157,8 +158,8 @@ MASKS = ["window:5", "blockdiag:7,9,7", "prefix:6", "dilated:4:2", "random:0.3"]
 @pytest.mark.parametrize("algo", ["flash1", "flash2"])
 def test_masked_problem_is_heads_times_one_head(algo, mask, policy):
     p = Problem(B=2, H_q=3, H_kv=1, N_q=23, N_k=23, d_qk=6, d_v=6)
-    r = iosim.run(algo, M=500, problem=p, mask=mask, seed=1, kv_policy=policy)
-    one = iosim.run(algo, M=500, N=23, d=6, mask=mask, count_only=True, kv_policy=policy)
+    r = iosim.run(iosim.Schedule(algo, kv_policy=policy), M=500, problem=p, mask=mask, seed=1)
+    one = iosim.run(iosim.Schedule(algo, kv_policy=policy), M=500, N=23, d=6, mask=mask, count_only=True)
     fwd = r.passes["forward"]
     assert fwd.exact and max(fwd.errors.values()) < 1e-10
     assert fwd.stats.peak == one.stats.peak
@@ -166,12 +167,16 @@ def test_masked_problem_is_heads_times_one_head(algo, mask, policy):
         n: type(c)(c.reads * 6, c.writes * 6, c.init_writes * 6) for n, c in one.stats.per_array.items()
     }
     q = Problem(B=2, H_q=2, H_kv=2, N_q=23, N_k=23, d_qk=6, d_v=6)
-    rb = iosim.run(algo, M=500, problem=q, mask=mask, backward=True, seed=2, kv_policy=policy)
+    rb = iosim.run(iosim.Schedule(algo, kv_policy=policy), M=500, problem=q, mask=mask, backward=True, seed=2)
     bwd = rb.passes["backward"]
     assert bwd.exact and max(bwd.errors.values()) < 1e-10
-    count = iosim.run(algo, M=500, problem=q, mask=mask, backward=True, count_only=True, kv_policy=policy)
+    count = iosim.run(
+        iosim.Schedule(algo, kv_policy=policy), M=500, problem=q, mask=mask, backward=True, count_only=True
+    )
     assert count.passes["backward"].stats.per_array == bwd.stats.per_array
-    one_b = iosim.run(algo, M=500, N=23, d=6, mask=mask, backward=True, count_only=True, kv_policy=policy)
+    one_b = iosim.run(
+        iosim.Schedule(algo, kv_policy=policy), M=500, N=23, d=6, mask=mask, backward=True, count_only=True
+    )
     per = one_b.passes["backward"].stats.per_array
     assert bwd.stats.per_array == {n: type(c)(c.reads * 4, c.writes * 4, c.init_writes * 4) for n, c in per.items()}
     assert bwd.stats.peak == one_b.passes["backward"].stats.peak
@@ -201,7 +206,7 @@ def test_masked_problem_refusals_are_one_line(fields, kw, parameter):
     shape natively; the forward of standard attention and square tiling takes any N_q <= N_k, d_qk, d_v)."""
     p = Problem(**{"B": 1, "H_q": 2, "H_kv": 2, "N_q": 20, "N_k": 20, "d_qk": 8, "d_v": 8, **fields})
     with pytest.raises(InputError) as e:
-        iosim.run("standard", M=5000, problem=p, mask="window:4", count_only=True, backward=True, **kw)
+        run_keywords("standard", M=5000, problem=p, mask="window:4", count_only=True, backward=True, **kw)
     assert e.value.parameter == "mask" and f"has not {parameter}" in str(e.value)
     assert "\n" not in str(e.value)
 
@@ -229,17 +234,27 @@ def test_backward_peak_is_exact_when_only_the_short_last_column_block_is_visible
     the schedule peaks at 508), and the explicit-tile refusal uses it (M = 520 runs flash2 per-head, refused
     before)."""
     p = Problem(H_q=16, H_kv=1, N_q=2, N_k=20, d=16)
-    r = iosim.run(algo, problem=p, M=4000, Br=8, Bc=7, mask="window:5", count_only=True, backward=True, gqa=gqa)
+    r = iosim.run(
+        iosim.Schedule(algo, Br=8, Bc=7, gqa=gqa), problem=p, M=4000, mask="window:5", count_only=True, backward=True
+    )
     bwd = r.passes["backward"]
     assert bwd.exact and bwd.stats.peak == bwd.predicted.peak
     if algo == "flash2" and gqa == "per-head":
         assert bwd.stats.peak == 508
-        ok = iosim.run(algo, problem=p, M=520, Br=8, Bc=7, mask="window:5", count_only=True, backward=True)
+        ok = iosim.run(
+            iosim.Schedule(algo, Br=8, Bc=7), problem=p, M=520, mask="window:5", count_only=True, backward=True
+        )
         assert ok.passes["backward"].stats.peak == 508
     M = bwd.stats.peak - 1
     with pytest.raises(InputError) as e:
-        iosim.run(algo, problem=p, M=max(M, r.passes["forward"].stats.peak), Br=8, Bc=7, mask="window:5",
-                  count_only=True, backward=True, gqa=gqa)  # fmt: skip
+        iosim.run(
+            iosim.Schedule(algo, Br=8, Bc=7, gqa=gqa),
+            problem=p,
+            M=max(M, r.passes["forward"].stats.peak),
+            mask="window:5",
+            count_only=True,
+            backward=True,
+        )
     assert e.value.parameter == "Br, Bc"
 
 
@@ -247,10 +262,15 @@ def test_backward_bytes_follow_the_kernels_dtypes():
     """Issue 32, point 7: dQ is accumulated in fp32 (flash-attn's dq_accum): its read-modify-writes are fp32 bytes,
     the word count unchanged; dK, dV are written at the K/V dtype, dO read at the output's."""
     p = Problem(B=1, H_q=4, H_kv=2, N_q=20, N_k=30, d=16, dtype_q="bf16", dtype_kv="fp8", dtype_o="bf16")
-    r = iosim.run("flash2", problem=p, M=4000, count_only=True, backward=True, gqa="packed")
+    r = iosim.run(iosim.Schedule("flash2", gqa="packed"), problem=p, M=4000, count_only=True, backward=True)
     words = {n: c.reads + c.writes for n, c in r.stats.per_array.items()}
-    same = iosim.run("flash2", problem=Problem(B=1, H_q=4, H_kv=2, N_q=20, N_k=30, d=16), M=4000, count_only=True,
-                     backward=True, gqa="packed")  # fmt: skip
+    same = iosim.run(
+        iosim.Schedule("flash2", gqa="packed"),
+        problem=Problem(B=1, H_q=4, H_kv=2, N_q=20, N_k=30, d=16),
+        M=4000,
+        count_only=True,
+        backward=True,
+    )
     assert words == {n: c.reads + c.writes for n, c in same.stats.per_array.items()}  # words do not see dtypes
     b = r.bytes_per_array
     assert b["dQ"] == 4 * words["dQ"] and b["dO"] == 2 * words["dO"]

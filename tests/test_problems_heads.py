@@ -7,6 +7,7 @@ import pytest
 
 import iosim
 from iosim import InputError, Problem
+from iosim.api import run_keywords
 from iosim.cli import main
 from iosim.theory import io_model
 
@@ -47,7 +48,7 @@ def test_mask_over_a_problem(algo, mask):
     c = iosim.run(algo, problem=p, M=400, mask=mask, count_only=True)
     n = iosim.run(algo, problem=p, M=400, mask=mask, seed=1)
     policy = "skip" if algo in ("flash1", "flash2") else "paper"
-    one = iosim.run(algo, N=17, d=5, M=400, mask=mask, count_only=True, kv_policy=policy)
+    one = iosim.run(iosim.Schedule(algo, kv_policy=policy), N=17, d=5, M=400, mask=mask, count_only=True)
     assert c.main.exact and n.main.exact and c.stats.peak == one.stats.peak
     assert c.stats.total == 8 * one.stats.total and n.stats.per_array == c.stats.per_array
     assert max(n.errors.values()) < 1e-12 and n.outputs["O"].shape == (8 * 17, 5)
@@ -70,7 +71,7 @@ def test_by_heads_refusals_are_one_line(problem, kwargs, parameter):
     p = Problem(B=1, H_q=4, H_kv=2, **problem)
     kwargs = {"M": 400, **kwargs}
     with pytest.raises(InputError) as e:
-        iosim.run("standard", problem=p, count_only=True, **kwargs)
+        run_keywords("standard", problem=p, count_only=True, **kwargs)
     assert e.value.parameter == parameter and "\n" not in str(e.value)
 
 

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 import iosim
 from iosim import InputError
+from iosim.api import run_keywords
 from iosim.cli import main
 from iosim.views import cache_sim as cs
 from iosim.views.replay import operand_ops
@@ -163,7 +164,7 @@ def test_replay_over_a_problem(algorithm, gqa):
     of the slow arrays once, so at most their explicit reads."""
     p = iosim.Problem(B=2, H_q=4, H_kv=2, N_q=9, N_k=23, d_qk=6, d_v=5, causal=True)
     r = iosim.replay(algorithm, problem=p, M=500, gqa=gqa)
-    run = iosim.run(algorithm, problem=p, M=500, gqa=gqa, count_only=True)
+    run = iosim.run(iosim.Schedule(algorithm, gqa=gqa), problem=p, M=500, count_only=True)
     assert r.problem == p and r.explicit_total == run.stats.total
     assert r.policies["opt"].total <= r.policies["lru"].total
     big = iosim.replay(algorithm, problem=p, M=500, gqa=gqa, cache_words=1 << 16, policy="lru")
@@ -236,7 +237,7 @@ P = dict(B=2, H_q=4, H_kv=2, N_q=3, N_k=29, d_qk=6, d_v=5)
 def test_replay_of_every_problem_schedule(algorithm, fields, kwargs):
     p = iosim.Problem(**{**P, **fields})
     backward = kwargs.get("backward", False)
-    run = iosim.run(algorithm, problem=p, M=700, count_only=True, **kwargs)
+    run = run_keywords(algorithm, problem=p, M=700, count_only=True, **kwargs)
     small = iosim.replay(algorithm, problem=p, M=700, policy="lru,opt", **kwargs)
     assert small.explicit_total == run.passes["backward" if backward else "forward"].stats.total
     assert small.policies["opt"].total <= small.policies["lru"].total

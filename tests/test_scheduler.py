@@ -23,8 +23,16 @@ from iosim.hierarchy.simulate import block_order
 
 @cache
 def _unit(algorithm="flash2", N=12, d=2, M=40, backward=False, causal=False, Br=None, Bc=None):  # noqa: N803
-    r = iosim.run(algorithm, N=N, d=d, M=M, count_only=True, trace=True, backward=backward, causal=causal, Br=Br,
-                  Bc=Bc)  # fmt: skip
+    r = iosim.run(
+        iosim.Schedule(algorithm, Br=Br, Bc=Bc),
+        N=N,
+        d=d,
+        M=M,
+        count_only=True,
+        trace=True,
+        backward=backward,
+        causal=causal,
+    )
     cut = ctas.cut(r.trace)
     declared = launches.assign(cut, r.trace, launches.kernels(algorithm, backward))
     return r.trace, cut, declared, r.tiling

@@ -38,7 +38,9 @@ GRID = [(name, algo, policy, M) for name in patterns() for algo in ("flash1", "f
 
 @pytest.mark.parametrize("name, algo, policy, M", GRID)
 def test_counts_equal_closed_form(name, algo, policy, M):
-    r = iosim.run(algo, N=N, d=4, M=M, mask=patterns()[name], kv_policy=policy, backward=True, count_only=True)
+    r = iosim.run(
+        iosim.Schedule(algo, kv_policy=policy), N=N, d=4, M=M, mask=patterns()[name], backward=True, count_only=True
+    )
     for p in r.passes.values():
         assert p.stats.per_array == p.predicted.per_array, p.name
         assert p.stats.peak == p.predicted.peak, p.name
@@ -58,7 +60,7 @@ def test_square_and_standard_counts_equal_closed_form(name, algo, M):
 @pytest.mark.parametrize("algo", ["flash1", "flash2", "square-tiling", "standard"])
 def test_numerics_match_masked_reference(name, algo):
     M = 300 if algo.startswith("flash") else 40
-    r = iosim.run(algo, N=N, d=4, M=M, mask=patterns()[name], kv_policy="skip", backward=True)
+    r = iosim.run(iosim.Schedule(algo, kv_policy="skip"), N=N, d=4, M=M, mask=patterns()[name], backward=True)
     assert r.passes["forward"].exact and r.main.exact
     assert max(r.passes["forward"].errors.values()) < 1e-12
     assert max(r.errors.values()) < 1e-12
@@ -78,7 +80,7 @@ def test_numerics_match_masked_reference(name, algo):
 )
 def test_fully_masked_rows(algo, policy):
     allowed = patterns()["holes"]
-    r = iosim.run(algo, N=N, d=4, M=300, mask=allowed, kv_policy=policy, backward=True)
+    r = iosim.run(iosim.Schedule(algo, kv_policy=policy), N=N, d=4, M=300, mask=allowed, backward=True)
     rows = ~allowed.any(axis=1)
     assert rows.sum() >= 25
     assert (r.outputs["O"][rows] == 0).all()
@@ -105,7 +107,10 @@ def test_skip_saves_exactly_the_empty_blocks():
     (flash2's forward, d x their heights)."""
     allowed = patterns()["holes"]
     for algo, axis, per_word in (("flash1", 0, 2), ("flash2", 1, 1)):
-        runs = {p: iosim.run(algo, N=N, d=4, M=300, mask=allowed, kv_policy=p, count_only=True) for p in im.POLICIES}
+        runs = {
+            p: iosim.run(iosim.Schedule(algo, kv_policy=p), N=N, d=4, M=300, mask=allowed, count_only=True)
+            for p in im.POLICIES
+        }
         t = runs["skip"].tiling
         B = t.Bc if axis == 0 else t.Br
         seen = allowed.any(axis=axis)
@@ -192,7 +197,9 @@ if given is not None:
     def test_property_counts_equal_closed_form(point):
         algo, n, d, M, text, policy = point
         try:
-            r = iosim.run(algo, N=n, d=d, M=M, mask=text, kv_policy=policy, backward=True, count_only=True)
+            r = iosim.run(
+                iosim.Schedule(algo, kv_policy=policy), N=n, d=d, M=M, mask=text, backward=True, count_only=True
+            )
         except iosim.InputError as e:  # an M below the algorithm's smallest tiling
             assert e.parameter == "M"
             return

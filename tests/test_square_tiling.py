@@ -142,10 +142,10 @@ def test_tiling_rules():
         assert io_model.square_tiling_peak(N, d, B) <= M
         assert B >= max(N, d) or io_model.square_tiling_peak(N, d, B + 1) > M
     assert tiling.saha_ye_tiling(2048, 128, 4096, "paper").B == 32
-    r = iosim.run(NAME, N=300, d=128, M=4096, tiling="paper", backward=True, count_only=True)
+    r = iosim.run(iosim.Schedule(NAME, tiling="paper"), N=300, d=128, M=4096, backward=True, count_only=True)
     assert r.tiling.B == 32 and r.stats.peak <= 4096  # 3B^2 + 2B <= 4B^2
     with pytest.raises(CapacityError):  # B = 1 needs 5 words: the paper's formula overflows at M = 4
-        iosim.run(NAME, N=10, d=4, M=4, tiling="paper", count_only=True)
+        iosim.run(iosim.Schedule(NAME, tiling="paper"), N=10, d=4, M=4, count_only=True)
     with pytest.raises(iosim.InputError, match="M"):
         iosim.run(NAME, N=10, d=4, M=4, count_only=True)
     assert registry.get(NAME).min_M(10, 4, backward=True) == 5

@@ -90,7 +90,9 @@ def test_a_mask_read_from_a_file_is_keyed_by_its_contents(tmp_path, capsys):
     assert (
         st["computed"] == 1
         and causal["total"]
-        == iosim.run("flash2", N=64, d=8, M=1024, causal=True, count_only=True, kv_policy="paper").stats.total
+        == iosim.run(
+            iosim.Schedule("flash2", kv_policy="paper"), N=64, d=8, M=1024, causal=True, count_only=True
+        ).stats.total
     )
     assert sweep(grid, executor="serial", cache=cache, as_frame=False, stats=st)[0] == causal and st["cached"] == 1
     f.write_text("def m(b, h, q_idx, kv_idx):\n    return (q_idx >= kv_idx) & (q_idx - kv_idx < 8)\n")
@@ -279,7 +281,9 @@ def test_the_files_a_mask_file_reads_are_in_the_cache_key(tmp_path):
     grid = {"algorithm": "flash2", "N": 64, "d": 8, "M": 1024, "mask": f"mod:{f}:m"}
 
     def total(w):
-        r = iosim.run("flash2", N=64, d=8, M=1024, mask=f"window:{w}:causal", count_only=True, kv_policy="paper")
+        r = iosim.run(
+            iosim.Schedule("flash2", kv_policy="paper"), N=64, d=8, M=1024, mask=f"window:{w}:causal", count_only=True
+        )
         return r.stats.total
 
     st: dict = {}

@@ -29,12 +29,13 @@ def main() -> None:
         ("flash2", "packed", 8),
         ("flash1", "packed", 1),
     ]:
-        kw = dict(problem=p, M=args.M, gqa=gqa, splits=splits, count_only=True)
-        r = iosim.run(algo, **kw)  # warm-up (compiles on a cold cache)
+        kw = dict(problem=p, M=args.M, count_only=True)
+        schedule = iosim.Schedule(algo, gqa=gqa, splits=splits)
+        r = iosim.run(schedule, **kw)  # warm-up (compiles on a cold cache)
         best = float("inf")
         for _ in range(5):
             t0 = time.perf_counter()
-            r = iosim.run(algo, **kw)
+            r = iosim.run(schedule, **kw)
             best = min(best, time.perf_counter() - t0)
         G = p.g if gqa == "per-head" else 1
         tiles = p.B * p.H_kv * G * -(-(p.N_q * p.g // G) // r.tiling.Br) * -(-p.N_k // r.tiling.Bc)

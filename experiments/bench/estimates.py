@@ -100,7 +100,8 @@ def one_head(algo: str, N: int, d: int, M: int, count_only: bool, backward: bool
 
 
 def over_problem(algo: str, p: iosim.Problem, M: int, count_only: bool, backward=False, mask=None, **kw) -> None:  # noqa: N803
-    opts = dict(M=M, count_only=count_only, backward=backward, mask=mask, **kw)
+    opts = dict(M=M, count_only=count_only, backward=backward, mask=mask)
+    schedule = iosim.Schedule(algo, **kw)  # the schedule's options (gqa, splits, ...)
     small = iosim.Problem(B=1, H_q=p.H_q, H_kv=p.H_kv, N_q=min(p.N_q, 256), N_k=256, d_qk=p.d_qk)
     what = f"run {algo} {'backward' if backward else 'forward'} {'count-only' if count_only else 'numeric'}"
     extra = "".join(f" {k}={v}" for k, v in kw.items()) + (f" --mask {mask}" if mask else "")
@@ -108,8 +109,8 @@ def over_problem(algo: str, p: iosim.Problem, M: int, count_only: bool, backward
     kind = "mask" if mask else ("count-only" if count_only else "numeric")
     key = (algo, str(small), count_only, backward, mask)
     measure(kind + " problem", f"{what} over a problem{extra}", size,
-            lambda: iosim.run(algo, problem=p, allow_long=True, **opts),
-            warm=lambda: iosim.run(algo, problem=small, **opts), key=key)  # fmt: skip
+            lambda: iosim.run(schedule, problem=p, allow_long=True, **opts),
+            warm=lambda: iosim.run(schedule, problem=small, **opts), key=key)  # fmt: skip
 
 
 # one head: (algorithm, N, d, M, count-only, backward); each count-only run takes about half a second, each

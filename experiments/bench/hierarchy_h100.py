@@ -123,8 +123,14 @@ def _working_set(name: str) -> int:
     import iosim
 
     spec = LAUNCHES[name]
-    r = iosim.run("flash2", N=1024, d=128, M=1 << 20, Br=spec["Br"], Bc=spec["Bc"], backward=spec["backward"],
-                  count_only=True)  # fmt: skip
+    r = iosim.run(
+        iosim.Schedule("flash2", Br=spec["Br"], Bc=spec["Bc"]),
+        N=1024,
+        d=128,
+        M=1 << 20,
+        backward=spec["backward"],
+        count_only=True,
+    )
     return int(r.main.stats.peak)
 
 

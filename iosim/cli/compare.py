@@ -139,7 +139,7 @@ def _run_all(args) -> tuple[list, list[str]]:
         if name in later and worker is not None:
             worker.join()
         try:
-            results.append(api.run(name, **kwargs))
+            results.append(api.run_keywords(name, **kwargs))
         except (CapacityError, InputError) as e:
             if isinstance(e, InputError) and e.parameter not in ("M", "tiling"):
                 raise  # a bad argument, not an algorithm that does not fit
@@ -254,7 +254,7 @@ def _compare_problem(args) -> int:
     results = []
     for a, g, s, m in plans:
         try:
-            results.append(api.run(a, problem=problem, gqa=g, splits=s, mla=m, **kw))
+            results.append(api.run_keywords(a, problem=problem, gqa=g, splits=s, mla=m, **kw))
         except (CapacityError, InputError) as e:
             if isinstance(e, InputError) and e.parameter not in ("M", "tiling", "Br, Bc"):
                 raise

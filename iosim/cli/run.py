@@ -57,7 +57,7 @@ def command(args) -> int:
         for array, width in (("K", p.d_qk if p else args.d), ("V", p.d_v if p else args.d)):
             if not (array == "V" and p is not None and p.latent):
                 fmt.components(width, array)
-    r = api.run(args.algorithm, **kw)
+    r = api.run_keywords(args.algorithm, **kw)
     if args.kv_format is not None:  # the reads in bytes per component, checked before anything is printed
         kv_rows = kv_format_rows(r.problem, {n: c.reads for n, c in r.stats.per_array.items()}, args.kv_format)
     if args.json:

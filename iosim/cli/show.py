@@ -80,7 +80,7 @@ def _traced(args):
     kw = problem_run_kwargs(args)
     kw.update(count_only=True, reference=False, trace=True)
     kw.pop("dtype", None)
-    return api.run(args.algorithm, **kw)
+    return api.run_keywords(args.algorithm, **kw)
 
 
 def _output(args) -> Path:

@@ -30,7 +30,7 @@ def command(args) -> int:
     out = output_file("--output", args.output, trace_io.SUFFIXES)
     trace_io._check(out)  # the parquet extra, before the run
     kwargs = problem_run_kwargs(args)
-    r = api.run(args.algorithm, **{**kwargs, "trace": True})
+    r = api.run_keywords(args.algorithm, **{**kwargs, "trace": True})
     write_trace(r.trace, out)  # checks the suffix and the parquet extra before anything is written
     replayed = r.trace.replay(r.M, strict=False)
     same = replayed == r.stats

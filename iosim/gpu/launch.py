@@ -184,7 +184,7 @@ def simulated_counts(
     """The simulator's per-array counts (count-only run) of ``name`` at (N, d, M), times ``batch`` = B * H."""
     from iosim import api
 
-    r = api.run(
+    r = api.run_keywords(
         name, N=N, d=d, M=M, causal=causal, tiling=tiling, count_only=True, backward=backward, mask=mask,
         kv_policy=kv_policy,
     )  # fmt: skip

@@ -936,7 +936,7 @@ def _unit_run(algorithm, problem, unit, N, d, causal, mask, kw) -> tuple:  # noq
     shape = (dict(N=N, d=d, causal=causal) if unit is None
              else dict(problem=unit, gqa=kw["gqa"], mla=kw["mla"], splits=kw["splits"], pages=kw["pages"]))  # fmt: skip
     try:
-        r = api.run(
+        r = api.run_keywords(
             algorithm, M=kw["M"], backward=kw["backward"], mask=mask, kv_policy=kw["kv_policy"], tiling=kw["tiling"],
             Br=kw["Br"], Bc=kw["Bc"], B=kw["block"], count_only=True, trace=True, reference=False,
             allow_long=kw["allow_long"], **shape,

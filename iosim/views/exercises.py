@@ -81,7 +81,7 @@ def _attention_models(sizes: dict) -> tuple[dict, dict, str]:
 
     N, d, Br, Bc = sizes["N"], sizes["d"], sizes["BR"], sizes["BC"]  # noqa: N806
     M = 2 * Br * d + 2 * Bc * d + Br * Bc + 2 * Br  # noqa: N806  (Q_i, O_i, K_j, V_j, S_ij, m_i, l_i)
-    r = api.run("flash2", N=N, d=d, M=M, Br=Br, Bc=Bc, count_only=True, reference=False)
+    r = api.run_keywords("flash2", N=N, d=d, M=M, Br=Br, Bc=Bc, count_only=True, reference=False)
     schedule = {a: [v.reads, v.writes] for a, v in r.stats.per_array.items()}
     bound = {"Q": [N * d, 0], "K": [N * d, 0], "V": [N * d, 0], "O": [0, N * d], "L": [0, N]}
     how = f"compulsory: read Q, K, V once, write O and L once (iosim's flash2 at Br = {Br}, Bc = {Bc})"

@@ -550,7 +550,7 @@ def traced(algorithm: str, **kw):
 
     kw = {k: v for k, v in kw.items() if k != "dtype"}
     kw.update(count_only=True, reference=False, trace=True)
-    return api.run(algorithm, **kw)
+    return api.run_keywords(algorithm, **kw)
 
 
 def _with_n(kw: dict, n: int) -> dict:

@@ -674,7 +674,7 @@ def replay(
         _check_work(work, limit)
     shape = dict(problem=problem) if problem is not None else dict(N=N, d=d, causal=causal)
     run = dict(M=M, backward=backward, tiling=tiling, count_only=True, trace=True, reference=False)
-    r = api.run(algorithm, **shape, **run, **run_options)
+    r = api.run_keywords(algorithm, **shape, **run, **run_options)
     ops, x = operand_ops(r.trace, algorithm, backward, N, cache.line, problem)
     accesses = cs.access_count(ops)
     _check_accesses(accesses, limit)
