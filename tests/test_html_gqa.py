@@ -79,7 +79,9 @@ def test_page_counts_per_group_equal_the_runs(case, tmp_path):
             assert all(t[2] == loads and t[3] == loads * t[1] * d for t in tiles)
             assert all({tuple(h): n for h, n in t[4]} == readers for t in tiles)
             assert got["group"][name] == loads * n_k * d
-            run = iosim.run(alg, problem=p, M=M, gqa=policy, Br=br, Bc=bc, count_only=True, reference=False)
+            run = iosim.run(
+                iosim.Schedule(alg, gqa=policy, Br=br, Bc=bc), problem=p, M=M, count_only=True, reference=False
+            )
             assert got["problem"][name] == run.stats.per_array[name].reads == B * hkv * loads * n_k * d
         assert all(t[5] == 2 * t[3] for t in got["tiles"]["K"])  # K_j and V_j words together (d_v = d_qk)
         assert got["group_total"] == 2 * loads * n_k * d

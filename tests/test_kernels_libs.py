@@ -2,8 +2,8 @@
 flash-linear-attention's softmax attention (fla-core), SageAttention 1.0.6's int8 attention and sglang's split-KV
 decoding (stage 1 and the combine, with its metadata: kv_indptr, kv_indices, num_kv_splits), launched through
 the libraries' own host functions by the launchers in iosim/kernels/examples; their per-array counts equal a hand
-derivation from the kernels' code (docs/kernels-library.md) and flash2's closed form. jax's Pallas GPU attention, the third
-library, is in tests/test_kernels_pallas.py. The CPU stand-in for the GPU queries a library makes at import
+derivation from the kernels' code (docs/kernels-library.md) and flash2's closed form. jax's Pallas GPU attention,
+the third library, is in tests/test_kernels_pallas.py. The CPU stand-in for the GPU queries a library makes at import
 (iosim.kernels.standin) is tested on a small package written here that probes the GPU when imported.
 
 CI installs the ``kernel-libs`` extra and sglang without its dependencies (.ci/run), so these tests never skip there.

@@ -68,7 +68,7 @@ def partner(r, kw: dict | None = None):
     for tiles in ({"Br": own.Br, "Bc": own.Bc}, {}):
         try:
             if kw is not None:
-                return api.run(r.algorithm, **{**kw, **opts, **tiles})
+                return api.run_keywords(r.algorithm, **{**kw, **opts, **tiles})
             spec = dataclasses.replace(r.spec, gqa=other, **(tiles or {"Br": None, "Bc": None}))
             return api.run(r.problem, spec, r.M, **{k: v for k, v in opts.items() if k != "gqa"})
         except InputError as e:
