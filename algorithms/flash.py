@@ -10,7 +10,7 @@
 * :func:`flash2_backward`: FlashAttention-2 backward (Algorithm 2), D = rowsum(dO o O) precomputed once, P from
   the logsumexp L.
 
-Each algorithm is written once, over a :class:`iosim.problem.Problem` (:func:`flash1_problem`,
+Each algorithm is written once, over a :class:`iosim.spec.problem.Problem` (:func:`flash1_problem`,
 :func:`flash2_problem`, :func:`flash2_backward_problem`, :func:`flash1_backward_problem`); the one-head functions
 above are its B = H = 1, N_q = N_k case, with the paper's operands in the paper's order. A problem has B batch
 items, H_q query heads sharing H_kv key/value heads (g = H_q / H_kv), N_q query rows against N_k keys (decoding:

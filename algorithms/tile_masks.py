@@ -24,7 +24,8 @@ block row's columns plus O(r) per block row it meets (global columns and the win
 draws a row block's columns once for all its tiles). A driver asks only empty / full / partial: a random-element
 tile stops at its first allowed and first forbidden element. Nothing of size N x N (or blocks x blocks) is ever
 allocated; counting a whole mask still visits every element (or block) and a schedule tests every tile, which the
-long-run rule of :mod:`iosim.estimate` prices up front (:attr:`TileMask.scan_tests`, :meth:`TileMask.visit_tests`).
+long-run rule of :mod:`iosim.runner.estimate` prices up front (:attr:`TileMask.scan_tests`,
+:meth:`TileMask.visit_tests`).
 
 Representation (one compiled driver serves every kind): ``kind`` (an int code), ``params`` (int64 1-D) and
 ``table`` (int64 2-D; 1 x 1 when unused). A run without a mask passes None for both, and its driver compiles
@@ -44,7 +45,8 @@ from numba import njit, types
 from numba.extending import overload
 
 DENSE, BAND, DILATED, BLOCKDIAG, PREFIX, ELEMENTS, BLOCKS, RANDOM, RANDOM_BLOCKS, BIGBIRD = range(10)
-# MOD: a mask evaluated a block at a time from a FlexAttention-style mask_mod (iosim.mask_mod): g x g blocks (g = 64,
+# MOD: a mask evaluated a block at a time from a FlexAttention-style mask_mod (iosim.masking.mask_mod): g x g blocks (g
+# = 64,
 # one int64 word per row of a block) classified empty / full / partial, and the element bits of the partial blocks
 # only. p = (g, nbr, nbc, R, per); T (width W = g max(1, (nbc + 2) // g + 1)) rows [0, nbr): the class of each
 # block (0 empty, -1 full, k >= 1 the k-th partial block) and in columns nbc, nbc + 1 the block columns
@@ -83,7 +85,7 @@ class TileMask:
     @property
     def packed_rows(self) -> int:
         """R when this is one group's mask over its R packed rows (the g query heads of a key/value head under
-        masks of their own, :func:`iosim.head_masks.packed_mask`), else 0."""
+        masks of their own, :func:`iosim.masking.head_masks.packed_mask`), else 0."""
         return int(self.params[5]) if self.kind == MOD and self.params.size > 5 else 0
 
     def with_policy(self, policy: str) -> TileMask:
@@ -819,7 +821,7 @@ def _ol_apply_mask(S, kind, p, T, r0, c0):
 # several heads' rows, packed row r being query row r mod N_q: its rows are at most three runs of the mask's rows
 # (the end of a head, whole heads, the start of a head). Rows q + off < 0 (N_q > N_k) see no key. Without a mask
 # (p None) every row sees every key. A MOD mask whose params carry a sixth entry R (:func:`packed_rows`) is a
-# group's own mask over its R packed rows (the g heads of a group under masks of their own, iosim.head_masks):
+# group's own mask over its R packed rows (the g heads of a group under masks of their own, iosim.masking.head_masks):
 # its row r is packed row r, whatever N_q and off.
 # ---------------------------------------------------------------------------------------------------------------
 

@@ -20,7 +20,8 @@ U of the key blocks they selected. :func:`topk_forward` runs, per program (the p
    FlashAttention-2's online update; free;
 3. O_i /= l_i, L_i = m_i + log l_i; store O_i and L_i; free.
 
-The policies differ only in what a program is (:mod:`iosim.topk_sparse` builds them): ``per-query`` one query row
+The policies differ only in what a program is (:mod:`iosim.masking.topk_sparse` builds them): ``per-query`` one query
+row
 of one head (R = 1), ``group:g`` g consecutive rows of one head, ``gqa`` the g query heads of a key/value head at
 one position. ``gather`` (FlashMLA's packed path) first copies every program's selected K/V rows into a slow-memory
 workspace (:func:`topk_gather`: load, store into Kws/Vws), then attends densely over the workspace in tiles of Bc

@@ -47,7 +47,7 @@ from iosim.memory_model import CapacityError
 from tabulate import tabulate
 
 import iosim
-from iosim.errors import InputError
+from iosim.base.errors import InputError
 from iosim.theory import bounds
 
 NAME = "crossover"

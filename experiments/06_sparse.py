@@ -50,7 +50,7 @@ QUICK = {"N": 1024, "d": 64}
 
 
 def _mask(pattern: str, s: float, N: int):
-    from iosim import masks
+    from iosim.masking import masks
 
     if pattern == "window":
         return masks.SlidingWindow(max(1, round((s * N + 1) / 2)))
@@ -72,7 +72,7 @@ def measure(g) -> list[dict]:
     import numpy as np
 
     import iosim
-    from iosim import masks
+    from iosim.masking import masks
     from iosim.theory import bounds
     from iosim.theory.io_model import tile_sums
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from iosim.experiments import runner
 from iosim.experiments._common import Verdict
 
-from iosim.errors import install_hint
+from iosim.base.errors import install_hint
 
 NAME = "kernels"
 TITLE = "Real kernels against the model: counted on the CPU, beside the closed forms and bounds"
@@ -73,7 +73,7 @@ def jobs(quick: bool) -> list[tuple[str, str, str, dict]]:
 
 
 def _available(backend: str) -> bool:
-    from iosim.errors import InputError
+    from iosim.base.errors import InputError
     from iosim.kernels.counting import require_extra
 
     try:

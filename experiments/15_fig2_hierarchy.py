@@ -23,7 +23,7 @@ from iosim.experiments import runner
 from iosim.experiments._common import STYLE, Verdict
 
 from iosim.hierarchy import hierarchy
-from iosim.problem import Problem
+from iosim.spec.problem import Problem
 
 NAME = "fig2-hierarchy"
 TITLE = "FlashAttention Fig. 2 (left) measured on an A100 vs the hierarchy's DRAM prediction"

@@ -12,7 +12,7 @@ document ids, bf16 biases. Masks as FlexAttention ``mask_mod`` functions: docume
 lengths), sliding window (N/8, causal), prefix LM (prefix N/4), causal, causal with document ids, a random block
 pattern with the density of the causal-document mask's visited blocks (an iosim ``random-blocks`` mask: every
 listed block full), and the causal-document mask with its tokens interleaved (documents in chunks of 16 tokens, the
-same pairs allowed up to a permutation). Counted by iosim.block_sparse (the schedule of
+same pairs allowed up to a permutation). Counted by iosim.masking.block_sparse (the schedule of
 iosim/algorithms/block_sparse.py) and checked against its closed form (iosim/theory/block_sparse.py) per array
 and in peak. Words are what the kernel's programs issue to global memory; re-reads an L2 may serve are counted.
 
@@ -26,7 +26,7 @@ from iosim.experiments import runner
 from iosim.experiments._common import Verdict
 
 from iosim import Problem
-from iosim.block_sparse import Buffer, block_sparse
+from iosim.masking.block_sparse import Buffer, block_sparse
 
 NAME = "mask-efficiency"
 TITLE = "Is my mask efficient? Block-sparse bytes vs the naive estimate and the dense kernel"

@@ -10,8 +10,9 @@ each token selects k = 16 of the n_blocks blocks of b = 64 keys: a core of c blo
 blocks every neighbouring token ranks on top: attention sinks, the recent window, the topic's blocks) drawn once
 per sequence, and k - c blocks of its own drawn uniformly from the others (a private draw may repeat another
 token's). The overlap is c / k. DeepSeek-V4's MLA row (d_qk = 512, H_kv = 1, V inside K) at vLLM's ``fp8_ds_mla``
-(584 bytes per token, iosim.kv_format). One head stands for the kernel's packed heads (the KV words do not depend
-on how many query heads share a KV head's load). Policies (iosim.topk_sparse): ``per-query`` (each token loads its
+(584 bytes per token, iosim.spec.kv_format). One head stands for the kernel's packed heads (the KV words do not depend
+on how many query heads share a KV head's load). Policies (iosim.masking.topk_sparse): ``per-query`` (each token loads
+its
 own 16 blocks: the kernel of the PR) and ``group:4`` (the four tokens' union, loaded once); count-only, exact
 against the closed form; the floor is the union per sequence.
 
@@ -25,8 +26,8 @@ from iosim.experiments import runner
 from iosim.experiments._common import Verdict
 
 from iosim import Problem
-from iosim.kv_format import PRESETS, kv_bytes
-from iosim.topk_sparse import topk_sparse
+from iosim.masking.topk_sparse import topk_sparse
+from iosim.spec.kv_format import PRESETS, kv_bytes
 
 NAME = "topk-overlap"
 TITLE = "Top-k decoding: per-query loads vs the group union"

@@ -148,7 +148,7 @@ def get(name: str) -> Entry:
     for e in EXPERIMENTS:
         if name in (e.name, e.stem) or (name.isdigit() and int(name) == int(e.stem[:2])):
             return e
-    from iosim.errors import InputError
+    from iosim.base.errors import InputError
 
     raise InputError("experiment", f"must be one of {', '.join(names())} (or all)", name)
 
@@ -160,7 +160,7 @@ def load(entry: Entry):
 def run(entry: Entry, out: Path = RESULTS, quick: bool = False, command: str | None = None) -> Verdict:
     """Run one experiment (extras and output folder checked first: MissingExtra or InputError before any work)."""
     if entry.pending:
-        from iosim.errors import InputError
+        from iosim.base.errors import InputError
 
         raise InputError("experiment", f"{entry.name} cannot run yet: it {entry.pending}", entry.name)
     return runner.run(load(entry), Path(out), quick=quick, command=command)

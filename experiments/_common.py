@@ -27,7 +27,7 @@ class MissingExtra(Exception):  # noqa: N818 - it is not an error of the user's 
 
     def __init__(self, extra: str) -> None:
         self.extra = extra
-        from iosim.errors import install_hint
+        from iosim.base.errors import install_hint
 
         super().__init__(install_hint(extra))
 
@@ -113,7 +113,7 @@ def records(grid, skipped: list[str] | None = None, label: Sequence[str] = ("d",
     goes to ``skipped`` as one line: its ``label`` keys, the algorithm and the reason. An experiment is long work
     its user asked for by name, and its grid is fixed: it runs without asking (``allow_long``; a grid estimated
     at over an hour is still refused), with the sweep's progress bar on a terminal."""
-    from iosim.sweep import sweep
+    from iosim.runner.sweep import sweep
 
     ok = []
     for r in sweep(grid, executor="serial", as_frame=False, allow_long=True):

@@ -34,7 +34,7 @@ from types import ModuleType, SimpleNamespace
 from iosim.experiments._common import RESULTS, MissingExtra, Verdict, require, write_csv
 from tabulate import tabulate
 
-from iosim.errors import InputError
+from iosim.base.errors import InputError
 
 
 @dataclass
@@ -89,7 +89,7 @@ def check_out(out: Path) -> None:
 
 
 def provenance(name: str, quick: bool, command: str | None, seconds: float) -> dict[str, str]:
-    from iosim.version import __version__
+    from iosim.base.version import __version__
 
     return {
         "iosim": __version__,

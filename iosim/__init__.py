@@ -6,17 +6,18 @@
 True
 """
 
-from iosim import _numba_cache, masks
-from iosim.api import PassResult, Result, algorithm_names, run
-from iosim.errors import InputError
+from iosim.base import numba_cache as _numba_cache
+from iosim.base.errors import InputError
+from iosim.base.version import __version__ as __version__
 from iosim.hierarchy import HierarchyResult, hierarchy
 from iosim.kernels.check import CheckReport, check
+from iosim.masking import masks
 from iosim.memory_model import CapacityError, Memory, ScheduleError, Trace
-from iosim.problem import Problem
-from iosim.registry import register, unregister
-from iosim.schedule import Schedule
-from iosim.sweep import sweep
-from iosim.version import __version__ as __version__
+from iosim.runner.api import PassResult, Result, algorithm_names, run
+from iosim.runner.registry import register, unregister
+from iosim.runner.sweep import sweep
+from iosim.spec.problem import Problem
+from iosim.spec.schedule import Schedule
 from iosim.views.html import show
 from iosim.views.replay import ReplayResult, replay
 
@@ -46,4 +47,4 @@ __all__ = [
     "unregister",
 ]
 
-_numba_cache.drop_stale()  # before anything loads from Numba's cache: see iosim/_numba_cache.py
+_numba_cache.drop_stale()  # before anything loads from Numba's cache: see iosim/base/numba_cache.py

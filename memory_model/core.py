@@ -82,7 +82,7 @@ def jitable(fn=None, *, nrt: bool = False):
 
 
 MAX_ARRAYS = 64
-MAX_M = 1 << 40  # the largest fast memory (words): counts stay int64 (iosim.api.MAX_M is the same)
+MAX_M = 1 << 40  # the largest fast memory (words): counts stay int64 (iosim.runner.api.MAX_M is the same)
 MAX_TILES = 64  # a power of two: handle & (MAX_TILES - 1) is the slot
 _SHIFT = 6  # log2(MAX_TILES)
 # W is one flat int64 array. The header:
@@ -715,7 +715,7 @@ def available_bytes() -> int:
     """The memory a new allocation can still take now: the least of the physical memory available (Linux:
     MemAvailable), what the process's cgroup memory limit leaves, and what ``ulimit -v`` leaves of its address
     space; all physical memory where none is known. What the up-front memory refusals (a trace's buffer here; a
-    mask's table, a check's arrays: iosim.estimate) compare with."""
+    mask's table, a check's arrays: iosim.runner.estimate) compare with."""
     known = [x for x in (_meminfo_available(), _cgroup_available(), _address_space_available()) if x is not None]
     if known:
         return min(known)

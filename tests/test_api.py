@@ -6,7 +6,7 @@ from conftest import RESULT_KEYS
 
 import iosim
 from iosim import InputError
-from iosim.api import run_keywords
+from iosim.runner.api import run_keywords
 
 
 def test_algorithms_lists_the_core_three():

@@ -168,8 +168,8 @@ def test_the_python_blocks_import_as_written():
 
 def test_the_resolver_refuses_what_does_not_import():
     with pytest.raises((ImportError, AttributeError)):
-        resolve("iosim.sweep.sweep.sweep")
+        resolve("iosim.runner.sweep.sweep.sweep")
     with pytest.raises((ImportError, AttributeError)):
         resolve("memory_model.core.NoSuchError")
-    assert resolve("iosim.sweep") is not importlib.import_module("iosim.sweep")  # the function, as Python finds it
+    assert resolve("iosim.sweep") is importlib.import_module("iosim.runner.sweep").sweep  # the function, not a module
     assert resolve("memory_model.core.InputError") is resolve("iosim.InputError")

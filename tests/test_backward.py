@@ -19,7 +19,8 @@ from iosim.algorithms.reference import (
 from iosim.memory_model import CapacityError
 
 import iosim
-from iosim import InputError, cli, registry
+from iosim import InputError, cli
+from iosim.runner import registry
 from iosim.theory import io_model
 
 CORE = ("standard", "flash1", "flash2")  # the backward passes of this file's issue

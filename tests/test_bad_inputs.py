@@ -11,8 +11,8 @@ from iosim.memory_model import CapacityError
 
 import iosim
 from iosim import InputError
-from iosim.api import run_keywords
 from iosim.cli import main
+from iosim.runner.api import run_keywords
 
 SIZES = ["--N", "64", "--d", "8", "--M", "1000"]
 BIG = str(2**41)

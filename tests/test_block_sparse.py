@@ -1,4 +1,5 @@
-"""The block-sparse kernels' schedule (iosim.block_sparse): simulated counts equal the closed form per array and in
+"""The block-sparse kernels' schedule (iosim.masking.block_sparse): simulated counts equal the closed form per array
+and in
 peak on ragged problems, for mask_mods (per (b, h) too), torch BlockMasks, their index tensors and iosim masks;
 block classes equal torch's create_block_mask; hand counts; the dense kernel; bad input in one line."""
 
@@ -9,10 +10,11 @@ import itertools
 import numpy as np
 import pytest
 
-from iosim import Problem, masks
-from iosim import mask_mod as mm
-from iosim.block_sparse import Buffer, block_sparse, blocks_of
-from iosim.errors import InputError
+from iosim import Problem
+from iosim.base.errors import InputError
+from iosim.masking import mask_mod as mm
+from iosim.masking import masks
+from iosim.masking.block_sparse import Buffer, block_sparse, blocks_of
 
 torch = pytest.importorskip("torch")
 from torch.nn.attention.flex_attention import create_block_mask  # noqa: E402
@@ -195,9 +197,9 @@ def test_mask_conversion_reuses_iosim_masks():
 def test_module_example():
     import doctest
 
-    import iosim.block_sparse
+    import iosim.masking.block_sparse
 
-    assert doctest.testmod(iosim.block_sparse).failed == 0
+    assert doctest.testmod(iosim.masking.block_sparse).failed == 0
 
 
 def test_random_index_tensors_per_batch_and_head():

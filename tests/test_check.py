@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import iosim
-from iosim.errors import InputError
+from iosim.base.errors import InputError
 from iosim.kernels.check import ALIGNS, DISTRIBUTIONS, QUICK_D, QUICK_N
 
 check_module = importlib.import_module("iosim.kernels.check")

@@ -1,5 +1,5 @@
 """CITATION.cff and CHANGELOG.md say what the repository holds: the citation is valid CFF 1.2.0 for the version in
-iosim/version.py, and every commit the changelog names is in this checkout's history, on the date it gives and
+iosim/base/version.py, and every commit the changelog names is in this checkout's history, on the date it gives and
 under the date heading it sits beneath (docs/versions.md states the policy they record)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from iosim.version import __version__
+from iosim.base.version import __version__
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CHANGELOG = ROOT / "CHANGELOG.md"
@@ -63,7 +63,7 @@ def test_citation_is_cff_for_this_version():
     assert not missing, f"CITATION.cff lacks {missing}"
     assert cff["cff-version"] == "1.2.0"
     assert cff["type"] == "software"
-    assert str(cff["version"]) == __version__, "CITATION.cff's version is not iosim/version.py's"
+    assert str(cff["version"]) == __version__, "CITATION.cff's version is not iosim/base/version.py's"
     assert datetime.date.fromisoformat(str(cff["date-released"]))
     assert all(isinstance(a, dict) and ("name" in a or "family-names" in a) for a in cff["authors"])
     license_text = (ROOT / "LICENSE").read_text(encoding="utf-8")

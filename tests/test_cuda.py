@@ -265,8 +265,8 @@ def test_gpu_full_check_flash2():
 
 def test_flash2_kernel_block_mask_matches_reference_and_simulator_counts():
     """A block mask on the kernel's own tiles (skip policy): an all-empty row block loads nothing and writes O = 0,
-    L = -inf; the counters equal the simulator's with iosim.masks.FromBlocks(blocks, (Br, Bc))."""
-    from iosim.masks import FromBlocks
+    L = -inf; the counters equal the simulator's with iosim.masking.masks.FromBlocks(blocks, (Br, Bc))."""
+    from iosim.masking.masks import FromBlocks
 
     B, H, N, d = 1, 2, 17, 7
     Q, K, V = _inputs(B, H, N, d)

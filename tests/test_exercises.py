@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from iosim.errors import InputError
+from iosim.base.errors import InputError
 from iosim.views import exercises
 
 pytest.importorskip("numba.cuda")

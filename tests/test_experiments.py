@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
+from iosim.base.errors import install_hint
 from iosim.cli import main
 from iosim.cli.experiments import package
-from iosim.errors import install_hint
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 EX = package()

@@ -1,6 +1,6 @@
 """A Triton kernel that consumes a real FlexAttention BlockMask (iosim/kernels/examples/triton_flex_blocksparse.py),
 counted in place under the Triton interpreter: its per-array traffic equals the block-sparse schedule's
-(iosim.block_sparse) on the same BlockMask and problem, metadata, document ids and bias included, and its output
+(iosim.masking.block_sparse) on the same BlockMask and problem, metadata, document ids and bias included, and its output
 equals the float64 reference of the masked, biased attention."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from iosim import Problem
-from iosim.block_sparse import Buffer, block_sparse
+from iosim.masking.block_sparse import Buffer, block_sparse
 
 pytest.importorskip("triton")
 torch = pytest.importorskip("torch")
@@ -106,7 +106,7 @@ def test_compare_takes_a_mask_mod_function_in_python():
     from iosim.kernels import Whole, compare
     from iosim.kernels.counting import count_file
     from iosim.kernels.examples.triton_flex_blocksparse import documents
-    from iosim.masks import from_mask_mod
+    from iosim.masking.masks import from_mask_mod
 
     counts, numbers, arrays = count_file(str(FILE), "launch", "triton", dict(N=160, d=16, Br=16, Bc=32, H=1,
                                                                              bias=False))  # fmt: skip
@@ -137,7 +137,7 @@ def test_torchs_own_flex_template_moves_what_the_schedule_counts(N, block, H, bi
 
     from iosim.kernels.counting import count_file
     from iosim.kernels.examples.torch_flex_template import TORCH
-    from iosim.mask_mod import block_index
+    from iosim.masking.mask_mod import block_index
 
     if not torch.__version__.startswith(TORCH + "."):
         pytest.skip(f"the template's hooks are written against torch {TORCH}")
@@ -179,10 +179,10 @@ def test_like_block_sparse_with_the_templates_index_reads(capsys, monkeypatch):
     """``--indices template``: torch's own template at the ragged N = 200 equals, array by array, the schedule that
     reads the indices and the padded positions' document ids as the template does; the default schedule does not
     (the template re-reads the indices); --indices without --like block-sparse is one line, exit 2."""
-    from iosim.block_sparse import INDEX_READS
     from iosim.cli import kernel as cli_kernel
     from iosim.cli import main
     from iosim.kernels.examples.torch_flex_template import TORCH
+    from iosim.masking.block_sparse import INDEX_READS
 
     assert cli_kernel.INDEX_READS == INDEX_READS
     if not torch.__version__.startswith(TORCH + "."):

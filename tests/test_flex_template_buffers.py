@@ -1,5 +1,5 @@
 """torch's own FlexAttention Triton forward (iosim/kernels/examples/torch_flex_template.py) with every kind of
-captured buffer iosim.block_sparse.Buffer models, read as inductor lowers a score_mod or mask_mod that reads it:
+captured buffer iosim.masking.block_sparse.Buffer models, read as inductor lowers a score_mod or mask_mod that reads it:
 counted in place under the Triton interpreter, each array equals the block-sparse schedule with the template's reads
 (``indices="template"``) in words and in bytes, at N a multiple of the block and at a ragged N (below the block
 too), with B H > 1 where the buffer depends on b or h, and under GQA (fewer key/value heads than query heads); the
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from iosim import Problem
-from iosim.block_sparse import Buffer, block_sparse
+from iosim.masking.block_sparse import Buffer, block_sparse
 
 pytest.importorskip("triton")
 torch = pytest.importorskip("torch")
@@ -78,7 +78,7 @@ def _moves_what_the_schedule_counts(score, mask, N, block, B, H, H_kv, padded): 
 
     from iosim.kernels.counting import count_file
     from iosim.kernels.examples import torch_flex_template as tft
-    from iosim.mask_mod import block_index
+    from iosim.masking.mask_mod import block_index
 
     _skip_other_torch()
     d = 16
@@ -124,7 +124,7 @@ def _moves_what_the_schedule_counts(score, mask, N, block, B, H, H_kv, padded): 
 
 
 def test_a_kind_the_launcher_does_not_render_is_one_line():
-    from iosim.errors import InputError
+    from iosim.base.errors import InputError
     from iosim.kernels.examples.torch_flex_template import launch
 
     with pytest.raises(InputError, match="score must be None or one of qkv, q, kv, bhqkv, h"):

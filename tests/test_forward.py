@@ -14,7 +14,7 @@ ALGOS = iosim.algorithm_names()
 
 def _M_for(name, N, d):
     """A capacity that forces several blocks at these sizes but fits every algorithm."""
-    return max(iosim.api.registry.get(name).min_M(N, d), 6 * d + 40)
+    return max(iosim.runner.api.registry.get(name).min_M(N, d), 6 * d + 40)
 
 
 @pytest.mark.parametrize("name", ALGOS)

@@ -312,7 +312,7 @@ def _entry(**kw):
     ],
 )
 def test_a_bad_predictions_entry_names_its_field(predictions, bad, field):
-    from iosim.errors import InputError
+    from iosim.base.errors import InputError
 
     with pytest.raises(InputError, match=f"'fa2-fwd': {field}"):
         predictions.check(_entry(**bad))
@@ -321,7 +321,7 @@ def test_a_bad_predictions_entry_names_its_field(predictions, bad, field):
 def test_predictions_file_and_the_metrics_it_asks_for(predictions, tmp_path):
     import json
 
-    from iosim.errors import InputError
+    from iosim.base.errors import InputError
 
     assert predictions.load(tmp_path / "absent.json") == []
     path = tmp_path / "h100.json"

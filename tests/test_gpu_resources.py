@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from iosim.errors import install_hint
+from iosim.base.errors import install_hint
 from iosim.gpu import resources
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

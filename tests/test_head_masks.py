@@ -1,4 +1,5 @@
-"""A mask that differs per (b, h) over a problem (iosim.head_masks): a mask_mod reading b (document ids per batch
+"""A mask that differs per (b, h) over a problem (iosim.masking.head_masks): a mask_mod reading b (document ids per
+batch
 item) and h (a window per head), or a BlockMask with an entry per (b, h), runs on flash1, flash2, standard and
 square tiling, forward and backward, with every array's counts and the peak equal to the closed form; the cut into
 parts is exact (a mask the same at every head counts the same cut or whole); each part counts what its own mask
@@ -12,10 +13,11 @@ import numpy as np
 import pytest
 
 import iosim
-from iosim import Problem, head_masks, masks
-from iosim.api import run_keywords
+from iosim import Problem
+from iosim.base.errors import InputError
 from iosim.cli import main
-from iosim.errors import InputError
+from iosim.masking import head_masks, masks
+from iosim.runner.api import run_keywords
 
 DOCS = np.array([[0] * 20 + [1] * 9, [0] * 7 + [1] * 15 + [2] * 7])  # N_k = 29 tokens, documents per batch item
 
@@ -164,7 +166,7 @@ def test_packed_gqa_with_heads_that_differ(algo, backward, splits):
             assert {k: v for k, v in ps.stats.per_array.items() if k in ("Q", "K", "V")} == {
                 k: v for k, v in total.per_array.items() if k in ("Q", "K", "V")}  # fmt: skip
     # the outputs against the float64 reference of each head under its own N x N mask
-    from iosim.references import problem_reference
+    from iosim.runner.references import problem_reference
 
     hp = Problem(N_q=p.N_q, N_k=p.N_k, d_qk=p.d_qk, d_v=p.d_v)
     for b in range(p.B):
@@ -178,7 +180,7 @@ def test_packed_gqa_with_heads_that_differ(algo, backward, splits):
                for b in range(p.B) for hk in range(p.H_kv))  # fmt: skip
     rows = sum(int(_dense(doc_window, b, h, p)[p.N_k - p.N_q :].any(axis=1).sum()) for b in range(p.B)
                for h in range(p.H_q))  # fmt: skip
-    assert tuple(iosim.api.problem_seen(p, masks.from_mask_mod(doc_window))) == (rows, keys)
+    assert tuple(iosim.runner.api.problem_seen(p, masks.from_mask_mod(doc_window))) == (rows, keys)
 
 
 def test_block_mask_per_head():
@@ -207,7 +209,7 @@ def test_block_mask_per_head():
 
 def test_block_sparse_per_head_from_a_mask_object():
     """The block-sparse schedule classifies a per-(b, h) mask object at each (b, h), as it does the function."""
-    from iosim.block_sparse import block_sparse
+    from iosim.masking.block_sparse import block_sparse
 
     p = Problem(B=2, H_q=4, H_kv=2, N_q=29, N_k=29, d=8)
     a = block_sparse(p, masks.from_mask_mod(doc_window), block=8)
@@ -269,7 +271,7 @@ def test_refusals(tmp_path):
         iosim.run(iosim.Schedule("flash2", splits=2), problem=P, M=900, mask=mod, backward=True, count_only=True)
     with pytest.raises(InputError, match="^trace is not recorded with a mask that differs"):
         iosim.run("flash2", problem=P, M=900, mask=mod, trace=True, count_only=True)
-    assert iosim.api.problem_seen(P, masks.from_mask_mod(doc_window, 1, 2)) is not None
+    assert iosim.runner.api.problem_seen(P, masks.from_mask_mod(doc_window, 1, 2)) is not None
     assert iosim.hierarchy("flash2", problem=P, M=900, C=0, mask=mod).two_level > 0  # each unit its own mask
     src = tmp_path / "m.py"
     src.write_text("def mod(b, h, q_idx, kv_idx):\n    return (q_idx >= kv_idx) & (kv_idx > q_idx - 2 - 3 * h)\n")
@@ -284,7 +286,7 @@ def test_a_mask_mod_that_never_reads_b_or_h_is_evaluated_once():
     """b and h that raise on every use tell a mask_mod that reads them (NumPy or torch, indexing, arithmetic,
     comparison) from one that does not, which runs as one mask for every head."""
     torch = pytest.importorskip("torch")
-    from iosim.mask_mod import reads_b_or_h
+    from iosim.masking.mask_mod import reads_b_or_h
 
     tdoc = torch.from_numpy(DOCS)
     reads = [doc_window, doc_only, per_group, lambda b, h, q, kv: (q >= kv) & (h < 3),
@@ -310,7 +312,7 @@ def test_the_floor_bounds_and_compare_take_a_mask_that_differs(tmp_path, capsys)
     rows = sum(int(t.any(axis=1).sum()) for t in tail)
     keys = sum(int((tail[2 * k].any(axis=0) | tail[2 * k + 1].any(axis=0)).sum()) for k in range(P.B * P.H_kv))
     floor = rows * P.d_qk + P.B * P.H_q * P.N_q * P.d_v + keys * (P.d_qk + P.d_v)
-    assert tuple(iosim.api.problem_seen(P, masks.from_mask_mod(doc_window))) == (rows, keys)
+    assert tuple(iosim.runner.api.problem_seen(P, masks.from_mask_mod(doc_window))) == (rows, keys)
     problem = ["--batch", "2", "--heads", "4", "--kv-heads", "2", "--Nq", "17", "--Nk", "29", "--dqk", "6", "--dv", "5",
                "--M", "900", "--mask", f"mod:{src}:doc_window"]  # fmt: skip
     capsys.readouterr()

@@ -14,8 +14,8 @@ from iosim.memory_model.core import INIT, LOAD, STORE
 
 import iosim
 from iosim import InputError
-from iosim.api import run_keywords
 from iosim.hierarchy import ORDERS, ctas, device, hierarchy, l2, launches, presets
+from iosim.runner.api import run_keywords
 from iosim.views import cache_sim as cs
 
 CASES = [
@@ -443,11 +443,11 @@ def test_decoding_cli(capsys):
 
 
 def test_long_launches_ask_and_huge_traces_are_refused(monkeypatch, capsys):
-    """A launch estimated at over a minute (tile requests x iosim.estimate.HIERARCHY_REQUEST) needs allow_long
+    """A launch estimated at over a minute (tile requests x iosim.runner.estimate.HIERARCHY_REQUEST) needs allow_long
     (--yes), over an hour is refused naming the size; a unit schedule whose trace would not fit in memory is refused
     naming N before the trace is allocated."""
-    from iosim import estimate
     from iosim.cli import main
+    from iosim.runner import estimate
 
     kw = dict(N=128, d=16, M=2000, P=2, C=0, H_q=2)
     monkeypatch.setattr(estimate, "HIERARCHY_REQUEST", 1.0)  # every request a second: any launch is long
@@ -727,7 +727,7 @@ def test_a_mask_that_differs_per_head_launches_each_units_own(case):
     differ): each head unit's CTAs are cut from its own mask's trace (packed: the group's rows under their own
     mask). The independent model (each unit's CTAs from the function itself) equals the hierarchy's DRAM per array,
     word for word; with no L2 every array's two-level words are iosim.run's over the whole problem."""
-    from iosim import masks
+    from iosim.masking import masks
 
     alg, backward, gqa, policy, splits, P, C, L = case
     pd = _p(2, 4, 2, 17, 29, 8, 16)
@@ -751,7 +751,7 @@ def test_a_mask_that_differs_per_head_launches_each_units_own(case):
 def test_a_group_of_per_head_units_that_differ_is_refused():
     """The backward under per-head GQA runs a group's g query heads as one unit (their dK, dV partials meet in the
     group sum): one line when the mask differs within a group; a mask the same within each group runs."""
-    from iosim import masks
+    from iosim.masking import masks
 
     problem = iosim.Problem(**_p(2, 4, 2, 17, 29, 8, 16))
     kw = dict(problem=problem, M=100_000, Br=4, Bc=5, backward=True, C=0)

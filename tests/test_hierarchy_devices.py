@@ -6,7 +6,7 @@ from dataclasses import fields
 
 import pytest
 
-from iosim.errors import InputError
+from iosim.base.errors import InputError
 from iosim.hierarchy.devices import SOURCES, Device, _table_path, device, presets
 
 # The CUDA C++ Programming Guide's table "Technical Specifications per Compute Capability", written out here:

@@ -4,9 +4,9 @@ Each command-line case asserts exit code 2, exactly one line on stderr naming th
 or formats where there is one), and that no file was left behind; each API case asserts the documented
 InputError (or ScheduleError / ValueError of the memory model) naming the parameter. The classes:
 
-1. the long-run rule (iosim.estimate): over a minute needs --yes / allow_long=True, over an hour is refused;
+1. the long-run rule (iosim.runner.estimate): over a minute needs --yes / allow_long=True, over an hour is refused;
 2. masks whose pattern would not fit in memory: refused up front with the mask and the size;
-3. output paths (iosim.outputs, options.output_file): checked before any work;
+3. output paths (iosim.base.outputs, options.output_file): checked before any work;
 4. user algorithms (iosim.register): checked at registration and at first use;
 5. the cross-check's arguments (iosim.check / iosim check);
 6. integer ranges;
@@ -198,7 +198,7 @@ def test_api_long_runs(call, parameter):
 
 
 def test_estimate_rule():
-    from iosim import estimate
+    from iosim.runner import estimate
 
     assert estimate.check(30, "x", allow_long=False, parameter="N") == 30
     assert estimate.check(600, "x", allow_long=True, parameter="N") == 600
@@ -232,13 +232,13 @@ def test_masks_too_long_to_count_are_refused_up_front(argv, words, tmp_path, mon
 @pytest.mark.parametrize("N", [None, "", 0, -1, 2**70, 1.5, math.nan, [], True])
 def test_compile_mask_checks_n(N):
     with pytest.raises(InputError) as e:
-        iosim.masks.compile_mask("window:3", N)
+        iosim.masking.masks.compile_mask("window:3", N)
     assert e.value.parameter == "N"
 
 
 @pytest.mark.parametrize("mask", BIG_MASKS)
 def test_api_masks_too_long_to_count(mask):
-    m = iosim.masks.compile_mask(mask, 2**22)  # no table: compiling is O(1)
+    m = iosim.masking.masks.compile_mask(mask, 2**22)  # no table: compiling is O(1)
     assert m.table.size == 1
     with pytest.raises(InputError) as e:
         iosim.run("flash2", N=2**22, d=64, M=65536, mask=mask, count_only=True, allow_long=True)
@@ -248,9 +248,9 @@ def test_api_masks_too_long_to_count(mask):
 @pytest.mark.parametrize("mask", ["random:0.01", "random-blocks:0.1:64x64", "bigbird:64:1:1:3"])
 def test_masks_over_a_minute_to_count_ask_first(mask):
     """Counting these once at N = 2^20 takes minutes (random elements) or seconds (blocks): asked, or let run."""
-    from iosim import estimate
+    from iosim.runner import estimate
 
-    m = iosim.masks.compile_mask(mask, 2**20)
+    m = iosim.masking.masks.compile_mask(mask, 2**20)
     seconds = estimate.mask_seconds(m, passes=1)
     assert seconds < estimate.MAX_SECONDS
     if seconds > estimate.LONG_SECONDS:
@@ -311,9 +311,9 @@ def test_integer_ranges(argv, words, tmp_path, monkeypatch, capsys):
         (lambda: Memory(M=0), ValueError, "M (fast-memory capacity in words)"),
         (lambda: Memory(M=True), ValueError, "M (fast-memory capacity in words)"),
         (lambda: iosim.memory_model.TwoLevelMemory(2**63), ValueError, "M (fast-memory"),
-        (lambda: iosim.masks.Dilated(2**40, 2**40), InputError, "mask dilation"),
-        (lambda: iosim.masks.SlidingWindow(2**41), InputError, "mask window"),
-        (lambda: iosim.masks.RandomBlocks(0.5, (2, 2), 2**64), InputError, "mask seed"),
+        (lambda: iosim.masking.masks.Dilated(2**40, 2**40), InputError, "mask dilation"),
+        (lambda: iosim.masking.masks.SlidingWindow(2**41), InputError, "mask window"),
+        (lambda: iosim.masking.masks.RandomBlocks(0.5, (2, 2), 2**64), InputError, "mask seed"),
         (lambda: iosim.run("flash2", N=32, d=4, M=2**70), InputError, "M must be an integer from 1 to"),
         (lambda: iosim.run("flash2", N=2**70, d=4, M=200), InputError, "N must be an integer from 1 to"),
         (lambda: iosim.replay("flash2", N=32, d=4, M=200, cache_words=2**70), InputError, "cache_words"),
@@ -568,9 +568,9 @@ def test_a_good_user_algorithm_runs_count_only_and_numeric():
 def test_register_replace_then_unregister_restores_the_builtin():
     before = iosim.run("flash2", N=16, d=4, M=200, count_only=True).stats.total
     iosim.register("flash2", _good_forward, replace=True)
-    assert not iosim.registry.get("flash2").builtin
+    assert not iosim.runner.registry.get("flash2").builtin
     iosim.unregister("flash2")
-    assert iosim.registry.get("flash2").builtin
+    assert iosim.runner.registry.get("flash2").builtin
     assert iosim.run("flash2", N=16, d=4, M=200, count_only=True).stats.total == before
 
 
@@ -618,7 +618,7 @@ def test_pebble_api_bad_input(k):
 def test_from_run_flash1_with_rows_that_see_no_key(seed, capsys):
     """Seeds 8 and 10 of random-blocks:0.5:2x3 at N = 7 leave a row with no key: the flash1 adapter's logsumexp."""
     mask = f"random-blocks:0.5:2x3:{seed}"
-    assert not iosim.masks.compile_mask(mask, 7).dense().any(axis=1).all()
+    assert not iosim.masking.masks.compile_mask(mask, 7).dense().any(axis=1).all()
     assert main(["pebble", "--from-run", "flash1", "--N", "7", "--d", "3", "--M", "48", "--mask", mask]) == 0
     out = capsys.readouterr().out
     assert "legal with M = 48" in out and "equal" in out

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 import iosim
-from iosim import registry
+from iosim.base.errors import InputError
 from iosim.cli import main
-from iosim.errors import InputError
 from iosim.pebble.game import Game
 from iosim.pebble.graph import named
+from iosim.runner import registry
 from iosim.views import html
 
 

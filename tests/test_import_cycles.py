@@ -89,7 +89,7 @@ def test_graph_is_read():
     mods = modules()
     graph = {m: edges(m, p, set(mods)) for m, p in mods.items()}
     assert "iosim.cli.run" in graph and "iosim.theory.io_model" in graph and "iosim.experiments" in graph
-    assert "iosim.theory.io_model" in graph["iosim.registry"]
+    assert "iosim.theory.io_model" in graph["iosim.runner.registry"]
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert cycles({"a": {"a"}}) == [["a"]]
 

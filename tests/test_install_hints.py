@@ -9,7 +9,7 @@ import re
 import pytest
 import tomllib
 
-from iosim.errors import install_hint
+from iosim.base.errors import install_hint
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 EXTRAS = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
@@ -39,7 +39,7 @@ def test_no_message_or_page_suggests_installing_iosim_from_the_index():
 
 
 def test_the_cuda_hint_of_the_algorithms_layer_is_the_extras():
-    """algorithms/ cannot import iosim.errors (imports flow up): its literal hint is held equal to the extra's."""
+    """algorithms/ cannot import iosim.base.errors (imports flow up): its literal hint is held equal to the extra's."""
     from iosim.algorithms.cuda import CUDA_HINT
 
     assert CUDA_HINT == install_hint("cuda")

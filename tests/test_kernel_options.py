@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from iosim.base.errors import InputError
 from iosim.cli import main
-from iosim.errors import InputError
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "iosim" / "kernels" / "examples"

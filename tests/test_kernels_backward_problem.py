@@ -50,7 +50,7 @@ def test_the_backward_over_a_problem_equals_the_closed_form_per_array(runs, case
 
 
 def test_the_model_is_the_problem_closed_form_and_the_compulsory_floor(runs):
-    from iosim.problem import Problem
+    from iosim.spec.problem import Problem
 
     counts, _, _ = runs["per-head GQA causal ragged"]
     p = Problem(B=2, H_q=4, H_kv=2, N_q=50, N_k=50, d_qk=16, causal=True)

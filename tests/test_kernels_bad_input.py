@@ -6,8 +6,8 @@ import textwrap
 
 import pytest
 
+from iosim.base.errors import InputError, install_hint
 from iosim.cli import main
-from iosim.errors import InputError, install_hint
 
 BAD = textwrap.dedent(
     """

@@ -21,7 +21,7 @@ import pytest
 pytest.importorskip("triton")
 pytest.importorskip("torch")
 
-from iosim.errors import InputError  # noqa: E402
+from iosim.base.errors import InputError  # noqa: E402
 from iosim.kernels import count_batch, count_file  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -116,7 +116,7 @@ def test_block_sizes_on_the_command_line_must_be_what_the_kernel_ran(cli):
 
 
 def test_a_launcher_that_swallows_block_sizes_is_caught(runs):
-    from iosim.errors import InputError
+    from iosim.base.errors import InputError
 
     counts, numbers, _ = runs["launch_swallows"]  # told Br = 64, ran 32
     with pytest.raises(InputError, match="must be what the kernel ran: Br=32 .*the command line says Br=64"):
@@ -124,7 +124,7 @@ def test_a_launcher_that_swallows_block_sizes_is_caught(runs):
 
 
 def test_a_launcher_returning_other_block_sizes_is_caught(runs):
-    from iosim.errors import InputError
+    from iosim.base.errors import InputError
 
     counts, numbers, _ = runs["launch_says"]
     with pytest.raises(InputError, match="the launcher returned Br=64"):
@@ -189,7 +189,7 @@ def test_a_declared_decode_layout_reads_batch_heads_d(conv):
      ("launch_decode_bhd_undeclared", "decode-splitkv", "has B = 1, N = 2; the model wants B = 1, N = 1")],
 )  # fmt: skip
 def test_an_undeclared_or_unknown_layout_is_one_line(conv, name, like, words):
-    from iosim.errors import InputError
+    from iosim.base.errors import InputError
 
     with pytest.raises(InputError, match=words.replace("(", r"\(").replace(")", r"\)")) as e:
         _cmp(conv[name], like, splits=2)

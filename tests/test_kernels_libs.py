@@ -201,7 +201,7 @@ def test_the_tutorial_attention_at_a_ragged_n_stores_past_its_logsumexp(tutorial
 
 
 def test_a_tutorial_file_that_does_not_import_is_one_line(tmp_path, monkeypatch):
-    from iosim.errors import InputError
+    from iosim.base.errors import InputError
     from iosim.kernels import count_file
 
     old = tmp_path / "06-fused-attention.py"

@@ -1,7 +1,8 @@
 """flash-linear-attention's NSA selected-attention forward (``fla.ops.nsa.parallel.parallel_nsa_fwd``, fla-core),
 counted in place from the installed package by iosim/kernels/examples/fla_nsa.py (nothing of fla copied here):
 its output equals a float64 selected attention written here, and every array (Q, K, V, O, L, the indices) equals
-both a per-program model written here and iosim's top-k schedule (``iosim.topk_sparse``) with policy ``gqa`` on a
+both a per-program model written here and iosim's top-k schedule (``iosim.masking.topk_sparse``) with policy ``gqa`` on
+a
 causal problem (the queries the last T_q tokens), one program per (query token, key/value head) holding the group's
 query heads. A block listed after its query's position and a -1 entry (fla's top-k padding) are read as index words
 and skipped by the kernel, and left out by the causal schedule with ``invalid=-1``.
@@ -27,7 +28,7 @@ if MISSING:
     pytest.skip(f"{', '.join(MISSING)} not installed (pip install -e '.[triton,kernel-libs]')", allow_module_level=True)
 
 from iosim import Problem  # noqa: E402
-from iosim.topk_sparse import topk_sparse  # noqa: E402
+from iosim.masking.topk_sparse import topk_sparse  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 LAUNCHER = ROOT / "iosim" / "kernels" / "examples" / "fla_nsa.py"

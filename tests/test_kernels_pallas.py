@@ -143,7 +143,7 @@ def test_gpu_hooks_leave_jax_as_they_found_it():
 def test_gpu_internals_that_differ_fail_with_one_line_naming_the_supported_jax(monkeypatch):
     from jax._src.pallas import hlo_interpreter as hi
 
-    from iosim.errors import InputError
+    from iosim.base.errors import InputError
     from iosim.kernels.pallas_backend import require_gpu
 
     require_gpu()

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from iosim.errors import InputError
+from iosim.base.errors import InputError
 from iosim.kernels.counting import AccessError, Recorder, access_problem
 
 FILE = str(Path(__file__).with_name("_kernel_launches.py"))

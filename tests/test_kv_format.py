@@ -1,4 +1,4 @@
-"""Quantized KV cache formats (iosim.kv_format): bytes per row of the presets as their projects describe them
+"""Quantized KV cache formats (iosim.spec.kv_format): bytes per row of the presets as their projects describe them
 (584, 656, head_dim + 16), words and bytes per component of a counted decode run against a count made here, and
 bad layouts in one line."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from iosim import Problem, Schedule, run
-from iosim.errors import InputError
-from iosim.kv_format import PRESETS, kv_bytes, kv_format
+from iosim.base.errors import InputError
+from iosim.spec.kv_format import PRESETS, kv_bytes, kv_format
 
 
 def test_presets_bytes_per_row():

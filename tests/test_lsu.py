@@ -11,7 +11,7 @@ import textwrap
 import pytest
 
 import iosim  # noqa: F401 - maps the iosim.* namespace
-from iosim.errors import InputError
+from iosim.base.errors import InputError
 from iosim.hierarchy import lsu
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]

@@ -1,4 +1,5 @@
-"""FlexAttention's masks as iosim masks (iosim.mask_mod, the MOD kind of iosim.algorithms.tile_masks): a mask_mod
+"""FlexAttention's masks as iosim masks (iosim.masking.mask_mod, the MOD kind of iosim.algorithms.tile_masks): a
+mask_mod
 function and a BlockMask compile to a tile oracle that equals the mask's own N x N array on every rectangle, run on
 every schedule and problem shape with counts equal to the closed form, and count exactly what the same mask given
 as an N x N array counts (an independent path: the 2-D prefix-sum oracle). Bad input is one line."""
@@ -14,10 +15,11 @@ import pytest
 from iosim.algorithms import tile_masks as tm
 
 import iosim
-from iosim import Problem, masks
-from iosim import mask_mod as mm
+from iosim import Problem
+from iosim.base.errors import InputError
 from iosim.cli import main
-from iosim.errors import InputError
+from iosim.masking import mask_mod as mm
+from iosim.masking import masks
 
 torch = pytest.importorskip("torch")
 
@@ -229,9 +231,9 @@ def test_wide_masks_pack_partial_blocks_and_memory_is_bounded(monkeypatch):
         nr, nc = rng.integers(1, min(300, N - r0) + 1), rng.integers(1, min(300, N - c0) + 1)
         want = int(stripes(0, 0, np.arange(r0, r0 + nr)[:, None], np.arange(c0, c0 + nc)[None, :]).sum())
         assert tm.mask_nnz(m.kind, m.params, m.table, r0, nr, c0, nc) == want
-    import iosim.estimate
+    import iosim.runner.estimate
 
-    monkeypatch.setattr(iosim.estimate, "available_bytes", lambda: 1 << 20)
+    monkeypatch.setattr(iosim.runner.estimate, "available_bytes", lambda: 1 << 20)
     with pytest.raises(InputError) as e:
         masks.from_mask_mod(stripes).compile(N)
     assert e.value.parameter == "mask_mod" and "partial blocks" in str(e.value) and "\n" not in str(e.value)

@@ -1,7 +1,7 @@
 """A mask_mod's evaluation is long work priced by the long-run rule, and the run's consent reaches it: --yes on every
 command that takes a mask, allow_long=True on iosim.run (one head and a problem) and on compile_mask.
 
-The price per score is raised here (iosim.masks.MOD_ELEMENT) so that a mask of N = 256 is "over a minute": the
+The price per score is raised here (iosim.masking.masks.MOD_ELEMENT) so that a mask of N = 256 is "over a minute": the
 rule is exercised without minutes of evaluation.
 """
 
@@ -10,9 +10,9 @@ from __future__ import annotations
 import pytest
 
 import iosim
-from iosim import masks
+from iosim.base.errors import InputError
 from iosim.cli import main
-from iosim.errors import InputError
+from iosim.masking import masks
 
 N = 256
 

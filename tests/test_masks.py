@@ -6,7 +6,7 @@ from iosim.algorithms import tile_masks as am
 
 import iosim
 from iosim import InputError
-from iosim import masks as im
+from iosim.masking import masks as im
 
 N = 53  # ragged against every tiling below
 
@@ -293,7 +293,7 @@ def test_every_random_kind_seeds_reproduce_and_differ(kind):
 def test_a_table_that_does_not_fit_is_refused_in_one_line(make, monkeypatch):
     """A user's array (or block array) is answered from a 2-D prefix-sum table; one that would not fit in memory is
     refused up front, naming the mask and the size."""
-    from iosim import estimate
+    from iosim.runner import estimate
 
     monkeypatch.setattr(estimate, "available_bytes", lambda: 1000)
     with pytest.raises(InputError) as e:
@@ -351,7 +351,7 @@ def test_the_long_run_rule_prices_a_random_masks_tile_tests():
     """A random mask leaves no tile out of a schedule's ranges: at N = 2^24 BigBird with 4096-wide blocks has only
     4,096 block rows to draw, but a count-only run tests ~10^10 tiles. The rule prices those tests and refuses up
     front, in one line naming the mask, before any tile is visited."""
-    from iosim import estimate
+    from iosim.runner import estimate
     from iosim.theory.tiling import Tiling
 
     t = im.compile_mask("bigbird:4096:1:1:3", 2**24)

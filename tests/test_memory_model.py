@@ -30,7 +30,7 @@ from iosim.memory_model import (
 )
 from numba import njit
 
-from iosim import registry
+from iosim.runner import registry
 
 BUILTIN = ("standard", "flash1", "flash2", "square-tiling")
 N, D, M = 67, 5, 400  # ragged: no block size divides N

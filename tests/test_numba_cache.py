@@ -4,7 +4,7 @@ import os
 import subprocess
 import sys
 
-from iosim import _numba_cache
+from iosim.base import numba_cache as _numba_cache
 
 
 def test_drop_stale_removes_only_iosim_functions_and_stamps_the_directory(tmp_path, monkeypatch):
@@ -69,7 +69,7 @@ def test_the_warm_up_never_forks_after_a_threaded_library_is_loaded(monkeypatch)
     one process registers its operator libraries twice and fails)."""
     import sys
 
-    from iosim import warmup
+    from iosim.runner import warmup
 
     real = {m: sys.modules.get(m) for m in warmup.THREADED}
     seen = []

@@ -12,8 +12,8 @@ import pytest
 
 import iosim
 from iosim import Problem, Schedule
+from iosim.base.errors import InputError
 from iosim.cli import main
-from iosim.errors import InputError
 from iosim.theory import io_model
 
 
@@ -41,7 +41,7 @@ def test_gather_pays_the_table_words_only(P, mask):  # noqa: N803
 
 
 def gather_mask(spec):
-    from iosim.masks import compile_mask
+    from iosim.masking.masks import compile_mask
 
     return compile_mask(spec, 41, policy="skip")
 

@@ -10,10 +10,10 @@ import pytest
 
 import iosim
 from iosim import InputError
-from iosim.api import run_keywords
 from iosim.cli import main
 from iosim.pebble import Game, IllegalMoveError, Move, attention, from_run, matmul, named, parse, search
 from iosim.pebble.graph import attention_backward
+from iosim.runner.api import run_keywords
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 
@@ -300,7 +300,7 @@ def test_problem_run_as_a_pebbling_under_a_mask_per_head(algorithm, gqa):
     import numpy as np
 
     import iosim
-    from iosim import masks
+    from iosim.masking import masks
     from iosim.pebble.from_run import pebble_run
 
     docs = np.array([[0] * 3 + [1] * 2, [0] + [1] * 4])

@@ -16,9 +16,9 @@ import pytest
 
 import iosim
 from iosim import Problem
-from iosim.api import run_keywords
+from iosim.base.errors import InputError
 from iosim.cli import main
-from iosim.errors import InputError
+from iosim.runner.api import run_keywords
 
 MASKS = ["window:5", "window:4:causal", "bigbird:4:1:1:2", "random:0.3", "random-blocks:0.4:3x5", "prefix:6",
          "dilated:9:2", "BD"]  # fmt: skip

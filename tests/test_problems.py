@@ -12,7 +12,7 @@ from iosim.memory_model import TwoLevelMemory
 
 import iosim
 from iosim import InputError, Problem
-from iosim.api import run_keywords
+from iosim.runner.api import run_keywords
 from iosim.theory import io_model
 
 HEADS = [(1, 1, 1), (2, 4, 2), (1, 6, 1), (1, 3, 3)]  # (B, H_q, H_kv)
@@ -31,7 +31,7 @@ def _count(algo, p, Br, Bc, gqa, splits, mla, fast):
     G = p.g if gqa == "per-head" else 1
     rows = p.N_q * (p.g // G)
     br, bc = min(Br, rows), Bc
-    bm = iosim.problem_runs.combine_rows(p, splits, M)
+    bm = iosim.runner.problem_runs.combine_rows(p, splits, M)
     if algo == "flash2":
         flash.flash2_problem(mem, p, None, None, None, None, Br=br, Bc=bc, gqa=gqa, splits=splits, mla=mla,
                                 combine_rows=bm, scale=1.0)  # fmt: skip
@@ -461,9 +461,9 @@ def test_paged_flash1_that_gathers_a_tile_pays_only_the_table_words(p, Br, Bc, g
     trip of Q_i, O_i, l_i, m_i) a K/V-outer kernel gathers a tile's keys from their pages: the contiguous cache's
     counts plus one table word per page piece. Simulated = closed form per array and in peak, under masks and both
     policies; numerics against the float64 reference."""
-    from iosim.problem_runs import _problem_inputs
-    from iosim.problem_runs import problem_mask as _problem_mask
-    from iosim.references import problem_reference
+    from iosim.runner.problem_runs import _problem_inputs
+    from iosim.runner.problem_runs import problem_mask as _problem_mask
+    from iosim.runner.references import problem_reference
 
     contiguous = Problem(B=p.B, H_q=p.H_q, H_kv=p.H_kv, N_q=p.N_q, N_k=p.N_k, d_qk=p.d_qk, d_v=p.d_v,
                          latent=p.latent, causal=p.causal)  # fmt: skip

@@ -12,7 +12,7 @@ from iosim.memory_model import TwoLevelMemory
 
 import iosim
 from iosim import InputError, Problem
-from iosim.api import run_keywords
+from iosim.runner.api import run_keywords
 from iosim.theory import io_model
 from iosim.theory.tiling import flash_backward_tiling, problem_backward_tiling
 
@@ -110,7 +110,7 @@ def test_reference_backward_sums_the_group():
     p = Problem(B=1, H_q=2, H_kv=1, N_q=3, N_k=4, d_qk=2, d_v=3)
     rng = np.random.default_rng(0)
     Q, K, V, dO = (rng.standard_normal(s) for s in ((6, 2), (4, 2), (4, 3), (6, 3)))
-    dQ, dK, dV = iosim.references.problem_reference_backward(p, Q, K, V, dO, 0.5)
+    dQ, dK, dV = iosim.runner.references.problem_reference_backward(p, Q, K, V, dO, 0.5)
     ref = [iosim.algorithms.reference.attention_backward(Q[h * 3 : h * 3 + 3], K, V, dO[h * 3 : h * 3 + 3],
                                                          scale=0.5) for h in range(2)]  # fmt: skip
     np.testing.assert_allclose(dK, ref[0][1] + ref[1][1])
@@ -201,7 +201,7 @@ def test_masked_problem_file_mask(tmp_path):
     ],
 )
 def test_masked_problem_refusals_are_one_line(fields, kw, parameter):
-    """A masked backward over a problem for standard attention runs the heads one after another (iosim.api.
+    """A masked backward over a problem for standard attention runs the heads one after another (iosim.runner.api.
     _run_by_heads): the refusal names the mask and what the problem or schedule lacks (flash1 and flash2 take every
     shape natively; the forward of standard attention and square tiling takes any N_q <= N_k, d_qk, d_v)."""
     p = Problem(**{"B": 1, "H_q": 2, "H_kv": 2, "N_q": 20, "N_k": 20, "d_qk": 8, "d_v": 8, **fields})

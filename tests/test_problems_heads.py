@@ -1,14 +1,14 @@
 """Masks over a problem (every algorithm) and the backward of standard attention and square tiling over a problem:
 the heads one after another (GQA per-head), each the one-head schedule; with g > 1 the backward's dK, dV partials
-summed by the group sum (iosim.problem_runs.run_by_heads). flash1 and flash2 have their own problem backward
+summed by the group sum (iosim.runner.problem_runs.run_by_heads). flash1 and flash2 have their own problem backward
 (tests/test_problems_backward.py); here they must agree with the head-by-head view where both apply."""
 
 import pytest
 
 import iosim
 from iosim import InputError, Problem
-from iosim.api import run_keywords
 from iosim.cli import main
+from iosim.runner.api import run_keywords
 from iosim.theory import io_model
 
 ALGORITHMS = ["flash2", "flash1", "standard", "square-tiling"]

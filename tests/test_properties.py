@@ -4,7 +4,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import iosim
-from iosim import registry
+from iosim.runner import registry
 
 sizes = st.tuples(st.integers(1, 300), st.integers(1, 70), st.integers(0, 30000), st.booleans())
 

@@ -107,7 +107,7 @@ def test_a_numeric_run_out_of_memory_is_an_input_error_naming_the_sizes(monkeypa
     def no_memory(*args, **kwargs):
         raise MemoryError("Unable to allocate 32.0 GiB")
 
-    monkeypatch.setattr("iosim.api.attention_forward", no_memory)
+    monkeypatch.setattr("iosim.runner.api.attention_forward", no_memory)
     with pytest.raises(InputError, match=r"ran out of memory in the float64 reference .* N=64, d=8"):
         iosim.run("flash2", N=64, d=8, M=1000)
     r = iosim.run("flash2", N=64, d=8, M=1000, reference=False)  # the reference skipped: counts and outputs

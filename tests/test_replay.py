@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 
 import iosim
 from iosim import InputError
-from iosim.api import run_keywords
 from iosim.cli import main
+from iosim.runner.api import run_keywords
 from iosim.views import cache_sim as cs
 from iosim.views.replay import operand_ops
 

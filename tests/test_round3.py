@@ -49,7 +49,7 @@ VERSIONED = [  # every command whose JSON is a result a paper may quote
 
 @pytest.mark.parametrize("argv", VERSIONED, ids=lambda a: a[0])
 def test_every_json_result_carries_the_version(argv, tmp_path, monkeypatch, capsys):
-    from iosim.version import __version__
+    from iosim.base.version import __version__
 
     rc, lines, _, out = run_cli(argv, tmp_path, monkeypatch, capsys)
     assert rc == 0, lines
@@ -57,8 +57,8 @@ def test_every_json_result_carries_the_version(argv, tmp_path, monkeypatch, caps
 
 
 def test_sweep_records_carry_the_version():
-    from iosim.sweep import sweep
-    from iosim.version import __version__
+    from iosim.base.version import __version__
+    from iosim.runner.sweep import sweep
 
     recs = sweep({"algorithm": "flash2", "N": 64, "d": 8, "M": [1024, 2048]}, executor="serial", as_frame=False)
     assert [r["iosim_version"] for r in recs] == [__version__, __version__]
@@ -136,8 +136,9 @@ def test_block_sparse_reads_one_mask_mod_alike_raw_wrapped_or_named(tmp_path):
     import torch
     from torch.nn.attention.flex_attention import create_block_mask
 
-    from iosim import Problem, masks
-    from iosim.block_sparse import block_sparse
+    from iosim import Problem
+    from iosim.masking import masks
+    from iosim.masking.block_sparse import block_sparse
 
     def causal(b, h, q_idx, kv_idx):
         return q_idx >= kv_idx

@@ -12,7 +12,7 @@ import pytest
 
 import iosim
 from iosim import InputError, Problem, Schedule
-from iosim.api import SCHEDULE_OPTIONS, run_keywords
+from iosim.runner.api import SCHEDULE_OPTIONS, run_keywords
 
 KEPT = ["algorithm", "schedule", "M", "N", "d", "problem", "Q", "K", "V", "dO", "backward", "causal", "mask",
         "count_only", "dtype", "seed", "scale", "strict", "trace", "reference", "allow_long"]  # fmt: skip

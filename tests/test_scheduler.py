@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import iosim
-from iosim.errors import InputError
+from iosim.base.errors import InputError
 from iosim.hierarchy import ctas, launches
 from iosim.hierarchy.scheduler import PUBLISHED_CASES, Scheduler, fa3_section_heads, inner_loop, walk_piece
 from iosim.hierarchy.simulate import block_order

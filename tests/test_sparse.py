@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import iosim
-from iosim import masks as im
+from iosim.masking import masks as im
 
 N = 45  # ragged against every tiling below
 

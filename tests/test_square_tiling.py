@@ -15,7 +15,8 @@ from iosim.algorithms.reference import attention_backward, attention_forward, de
 from iosim.memory_model import CapacityError
 
 import iosim
-from iosim import cli, registry
+from iosim import cli
+from iosim.runner import registry
 from iosim.theory import bounds, io_model, tiling
 
 NAME = "square-tiling"

@@ -9,9 +9,9 @@ import sys
 import pytest
 
 import iosim
+from iosim.base.errors import install_hint
 from iosim.cli import main
-from iosim.errors import install_hint
-from iosim.sweep import DEFAULTS, FIELDS, PROBLEM_KEYS, TILE_KEYS, expand, sweep
+from iosim.runner.sweep import DEFAULTS, FIELDS, PROBLEM_KEYS, TILE_KEYS, expand, sweep
 
 GRID = {"algorithm": ["flash2", "square-tiling"], "pass": ["forward", "backward"], "N": [64, 0], "d": 8, "M": [256, 4]}
 
@@ -194,7 +194,7 @@ def test_worker_processes_are_spawned_when_a_threaded_library_is_loaded(monkeypa
     import sys
     import types
 
-    sweep_mod = sys.modules["iosim.sweep"]  # the module (iosim.sweep, the attribute, is the function)
+    sweep_mod = sys.modules["iosim.runner.sweep"]  # the module (iosim.sweep, the attribute, is the function)
     pool, close = sweep_mod._open_executor("processes", 2, 4, 60.0)
     expected = "spawn" if any(m in sys.modules for m in ("jax", "torch", "tensorflow")) else "fork"
     assert pool._mp_context.get_start_method() == expected
@@ -209,7 +209,7 @@ def test_sweep_over_a_masked_problem_uses_run_defaults_and_shows_mask_and_policy
     """A sweep point over a problem with a mask counts what iosim.run counts (its default policy: skip over a
     problem), its record says which policy ran, and the table names the mask and policy of every row."""
     from iosim.cli import main
-    from iosim.problem import Problem
+    from iosim.spec.problem import Problem
 
     grid = {"algorithm": "flash1", "N": 40, "N_q": 2, "d": 8, "M": 600, "mask": "blockdiag:30,10"}
     (rec,) = sweep(grid, as_frame=False)
@@ -251,7 +251,7 @@ def test_sweep_takes_a_problem_as_compare_does_lengths_and_dtypes(capsys):
 def test_sweep_latex_is_a_table_a_paper_can_use(capsys):
     """LaTeX: booleans as marks, never True/False; the columns with one value for every row in the caption with
     iosim's version; text escaped; only the table on stdout."""
-    from iosim.version import __version__
+    from iosim.base.version import __version__
 
     argv = ["sweep", "--algorithm", "flash2", "flash1", "--N", "64", "--d", "8", "--M", "1024", "2048", "--causal",
             "both", "--no-cache", "--executor", "serial", "--format", "latex"]  # fmt: skip

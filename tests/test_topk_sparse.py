@@ -1,4 +1,4 @@
-"""Sparse attention by top-k indices (iosim.topk_sparse): the simulated counts equal the closed form and an
+"""Sparse attention by top-k indices (iosim.masking.topk_sparse): the simulated counts equal the closed form and an
 independent model written here (per array and peak) on ragged problems for every policy; the floor equals a union
 counted here; the outputs equal a float64 reference written here (a dense softmax under the selection's mask); the
 index sources (array, file:, mod:, function) and bad input in one line."""
@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from iosim import Problem
-from iosim.errors import InputError
-from iosim.topk_sparse import topk_sparse
+from iosim.base.errors import InputError
+from iosim.masking.topk_sparse import topk_sparse
 
 
 def selection(p, Bm, Hm, Tq, k, nblk, seed):
@@ -363,9 +363,9 @@ def test_experiment_17_reproduces_the_union(tmp_path):
 def test_docstring_example_and_memory():
     import doctest
 
-    import iosim.topk_sparse
+    import iosim.masking.topk_sparse
 
-    assert doctest.testmod(iosim.topk_sparse).failed == 0
+    assert doctest.testmod(iosim.masking.topk_sparse).failed == 0
     p = Problem(N_q=4, N_k=60, d=8)
     idx = np.array([[0, 2], [2, 3], [1, 3], [0, 1]])
     r = topk_sparse(p, idx, block=16, policy="group:4")

@@ -3,7 +3,7 @@
 import pathlib
 import re
 
-from iosim import registry
+from iosim.runner import registry
 
 TUTORIAL = pathlib.Path(__file__).resolve().parents[1] / "docs" / "tutorial.md"
 

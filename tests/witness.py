@@ -780,7 +780,7 @@ def case_list() -> list[dict]:
                 for M in _capacities(alg, d):
                     for causal in (False, True):
                         cases.append({"algorithm": alg, "N": N, "d": d, "M": M, "causal": causal})
-        for mask in MASKS:  # masks (iosim.masks): empty tiles skipped, partial ones masked, skip policy
+        for mask in MASKS:  # masks (iosim.masking.masks): empty tiles skipped, partial ones masked, skip policy
             cases.append(
                 {"algorithm": alg, "N": 13, "d": 4, "M": _capacities(alg, 4)[0], "causal": False, "mask": mask}
             )
@@ -825,8 +825,8 @@ def run_case(
     (a --mask string) runs with that mask and the skip policy instead of ``causal``."""
     from iosim.algorithms import reference
 
-    from iosim import registry
-    from iosim.masks import compile_mask
+    from iosim.masking.masks import compile_mask
+    from iosim.runner import registry
 
     alg = registry.get(algorithm)
     rng = np.random.default_rng(seed)

@@ -13,7 +13,8 @@ Modules (import them directly; importing this package does not import ``numba.cu
   :mod:`iosim.gpu.resources` assembles them and reports registers, spills, shared memory and occupancy.
 
 Launchers take explicit tile sizes, like the CPU drivers; :mod:`iosim.gpu` chooses them from M exactly as the
-simulator does (``iosim.registry.get(name).choose_tiling``) and compares the kernels' counters with the simulator.
+simulator does (``iosim.runner.registry.get(name).choose_tiling``) and compares the kernels' counters with the
+simulator.
 
 Conventions: float32 compute and storage; inputs (B, H, N, d) or (N, d), viewed as (B * H, N, d); grid axis y is
 the (batch, head) pair; one word = one float32 (4 bytes). In counting mode (``count=True``) every thread adds the
@@ -23,7 +24,7 @@ writes, initialisation writes), so the counters tally what the kernel did; they 
 """
 
 # The cuda extra's requirements (pyproject.toml), named so that the command works outside a checkout too (iosim is not
-# on the package index); tests/test_install_hints.py holds it equal to iosim.errors.install_hint("cuda").
+# on the package index); tests/test_install_hints.py holds it equal to iosim.base.errors.install_hint("cuda").
 CUDA_HINT = "pip install 'numba-cuda[cu13]<0.31,>=0.30' 'numpy<2.5'"
 
 

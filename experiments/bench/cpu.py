@@ -41,7 +41,7 @@ from iosim.memory_model import TwoLevelMemory  # noqa: E402
 from numba import njit  # noqa: E402
 from tabulate import tabulate  # noqa: E402
 
-from iosim import registry  # noqa: E402
+from iosim.runner import registry  # noqa: E402
 
 
 def best_of(fn, repeat: int) -> float:
@@ -234,7 +234,7 @@ def bench_count_only(repeat: int) -> list:
 
 
 def bench_masks(repeat: int) -> list[list]:
-    from iosim.masks import compile_mask
+    from iosim.masking.masks import compile_mask
     from iosim.theory.io_model import tile_sums
 
     N, d, M = 2**20, 64, 65536

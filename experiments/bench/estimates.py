@@ -1,11 +1,11 @@
 """The long-run rule's estimates against the time they stand for: estimate / measured for every guarded path that
-runs on a CPU, on a grid of sizes, in this process (iosim/estimate.py's constants; a ratio above 1 errs long).
+runs on a CPU, on a grid of sizes, in this process (iosim/runner/estimate.py's constants; a ratio above 1 errs long).
 
     python experiments/bench/estimates.py          # about 35 s on 2 cores (2-3 minutes when Numba compiles)
     python experiments/bench/estimates.py --fit    # the same, then the least-squares constants of the grid
 
 Each row's estimate is the one the path itself computes from the sizes before any work: the seconds of the last
-:func:`iosim.estimate.check` it makes (recorded, not recomputed here). A path is timed after a warm-up run of the
+:func:`iosim.runner.estimate.check` it makes (recorded, not recomputed here). A path is timed after a warm-up run of the
 same kind, so Numba's compile is not part of the estimate. The measured time is CPU time
 (:func:`time.process_time`): the runs are single-threaded (Numba, and NumPy's BLAS held to one thread here, as the
 runs' float64 reference would otherwise take both cores), so on a quiet machine CPU and wall time agree (both are
@@ -14,7 +14,7 @@ the calibration is based on CPU time. The CUDA simulator's estimate is not on th
 how it was measured).
 
 ``--fit`` solves, by least squares on the relative error (each row weighted by 1 / measured), for the costs that
-iosim/estimate.py takes: a count-only tile step; a numeric run's arithmetic (per N_q N_k (d_qk + d_v)), its tile
+iosim/runner/estimate.py takes: a count-only tile step; a numeric run's arithmetic (per N_q N_k (d_qk + d_v)), its tile
 step and the backward's factor on the arithmetic; a random mask's generator draw.
 """
 
@@ -34,11 +34,11 @@ import numpy as np  # noqa: E402
 from tabulate import tabulate  # noqa: E402
 
 import iosim  # noqa: E402
-from iosim import estimate  # noqa: E402
-from iosim.block_sparse import block_sparse  # noqa: E402
+from iosim.base.errors import InputError  # noqa: E402
 from iosim.cli import main as cli  # noqa: E402
-from iosim.errors import InputError  # noqa: E402
+from iosim.masking.block_sparse import block_sparse  # noqa: E402
 from iosim.pebble.search import optimum  # noqa: E402
+from iosim.runner import estimate  # noqa: E402
 
 ROWS: list[dict] = []  # path, size, estimate, cpu, wall and the units the estimate was computed from
 

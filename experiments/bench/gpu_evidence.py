@@ -46,7 +46,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import ncu_raw  # noqa: E402  (the neighbour module: the path above)
 
-from iosim.errors import InputError  # noqa: E402
+from iosim.base.errors import InputError  # noqa: E402
 
 SWEEP_N = 2048
 SWEEP_BH = 8

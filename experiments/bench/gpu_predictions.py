@@ -29,7 +29,7 @@ from __future__ import annotations
 import json
 import pathlib
 
-from iosim.errors import InputError
+from iosim.base.errors import InputError
 
 HERE = pathlib.Path(__file__).resolve().parent
 DEFAULT_FILE = HERE / "predictions" / "h100.json"

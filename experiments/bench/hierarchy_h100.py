@@ -170,7 +170,7 @@ def measured(name: str) -> dict:
 
 def compute(names=None, models=(*MODELS, *EXTRA)) -> dict:
     """Every (launch, model) prediction, with the time each took."""
-    from iosim.version import __version__
+    from iosim.base.version import __version__
 
     out = {"iosim_version": __version__, "runs": {}}
     for name in names or LAUNCHES:
@@ -302,7 +302,7 @@ IOSIM_FLASH2_FORWARD = dict(name="flash2_forward_kernel", threads=128, registers
 
 def predictions() -> dict:
     """The predictions file of the next lease (gpu_predictions' format), from the stored model runs and the probes."""
-    from iosim.version import __version__
+    from iosim.base.version import __version__
 
     stored = json.loads(STORED.read_text())["runs"]
     keep = ("dram_read", "dram_write", "global_load", "global_store", "l2_reduction", "l2_read_from_fabric")

@@ -1,5 +1,5 @@
 """The long-run rule's estimate of ``iosim check`` on the CUDA simulator against its CPU time: estimate / measured for
-each built-in kernel at small N and d (iosim/estimate.py's SIMULATOR_N2D; a ratio above 1 errs long).
+each built-in kernel at small N and d (iosim/runner/estimate.py's SIMULATOR_N2D; a ratio above 1 errs long).
 
     python experiments/bench/simulator.py          # about a minute of CPU on 2 cores
 
@@ -24,10 +24,10 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):  # B
 
 from tabulate import tabulate  # noqa: E402
 
-from iosim import estimate  # noqa: E402
 from iosim.cli import main as cli  # noqa: E402
 from iosim.gpu import launch as gpu  # noqa: E402
 from iosim.kernels.check import planned_cases  # noqa: E402
+from iosim.runner import estimate  # noqa: E402
 
 GRID = [("flash2", 64, 16), ("flash2", 32, 32), ("flash1", 64, 16), ("standard", 64, 16), ("square-tiling", 32, 16)]
 HEADS = 2

@@ -1,5 +1,5 @@
 """Top-k selections for docs/sparse-indices.md (``--indices mod:experiments/data/topk_selections.py:NAME``): each
-function takes the iosim.Problem and returns the index array (iosim.topk_sparse), drawn from a fixed seed."""
+function takes the iosim.Problem and returns the index array (iosim.masking.topk_sparse), drawn from a fixed seed."""
 
 import numpy as np
 

@@ -12,7 +12,7 @@ import os
 import sys
 import warnings
 
-from iosim import registry
+from iosim.base.errors import InputError
 from iosim.cli import (
     bounds,
     check,
@@ -29,8 +29,8 @@ from iosim.cli import (
     sweep,
     trace,
 )
-from iosim.errors import InputError
 from iosim.memory_model import CapacityError, ScheduleError, TraceTooLargeError
+from iosim.runner import registry
 
 # name -> (module, help): the order is the order of ``iosim --help``.
 COMMANDS = {
@@ -58,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="iosim",
         description="Exact I/O counts of attention algorithms in a two-level memory with fast-memory size M words.",
     )
-    from iosim.version import __version__
+    from iosim.base.version import __version__
 
     parser.add_argument("--version", action="version", version=f"iosim {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
@@ -86,7 +86,7 @@ class _CompileNotice:
 def _watch_compiles(command: str = ""):
     from numba.core import event
 
-    from iosim import _numba_cache
+    from iosim.base import numba_cache as _numba_cache
 
     notice = _CompileNotice()
     # an empty cache: say so at once (within 2 s), not only when the first compile starts

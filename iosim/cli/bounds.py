@@ -6,9 +6,9 @@ import json
 
 from tabulate import tabulate
 
-from iosim import masks
 from iosim.cli.compare import theory_line
 from iosim.cli.options import FORMATS, add_problem_shape, add_problem_sizes, add_yes, fmt_int, problem_of
+from iosim.masking import masks
 from iosim.theory import bounds
 
 
@@ -23,11 +23,11 @@ def add_arguments(p) -> None:
 
 
 def _problem_command(args, p) -> None:
-    from iosim import api
+    from iosim.runner import api
 
     bs = bounds.problem_bounds(p, args.M, api.problem_seen(p, args.mask, allow_long=args.yes))
     if args.json:
-        from iosim.version import __version__
+        from iosim.base.version import __version__
 
         doc = {"iosim_version": __version__, "problem": p.as_dict(), "M": args.M, "note": bounds.PROBLEM_NOTE}
         doc["bounds"] = [
@@ -53,12 +53,12 @@ def command(args) -> None:
     N, d, M = args.N, args.d, args.M
     mask = None
     if args.mask is not None:  # the nnz bound and Proposition 4 on two tilings each count the mask
-        from iosim import estimate
+        from iosim.runner import estimate
 
         mask = masks.compile_mask(args.mask, N, allow_long=args.yes)
         estimate.check_mask(mask, passes=3, allow_long=args.yes)
     if args.json:
-        from iosim.version import __version__
+        from iosim.base.version import __version__
 
         winner, reason = bounds.theory_winner(d, M)
         doc = {"iosim_version": __version__, "N": N, "d": d, "M": M, "regime": bounds.regime(d, M)}

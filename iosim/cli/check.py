@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from iosim.base.errors import InputError
 from iosim.cli.options import FORMATS, add_yes, positive, seed
-from iosim.errors import InputError
 
 
 def add_arguments(p) -> None:
@@ -25,10 +25,10 @@ def add_arguments(p) -> None:
 def command(args) -> int:
     """Numerical check of a built-in GPU kernel; on a machine without a GPU it runs on the CUDA simulator, selected
     in this process before numba.cuda is imported (iosim.gpu.select_target). Exit code 1 when a check fails."""
-    from iosim import estimate
     from iosim.gpu import launch as gpu
     from iosim.kernels.check import check as run_check
     from iosim.kernels.check import planned_cases, validate
+    from iosim.runner import estimate
 
     validate(args.dtype, args.layout, args.distribution)
     if args.kernel not in gpu.KERNELS:

@@ -8,7 +8,8 @@ import sys
 
 from tabulate import tabulate
 
-from iosim import api, masks, registry, warmup
+from iosim.base.errors import InputError
+from iosim.base.version import __version__
 from iosim.cli.options import (
     add_problem_options,
     add_run_options,
@@ -22,10 +23,10 @@ from iosim.cli.options import (
     problem_run_kwargs,
     run_kwargs,
 )
-from iosim.errors import InputError
+from iosim.masking import masks
 from iosim.memory_model import CapacityError
+from iosim.runner import api, registry, warmup
 from iosim.theory import bounds
-from iosim.version import __version__
 
 DEFAULTS = {"N": 1024, "d": 64, "M": 16384}
 
@@ -114,7 +115,7 @@ def _lower_bound(args) -> tuple[float, str]:
     sparse = args.mask not in (None, "none", "dense") and args.mask != "causal"
     mask = masks.compile_mask(args.mask, args.N, allow_long=args.yes) if sparse else None
     if mask is not None:  # the lower bound, then each algorithm's estimate, closed form and run count the mask
-        from iosim import estimate
+        from iosim.runner import estimate
 
         estimate.check_mask(mask, passes=1 + 3 * len(registry.algorithms()), allow_long=args.yes)
     causal = args.causal or args.mask == "causal"
@@ -126,7 +127,7 @@ def _run_all(args) -> tuple[list, list[str]]:
     algorithm not run). An algorithm that does not fit M is a line, a bad argument is raised; when none fits, M is
     refused naming the smallest M that serves one. On a cold Numba cache, a second process compiles standard
     attention and square tiling (about half the first run's compile time) while this one runs the others:
-    :mod:`iosim.warmup`."""
+    :mod:`iosim.runner.warmup`."""
     kwargs = run_kwargs(args)
     names = [n for n in registry.algorithms() if not args.backward or registry.get(n).has_backward]
     failures = [f"{n}: no backward pass" for n in registry.algorithms() if n not in names]
@@ -243,7 +244,7 @@ def _compare_problem(args) -> int:
     """``iosim compare`` over a problem: the schedules that apply (:func:`_plans`) run and ranked by words moved,
     side by side against the compulsory traffic, printed as JSON or CSV or as a table
     (:func:`_print_problem`)."""
-    from iosim.problem import Problem
+    from iosim.spec.problem import Problem
 
     kw = problem_run_kwargs(args)
     problem = kw.pop("problem", None) or Problem(N=args.N, d=args.d, causal=bool(args.causal))

@@ -6,7 +6,7 @@ import sys
 
 from tabulate import tabulate
 
-from iosim.errors import InputError
+from iosim.base.errors import InputError
 
 
 def add_arguments(p) -> None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from iosim.base.errors import InputError
 from iosim.cli.options import FORMATS, positive
-from iosim.errors import InputError
 from iosim.gpu import resources
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 
-from iosim import api
 from iosim.cli.options import (
     FORMATS,
     add_algorithm,
@@ -16,6 +15,7 @@ from iosim.cli.options import (
     refuse_contradictions,
     schedule_of,
 )
+from iosim.runner import api
 
 
 def _nonnegative(name: str):
@@ -169,7 +169,7 @@ def command(args) -> int:
     s = schedule_of(args, args.algorithm)  # the Schedule, checked once before any work, as every command's
     scheduler = None
     if args.scheduler is not None:
-        from iosim.errors import InputError
+        from iosim.base.errors import InputError
         from iosim.hierarchy.scheduler import Scheduler
 
         if args.order != "head-grouped":
@@ -264,8 +264,8 @@ def _shape(args) -> dict:
     """N, d, the launch's heads and the word size, or a problem (iosim.Problem) when --Nq, --Nk, --dv,
     --page-size, --mla, --gqa packed, --splits, GQA heads (the backward's group sum) or a mask over several heads (a
     mask_mod may read b and h) asks for one beyond N x d: --N and --Nq/--Nk spell the same launch."""
-    from iosim.errors import InputError
-    from iosim.problem import BYTES, Problem
+    from iosim.base.errors import InputError
+    from iosim.spec.problem import BYTES, Problem
 
     dtype_of_bytes = {BYTES[n]: n for n in ("fp8", "bf16", "fp32", "fp64")}  # the word size as a storage dtype
 

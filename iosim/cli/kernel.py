@@ -15,12 +15,12 @@ import sys
 
 from tabulate import tabulate
 
+from iosim.base.errors import InputError
 from iosim.cli.options import FORMATS, LIMITS, fmt_int, positive
-from iosim.errors import InputError
 
 LIKE = ("flash2", "flash2-backward", "decode-splitkv", "block-sparse")
 BACKENDS = ("auto", "triton", "pallas", "numba-cuda")
-INDEX_READS = ("once", "template")  # iosim.block_sparse.INDEX_READS (not imported: the CLI loads it lazily)
+INDEX_READS = ("once", "template")  # iosim.masking.block_sparse.INDEX_READS (not imported: the CLI loads it lazily)
 
 
 def _timeout(text: str) -> float:
@@ -93,9 +93,9 @@ def add_arguments(p) -> None:
 def _add_problem_options(p) -> None:
     """The problem options of ``iosim run`` that the closed form needs beyond --N/--d/--H/--kv-heads/--N-q/
     --page-size: --dv, --mla, --dtype-q/kv/o, --gqa (parsed by iosim.cli.options' validators)."""
-    from iosim.api import MAX_D
     from iosim.cli.options import dtype_choice
-    from iosim.problem import GQA_POLICIES, MLA_POLICIES
+    from iosim.runner.api import MAX_D
+    from iosim.spec.problem import GQA_POLICIES, MLA_POLICIES
 
     p.add_argument("--dv", type=positive("--dv", MAX_D), default=None, help="value width d_v (default --d)")
     p.add_argument("--mla", choices=MLA_POLICIES, default=None,
@@ -160,7 +160,7 @@ def command(args) -> int:
             print(f"iosim: error: {problem}", file=sys.stderr)
         rc = max(rc, 1 if problem or (cmp is not None and cmp.numerics_ok is False) else 0)
     if args.json:
-        from iosim.version import __version__
+        from iosim.base.version import __version__
 
         doc = docs[0] if len(docs) == 1 else {"configs": docs}
         print(json.dumps({"iosim_version": __version__, **doc}, indent=2))
@@ -198,7 +198,7 @@ def _check_model_options(args) -> None:
 
 def _check_mask_options(args) -> None:
     """--mask and --indices where a model reads them, spelled as iosim run's --mask."""
-    from iosim import masks
+    from iosim.masking import masks
 
     if args.mask is not None and args.like == "flash2" and args.mask.strip() in ("causal", "none", "dense"):
         # flash2's causal closed form is --causal; without a mask it is flash2 itself (tests/test_flex_kernel.py)

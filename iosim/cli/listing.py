@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tabulate import tabulate
 
-from iosim import registry
+from iosim.runner import registry
 
 
 def add_arguments(p) -> None:

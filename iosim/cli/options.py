@@ -9,7 +9,8 @@ from __future__ import annotations
 import argparse
 import math
 
-from iosim import api, masks
+from iosim.masking import masks
+from iosim.runner import api
 
 FORMATS = ("simple", "github", "latex", "plain")
 SIZES = (("N", "sequence length"), ("d", "head dimension"), ("M", "fast-memory capacity in words"))
@@ -92,7 +93,8 @@ def add_mask_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--mask",
         default=None,
-        help=f"a mask (iosim.masks): {masks.FORMS}; over a problem it covers the N_k positions and the queries are its "
+        help=f"a mask (iosim.masking.masks): {masks.FORMS}; over a problem it covers the N_k positions and "
+        "the queries are its "
         "last N_q rows (bottom-right, as --causal)",
     )
     p.add_argument(
@@ -122,7 +124,7 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
 
 
 def add_algorithm(p: argparse.ArgumentParser) -> None:
-    from iosim import registry
+    from iosim.runner import registry
 
     p.add_argument("algorithm", help=f"one of: {', '.join(registry.algorithms())}")
 
@@ -186,8 +188,8 @@ def add_problem_sizes(p: argparse.ArgumentParser, defaults: dict | None = None) 
 
 
 def dtype_choice(option: str):
-    """An argparse type: a storage dtype name (iosim.problem.BYTES)."""
-    from iosim.problem import ALIASES, BYTES
+    """An argparse type: a storage dtype name (iosim.spec.problem.BYTES)."""
+    from iosim.spec.problem import ALIASES, BYTES
 
     def parse(text: str) -> str:
         name = ALIASES.get(text, text)
@@ -202,16 +204,16 @@ def dtype_choice(option: str):
 
 
 def output_file(parameter: str, path, suffixes: tuple[str, ...], *, create_parent: bool = False):
-    """An output file checked before any work (:func:`iosim.outputs.file`): a supported suffix (listed in the
+    """An output file checked before any work (:func:`iosim.base.outputs.file`): a supported suffix (listed in the
     message), not an existing folder, in a writable folder. Every ``-o/--output/--out/--picture/--cache`` uses it."""
-    from iosim import outputs
+    from iosim.base import outputs
 
     return outputs.file(parameter, path, suffixes, create_parent=create_parent)
 
 
 def output_folder(parameter: str, path):
     """An output folder (created if missing; not an existing file; writable)."""
-    from iosim import outputs
+    from iosim.base import outputs
 
     return outputs.folder(parameter, path)
 
@@ -235,7 +237,7 @@ def count(name: str, limit: int = 1 << 62):
 def add_problem_shape(g) -> None:
     """The shape of a problem (--batch, --heads, --kv-heads, --Nq, --Nk, --dqk, --dv), each an integer in its range:
     every command that takes a problem adds these, so a zero or a negative is refused alike everywhere."""
-    from iosim.problem import MAX_BATCH, MAX_HEADS
+    from iosim.spec.problem import MAX_BATCH, MAX_HEADS
 
     g.add_argument("--batch", type=positive("--batch", MAX_BATCH), default=None, help="batch size B (default 1)")
     g.add_argument("--heads", type=positive("--heads", MAX_HEADS), default=None, help="query heads H_q (default 1)")
@@ -248,7 +250,7 @@ def add_problem_shape(g) -> None:
 
 def add_problem_options(p: argparse.ArgumentParser) -> None:
     """The problem and schedule options of run, compare, trace (:data:`PROBLEM_HELP`)."""
-    from iosim.problem import GQA_POLICIES, MLA_POLICIES, PAGE_READS
+    from iosim.spec.problem import GQA_POLICIES, MLA_POLICIES, PAGE_READS
 
     g = p.add_argument_group("problem (iosim.Problem)", PROBLEM_HELP)
     add_problem_shape(g)
@@ -274,7 +276,7 @@ PROBLEM_FIELDS = ("batch", "heads", "kv_heads", "Nq", "Nk", "dqk", "dv", "page_s
 def refuse_contradictions(args) -> None:
     """--N stands for N_q = N_k and --d for d_qk: each is refused beside the options it would contradict (a default
     is not a contradiction: only a value the user typed counts)."""
-    from iosim.errors import InputError
+    from iosim.base.errors import InputError
 
     opt = lambda name: getattr(args, name, None)  # noqa: E731 (commands add the options they take)
     typed = lambda name: getattr(args, f"given_{name}", opt(name) is not None)  # noqa: E731
@@ -288,8 +290,8 @@ def problem_of(args, *, with_gqa: bool = False):
     """The iosim.Problem the options describe, or None for today's one-head --N --d run (``with_gqa``: a GQA policy
     other than per-head asks for a problem too). The one place a command's options become a problem: --N stands for
     N_q = N_k and --d for d_qk, so each is refused beside the options it would contradict."""
-    from iosim.errors import InputError
-    from iosim.problem import Problem
+    from iosim.base.errors import InputError
+    from iosim.spec.problem import Problem
 
     opt = lambda name: getattr(args, name, None)  # noqa: E731 (commands add the options they take)
     N, d = opt("N"), opt("d")
@@ -314,7 +316,7 @@ def problem_of(args, *, with_gqa: bool = False):
 def schedule_of(args, algorithm: str):
     """The iosim.Schedule the options describe for ``algorithm``: the one place a command's options become a
     schedule, checked once before any work (a command that takes no such option gets the Schedule's default)."""
-    from iosim.schedule import Schedule
+    from iosim.spec.schedule import Schedule
 
     opt = lambda name, default=None: getattr(args, name, None) or default  # noqa: E731
     return Schedule(
@@ -349,7 +351,7 @@ def bytes_rows(r) -> list[list[str]]:
 
 
 def add_yes(p: argparse.ArgumentParser, what: str) -> None:
-    """``--yes``: consent to a run estimated at over a minute (iosim.estimate; over an hour is refused)."""
+    """``--yes``: consent to a run estimated at over a minute (iosim.runner.estimate; over an hour is refused)."""
     p.add_argument("--yes", action="store_true", help=f"allow {what} estimated at over a minute (an hour: refused)")
 
 
@@ -365,7 +367,7 @@ class Parser(argparse.ArgumentParser):
 # Sparse attention by top-k indices (iosim run topk-sparse) and quantized KV cache formats (--kv-format).
 # ---------------------------------------------------------------------------------------------------------------
 TOPK_HELP = (
-    "iosim run topk-sparse: each query row attends to the k key blocks its indices select (iosim.topk_sparse): "
+    "iosim run topk-sparse: each query row attends to the k key blocks its indices select (iosim.masking.topk_sparse): "
     "--indices file:PATH.npy | mod:FILE.py:NAME (an integer array (B', H', ceil(N_q / q_block), k) or "
     "(ceil(N_q / q_block), k)), --index-block b keys per selected block (1: token level, DSA), --q-block (one "
     "selection per block of query rows, MoBA), --policy per-query | group:G | gqa | gather, --workspace-tile (gather), "
@@ -390,15 +392,15 @@ def add_topk_options(p: argparse.ArgumentParser) -> None:
 
 
 def add_kv_format_option(p: argparse.ArgumentParser) -> None:
-    from iosim.kv_format import FORMS
+    from iosim.spec.kv_format import FORMS
 
     p.add_argument("--kv-format", default=None,
                    help=f"report the K/V reads in bytes per component of a quantized cache: {FORMS}")  # fmt: skip
 
 
 def kv_format_rows(problem, reads: dict, spec: str) -> list[list[str]]:
-    """Table rows: the K/V words read as the components of the cache format ``spec`` (iosim.kv_format)."""
-    from iosim.kv_format import kv_bytes, kv_format
+    """Table rows: the K/V words read as the components of the cache format ``spec`` (iosim.spec.kv_format)."""
+    from iosim.spec.kv_format import kv_bytes, kv_format
 
     fmt = kv_format(spec)
     comps = kv_bytes(fmt, problem, reads)

@@ -17,12 +17,12 @@ import json
 import re
 from pathlib import Path
 
+from iosim.base.errors import InputError, install_hint
+from iosim.base.version import __version__
 from iosim.cli.options import Parser, add_problem_shape, add_yes, count, output_file, positive, problem_of
-from iosim.errors import InputError, install_hint
 from iosim.pebble import from_run, search
 from iosim.pebble.game import Game, IllegalMoveError, Outcome, format_moves, parse
 from iosim.pebble.graph import SPEC_HELP, Graph, named
-from iosim.version import __version__
 
 
 class _Intermixed(Parser):

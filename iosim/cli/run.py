@@ -6,7 +6,7 @@ import json
 
 from tabulate import tabulate
 
-from iosim import api
+from iosim.base.errors import InputError
 from iosim.cli.options import (
     add_algorithm,
     add_kv_format_option,
@@ -21,7 +21,7 @@ from iosim.cli.options import (
     kv_format_rows,
     problem_run_kwargs,
 )
-from iosim.errors import InputError
+from iosim.runner import api
 
 
 def add_arguments(p) -> None:
@@ -35,14 +35,14 @@ def add_arguments(p) -> None:
 
 
 def command(args) -> int:
-    from iosim import registry
     from iosim.cli import topk
+    from iosim.runner import registry
 
     if args.algorithm in registry.INDEX_SCHEDULES or args.indices is not None:
         return topk.command(args)
     topk.refuse_own_options(args)
     if args.kv_format is not None:
-        from iosim.kv_format import kv_format
+        from iosim.spec.kv_format import kv_format
 
         if args.algorithm not in ("flash1", "flash2"):
             raise InputError("--kv-format", "reads the whole K/V rows of flash1, flash2 and topk-sparse (the "

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from iosim import api
+from iosim.base.errors import InputError
 from iosim.cli.options import (
     add_algorithm,
     add_problem_options,
@@ -17,7 +17,7 @@ from iosim.cli.options import (
     output_file,
     problem_run_kwargs,
 )
-from iosim.errors import InputError
+from iosim.runner import api
 from iosim.views import show
 
 

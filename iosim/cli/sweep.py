@@ -7,9 +7,10 @@ import sys
 
 from tabulate import tabulate
 
-from iosim import masks, registry
+from iosim.base.errors import InputError
 from iosim.cli.options import FORMATS, SIZES, add_yes, dtype_choice, output_file, positive
-from iosim.errors import InputError
+from iosim.masking import masks
+from iosim.runner import registry
 
 
 def add_arguments(p) -> None:
@@ -61,7 +62,11 @@ def add_arguments(p) -> None:
 
 def command(args) -> int:
     """``iosim sweep``: every point of the grid; invalid points are listed on stderr (exit 2), the rest still run."""
-    from iosim.sweep import OUT_FORMATS, PASSES, sweep  # the module (iosim.sweep, the attribute, is the function)
+    from iosim.runner.sweep import (  # the module (iosim.runner.sweep, the attribute, is the function)
+        OUT_FORMATS,
+        PASSES,
+        sweep,
+    )
 
     if args.out is not None:  # before any work (sweep creates missing folders)
         output_file("--out", args.out, OUT_FORMATS, create_parent=True)
@@ -150,7 +155,7 @@ def _table(args, ok: list[dict]) -> str:
 
 
 def _latex(ok: list[dict], cols: list[str], names: dict) -> str:
-    from iosim.version import __version__
+    from iosim.base.version import __version__
 
     def cell(v) -> str:  # LaTeX: a boolean as a mark, numbers with thousands separators, text escaped
         if isinstance(v, bool):

@@ -1,5 +1,5 @@
 """``iosim run topk-sparse --indices ...``: sparse attention by top-k indices, its counts per array beside the closed
-form and the compulsory floor (iosim.topk_sparse)."""
+form and the compulsory floor (iosim.masking.topk_sparse)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import json
 
 from tabulate import tabulate
 
+from iosim.base.errors import InputError
 from iosim.cli.options import fmt_err, fmt_int, kv_format_rows, problem_of
-from iosim.errors import InputError
 
 # Options of iosim run that the top-k schedule does not read, with their defaults: given, they are refused.
 UNUSED = {"backward": False, "mask": None, "kv_policy": None, "splits": 1, "page_size": None,
@@ -29,7 +29,7 @@ def refuse_own_options(args) -> None:
 
 
 def _check(args) -> None:
-    from iosim import registry
+    from iosim.runner import registry
 
     if args.algorithm not in registry.INDEX_SCHEDULES:
         raise InputError("--indices", f"are read by {', '.join(registry.INDEX_SCHEDULES)} (iosim run topk-sparse "
@@ -43,17 +43,17 @@ def _check(args) -> None:
 
 
 def command(args) -> int:
-    from iosim import registry
-    from iosim.problem import Problem
+    from iosim.runner import registry
+    from iosim.spec.problem import Problem
 
     _check(args)
     p = problem_of(args) or Problem(N=args.N, d=args.d, causal=bool(args.causal))
     registry.index_schedule(args.algorithm)
-    from iosim.topk_sparse import topk_sparse
+    from iosim.masking.topk_sparse import topk_sparse
 
     count_only = bool(args.count_only or args.no_reference)
     if args.kv_format is not None:
-        from iosim.kv_format import kv_format
+        from iosim.spec.kv_format import kv_format
 
         kv_format(args.kv_format)
     r = topk_sparse(p, args.indices, policy=args.policy, block=args.index_block, q_block=args.q_block,

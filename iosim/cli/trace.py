@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from iosim import api
 from iosim.cli.options import (
     add_algorithm,
     add_problem_options,
@@ -12,6 +11,7 @@ from iosim.cli.options import (
     output_file,
     problem_run_kwargs,
 )
+from iosim.runner import api
 
 
 def add_arguments(p) -> None:

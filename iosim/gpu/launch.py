@@ -21,10 +21,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from iosim import registry
 from iosim.algorithms.cuda import CUDA_HINT, cuda_missing  # noqa: F401 - CUDA_HINT re-exported
-from iosim.errors import InputError
+from iosim.base.errors import InputError
 from iosim.memory_model import ArrayCounts
+from iosim.runner import registry
 from iosim.theory.tiling import RULES, Tiling
 
 KERNELS = ("flash2", "flash1", "standard", "square-tiling")
@@ -106,7 +106,7 @@ def forward(
     Outputs: "O" for every kernel; "L" (logsumexp) for flash1, flash2 and square-tiling; flash1 adds "l", "m";
     standard "S", "P"; square-tiling "S" (the exponent). NumPy inputs give NumPy outputs; device inputs give
     device outputs. ``block_mask`` (flash2 only): a boolean (Tr, Tc) block mask on the kernel's own tiles
-    (:func:`tiling_for`); empty tiles are skipped (policy ``skip``), as ``iosim.masks.FromBlocks(block_mask,
+    (:func:`tiling_for`); empty tiles are skipped (policy ``skip``), as ``iosim.masking.masks.FromBlocks(block_mask,
     (Br, Bc))`` in the simulator.
     """
     kw = dict(M=M, scale=scale, causal=causal, count=count, threads=threads, poison=poison, out=out)
@@ -182,7 +182,7 @@ def simulated_counts(
     kv_policy: str = "paper",
 ) -> dict[str, ArrayCounts]:
     """The simulator's per-array counts (count-only run) of ``name`` at (N, d, M), times ``batch`` = B * H."""
-    from iosim import api
+    from iosim.runner import api
 
     r = api.run_keywords(
         name, N=N, d=d, M=M, causal=causal, tiling=tiling, count_only=True, backward=backward, mask=mask,

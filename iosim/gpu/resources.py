@@ -88,7 +88,7 @@ class Compiled:
 
 
 def parse_cc(text: str) -> tuple[int, int]:
-    from iosim.errors import InputError
+    from iosim.base.errors import InputError
 
     m = re.fullmatch(r"(\d+)\.(\d+)", text.strip())
     if not m or (int(m[1]), int(m[2])) not in ARCHS:
@@ -270,7 +270,7 @@ def occupancy(arch: Arch, registers: int, static_smem: int, dynamic_smem: int, t
 
 def rows(ccs, Ns, ds, Ms, threads: int) -> list[dict]:
     """One row per (cc, kernel, N, d, M): ptxas's figures, the launch's shared memory, occupancy and warnings."""
-    from iosim.errors import InputError
+    from iosim.base.errors import InputError
     from iosim.memory_model import CapacityError
 
     out = []

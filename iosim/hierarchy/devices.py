@@ -22,7 +22,7 @@ from dataclasses import dataclass, fields
 from functools import lru_cache
 from pathlib import Path
 
-from iosim.errors import InputError
+from iosim.base.errors import InputError
 
 # The CUDA driver reserves 1 KB of shared memory per thread block on compute capability 8.0 and later (CUDA C++
 # Programming Guide, "Shared Memory" of compute capabilities 8.x and 9.0): the per-SM budget of k blocks is

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
-from iosim.errors import InputError
+from iosim.base.errors import InputError
 from iosim.hierarchy.ctas import REQ_WIDTH, Cut
 from iosim.memory_model.core import INIT
 

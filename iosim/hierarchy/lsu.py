@@ -43,7 +43,7 @@ from pathlib import Path
 
 import numpy as np
 
-from iosim.errors import InputError
+from iosim.base.errors import InputError
 
 WARP = 32
 WORD_BYTES = 4  # float32: every array the kernels copy

@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from iosim.errors import InputError
+from iosim.base.errors import InputError
 from iosim.hierarchy.devices import Device
 from iosim.hierarchy.devices import device as _device
 

@@ -69,7 +69,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from iosim.errors import InputError
+from iosim.base.errors import InputError
 
 ORDERS = ("grid", "head-grouped", "swizzled", "sections:K", "lpt", "lpt-sections:K")
 WALKS = ("ascending", "descending", "sawtooth", "sawtooth:W")

@@ -109,13 +109,13 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from iosim import estimate
-from iosim.errors import InputError
+from iosim.base.errors import InputError
 from iosim.hierarchy import ctas as ctas_mod
 from iosim.hierarchy import l2
 from iosim.hierarchy import launches as launches_mod
 from iosim.hierarchy.devices import MAX_BLOCKS_PER_SM, RESERVED_SMEM_PER_BLOCK, Device
 from iosim.hierarchy.devices import device as _device
+from iosim.runner import estimate
 
 ORDERS = ("grid", "head-grouped", "swizzled")
 POLICIES = ("lru", "opt")
@@ -126,7 +126,11 @@ MAX_PARTITIONS = 64
 # flash2 forward, B = 4, H_q = 16, N = 8192, d = 64, bf16 on the H100 preset, 16.8 million line requests, 7.3-10.2 s
 # in the L2's run (440-600 ns a line; 0.2 s with one partition, 1.0 s at home_lines = 16).
 HIERARCHY_LINE = 6e-7
-COPY_KINDS = {"head": 0, "kv head": 1, "batch item": 2}  # iosim.problem.Problem.storage's copies: inst_copy's column
+COPY_KINDS = {
+    "head": 0,
+    "kv head": 1,
+    "batch item": 2,
+}  # iosim.spec.problem.Problem.storage's copies: inst_copy's column
 MAX_P = 1 << 20
 MAX_C = 1 << 40
 MAX_HEADS = 1 << 16
@@ -329,7 +333,7 @@ class HierarchyResult:
         return tabulate(rows, headers=head, tablefmt=fmt, disable_numparse=True)
 
     def as_dict(self) -> dict:
-        from iosim.version import __version__
+        from iosim.base.version import __version__
 
         keys = ("algorithm", "backward", "B", "H_q", "H_kv", "N", "d", "M", "P", "blocks_per_sm", "C", "L")
         out = {"iosim_version": __version__, **{k: getattr(self, k) for k in keys}}
@@ -419,7 +423,8 @@ class _Layout:
 
 
 def _layout(trace, cut, B: int, H_q: int, H_kv: int, Lw, where, parts: int = 1, G: int = 1, iso: int = 0) -> _Layout:  # noqa: N803
-    """Every array's lines, copies and segments; ``where`` is :meth:`iosim.problem.Problem.storage`, the one address
+    """Every array's lines, copies and segments; ``where`` is :meth:`iosim.spec.problem.Problem.storage`, the one
+    address
     map (which array's addresses an array uses, and what one copy of it serves); ``Lw`` each array's words per line.
     With ``parts`` > 1 L2 partitions a line's home is (its index within its array copy // G) mod parts (every copy
     aligned to G parts lines), and segments also end where the home changes (every G lines). ``iso`` = 1 (sector
@@ -496,7 +501,7 @@ def _merge(parts: list, mask) -> tuple:
 
 
 def _single(N: int, d: int):  # noqa: N803
-    from iosim.problem import Problem
+    from iosim.spec.problem import Problem
 
     return Problem(N=N, d=d)
 
@@ -530,7 +535,7 @@ def _from_problem(problem, N, d, gqa: str, splits: int = 1, backward: bool = Fal
     launch is B H_q (per-head) or B H_kv (packed) copies of it. The backward under per-head GQA (g > 1) runs a KV
     head's g query heads as one unit too, each head's CTAs on its own, because their dK, dV partials meet in the
     group sum that follows (a launch of its own)."""
-    from iosim.problem import GQA_POLICIES, Problem
+    from iosim.spec.problem import GQA_POLICIES, Problem
 
     if not isinstance(problem, Problem):
         raise InputError("problem", "must be an iosim.Problem", type(problem).__name__)
@@ -614,8 +619,9 @@ def hierarchy(
     query head's own schedule (K and V requested once per query head: the L2 may catch the g - 1 repeats), ``packed``
     (flash1, flash2) one schedule per KV head with its g query heads' rows packed together (as decoding kernels launch
     it). A ``mask`` that differs per (b, h) (a mask_mod reading b or h, a BlockMask per head) cuts each head unit's
-    CTAs from its own mask's trace (packed: the group's rows under their own, :func:`iosim.head_masks.unit_masks`).
-    A launch estimated at over a minute (its tile requests, :data:`iosim.estimate.HIERARCHY_REQUEST` each) needs
+    CTAs from its own mask's trace (packed: the group's rows under their own,
+    :func:`iosim.masking.head_masks.unit_masks`).
+    A launch estimated at over a minute (its tile requests, :data:`iosim.runner.estimate.HIERARCHY_REQUEST` each) needs
     ``allow_long=True``; over an hour it is refused, before the L2 runs.
 
     ``element_bytes`` ``uniform`` (every array at ``bytes_per_word``) or ``kernel`` (over a problem: each array at
@@ -628,7 +634,7 @@ def hierarchy(
 
     ``hierarchy(problem, schedule, device)`` is the same launch from the three objects: an :class:`iosim.Problem`,
     an :class:`iosim.Schedule` (or an algorithm's name) and a device preset (or M, with P, C, L as keywords)."""
-    from iosim.problem import Problem
+    from iosim.spec.problem import Problem
 
     if isinstance(algorithm, Problem):  # hierarchy(problem, schedule, device or M): the three objects
         return _three_objects(dict(locals()))
@@ -686,7 +692,7 @@ def hierarchy(
 
 def _three_objects(kw: dict):
     """hierarchy(problem, schedule, device or M): the launch from the three objects, the rest as keywords."""
-    from iosim.schedule import from_objects
+    from iosim.spec.schedule import from_objects
 
     if kw["_trace"] is not None:
         raise InputError("problem", "is not used with a given trace")
@@ -726,8 +732,8 @@ def _launch(kw: dict) -> SimpleNamespace:
         N, d, B, H_q, H_kv, causal, bpw, unit = _from_problem(problem, N, d, gqa, splits, kw["backward"])  # noqa: N806
         if kv_policy is None and not problem.is_single:  # iosim.run's default over a problem, as the kernels do
             kv_policy = "skip"
-        if mask is not None:  # one mask for every head, or each head unit's own (iosim.head_masks)
-            from iosim.head_masks import unit_masks
+        if mask is not None:  # one mask for every head, or each head unit's own (iosim.masking.head_masks)
+            from iosim.masking.head_masks import unit_masks
 
             group = unit is not None and unit.H_q > 1
             mask, units = unit_masks(problem, mask, group, gqa == "packed", kw["allow_long"] is True)
@@ -770,7 +776,7 @@ def _machine(
     """Check the machine: P SMs, an L2 of C words (in ``partitions`` partitions, homes by ``home_lines``) with lines
     of L words, M words of shared memory per block and the blocks per SM (from ``kernel``'s resources where given);
     a device preset gives the defaults."""
-    from iosim import api
+    from iosim.runner import api
 
     dev = None
     if device is not None:
@@ -904,7 +910,7 @@ def _unit_parts(algorithm, problem, unit, N, d, causal, mask, units, n_units, co
     if units is None:
         masks, unit_class = [mask], None
     else:  # a unit trace per distinct mask; unit u runs its mask's
-        from iosim.head_masks import classes
+        from iosim.masking.head_masks import classes
 
         masks, unit_class = classes(units)
     parts = []
@@ -931,7 +937,7 @@ def _unit_parts(algorithm, problem, unit, N, d, causal, mask, units, n_units, co
 
 def _unit_run(algorithm, problem, unit, N, d, causal, mask, kw) -> tuple:  # noqa: N803
     """One unit's schedule, count-only with its event trace: (trace, stats, tiling, Br)."""
-    from iosim import api
+    from iosim.runner import api
 
     shape = (dict(N=N, d=d, causal=causal) if unit is None
              else dict(problem=unit, gqa=kw["gqa"], mla=kw["mla"], splits=kw["splits"], pages=kw["pages"]))  # fmt: skip
@@ -968,7 +974,7 @@ def kernel_dtype(problem, array: str) -> str:
 
 def _element_bytes(names, problem, mode: str, bytes_per_word: int) -> np.ndarray:
     """Bytes per word of every array: ``bytes_per_word`` for all (``uniform``) or each at :func:`kernel_dtype`."""
-    from iosim.problem import BYTES, INT_BYTES
+    from iosim.spec.problem import BYTES, INT_BYTES
 
     if mode == "uniform":
         return np.full(len(names), bytes_per_word, np.int64)

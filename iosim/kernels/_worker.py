@@ -66,7 +66,7 @@ def _untaken(fn, job: dict, kw: dict, result: dict) -> tuple[str, str] | None:
 def main(argv: list[str]) -> int:
     out = Path(argv[0])
     req = json.loads((out / "request.json").read_text())
-    from iosim.errors import InputError
+    from iosim.base.errors import InputError
     from iosim.kernels.counting import backend_module
 
     try:
@@ -82,7 +82,7 @@ def main(argv: list[str]) -> int:
 
 
 def _one(out: Path, i: int, mod, backend: str, job: dict, want_arrays: bool, keep=()) -> int:
-    from iosim.errors import InputError
+    from iosim.base.errors import InputError
     from iosim.kernels.counting import count_configs
 
     if job.get("gpu_standin"):

@@ -106,7 +106,7 @@ from iosim.algorithms.reference import (
     naive_backward,
     naive_forward,
 )
-from iosim.errors import InputError
+from iosim.base.errors import InputError
 from iosim.memory_model import CapacityError
 
 DEFAULT_N = (1, 17, 113, 203, 1023)
@@ -636,7 +636,7 @@ def _heads(batch, heads, heads_kv) -> tuple[int, int, int]:
 
 def _check_memory(cases: list[Case], B: int, H: int, H_kv: int, with_bwd: bool, Ns) -> None:
     """InputError when the largest case would need more than 80% of the memory available."""
-    from iosim.estimate import available_bytes as _available_bytes
+    from iosim.runner.estimate import available_bytes as _available_bytes
 
     need = max((_case_bytes(c, B, H, H_kv, with_bwd) for c in cases), default=0)
     have = _available_bytes()

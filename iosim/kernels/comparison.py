@@ -12,7 +12,8 @@ bounds at the working set its block sizes imply, a verdict per array, and the nu
 * ``decode-splitkv``: split-KV decoding (one query row per head, the keys cut into ``splits`` chunks, partial
   results combined by a second kernel), :func:`decode_splitkv` below (derived here; no io_model entry yet);
 * ``block-sparse``: FlexAttention's block-sparse forward on the mask ``whole.mask`` (a ``--mask`` string:
-  ``mod:FILE.py:NAME`` classified as ``create_block_mask`` classifies it), :func:`iosim.block_sparse.block_sparse`
+  ``mod:FILE.py:NAME`` classified as ``create_block_mask`` classifies it),
+  :func:`iosim.masking.block_sparse.block_sparse`
   with the launcher's declared ``buffers`` (mask_mod's and score_mod's captured tensors), per array in words and
   bytes, the BlockMask's four index tensors as arrays of their own; the kernel's BlockMask (when the launcher
   returns it) must be the mask's.
@@ -27,7 +28,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from iosim.errors import InputError
+from iosim.base.errors import InputError
 from iosim.kernels._theory import bounds, check, io_model
 from iosim.kernels.counting import KernelCounts
 from iosim.memory_model import ArrayCounts
@@ -262,9 +263,11 @@ class Whole:
     chunk_multiple: int | None = None  # decode-splitkv: what a split's length is rounded up to (default Bc)
     metadata: dict | None = None  # decode-splitkv: array -> (words per split program, per combine program)
     mask: str | None = None  # block-sparse: the --mask the kernel's BlockMask was built for
-    buffers: dict | None = None  # block-sparse: captured tensor -> (index, scope[, dtype]) (iosim.block_sparse.Buffer)
+    buffers: dict | None = (
+        None  # block-sparse: captured tensor -> (index, scope[, dtype]) (iosim.masking.block_sparse.Buffer)
+    )
     dtype: str | None = None  # block-sparse: the inputs' dtype (bytes per word of Q, K, V, O)
-    indices: str = "once"  # block-sparse: how the kernel reads the BlockMask (iosim.block_sparse.INDEX_READS)
+    indices: str = "once"  # block-sparse: how the kernel reads the BlockMask (iosim.masking.block_sparse.INDEX_READS)
     d_v: int | None = None  # the width of V and O (None: d, the width of Q and K)
     mla: str | None = None  # an MLA latent cache (V = K's first d_v columns), V read "shared" or "naive"
     dtypes: tuple = (None, None, None)  # storage dtypes of Q, of the KV cache and of O (bytes; words do not change)
@@ -277,7 +280,7 @@ class Whole:
                 and self.mla is None)  # fmt: skip
 
     def problem(self, N: int, d: int, causal: bool, N_q: int | None = None):
-        from iosim.problem import Problem
+        from iosim.spec.problem import Problem
 
         dq, dkv, do = self.dtypes
         return Problem(B=self.B, H_q=self.H_q, H_kv=self.H_kv, N_q=N_q or self.N_q or N, N_k=N, d_qk=d, d_v=self.d_v,
@@ -337,7 +340,7 @@ def _flash2_masked(N: int, d: int, Br: int | None, Bc: int | None, causal: bool,
     metadata (a kernel that computes its key range itself, as a sliding-window kernel without a BlockMask does):
     :func:`iosim.theory.io_model.flash2_problem` with the problem's TileMask; the lower bound the problem's compulsory
     traffic under the mask (rows that see a key, keys some row sees)."""
-    from iosim.problem_runs import problem_mask, problem_seen
+    from iosim.runner.problem_runs import problem_mask, problem_seen
 
     _need(Br=Br, Bc=Bc)
     p = w.problem(N, d, causal)
@@ -367,15 +370,15 @@ def _refuse_widths(like: str, w: Whole) -> None:
 
 
 def block_sparse_model(N: int, d: int, Br: int | None, Bc: int | None, w: Whole, arrays: dict | None = None):
-    """(per-array counts, M, lower bound, its name, the :class:`iosim.block_sparse.BlockSparseResult`, the
+    """(per-array counts, M, lower bound, its name, the :class:`iosim.masking.block_sparse.BlockSparseResult`, the
     BlockIndex of the mask) of the block-sparse schedule on ``w.mask`` with blocks Br x Bc and ``w.buffers``; the
     lower bound is the problem's compulsory traffic under the mask (rows that see a key, keys some row sees). With
     ``arrays`` (the launcher's), the kernel's BlockMask is checked against the mask's first
     (:func:`check_block_mask`)."""
-    from iosim import masks
-    from iosim.block_sparse import Buffer, block_sparse, blocks_of
-    from iosim.problem import ALIASES, Problem
-    from iosim.problem_runs import problem_seen
+    from iosim.masking import masks
+    from iosim.masking.block_sparse import Buffer, block_sparse, blocks_of
+    from iosim.runner.problem_runs import problem_seen
+    from iosim.spec.problem import ALIASES, Problem
 
     _need(Br=Br, Bc=Bc)
     if w.mask is None:
@@ -386,7 +389,7 @@ def block_sparse_model(N: int, d: int, Br: int | None, Bc: int | None, w: Whole,
         spec = [spec] if isinstance(spec, str) else list(spec)
         if not 1 <= len(spec) <= 3:
             raise InputError(f"launcher result 'buffers' {name}", "must be index, (index, scope) or (index, scope, "
-                             "dtype) as iosim.block_sparse.Buffer takes them", spec)  # fmt: skip
+                             "dtype) as iosim.masking.block_sparse.Buffer takes them", spec)  # fmt: skip
         bufs.append(Buffer(name, *spec))
     dt = ALIASES.get(w.dtype or "float32", w.dtype or "float32")
     p = Problem(B=w.B, H_q=w.H_q, H_kv=w.H_kv, N_q=w.N_q or N, N_k=N, d_qk=d, dtype_q=dt)
@@ -584,7 +587,7 @@ def compare(
 
 def _problem_bytes_note(counts: KernelCounts, per: dict, p) -> str:
     """The kernel's bytes per array against the closed form's words at the problem's dtypes (--dtype-q/kv/o; the
-    statistics fp32, :meth:`iosim.problem.Problem.bytes_of`)."""
+    statistics fp32, :meth:`iosim.spec.problem.Problem.bytes_of`)."""
     want = {k: p.bytes_of(k.replace("_", ""), c.reads) + p.bytes_of(k.replace("_", ""), c.writes)
             for k, c in per.items()}  # fmt: skip
     got = {k: a.read_bytes + a.write_bytes for k, a in counts.per_array.items()}

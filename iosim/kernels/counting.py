@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from iosim.errors import InputError, install_hint
+from iosim.base.errors import InputError, install_hint
 
 BACKENDS = ("triton", "pallas", "numba-cuda")
 UNKNOWN = "<unattributed>"

@@ -35,7 +35,7 @@ import os
 
 import numpy as np
 
-from iosim.errors import InputError
+from iosim.base.errors import InputError
 
 ENABLED = [False]  # set by triton_backend.hooks(fast=True)
 AUDIT = [False]  # IOSIM_FAST_AUDIT=1: every cheap rule's type is checked against Triton's own (the tests set it)

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from iosim.errors import InputError, install_hint
+from iosim.base.errors import InputError, install_hint
 
 SUPPORTED = "numba-cuda 0.30 (the simulator's FakeCUDAKernel, BlockManager and FakeWithinKernelCUDAArray)"
 _ATOMICS = ("add", "sub", "and_", "or_", "xor", "inc", "dec", "exch", "max", "min", "nanmax", "nanmin", "cas")

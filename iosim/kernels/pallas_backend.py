@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from iosim.errors import InputError, install_hint
+from iosim.base.errors import InputError, install_hint
 
 SUPPORTED = "jax 0.10 (TPU interpret mode: SharedMemory.get/store_buffer_content, grid_point_recorder)"
 HBM = ("hbm", "any")

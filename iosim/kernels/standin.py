@@ -119,7 +119,7 @@ def bare_package(name: str) -> None:
         return
     spec = importlib.util.find_spec(name)
     if spec is None or spec.submodule_search_locations is None:
-        from iosim.errors import InputError
+        from iosim.base.errors import InputError
 
         raise InputError("package", "must be installed (pip install --no-deps it)", name)
     module = types.ModuleType(name)

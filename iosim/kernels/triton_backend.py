@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from iosim.errors import InputError, install_hint
+from iosim.base.errors import InputError, install_hint
 
 SKIP_REPATCH = True  # see _Session.device_call (tests compare both settings: the same counts and outputs)
 SUPPORTED = "triton 3.7 to 3.x (tested with 3.7.1 and 3.9.0; the hooks are checked at run time)"

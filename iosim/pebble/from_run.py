@@ -57,11 +57,11 @@ from dataclasses import dataclass, replace
 import numpy as np
 from numba.core.dispatcher import Dispatcher
 
-from iosim import registry
-from iosim.errors import InputError
+from iosim.base.errors import InputError
 from iosim.memory_model import TwoLevelMemory, core
 from iosim.pebble.game import Game, IllegalMoveError, Move, Outcome
 from iosim.pebble.graph import Graph
+from iosim.runner import registry
 
 MAX_N, MAX_D = 16, 8  # the element-level DAG grows as N^2 d per pass: keep runs tiny
 PASSES = ("forward", "backward")
@@ -490,7 +490,7 @@ class PebbleRun:
     sim_peak: int
     level1: int  # level-1 product vertices Q[i,k] K[j,k] of the papers' graph found in the run's DAG
     max_error: float  # outputs of the symbolic run vs the float64 reference
-    mask: str = "none"  # the mask's label (iosim.masks), "causal" for the causal flag
+    mask: str = "none"  # the mask's label (iosim.masking.masks), "causal" for the causal flag
     problem: object = None  # the iosim.Problem run (None: one head, N and d)
     gqa: str = "per-head"
 
@@ -684,8 +684,8 @@ def _check_problem(ask: _ProblemAsk) -> None:
     """What a problem's pebbling takes, checked in this order: an iosim.Problem; flash1 or flash2 with tiles it
     takes; the forward pass; a contiguous cache without a latent; a known GQA policy; at most
     :data:`MAX_PROBLEM_SCORES` scores and widths of at most :data:`MAX_D`; a positive M."""
-    from iosim.problem import GQA_POLICIES, Problem
-    from iosim.schedule import explicit_tiles
+    from iosim.spec.problem import GQA_POLICIES, Problem
+    from iosim.spec.schedule import explicit_tiles
 
     p = ask.problem
     if not isinstance(p, Problem):
@@ -715,13 +715,13 @@ def _check_problem(ask: _ProblemAsk) -> None:
 def _problem_parts(ask: _ProblemAsk):
     """The parts of the problem that each run under one mask, as (b, first query head, heads, mask), and each query
     head's own mask (``heads[b][h]``) when they differ (None otherwise): the whole problem under one mask, or the
-    runs of heads that share one (:mod:`iosim.head_masks`)."""
-    from iosim.problem_runs import problem_mask
+    runs of heads that share one (:mod:`iosim.masking.head_masks`)."""
+    from iosim.runner.problem_runs import problem_mask
 
     p, mask = ask.problem, ask.mask
     if mask is None or (isinstance(mask, str) and mask in ("none", "dense")):
         return [(0, 0, p.H_q, None)], None
-    from iosim import head_masks
+    from iosim.masking import head_masks
 
     one, heads = head_masks.resolve(p, mask)  # heads: each query head's own mask, when they differ
     if heads is not None:
@@ -730,12 +730,12 @@ def _problem_parts(ask: _ProblemAsk):
 
 
 def _record_problem(ask: _ProblemAsk, parts, t, scale: float, arrays):
-    """Run each part symbolically, one after another, each its own problem (:mod:`iosim.head_masks`), through
+    """Run each part symbolically, one after another, each its own problem (:mod:`iosim.masking.head_masks`), through
     flash1's or flash2's problem driver on one recording memory: (recorder, memory, O as Values, O's float64
     reference; the reference is filled here when the problem runs as one part)."""
     from iosim.algorithms import flash
-    from iosim.problem_runs import problem_mask
-    from iosim.references import problem_reference
+    from iosim.runner.problem_runs import problem_mask
+    from iosim.runner.references import problem_reference
 
     p, kv_policy = ask.problem, ask.kv_policy
     Q, K, V = arrays  # noqa: N806
@@ -768,7 +768,7 @@ def _record_problem(ask: _ProblemAsk, parts, t, scale: float, arrays):
 def _per_head_reference(p, heads, arrays, scale: float, O_ref) -> None:  # noqa: N803
     """Fill ``O_ref`` head by head: each query head (b, h) against its key/value head h // g under its own mask
     ``heads[b][h]``."""
-    from iosim.references import problem_reference
+    from iosim.runner.references import problem_reference
 
     Q, K, V = arrays  # noqa: N806
     head = replace(p, B=1, H_q=1, H_kv=1)
@@ -797,7 +797,8 @@ def pebble_run(
     B: int | None = None,  # noqa: N803
 ) -> PebbleRun:
     """Run ``algorithm``'s ``pass_`` at (N, d, M) as a pebbling (tiling rule ``fit``) and check it. ``mask`` (an
-    :mod:`iosim.masks` pattern or ``--mask`` string) and ``kv_policy`` are those of :func:`iosim.run`. ``problem``
+    :mod:`iosim.masking.masks` pattern or ``--mask`` string) and ``kv_policy`` are those of :func:`iosim.run`.
+    ``problem``
     (an :class:`iosim.Problem`, in place of N and d) with ``gqa``: flash1 or flash2's forward over the problem.
     ``Br``, ``Bc`` (flash1, flash2) and ``B`` (the square tile) are :func:`iosim.run`'s explicit tiles, checked
     against M as it checks them. ``pebble_run(problem, schedule, M)`` takes the three objects (an
@@ -806,9 +807,9 @@ def pebble_run(
     Steps: the objects form is unpacked into keywords; a problem goes to :func:`_problem_run`; one head is checked,
     tiled (:func:`_one_head_tiling`), run symbolically (:func:`_record_one_head`), played and held against the
     float64 reference (:func:`_max_error`)."""
-    from iosim.masks import compile_mask
-    from iosim.problem import Problem
-    from iosim.schedule import explicit_tiles
+    from iosim.masking.masks import compile_mask
+    from iosim.spec.problem import Problem
+    from iosim.spec.schedule import explicit_tiles
 
     if isinstance(algorithm, Problem):  # pebble_run(problem, schedule, M): N and d hold the schedule and M here
         return _from_objects(algorithm, N, d if d is not None else M, causal, seed, scale, mask, kv_policy,
@@ -841,8 +842,8 @@ def pebble_run(
 
 def _from_objects(problem, schedule, memory, causal, seed, scale, mask, kv_policy, given_problem, gqa, tiles):
     """``pebble_run(problem, schedule, M)``: the schedule's fields as keywords (a keyword an object holds is refused
-    by :func:`iosim.schedule.from_objects`), then :func:`pebble_run` over the problem."""
-    from iosim.schedule import from_objects
+    by :func:`iosim.spec.schedule.from_objects`), then :func:`pebble_run` over the problem."""
+    from iosim.spec.schedule import from_objects
 
     Br, Bc, B = tiles  # noqa: N806
     given = dict(kv_policy=kv_policy, causal=causal, problem=given_problem, gqa=None if gqa == "per-head" else gqa,
@@ -856,8 +857,8 @@ def _from_objects(problem, schedule, memory, causal, seed, scale, mask, kv_polic
 
 def _one_head_tiling(algo, given: dict, N: int, d: int, M: int, pass_: str, tmask):  # noqa: N803
     """The forward tiling and (for the backward pass) the backward tiling under rule ``fit``, or the explicit tiles
-    ``given`` (:func:`iosim.schedule.explicit_tiles`) checked against M as :func:`iosim.run` checks them."""
-    from iosim.problem_runs import explicit_tiling
+    ``given`` (:func:`iosim.spec.schedule.explicit_tiles`) checked against M as :func:`iosim.run` checks them."""
+    from iosim.runner.problem_runs import explicit_tiling
 
     t = algo.choose_tiling(N, d, M, "fit")
     tb = algo.backward_tiling(N, d, M, "fit") if pass_ == "backward" else None

@@ -29,7 +29,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from iosim.errors import InputError
+from iosim.base.errors import InputError
 from iosim.pebble.graph import Graph
 
 RULES = ("R1", "R2", "R3", "R4")

@@ -29,7 +29,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from iosim.errors import InputError
+from iosim.base.errors import InputError
 
 MAX_VERTICES = 200_000  # a named graph larger than this is refused (the game itself has no limit)
 

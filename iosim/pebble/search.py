@@ -8,7 +8,7 @@ heuristic (how many outputs still lack a blue pebble, each needs one write) neve
 finished state popped is optimal. Recomputation is allowed, as in the papers.
 
 Where it gives up: a graph of more than :data:`MAX_VERTICES` vertices is refused before searching, and a search
-that has expanded :data:`MAX_STATES` states without finishing stops with an :class:`~iosim.errors.InputError`
+that has expanded :data:`MAX_STATES` states without finishing stops with an :class:`~iosim.base.errors.InputError`
 saying so (the optimum is then unknown, not guessed). Both limits are arguments. A graph whose vertex has k parents
 needs M >= k + 1 (k parents and the vertex itself red at once): smaller M is refused as unwinnable.
 """
@@ -19,7 +19,7 @@ import heapq
 from collections import deque
 from dataclasses import dataclass
 
-from iosim.errors import InputError
+from iosim.base.errors import InputError
 from iosim.pebble.game import Game, Move
 from iosim.pebble.graph import Graph
 
@@ -60,7 +60,7 @@ def optimum(
     allow_long: bool = False,
 ) -> Optimum:
     """The exact minimum I/O of ``graph`` with ``M`` red pebbles (InputError past the search's limits). A search
-    allowed over a minute (``max_states`` times the cost of a state, :mod:`iosim.estimate`) needs
+    allowed over a minute (``max_states`` times the cost of a state, :mod:`iosim.runner.estimate`) needs
     ``allow_long=True``; over an hour is refused. Steps: check the arguments and the search's cost
     (:func:`_check_search`), write the graph as bit masks (:class:`_Bits`), run A* (:func:`_astar`)."""
     _check_search(graph, M, max_vertices, max_states, allow_long)
@@ -68,9 +68,9 @@ def optimum(
 
 
 def _check_search(graph, M, max_vertices, max_states, allow_long) -> None:  # noqa: N803
-    """The graph, the limits, the search's time (:mod:`iosim.estimate`), the graph's size and M, in that order:
+    """The graph, the limits, the search's time (:mod:`iosim.runner.estimate`), the graph's size and M, in that order:
     the first that fails is an InputError naming it."""
-    from iosim import estimate
+    from iosim.runner import estimate
 
     if not isinstance(graph, Graph):
         raise InputError("graph", "must be an iosim.pebble Graph (iosim.pebble.named('matmul:2x2x2'), ...)", graph)

@@ -211,7 +211,7 @@ def masked_compulsory(N: int, d: int, mask, backward: bool = False) -> int:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Sparse attention (masks, iosim.masks)
+# Sparse attention (masks, iosim.masking.masks)
 # ---------------------------------------------------------------------------------------------------------------
 SPARSE_NOTE = (
     "provisional: the fine-grained paper's sparse theorem could not be read; this is the nnz form L6 of "
@@ -245,7 +245,7 @@ def block_density(N: int, Br: int, Bc: int, mask) -> float:
 def sparse_bounds(N: int, d: int, M: int, mask, tilings: dict | None = None) -> list[Bound]:
     """Proposition 4 with s measured on each algorithm's own tiling (``tilings``: name -> Tiling; by default the
     ``fit`` tilings of flash1 and flash2 at these sizes) and the provisional nnz lower bound L6."""
-    from iosim import registry
+    from iosim.runner import registry
 
     nnz = mask.nnz()
     value, switch = sparse_lower_bound(N, d, M, nnz)
@@ -292,7 +292,7 @@ PROBLEM_NOTE = (
 
 
 def problem_bounds(problem, M: int, seen: tuple[int, int] | None = None) -> list[Bound]:
-    """The bounds that apply to a problem (an :class:`iosim.problem.Problem`): the compulsory traffic always (read
+    """The bounds that apply to a problem (an :class:`iosim.spec.problem.Problem`): the compulsory traffic always (read
     Q, the KV cache once per key/value head, write O: the floor decoding kernels aim for; MLA's latent is one
     cache), and the papers' forward bounds only for one head with N_q = N_k and d_qk = d_v (:data:`PROBLEM_NOTE`)."""
     p = problem

@@ -447,7 +447,7 @@ def standard_backward(N: int, d: int, M: int, B: int, causal: bool = False) -> P
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Whole problems (iosim.problem.Problem): batch and heads, GQA per-head / packed, N_q != N_k with the bottom-right
+# Whole problems (iosim.spec.problem.Problem): batch and heads, GQA per-head / packed, N_q != N_k with the bottom-right
 # causal mask, split-KV with its combine step, paged KV, MLA shared / naive (algorithms/flash.py).
 # Notation: G thread-block groups per key/value head (g per-head, 1 packed), R = N_q g / G rows per group,
 # T_r = ceil(R / B_r), T_c = ceil(N_k / B_c), s splits of ceil(T_c / s) column blocks, P the page size. Every
@@ -820,7 +820,8 @@ def heads_problem(one: Prediction, heads: int) -> Prediction:
 
 def sum_predictions(parts: list) -> Prediction:
     """Parts of a problem run one after another, each its own schedule (a mask that differs per (b, h),
-    :mod:`iosim.head_masks`): every array's counts the parts' sums, the peak the largest part's (a part frees its
+    :mod:`iosim.masking.head_masks`): every array's counts the parts' sums, the peak the largest part's (a part frees
+    its
     tiles before the next starts), the thread blocks the parts' sum."""
     per: dict[str, ArrayCounts] = {}
     for one in parts:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from iosim.errors import InputError
+from iosim.base.errors import InputError
 from iosim.theory import io_model
 
 RULES = ("fit", "paper")
@@ -204,7 +204,7 @@ def problem_tiling(algorithm: str, problem, M: int, rule: str, rows: int, shared
     N_q = N_k this is :func:`flash_tiling` exactly. ``paper``: B_c = ceil(M / 4 d_qk), B_r = min(B_c, d_qk) (flash2:
     mirrored). Explicit ``Br`` / ``Bc`` replace the rule's (the other is chosen by it) and must fit in M.
     """
-    from iosim.errors import InputError
+    from iosim.base.errors import InputError
 
     _check_rule(rule)
     p = problem

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from iosim import outputs
-from iosim.errors import InputError
+from iosim.base import outputs
+from iosim.base.errors import InputError
 
 
 @dataclass(frozen=True)
@@ -77,7 +77,7 @@ def models(name: str, sizes: dict) -> tuple[dict, dict, str]:
 def _attention_models(sizes: dict) -> tuple[dict, dict, str]:
     """The attention tile loop: iosim's flash2 at the kernel's blocks (BR, BC), simulated (its counts do not depend
     on M once the blocks are given), and the compulsory traffic (Q, K, V read once; O and L written once)."""
-    from iosim import api
+    from iosim.runner import api
 
     N, d, Br, Bc = sizes["N"], sizes["d"], sizes["BR"], sizes["BC"]  # noqa: N806
     M = 2 * Br * d + 2 * Bc * d + Br * Bc + 2 * Br  # noqa: N806  (Q_i, O_i, K_j, V_j, S_ij, m_i, l_i)

@@ -38,8 +38,8 @@ from pathlib import Path
 
 import numpy as np
 
-from iosim import outputs
-from iosim.errors import InputError
+from iosim.base import outputs
+from iosim.base.errors import InputError
 from iosim.memory_model.core import INIT, LOAD
 
 MAX_EVENTS = 20_000  # events a page holds (all its schedules together)
@@ -110,7 +110,7 @@ def render(kind: str, title: str, data: dict) -> str:
     scripts = {"schedule": ["common.js", "gqa.js", "schedule.js"], "pebble": ["common.js", "pebble.js"],
                "exercise": ["common.js", "exercise.js"]}[kind]  # fmt: skip
     js = "\n".join(_asset(s) for s in scripts)
-    from iosim.version import __version__
+    from iosim.base.version import __version__
 
     for key, value in (
         ("/*STYLE*/", _asset("style.css")),
@@ -378,7 +378,7 @@ def _bounds(r) -> list[list]:
 def closed_form_chart(N: int, d: int, M: int, backward: bool = False, causal: bool = False) -> dict:
     """Total words against M for every registered algorithm from its closed form (fit tiling), the lower bound,
     the page's M and the d^2 crossover: the data of the page's chart."""
-    from iosim import registry
+    from iosim.runner import registry
     from iosim.theory import bounds
 
     lo, hi = max(4 * d + 4, 16), max(64 * d * d, 4 * M, 64)
@@ -411,7 +411,7 @@ def theorem2_line(N: int, d: int, Ms, backward: bool = False, causal: bool = Fal
     It is the Theta(N^2 d^2 / M) upper bound as a number, not a Theta form with constant 1 (which falls below the
     trivial lower bound 4Nd at small N^2 d / M). The paper's blocks overfill M by about half (docs/theory.md), which the
     chart's legend says."""
-    from iosim import registry
+    from iosim.runner import registry
 
     a = registry.get("flash1")
     out = []
@@ -546,7 +546,7 @@ def schedule_page(results, path=None, chart: bool = True, partners=None) -> str:
 
 def traced(algorithm: str, **kw):
     """A count-only traced run for a page (the events of the schedule, no arithmetic)."""
-    from iosim import api
+    from iosim.runner import api
 
     kw = {k: v for k, v in kw.items() if k != "dtype"}
     kw.update(count_only=True, reference=False, trace=True)

@@ -10,7 +10,7 @@ Where the words are (the address map)
 -------------------------------------
 * Every slow array the schedule loads or stores (Q, K, V, O, L, dO, dQ, ..., S and P of standard attention) has
   its own address range, row-major, aligned to a line: the computation reads and writes it *in place*, through the
-  cache. Over a problem the ranges follow its one address map (:meth:`iosim.problem.Problem.storage`): MLA's V is
+  cache. Over a problem the ranges follow its one address map (:meth:`iosim.spec.problem.Problem.storage`): MLA's V is
   the latent's first d_v columns, so a naive read of V touches K's lines and its misses are reported under K.
   A **loaded** tile is the slow array's own region (flash1's O_i, l_i, m_i are read, updated and left for the
   cache to write back). An **allocated tile that is later stored** (flash2's O_i and L_i, a product's
@@ -51,15 +51,15 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from iosim import estimate
-from iosim.errors import InputError
+from iosim.base.errors import InputError
 from iosim.memory_model.core import ALLOC, FREE, LOAD, STORE
+from iosim.runner import estimate
 from iosim.views import cache_sim as cs
 
 POLICIES = cs.POLICIES
 # OPT keeps one int32 line, one flag byte and one int32 next use per access: 9 bytes.
 OPT_BYTES_PER_ACCESS = 9
-# about 5 minutes of LRU at 5 ns an access (iosim.estimate); OPT also needs int32 indices (< 2^31)
+# about 5 minutes of LRU at 5 ns an access (iosim.runner.estimate); OPT also needs int32 indices (< 2^31)
 MAX_ACCESSES = 60_000_000_000
 BASE_ALGORITHMS = ("standard", "flash1", "flash2", "square-tiling")
 
@@ -84,7 +84,7 @@ class _Deriver:
 
     def __init__(self, trace, L: int, problem=None) -> None:  # noqa: N803
         self.names, self.shapes, self.L = trace.names, trace.shapes, L
-        # The problem's one address map (iosim.problem.Problem.storage): an array stored at another's addresses
+        # The problem's one address map (iosim.spec.problem.Problem.storage): an array stored at another's addresses
         # (MLA's V, the latent's first d_v columns of K) has no range of its own; its words are K's, at K's stride.
         self.alias: dict[str, str] = {}
         if problem is not None:
@@ -425,7 +425,7 @@ def operand_ops(
     trace, algorithm: str, backward: bool, N: int, line: int = 1, problem=None
 ) -> tuple[np.ndarray, _Deriver]:  # noqa: N803, E501
     """The compute ops of a traced pass and its address map (see the module docstring; over a ``problem``, its
-    :meth:`iosim.problem.Problem.storage` map)."""
+    :meth:`iosim.spec.problem.Problem.storage` map)."""
     x = _Deriver(trace, line, problem)
     rule, products = _rule(algorithm, backward, N)
     return x.derive(rule, products), x
@@ -503,7 +503,7 @@ class ReplayResult:
         return tabulate(body, headers=headers, tablefmt=fmt, disable_numparse=True)
 
     def as_dict(self) -> dict:
-        from iosim.version import __version__
+        from iosim.base.version import __version__
 
         return {
             "iosim_version": __version__,
@@ -608,7 +608,7 @@ def _problem_scope(algorithm, problem) -> None:
     """What a replay over a problem covers: flash1 and flash2, forward and backward, with GQA per-head or packed, any
     N_q, N_k, d_qk, d_v, any mask, split-KV (the partials and the combine step), paged KV (the page-table words
     read) and MLA's latent, shared (V read from the resident K tile) or naive."""
-    from iosim.problem import Problem
+    from iosim.spec.problem import Problem
 
     if not isinstance(problem, Problem):
         raise InputError("problem", "must be an iosim.Problem", type(problem).__name__)
@@ -651,9 +651,9 @@ def replay(
     (:func:`_check_cache`); refuse a replay too long up front (:func:`_check_work`); run the schedule count-only
     with a trace; derive its compute ops (:func:`operand_ops`); check their exact count; replay them through each
     policy (:func:`_replayed`)."""
-    from iosim import api
-    from iosim.problem import Problem
-    from iosim.schedule import from_objects
+    from iosim.runner import api
+    from iosim.spec.problem import Problem
+    from iosim.spec.schedule import from_objects
 
     if isinstance(algorithm, Problem):
         spec, options = from_objects(algorithm, schedule, dict(run_options, N=N, d=d, causal=causal))
@@ -695,7 +695,7 @@ class _Cache:
 
 @dataclass(frozen=True)
 class _Limit:
-    """How a replay's length is checked (:mod:`iosim.estimate`): ``allow_long`` past a minute, the ``parameter``
+    """How a replay's length is checked (:mod:`iosim.runner.estimate`): ``allow_long`` past a minute, the ``parameter``
     and ``value`` an InputError names (N, or the problem), the ``policies`` whose time is estimated."""
 
     allow_long: bool
@@ -758,7 +758,7 @@ def _check_cache(M, cache_words, line, write_allocate, policies, opt_limit_bytes
 
 def _check_work(work: int, limit: _Limit) -> None:
     """Up front: every algorithm touches at least N^2 d operand words (S = Q K^T), so a replay of more than
-    :data:`MAX_ACCESSES`, or longer than :mod:`iosim.estimate` allows, is refused before the run."""
+    :data:`MAX_ACCESSES`, or longer than :mod:`iosim.runner.estimate` allows, is refused before the run."""
     if work > MAX_ACCESSES:
         raise InputError(
             limit.parameter,
@@ -778,7 +778,7 @@ def _check_work(work: int, limit: _Limit) -> None:
 
 def _check_accesses(accesses: int, limit: _Limit) -> None:
     """The exact count, now that the schedule has run (its OPT trace included): at most :data:`MAX_ACCESSES` and
-    within the time :mod:`iosim.estimate` allows."""
+    within the time :mod:`iosim.runner.estimate` allows."""
     if accesses > MAX_ACCESSES:
         raise InputError(
             limit.parameter,

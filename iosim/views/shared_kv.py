@@ -2,12 +2,14 @@
 many times each tile is loaded from slow memory under ``per-head`` and under ``packed`` GQA, all read from traces.
 
 Grouped-query attention gives g = H_q / H_kv query heads one key/value head: query head h reads K/V head h // g.
-A schedule over such a problem chooses what is outer (:meth:`iosim.problem.Problem.groups`): ``per-head`` runs every
+A schedule over such a problem chooses what is outer (:meth:`iosim.spec.problem.Problem.groups`): ``per-head`` runs
+every
 query head on its own (a K_j tile is loaded for each query head that reads it), ``packed`` stacks a key/value head's
 g query heads into one group of g N_q rows (a K_j load serves every head whose rows are in fast memory with it).
 
 The page draws the first key/value head (batch item 0, K/V head 0; its rows are K[0:N_k] and its query heads' rows
-Q[0:g N_q], the layout of :func:`iosim.problem_runs.problem_arrays`) from the run's own trace and from a second trace
+Q[0:g N_q], the layout of :func:`iosim.runner.problem_runs.problem_arrays`) from the run's own trace and from a second
+trace
 of the same problem under the other policy (:func:`partner`). A load of K_j is *read by* query head h when a tile of
 Q rows of head h is in fast memory at some moment while that K_j is (a load of K_j no Q tile meets, an empty
 block's under the paper policy, is read by no head). Every number the page shows is one of these counts, or a sum or
@@ -22,9 +24,9 @@ import dataclasses
 
 import numpy as np
 
-from iosim.errors import InputError
+from iosim.base.errors import InputError
 from iosim.memory_model.core import ALLOC, FREE, LOAD
-from iosim.problem import GQA_POLICIES
+from iosim.spec.problem import GQA_POLICIES
 
 KV = ("K", "V")
 
@@ -54,7 +56,7 @@ def partner(r, kw: dict | None = None):
     run's own problem and schedule when its mask is none or causal (a causal problem carries its mask). Returns the
     run, an InputError's one line (the other policy refused at this M), or None (not a GQA run, or a mask that only
     the keywords can rebuild)."""
-    from iosim import api
+    from iosim.runner import api
 
     if not is_gqa(r):
         return None

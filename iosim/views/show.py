@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from iosim import outputs
-from iosim.errors import InputError, install_hint
+from iosim.base import outputs
+from iosim.base.errors import InputError, install_hint
 from iosim.memory_model.core import ALLOC, FREE, INIT, LOAD, OPS, STORE
 
 VIEWS = ("tiles", "timeline", "step", "animate", "all")

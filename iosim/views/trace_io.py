@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from iosim import outputs
-from iosim.errors import InputError, install_hint
+from iosim.base import outputs
+from iosim.base.errors import InputError, install_hint
 from iosim.memory_model import Trace
 from iosim.memory_model.core import OPS, TRACE_COLUMNS
 

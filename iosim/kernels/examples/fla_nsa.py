@@ -11,7 +11,7 @@ query heads of the group (``parallel_nsa`` asserts g a power of 2 and at least 1
 tokens of the sequence (the kernel's ``Q_OFFSET = T_k - T_q``); the kernel skips a selected block that starts after
 the query's position and masks, inside a block, the keys after it (a score mask: the block's keys are all loaded).
 :func:`selection` therefore draws, for each query token and KV head, S distinct blocks among those starting at or
-before the token's position: every block it lists is loaded, so the selection is iosim's (``iosim.topk_sparse``,
+before the token's position: every block it lists is loaded, so the selection is iosim's (``iosim.masking.topk_sparse``,
 policy ``gqa``), with the same array.
 
 The kernel (``parallel_nsa_fwd_kernel``): grid (T_q, NV, B H_kv), NV = ceil(d_v / BV) with BV = min(128,

@@ -21,8 +21,8 @@ else, the BlockMask walk included, is torch's source as installed.
 
 The kernel options are those of a forward that keeps the logsumexp (``OUTPUT_LOGSUMEXP``, no ``OUTPUT_MAX``), with
 ``BLOCK_M`` = ``BLOCK_N`` = the BlockMask's block (one program per sparse row block, one step per sparse block).
-Counted under the interpreter it moves, array by array, what ``iosim.block_sparse(..., indices="template")``
-counts for the same BlockMask and those buffers (:class:`iosim.block_sparse.Buffer`, as the launcher's
+Counted under the interpreter it moves, array by array, what ``iosim.masking.block_sparse(..., indices="template")``
+counts for the same BlockMask and those buffers (:class:`iosim.masking.block_sparse.Buffer`, as the launcher's
 ``buffers`` declares them): the template reads each list's first index before its loop and, after each block,
 that block's index and the next one's, and when N is not a multiple of the block it evaluates mask_mod and
 score_mod at every padded position of the block, its indices wrapped mod N (tests/test_flex_kernel.py,
@@ -46,7 +46,7 @@ ARGS = ("Q", "K", "V", "LSE", "MAX", "KV_NUM_BLKS", "KV_IDX", "FULL_KV_NUM_BLKS"
 def template_dir() -> str:
     import torch
 
-    from iosim.errors import InputError
+    from iosim.base.errors import InputError
 
     path = os.path.join(os.path.dirname(torch.__file__), "_inductor", "kernel", "flex", "templates")
     if not torch.__version__.startswith(TORCH + ".") or not all(
@@ -57,7 +57,7 @@ def template_dir() -> str:
     return path
 
 
-# the captured tensor's name, by the index iosim.block_sparse.Buffer reads it at: score_mod's (what each adds:
+# the captured tensor's name, by the index iosim.masking.block_sparse.Buffer reads it at: score_mod's (what each adds:
 # score_mod) and mask_mod's (with its dtype; what each allows: mask_mod)
 SCORES = {"qkv": "bias", "q": "bias", "kv": "bias", "bhqkv": "bias", "h": "slope"}
 MASKS = {"q+kv": ("doc", "int32"), "kv": ("valid", "bool"), "q": ("valid", "bool"), "h": ("window", "int32")}
@@ -203,7 +203,7 @@ def launch(
     and the score_mod of ``score`` (:data:`MASKS`, :data:`SCORES`; None: the identity)."""
     import torch
 
-    from iosim.errors import InputError
+    from iosim.base.errors import InputError
     from iosim.kernels.examples._common import default_scale, inputs
 
     if score is not None and score not in SCORES:

@@ -3,7 +3,7 @@
 document ids ``mask_mod`` reads (at the rows and at the columns), the bias ``score_mod`` reads and V_j, and for each
 full block the same without the document ids. Written for iosim from the structure of FlexAttention's forward
 kernel (FlexAttention's own, torch's template, is torch_flex_template.py beside this one); counted
-under the Triton interpreter it moves, array by array, what ``iosim.block_sparse`` counts for the same BlockMask
+under the Triton interpreter it moves, array by array, what ``iosim.masking.block_sparse`` counts for the same BlockMask
 (tests/test_flex_kernel.py).
 
 mask_mod: causal within documents, ``doc[q] == doc[kv] and q >= kv``; score_mod: ``score + bias[q, kv]``.

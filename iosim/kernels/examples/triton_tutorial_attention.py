@@ -39,7 +39,7 @@ def tutorial_module():
     path = os.environ.get(ENV)
     if not path:
         return importlib.import_module("flash_mlm.kernel")
-    from iosim.errors import InputError
+    from iosim.base.errors import InputError
     from iosim.kernels.standin import install
 
     if not os.path.isfile(path):

@@ -6,12 +6,14 @@ score_mod's in every visited block) on the two-level memory and puts the closed 
 :mod:`iosim.theory.block_sparse` beside it, per array, in words and in bytes. ``dense=True`` counts the kernel that
 loads every column block and masks afterwards.
 
-The mask is a torch ``BlockMask`` (built on the CPU), its four index tensors (:func:`iosim.mask_mod.block_index`),
+The mask is a torch ``BlockMask`` (built on the CPU), its four index tensors
+(:func:`iosim.masking.mask_mod.block_index`),
 a ``mask_mod`` function (classified as ``create_block_mask`` does: a block is full only when every one of its
 BQ x BKV positions is allowed; per (b, h) when it reads b or h, or as ``mask_B``, ``mask_H`` say), or any iosim
 mask (``"causal"``, ``"window:256"``, ...). Every one of them is over the sequence: the queries are the last N_q of
 N_k positions, so a mask_mod is evaluated at q_idx = N_k - N_q + i, the same whether it comes raw, wrapped in
-``iosim.masks.from_mask_mod`` or as ``mod:FILE:NAME`` (torch's ``create_block_mask`` with Q_LEN = N_q < N_k passes
+``iosim.masking.masks.from_mask_mod`` or as ``mod:FILE:NAME`` (torch's ``create_block_mask`` with Q_LEN = N_q < N_k
+passes
 q_idx = i: give it the mask_mod shifted by N_k - N_q for the same mask).
 
 >>> from iosim import Problem
@@ -28,9 +30,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from iosim.algorithms import block_sparse as _bs
-from iosim.errors import InputError
+from iosim.base.errors import InputError
 from iosim.memory_model.core import Stats, TwoLevelMemory
-from iosim.problem import BYTES, Problem
+from iosim.spec.problem import BYTES, Problem
 from iosim.theory.block_sparse import block_sparse_counts
 
 __all__ = ["BlockSparseResult", "Buffer", "block_sparse", "blocks_of"]
@@ -149,7 +151,7 @@ def _block(value) -> tuple[int, int]:
 
 def _index_of(cls: np.ndarray, BQ: int, BKV: int):  # noqa: N803
     """A BlockIndex (ascending indices) from classes (B', H', T_r, T_c)."""
-    from iosim import mask_mod as _mm
+    from iosim.masking import mask_mod as _mm
 
     def lists(sel):
         num = sel.sum(axis=3)
@@ -164,8 +166,8 @@ def _index_of(cls: np.ndarray, BQ: int, BKV: int):  # noqa: N803
 def blocks_of(p: Problem, mask, block=(128, 128), mask_B: int | None = None, mask_H: int | None = None,  # noqa: N803
               allow_long: bool = False):  # fmt: skip
     """The BlockIndex a kernel receives for ``mask`` on problem ``p`` with blocks of ``block`` (see the module)."""
-    from iosim import mask_mod as _mm
-    from iosim import masks
+    from iosim.masking import mask_mod as _mm
+    from iosim.masking import masks
 
     BQ, BKV = _block(block)
     if isinstance(mask, _mm.BlockIndex):
@@ -179,7 +181,7 @@ def blocks_of(p: Problem, mask, block=(128, 128), mask_B: int | None = None, mas
             Bm, Hm = p.B, p.H_q  # it reads b or h: classified at every (b, h)
         if Bm not in (1, p.B) or Hm not in (1, p.H_q):
             raise InputError("mask_B", f"and mask_H must be 1 or the problem's B = {p.B}, H_q = {p.H_q}", (Bm, Hm))
-        from iosim import estimate
+        from iosim.runner import estimate
 
         what = f"evaluating the mask_mod on {Bm * Hm} x {p.N_q:,} x {p.N_k:,} scores"
         seconds = Bm * Hm * p.N_q * p.N_k * masks.MOD_ELEMENT
@@ -190,7 +192,8 @@ def blocks_of(p: Problem, mask, block=(128, 128), mask_B: int | None = None, mas
                 cls[b, h] = _mm.classify(mask, b, h, p.N_q, p.N_k, BQ, BKV, padded=True, q_offset=p.N_k - p.N_q).cls
         bi = _index_of(cls, BQ, BKV)
     else:
-        from iosim import estimate, head_masks
+        from iosim.masking import head_masks
+        from iosim.runner import estimate
 
         one, grid = head_masks.resolve(p, mask, allow_long)  # a mask that differs per (b, h): its classes at each
         if grid is None:
@@ -228,7 +231,7 @@ def block_sparse(problem: Problem, mask, *, block=(128, 128), buffers=(), dense:
     buffers = tuple(buffers)
     for b in buffers:
         if not isinstance(b, Buffer):
-            raise InputError("buffers", "must be iosim.block_sparse.Buffer objects", type(b).__name__)
+            raise InputError("buffers", "must be iosim.masking.block_sparse.Buffer objects", type(b).__name__)
         b.check_shape(p)
     names = [b.name for b in buffers]
     reserved = {"Q", "K", "V", "O", "L", "m", "l", "S", *ARRAY_BYTES_FIXED}
@@ -243,7 +246,7 @@ def block_sparse(problem: Problem, mask, *, block=(128, 128), buffers=(), dense:
     predicted = block_sparse_counts(cls, dims, spec, dense, M, template)
     weight = (p.B // bi.kv_num.shape[0]) * (p.H_q // bi.kv_num.shape[1])
     steps = p.B * p.H_q * Tr * Tc if dense else int(bi.kv_num.sum() + bi.full_num.sum()) * weight
-    from iosim import estimate
+    from iosim.runner import estimate
 
     estimate.check(estimate.count_only_seconds(steps + p.B * p.H_q * Tr), "the block-sparse count",
                    allow_long=allow_long, parameter="problem", value=f"{steps:,} blocks")  # fmt: skip

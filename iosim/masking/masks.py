@@ -23,7 +23,7 @@ meets (BigBird).
 ``file:blocks.npy:HxW`` (a block mask of H x W blocks) and ``mod:FILE.py:NAME`` (a FlexAttention ``mask_mod``
 function NAME defined in FILE.py, :func:`from_mask_mod`).
 
-FlexAttention's masks (:mod:`iosim.mask_mod`): :func:`from_mask_mod` takes a ``mask_mod(b, h, q_idx, kv_idx)``,
+FlexAttention's masks (:mod:`iosim.masking.mask_mod`): :func:`from_mask_mod` takes a ``mask_mod(b, h, q_idx, kv_idx)``,
 :func:`from_block_mask` a torch ``BlockMask`` (or its four index tensors and block size). Both compile to the MOD
 kind: the function evaluated a band of 64 rows at a time into 64 x 64 blocks (empty, full, or partial with the
 partial blocks' bits kept), which answers any tile of any tiling exactly; the compiled oracle is cached per N.
@@ -36,10 +36,10 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from iosim import estimate
 from iosim.algorithms import tile_masks as _m
 from iosim.algorithms.tile_masks import POLICIES, TileMask
-from iosim.errors import InputError
+from iosim.base.errors import InputError
+from iosim.runner import estimate
 
 __all__ = [
     "POLICIES",
@@ -473,7 +473,8 @@ def compile_mask(
     return mask.compile(N, policy)
 
 
-# --- FlexAttention's masks: mask_mod functions and BlockMasks (iosim.mask_mod) -----------------------------------
+# --- FlexAttention's masks: mask_mod functions and BlockMasks (iosim.masking.mask_mod)
+# -----------------------------------
 
 MOD_ELEMENT = (
     3e-8  # seconds per element of a mask_mod evaluated a chunk at a time (measured 2-7 ns NumPy, 23-27 ns torch)
@@ -496,7 +497,7 @@ def price_mod(N: int, label: str, allow_long: bool, heads: int = 1) -> None:  # 
 
 def _mod_compile(fn, b: int, h: int, N: int, label: str, policy: str, allow_long: bool) -> TileMask:
     """The MOD tile oracle of ``fn`` at (b, h) over N x N, priced by the long-run rule and sized before any work."""
-    from iosim import mask_mod as _mm
+    from iosim.masking import mask_mod as _mm
 
     price_mod(N, label, allow_long)
     n = -(-N // _m.MOD_G)
@@ -508,7 +509,8 @@ def _mod_compile(fn, b: int, h: int, N: int, label: str, policy: str, allow_long
 
 class _Evaluated(Mask):
     """A mask given as a function evaluated at (b, h) (:meth:`allowed`), compiled to the MOD kind once per N. With b
-    (h) None it is evaluated at every batch item (head) of a problem (:mod:`iosim.head_masks`), at 0 on one head."""
+    (h) None it is evaluated at every batch item (head) of a problem (:mod:`iosim.masking.head_masks`), at 0 on
+    one head."""
 
     def allowed(self, N: int):
         raise NotImplementedError
@@ -532,8 +534,8 @@ class _Evaluated(Mask):
 
 @dataclass(frozen=True, eq=False)
 class FromMaskMod(_Evaluated):
-    """A FlexAttention ``mask_mod(b, h, q_idx, kv_idx)`` (:mod:`iosim.mask_mod`), evaluated at every (b, h) of a
-    problem (b, h None: each head runs under its own mask, :mod:`iosim.head_masks`) or at the (b, h) given for
+    """A FlexAttention ``mask_mod(b, h, q_idx, kv_idx)`` (:mod:`iosim.masking.mask_mod`), evaluated at every (b, h) of a
+    problem (b, h None: each head runs under its own mask, :mod:`iosim.masking.head_masks`) or at the (b, h) given for
     every head."""
 
     fn: object = field(repr=False)
@@ -544,7 +546,7 @@ class FromMaskMod(_Evaluated):
     _cache: dict = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self):
-        from iosim import mask_mod as _mm
+        from iosim.masking import mask_mod as _mm
 
         _mm.check_mask_mod(self.fn)
         for name, v in (("mask_mod b", self.b), ("mask_mod h", self.h)):
@@ -568,7 +570,7 @@ def from_mask_mod(fn, b: int | None = None, h: int | None = None, *, label: str 
 
 @dataclass(frozen=True, eq=False)
 class FromBlockMask(_Evaluated):
-    """A torch ``BlockMask`` (or its index tensors, :func:`iosim.mask_mod.block_index`) as an iosim mask at one
+    """A torch ``BlockMask`` (or its index tensors, :func:`iosim.masking.mask_mod.block_index`) as an iosim mask at one
     (b, h), or per (b, h) of a problem (b, h None, its index tensors' leading 1s broadcast): a score is allowed when
     its block is listed full, or listed partial and its mask_mod allows it (every position of a partial block when
     it has none)."""
@@ -582,12 +584,13 @@ class FromBlockMask(_Evaluated):
 
     def allowed(self, N: int):
         """The mask_mod of this BlockMask's scores at (b, h) for N (its block classes, then its own mask_mod)."""
-        from iosim import mask_mod as _mm
+        from iosim.masking import mask_mod as _mm
 
         bi = self.index
         if bi.seq_lengths is not None and bi.seq_lengths != (N, N):
             whole = f"must cover the whole sequence, (N_k, N_k) = ({N}, {N}), as every iosim mask does"
-            raise InputError("block_mask", f"{whole} (the queries are its last N_q rows); iosim.block_sparse takes it "
+            raise InputError("block_mask", f"{whole} (the queries are its last N_q rows); "
+                             "iosim.masking.block_sparse takes it "
                              "as built", bi.seq_lengths)  # fmt: skip
         Tc = _mm.check_shape(bi, N, N, *bi.kv_num.shape[:2])
         b, h = self.b or 0, self.h or 0
@@ -616,7 +619,7 @@ def from_block_mask(block_mask=None, b: int | None = None, h: int | None = None,
     """A torch ``BlockMask`` built on the CPU, or its four index tensors (``kv_num_blocks``, ``kv_indices``,
     ``full_kv_num_blocks``, ``full_kv_indices``) with ``block_size`` (and optionally ``mask_mod``,
     ``seq_lengths``), as an iosim mask (:class:`FromBlockMask`)."""
-    from iosim import mask_mod as _mm
+    from iosim.masking import mask_mod as _mm
 
     index = _mm.block_index(block_mask, **tensors)
     for name, v, held in (("block_mask b", b, index.kv_num.shape[0]), ("block_mask h", h, index.kv_num.shape[1])):
@@ -631,7 +634,7 @@ def _from_module(path: str, name: str) -> Mask:
     """``mod:FILE.py:NAME``: the function NAME of the Python file FILE.py as a mask_mod."""
     import runpy
 
-    from iosim.errors import user_code
+    from iosim.base.errors import user_code
 
     try:
         with user_code("mask file", path):

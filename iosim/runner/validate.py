@@ -1,5 +1,6 @@
 """The checks a run makes before any work: scalar arguments (sizes, flags, seed, scale, dtype), the memory a numeric
-run needs and the time it will take (:mod:`iosim.estimate`'s rule). One line naming the parameter when one fails."""
+run needs and the time it will take (:mod:`iosim.runner.estimate`'s rule). One line naming the parameter when one
+fails."""
 
 from __future__ import annotations
 
@@ -8,10 +9,10 @@ import numbers
 
 import numpy as np
 
-from iosim import estimate
 from iosim.algorithms.reference import default_scale
-from iosim.errors import InputError
+from iosim.base.errors import InputError
 from iosim.memory_model import TraceTooLargeError
+from iosim.runner import estimate
 from iosim.theory.tiling import Tiling
 
 DTYPES = ("float64", "float32")
@@ -100,7 +101,9 @@ class OutOfMemory:
 
     def __exit__(self, kind, error, tb):
         if kind is not None and issubclass(kind, TraceTooLargeError):
-            return False  # the trace's own refusal, made before its buffer: an InputError on trace (iosim.api.run)
+            return (
+                False  # the trace's own refusal, made before its buffer: an InputError on trace (iosim.runner.api.run)
+            )
         if kind is not None and issubclass(kind, MemoryError):
             raise InputError(
                 "N",
@@ -134,7 +137,7 @@ def estimated_steps(t: Tiling, N: int, d: int, backward: bool, mask=None) -> int
 
 def check_time(t: Tiling, N: int, d: int, backward: bool, allow_long: bool, mask=None, count_only=True,
                algorithm: str | None = None) -> None:  # fmt: skip
-    """The long-run rule (:mod:`iosim.estimate`) for a count-only or a numeric run (with its reference)."""
+    """The long-run rule (:mod:`iosim.runner.estimate`) for a count-only or a numeric run (with its reference)."""
     # a random mask is counted by the estimate below, the closed form and the run: that alone may be too long
     counting = estimate.check_mask(mask, passes=3, allow_long=allow_long, tiling=t) if mask is not None else 0.0
     steps = estimated_steps(t, N, d, backward, mask)

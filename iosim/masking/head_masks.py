@@ -1,7 +1,8 @@
 """A mask that differs per (b, h) over a problem: a FlexAttention ``mask_mod`` that reads b or h (document ids per
 batch item, a window per head) or a BlockMask with an entry per (b, h).
 
-:func:`grid` evaluates such a mask (:class:`iosim.masks.FromMaskMod`, :class:`iosim.masks.FromBlockMask` with b, h
+:func:`grid` evaluates such a mask (:class:`iosim.masking.masks.FromMaskMod`,
+:class:`iosim.masking.masks.FromBlockMask` with b, h
 None) at every (b, h) of the problem: B x H_q tile oracles over the N_k x N_k sequence. When they are all the same,
 the problem runs as before, one mask for every head. Otherwise :func:`parts` cuts the problem where the mask
 changes, into the coarsest of
@@ -14,7 +15,8 @@ changes, into the coarsest of
   their own (:func:`packed_mask`: packed row h N_q + q is head h's query row q);
 
 and each part is its own problem under its own mask, counted and put beside its closed form
-(:func:`iosim.problem_runs.run_problem`). The schedules over a problem run their groups of rows one after another,
+(:func:`iosim.runner.problem_runs.run_problem`). The schedules over a problem run their groups of rows one after
+another,
 each group's traffic its own, so every array's counts over the whole problem are the parts' sums and the peak is
 the largest part's (in the backward of per-query-head parts with g > 1, each head's dK, dV are the group's
 partials and the group sum follows, as in the whole problem). Split-KV (``splits`` > 1, flash2's forward) runs
@@ -29,7 +31,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from iosim.errors import InputError
+from iosim.base.errors import InputError
 
 PARTS = ("batch", "kv-head", "head")  # the three cuts, coarsest first
 
@@ -37,7 +39,7 @@ PARTS = ("batch", "kv-head", "head")  # the three cuts, coarsest first
 def per_head_mask(mask):
     """``mask`` parsed when it is a ``mod:`` string (once: a file is run per parse); the mask itself otherwise."""
     if isinstance(mask, str) and mask.startswith("mod:"):
-        from iosim.masks import parse
+        from iosim.masking.masks import parse
 
         return parse(mask)
     return mask
@@ -46,9 +48,9 @@ def per_head_mask(mask):
 def grid(p, mask, allow_long: bool = False) -> list | None:
     """The tile oracles of ``mask`` at every (b, h) of problem ``p`` (B rows of H_q, over N_k x N_k), or None when
     ``mask`` is one mask for every head (any other mask, a pinned (b, h), a problem of one head, or a mask_mod that
-    never reads b or h, :func:`iosim.mask_mod.reads_b_or_h`)."""
-    from iosim import mask_mod as _mm
-    from iosim import masks
+    never reads b or h, :func:`iosim.masking.mask_mod.reads_b_or_h`)."""
+    from iosim.masking import mask_mod as _mm
+    from iosim.masking import masks
 
     if not isinstance(mask, (masks.FromMaskMod, masks.FromBlockMask)) or not mask.per_head or p.B * p.H_q == 1:
         return None
@@ -112,9 +114,9 @@ def packed_mask(heads: list, Nq: int, off: int):  # noqa: N803
     oracle over N_k x N_k), a MOD oracle whose params carry R (:attr:`TileMask.packed_rows`), so the problem
     drivers and closed forms take packed row r as its row r. Built a band of 64 rows at a time from the heads' own
     oracles (priced with them, :func:`grid`)."""
-    from iosim import mask_mod as _mm
     from iosim.algorithms import tile_masks as _m
-    from iosim.masks import _table_fits
+    from iosim.masking import mask_mod as _mm
+    from iosim.masking.masks import _table_fits
 
     Nk, R = heads[0].N, Nq * len(heads)
     _table_fits((-(-R // _m.MOD_G), -(-Nk // _m.MOD_G) + 2), heads[0].label)
@@ -138,11 +140,11 @@ def packed_mask(heads: list, Nq: int, off: int):  # noqa: N803
 
 
 def seen_totals(p, g: list):
-    """The compulsory traffic's :class:`iosim.problem.SeenTotals` under the per-(b, h) oracles ``g``: query rows
+    """The compulsory traffic's :class:`iosim.spec.problem.SeenTotals` under the per-(b, h) oracles ``g``: query rows
     that see a key, summed over every head, and for each key/value head the keys that some query head of its
     group sees."""
     from iosim.algorithms.tile_masks import seen_keys
-    from iosim.problem import SeenTotals
+    from iosim.spec.problem import SeenTotals
 
     off = p.N_k - p.N_q
     distinct, of = classes([m for row in g for m in row])  # each distinct mask tested once

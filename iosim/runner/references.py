@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from iosim.algorithms.reference import attention_backward, attention_forward
-from iosim.problem import Problem
+from iosim.spec.problem import Problem
 
 
 def logsumexp_error(L, L_ref) -> float:

@@ -13,7 +13,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from iosim.errors import InputError
+from iosim.base.errors import InputError
 
 
 def _writable_dir(parameter: str, folder: Path, path, create: bool) -> None:

@@ -21,7 +21,8 @@ index words are counted in full either way: k per index row a program reads. A r
 L = -inf.
 
 It comes as an array, ``file:PATH.npy`` (numpy.load), ``mod:FILE.py:NAME`` (the function NAME of FILE.py called
-with the problem, returning the array) or a Python callable taking the problem, as masks do (:mod:`iosim.masks`).
+with the problem, returning the array) or a Python callable taking the problem, as masks do
+(:mod:`iosim.masking.masks`).
 
 Load policies (what one program, a thread block, holds and loads; :mod:`iosim.algorithms.topk_sparse`):
 
@@ -49,9 +50,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from iosim.errors import InputError
+from iosim.base.errors import InputError
 from iosim.memory_model.core import Stats, TwoLevelMemory
-from iosim.problem import Problem
+from iosim.spec.problem import Problem
 from iosim.theory import bounds, io_model
 
 __all__ = ["POLICIES", "TopkResult", "load_indices", "parse_policy", "topk_sparse"]

@@ -18,12 +18,12 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from iosim import registry
-from iosim.errors import InputError
-from iosim.masks import check_policy
-from iosim.problem import GQA_POLICIES, MLA_POLICIES, PAGE_READS, Problem
+from iosim.base.errors import InputError
+from iosim.masking.masks import check_policy
+from iosim.runner import registry
+from iosim.runner.validate import MAX_N, positive_int
+from iosim.spec.problem import GQA_POLICIES, MLA_POLICIES, PAGE_READS, Problem
 from iosim.theory.tiling import RULES
-from iosim.validate import MAX_N, positive_int
 
 SQUARE = ("standard", "square-tiling")  # the algorithms whose tiles are square (B); flash1, flash2 take Br and Bc
 

@@ -32,7 +32,7 @@ import numbers
 from dataclasses import InitVar, asdict, dataclass
 from typing import NamedTuple
 
-from iosim.errors import InputError
+from iosim.base.errors import InputError
 
 # Bytes per entry of each storage dtype a problem may name (fp8: e4m3 / e5m2 alike).
 BYTES = {"fp64": 8, "fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
@@ -45,7 +45,7 @@ PAGE_READS = ("pieces", "gather")
 # Arrays whose dtype is fixed by what the kernels keep (fp32 statistics and split partials, int32 page table).
 FIXED_DTYPES = {"L": "fp32", "l": "fp32", "m": "fp32", "Opart": "fp32", "Lpart": "fp32", "page_table": "int32"}
 INT_BYTES = {"int32": 4}
-MAX_TOKENS = 1 << 26  # N_q and N_k, as iosim.api.MAX_N
+MAX_TOKENS = 1 << 26  # N_q and N_k, as iosim.runner.api.MAX_N
 MAX_DIM = 1 << 16
 MAX_HEADS = 1 << 12
 MAX_BATCH = 1 << 16

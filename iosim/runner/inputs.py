@@ -5,15 +5,15 @@ A problem's arrays come in the layout its kernels take, (B, H_q, N_q, d_qk) for 
 (B, H_kv, N_k, d_v) for V and (B, H_q, N_q, d_v) for dO; a leading batch or head axis of size 1 may be left out. An
 MLA latent problem takes K alone (V is K's first d_v columns; a V that is given must equal them). A paged problem
 takes the logical K and V: the run lays them out in pages itself. :func:`problem_arrays` returns them flattened to
-the rows the drivers address (batch item, then head, then token), as :func:`iosim.api.run` draws its own.
+the rows the drivers address (batch item, then head, then token), as :func:`iosim.runner.api.run` draws its own.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from iosim.errors import InputError
-from iosim.problem import MAX_DIM, MAX_TOKENS
+from iosim.base.errors import InputError
+from iosim.spec.problem import MAX_DIM, MAX_TOKENS
 
 
 def as_real_array(name: str, x, what: str) -> np.ndarray:
@@ -38,7 +38,7 @@ def as_real_array(name: str, x, what: str) -> np.ndarray:
 
 
 def problem_arrays(p, Q, K, V, dO=None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
-    """The caller's Q, K, V (and dO) for the problem ``p`` (an :class:`iosim.problem.Problem`), checked against its
+    """The caller's Q, K, V (and dO) for the problem ``p`` (an :class:`iosim.spec.problem.Problem`), checked against its
     shapes and flattened to (B H N) x d rows: one line naming the array and the shape it must have when one
     disagrees."""
     if Q is None or K is None or (V is None and not p.latent):

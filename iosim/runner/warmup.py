@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numba
 
-from iosim._numba_cache import source_fingerprint
+from iosim.base.numba_cache import source_fingerprint
 
 
 def _marker(key: str) -> Path:
@@ -44,7 +44,7 @@ def mark_warm(key: str) -> None:
 
 
 def _compile(names: list[str], kwargs: dict) -> None:
-    from iosim import api
+    from iosim.runner import api
 
     sys.stderr = open(os.devnull, "w")  # the main process prints the one compile notice and reports any error
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from iosim.errors import InputError, user_code
+from iosim.base.errors import InputError, user_code
 
 CHUNK = 1 << 22  # elements of mask_mod evaluated at once (rows x columns of one call)
 EMPTY, PARTIAL, FULL = 0, 1, 2
@@ -206,7 +206,7 @@ def classify(fn, b: int, h: int, Nq: int, Nk: int, BQ: int, BKV: int, *, padded:
     step = max(1, CHUNK // (BQ * BKV)) * BKV
     nnz = held = 0
     if bits:
-        from iosim.estimate import available_bytes
+        from iosim.runner.estimate import available_bytes
 
         limit = int(0.5 * available_bytes())
     for bi in range(nbr):

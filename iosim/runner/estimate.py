@@ -2,7 +2,7 @@
 
 A run estimated at over :data:`LONG_SECONDS` (a minute) needs the caller's consent (``allow_long=True`` in the API,
 ``--yes`` on the command line); over :data:`MAX_SECONDS` (an hour) it is refused. The refusal is an
-:class:`~iosim.errors.InputError` naming the parameter that makes it long and the estimate, raised before any work.
+:class:`~iosim.base.errors.InputError` naming the parameter that makes it long and the estimate, raised before any work.
 
 The costs per unit are fitted to CPU time (``time.process_time``; the runs are single-threaded) by
 ``python experiments/bench/estimates.py --fit`` on the 2-core development machine, which prints estimate / measured
@@ -11,7 +11,8 @@ tiling's count-only backward, and a count-only backward and ``block_sparse``'s c
 problem, which the problem drivers price; the CUDA simulator has a benchmark of its own). Each is a cost per unit
 of work, so it carries over to the problem drivers:
 
-- count-only schedule: :data:`COUNT_STEP` per tile step (:func:`iosim.validate.estimated_steps`), least squares over
+- count-only schedule: :data:`COUNT_STEP` per tile step (:func:`iosim.runner.validate.estimated_steps`), least squares
+over
   flash1, flash2, standard and square tiling forward and backward at N = 2^17-2^20: 4 ns (measured 2.5-5.3 ns; flash1
   is the slowest, square tiling's forward the fastest; the fit gives 3.3-3.4 ns). Square tiling's count-only backward
   costs about 0.35 ns times B per tile step (it walks the rows of its tiles), so its estimate is 0.13 of its time at
@@ -49,7 +50,7 @@ of work, so it carries over to the problem drivers:
 
 from __future__ import annotations
 
-from iosim.errors import InputError
+from iosim.base.errors import InputError
 from iosim.memory_model.core import available_bytes  # noqa: F401 (the memory model's, used here by name)
 
 LONG_SECONDS = 60.0

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from iosim.errors import InputError
+from iosim.base.errors import InputError
 
 VALUE_BITS = {"fp32": 32, "bf16": 16, "fp16": 16, "fp8": 8, "mxfp8": 8, "nvfp4": 4, "mxfp4": 4}
 SCALE_BYTES = {"fp32": 4, "e4m3": 1, "ue8m0": 1}

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from iosim.algorithms import flash, square_tiling, standard, topk_sparse
-from iosim.errors import InputError
+from iosim.base.errors import InputError
 from iosim.theory import io_model, tiling
 from iosim.theory.io_model import Prediction
 from iosim.theory.tiling import Tiling
@@ -41,7 +41,7 @@ class Algorithm:
     predict_backward: Callable[..., Prediction] | None = None
     choose_backward_tiling: Callable[[int, int, int, str], Tiling] | None = None
     square_arrays: tuple[int, int] = (0, 0)  # N x N slow arrays a numeric forward / backward allocates
-    builtin: bool = False  # built-in: its count-only runs may use the counters-only memory (see iosim.api.run)
+    builtin: bool = False  # built-in: its count-only runs may use the counters-only memory (see iosim.runner.api.run)
 
     @property
     def has_backward(self) -> bool:
@@ -300,7 +300,7 @@ def register(
     :class:`~iosim.memory_model.TwoLevelMemory` ``mem`` (in plain Python with :class:`iosim.memory_model.Memory`,
     or a Numba driver through ``mem.call``) and returns its outputs, "O" at least ("L", the row logsumexp, if it
     has one); Q, K and V are None in a count-only run. ``tiling(N, d, M, rule) -> Tiling`` chooses the blocks (rule
-    "fit" or "paper"; raise :class:`~iosim.errors.InputError` naming M when none fits); without one the algorithm
+    "fit" or "paper"; raise :class:`~iosim.base.errors.InputError` naming M when none fits); without one the algorithm
     receives ``Tiling(rule)`` and picks its own. ``predict(N, d, M, tiling, causal)`` returns the exact closed form
     (an :class:`iosim.theory.io_model.Prediction`) or None; without one, ``exact`` is reported as unknown.
     ``backward(mem, Q, K, V, dO, fwd, N, d, tiling, scale, causal, dtype) -> dict`` with "dQ", "dK", "dV" (``fwd``
@@ -416,7 +416,7 @@ class IndexSchedule:
     """A schedule whose keys per query come from an index array (sparse attention by top-k indices) rather than a
     mask: it takes the problem and the selection, so it is registered apart from the dense algorithms above (which
     ``iosim compare`` and the sweeps run at any N, d). ``driver`` is its loop nest, ``predict`` its closed form;
-    :mod:`iosim.topk_sparse` (``front_door``) runs it over a problem beside both and the floor."""
+    :mod:`iosim.masking.topk_sparse` (``front_door``) runs it over a problem beside both and the floor."""
 
     name: str
     title: str
@@ -435,7 +435,7 @@ INDEX_SCHEDULES: dict[str, IndexSchedule] = {
         ("per-query", "group:G", "gqa", "gather"),
         topk_sparse.topk_forward,
         io_model.topk_sparse,
-        "iosim.topk_sparse.topk_sparse",
+        "iosim.masking.topk_sparse.topk_sparse",
     )
 }
 

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from iosim.memory_model import Stats, Trace
-from iosim.problem import Problem
-from iosim.schedule import Schedule
+from iosim.spec.problem import Problem
+from iosim.spec.schedule import Schedule
 from iosim.theory import bounds
 from iosim.theory.io_model import Prediction
 from iosim.theory.tiling import Tiling
@@ -78,17 +78,18 @@ class Result:
     seed: int | None = None  # None: the caller's arrays
     scale: float = 1.0
     trace: Trace | None = None  # the requested pass's event trace (``trace=True``)
-    mask: str = "none"  # the mask's label (``causal`` for the causal flag); see iosim.masks
+    mask: str = "none"  # the mask's label (``causal`` for the causal flag); see iosim.masking.masks
     kv_policy: str = "paper"  # the empty-block policy (iosim.algorithms.tile_masks.POLICIES)
     problem: Problem | None = None  # what was counted (provenance): B, heads, N_q, N_k, d_qk, d_v, dtypes
     schedule: dict = field(default_factory=dict)  # GQA policy, splits, MLA read, thread blocks (problem runs)
     seen: tuple[int, int] | None = None  # a mask over a problem: (rows that see a key, keys seen), per head
-    # (iosim.problem.SeenTotals: over the whole problem, a mask that differs per (b, h))
-    spec: Schedule | None = None  # the schedule asked for (iosim.schedule.Schedule), stamped by run()
+    # (iosim.spec.problem.SeenTotals: over the whole problem, a mask that differs per (b, h))
+    spec: Schedule | None = None  # the schedule asked for (iosim.spec.schedule.Schedule), stamped by run()
 
     @property
     def bytes_per_array(self) -> dict[str, int]:
-        """Bytes moved per array (reads + writes), each array at its dtype (:meth:`iosim.problem.Problem.bytes_of`)."""
+        """Bytes moved per array (reads + writes), each array at its dtype
+        (:meth:`iosim.spec.problem.Problem.bytes_of`)."""
         p = self.problem or Problem(N=self.N, d=self.d)
         return {n: p.bytes_of(n, c.reads + c.writes) for n, c in self.stats.per_array.items()}
 
@@ -133,7 +134,7 @@ class Result:
     def as_dict(self) -> dict:
         """A JSON-ready summary (what ``iosim run --json`` prints), with its provenance: iosim's version, the seed
         (None for the caller's arrays), scale, dtype, tiling and the predicted per-array counts."""
-        from iosim.version import __version__
+        from iosim.base.version import __version__
 
         main = self.main
         out = {

@@ -1,13 +1,13 @@
 """Sweeps: run any grid of (algorithm, pass, N, d, M, causal, mask, kv_policy, tiling); one record per point.
 
->>> from iosim.sweep import sweep
+>>> from iosim.runner.sweep import sweep
 >>> recs = sweep({"algorithm": ["flash2"], "N": [64], "d": [8], "M": [512, 1024]}, executor="serial", as_frame=False)
 >>> [r["status"] for r in recs], recs[0]["exact"]
 (['ok', 'ok'], True)
 
 * **Grid.** A mapping from the keys of :data:`GRID_KEYS` to a value or a list of values (the Cartesian product is
   taken; missing keys take :data:`DEFAULTS`), or a list of such mappings (their expansions are concatenated).
-  An unknown key is an :class:`~iosim.errors.InputError` for the whole grid; a bad *value* (N = 0, an unknown
+  An unknown key is an :class:`~iosim.base.errors.InputError` for the whole grid; a bad *value* (N = 0, an unknown
   algorithm, an M too small for any tiling, a pass the algorithm lacks) makes that one point ``status="invalid"``
   with the reason in ``error``, and the rest still run.
 * **Records.** One dict per point in grid order (a pandas DataFrame when pandas is installed and ``as_frame`` is
@@ -40,9 +40,10 @@ import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-from iosim import api, outputs, registry, validate
-from iosim.errors import InputError, install_hint
+from iosim.base import outputs
+from iosim.base.errors import InputError, install_hint
 from iosim.memory_model import CapacityError
+from iosim.runner import api, registry, validate
 
 GRID_KEYS = ("algorithm", "pass", "N", "d", "M", "causal", "mask", "kv_policy", "tiling", "count_only", "dtype", "seed")
 # A problem beyond one head (iosim.Problem; flash1, flash2): N and d stand for N_q = N_k and d_qk unless N_q, N_k,
@@ -85,7 +86,7 @@ DEFAULTS = {
     "B": None,
     "pass": "forward",
     "causal": False,
-    "mask": "none",  # a --mask string (iosim.masks.parse)
+    "mask": "none",  # a --mask string (iosim.masking.masks.parse)
     "kv_policy": None,  # iosim.run's default: paper for one head, skip over a problem (the record says which ran)
     "tiling": "fit",
     "count_only": True,
@@ -153,8 +154,8 @@ def _objects_as_keys(g) -> list[Mapping]:
     """A grid mapping whose ``problem`` and ``schedule`` values are :class:`iosim.Problem` and :class:`iosim.Schedule`
     objects (one or a list each), as the plain mappings of its keys: one per (problem, schedule) pair, the object's
     fields as single values (its dtypes too: the records hold them and the bytes)."""
-    from iosim.problem import Problem
-    from iosim.schedule import Schedule
+    from iosim.spec.problem import Problem
+    from iosim.spec.schedule import Schedule
 
     if not isinstance(g, Mapping):
         raise InputError("grid", "entries must be mappings of parameter -> values", type(g))
@@ -209,7 +210,7 @@ def _check_point(p: dict) -> None:
 
 def run_point(p: dict) -> dict:
     """Run one point; never raises for bad input: the record says ``status`` ok / invalid / capacity / error."""
-    from iosim.version import __version__
+    from iosim.base.version import __version__
 
     rec = {k: p[k] for k in GRID_KEYS} | {k: None for k in RESULT_FIELDS} | {"iosim_version": __version__}
     try:
@@ -272,7 +273,7 @@ def run_point(p: dict) -> dict:
 
 def _problem_of(p: dict):
     """The iosim.Problem of a point that names one (any problem key off its default), else None."""
-    from iosim.problem import Problem
+    from iosim.spec.problem import Problem
 
     keys = ("batch", "heads", "kv_heads", "N_q", "N_k", "d_v", "page_size", "latent")
     dtypes = {k: p[k] for k in ("dtype_q", "dtype_kv", "dtype_o") if p[k] is not None}
@@ -287,9 +288,9 @@ def _problem_of(p: dict):
 
 
 def point_seconds(p: dict) -> float:
-    """The estimated time of one point (iosim.estimate; a mask counts as dense: an upper bound); 0 for a point
+    """The estimated time of one point (iosim.runner.estimate; a mask counts as dense: an upper bound); 0 for a point
     that is invalid (it will be reported, not run)."""
-    from iosim import estimate, registry
+    from iosim.runner import estimate, registry
 
     try:
         algo = registry.get(p["algorithm"])
@@ -301,7 +302,7 @@ def point_seconds(p: dict) -> float:
         steps = validate.estimated_steps(t, N, d, backward)
         counting = 0.0
         if p.get("mask") not in (None, "none", "dense", "causal"):  # a random mask: counted three times
-            from iosim.masks import compile_mask
+            from iosim.masking.masks import compile_mask
 
             counting = estimate.mask_seconds(compile_mask(p["mask"], N), passes=3)
     except Exception:
@@ -313,7 +314,7 @@ def point_seconds(p: dict) -> float:
 
 def _check_duration(points: list[dict], workers: int, allow_long) -> None:
     """The long-run rule for the sweep as a whole: the points' estimates summed, over the workers."""
-    from iosim import estimate
+    from iosim.runner import estimate
 
     seconds = sum(point_seconds(p) for p in points) / max(1, workers)
     what = f"a sweep of {len(points):,} points on {workers} worker(s)"
@@ -371,7 +372,7 @@ def _reads_of(mask: str) -> tuple[str, ...]:
     """Parse ``mask`` (it runs the mask file), recording the files it opens other than Python's own and iosim's (the
     standard library and installed packages, which no edit of the user's changes; iosim's sources, which the code
     fingerprint covers)."""
-    from iosim.masks import parse
+    from iosim.masking.masks import parse
 
     if not getattr(_audit, "installed", False):
         sys.addaudithook(_audit)  # audit hooks cannot be removed: this one records only while _RECORDING is set
@@ -397,7 +398,9 @@ def _own_dirs() -> list[str]:
     """iosim's own source folders (an editable install's are outside site-packages): the code fingerprint keys them."""
     import importlib.util
 
-    here = Path(__file__).resolve().parent  # iosim/; its algorithms and memory model may live beside it (a checkout)
+    here = (
+        Path(__file__).resolve().parents[1]
+    )  # iosim/; its algorithms and memory model may live beside it (a checkout)
     found = [importlib.util.find_spec(f"iosim.{m}") for m in ("algorithms", "memory_model")]
     return [str(here), *(str(Path(next(iter(f.submodule_search_locations)))) for f in found if f is not None)]
 
@@ -640,7 +643,7 @@ def sweep(
     """Run every point of ``grid`` and return one record per point, in grid order (see the module docstring).
 
     ``stats``, when a dict is given, receives ``points``, ``computed``, ``cached`` and ``invalid`` counts.
-    The points still to compute are estimated first (:mod:`iosim.estimate`): over a minute in all needs
+    The points still to compute are estimated first (:mod:`iosim.runner.estimate`): over a minute in all needs
     ``allow_long=True``, over an hour is refused.
     """
     if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1):

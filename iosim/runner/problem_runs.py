@@ -1,5 +1,5 @@
-"""A run over a whole problem (:class:`iosim.problem.Problem`): batch, heads, GQA, N_q != N_k, split-KV, paged KV,
-MLA. :func:`iosim.api.run` comes here when the problem is more than one head of the seed papers."""
+"""A run over a whole problem (:class:`iosim.spec.problem.Problem`): batch, heads, GQA, N_q != N_k, split-KV, paged KV,
+MLA. :func:`iosim.runner.api.run` comes here when the problem is more than one head of the seed papers."""
 
 from __future__ import annotations
 
@@ -7,15 +7,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from iosim import estimate
-from iosim.errors import InputError
-from iosim.inputs import problem_arrays
+from iosim.base.errors import InputError
 from iosim.memory_model import Stats, TwoLevelMemory
-from iosim.problem import Problem
-from iosim.references import all_finite, logsumexp_error, problem_reference, problem_reference_backward
-from iosim.results import PassResult, Result
+from iosim.runner import estimate
+from iosim.runner.inputs import problem_arrays
+from iosim.runner.references import all_finite, logsumexp_error, problem_reference, problem_reference_backward
+from iosim.runner.results import PassResult, Result
+from iosim.runner.validate import MAX_D, MAX_N, dtype_arg, estimated_steps, flag, positive_int, scale_arg, seed_arg
+from iosim.spec.problem import Problem
 from iosim.theory.tiling import Tiling
-from iosim.validate import MAX_D, MAX_N, dtype_arg, estimated_steps, flag, positive_int, scale_arg, seed_arg
 
 PROBLEM_ALGORITHMS = ("flash1", "flash2")
 BACKWARD_FLOOR = "compulsory (read Q, O, dO, L, K/V once per KV head; write dQ, dK, dV)"
@@ -121,7 +121,7 @@ def combine_rows(p: Problem, splits: int, M: int) -> int:
 
 def _problem_inputs(p: Problem, rng, user=None):
     """Standard-normal Q (B H_q N_q x d_qk), K and V (B H_kv N_k rows; the latent: V = K's first d_v columns) in
-    logical order, or the caller's (``user``: :func:`iosim.inputs.problem_arrays`), and the paged storage: (Q, K,
+    logical order, or the caller's (``user``: :func:`iosim.runner.inputs.problem_arrays`), and the paged storage: (Q, K,
     V, K_stored, V_stored, table)."""
     if user is not None:
         Q, K, V = user[:3]
@@ -147,7 +147,8 @@ def _problem_inputs(p: Problem, rng, user=None):
 
 
 def _user_arrays(p: Problem, o: dict, backward: bool):
-    """The caller's (Q, K, V, dO) over ``p``, checked and flattened (:func:`iosim.inputs.problem_arrays`), or None
+    """The caller's (Q, K, V, dO) over ``p``, checked and flattened (:func:`iosim.runner.inputs.problem_arrays`), or
+    None
     when none is given (the run draws them from its seed)."""
     Q, K, V, dO = o["arrays"]
     if Q is None and K is None and V is None:
@@ -188,8 +189,8 @@ def _seen(p: Problem, tmask) -> tuple[int, int] | None:
 
     if tmask is None:
         return (p.N_k, p.N_k) if p.causal and p.N_q > p.N_k else None
-    if tmask.packed_rows:  # one group's packed rows under masks of their own (iosim.head_masks.packed_mask)
-        from iosim.problem import SeenTotals
+    if tmask.packed_rows:  # one group's packed rows under masks of their own (iosim.masking.head_masks.packed_mask)
+        from iosim.spec.problem import SeenTotals
 
         return SeenTotals(*(int(x) for x in seen_counts(*tmask.args[:3], tmask.packed_rows, 0, p.N_k)))
     return tuple(int(x) for x in seen_counts(*tmask.args[:3], p.N_q, p.N_k - p.N_q, p.N_k))
@@ -197,13 +198,13 @@ def _seen(p: Problem, tmask) -> tuple[int, int] | None:
 
 def problem_seen(p: Problem, mask, allow_long: bool = False) -> tuple[int, int] | None:
     """:func:`_seen` of a ``mask`` argument (a ``--mask`` string, a Mask, an array or None) over problem ``p``: what
-    its compulsory traffic reads (:meth:`iosim.problem.Problem.compulsory`). A random mask is tested element by
+    its compulsory traffic reads (:meth:`iosim.spec.problem.Problem.compulsory`). A random mask is tested element by
     element over the queries' N_q rows: that time is estimated first, under the long-run rule."""
     if mask is None or (isinstance(mask, str) and mask in ("none", "dense")):
         return _seen(p, None)
-    from iosim import head_masks
     from iosim.algorithms.tile_masks import DENSE
-    from iosim.masks import compile_mask
+    from iosim.masking import head_masks
+    from iosim.masking.masks import compile_mask
 
     one, g = head_masks.resolve(p, mask, allow_long)
     if g is not None:  # a mask that differs per (b, h): over the whole problem
@@ -224,7 +225,7 @@ def problem_mask(p: Problem, mask, policy, allow_long: bool = False):
     rows are the queries' (aligned bottom-right, as the causal field is), or None for the dense mask. ``policy``
     None is skip: a problem's schedules load no operand of a block the mask empties, as FlashAttention's kernels."""
     from iosim.algorithms.tile_masks import DENSE
-    from iosim.masks import compile_mask
+    from iosim.masking.masks import compile_mask
 
     if p.N_q > p.N_k:
         raise InputError(
@@ -233,7 +234,7 @@ def problem_mask(p: Problem, mask, policy, allow_long: bool = False):
             f"N_q = {p.N_q:,}, N_k = {p.N_k:,}",
             mask if isinstance(mask, str) else type(mask).__name__,
         )
-    from iosim.head_masks import one_mask
+    from iosim.masking.head_masks import one_mask
 
     mask = one_mask(p, mask, allow_long)
     tm = compile_mask(mask, p.N_k, p.causal, "skip" if policy is None else policy, allow_long=allow_long)
@@ -245,7 +246,7 @@ class ProblemRun:
     """One run over a problem, its options checked (:meth:`check`): what the steps of :func:`run_problem` share.
     ``o`` keeps the raw keywords a step reads as given (tiling rule, kv_policy, pages, combine, mask)."""
 
-    algo: object  # the registered algorithm (iosim.registry.Algorithm)
+    algo: object  # the registered algorithm (iosim.runner.registry.Algorithm)
     p: Problem
     M: int
     gqa: str
@@ -287,7 +288,7 @@ class ProblemRun:
     def check(cls, algo, p: Problem, M: int, gqa, splits, mla, Br, Bc, B, masked: bool, o: dict) -> ProblemRun:
         """The schedule's options against the algorithm and the problem, the mask compiled, the flags, the caller's
         arrays, dtype, seed, scale and explicit tiles checked, in that order (the first mistake is the one named)."""
-        from iosim.masks import compile_mask
+        from iosim.masking.masks import compile_mask
 
         backward = flag("backward", o["backward"])
         splits, mla = _problem_schedule(algo, p, gqa, splits, mla, B, o.get("pages", "pieces"))
@@ -323,16 +324,17 @@ class ProblemRun:
 
 
 def run_problem(algo, p: Problem, M: int, gqa, splits, mla, Br, Bc, B, one_head, **o) -> Result:
-    """:func:`iosim.api.run` over a whole problem (flash1, flash2: :mod:`iosim.algorithms.flash`; standard and
-    square tiling head by head). ``one_head`` is :func:`iosim.api.run`'s keyword form, which a backward run head by
+    """:func:`iosim.runner.api.run` over a whole problem (flash1, flash2: :mod:`iosim.algorithms.flash`; standard and
+    square tiling head by head). ``one_head`` is :func:`iosim.runner.api.run`'s keyword form, which a backward run head
+    by
     head calls for each head."""
-    from iosim.masks import check_policy
+    from iosim.masking.masks import check_policy
 
     check_policy(o["kv_policy"], None)  # checked with or without a mask (None: skip over a problem)
     masked = not (o["mask"] is None or (isinstance(o["mask"], str) and o["mask"] in ("none", "dense")))
     backward = flag("backward", o["backward"])
-    if masked:  # a mask that differs per (b, h): each part of the problem under its own (iosim.head_masks)
-        from iosim import head_masks
+    if masked:  # a mask that differs per (b, h): each part of the problem under its own (iosim.masking.head_masks)
+        from iosim.masking import head_masks
 
         one, grid = head_masks.resolve(p, o["mask"], o["allow_long"] is True)
         if grid is not None:
@@ -547,7 +549,7 @@ def run_by_heads(algo, p: Problem, M: int, gqa, splits, mla, Br, Bc, B, masked: 
     if backward and p.g > 1:
         passes["backward"], outputs = _gqa_reduction(p, M, passes["backward"], outputs, count_only)
         if not count_only and flag("reference", o["reference"]):  # the summed dK, dV against the float64 sums
-            from iosim.masks import compile_mask
+            from iosim.masking.masks import compile_mask
 
             tm = compile_mask(o["mask"] if masked else None, N, p.causal, allow_long=o["allow_long"] is True)
             ref_mask = None if tm.is_causal or tm.label == "none" else tm
@@ -564,16 +566,17 @@ def run_by_heads(algo, p: Problem, M: int, gqa, splits, mla, Br, Bc, B, masked: 
 
 def _run_mask_parts(algo, p: Problem, M: int, gqa, splits, mla, Br, Bc, B, o: dict, one_head, grid) -> Result:
     """:func:`run_problem` under a mask that differs per (b, h) (``grid``: its tile oracle at each, not all the
-    same): the problem cut into parts within which it is the same (:mod:`iosim.head_masks`), each part run as its
+    same): the problem cut into parts within which it is the same (:mod:`iosim.masking.head_masks`), each part run as
+    its
     own problem under its mask on the inputs of the whole (drawn from ``seed`` as the whole problem's are, or the
     caller's), every pass's counts and closed form the parts' sums and the peak the largest part's; per-query-head
     parts of a group of g > 1 write dK, dV as the group's partials and the group sum follows
     (:func:`_gqa_reduction`); packed GQA runs a group's heads as one part under its packed rows' own mask. The
     floor reads each row that sees a key once and each key/value head's keys its group sees
-    (:func:`iosim.head_masks.seen_totals`)."""
+    (:func:`iosim.masking.head_masks.seen_totals`)."""
     from dataclasses import replace
 
-    from iosim import head_masks
+    from iosim.masking import head_masks
     from iosim.theory import io_model
 
     how = head_masks.cut(p, grid)

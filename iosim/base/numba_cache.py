@@ -22,7 +22,7 @@ _STAMP = "iosim-sources"
 
 def source_fingerprint() -> str:
     """A fingerprint of numba's version and every iosim source file (path, modification time, size)."""
-    roots = {Path(__file__).resolve().parent}
+    roots = {Path(__file__).resolve().parents[1]}
     for name in ("iosim.algorithms", "iosim.memory_model"):
         mod = sys.modules.get(name)
         if mod is not None and getattr(mod, "__file__", None):

@@ -9,18 +9,15 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from iosim import registry
 from iosim.algorithms.reference import attention_backward, attention_forward
-from iosim.errors import InputError
-from iosim.inputs import check_arrays, check_dO, problem_arrays
+from iosim.base.errors import InputError
 from iosim.memory_model import TraceTooLargeError, TwoLevelMemory
-from iosim.problem import Problem
-from iosim.problem_runs import combine_rows, explicit_tiling, is_plain, problem_arg, problem_seen, run_problem
-from iosim.references import all_finite, logsumexp_error, problem_reference, problem_reference_backward
-from iosim.results import PassResult, Result
-from iosim.schedule import Schedule, explicit_tiles, from_objects
-from iosim.theory import bounds
-from iosim.validate import (
+from iosim.runner import registry
+from iosim.runner.inputs import check_arrays, check_dO, problem_arrays
+from iosim.runner.problem_runs import combine_rows, explicit_tiling, is_plain, problem_arg, problem_seen, run_problem
+from iosim.runner.references import all_finite, logsumexp_error, problem_reference, problem_reference_backward
+from iosim.runner.results import PassResult, Result
+from iosim.runner.validate import (
     DTYPES,
     MAX_D,
     MAX_M,
@@ -35,8 +32,11 @@ from iosim.validate import (
     scale_arg,
     seed_arg,
 )
+from iosim.spec.problem import Problem
+from iosim.spec.schedule import Schedule, explicit_tiles, from_objects
+from iosim.theory import bounds
 
-# Re-exported: the names other modules and users reach through iosim.api (sizes, the problem helpers).
+# Re-exported: the names other modules and users reach through iosim.runner.api (sizes, the problem helpers).
 __all__ = [
     "DTYPES", "MAX_D", "MAX_M", "MAX_N", "MAX_SEED", "PassResult", "Result", "algorithm_names", "combine_rows",
     "problem_reference", "problem_reference_backward", "problem_seen", "run", "run_keywords", "SCHEDULE_OPTIONS",
@@ -140,14 +140,15 @@ def run(
     (``result.trace``; :meth:`iosim.memory_model.Trace.replay` reproduces the counts). ``reference=False`` skips the
     float64 reference (no ``errors``). A run (count-only, or numeric with its reference) estimated at over a minute
     needs ``allow_long=True``; over an hour, or a numeric run whose arrays would not fit in memory, is refused up
-    front (:class:`InputError`; the rule and its costs: :mod:`iosim.estimate`).
+    front (:class:`InputError`; the rule and its costs: :mod:`iosim.runner.estimate`).
     Outputs that are not finite (finite inputs whose scores overflow) give a warning and ``result.finite`` False.
 
-    ``mask`` (an :mod:`iosim.masks` pattern, a ``--mask`` string such as ``"window:128"``, or an N x N boolean array)
+    ``mask`` (an :mod:`iosim.masking.masks` pattern, a ``--mask`` string such as ``"window:128"``, or an N x N boolean
+    array)
     masks the scores; ``causal=True`` is the causal mask. Built-in algorithms skip the tiles the mask empties; the
     schedule's ``kv_policy`` decides whether the outer-loop operands of a block whose tiles are all empty load.
 
-    ``problem`` (an :class:`iosim.problem.Problem`: batch, query and key/value heads, N_q, N_k, d_qk, d_v, causal
+    ``problem`` (an :class:`iosim.spec.problem.Problem`: batch, query and key/value heads, N_q, N_k, d_qk, d_v, causal
     bottom-right, MLA latent, page size, dtypes) replaces N and d. A one-head problem with N_q = N_k and the default
     schedule runs the algorithms above unchanged.
     """
@@ -212,7 +213,8 @@ def _run(
     pages: str = "pieces",
 ) -> Result:
     """:func:`run`'s body: every option a keyword (the Schedule's fields among them), checked here or by the
-    problem run (:func:`iosim.problem_runs.run_problem`, which calls it back for each head of a head-by-head run)."""
+    problem run (:func:`iosim.runner.problem_runs.run_problem`, which calls it back for each head of a head-by-head
+    run)."""
     algo = registry.get(algorithm)
     M = positive_int("M", M, MAX_M)
     if problem is not None or gqa != "per-head" or splits != 1 or mla != "shared" or pages != "pieces":
@@ -309,7 +311,7 @@ class _OneHead:
                 raise InputError("N and d", "must be given when Q, K, V are not")
             N, d = positive_int("N", N, MAX_N), positive_int("d", d, MAX_D)
         scale = scale_arg(a["scale"], d)
-        from iosim.masks import compile_mask
+        from iosim.masking.masks import compile_mask
 
         tmask = compile_mask(a["mask"], N, causal, a["kv_policy"], allow_long=allow_long)
         h = cls(algo, M, N, d, Q, K, V, dO, backward, count_only, strict, trace, reference, dtype, seed, scale, tmask,

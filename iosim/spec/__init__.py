@@ -1,0 +1,1 @@
+"""What is asked: the problem object (shapes, heads, dtypes), the schedule, and the KV cache formats."""
