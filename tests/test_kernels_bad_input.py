@@ -154,7 +154,7 @@ def test_unsupported_backend_version(monkeypatch):
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.setattr(interpreter.InterpreterBuilder, "create_masked_load", create_masked_load)
-    with pytest.raises(InputError, match="supports triton 3.9"):
+    with pytest.raises(InputError, match="supports triton 3.7"):
         triton_backend.require()
 
 

@@ -103,10 +103,10 @@ def test_problem_counts_equal_closed_form_and_the_array_mask(algo, shape, gqa, s
     mod = masks.from_mask_mod(fn)
     for bwd in (False, True) if not sched else (False,):
         r = iosim.run(
-            iosim.Schedule(algo, gqa=gqa, Br=4, Bc=5), problem=p, M=900, mask=mod, count_only=True, backward=bwd, **kw
+            iosim.Schedule(algo, gqa=gqa, Br=4, Bc=5, **kw), problem=p, M=900, mask=mod, count_only=True, backward=bwd
         )
         a = iosim.run(
-            iosim.Schedule(algo, gqa=gqa, Br=4, Bc=5), problem=p, M=900, mask=ref, count_only=True, backward=bwd, **kw
+            iosim.Schedule(algo, gqa=gqa, Br=4, Bc=5, **kw), problem=p, M=900, mask=ref, count_only=True, backward=bwd
         )
         assert _exact(r)
         assert {k: v.stats.per_array for k, v in r.passes.items()} == {

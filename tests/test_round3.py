@@ -197,3 +197,40 @@ def test_the_callers_tensors_read_alike_on_both_paths(kind, path):
     r = iosim.run("flash2", Q=Q, K=K, V=V, M=1024, **kw)
     assert r.finite and r.stats.total == r.predicted.total
     assert max(r.errors.values()) < 1e-12 and np.isfinite(max(r.errors.values()))
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".jsonl"])
+def test_sweep_out_is_written_with_the_mode_other_writers_use(suffix, tmp_path):
+    """`iosim sweep --out` wrote mode 0600 (its temporary file's) where every other writer's files get 0644 under
+    umask 022: the file now gets what open() gives a new file under the process's umask."""
+    import os
+
+    from iosim.runner.sweep import write_records
+
+    out, plain = tmp_path / f"s{suffix}", tmp_path / "plain.txt"
+    write_records([], out)
+    with open(plain, "w"):
+        pass
+    assert out.stat().st_mode & 0o777 == plain.stat().st_mode & 0o777
+    old = os.umask(0o027)
+    try:
+        write_records([], tmp_path / f"t{suffix}")
+    finally:
+        os.umask(old)
+    assert (tmp_path / f"t{suffix}").stat().st_mode & 0o777 == 0o640
+
+
+@pytest.mark.parametrize("name, content", [("nodash-M4.txt", "x"), ("conv-2x2-M4.txt", None), ("-M.txt", "x")])
+def test_an_exercise_folder_with_a_bad_file_is_one_line_in_python(name, content, tmp_path):
+    """`iosim.views.html.exercises` ended in a traceback (ValueError, UnicodeDecodeError) on a misnamed or binary
+    file, where the command line's own check gave one line; the check now lives in the function both use."""
+    from iosim import InputError
+    from iosim.views.html import exercises
+
+    f = tmp_path / name
+    if content is None:
+        f.write_bytes(bytes(range(128, 256)))
+    else:
+        f.write_text(content)
+    with pytest.raises(InputError, match=r"^folder must hold exercises .*" + name.replace(".", r"\.")):
+        exercises(tmp_path)

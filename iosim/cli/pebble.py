@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 from pathlib import Path
 
 from iosim.base.errors import InputError, install_hint
@@ -207,12 +206,11 @@ def _html(args) -> int:
     return 0
 
 
-EXERCISE = re.compile(r"(?P<kind>.+)-(?P<sizes>[^-]+)-M(?P<M>[0-9]+)")
-
-
 def _check_exercises(folder: str) -> None:
     """Each file of ``folder`` that iosim.views.html.exercises takes (``*-M*.txt``) named GRAPH-SIZES-MM.txt (a
     graph that parses, M a whole number) and readable as text, else one line naming the file."""
+    from iosim.views.html import EXERCISE
+
     for f in sorted(Path(folder).glob("*-M*.txt")):
         m = EXERCISE.fullmatch(f.stem)
         if m is None:

@@ -580,10 +580,18 @@ def write_records(records: list[dict], out: Path) -> None:
             import pandas as pd
 
             pd.DataFrame.from_records(records, columns=list(FIELDS)).to_parquet(tmp, index=False)
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp's 0600 is for the temporary name only: the mode open() gives
         os.replace(tmp, out)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def _umask() -> int:
+    """The process's umask (read by setting it and setting it back: Python has no getter)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def _as_frame(records: list[dict], as_frame: bool | None):

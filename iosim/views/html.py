@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from importlib import resources
 from pathlib import Path
 
@@ -780,16 +781,24 @@ def pebble_page(games, path=None, optimum_states: int | None = None, allow_long:
     return html
 
 
+EXERCISE = re.compile(r"(?P<kind>.+)-(?P<sizes>[^-]+)-M(?P<M>[0-9]+)")  # GRAPH-SIZES-MM, e.g. matmul-2x2x2-M4
+
+
 def exercises(folder) -> list[tuple[str, int, str]]:
     """The pebble exercises of ``folder`` (docs/pebble): files named GRAPH-SIZES-MM.txt, e.g. matmul-2x2x2-M4.txt
-    is graph matmul:2x2x2 with M = 4."""
+    is graph matmul:2x2x2 with M = 4; a file misnamed or not text is one line naming it."""
     out = []
     for f in sorted(Path(folder).glob("*-M*.txt")):
-        stem, m = f.stem.rsplit("-M", 1)
-        kind, sizes = stem.rsplit("-", 1)
-        out.append((f"{kind}:{sizes}", int(m), str(f)))
-    out.sort(key=lambda g: (len(Path(g[2]).read_text().splitlines()), g[2]))  # the shortest solution first
-    return out
+        m = EXERCISE.fullmatch(f.stem)
+        if m is None:
+            raise InputError("folder", "must hold exercises named GRAPH-SIZES-MM.txt (matmul-2x2x2-M4.txt: graph "
+                             "matmul:2x2x2, M = 4)", str(f))  # fmt: skip
+        try:
+            lines = len(f.read_text(encoding="utf-8").splitlines())
+        except (OSError, UnicodeDecodeError) as e:
+            raise InputError("folder", "must hold exercises readable as text", f"{f}: {e}") from None
+        out.append((lines, f"{m['kind']}:{m['sizes']}", int(m["M"]), str(f)))
+    return [g[1:] for g in sorted(out, key=lambda g: (g[0], g[3]))]  # the shortest solution first
 
 
 def show(*algorithms: str, html, **kw) -> Path:
