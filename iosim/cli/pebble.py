@@ -207,23 +207,19 @@ def _html(args) -> int:
 
 
 def _check_exercises(folder: str) -> None:
-    """Each file of ``folder`` that iosim.views.html.exercises takes (``*-M*.txt``) named GRAPH-SIZES-MM.txt (a
-    graph that parses, M a whole number) and readable as text, else one line naming the file."""
-    from iosim.views.html import EXERCISE
+    """Each exercise of ``folder`` as :func:`iosim.views.html.exercises` reads it (named GRAPH-SIZES-MM.txt and
+    readable as text, else one line naming the file), its graph one that parses."""
+    from iosim.views import html
 
-    for f in sorted(Path(folder).glob("*-M*.txt")):
-        m = EXERCISE.fullmatch(f.stem)
-        if m is None:
-            raise InputError("graph", "as a folder must hold exercises named GRAPH-SIZES-MM.txt "
-                             "(matmul-2x2x2-M4.txt: graph matmul:2x2x2, M = 4)", str(f))  # fmt: skip
+    try:
+        games = html.exercises(folder)
+    except InputError as e:  # the folder is given as the graph argument here
+        raise InputError("graph", f"as a folder {e.accepted}", e.got) from None
+    for spec, _, f in games:
         try:
-            named(f"{m['kind']}:{m['sizes']}")
+            named(spec)
         except InputError as e:
-            raise InputError("graph", f"as a folder must hold exercises of graphs: {e}", str(f)) from None
-        try:
-            f.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as e:
-            raise InputError("graph", "as a folder must hold exercises readable as text", f"{f}: {e}") from None
+            raise InputError("graph", f"as a folder must hold exercises of graphs: {e}", f) from None
 
 
 def _print_outcome(o: Outcome) -> None:
