@@ -640,7 +640,24 @@ def hierarchy(
         return _three_objects(dict(locals()))
     if schedule is not None or device_or_memory is not None:
         raise InputError("schedule", "goes with a problem as the first argument: hierarchy(problem, schedule, device)")
-    w = _launch(dict(locals()))
+    return _simulate(dict(locals()))
+
+
+def _simulate(kw: dict) -> HierarchyResult:
+    """:func:`hierarchy`'s launch from its keywords ``kw``: the machine, the schedule's traced parts cut into CTAs and
+    ordered, the L2 run over them, and the result."""
+    algorithm, problem, backward, policy, order, record, _trace = (
+        kw[k] for k in ("algorithm", "problem", "backward", "policy", "order", "record", "_trace")
+    )
+    device, P, C, L, M, blocks_per_sm, partitions, home_lines, kernel, sector_bytes = (
+        kw[k] for k in ("device", "P", "C", "L", "M", "blocks_per_sm", "partitions", "home_lines", "kernel",
+                        "sector_bytes")
+    )  # fmt: skip
+    tiling, Br, Bc, block, allow_long, gqa, mla, splits, pages = (
+        kw[k] for k in ("tiling", "Br", "Bc", "block", "allow_long", "gqa", "mla", "splits", "pages")
+    )
+    element_bytes, scheduler, opt_limit_bytes = kw["element_bytes"], kw["scheduler"], kw["opt_limit_bytes"]
+    w = _launch(kw)
     N, d, B, H_q, H_kv, causal, bytes_per_word = w.N, w.d, w.B, w.H_q, w.H_kv, w.causal, w.bytes_per_word
     unit, units, mask, kv_policy = w.unit, w.units, w.mask, w.kv_policy
     mc = _machine(device, P, C, L, M, blocks_per_sm, bytes_per_word, policy, partitions, home_lines, kernel,
