@@ -36,7 +36,7 @@ P_ij in a backward pass, Q K^T again for each row block) is R3 on the same verte
 Exact identities with constants are folded (0 + x, x - 0, x * 1, x / 1 and max(-inf, x) are x), so a summation
 that starts from 0.0 has the papers' shape: the first product is the chain's first leaf.
 
-What is common with the papers' graph (docs/theory.md): the level-1 vertices. Every driver computes S = Q K^T
+What is common with the papers' graph (docs/theory-replay.md): the level-1 vertices. Every driver computes S = Q K^T
 (scaled) with the standard algorithm, so the run's DAG contains each product Q[i,k] K[j,k] as a vertex with
 exactly those two parents and a summation chain over k per entry; :func:`level1_products` counts them (the tests
 check all N^2 d are there). Beyond level 1 each algorithm has its own graph: FlashAttention's online softmax

@@ -1,4 +1,4 @@
-"""The red-blue pebble game (Hong & Kung 1981, as Saha & Ye Def. 2.1 restate it; docs/theory.md).
+"""The red-blue pebble game (Hong & Kung 1981, as Saha & Ye Def. 2.1 restate it; docs/theory-replay.md).
 
 A red pebble on a vertex means its value is in fast memory, a blue pebble that it is in slow memory. At the start
 every input carries a blue pebble; the goal is a blue pebble on every output; at most M red pebbles exist at any

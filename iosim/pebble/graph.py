@@ -1,4 +1,4 @@
-"""Computation graphs (DAGs) for the red-blue pebble game, in the papers' convention (docs/theory.md).
+"""Computation graphs (DAGs) for the red-blue pebble game, in the papers' convention (docs/theory-replay.md).
 
 A :class:`Graph` is a list of vertices, each with a name (``Q[0,1]``, ``S[2,3]``, ``prod(S[2,3],k=1)``), an op
 label and its parents; it knows its inputs (the vertices without parents that start blue) and its outputs (the

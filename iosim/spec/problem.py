@@ -5,7 +5,7 @@ special case, :meth:`Problem.single`). It is a frozen description, never a sched
 ``per-head`` or ``packed``), split-KV, MLA's shared latent read and the tiles are the schedule's choices
 (:data:`GQA_POLICIES`, :data:`MLA_POLICIES`), passed to :func:`iosim.run` beside it.
 
-Fields (the symbols of docs/theory.md#problems-batch-heads-decoding):
+Fields (the symbols of docs/theory-problems.md#problems-batch-heads-decoding):
 
 * ``B`` batch, ``H_q`` query heads, ``H_kv`` key/value heads; ``H_q`` is a multiple of ``H_kv`` and g = H_q / H_kv
   is the group size (MQA: H_kv = 1). Query head h uses key/value head h // g.

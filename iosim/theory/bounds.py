@@ -2,7 +2,7 @@
 
 Lower bounds with explicit constants are used to judge measured counts (measured / bound); upper bounds are the
 papers' Theta(.) expressions evaluated with constant 1, shown for orientation only. Constants not stated by the
-authors are marked provisional, as in docs/theory.md.
+authors are marked provisional, as in docs/theory-provisional.md.
 
 Regimes: M >= d^2 is the large-cache regime (FlashAttention is optimal, Saha & Ye Theorem 3.1); M < d^2 is the
 small-cache regime (square tiling wins, Theta(N^2 d / sqrt(M))).
@@ -43,7 +43,7 @@ def theory_winner(d: int, M: int) -> tuple[str, str]:
     Small cache (M < d^2): square tiling, Theta(N^2 d / sqrt(M)), beats FlashAttention's Theta(N^2 d^2 / M) by the
     factor d / sqrt(M) > 1 (Saha & Ye Theorems 3.5, 3.7; backward: Li et al. Theorems 4.3, 4.4). Large cache
     (M >= d^2): FlashAttention is optimal (Saha & Ye Theorem 3.1; flash2 has the smaller constant). Near M = d^2
-    the constants decide (docs/theory.md#regime: F1 and S1 cross at about 1.67 d^2); ``iosim compare`` shows the
+    the constants decide (docs/theory-bounds.md#regime: F1 and S1 cross at about 1.67 d^2); ``iosim compare`` shows the
     measured order.
     """
     if is_large_cache(d, M):
@@ -61,7 +61,7 @@ def forward_bounds(N: int, d: int, M: int, scores: int | None = None) -> list[Bo
     """The forward's bounds. ``scores``: the scores the problem computes (default N^2; causal N(N+1)/2). The
     lower bounds count computed scores (level-1 summation trees, products of the QK^T matmul, entries of QK^T), and
     each argument holds for any subset of them, so N^2 becomes ``scores``
-    (docs/theory.md#how-the-lower-bound-is-chosen); the upper bounds are the dense Theta expressions."""
+    (docs/theory-bounds.md#how-the-lower-bound-is-chosen); the upper bounds are the dense Theta expressions."""
     large = is_large_cache(d, M)
     Z = N * N if scores is None else scores
     return [
@@ -80,7 +80,7 @@ def forward_bounds(N: int, d: int, M: int, scores: int | None = None) -> list[Bo
             max(0.0, Z * d * d / (4 * (M + d * d)) - M),
             "N^2 d^2 / (4(M + d^2)) - M",
             "Saha & Ye, ICML 2024, Lemma 3.3-3.4 + Hong-Kung "
-            "(constant derived in docs/theory.md#forward-bounds, provisional)",
+            "(constant derived in docs/theory-bounds.md#forward-bounds, provisional)",
             "M >= d^2, standard matmul",
             large,
         ),
@@ -99,7 +99,7 @@ def forward_bounds(N: int, d: int, M: int, scores: int | None = None) -> list[Bo
             max(0.0, min(Z * d * d / (8 * M), Z / 8) - M),
             "min(N^2 d^2 / (8M), N^2 / 8) - M",
             "Saha & Ye, ICML 2024, Theorem 4.8 "
-            "(fields with q > N; constant derived in docs/theory.md#forward-bounds, provisional)",
+            "(fields with q > N; constant derived in docs/theory-bounds.md#forward-bounds, provisional)",
             "any M, any matmul algorithm",
             True,
         ),
@@ -117,7 +117,8 @@ def forward_bounds(N: int, d: int, M: int, scores: int | None = None) -> list[Bo
             "upper (asymptotic, constant 1)",
             N * d + N * N,
             "Nd + N^2",
-            "Dao et al., NeurIPS 2022, Theorem 2 (standard attention; needs M >~ d^2, docs/theory.md#forward-bounds)",
+            "Dao et al., NeurIPS 2022, Theorem 2 (standard attention; needs M >~ d^2, "
+            "docs/theory-bounds.md#forward-bounds)",
             "M >= d^2",
             large,
         ),
@@ -143,7 +144,7 @@ def backward_bounds(N: int, d: int, M: int, scores: int | None = None) -> list[B
             "lower",
             7 * N * d,
             "7Nd",
-            "read Q, K, V, dO and write dQ, dK, dV once (docs/theory.md#backward-bounds, L0)",
+            "read Q, K, V, dO and write dQ, dK, dV once (docs/theory-bounds.md#backward-bounds, L0)",
             "any M",
             True,
         ),
@@ -215,16 +216,16 @@ def masked_compulsory(N: int, d: int, mask, backward: bool = False) -> int:
 # ---------------------------------------------------------------------------------------------------------------
 SPARSE_NOTE = (
     "provisional: the fine-grained paper's sparse theorem could not be read; this is the nnz form L6 of "
-    "docs/theory.md#sparse-bounds "
+    "docs/theory-bounds.md#sparse-bounds "
     "(Pagh-Stoeckel's semiring sparse-matmul bound with block size 1 applied to Q K^T), constant 1"
 )
 
 
 def sparse_lower_bound(N: int, d: int, M: int, nnz: int) -> tuple[float, float]:
-    """L6 (docs/theory.md#sparse-bounds), provisional: min{Z_in^2 / M, Z_in sqrt(Z_QK / M)}, switching at
+    """L6 (docs/theory-bounds.md#sparse-bounds), provisional: min{Z_in^2 / M, Z_in sqrt(Z_QK / M)}, switching at
     M* = Z_in^2 / Z_QK.
 
-    Derivation (docs/theory.md): Pagh & Stoeckel bound semiring sparse matrix products by
+    Derivation (docs/theory-bounds.md): Pagh & Stoeckel bound semiring sparse matrix products by
     (N'/B) min(sqrt(Z'/M), N'/M) with N' the nonzeros of the operands and Z' those of the product; with B = 1,
     operands Q, K (Z_in = Nd, as in the paper's dense check) and the product restricted to the mask's Z_QK allowed
     scores this reads min{Z_in^2 / M, Z_in sqrt(Z_QK) / sqrt(M)}. Dense (Z_QK = N^2): min{N^2 d^2 / M, N^2 d /
@@ -255,7 +256,8 @@ def sparse_bounds(N: int, d: int, M: int, mask, tilings: dict | None = None) -> 
             "lower (asymptotic, constant 1, provisional)",
             value,
             "min{Z_in^2 / M, Z_in sqrt(Z_QK / M)}, Z_in = Nd, Z_QK = nnz",
-            "Li et al., arXiv 2410.09397, sparse theorem in the form L6 of docs/theory.md#sparse-bounds (provisional)",
+            "Li et al., arXiv 2410.09397, sparse theorem in the form L6 of "
+            "docs/theory-bounds.md#sparse-bounds (provisional)",
             f"Z_QK = {nnz:,} of N^2 = {N * N:,} (density {nnz / (N * N):.3g}); "
             f"{'large' if M >= switch else 'small'} sparse cache: M {'>=' if M >= switch else '<'} "
             f"Z_in^2 / Z_QK = {switch:,.0f}",
@@ -303,7 +305,8 @@ def problem_bounds(problem, M: int, seen: tuple[int, int] | None = None) -> list
         ("B H_q N_q (d_qk + d_v) + B H_kv N_k (d_qk + d_v)" if not p.latent else "B H_q N_q (d_qk + d_v) + B N_k d_qk")
         if seen is None
         else "B H_q (N_q' d_qk + N_q d_v) + B H_kv N_k' (d_qk + d_v), N_q' rows see a key, N_k' keys are seen",
-        "every input word read once and every output word written once (docs/theory.md#problems-batch-heads-decoding)",
+        "every input word read once and every output word written once "
+        "(docs/theory-problems.md#problems-batch-heads-decoding)",
         "any M",
         True,
     )

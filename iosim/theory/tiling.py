@@ -9,7 +9,7 @@ Two rules:
 * ``paper``: the published formula. FlashAttention: Bc = ceil(M/(4d)), Br = min(Bc, d); FlashAttention-2 has
   no formula in its paper, so the mirror image Br = ceil(M/(4d)), Bc = min(Br, d) (docs/theory.md, F2). Under this
   model's accounting that working set exceeds M for every M <= 4d^2 and first fits at M = 8d^2 + 8d (e.g. N=1024,
-  d=64, M=4096 needs 4384 words; docs/theory.md#tiling-rules-fit-and-paper), so with ``strict=True`` such a run
+  d=64, M=4096 needs 4384 words; docs/theory-model.md#tiling-rules-fit-and-paper), so with ``strict=True`` such a run
   raises CapacityError: a finding about the published constant 4, not a bug. Standard attention has no published
   tiling; ``paper`` uses the same square tile as ``fit``.
 

@@ -410,8 +410,8 @@ def theorem2_line(N: int, d: int, Ms, backward: bool = False, causal: bool = Fal
     of Algorithm 1 (or 4, backward) at the paper's blocks Bc = ceil(M/4d), Br = min(Bc, d), from iosim's closed form
     (forward 2Nd + Tc(3Nd + 4N) + Nd + 2N, backward 4Nd + Tc(5Nd + 2N) + 3Nd with the initialisations; Tc = ceil(N/Bc)).
     It is the Theta(N^2 d^2 / M) upper bound as a number, not a Theta form with constant 1 (which falls below the
-    trivial lower bound 4Nd at small N^2 d / M). The paper's blocks overfill M by about half (docs/theory.md), which the
-    chart's legend says."""
+    trivial lower bound 4Nd at small N^2 d / M). The paper's blocks overfill M by about half (docs/theory-model.md),
+    which the chart's legend says."""
     from iosim.runner import registry
 
     a = registry.get("flash1")
