@@ -1,4 +1,4 @@
-"""The kernels each schedule launches, declared as the real implementations launch them (docs/hierarchy.md).
+"""The kernels each schedule launches, declared as the real implementations launch them (docs/hierarchy-launches.md).
 
 A schedule's trace is cut into **pieces** (:func:`iosim.hierarchy.ctas.cut`: fast memory empty again at each end).
 Every schedule and pass here **names** its kernels, in launch order, each with
