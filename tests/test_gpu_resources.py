@@ -97,16 +97,18 @@ def test_resource_report_has_real_numbers_for_every_kernel():
     # M = 49152 words (192 KiB) fits one H100 block but no A100 block.
     f2 = {(r["cc"], r["M"]): r for r in rows if r["kernel"] == "flash2_forward_kernel"}
     assert f2["9.0", 49152]["blocks_per_sm"] == 1 and f2["8.0", 49152]["blocks_per_sm"] == 0
-    # docs/gpu.md's excerpt of this report is what it prints today (registers depend on the toolkit's version)
+    # docs/gpu-resources.md's excerpt of this report is what it prints today (registers depend on the toolkit's version)
     import pathlib
     import re
 
-    doc = (pathlib.Path(ROOT) / "docs" / "gpu.md").read_text()
+    doc = (pathlib.Path(ROOT) / "docs" / "gpu-resources.md").read_text()
     excerpt = re.findall(r"^\| ([89]\.0) \| (\w+) \| (\d+) \| [^|]+ \| \d+ \| (\d+) \|", doc, flags=re.M)
     assert len(excerpt) >= 12
     regs = {(r["cc"], r["kernel"].removesuffix("_kernel"), r["M"]): r["registers"] for r in rows}
     for cc, kernel, M, registers in excerpt:
-        assert regs[cc, kernel, int(M)] == int(registers), f"docs/gpu.md: {kernel} sm_{cc} M={M}: {registers} registers"
+        assert regs[cc, kernel, int(M)] == int(registers), (
+            f"docs/gpu-resources.md: {kernel} sm_{cc} M={M}: {registers} registers"
+        )
 
 
 # ---------------------------------------------------------------------------------------------------------------
