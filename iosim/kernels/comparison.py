@@ -30,7 +30,7 @@ import numpy as np
 
 from iosim.base.errors import InputError
 from iosim.kernels._theory import bounds, check, io_model
-from iosim.kernels.counting import KernelCounts
+from iosim.kernels.counting import KernelCounts, lsu_lines
 from iosim.memory_model import ArrayCounts
 
 LIKE = ("flash2", "flash2-backward", "decode-splitkv", "block-sparse")
@@ -245,6 +245,7 @@ class Comparison:
                 f"({'within' if n['ok'] else 'OUTSIDE'} iosim.check's rule, {n['dtype']})"
                 + (f"; {n['hint']}" if n.get("hint") else "")
             )
+        lines += lsu_lines(self.counts)
         lines += [f"note: {x}" for x in self.notes]
         return "\n".join(lines)
 

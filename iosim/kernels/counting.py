@@ -615,6 +615,36 @@ class Recorder:
                             overlap=overlap, sectors_counted=self.count_sectors)  # fmt: skip
 
 
+def lsu_lines(counts: KernelCounts) -> list[str]:
+    """The LSU level as text (``iosim kernel`` prints it under the per-array table): the bytes Nsight Compute's
+    ``l1tex__t_bytes_pipe_lsu_mem_global_op_ld`` / ``_op_st`` count, from the 32-byte sectors of each request
+    (:func:`sectors_of`), per array where they differ from the bytes moved; descriptor (TMA) traffic apart."""
+    lsu = counts.lsu()
+    if lsu is None:
+        return []
+    moved = {k: (a.read_bytes, a.write_bytes) for k, a in counts.per_array.items()}
+    rb, wb = sum(r for r, _ in moved.values()), sum(w for _, w in moved.values())
+    line = (f"LSU (32-byte sectors per tl.load/tl.store request, as Nsight's l1tex__t_bytes_pipe_lsu_mem_global_op_ld"
+            f"/_st): loads {lsu['ld']:,} bytes, stores {lsu['st']:,} bytes")  # fmt: skip
+    if lsu["atom"]:
+        line += f", atomics {lsu['atom']:,} bytes (_op_atom + _op_red)"
+    if lsu["descriptor_ld"] or lsu["descriptor_st"]:
+        line += (f"; through tensor descriptors (TMA on sm_90, not the LSU pipe): loads {lsu['descriptor_ld']:,}, "
+                 f"stores {lsu['descriptor_st']:,} bytes")  # fmt: skip
+    lsu_r = lsu["ld"] + lsu["descriptor_ld"] + lsu["atom"]
+    lsu_w = lsu["st"] + lsu["descriptor_st"] + lsu["atom"]
+    if (lsu_r, lsu_w) == (rb, wb):
+        return [line + "; every sector whole: the bytes moved"]
+    out = [line + f"; the bytes moved: {rb:,} read, {wb:,} written (partial sectors counted whole)"]
+    for k, p in lsu["per_array"].items():
+        r = p["ld"] + p["descriptor_ld"] + p["atom"]
+        w = p["st"] + p["descriptor_st"] + p["atom"]
+        if (r, w) != moved[k]:
+            out.append(f"LSU {k}: {r:,} bytes in sectors read (moved {moved[k][0]:,}), {w:,} written "
+                       f"(moved {moved[k][1]:,})")  # fmt: skip
+    return out
+
+
 def site_label(site: tuple) -> str:
     """A site (frames (file, line, ...), kernel first) as ``file.py:LINE`` (the load or store), then
     ``<- file.py:LINE`` for each call above it up to the kernel."""
@@ -911,7 +941,8 @@ def check_backend(path, backend: str) -> None:
                      f"(--backend {BACKEND_OF[mods[0]]}, or auto)")  # fmt: skip
 
 
-def _resolve_backend(reqs: list[dict], backend: str | None, gpu_standin: bool, shared_memory, fast: bool) -> str:
+def _resolve_backend(reqs: list[dict], backend: str | None, gpu_standin: bool, shared_memory, fast: bool,
+                     config=None) -> str:  # fmt: skip
     """The backend of a batch: named (and then the launcher files' own, :func:`check_backend`) or detected from the
     first file; the options it does not take refused; its extra installed."""
     if backend is None:
@@ -919,13 +950,16 @@ def _resolve_backend(reqs: list[dict], backend: str | None, gpu_standin: bool, s
     else:
         for r in reqs:
             check_backend(r["path"], backend)
-    _backend_options(backend, gpu_standin, shared_memory, fast)
+    _backend_options(backend, gpu_standin, shared_memory, fast, config)
     require_extra(backend)
     return backend
 
 
-def _backend_options(backend: str, gpu_standin: bool, shared_memory, fast: bool) -> None:
-    """The options that apply to Triton launchers only, refused (one line) for another backend."""
+def _backend_options(backend: str, gpu_standin: bool, shared_memory, fast: bool, config=None) -> None:
+    """The options that apply to Triton launchers only, refused (one line) for another backend, before any work."""
+    if config is not None and backend != "triton":
+        raise InputError("--config", "names a config of an @triton.autotune kernel: it is taken by the triton backend "
+                         f"only (not pallas or numba-cuda); this launcher runs under {backend}", config)  # fmt: skip
     if fast and backend != "triton":
         raise InputError("--fast", "is offered for Triton kernels (under the interpreter) only", backend)
     if gpu_standin and backend != "triton":
@@ -1003,7 +1037,7 @@ def count_batch(
         reqs.append({"path": str(p.resolve()), "launcher": launcher or None, "params": dict(params),
                      "shared_memory": shared_memory, "config": config, "gpu_standin": gpu_standin,
                      "fast": bool(fast), "must_take": list(must_take)})  # fmt: skip
-    backend = _resolve_backend(reqs, backend, gpu_standin, shared_memory, fast)
+    backend = _resolve_backend(reqs, backend, gpu_standin, shared_memory, fast, config)
     with tempfile.TemporaryDirectory(prefix="iosim-kernel-") as tmp:
         req = {"jobs": reqs, "backend": backend, "arrays": bool(arrays) and not fast,  # --fast computes no outputs
                "keep": list(keep)}  # fmt: skip
