@@ -128,6 +128,12 @@ def test_strided_view_ragged_and_aligned_flash2_in_one_batch():
     for name, a in aligned.per_array.items():  # aligned: sectors x 32 = the bytes moved, array by array
         assert (lsu["per_array"][name]["ld"], lsu["per_array"][name]["st"]) == (a.read_bytes, a.write_bytes), name
     assert lsu_lines(aligned)[-1].endswith("every sector whole: the bytes moved")
+    from iosim.kernels.comparison import Whole, compare
+
+    p = ALIGNED
+    cmp = compare(aligned, "flash2", p["N"], p["d"], p["Br"], p["Bc"], heads=p["H"], whole=Whole(H_q=p["H"]))
+    assert cmp.equal and "LSU (32-byte sectors" not in cmp.table()
+    assert cmp.table(lsu=True).splitlines()[-1] == lsu_lines(aligned)[-1]
 
 
 @pytest.mark.slow

@@ -116,8 +116,8 @@ class KernelCounts:
 
     def lsu(self) -> dict | None:
         """The LSU level in bytes as Nsight Compute counts them (sectors x 32; None where the backend does not count
-        sectors): ``ld`` (``l1tex__t_bytes_pipe_lsu_mem_global_op_ld``; a load the compiler pipelines as an
-        asynchronous copy is ``_op_ldgsts``), ``st`` (``_op_st``), ``atom`` (``_op_atom`` + ``_op_red``); the
+        sectors): ``ld`` (``l1tex__t_bytes_pipe_lsu_mem_global_op_ld``), ``st`` (``_op_st``), ``atom``
+        (``_op_atom`` + ``_op_red``); the
         loads and stores through a tensor descriptor apart (``descriptor_ld``, ``descriptor_st``: on sm_90 Triton
         lowers them to TMA copies, which do not issue through the LSU pipe), and ``per_array`` {array: {the same
         keys}}. With no descriptor and every request touching whole sectors only (aligned, sector-multiple rows,
@@ -616,7 +616,7 @@ class Recorder:
 
 
 def lsu_lines(counts: KernelCounts) -> list[str]:
-    """The LSU level as text (``iosim kernel`` prints it under the per-array table): the bytes Nsight Compute's
+    """The LSU level as text (to print under ``iosim kernel``'s per-array table): the bytes Nsight Compute's
     ``l1tex__t_bytes_pipe_lsu_mem_global_op_ld`` / ``_op_st`` count, from the 32-byte sectors of each request
     (:func:`sectors_of`), per array where they differ from the bytes moved; descriptor (TMA) traffic apart."""
     lsu = counts.lsu()
