@@ -31,3 +31,19 @@ def launch(R: int = 37, LD: int = 40, offset: int = 3, W: int = 20, BLOCK_R: int
     copy_tile_kernel[(triton.cdiv(R, BLOCK_R),)](X, Y, R, W, X.stride(0), BLOCK_R=BLOCK_R, BLOCK_C=BLOCK_C)
     assert torch.equal(Y, X)
     return {"X": X, "Y": Y}
+
+
+@triton.jit
+def scatter_add_kernel(Y, R, STRIDE: tl.constexpr, BLOCK: tl.constexpr):
+    """Program i adds 1 to Y[r STRIDE] for its rows r < R, atomically."""
+    rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.atomic_add(Y + rows * STRIDE, tl.full((BLOCK,), 1.0, tl.float32), mask=rows < R)
+
+
+def launch_atomic(R: int = 37, STRIDE: int = 3, BLOCK: int = 16) -> dict:
+    """Atomic adds at a stride of STRIDE float32 words (12 bytes at 3): sectors shared by neighbouring lanes."""
+    Y = torch.zeros(R * STRIDE, dtype=torch.float32)
+    assert Y.data_ptr() % 32 == 0
+    scatter_add_kernel[(triton.cdiv(R, BLOCK),)](Y, R, STRIDE=STRIDE, BLOCK=BLOCK)
+    assert float(Y.sum()) == R
+    return {"Y": Y}

@@ -108,13 +108,17 @@ def _check_flash2(counts, params: dict) -> None:
     assert lsu["st"] == SECTOR * (want["O"] + want["L"])
 
 
-def test_strided_view_ragged_and_aligned_flash2_in_one_batch():
+def test_strided_view_ragged_aligned_atomics_and_descriptors_in_one_batch():
     from iosim.kernels.counting import count_batch, lsu_lines
 
     jobs = [(str(ROOT / "tests" / "_kernel_lsu_launchers.py"), None, {}),
             (str(EXAMPLES / "triton_flash2.py"), None, RAGGED),
-            (str(EXAMPLES / "triton_flash2.py"), None, ALIGNED)]  # fmt: skip
-    (copy, _, _), (ragged, _, _), (aligned, _, _) = count_batch(jobs, "triton", timeout=600, arrays=False, fast=True)
+            (str(EXAMPLES / "triton_flash2.py"), None, ALIGNED),
+            (str(ROOT / "tests" / "_kernel_lsu_launchers.py"), "launch_atomic", {}),
+            (str(ROOT / "tests" / "_kernel_launches.py"), "launch_desc", {"N": 40, "d": 16})]  # fmt: skip
+    got = count_batch(jobs, "triton", timeout=600, arrays=False, fast=True)
+    (copy, _, _), (ragged, _, _), (aligned, _, _), (atomic, _, _), (desc, _, _) = got
+    _check_atomic_and_descriptors(atomic, desc)
     want = copy_sectors(37, 40, 3, 20, 16)
     assert copy.per_array["X"].load_sectors == want["X"]
     assert copy.per_array["Y"].store_sectors == want["Y"]
@@ -134,6 +138,26 @@ def test_strided_view_ragged_and_aligned_flash2_in_one_batch():
     cmp = compare(aligned, "flash2", p["N"], p["d"], p["Br"], p["Bc"], heads=p["H"], whole=Whole(H_q=p["H"]))
     assert cmp.equal and "LSU (32-byte sectors" not in cmp.table()
     assert cmp.table(lsu=True).splitlines()[-1] == lsu_lines(aligned)[-1]
+
+
+def _check_atomic_and_descriptors(atomic, desc) -> None:
+    """tests/_kernel_lsu_launchers.py's atomic adds at a 12-byte stride (37 rows, blocks of 16), and
+    tests/_kernel_launches.py's descriptor forward at N = 40, d = 16 (float32: 64-byte rows; blocks of 32 query
+    and 16 key rows, rows past N padded by the descriptor, not moved)."""
+    want = sum(_sectors(r * 12 for r in range(i, min(i + 16, 37))) for i in range(0, 37, 16))
+    a = atomic.per_array["Y"]
+    assert (a.atomic_sectors, a.load_sectors, a.store_sectors) == (want, 0, 0)
+    assert atomic.lsu()["atom"] == want * SECTOR
+    N, row = 40, 16 * 4
+    q = N * row // SECTOR  # Q (and O) once: 80 sectors
+    kv = _cdiv(N, 32) * q  # all of K (and V) per program
+    per = desc.per_array
+    assert {k: (per[k].descriptor_load_sectors, per[k].load_sectors) for k in "QKV"} == {
+        "Q": (q, 0), "K": (kv, 0), "V": (kv, 0)}  # fmt: skip
+    assert (per["O"].descriptor_store_sectors, per["O"].store_sectors) == (q, 0)
+    assert per["L"].store_sectors == _sectors(r * 4 for r in range(32)) + _sectors(r * 4 for r in range(32, N))
+    lsu = desc.lsu()
+    assert (lsu["descriptor_ld"], lsu["descriptor_st"], lsu["ld"]) == ((q + 2 * kv) * SECTOR, q * SECTOR, 0)
 
 
 @pytest.mark.slow
