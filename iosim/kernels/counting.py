@@ -42,7 +42,6 @@ UNKNOWN = "<unattributed>"
 SECTOR_BYTES = 32
 LSU_FIELDS = {"ld": "load_sectors", "st": "store_sectors", "atom": "atomic_sectors",
               "descriptor_ld": "descriptor_load_sectors", "descriptor_st": "descriptor_store_sectors"}  # fmt: skip
-SECTOR_BACKENDS = ("triton",)  # the backends whose accesses are one request per load/store instruction of a program
 
 
 @dataclass(frozen=True)
@@ -100,7 +99,7 @@ class KernelCounts:
     output: str = ""  # what the launcher printed (count_file: its standard output in the counting process)
     # count_file: every config's (counts, numbers, arrays) when an autotuned kernel had several (this one first)
     runs: list = field(default_factory=list, repr=False)
-    sectors_counted: bool = False  # the backend counted the LSU sectors of its requests (SECTOR_BACKENDS)
+    sectors_counted: bool = False  # the backend counted the LSU sectors of its requests (Triton's: sectors_of)
 
     @property
     def reads(self) -> int:
@@ -117,11 +116,10 @@ class KernelCounts:
     def lsu(self) -> dict | None:
         """The LSU level in bytes as Nsight Compute counts them (sectors x 32; None where the backend does not count
         sectors): ``ld`` (``l1tex__t_bytes_pipe_lsu_mem_global_op_ld``), ``st`` (``_op_st``), ``atom``
-        (``_op_atom`` + ``_op_red``); the
-        loads and stores through a tensor descriptor apart (``descriptor_ld``, ``descriptor_st``: on sm_90 Triton
-        lowers them to TMA copies, which do not issue through the LSU pipe), and ``per_array`` {array: {the same
-        keys}}. With no descriptor and every request touching whole sectors only (aligned, sector-multiple rows,
-        no masked edge), ``ld`` equals the read bytes and ``st`` the write bytes."""
+        (``_op_atom`` + ``_op_red``); the loads and stores through a tensor descriptor apart (``descriptor_ld``,
+        ``descriptor_st``: on sm_90 Triton lowers them to TMA copies, which do not issue through the LSU pipe), and
+        ``per_array`` {array: {the same keys}}. With no descriptor and every request touching whole sectors only
+        (aligned, sector-multiple rows, no masked edge), ``ld`` equals the read bytes and ``st`` the write bytes."""
         if not self.sectors_counted:
             return None
         per = {k: {op: getattr(a, f) * SECTOR_BYTES for op, f in LSU_FIELDS.items()} for k, a in self.per_array.items()}
@@ -234,7 +232,7 @@ class Recorder:
         self._seg = np.full(1, -1, dtype=np.int64)  # range id of the segment left of each bound (-1: none)
         self.issued: dict[int, np.ndarray] = defaultdict(lambda: np.zeros(5, dtype=np.int64))  # r, w, rb, wb, atomics
         self.distinct: dict[int, np.ndarray] = defaultdict(lambda: np.zeros(2, dtype=np.int64))
-        self.count_sectors = False  # set by a backend whose accesses are one request each (SECTOR_BACKENDS)
+        self.count_sectors = False  # set by a backend whose accesses are one request each (Triton's: sectors_of)
         self.descriptor = False  # set by the backend around a tensor descriptor's load or store
         # ld, st, atomic, descriptor ld, descriptor st (ArrayTraffic's *_sectors)
         self.sectors: dict[int, np.ndarray] = defaultdict(lambda: np.zeros(5, dtype=np.int64))
@@ -382,7 +380,6 @@ class Recorder:
             inside = (addr >= np.uint64(outer.start)) & (addr < np.uint64(outer.end)) & (rids >= 0)
         for rid in np.unique(rids[inside]):
             sel = inside & (rids == rid)
-            r = self.ranges[int(rid)]
             self._add(int(rid), kind, nbytes, addr[sel])
         out = ~inside
         n = int(out.sum())
