@@ -117,3 +117,19 @@ def test_config_refused_on_the_non_triton_examples(cli, example, backend):
     rc, out, err = cli(str(EXAMPLES / example), "--N", "64", "--d", "16", "--like", "flash2", "--config", "all=1")
     assert rc == 2 and not out
     _one_line(err, "--config", "triton", backend)
+
+
+@pytest.mark.parametrize("backend, module", [("pallas", "jax"), ("numba-cuda", "numba")])
+def test_config_all_refused_by_count_file_on_non_triton_backends(tmp_path, backend, module):
+    """``count_file(config="all")`` (what ``--config all`` asks) is refused on Pallas and numba-cuda as any other
+    --config is, before the launcher runs; under Triton "all" is the default (each config in turn)."""
+    from iosim.base.errors import InputError
+    from iosim.kernels.counting import count_file
+
+    marker = tmp_path / "ran.txt"
+    f = tmp_path / f"launcher_{module}.py"
+    f.write_text(MARKED.format(module=module, marker=str(marker)))
+    with pytest.raises(InputError, match="--config") as e:
+        count_file(str(f), params={"N": 8, "d": 4}, config="all")
+    assert backend in str(e.value) and "triton" in str(e.value)
+    assert not marker.exists()

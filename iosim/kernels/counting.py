@@ -990,7 +990,8 @@ def count_file(
     backend not installed or not supported, or a run longer than ``timeout`` seconds. ``shared_memory=90``
     (Triton only) also compiles each kernel for sm_90 with the real compiler (no GPU needed) and records the shared
     memory it allocates per program in ``counts.shared_memory``. ``config`` names the config of an autotuned
-    kernel to count; with none, a kernel with several configs is counted once per config: ``counts.runs`` holds
+    kernel to count (refused before any work for a backend other than Triton); with none (or ``"all"``), a kernel
+    with several configs is counted once per config: ``counts.runs`` holds
     every config's (counts, numbers, arrays), each ``counts.config`` naming it. ``gpu_standin`` installs the CPU
     stand-ins for the GPU queries libraries make at import (:mod:`iosim.kernels.standin`) in the counting process
     before the launcher file is imported. Out-of-bounds or stray accesses raise :class:`AccessError` unless
@@ -1032,7 +1033,8 @@ def count_batch(
         if not p.is_file():
             raise InputError("FILE", "must be an existing Python file defining a launcher", str(path))
         reqs.append({"path": str(p.resolve()), "launcher": launcher or None, "params": dict(params),
-                     "shared_memory": shared_memory, "config": config, "gpu_standin": gpu_standin,
+                     "shared_memory": shared_memory, "config": None if config == "all" else config,
+                     "gpu_standin": gpu_standin,
                      "fast": bool(fast), "must_take": list(must_take)})  # fmt: skip
     backend = _resolve_backend(reqs, backend, gpu_standin, shared_memory, fast, config)
     with tempfile.TemporaryDirectory(prefix="iosim-kernel-") as tmp:
