@@ -30,7 +30,7 @@ import numpy as np
 
 from iosim.base.errors import InputError
 from iosim.kernels._theory import bounds, check, io_model
-from iosim.kernels.counting import KernelCounts
+from iosim.kernels.counting import KernelCounts, lsu_lines
 from iosim.memory_model import ArrayCounts
 
 LIKE = ("flash2", "flash2-backward", "decode-splitkv", "block-sparse")
@@ -215,9 +215,9 @@ class Comparison:
             parts.append("dtypes " + " ".join(f"{k}={v}" for k, v in zip(("q", "kv", "o"), w.dtypes, strict=True) if v))
         return "".join(" " + x for x in parts)
 
-    def table(self, fmt: str = "simple") -> str:
+    def table(self, fmt: str = "simple", lsu: bool = False) -> str:
         """The model line, the per-array table in ``fmt`` (a tabulate format, ``iosim kernel --format``), the
-        numerics and the notes."""
+        numerics, with ``lsu`` the LSU level's lines (:func:`iosim.kernels.counting.lsu_lines`) and the notes."""
         from tabulate import tabulate
 
         head = ["array", "reads", "writes", "model reads", "model writes", "distinct reads", "verdict"]
@@ -245,6 +245,7 @@ class Comparison:
                 f"({'within' if n['ok'] else 'OUTSIDE'} iosim.check's rule, {n['dtype']})"
                 + (f"; {n['hint']}" if n.get("hint") else "")
             )
+        lines += lsu_lines(self.counts) if lsu else []
         lines += [f"note: {x}" for x in self.notes]
         return "\n".join(lines)
 

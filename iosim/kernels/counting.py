@@ -11,14 +11,17 @@ to the kernel argument whose storage holds its address and counted per lane:
 * **distinct**: the elements each program touched at least once, summed over programs: issued > distinct means a
   program loaded (or stored) some data more than once;
 * **per program**: the words each program (Triton program, CUDA thread block, Pallas grid step) read and wrote,
-  and the number of programs.
+  and the number of programs;
+* **LSU sectors** (Triton): the 32-byte global-memory sectors each ``tl.load`` / ``tl.store`` / atomic of a program
+  touches under its mask, summed per array: what Nsight Compute's ``l1tex__t_bytes_pipe_lsu_mem_global_op_ld`` /
+  ``_op_st`` / ``_op_atom`` + ``_op_red`` count, in sectors (see :func:`sectors_of` for the convention).
 
 Semantics: counts are per program, like the model's fast memory per thread block: an element read by two programs
-counts twice. There is no coalescing, no cache line, no L2: the count is an upper bound on DRAM traffic and
-exactly the quantity the two-level model (and the papers' I/O bounds) count, one word per element whatever its
-dtype. Arguments that are not the attention arrays (sequence lengths, page tables, counters) are counted under
-their own names. Elements of an array are named by the launcher (the dict it returns) or, failing that, by the
-kernel's parameter name at its first launch.
+counts twice. Apart from the LSU sectors there is no coalescing, no cache line, no L2: the words are an upper bound
+on DRAM traffic and exactly the quantity the two-level model (and the papers' I/O bounds) count, one word per
+element whatever its dtype. Arguments that are not the attention arrays (sequence lengths, page tables, counters)
+are counted under their own names. Elements of an array are named by the launcher (the dict it returns) or,
+failing that, by the kernel's parameter name at its first launch.
 """
 
 from __future__ import annotations
@@ -34,6 +37,11 @@ from iosim.base.errors import InputError, install_hint
 
 BACKENDS = ("triton", "pallas", "numba-cuda")
 UNKNOWN = "<unattributed>"
+# an aligned 32-byte chunk of global memory: the unit of the LSU's requests (Nsight Compute Kernel Profiling Guide,
+# Memory Tables; iosim.hierarchy.lsu.SECTOR_BYTES, which tests/test_kernels_lsu.py checks this equals)
+SECTOR_BYTES = 32
+LSU_FIELDS = {"ld": "load_sectors", "st": "store_sectors", "atom": "atomic_sectors",
+              "descriptor_ld": "descriptor_load_sectors", "descriptor_st": "descriptor_store_sectors"}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -47,6 +55,12 @@ class ArrayTraffic:
     atomics: int = 0  # enabled lanes of read-modify-write operations (each also counted as a read and a write)
     distinct_reads: int = 0  # sum over programs of the elements that program read at least once
     distinct_writes: int = 0
+    # LSU level: 32-byte sectors each load (store, atomic) request touched, summed over requests (sectors_of)
+    load_sectors: int = 0
+    store_sectors: int = 0
+    atomic_sectors: int = 0
+    descriptor_load_sectors: int = 0  # through a tensor descriptor (a TMA copy on sm_90): apart from the LSU's
+    descriptor_store_sectors: int = 0
 
     @property
     def total(self) -> int:
@@ -85,6 +99,7 @@ class KernelCounts:
     output: str = ""  # what the launcher printed (count_file: its standard output in the counting process)
     # count_file: every config's (counts, numbers, arrays) when an autotuned kernel had several (this one first)
     runs: list = field(default_factory=list, repr=False)
+    sectors_counted: bool = False  # the backend counted the LSU sectors of its requests (Triton's: sectors_of)
 
     @property
     def reads(self) -> int:
@@ -97,6 +112,19 @@ class KernelCounts:
     @property
     def total(self) -> int:
         return self.reads + self.writes
+
+    def lsu(self) -> dict | None:
+        """The LSU level in bytes as Nsight Compute counts them (sectors x 32; None where the backend does not count
+        sectors): ``ld`` (``l1tex__t_bytes_pipe_lsu_mem_global_op_ld``), ``st`` (``_op_st``), ``atom``
+        (``_op_atom`` + ``_op_red``); the loads and stores through a tensor descriptor apart (``descriptor_ld``,
+        ``descriptor_st``: on sm_90 Triton lowers them to TMA copies, which do not issue through the LSU pipe), and
+        ``per_array`` {array: {the same keys}}. With no descriptor and every request touching whole sectors only
+        (aligned, sector-multiple rows, no masked edge), ``ld`` equals the read bytes and ``st`` the write bytes."""
+        if not self.sectors_counted:
+            return None
+        per = {k: {op: getattr(a, f) * SECTOR_BYTES for op, f in LSU_FIELDS.items()} for k, a in self.per_array.items()}
+        total = {op: sum(p[op] for p in per.values()) for op in LSU_FIELDS}
+        return {"sector_bytes": SECTOR_BYTES, **total, "per_array": per}
 
     def to_dict(self) -> dict:
         return {
@@ -115,6 +143,8 @@ class KernelCounts:
             "stray": self.stray,
             "stray_lanes": self.stray_lanes,
             "overlap": self.overlap,
+            "sectors_counted": self.sectors_counted,
+            "lsu": self.lsu(),
         }
 
     @classmethod
@@ -135,6 +165,7 @@ class KernelCounts:
             stray=list(d.get("stray", [])),
             stray_lanes=int(d.get("stray_lanes", 0)),
             overlap=list(d.get("overlap", [])),
+            sectors_counted=bool(d.get("sectors_counted", False)),
         )
 
 
@@ -151,6 +182,34 @@ class _Range:
 
 
 OOB_KEPT = 8  # out-of-bounds accesses described one by one (all are counted)
+
+
+def sectors_of(addresses: np.ndarray, nbytes: int) -> int:
+    """The 32-byte sectors one request touches: the distinct aligned 32-byte chunks holding a byte of any of its
+    enabled lanes (``addresses``: their first bytes, ``nbytes`` each).
+
+    The convention of :mod:`iosim.hierarchy.lsu` (whose model equals Nsight on iosim's numba.cuda kernels): a request's
+    sectors are counted once per request, however many lanes share one, and a sector touched by two requests counts
+    twice (Nsight's ``l1tex__t_bytes`` count the sectors the L1's tag stage looks up, hits included: the L1 is not a
+    cache here). A partial sector (a masked edge, a row whose bytes are not a multiple of 32) counts whole.
+
+    A request here is one ``tl.load`` / ``tl.store`` / atomic of one program (its whole block). The hardware issues
+    it as several warp requests (``num_warps`` warps, a few instructions each), and Triton's blocked layout gives
+    each thread a contiguous vector (up to 16 bytes) and a warp consecutive vectors along the contiguous dimension,
+    so warp requests covering whole 32-byte sectors touch disjoint sectors and their sum is this count. Where a
+    sector is split between two warp requests (rows of a byte length not a multiple of 32 split between warps, a
+    block read by every warp, a layout the compiler chose for a transposed operand) Nsight counts it once per warp
+    request and this count is a lower bound. Addresses are host addresses of the CPU tensors: torch's CPU
+    allocator aligns storage to 64 bytes (c10/core/alignment.h, ``gAlignment``) as its CUDA caching allocator does to
+    512 (c10/cuda/CUDACachingAllocator.cpp, ``kMinBlockSize``), so an offset's sector is the same on both."""
+    a = np.asarray(addresses, dtype=np.uint64).ravel()
+    if a.size == 0:
+        return 0
+    first, last = a // np.uint64(SECTOR_BYTES), (a + np.uint64(max(nbytes, 1) - 1)) // np.uint64(SECTOR_BYTES)
+    if (first == last).all():
+        return int(np.unique(first).size)
+    # a lane straddling two sectors (a misaligned element: none in Triton, whose elements are naturally aligned)
+    return int(np.unique(np.concatenate([first, last])).size)
 
 
 class Recorder:
@@ -173,6 +232,10 @@ class Recorder:
         self._seg = np.full(1, -1, dtype=np.int64)  # range id of the segment left of each bound (-1: none)
         self.issued: dict[int, np.ndarray] = defaultdict(lambda: np.zeros(5, dtype=np.int64))  # r, w, rb, wb, atomics
         self.distinct: dict[int, np.ndarray] = defaultdict(lambda: np.zeros(2, dtype=np.int64))
+        self.count_sectors = False  # set by a backend whose accesses are one request each (Triton's: sectors_of)
+        self.descriptor = False  # set by the backend around a tensor descriptor's load or store
+        # ld, st, atomic, descriptor ld, descriptor st (ArrayTraffic's *_sectors)
+        self.sectors: dict[int, np.ndarray] = defaultdict(lambda: np.zeros(5, dtype=np.int64))
         self._touched: dict[tuple[int, int], list[np.ndarray]] = defaultdict(list)
         self.per_program: list[list[int]] = []
         self.launches = 0
@@ -309,8 +372,7 @@ class Recorder:
         if shape is not None and first >= 0 and self.launch_info:
             self.launch_info[-1]["shapes"].setdefault((first, kind), set()).add(tuple(int(s) for s in shape))
         if first >= 0 and (rids.size == 1 or (rids[1:] == first).all()):  # the common case: one argument
-            r = self.ranges[first]
-            self._add(first, kind, addr.size, nbytes, (addr - np.uint64(r.start)) // np.uint64(r.itemsize))
+            self._add(first, kind, nbytes, addr)
             return None
         inside = np.zeros(addr.size, dtype=bool)
         if first >= 0:
@@ -318,13 +380,12 @@ class Recorder:
             inside = (addr >= np.uint64(outer.start)) & (addr < np.uint64(outer.end)) & (rids >= 0)
         for rid in np.unique(rids[inside]):
             sel = inside & (rids == rid)
-            r = self.ranges[int(rid)]
-            self._add(int(rid), kind, int(sel.sum()), nbytes, (addr[sel] - np.uint64(r.start)) // np.uint64(r.itemsize))
+            self._add(int(rid), kind, nbytes, addr[sel])
         out = ~inside
         n = int(out.sum())
         if not n:
             return None
-        self._add(-1, kind, n, nbytes, addr[out])
+        self._add(-1, kind, nbytes, addr[out])
         self.oob_lanes += n
         if len(self.oob) < OOB_KEPT:
             info = self.launch_info[-1] if self.launch_info else {"kernel": "kernel"}
@@ -349,20 +410,19 @@ class Recorder:
             self.launch_info[-1]["shapes"].setdefault((origin, kind), set()).add(tuple(int(s) for s in shape))
         inside = (addr >= np.uint64(r.start)) & (addr < np.uint64(r.end))
         if inside.all():
-            self._add(origin, kind, addr.size, nbytes, (addr - np.uint64(r.start)) // np.uint64(r.itemsize))
+            self._add(origin, kind, nbytes, addr)
             self._note_through(origin, kind, addr)
             return None
         if inside.any():
             mine = addr[inside]
-            self._add(origin, kind, mine.size, nbytes, (mine - np.uint64(r.start)) // np.uint64(r.itemsize))
+            self._add(origin, kind, nbytes, mine)
             self._note_through(origin, kind, mine)
         out = ~inside
         rids = self._seg[np.searchsorted(self._bounds, addr, side="right")]
         landed = out & (rids >= 0)
         for rid in np.unique(rids[landed]):  # an overrun into another argument: stray, counted where it lands
             sel = landed & (rids == rid)
-            o = self.ranges[int(rid)]
-            self._add(int(rid), kind, int(sel.sum()), nbytes, (addr[sel] - np.uint64(o.start)) // np.uint64(o.itemsize))
+            self._add(int(rid), kind, nbytes, addr[sel])
         if landed.any():
             own_program = self._sites.get(site, (origin, self.program))[1] if site is not None else self.program
             self._stray(site or (("<no site>", 0, 0),), origin, int(self._outer[rids[landed][0]]), addr[landed], kind,
@@ -371,7 +431,7 @@ class Recorder:
         n = int(gone.sum())
         if not n:
             return out
-        self._add(-1, kind, n, nbytes, addr[gone])
+        self._add(-1, kind, nbytes, addr[gone])
         self.oob_lanes += n
         if len(self.oob) < OOB_KEPT:
             info = self.launch_info[-1] if self.launch_info else {"kernel": "kernel"}
@@ -470,7 +530,19 @@ class Recorder:
             "own_offsets": [int(x) for x in (lanes[:6] - o.start) // o.itemsize], "total": n,
         }  # fmt: skip
 
-    def _add(self, rid: int, kind: str, n: int, nbytes: int, elements: np.ndarray) -> None:
+    def _add(self, rid: int, kind: str, nbytes: int, addr: np.ndarray) -> None:
+        """Count the lanes at byte addresses ``addr`` (``nbytes`` each) for range ``rid`` (-1: out of bounds): words,
+        bytes, the elements touched (offsets in the range; raw addresses out of bounds) and, where the backend's
+        accesses are requests (:attr:`count_sectors`), the sectors of this request that lie in the range."""
+        n = int(addr.size)
+        if rid >= 0:
+            r = self.ranges[rid]
+            elements = (addr - np.uint64(r.start)) // np.uint64(r.itemsize)
+        else:
+            elements = addr
+        if self.count_sectors:
+            col = {"r": 0, "w": 1, "a": 2}[kind] + (3 if self.descriptor and kind != "a" else 0)
+            self.sectors[rid][col] += sectors_of(addr, nbytes)
         c, prog = self.issued[rid], self.per_program[-1]
         if kind in ("r", "a"):
             c[0] += n
@@ -514,7 +586,8 @@ class Recorder:
         per: dict[str, ArrayTraffic] = {}
         for rid in sorted(self.issued, key=lambda i: (i < 0, i)):
             c, dist = self.issued[rid], self.distinct[rid]
-            per[final[rid]] = ArrayTraffic(*(int(x) for x in c), int(dist[0]), int(dist[1]))
+            sec = self.sectors.get(rid, np.zeros(5, dtype=np.int64))
+            per[final[rid]] = ArrayTraffic(*(int(x) for x in c), int(dist[0]), int(dist[1]), *(int(x) for x in sec))
         launches = []
         for info in self.launch_info:
             shapes: dict[str, dict[str, list]] = {}
@@ -536,7 +609,37 @@ class Recorder:
         return KernelCounts(backend, per, len(pp), self.launches, pp, seconds, list(self.kernels),
                             launch_info=launches, out_of_bounds=oob, out_of_bounds_lanes=self.oob_lanes,
                             stray=stray[:OOB_KEPT], stray_lanes=sum(e["total"] for e in stray),
-                            overlap=overlap)  # fmt: skip
+                            overlap=overlap, sectors_counted=self.count_sectors)  # fmt: skip
+
+
+def lsu_lines(counts: KernelCounts) -> list[str]:
+    """The LSU level as text (to print under ``iosim kernel``'s per-array table): the bytes Nsight Compute's
+    ``l1tex__t_bytes_pipe_lsu_mem_global_op_ld`` / ``_op_st`` count, from the 32-byte sectors of each request
+    (:func:`sectors_of`), per array where they differ from the bytes moved; descriptor (TMA) traffic apart."""
+    lsu = counts.lsu()
+    if lsu is None:
+        return []
+    moved = {k: (a.read_bytes, a.write_bytes) for k, a in counts.per_array.items()}
+    rb, wb = sum(r for r, _ in moved.values()), sum(w for _, w in moved.values())
+    line = (f"LSU (32-byte sectors per tl.load/tl.store request, as Nsight's l1tex__t_bytes_pipe_lsu_mem_global_op_ld"
+            f"/_st): loads {lsu['ld']:,} bytes, stores {lsu['st']:,} bytes")  # fmt: skip
+    if lsu["atom"]:
+        line += f", atomics {lsu['atom']:,} bytes (_op_atom + _op_red)"
+    if lsu["descriptor_ld"] or lsu["descriptor_st"]:
+        line += (f"; through tensor descriptors (TMA on sm_90, not the LSU pipe): loads {lsu['descriptor_ld']:,}, "
+                 f"stores {lsu['descriptor_st']:,} bytes")  # fmt: skip
+    lsu_r = lsu["ld"] + lsu["descriptor_ld"] + lsu["atom"]
+    lsu_w = lsu["st"] + lsu["descriptor_st"] + lsu["atom"]
+    if (lsu_r, lsu_w) == (rb, wb):
+        return [line + "; every sector whole: the bytes moved"]
+    out = [line + f"; the bytes moved: {rb:,} read, {wb:,} written (partial sectors counted whole)"]
+    for k, p in lsu["per_array"].items():
+        r = p["ld"] + p["descriptor_ld"] + p["atom"]
+        w = p["st"] + p["descriptor_st"] + p["atom"]
+        if (r, w) != moved[k]:
+            out.append(f"LSU {k}: {r:,} bytes in sectors read (moved {moved[k][0]:,}), {w:,} written "
+                       f"(moved {moved[k][1]:,})")  # fmt: skip
+    return out
 
 
 def site_label(site: tuple) -> str:
@@ -835,7 +938,8 @@ def check_backend(path, backend: str) -> None:
                      f"(--backend {BACKEND_OF[mods[0]]}, or auto)")  # fmt: skip
 
 
-def _resolve_backend(reqs: list[dict], backend: str | None, gpu_standin: bool, shared_memory, fast: bool) -> str:
+def _resolve_backend(reqs: list[dict], backend: str | None, gpu_standin: bool, shared_memory, fast: bool,
+                     config=None) -> str:  # fmt: skip
     """The backend of a batch: named (and then the launcher files' own, :func:`check_backend`) or detected from the
     first file; the options it does not take refused; its extra installed."""
     if backend is None:
@@ -843,13 +947,16 @@ def _resolve_backend(reqs: list[dict], backend: str | None, gpu_standin: bool, s
     else:
         for r in reqs:
             check_backend(r["path"], backend)
-    _backend_options(backend, gpu_standin, shared_memory, fast)
+    _backend_options(backend, gpu_standin, shared_memory, fast, config)
     require_extra(backend)
     return backend
 
 
-def _backend_options(backend: str, gpu_standin: bool, shared_memory, fast: bool) -> None:
-    """The options that apply to Triton launchers only, refused (one line) for another backend."""
+def _backend_options(backend: str, gpu_standin: bool, shared_memory, fast: bool, config=None) -> None:
+    """The options that apply to Triton launchers only, refused (one line) for another backend, before any work."""
+    if config is not None and backend != "triton":
+        raise InputError("--config", "names a config of an @triton.autotune kernel: it is taken by the triton backend "
+                         f"only (not pallas or numba-cuda); this launcher runs under {backend}", config)  # fmt: skip
     if fast and backend != "triton":
         raise InputError("--fast", "is offered for Triton kernels (under the interpreter) only", backend)
     if gpu_standin and backend != "triton":
@@ -883,7 +990,8 @@ def count_file(
     backend not installed or not supported, or a run longer than ``timeout`` seconds. ``shared_memory=90``
     (Triton only) also compiles each kernel for sm_90 with the real compiler (no GPU needed) and records the shared
     memory it allocates per program in ``counts.shared_memory``. ``config`` names the config of an autotuned
-    kernel to count; with none, a kernel with several configs is counted once per config: ``counts.runs`` holds
+    kernel to count (refused before any work for a backend other than Triton); with none (or ``"all"``), a kernel
+    with several configs is counted once per config: ``counts.runs`` holds
     every config's (counts, numbers, arrays), each ``counts.config`` naming it. ``gpu_standin`` installs the CPU
     stand-ins for the GPU queries libraries make at import (:mod:`iosim.kernels.standin`) in the counting process
     before the launcher file is imported. Out-of-bounds or stray accesses raise :class:`AccessError` unless
@@ -925,9 +1033,10 @@ def count_batch(
         if not p.is_file():
             raise InputError("FILE", "must be an existing Python file defining a launcher", str(path))
         reqs.append({"path": str(p.resolve()), "launcher": launcher or None, "params": dict(params),
-                     "shared_memory": shared_memory, "config": config, "gpu_standin": gpu_standin,
+                     "shared_memory": shared_memory, "config": None if config == "all" else config,
+                     "gpu_standin": gpu_standin,
                      "fast": bool(fast), "must_take": list(must_take)})  # fmt: skip
-    backend = _resolve_backend(reqs, backend, gpu_standin, shared_memory, fast)
+    backend = _resolve_backend(reqs, backend, gpu_standin, shared_memory, fast, config)
     with tempfile.TemporaryDirectory(prefix="iosim-kernel-") as tmp:
         req = {"jobs": reqs, "backend": backend, "arrays": bool(arrays) and not fast,  # --fast computes no outputs
                "keep": list(keep)}  # fmt: skip

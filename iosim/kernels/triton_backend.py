@@ -200,7 +200,12 @@ class _Session:
         interp = self.interpreter
         B, G = interp.InterpreterBuilder, interp.GridExecutor
         F, T = interp.InterpretedFunction, autotuner.Autotuner
+        descriptors = {  # a tensor descriptor's load and store (gathers and scatters go through them), where they exist
+            f"descriptor_{op}": (B, f"create_descriptor_{op}", _method(self.descriptor(op)))
+            for op in ("load", "store") if hasattr(B, f"create_descriptor_{op}")
+        }  # fmt: skip
         return {
+            **descriptors,
             "load": (B, "create_masked_load", _method(self.load)),
             "store": (B, "create_masked_store", _method(self.store)),
             "rmw": (B, "create_atomic_rmw", _method(self.rmw)),
@@ -281,6 +286,20 @@ class _Session:
             if got is not None:
                 oob[np.flatnonzero(sel)[got]] = True
         return addr, size, (oob if oob.any() else None), ptrs
+
+    def descriptor(self, op: str):
+        """The hook of ``create_descriptor_load`` / ``_store``: the masked load or store it issues, counted as one
+        through a tensor descriptor (its sectors apart from the LSU's: counting.sectors_of)."""
+
+        def hook(builder, *args, **kw):
+            rec, outer = self.recorder, self.recorder.descriptor
+            rec.descriptor = True
+            try:
+                return self.saved[f"descriptor_{op}"](builder, *args, **kw)
+            finally:
+                rec.descriptor = outer
+
+        return hook
 
     def load(self, builder, ptrs, mask, *rest, **kw):
         """``tl.load`` (``create_masked_load``): record the words a masked pointer block reads, attributed to the
@@ -482,6 +501,7 @@ def hooks(recorder, config=None, fast: bool = False):
         own_files={__file__, fast_mode.__file__},  # iosim's hooks and --fast's wrappers: no part of a site
     )  # fmt: skip
     recorder.autotuned = {}
+    recorder.count_sectors = True  # each tl.load / tl.store of a program is one request (counting.sectors_of)
     session.install()
     try:
         with fast_mode.active(array_range) if fast else contextlib.nullcontext():
