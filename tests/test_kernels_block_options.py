@@ -98,14 +98,15 @@ def launch(N, d):
 
 @pytest.mark.parametrize("backend, module", [("pallas", "jax"), ("numba-cuda", "numba")])
 @pytest.mark.parametrize("named", [False, True])
-def test_config_refused_before_any_work_on_non_triton_backends(cli, tmp_path, backend, module, named):
+@pytest.mark.parametrize("config", ["BLOCK_M=64", "all"])
+def test_config_refused_before_any_work_on_non_triton_backends(cli, tmp_path, backend, module, named, config):
     """--config on a Pallas or numba-cuda launcher (the backend told from its imports, or named): exit 2, one line
     naming --config and the backend that takes it, and the launcher never ran (no counting process)."""
     marker = tmp_path / "ran.txt"
     f = tmp_path / f"launcher_{module}.py"
     f.write_text(MARKED.format(module=module, marker=str(marker)))
     extra = ["--backend", backend] if named else []
-    rc, _, err = cli(str(f), "--N", "8", "--d", "4", "--config", "BLOCK_M=64", *extra)
+    rc, _, err = cli(str(f), "--N", "8", "--d", "4", "--config", config, *extra)
     assert rc == 2
     _one_line(err, "--config", "triton", backend)
     assert not marker.exists()

@@ -190,3 +190,26 @@ def test_tutorial_attention_descriptor_sectors_apart_and_whole():
         assert (p["descriptor_ld"], p["descriptor_st"], p["ld"], p["st"]) == (ld * SECTOR, st * SECTOR, 0, 0), name
     assert lsu["per_array"]["L"]["st"] == N * 4 == counts.per_array["L"].write_bytes
     assert lsu["ld"] == 0 and lsu["st"] == N * 4
+
+
+def test_lsu_flag_prints_the_sector_level(cli):
+    """``iosim kernel --lsu``: the LSU line under the table, with and without --like; its bytes are the sectors of
+    flash2 at d = 16 (32-byte fp16 rows: each tile row is one whole sector), counted here: Q, K, V loads 3 N d x 2
+    bytes; O's stores N d x 2 and L's N x 4 (fp32, 40 x 4 = 160 bytes, 5 whole sectors)."""
+    N, d = 40, 16
+    words = {"Q": N * d, "K": N * d, "V": N * d}  # flash2 at one row block reads each of Q, K, V once
+    ld, st = 2 * sum(words.values()), 2 * N * d + 4 * N
+    for like in ((), ("--like", "flash2")):
+        rc, out, err = cli(str(EXAMPLES / "triton_flash2.py"), f"--N={N}", f"--d={d}", "--Br=64", "--Bc=64",
+                           "--fast", "--lsu", *like)  # fmt: skip
+        assert rc == 0, err
+        line = next(x for x in out.splitlines() if x.startswith("LSU"))
+        assert f"loads {ld:,} bytes, stores {st:,} bytes" in line, line
+        rc, out, _ = cli(str(EXAMPLES / "triton_flash2.py"), f"--N={N}", f"--d={d}", "--fast", *like)
+        assert rc == 0 and "LSU" not in out
+
+
+def test_lsu_flag_refused_on_a_named_non_triton_backend(cli):
+    for backend in ("pallas", "numba-cuda"):
+        rc, out, err = cli(str(EXAMPLES / "numba_cuda_flash2.py"), "--N=40", "--d=16", "--lsu", "--backend", backend)
+        assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1 and "--lsu" in err, err

@@ -54,6 +54,9 @@ def add_arguments(p) -> None:
     p.add_argument("--empty-splits", choices=("written", "skipped"), default=None,
                    help="decode-splitkv: what the kernel does with an empty split (default written)")  # fmt: skip
     p.add_argument("--causal", action="store_true", default=None, help="causal mask (passed to the launcher)")
+    p.add_argument("--lsu", action="store_true",
+                   help="triton: print the LSU level under the table (32-byte sectors per tl.load/tl.store "
+                   "request, the bytes Nsight's l1tex__t_bytes_pipe_lsu_mem_global_op_ld/_st count)")  # fmt: skip
     p.add_argument("--mask", default=None,
                    help="--like block-sparse: the mask the kernel's BlockMask was built for (as iosim run's --mask: "
                    "mod:FILE.py:NAME for a FlexAttention mask_mod, causal, window:W, ...); --like flash2: the mask of "
@@ -127,7 +130,7 @@ def command(args) -> int:
     params = {k: getattr(args, k) for k in LAUNCH}
     params = {k: v for k, v in params.items() if v is not None}
     backend = None if args.backend == "auto" else args.backend
-    config = None if args.config in (None, "all") else args.config
+    config = args.config  # "all" is count_file's: every config, refused before any work off Triton
     first = count_file(path, launcher or None, backend, params, args.timeout, arrays=not args.no_numerics,
                        shared_memory=90 if args.shared_memory else None, config=config,
                        gpu_standin=args.gpu_standin, strict=False, fast=args.fast, must_take=_must_take(args, params),
@@ -138,6 +141,9 @@ def command(args) -> int:
               file=sys.stderr if args.json else sys.stdout)  # fmt: skip
     rc, docs = 0, []
     for k, (counts, numbers, arrays) in enumerate(runs):
+        if args.lsu and counts.lsu() is None:
+            raise InputError("--lsu", f"is counted for Triton kernels (tl.load/tl.store requests); this launcher ran "
+                             f"{counts.backend}")  # fmt: skip
         if len(runs) > 1 and not args.json:
             print(f"{'' if k == 0 else chr(10)}autotune config {k + 1} of {len(runs)}: {counts.config.split(' (')[0]}")
         cmp = _compare(args, counts, numbers, arrays) if args.like else None
@@ -169,6 +175,9 @@ def command(args) -> int:
 
 def _check_model_options(args) -> None:
     """The options only a --like model reads, refused (one line) where no model reads them."""
+    if args.lsu and args.backend not in ("auto", "triton"):
+        raise InputError("--lsu", "is counted for Triton kernels (tl.load/tl.store requests), not --backend "
+                         f"{args.backend}")  # fmt: skip
     for opt in ("dtype_q", "dtype_kv", "dtype_o", "gqa"):  # read by the closed form alone
         if getattr(args, opt) is not None and args.like is None:
             raise InputError(f"--{opt.replace('_', '-')}", "is read by --like (the closed form the kernel is held "
@@ -292,7 +301,7 @@ def _print(args, counts, cmp) -> None:
     for line in launches(counts):
         print(line)
     if cmp is not None:
-        print(cmp.table(args.format))
+        print(cmp.table(args.format, lsu=args.lsu))
         _print_shared(counts, cmp.M)
         return
     head = ["array", "reads", "writes", "read bytes", "write bytes", "atomics", "distinct reads", "distinct writes"]
@@ -305,6 +314,10 @@ def _print(args, counts, cmp) -> None:
           f"writes max {int(pp[:, 1].max()) if len(pp) else 0:,}")  # fmt: skip
     print(tabulate(rows, head, tablefmt=args.format, disable_numparse=True))
     print(f"total: {counts.reads:,} reads, {counts.writes:,} writes (words: elements, whatever their dtype)")
+    from iosim.kernels.counting import lsu_lines
+
+    for line in lsu_lines(counts) if args.lsu else ():
+        print(line)
     _print_shared(counts, None)
 
 
