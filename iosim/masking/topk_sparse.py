@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from iosim.base.errors import InputError
+from iosim.masking.counted_run import CountedRun
 from iosim.memory_model.core import Stats, TwoLevelMemory
 from iosim.spec.problem import Problem
 from iosim.theory import bounds, io_model
@@ -233,7 +234,7 @@ def plan(p: Problem, idx: np.ndarray, kind: str, g: int, q_block: int, block: in
 
 
 @dataclass
-class TopkResult:
+class TopkResult(CountedRun):
     """A counted run beside its closed form (``stats``, ``predicted``: per array and peak), the compulsory floor
     (``floor``, words per array), bytes per array at the problem's dtypes (indices int32), the programs and, for a
     numeric run, the max abs error of O and L against the float64 reference restricted to the selected keys."""
@@ -249,14 +250,6 @@ class TopkResult:
     errors: dict = field(default_factory=dict)
     outputs: dict = field(default_factory=dict, repr=False)  # a numeric run's O (B H_q N_q, d_v) and L
     invalid: int | None = None  # -1: -1 entries selected no block
-
-    @property
-    def exact(self) -> bool:
-        return self.stats.per_array == self.predicted.per_array and self.stats.peak == self.predicted.peak
-
-    @property
-    def words(self) -> dict[str, int]:
-        return {k: v.reads + v.writes for k, v in self.stats.per_array.items()}
 
     def bytes_of(self, array: str, words: int) -> int:
         if array == "indices":
