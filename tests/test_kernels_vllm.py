@@ -171,3 +171,29 @@ def test_vllm_mla_equals_the_decode_splitkv_closed_form_but_its_own_arrays(runs)
         assert rows[k].verdict.startswith("equal"), rows[k].verdict
     assert rows["attn_logits"].reads == rows["O_part"].model_reads + rows["L_part"].model_reads
     assert rows["page_table"].reads == 16 * rows["page_table"].model_reads
+
+
+def test_the_docs_mla_table_is_what_iosim_kernel_prints(cli):
+    """docs/kv-cache.md's vLLM MLA table (its lines shortened) against the command it names, row by row: reads,
+    writes, model reads, model writes and distinct reads."""
+    import json
+    import re
+    import shlex
+
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip("vllm is not installed (pip install --no-deps vllm==0.33.0; .ci/run)")
+    text = (Path(__file__).parents[1] / "docs" / "kv-cache.md").read_text()
+    section = text.split("## vLLM's paged decoding, counted in place")[1]
+    command = re.search(r"```bash\n(iosim kernel .*?)\n```", section, re.S).group(1).replace("\\\n", " ")
+    table = re.search(r"```text\n(.*?)```", section, re.S).group(1)
+    rows = {}
+    for line in table.splitlines():
+        cells = re.match(r"(\w+)\s+([\d,]+)\s+([\d,]+)\s+([\d,]*)\s+([\d,]*)\s+([\d,]+)\s", line)
+        if cells:
+            rows[cells.group(1)] = [int(c.replace(",", "")) if c else None for c in cells.groups()[1:]]
+    rc, out, err = cli(*shlex.split(command)[2:], "--json")
+    assert rc == 0, err
+    doc = json.loads(out)
+    got = {r["array"]: [r["reads"], r["writes"], r["model_reads"], r["model_writes"], r["distinct_reads"]]
+           for r in doc["comparison"]["rows"]}  # fmt: skip
+    assert len(rows) == 12 and rows == {k: got[k] for k in rows}
