@@ -22,10 +22,12 @@ It stores each split's partial output and logsumexp into ONE buffer, ``attn_logi
 the logsumexp is the last column (``:196``-``:206``, ``:455``-``:466``). Stage 2 (``_fwd_kernel_stage2``, one
 program per query head) combines the live splits and stores O and the logsumexp L.
 
-``launch``: separate K and V (vLLM's ``kv_cache.unbind(0)`` of a (2, pages, P, H_kv, d) cache). ``launch_mla``: one
+``launch``: K and V the two halves of one cache tensor as vLLM's Triton backend splits it (``triton_attn.py:655``-
+``:657``: logical (pages, H_kv, P, 2 d), transposed to (pages, P, H_kv, 2 d), ``split(d, -1)``; separate buffers
+when d_v differs). ``launch_mla``: one
 latent cache (pages, P, d_qk) with V its first d_v columns (``triton_mla.py:292``-``:293``: ``kv_c_cache =
 kv_c_and_k_pe_cache[..., :kv_lora_rank]``), ``is_mla=True``, and the one scale tensor passed as both k_scale and
-v_scale (``triton_mla.py:339``-``:340``). Counts, the models beside them and the differences:
+v_scale (``triton_mla.py:340``-``:341``). Counts, the models beside them and the differences:
 docs/kv-cache.md ("vLLM's paged decoding, counted in place").
 """
 
@@ -77,8 +79,8 @@ def _common(N: int, B: int, page: int, seed: int):
 
 def launch(N: int, d: int, dv: int | None = None, splits: int = 4, B: int = 2, H: int = 4, kv_heads: int = 1,
            page_size: int = 16, dtype: str = "float32", seed: int = 0) -> dict:  # fmt: skip
-    """Paged decoding: q (B, H_q, d), K and V the two halves of one (2, pages, page, H_kv, ·) cache; H = kv_heads
-    runs ``_fwd_kernel_stage1``, otherwise the grouped kernel."""
+    """Paged decoding: q (B, H_q, d), K and V the two halves of each (token, head) row of one cache tensor (d_v = d;
+    separate buffers otherwise); H = kv_heads runs ``_fwd_kernel_stage1``, otherwise the grouped kernel."""
     import torch
 
     m = import_kernels()
@@ -88,9 +90,9 @@ def launch(N: int, d: int, dv: int | None = None, splits: int = 4, B: int = 2, H
     q = torch.randn(B, H, d, generator=g).to(dt)
     k_cache = torch.randn(pages, page_size, kv_heads, d, generator=g).to(dt)
     v_cache = torch.randn(pages, page_size, kv_heads, dv, generator=g).to(dt)
-    if dv == d:  # vLLM's one cache tensor, unbound into K and V
-        kv = torch.stack([k_cache, v_cache])
-        k_cache, v_cache = kv.unbind(0)
+    if dv == d:  # vLLM's one cache tensor, (pages, H_kv, P, 2d) seen as (pages, P, H_kv, 2d) and split into K and V
+        kv = torch.cat([k_cache, v_cache], -1).transpose(1, 2).contiguous().transpose(1, 2)
+        k_cache, v_cache = kv.split(d, -1)  # triton_attn.py:655-657: K and V interleaved within each (token, head) row
     o = torch.full((B, H, dv), float("nan"), dtype=dt)
     lse = torch.full((B, H), float("nan"), dtype=torch.float32)
     logits = torch.full((B, H, splits, dv + 1), float("nan"), dtype=torch.float32)
