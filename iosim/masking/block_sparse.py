@@ -31,6 +31,7 @@ import numpy as np
 
 from iosim.algorithms import block_sparse as _bs
 from iosim.base.errors import InputError
+from iosim.masking.counted_run import CountedRun
 from iosim.memory_model.core import Stats, TwoLevelMemory
 from iosim.spec.problem import BYTES, Problem
 from iosim.theory.block_sparse import block_sparse_counts
@@ -102,7 +103,7 @@ class Buffer:
 
 
 @dataclass(frozen=True)
-class BlockSparseResult:
+class BlockSparseResult(CountedRun):
     """A counted run beside its closed form: ``stats`` (simulated) and ``predicted``, ``words`` and ``bytes`` per
     array (reads + writes), the naive estimate |Q| + |K| + |V| + |O| in bytes, the block classes' census."""
 
@@ -113,14 +114,6 @@ class BlockSparseResult:
     predicted: Stats
     bytes_per_word: dict = field(repr=False)
     census: dict = field(default_factory=dict)
-
-    @property
-    def exact(self) -> bool:
-        return self.stats.per_array == self.predicted.per_array and self.stats.peak == self.predicted.peak
-
-    @property
-    def words(self) -> dict[str, int]:
-        return {k: v.reads + v.writes for k, v in self.stats.per_array.items()}
 
     @property
     def bytes(self) -> dict[str, int]:

@@ -17,8 +17,14 @@ query row r is at position r + N_k - N_q) leaves out of a program's block set ev
 after the position of all its rows (j block > r + N_k - N_q: a block is loaded if any row of the program sees it;
 under ``per-query`` and ``gqa`` all rows of a program share one position), and masks, inside a loaded block, the
 scores of the keys after each row's position (a score mask: the block is loaded whole, as fla's kernel does). The
-index words are counted in full either way: k per index row a program reads. A row that sees no key gets O = 0 and
-L = -inf.
+index words are counted in full either way: k per index row a program reads.
+
+A row that sees no key (every entry -1, or under causal every selected key after its position) gets O = 0 and
+L = -inf, in the schedule and in the float64 :func:`reference` alike: the convention of FlashAttention >= 2.1 and
+FlexAttention for a row that sees no key, and iosim's for causal rows (:mod:`iosim.spec.problem`). Its program
+still reads its index words and writes its O and L; it loads no K or V. fla-core's NSA kernel divides 0 by 0 there
+(O = NaN, L = -inf; docs/sparse-indices.md): the error measure counts a NaN as an infinite error, so such a row is
+never reported equal.
 
 It comes as an array, ``file:PATH.npy`` (numpy.load), ``mod:FILE.py:NAME`` (the function NAME of FILE.py called
 with the problem, returning the array) or a Python callable taking the problem, as masks do
@@ -51,6 +57,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from iosim.base.errors import InputError
+from iosim.masking.counted_run import CountedRun
 from iosim.memory_model.core import Stats, TwoLevelMemory
 from iosim.spec.problem import Problem
 from iosim.theory import bounds, io_model
@@ -233,7 +240,7 @@ def plan(p: Problem, idx: np.ndarray, kind: str, g: int, q_block: int, block: in
 
 
 @dataclass
-class TopkResult:
+class TopkResult(CountedRun):
     """A counted run beside its closed form (``stats``, ``predicted``: per array and peak), the compulsory floor
     (``floor``, words per array), bytes per array at the problem's dtypes (indices int32), the programs and, for a
     numeric run, the max abs error of O and L against the float64 reference restricted to the selected keys."""
@@ -249,14 +256,6 @@ class TopkResult:
     errors: dict = field(default_factory=dict)
     outputs: dict = field(default_factory=dict, repr=False)  # a numeric run's O (B H_q N_q, d_v) and L
     invalid: int | None = None  # -1: -1 entries selected no block
-
-    @property
-    def exact(self) -> bool:
-        return self.stats.per_array == self.predicted.per_array and self.stats.peak == self.predicted.peak
-
-    @property
-    def words(self) -> dict[str, int]:
-        return {k: v.reads + v.writes for k, v in self.stats.per_array.items()}
 
     def bytes_of(self, array: str, words: int) -> int:
         if array == "indices":
@@ -301,10 +300,14 @@ def reference(Q, K, V, p: Problem, idx: np.ndarray, block: int, q_block: int, sc
 
 
 def _max_error(x: np.ndarray, ref: np.ndarray) -> float:
-    """max |x - ref|, a row with L = -inf in both counting 0 (one in only one: inf)."""
+    """max |x - ref|, a row with L = -inf in both counting 0 (one in only one: inf), and a NaN in either inf: a
+    kernel that divides 0 by 0 for a row with no selected key (O = NaN) never equals the convention O = 0
+    (as :func:`iosim.kernels.check` counts a NaN)."""
     diff = np.zeros(np.shape(x))
-    np.subtract(x, ref, out=diff, where=~(np.isneginf(x) & np.isneginf(ref)))
-    return float(np.abs(diff).max(initial=0.0))
+    with np.errstate(invalid="ignore"):
+        np.subtract(x, ref, out=diff, where=~(np.isneginf(x) & np.isneginf(ref)))
+    diff = np.abs(diff)
+    return float(np.where(np.isnan(diff), np.inf, diff).max(initial=0.0))
 
 
 def topk_sparse(problem: Problem, indices, *, policy: str = "per-query", block: int = 1, q_block: int = 1,
