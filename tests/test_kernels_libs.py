@@ -258,6 +258,48 @@ def test_a_library_that_probes_the_gpu_at_import_counts_with_the_standin(tmp_pat
     assert len(err) == 1 and err[0].startswith("iosim: error: launcher file must import cleanly")
 
 
+COUNTS_DRIVERS = textwrap.dedent(
+    """
+    import torch
+    import triton
+    import triton.language as tl
+    from triton.backends import backends
+
+    # as vLLM's triton_utils/importing.py decides whether Triton is usable: exactly one active non-CPU driver
+    ACTIVE = [name for name, b in backends.items() if name != "cpu" and b.driver and b.driver.is_active()]
+    if len(ACTIVE) != 1:
+        raise RuntimeError(f"{len(ACTIVE)} active driver(s) found (expected 1)")
+
+
+    @triton.jit
+    def copy(X, Y, n, B: tl.constexpr):
+        i = tl.program_id(0) * B + tl.arange(0, B)
+        tl.store(Y + i, tl.load(X + i, mask=i < n), mask=i < n)
+
+
+    def launch(N, d):
+        x, y = torch.arange(N, dtype=torch.float32), torch.empty(N)
+        copy[(triton.cdiv(N, 64),)](x, y, N, B=64)
+        return {"X": x, "Y": y, "active": len(ACTIVE), "nvidia": int(ACTIVE == ["nvidia"])}
+    """
+)
+
+
+def test_a_library_that_counts_active_backends_sees_one_under_the_standin(tmp_path, capsys):
+    """A probe over ``triton.backends.backends`` (vLLM's) finds one active driver under --gpu-standin, none without."""
+    from iosim.cli import main
+    from iosim.kernels import count_file
+
+    path = tmp_path / "counting_drivers.py"
+    path.write_text(COUNTS_DRIVERS)
+    counts, numbers, _ = count_file(str(path), params=dict(N=100, d=1), gpu_standin=True, arrays=False)
+    assert numbers["active"] == 1 and numbers["nvidia"] == 1
+    assert {k: (a.reads, a.writes) for k, a in counts.per_array.items()} == {"X": (100, 0), "Y": (0, 100)}
+    assert main(["kernel", str(path), "--N", "100", "--d", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "active driver" in err[0]
+
+
 def test_the_standin_lives_only_in_the_counting_process():
     code = "import torch, triton; print(torch.cuda.get_device_capability.__module__)"
     env = dict(os.environ, TRITON_INTERPRET="1")

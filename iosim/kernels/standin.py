@@ -95,6 +95,7 @@ def install(vendor: str = "nvidia") -> None:
     import triton
 
     triton.runtime.driver.set_active(_Driver())
+    _backend_active(vendor)
     cuda = torch.cuda
     cuda.get_device_capability = lambda device=None: CAPABILITY
     cuda.get_device_name = lambda device=None: NAME
@@ -105,6 +106,17 @@ def install(vendor: str = "nvidia") -> None:
     cuda.synchronize = lambda device=None: None
     os.environ.setdefault("GEMS_VENDOR", vendor)
     _INSTALLED[0] = True
+
+
+def _backend_active(vendor: str) -> None:
+    """The vendor's entry of ``triton.backends.backends`` answers ``driver.is_active()`` True: a library may count
+    the active backends' drivers instead of asking the active one (vLLM's ``vllm/triton_utils/importing.py`` wants
+    exactly one, else it disables Triton), and with no device every backend says False."""
+    from triton.backends import backends
+
+    entry = backends.get("nvidia" if vendor in ("nvidia", "cuda") else vendor)
+    if entry is not None and entry.driver is not None:
+        entry.driver.is_active = staticmethod(lambda: True)
 
 
 def bare_package(name: str) -> None:
