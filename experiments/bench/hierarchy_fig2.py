@@ -58,7 +58,9 @@ FA2 = {
     True: ("flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel<Flash_bwd_kernel_traits<64, 128, 128, 8, 4, 4, 4, 0, 0, "
            "cutlass::half_t>", 128, 128),
 }  # fmt: skip
-CASES = [("A100", "standard"), ("A100", "flash1"), ("A100", "flash2"), ("H100", "flash2")]
+# (device, algorithm, batch computed): standard attention and flash1 at batch 8 (128 heads, S of 256 MB per pass
+# against the A100's 40 MiB of L2; minutes instead of an hour on 2 cores), scaled to 64 in the table; FA2 at 64.
+CASES = [("H100", "flash2", BATCH), ("A100", "flash2", BATCH), ("A100", "flash1", 8), ("A100", "standard", 8)]
 
 
 def problem(batch: int = BATCH, causal: bool = True):
@@ -103,14 +105,15 @@ def run(device: str, algorithm: str, backward: bool, batch: int = BATCH, causal:
                 launches=[k["kernel"] for k in r.launches], seconds=round(time.perf_counter() - t0, 1))  # fmt: skip
 
 
-def compute(batch: int = BATCH) -> dict:
+def compute() -> dict:
     from iosim.base.version import __version__
 
     out = {"iosim_version": __version__, "home_lines": sweep.HOME_LINES, "runs": []}
-    for device, alg in CASES:
+    for device, alg, batch in CASES:
         for backward in (False, True):
             got = run(device, alg, backward, batch)
             out["runs"].append(got)
+            STORED.write_text(json.dumps(out, indent=1) + "\n")  # after each run: a stopped compute loses little
             print(f"{device} {alg} {'backward' if backward else 'forward'}: {got['seconds']} s", file=sys.stderr,
                   flush=True)  # fmt: skip
     return out
@@ -126,11 +129,11 @@ def table(stored: dict | None = None) -> str:
 
     runs = (stored or json.loads(STORED.read_text()))["runs"]
     body = []
-    for device, alg in CASES:
+    for device, alg, _ in CASES:
         both = [r for r in runs if r["device"] == device and r["algorithm"] == alg]
         if len(both) != 2:
             continue
-        s = {k: sum(r[k] for r in both) for k in both[0] if isinstance(both[0][k], int) and k != "batch"}
+        s = {k: sum(r[k] for r in both) for k in both[0] if type(both[0][k]) is int and k != "batch"}
         scale = BATCH / both[0]["batch"]
         dram = s["dram_read"] + s["dram_write_with_flush"]
         paper = PAPER_GB.get(alg) if device == "A100" else None
@@ -148,6 +151,51 @@ def table(stored: dict | None = None) -> str:
     return tabulate(body, headers=head, tablefmt="github", disable_numparse=True)
 
 
+def entry_id(r: dict) -> str:
+    return f"fig2-gpt2-fa2-{'bwd' if r['backward'] else 'fwd'}{'-causal' if r['causal'] else ''}"
+
+
+def levels(r: dict) -> dict:
+    """A stored run's predicted levels, named as gpu_predictions.LEVELS names them (global loads and stores: the
+    LSU bytes, here the two-level bytes; DRAM write: during the kernels)."""
+    out = {
+        "dram_read": r["dram_read"],
+        "dram_write": r["dram_write_during"],
+        "global_load": r["two_level_load"],
+        "global_store": r["two_level_store"],
+        "l2_reduction": r["l2_reduce"],
+        "l2_read_from_fabric": r["fabric"],
+    }
+    return {k: v for k, v in out.items() if v}
+
+
+def entries(stored: dict | None = None) -> list[dict]:
+    """The predictions-file entries of the H100 runs (gpu_predictions' format): SDPA's FlashAttention-2 at GPT-2
+    medium's shape, forward and backward."""
+    runs = (stored or json.loads(STORED.read_text()))["runs"]
+    out = []
+    for r in runs:
+        if r["device"] != "H100" or r["algorithm"] != "flash2" or r["batch"] != BATCH:
+            continue
+        out.append({"id": entry_id(r), "what": f"FlashAttention Fig. 2 (GPT-2 medium) on the H100: SDPA "
+                    f"FlashAttention-2 {'backward' if r['backward'] else 'forward'}, every mechanism",
+                    "backend": "sdpa-flash", "B": BATCH, "H_q": HEADS, "H_kv": HEADS, "N_q": N, "N_k": N, "d": D,
+                    "causal": r["causal"], "dtype": "float16", "order": "head-grouped",
+                    "pass": "backward" if r["backward"] else "forward", "model": "every mechanism",
+                    "blocks_per_sm": r["blocks_per_sm"], "predicted": levels(r)})  # fmt: skip
+    return out
+
+
+def register() -> None:
+    """Put :func:`entries` into the predictions file, replacing entries of the same id, the others unchanged."""
+    path = sweep.hierarchy_h100.PREDICTIONS
+    data = json.loads(path.read_text())
+    new = entries()
+    ids = {e["id"] for e in new}
+    data["entries"] = [e for e in data["entries"] if e["id"] not in ids] + new
+    path.write_text(json.dumps(data, indent=1) + "\n")
+
+
 def write_docs() -> None:
     text = DOC.read_text()
     head, rest = text.split(BLOCK[0], 1)
@@ -157,13 +205,15 @@ def write_docs() -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("what", choices=("compute", "table"))
-    ap.add_argument("--batch", type=int, default=BATCH, help="compute: the batch (scaled to 64 in the table)")
+    ap.add_argument("what", choices=("compute", "table", "register"))
     ap.add_argument("--write", action="store_true", help="table: also write it into docs/hierarchy-hardware.md")
     args = ap.parse_args(argv)
     if args.what == "compute":
-        STORED.write_text(json.dumps(compute(args.batch), indent=1) + "\n")
+        compute()
         print(f"wrote {STORED}")
+    elif args.what == "register":
+        register()
+        print(f"wrote the H100 entries into {sweep.hierarchy_h100.PREDICTIONS}")
     else:
         print(table())
         if args.write:
