@@ -67,16 +67,17 @@ HIERARCHY_LAUNCH = {"flash2_forward_kernel": "flash2 forward", "square_phase1_ke
 ESTIMATE_MINUTES = 6
 
 
-def predict(problem, schedule, device: str, M: int | None = None, kernel=None):  # noqa: N803
+def predict(problem, schedule, device: str, M: int | None = None, kernel=None, element_bytes: str = "kernel"):  # noqa: N803
     """THE call of ``iosim.hierarchy`` in this file and in ``hierarchy_fig2.py``: ``problem`` and ``schedule`` (an
     ``iosim.Schedule``) on the ``device`` preset with its L2 partitions (lines homed in runs of ``HOME_LINES``) and
-    its sectors, each array at its kernel dtype, ``M`` words of shared memory per CTA (None: the device's largest
+    its sectors, each array at its kernel dtype (``element_bytes="uniform"``: every array at the problem's K/V
+    dtype), ``M`` words of shared memory per CTA (None: the device's largest
     per block) and the blocks per SM from ``kernel``'s resources (a dict of threads, registers, smem_bytes, or an
     FA2 kernel name; None: from M). The device keywords live here only."""
     from iosim.hierarchy import hierarchy
 
     return hierarchy(problem, schedule, device, M=M, partitions="device", home_lines=HOME_LINES,
-                     sector_bytes="device", kernel=kernel, element_bytes="kernel", allow_long=True)  # fmt: skip
+                     sector_bytes="device", kernel=kernel, element_bytes=element_bytes, allow_long=True)  # fmt: skip
 
 
 def _json(path: pathlib.Path) -> dict:
