@@ -275,6 +275,13 @@ def summary(rs: list[dict]) -> str:
                      f"computed; measured / iosim, L2 read {_spread(ratios('l2_read', 'fabric'))}; L2 write "
                      f"{_spread(ratios('l2_write'))}; DRAM read {_spread(dr)} ({within} of {len(dr)} within 15 %); "
                      f"DRAM write during {_spread(ratios('dram_write'))}.")  # fmt: skip
+    f2 = [r for r in rs if r["kernel"] == "flash2_forward_kernel" and r["predicted"]]
+    inside = sum(r["predicted"]["dram_read"] + r["mask"][0] <= r["measured"]["dram_read"]
+                 <= r["predicted"]["dram_read"] + r["mask"][1] for r in f2)  # fmt: skip
+    once = [r["measured"]["dram_read"] / (r["predicted"]["dram_read"] + r["mask"][0]) for r in f2]
+    lines.append(f"- flash2_forward's DRAM read with its block mask: measured between iosim + the mask read once and "
+                 f"iosim + the mask read once per head on {inside} of {len(f2)} launches; measured / (iosim + the "
+                 f"mask once) {_spread(once)} ({sum(abs(x - 1) <= 0.15 for x in once)} within 15 %).")  # fmt: skip
     for k in HIERARCHY_LAUNCH:
         m = [r["measured"] for r in rs if r["kernel"] == k]
         lines.append(f"- {k.removesuffix('_kernel')}, measured against measured (every launch): L2 read / LSU load "
