@@ -228,8 +228,8 @@ def table(stored: dict | None = None) -> str:
     measured / iosim), then :func:`summary`."""
     from tabulate import tabulate
 
-    body = []
-    for r in rows(stored):
+    body, rs = [], rows(stored)
+    for r in rs:
         c, m, p, lsu = r["cfg"], r["measured"], r["predicted"] or {}, r["lsu"]
         tiles = ", ".join(f"{k}={v}" for k, v in c["tiles"].items())
         l2r = None if not p else p["l2_read"] + p["fabric"]
@@ -245,7 +245,7 @@ def table(stored: dict | None = None) -> str:
             "L2 read MB: iosim (+ fabric)", "measured", "ratio", "L2 write MB: iosim", "measured", "ratio",
             "DRAM read MB: iosim", "measured", "ratio", "block mask MB (once-per head)",
             "DRAM write MB (during): iosim", "measured", "ratio"]  # fmt: skip
-    return tabulate(body, headers=head, tablefmt="github", disable_numparse=True) + "\n\n" + summary(rows(stored))
+    return tabulate(body, headers=head, tablefmt="github", disable_numparse=True) + "\n\n" + summary(rs)
 
 
 def _spread(xs: list[float]) -> str:
