@@ -96,3 +96,19 @@ def test_the_fig2_predictions_are_registered_unchanged():
         e = entries[fig2.entry_id(r)]
         assert (e["B"], e["H_q"], e["N_q"], e["d"], e["causal"]) == (64, 16, 1024, 64, True)
         assert e["predicted"] == fig2.levels(r)
+
+
+def test_the_fig2_fa2_forward_is_its_closed_forms():
+    """FA2's causal forward at GPT-2 medium (1024 heads of N = 1024, d = 64, fp16, 128 x 128 tiles): row block i
+    loads Q_i once and K_j, V_j for j <= i (36 column blocks over the 8 row blocks); it stores O (fp16) and L
+    (fp32); DRAM reads Q, K, V once. Blocks per SM by shared memory, written here from the Programming Guide's
+    per-SM figures: (Q tile + K and V tiles) x 2 bytes + the 1 KiB the driver reserves per block, against 228 KiB
+    (H100) and 164 KiB (A100) per SM."""
+    runs = json.loads(fig2.STORED.read_text())["runs"]
+    heads, tile = 64 * 16, 128 * 64 * 2  # bytes of one 128 x 64 fp16 tile
+    smem = (128 + 2 * 128) * 64 * 2 + 1024
+    for r in (x for x in runs if x["algorithm"] == "flash2" and not x["backward"]):
+        assert r["two_level_load"] == heads * (8 * tile + 36 * 2 * tile)
+        assert r["two_level_store"] == heads * (1024 * 64 * 2 + 1024 * 4)
+        assert r["dram_read"] == 3 * heads * 1024 * 64 * 2
+        assert r["blocks_per_sm"] == {"H100": 228 * 1024, "A100": 164 * 1024}[r["device"]] // smem
