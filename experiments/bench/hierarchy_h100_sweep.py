@@ -32,9 +32,10 @@ Two things the measurement has that the hierarchy does not, reported apart and n
 np.int64)``; bracketed between one read of it and one per head), and Nsight Compute's cache flush before every
 kernel (``--cache-control all``), where the hierarchy keeps the L2 across the square tiling's two launches.
 
-Run: ``python experiments/bench/hierarchy_h100_sweep.py compute`` (all 41 configurations; about
-``ESTIMATE_MINUTES`` minutes on a shared core, results to ``gpu_h100/hierarchy-sweep.json``), ``... table [--write]``
-(the docs table from the stored results).
+Run: ``python experiments/bench/hierarchy_h100_sweep.py compute [--label ...]`` (all 41 configurations, or some,
+merged into ``gpu_h100/hierarchy-sweep.json`` after each: 58 minutes of wall time on the 2-core machine under load,
+each run's seconds stored with it; the longest are the square tiling at B = 8 and 12 and flash2 at Br = Bc = 1, 6 to
+9 minutes each), ``... table [--write]`` (the docs table from the stored results).
 """
 
 from __future__ import annotations
@@ -64,7 +65,6 @@ MB = 1e6
 PHASE = {"square_phase1_kernel": ("Q", "K"), "square_phase2_kernel": ("L", "S", "V")}
 HIERARCHY_LAUNCH = {"flash2_forward_kernel": "flash2 forward", "square_phase1_kernel": "phase 1 (S, L)",
                     "square_phase2_kernel": "phase 2 (O)"}  # fmt: skip
-ESTIMATE_MINUTES = 6
 
 
 def predict(problem, schedule, device: str, M: int | None = None, kernel=None, element_bytes: str = "kernel"):  # noqa: N803
