@@ -338,6 +338,9 @@ def predictions() -> dict:
                         "d": 1, "causal": False, "dtype": "float32", "order": "grid",
                         "predicted": {"dram_read": two["dram_read"]},
                         "alternatives": {"one 50 MiB L2": {"dram_read": one["dram_read"]}}})  # fmt: skip
+    import hierarchy_fig2  # FlashAttention's Figure 2 on the H100 (its stored runs)
+
+    entries += hierarchy_fig2.entries()
     return {"device": "H100 SXM", "iosim_version": __version__, "registered": time.strftime("%Y-%m-%d"),
             "note": "registered before the lease that measures it; not to be refitted (docs/hierarchy-hardware.md)",
             "entries": entries}  # fmt: skip
