@@ -22,7 +22,8 @@ per array) + the conversion (:attr:`HierarchyResult.convert_dq_dram`).
 Each CTA has M words of shared memory; an SM holds ``floor(smem_per_sm / (M x bytes_per_word + 1 KB))`` of them (at
 most 32; the 1 KB is the CUDA driver's reservation per block), so ``P x blocks_per_sm`` CTAs are resident at once.
 
-**Resident CTAs from the kernel's resources** (``kernel``, with a device): the kernel the launch models, its threads
+**Resident CTAs from the kernel's resources** (the :class:`~iosim.hierarchy.machine.Machine`'s ``kernel``, with a
+device preset): the kernel the launch models, its threads
 per block, registers per thread and shared memory per block (:func:`iosim.hierarchy.resident.kernel_of`: a
 FlashAttention-2 kernel name, whose traits give its threads and shared memory by FA2's source, or the figures as a
 dict), gives the blocks per SM by the CUDA occupancy calculation on the device's per-SM limits
@@ -32,7 +33,7 @@ bound the other limits allow and says so ("upper bound"). M is then the two-leve
 kernel may hold part of it in registers: FA2 keeps O and S there), not what decides residency. A ``blocks_per_sm``
 passed wins (at most what the kernel's resources allow).
 
-**Block orders** (within each launch; p = the CTA's piece, the row block of flash2's forward):
+**Block orders** (``Scheduler(order=...)``, within each launch; p = the CTA's piece, the row block of flash2's forward):
 
 * ``grid``: heads fastest, for p, for b, for h (a grid with batch x heads as blockIdx.x);
 * ``head-grouped``: all CTAs of one head together, for b, for h, for p (FlashAttention-2's and Triton's launch
@@ -65,8 +66,8 @@ Under ``kernel`` the launches that add an array atomically (flash2's backward, d
 element (``l2_reduce``, at dQ's accumulator's 4 bytes: Nsight Compute's ``op_red``) where the schedule loads and
 stores dQ_i. With every array at one element size, ``kernel`` moves exactly ``uniform``'s words (a forward pass).
 
-The L2 in partitions (``partitions``, ``home_lines``)
------------------------------------------------------
+The L2 in partitions (the Machine's ``partitions``, ``home_lines``)
+-------------------------------------------------------------------
 An L2 of ``partitions`` parts of C / partitions each (:mod:`iosim.hierarchy.l2`: the NVIDIA A100 whitepaper's "L2
 cache" section, each partition caching for the SMs of the GPCs directly connected to it, coherent across them).
 Slot n runs on SM n mod P; SM s is in partition s x partitions // P (the SMs split evenly, in halves for two). A
