@@ -22,7 +22,7 @@ from __future__ import annotations
 from iosim.experiments import runner
 from iosim.experiments._common import Verdict
 
-from iosim.hierarchy import ORDERS, hierarchy
+from iosim.hierarchy import ORDERS, Scheduler, hierarchy
 
 NAME = "hierarchy"
 TITLE = "A shared L2 in front of DRAM: DRAM traffic vs the two-level count, per block order"
@@ -100,13 +100,13 @@ def measure(g) -> list[dict]:
                         g.skipped.append(f"{dev} flash2 forward N={N} d={d} heads={heads}: over the request budget")
                         continue
                     for order in ORDERS[:2]:  # swizzled = head-grouped without GQA
-                        r = hierarchy("flash2", N=N, d=d, H_q=heads, device=dev, order=order, allow_long=True)
+                        r = hierarchy("flash2", N=N, d=d, H_q=heads, device=dev, scheduler=Scheduler(order=order),
+                                      allow_long=True)  # fmt: skip
                         rows.append(_row(r, "mha", order, dev))
                     if d == 128 and N <= g.backward_N:
                         for order in ORDERS[:2]:
-                            r = hierarchy(
-                                "flash2", N=N, d=d, H_q=heads, device=dev, order=order, backward=True, allow_long=True
-                            )
+                            r = hierarchy("flash2", N=N, d=d, H_q=heads, device=dev, scheduler=Scheduler(order=order),
+                                          backward=True, allow_long=True)  # fmt: skip
                             rows.append(_row(r, "mha", order, dev))
         for N in g.Ns:  # noqa: N806
             for B in (1, 4):  # noqa: N806
@@ -114,14 +114,13 @@ def measure(g) -> list[dict]:
                     g.skipped.append(f"{dev} GQA N={N} B={B}: over the request budget")
                     continue
                 for order in ORDERS:
-                    r = hierarchy("flash2", N=N, d=128, B=B, H_q=32, H_kv=8, device=dev, order=order, allow_long=True)
+                    r = hierarchy("flash2", N=N, d=128, B=B, H_q=32, H_kv=8, device=dev,
+                                  scheduler=Scheduler(order=order), allow_long=True)  # fmt: skip
                     rows.append(_row(r, "gqa", order, dev))
         for N in g.square_Ns:  # noqa: N806
             for heads in (1, 8):
                 for alg in ("flash2", "square-tiling"):
-                    r = hierarchy(
-                        alg, N=N, d=256, M=16384, H_q=heads, device=dev, order="head-grouped", allow_long=True
-                    )
+                    r = hierarchy(alg, N=N, d=256, M=16384, H_q=heads, device=dev, allow_long=True)  # head-grouped
                     rows.append(_row(r, "small-cache", "head-grouped", dev))
     return rows
 

@@ -24,6 +24,7 @@ from iosim.experiments._common import STYLE, Verdict
 
 from iosim.hierarchy import hierarchy
 from iosim.spec.problem import Problem
+from iosim.spec.schedule import Schedule
 
 NAME = "fig2-hierarchy"
 TITLE = "FlashAttention Fig. 2 (left) measured on an A100 vs the hierarchy's DRAM prediction"
@@ -56,10 +57,10 @@ def _launch(alg: str, backward: bool, causal: bool, batch: int, Br, Bc):  # noqa
     policy of a launch given as N and d) and the same tiles as the others."""
     if alg == "flash2" and backward:
         p = Problem(B=batch, H_q=HEADS, N=N, d=d, causal=causal, dtype_q="fp16")
-        return hierarchy(alg, problem=p, device="A100", backward=True, kv_policy="paper", Br=Br, Bc=Bc,
+        return hierarchy(Schedule(alg, kv_policy="paper", Br=Br, Bc=Bc), problem=p, device="A100", backward=True,
                          allow_long=True)  # fmt: skip
-    return hierarchy(alg, N=N, d=d, B=batch, H_q=HEADS, device="A100", backward=backward, causal=causal, Br=Br,
-                     Bc=Bc, allow_long=True)  # fmt: skip
+    return hierarchy(Schedule(alg, Br=Br, Bc=Bc), N=N, d=d, B=batch, H_q=HEADS, device="A100", backward=backward,
+                     causal=causal, allow_long=True)  # fmt: skip
 
 
 def measure(g) -> list[dict]:

@@ -8,6 +8,7 @@ import pytest
 
 import iosim
 from iosim import InputError, Problem, Schedule
+from iosim.hierarchy import Machine
 
 
 def reference(Q, K, V, g, causal, scale):
@@ -180,16 +181,20 @@ def test_replay_takes_the_same_objects():
 
 def test_hierarchy_takes_the_same_objects():
     p = Problem(B=2, H_q=4, H_kv=2, N_q=1, N_k=300, d=16)
-    a = iosim.hierarchy(p, Schedule("flash2", gqa="packed"), 600, P=2, C=4096, L=8)
-    b = iosim.hierarchy("flash2", problem=p, gqa="packed", M=600, P=2, C=4096, L=8)
+    machine = Machine(P=2, C=4096, L=8)
+    a = iosim.hierarchy(p, Schedule("flash2", gqa="packed"), 600, device=machine)
+    b = iosim.hierarchy(Schedule("flash2", gqa="packed"), problem=p, M=600, device=machine)
+    c = iosim.hierarchy(p, Schedule("flash2", gqa="packed"), machine, M=600)
     timeless = lambda r: {k: v for k, v in r.as_dict().items() if k != "seconds"}  # noqa: E731
-    assert timeless(a) == timeless(b)
-    with pytest.raises(InputError, match="^gqa belongs"):
-        iosim.hierarchy(p, Schedule("flash2"), 600, P=2, C=4096, gqa="packed")
-    split = iosim.hierarchy(p, Schedule("flash2", splits=2), 600, P=2, C=4096)  # the split kernel, then the combine
+    assert timeless(a) == timeless(b) == timeless(c)
+    with pytest.raises(InputError, match="^hierarchy\\(\\): gqa is a schedule option now"):
+        iosim.hierarchy(p, Schedule("flash2"), 600, device=machine, gqa="packed")
+    with pytest.raises(InputError, match="^H_q belongs"):
+        iosim.hierarchy(p, Schedule("flash2"), 600, device=machine, H_q=4)
+    split = iosim.hierarchy(p, Schedule("flash2", splits=2), 600, device=machine)  # the split kernel, then combine
     assert [k["kernel"] for k in split.launches] == ["flash2 split-KV forward", "split-KV combine"]
     with pytest.raises(InputError, match="^schedule "):
-        iosim.hierarchy("flash2", Schedule("flash2"), N=16, d=4, M=600, P=1, C=0)
+        iosim.hierarchy("flash2", Schedule("flash2"), N=16, d=4, M=600, device=Machine(C=0))
 
 
 def test_sweep_takes_problem_and_schedule_objects():

@@ -16,6 +16,7 @@ import iosim
 from iosim import Problem
 from iosim.base.errors import InputError
 from iosim.cli import main
+from iosim.hierarchy import Machine
 from iosim.masking import head_masks, masks
 from iosim.runner.api import run_keywords
 
@@ -272,7 +273,8 @@ def test_refusals(tmp_path):
     with pytest.raises(InputError, match="^trace is not recorded with a mask that differs"):
         iosim.run("flash2", problem=P, M=900, mask=mod, trace=True, count_only=True)
     assert iosim.runner.api.problem_seen(P, masks.from_mask_mod(doc_window, 1, 2)) is not None
-    assert iosim.hierarchy("flash2", problem=P, M=900, C=0, mask=mod).two_level > 0  # each unit its own mask
+    # each unit its own mask
+    assert iosim.hierarchy("flash2", problem=P, M=900, mask=mod, device=Machine(C=0)).two_level > 0
     src = tmp_path / "m.py"
     src.write_text("def mod(b, h, q_idx, kv_idx):\n    return (q_idx >= kv_idx) & (kv_idx > q_idx - 2 - 3 * h)\n")
     base = ["run", "flash2", "--batch", "2", "--heads", "4", "--kv-heads", "2", "--Nq", "17", "--Nk", "29", "--d", "6",

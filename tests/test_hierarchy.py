@@ -14,7 +14,7 @@ from iosim.memory_model.core import INIT, LOAD, STORE
 
 import iosim
 from iosim import InputError
-from iosim.hierarchy import ORDERS, ctas, device, hierarchy, l2, launches, presets
+from iosim.hierarchy import ORDERS, Machine, Scheduler, ctas, device, hierarchy, l2, launches, presets
 from iosim.runner.api import run_keywords
 from iosim.views import cache_sim as cs
 
@@ -78,7 +78,16 @@ def test_flash_cuts_are_the_outer_loops():
 @pytest.mark.parametrize(("algorithm", "backward"), CASES)
 @pytest.mark.parametrize("order", ORDERS)
 def test_no_l2_is_the_two_level_count(algorithm, backward, order):
-    r = hierarchy(algorithm, backward=backward, B=2, H_q=4, H_kv=2, P=3, C=0, L=4, order=order, **SMALL)
+    r = hierarchy(
+        algorithm,
+        backward=backward,
+        B=2,
+        H_q=4,
+        H_kv=2,
+        **SMALL,
+        device=Machine(P=3, C=0, L=4),
+        scheduler=Scheduler(order=order),
+    )
     one = traced(algorithm, backward).stats
     for name, c in r.per_array.items():
         want = one.per_array[name]
@@ -114,14 +123,22 @@ def line_stream(res):
 @pytest.mark.parametrize("policy", ["lru", "opt"])
 def test_an_l2_holding_everything_moves_the_compulsory_traffic(algorithm, backward, policy):
     r = hierarchy(
-        algorithm, backward=backward, B=2, H_q=2, H_kv=1, P=2, C=1 << 30, L=8, policy=policy, record=True, **SMALL
+        algorithm,
+        backward=backward,
+        B=2,
+        H_q=2,
+        H_kv=1,
+        policy=policy,
+        record=True,
+        **SMALL,
+        device=Machine(P=2, C=1 << 30, L=8),
     )
     assert (r.dram_read, r.dram_update) == compulsory(r)
 
 
 @pytest.mark.parametrize(("algorithm", "backward"), CASES)
 def test_one_sm_one_block_at_a_time_sees_the_single_head_trace(algorithm, backward):
-    r = hierarchy(algorithm, backward=backward, P=1, blocks_per_sm=1, C=64, L=4, record=True, **SMALL)
+    r = hierarchy(algorithm, backward=backward, record=True, **SMALL, device=Machine(P=1, blocks_per_sm=1, C=64, L=4))
     ev = r.trace.events
     moves = ev[(ev[:, 0] == LOAD) | (ev[:, 0] == STORE) | (ev[:, 0] == INIT)]
     seen = r.cut.requests[r.record[:, 1]]
@@ -144,7 +161,7 @@ def cache_sim_lru(lines, flags, capacity, L, n_aids, aid_of):  # noqa: N803
 @pytest.mark.parametrize(("algorithm", "backward"), CASES)
 @pytest.mark.parametrize("C", [16, 96, 400])
 def test_segment_lru_equals_cache_sim_line_lru_on_real_launches(algorithm, backward, C):  # noqa: N803
-    r = hierarchy(algorithm, backward=backward, B=1, H_q=4, H_kv=2, P=3, C=C, L=4, record=True, **SMALL)
+    r = hierarchy(algorithm, backward=backward, B=1, H_q=4, H_kv=2, record=True, **SMALL, device=Machine(P=3, C=C, L=4))
     lines, flags = line_stream(r)
     names = r.trace.names
     lay = r.layout
@@ -236,13 +253,13 @@ def test_cache_sim_write_validate_equals_a_naive_cache(trace, capacity, policy):
 
 @pytest.mark.parametrize(("algorithm", "backward"), [("flash2", False), ("flash2", True), ("square-tiling", False)])
 def test_opt_is_a_floor_under_lru(algorithm, backward):
-    kw = dict(backward=backward, B=2, H_q=2, P=3, C=256, L=4, **SMALL)
+    kw = dict(backward=backward, B=2, H_q=2, device=Machine(P=3, C=256, L=4), **SMALL)
     lru, opt = hierarchy(algorithm, policy="lru", **kw), hierarchy(algorithm, policy="opt", **kw)
     assert opt.dram_read <= lru.dram_read and opt.two_level == lru.two_level
 
 
 def test_gqa_shares_k_and_v_in_the_l2():
-    kw = dict(N=256, d=16, M=2048, P=8, C=1 << 20, L=8, order="swizzled")
+    kw = dict(N=256, d=16, M=2048, device=Machine(P=8, C=1 << 20, L=8), scheduler=Scheduler(order="swizzled"))
     mha = hierarchy("flash2", H_q=4, H_kv=4, **kw)
     gqa = hierarchy("flash2", H_q=4, H_kv=1, **kw)
     assert mha.two_level == gqa.two_level  # every query head loads its K/V tiles either way
@@ -295,7 +312,7 @@ def test_preset_launch_blocks_per_sm():
         (dict(C=-1), "C (L2 words)"),
         (dict(C=16, L=3), "L (line words)"),
         (dict(C=2, L=4), "C (L2 words)"),
-        (dict(C=16, order="zigzag"), "order"),
+        (dict(C=16, scheduler=dict(order="zigzag")), "order"),
         (dict(C=16, policy="fifo"), "policy"),
         (dict(device="Z80"), "device"),
         (dict(device="H100", M=1 << 20), "M"),
@@ -305,10 +322,13 @@ def test_preset_launch_blocks_per_sm():
     ],
 )
 def test_bad_input_names_the_parameter(kw, parameter):
+    """A bad machine, scheduler or launch parameter is one InputError naming it (a machine's own fields where the
+    Machine is made, the rest when the launch is checked)."""
     args = dict(N=64, d=16, M=512)
-    args.update(kw)
+    machine = {k: kw.pop(k) for k in ("device", "P", "C", "L", "blocks_per_sm") if k in kw}
     with pytest.raises(InputError) as e:
-        hierarchy("flash2", **args)
+        sched = Scheduler(**kw.pop("scheduler")) if "scheduler" in kw else None
+        hierarchy("flash2", **{**args, **kw}, device=Machine(**machine), scheduler=sched)
     assert e.value.parameter == parameter
 
 
@@ -336,7 +356,7 @@ def test_cli_hierarchy(capsys):
 
 @pytest.mark.parametrize(("algorithm", "backward"), CASES)
 def test_the_compulsory_estimate_is_what_a_whole_problem_l2_moves(algorithm, backward):
-    r = hierarchy(algorithm, backward=backward, B=2, H_q=2, H_kv=1, P=2, C=1 << 30, L=8, **SMALL)
+    r = hierarchy(algorithm, backward=backward, B=2, H_q=2, H_kv=1, **SMALL, device=Machine(P=2, C=1 << 30, L=8))
     assert r.compulsory == r.dram
 
 
@@ -346,7 +366,7 @@ def test_a_problem_gives_the_launch():
     import iosim
 
     p = iosim.Problem(B=2, H_q=4, H_kv=2, N=96, d=16, causal=True, dtype_q="fp16")
-    kw = dict(M=2048, P=4, C=4096, L=8, order="swizzled")
+    kw = dict(M=2048, device=Machine(P=4, C=4096, L=8), scheduler=Scheduler(order="swizzled"))
     a = iosim.hierarchy("flash2", problem=p, **kw)
     b = iosim.hierarchy("flash2", N=96, d=16, B=2, H_q=4, H_kv=2, causal=True, bytes_per_word=2, **kw)
     assert {**a.as_dict(), "seconds": 0} == {**b.as_dict(), "seconds": 0}
@@ -365,10 +385,10 @@ def test_explicit_tiles(capsys):
     over M, is refused in one line."""
     from iosim.cli import main
 
-    h = hierarchy("flash2", N=200, d=16, M=4000, P=2, C=0, H_q=2, Br=24, Bc=40)
+    h = hierarchy(iosim.Schedule("flash2", Br=24, Bc=40), N=200, d=16, M=4000, H_q=2, device=Machine(P=2, C=0))
     r = iosim.run(iosim.Schedule("flash2", Br=24, Bc=40), N=200, d=16, M=4000, count_only=True)
     assert h.tiling == "rule=explicit, Br=24, Bc=40" and h.two_level == 2 * r.stats.total
-    s = hierarchy("square-tiling", N=200, d=16, M=4000, P=2, C=0, block=12)
+    s = hierarchy(iosim.Schedule("square-tiling", B=12), N=200, d=16, M=4000, device=Machine(P=2, C=0))
     assert (
         s.two_level
         == iosim.run(iosim.Schedule("square-tiling", B=12), N=200, d=16, M=4000, count_only=True).stats.total
@@ -399,7 +419,7 @@ def test_decoding_and_chunked_prefill_launches(algorithm, gqa):
     reads each KV head's cache from DRAM once: per-head's g - 1 repeated K, V requests are L2 hits."""
     if gqa == "packed" and algorithm in ("standard", "square-tiling"):
         with pytest.raises(InputError) as e:
-            hierarchy(algorithm, problem=DECODING[0], M=3000, P=4, C=0, gqa=gqa)
+            hierarchy(iosim.Schedule(algorithm, gqa=gqa), problem=DECODING[0], M=3000, device=Machine(P=4, C=0))
         assert e.value.parameter == "gqa"
         return
     for p in DECODING:
@@ -407,7 +427,9 @@ def test_decoding_and_chunked_prefill_launches(algorithm, gqa):
             continue  # FlashAttention schedules only (iosim.run refuses them for these two)
         for mask in (None, "window:9") if not p.causal else (None,):
             for mla in ("shared", "naive") if p.latent else ("shared",):
-                h = hierarchy(algorithm, problem=p, M=3000, P=4, C=0, gqa=gqa, mask=mask, mla=mla)
+                h = hierarchy(
+                    iosim.Schedule(algorithm, gqa=gqa, mla=mla), problem=p, M=3000, mask=mask, device=Machine(P=4, C=0)
+                )
                 r = iosim.run(
                     iosim.Schedule(algorithm, gqa=gqa, mla=mla), problem=p, M=3000, mask=mask, count_only=True
                 )
@@ -416,10 +438,18 @@ def test_decoding_and_chunked_prefill_launches(algorithm, gqa):
                     n: c.reads + c.writes for n, c in r.stats.per_array.items() if c.reads + c.writes
                 }
         if algorithm in ("flash1", "flash2") and not (p.latent or p.page_size) and (gqa == "packed" or p.g == 1):
-            hb = hierarchy(algorithm, problem=p, M=3000, P=4, C=0, gqa=gqa, backward=True)
+            hb = hierarchy(
+                iosim.Schedule(algorithm, gqa=gqa), problem=p, M=3000, backward=True, device=Machine(P=4, C=0)
+            )
             rb = iosim.run(iosim.Schedule(algorithm, gqa=gqa), problem=p, M=3000, backward=True, count_only=True)
             assert hb.two_level == hb.dram == rb.passes["backward"].stats.total  # no group sum to leave out
-        big = hierarchy(algorithm, problem=p, M=3000, P=4, C=1 << 22, L=1, gqa=gqa, order="swizzled")
+        big = hierarchy(
+            iosim.Schedule(algorithm, gqa=gqa),
+            problem=p,
+            M=3000,
+            device=Machine(P=4, C=1 << 22, L=1),
+            scheduler=Scheduler(order="swizzled"),
+        )
         assert big.per_array["K"].dram == p.B * p.H_kv * p.N_k * p.d_qk
         if not p.latent:  # the shared latent has no V: it is read from the resident K tile
             assert big.per_array["V"].dram == p.B * p.H_kv * p.N_k * p.d_v
@@ -438,7 +468,7 @@ def test_decoding_cli(capsys):
     assert main([*argv, "--bytes-per-word", "3"]) == 2
     assert "--bytes-per-word" in capsys.readouterr().err
     with pytest.raises(InputError) as e:
-        hierarchy("flash2", N=64, d=16, M=3000, P=4, C=0, gqa="packed")
+        hierarchy(iosim.Schedule("flash2", gqa="packed"), N=64, d=16, M=3000, device=Machine(P=4, C=0))
     assert e.value.parameter == "gqa"
 
 
@@ -449,7 +479,7 @@ def test_long_launches_ask_and_huge_traces_are_refused(monkeypatch, capsys):
     from iosim.cli import main
     from iosim.runner import estimate
 
-    kw = dict(N=128, d=16, M=2000, P=2, C=0, H_q=2)
+    kw = dict(N=128, d=16, M=2000, device=Machine(P=2, C=0), H_q=2)
     monkeypatch.setattr(estimate, "HIERARCHY_REQUEST", 1.0)  # every request a second: any launch is long
     with pytest.raises(InputError) as e:
         hierarchy("flash2", **kw)
@@ -467,7 +497,7 @@ def test_long_launches_ask_and_huge_traces_are_refused(monkeypatch, capsys):
     monkeypatch.setattr(estimate, "HIERARCHY_REQUEST", 6e-7)
     monkeypatch.setattr(iosim.memory_model.core, "available_bytes", lambda: 100_000)
     with pytest.raises(InputError) as e:  # a trace past its first buffer (65,536 events) is checked
-        hierarchy("flash2", N=2000, d=8, M=400, P=2, C=0)
+        hierarchy("flash2", N=2000, d=8, M=400, device=Machine(P=2, C=0))
     assert e.value.parameter == "N" and "GiB" in str(e.value) and "\n" not in str(e.value)
 
 
@@ -692,8 +722,14 @@ def test_an_independent_model_of_the_launches_agrees_word_for_word(case):
     the hierarchy's DRAM per array, word for word, on masked and unmasked launches."""
     alg, backward, pd, Br, Bc, mask, policy, mla, gqa, P, C, L = case
     problem = iosim.Problem(**pd, causal=mask == "causal")
-    h = hierarchy(alg, problem=problem, M=100_000, Br=Br, Bc=Bc, backward=backward, P=P, C=C, L=L, blocks_per_sm=1,
-                  mask=None if mask in (None, "causal") else mask, kv_policy=policy, gqa=gqa, mla=mla)  # fmt: skip
+    h = hierarchy(
+        iosim.Schedule(alg, Br=Br, Bc=Bc, kv_policy=policy, gqa=gqa, mla=mla),
+        problem=problem,
+        M=100_000,
+        backward=backward,
+        mask=None if mask in (None, "causal") else mask,
+        device=Machine(P=P, C=C, L=L, blocks_per_sm=1),
+    )
     fill, wb, names = _model_dram(alg, backward, pd, Br, Bc, mask, policy, mla, gqa, P, C, L)
     assert [k["kernel"] for k in h.launches] == names
     got_fill = {n: c.l2_fill for n, c in h.per_array.items() if c.l2_fill}
@@ -733,15 +769,17 @@ def test_a_mask_that_differs_per_head_launches_each_units_own(case):
     pd = _p(2, 4, 2, 17, 29, 8, 16)
     problem = iosim.Problem(**pd)
     mod = masks.from_mask_mod(_doc_window)
-    kw = dict(problem=problem, M=100_000, Br=4, Bc=5, backward=backward, mask=mod, kv_policy=policy, gqa=gqa,
-              splits=splits)  # fmt: skip
-    h = hierarchy(alg, P=P, C=C, L=L, blocks_per_sm=1, **kw)
+    sched = dict(Br=4, Bc=5, kv_policy=policy, gqa=gqa, splits=splits)
+    kw = dict(problem=problem, M=100_000, backward=backward, mask=mod)
+    h = hierarchy(iosim.Schedule(alg, **sched), **kw, device=Machine(P=P, C=C, L=L, blocks_per_sm=1))
     fill, wb, names = _model_dram(alg, backward, pd, 4, 5, _doc_window, policy, "shared", gqa, P, C, L, splits)
     assert [k["kernel"] for k in h.launches] == names
     assert ({n: c.l2_fill for n, c in h.per_array.items() if c.l2_fill},
             {n: c.l2_writeback for n, c in h.per_array.items() if c.l2_writeback}) == (fill, wb)  # fmt: skip
-    r = run_keywords(alg, count_only=True, **{k: v for k, v in kw.items() if k != "kv_policy"}, kv_policy=policy)
-    flat = h if C == 0 else hierarchy(alg, P=P, C=0, L=L, blocks_per_sm=1, **kw)
+    r = run_keywords(alg, count_only=True, **kw, **sched)
+    flat = (
+        h if C == 0 else hierarchy(iosim.Schedule(alg, **sched), **kw, device=Machine(P=P, C=0, L=L, blocks_per_sm=1))
+    )
     ps = r.passes["backward" if backward else "forward"]
     assert {n: (c.two_level_reads, c.two_level_writes) for n, c in flat.per_array.items() if c.two_level} == {
         n: (a.reads, a.writes) for n, a in ps.stats.per_array.items() if a.reads or a.writes}  # fmt: skip
@@ -754,10 +792,11 @@ def test_a_group_of_per_head_units_that_differ_is_refused():
     from iosim.masking import masks
 
     problem = iosim.Problem(**_p(2, 4, 2, 17, 29, 8, 16))
-    kw = dict(problem=problem, M=100_000, Br=4, Bc=5, backward=True, C=0)
+    kw = dict(problem=problem, M=100_000, backward=True, device=Machine(C=0))
+    flash2 = iosim.Schedule("flash2", Br=4, Bc=5)
     with pytest.raises(InputError, match="^gqa must be packed for this launch: the mask differs between the g = 2"):
-        hierarchy("flash2", mask=masks.from_mask_mod(_doc_window), **kw)
-    h = hierarchy("flash2", mask=masks.from_mask_mod(lambda b, h, q, kv: _doc_window(b, h // 2, q, kv)), **kw)
+        hierarchy(flash2, mask=masks.from_mask_mod(_doc_window), **kw)
+    h = hierarchy(flash2, mask=masks.from_mask_mod(lambda b, h, q, kv: _doc_window(b, h // 2, q, kv)), **kw)
     r = iosim.run(
         iosim.Schedule("flash2", Br=4, Bc=5),
         problem=problem,
@@ -792,7 +831,15 @@ def test_a_launch_whose_ctas_race_is_refused():
 
 def test_flash1_forward_is_one_cta_per_head():
     """Issue 32's example: one CTA per head moves 4,407,296 DRAM words (the CTA per column block gave 1,597,440)."""
-    h = hierarchy("flash1", N=512, d=64, H_q=8, M=100_000, Br=64, Bc=64, causal=True, C=65536, L=64, P=4)
+    h = hierarchy(
+        iosim.Schedule("flash1", Br=64, Bc=64),
+        N=512,
+        d=64,
+        H_q=8,
+        M=100_000,
+        causal=True,
+        device=Machine(C=65536, L=64, P=4),
+    )
     assert [(k["kernel"], k["ctas"]) for k in h.launches] == [("memset O, l, m", 24), ("flash1 forward", 8)]
     assert h.dram == 4_407_296
 
@@ -802,11 +849,14 @@ def test_mla_naive_reads_the_latent_twice_from_the_same_lines():
     its K tile brought, so naive DRAM = shared DRAM (issue 32: 1,214,592 words at B = 2, H_q = 16, N_k = 1024,
     d 576/512, packed, P = 8, L = 64); with no L2 naive moves V's words again (the two-level count)."""
     p = iosim.Problem(B=2, H_q=16, N_q=1, N_k=1024, d_qk=576, d_v=512, latent=True)
-    kw = dict(problem=p, M=50_000, P=8, L=64, gqa="packed")
-    naive, shared = (hierarchy("flash2", C=1 << 30, mla=m, **kw) for m in ("naive", "shared"))
+    kw = dict(problem=p, M=50_000)
+    big = Machine(P=8, C=1 << 30, L=64)
+    naive, shared = (
+        hierarchy(iosim.Schedule("flash2", mla=m, gqa="packed"), **kw, device=big) for m in ("naive", "shared")
+    )
     assert naive.dram == shared.dram == 1_214_592 and naive.per_array["V"].dram == 0
     assert naive.two_level > shared.two_level
-    naive0 = hierarchy("flash2", C=0, mla="naive", **kw)
+    naive0 = hierarchy(iosim.Schedule("flash2", mla="naive", gqa="packed"), **kw, device=Machine(P=8, C=0, L=64))
     assert naive0.per_array["V"].dram == naive0.per_array["V"].two_level == 2 * 1024 * 512
 
 
@@ -814,7 +864,7 @@ def test_the_page_table_is_one_per_batch_item():
     """A batch item's KV heads share its pages (vLLM): an L2 holding everything reads each batch item's page table
     once, B x pages words, not once per KV head."""
     p = iosim.Problem(B=3, H_q=4, H_kv=2, N_q=2, N_k=50, d=8, page_size=7)
-    h = hierarchy("flash2", problem=p, M=3000, P=2, C=1 << 24, L=1)
+    h = hierarchy("flash2", problem=p, M=3000, device=Machine(P=2, C=1 << 24, L=1))
     assert h.per_array["page_table"].dram == p.B * p.pages
     assert h.per_array["K"].dram == p.B * p.H_kv * p.N_k * p.d_qk
 
@@ -857,16 +907,16 @@ def test_the_independent_model_agrees_on_split_kv_word_for_word(case):
     race check passes)."""
     pd, Br, Bc, mask, policy, gqa, splits, M, P, C, L = case
     problem = iosim.Problem(**pd, causal=mask == "causal")
-    kw = dict(problem=problem, M=M, Br=Br, Bc=Bc, P=P, L=L, blocks_per_sm=1, mask=None if mask in (None, "causal")
-              else mask, kv_policy=policy, gqa=gqa, splits=splits)  # fmt: skip
-    h = hierarchy("flash2", C=C, **kw)
+    flash2 = iosim.Schedule("flash2", Br=Br, Bc=Bc, kv_policy=policy, gqa=gqa, splits=splits)
+    kw = dict(problem=problem, M=M, mask=None if mask in (None, "causal") else mask)
+    h = hierarchy(flash2, **kw, device=Machine(P=P, C=C, L=L, blocks_per_sm=1))
     fill, wb, names = _model_dram("flash2", False, pd, Br, Bc, mask, policy, "shared", gqa, P, C, L, splits, M)
     assert [k["kernel"] for k in h.launches] == names == ["flash2 split-KV forward", "split-KV combine"]
     assert h.launches[0]["splits"] == splits and h.splits == splits
     got_fill = {n: c.l2_fill for n, c in h.per_array.items() if c.l2_fill}
     got_wb = {n: c.l2_writeback for n, c in h.per_array.items() if c.l2_writeback}
     assert (got_fill, got_wb) == (fill, wb)
-    h0 = hierarchy("flash2", C=0, **kw)
+    h0 = hierarchy(flash2, **kw, device=Machine(P=P, C=0, L=L, blocks_per_sm=1))
     run = iosim.run(iosim.Problem(**pd, causal=mask == "causal"), iosim.Schedule("flash2", Br=Br, Bc=Bc, gqa=gqa,
                     splits=splits, kv_policy=policy), M, mask=kw["mask"], count_only=True)  # fmt: skip
     want = {n: (c.reads, c.writes) for n, c in run.stats.per_array.items() if c.reads or c.writes}
@@ -884,7 +934,7 @@ def test_split_kv_from_the_objects_and_the_command_line(capsys):
     from iosim.cli import main
 
     p = iosim.Problem(B=2, H_q=4, H_kv=1, N_q=1, N_k=300, d=16, dtype_q="bf16")
-    h = hierarchy(p, iosim.Schedule("flash2", splits=4, Bc=32), 20_000, P=4, C=4096, L=8)
+    h = hierarchy(p, iosim.Schedule("flash2", splits=4, Bc=32), 20_000, device=Machine(P=4, C=4096, L=8))
     assert [(k["kernel"], k["ctas"]) for k in h.launches] == [("flash2 split-KV forward", 32), ("split-KV combine", 8)]
     argv = ["hierarchy", "flash2", "--batch", "2", "--heads", "4", "--kv-heads", "1", "--Nq", "1", "--Nk", "300",
             "--d", "16", "--M", "20000", "--Bc", "32", "--splits", "4", "--P", "4", "--C", "4096", "--L", "8",
@@ -895,10 +945,10 @@ def test_split_kv_from_the_objects_and_the_command_line(capsys):
         ("flash2 split-KV forward", 32, 4), ("split-KV combine", 8, 1)]  # fmt: skip
     assert out["dram"] == h.dram and out["splits"] == 4
     with pytest.raises(InputError) as e:
-        hierarchy("flash2", N=64, d=16, M=4000, C=0, splits=2)
+        hierarchy(iosim.Schedule("flash2", splits=2), N=64, d=16, M=4000, device=Machine(C=0))
     assert e.value.parameter == "splits"
     with pytest.raises(InputError) as e:
-        hierarchy("flash1", problem=p, M=20_000, C=0, splits=2)
+        hierarchy(iosim.Schedule("flash1", splits=2), problem=p, M=20_000, device=Machine(C=0))
     assert e.value.parameter == "splits"
 
 
@@ -908,8 +958,14 @@ def test_the_independent_model_agrees_with_the_dq_conversion(case):
     dq_accum at dQ's own lines and writing dQ_out), against the independent model, per array, word for word."""
     alg, backward, pd, Br, Bc, mask, policy, mla, gqa, P, C, L = case
     problem = iosim.Problem(**pd, causal=mask == "causal", dtype_q="bf16")
-    h = hierarchy(alg, problem=problem, M=100_000, Br=Br, Bc=Bc, backward=True, P=P, C=C, L=L, blocks_per_sm=1,
-                  mask=None if mask in (None, "causal") else mask, kv_policy=policy, gqa=gqa)  # fmt: skip
+    h = hierarchy(
+        iosim.Schedule(alg, Br=Br, Bc=Bc, kv_policy=policy, gqa=gqa),
+        problem=problem,
+        M=100_000,
+        backward=True,
+        mask=None if mask in (None, "causal") else mask,
+        device=Machine(P=P, C=C, L=L, blocks_per_sm=1),
+    )
     fill, wb, names = _model_dram(alg, True, pd, Br, Bc, mask, policy, mla, gqa, P, C, L, convert=True)
     assert [k["kernel"] for k in h.launches] == names and names[-1] == "convert dQ"
     got_fill = {n: c.l2_fill for n, c in h.per_array.items() if c.l2_fill}
@@ -925,8 +981,9 @@ def test_dq_conversion_is_its_own_launch_at_its_dtypes(gqa, H_kv):  # noqa: N803
     that holds everything, the conversion reads dq_accum from the lines the backward left (dQ's own)."""
     p = iosim.Problem(B=2, H_q=4, H_kv=H_kv, N_q=7, N_k=12, d_qk=8, d_v=16, dtype_q="bf16", dtype_o="fp8")
     words = p.B * p.H_q * p.N_q * p.d_qk
-    kw = dict(problem=p, M=100_000, Br=3, Bc=5, backward=True, P=3, L=4, gqa=gqa)
-    h0 = hierarchy("flash2", C=0, **kw)
+    kw = dict(problem=p, M=100_000, backward=True)
+    flash2 = iosim.Schedule("flash2", Br=3, Bc=5, gqa=gqa)
+    h0 = hierarchy(flash2, **kw, device=Machine(P=3, C=0, L=4))
     conv = h0.launches[-1]
     assert conv["kernel"] == "convert dQ" and "flash_bwd_convert_dq_kernel" in conv["models"]
     assert conv["reads"] == {"dq_accum": words} and conv["writes"] == {"dQ_out": words}
@@ -938,7 +995,7 @@ def test_dq_conversion_is_its_own_launch_at_its_dtypes(gqa, H_kv):  # noqa: N803
     assert sched == want and h0.schedule_dram == h0.two_level == run.passes["backward"].stats.total
     assert h0.per_array["dq_accum"].dram == h0.per_array["dQ_out"].dram == words
     assert h0.convert_dq_dram == 2 * words and h0.dram == h0.schedule_dram + h0.convert_dq_dram
-    big = hierarchy("flash2", C=1 << 24, **kw)
+    big = hierarchy(flash2, **kw, device=Machine(P=3, C=1 << 24, L=4))
     assert big.per_array["dq_accum"].dram == 0 and big.per_array["dQ_out"].dram == words
     assert big.as_dict()["convert_dq_dram"] == words
 
@@ -946,14 +1003,15 @@ def test_dq_conversion_is_its_own_launch_at_its_dtypes(gqa, H_kv):  # noqa: N803
 def test_no_dq_conversion_where_dq_is_already_its_accumulators_dtype():
     """The conversion runs where dQ's output dtype differs from its fp32 accumulator's: not at fp32 (or fp64, where
     the accumulator is fp64), not for flash1's backward or a forward, not for N and d (no dtypes)."""
-    kw = dict(M=100_000, Br=3, Bc=5, P=2, C=0)
+    kw = dict(M=100_000, device=Machine(P=2, C=0))
     for p in (iosim.Problem(H_q=2, N_q=7, N_k=12, d=8, dtype_q="fp32"), iosim.Problem(H_q=2, N_q=7, N_k=12, d=8)):
-        h = hierarchy("flash2", problem=p, backward=True, **kw)
+        h = hierarchy(iosim.Schedule("flash2", Br=3, Bc=5), problem=p, backward=True, **kw)
         assert "convert dQ" not in [k["kernel"] for k in h.launches] and h.convert_dq_dram == 0
     bf16 = iosim.Problem(H_q=2, N_q=7, N_k=12, d=8, dtype_q="bf16")
     for alg, bwd in (("flash1", True), ("flash2", False)):
-        assert "convert dQ" not in [k["kernel"] for k in hierarchy(alg, problem=bf16, backward=bwd, **kw).launches]
-    assert hierarchy("flash2", N=12, d=8, backward=True, **kw).convert_dq_dram == 0
+        launch = hierarchy(iosim.Schedule(alg, Br=3, Bc=5), problem=bf16, backward=bwd, **kw)
+        assert "convert dQ" not in [k["kernel"] for k in launch.launches]
+    assert hierarchy(iosim.Schedule("flash2", Br=3, Bc=5), N=12, d=8, backward=True, **kw).convert_dq_dram == 0
 
 
 @pytest.mark.parametrize(

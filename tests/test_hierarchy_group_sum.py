@@ -8,6 +8,7 @@ import pytest
 
 import iosim
 from iosim import Problem, Schedule
+from iosim.hierarchy import Machine
 
 
 @pytest.mark.parametrize("algorithm", ["flash1", "flash2"])
@@ -15,7 +16,7 @@ from iosim import Problem, Schedule
 def test_group_sum_is_launched_and_counted(algorithm, B, H_q, H_kv, N, causal):  # noqa: N803
     p = Problem(B=B, H_q=H_q, H_kv=H_kv, N=N, d=8, causal=causal)
     s = Schedule(algorithm, backward=True, Br=5, Bc=7)
-    h = iosim.hierarchy(p, s, 4096, C=0, P=3)
+    h = iosim.hierarchy(p, s, 4096, device=Machine(C=0, P=3))
     r = iosim.run(p, s, 4096, count_only=True)
     kernels = [k["kernel"] for k in h.as_dict()["launches"]]
     assert kernels[-1] == "GQA group sum"
@@ -26,5 +27,5 @@ def test_group_sum_is_launched_and_counted(algorithm, B, H_q, H_kv, N, causal): 
 
 
 def test_without_groups_no_group_sum():
-    h = iosim.hierarchy(Problem(H_q=2, H_kv=2, N=20, d=8), Schedule("flash2", backward=True), 4096, C=0)
+    h = iosim.hierarchy(Problem(H_q=2, H_kv=2, N=20, d=8), Schedule("flash2", backward=True), 4096, device=Machine(C=0))
     assert "GQA group sum" not in [k["kernel"] for k in h.as_dict()["launches"]]

@@ -15,7 +15,7 @@ import pytest
 
 import iosim
 from iosim import InputError
-from iosim.hierarchy import Device, device, hierarchy
+from iosim.hierarchy import Device, Machine, device, hierarchy
 from iosim.hierarchy.simulate import kernel_dtype
 
 SIZE = {"fp64": 8, "fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int32": 4}
@@ -199,9 +199,16 @@ CASES = [  # (algorithm, backward, problem, Br, Bc, gqa, P, C, L, parts, G)
 
 def _run(case, kernel, record=False, **kw):
     alg, backward, p, Br, Bc, gqa, P, C, L, parts, G = case  # noqa: N806
-    return hierarchy(alg, problem=p, M=100_000, Br=Br, Bc=Bc, backward=backward, gqa=gqa, P=P, C=C, L=L,
-                     blocks_per_sm=1, partitions=parts, home_lines=G, record=record,
-                     element_bytes="kernel" if kernel else "uniform", **kw)  # fmt: skip
+    return hierarchy(
+        iosim.Schedule(alg, Br=Br, Bc=Bc, gqa=gqa),
+        problem=p,
+        M=100_000,
+        backward=backward,
+        record=record,
+        element_bytes="kernel" if kernel else "uniform",
+        **kw,
+        device=Machine(P=P, C=C, L=L, blocks_per_sm=1, partitions=parts, home_lines=G),
+    )
 
 
 @pytest.mark.parametrize("kernel", [False, True], ids=["uniform", "kernel-bytes"])
@@ -230,9 +237,11 @@ def test_one_dtype_and_one_line_size_is_todays_count():
     the uniform (today's) words at every level, forward and split-KV; with one partition given explicitly, too."""
     p = _prob(2, 4, 2, 9, 21, 8, q="fp32")
     for kw in (dict(), dict(splits=3)):
-        a = hierarchy("flash2", problem=p, M=100_000, Br=4, Bc=5, P=3, C=160, L=8, **kw)
-        b = hierarchy("flash2", problem=p, M=100_000, Br=4, Bc=5, P=3, C=160, L=8, element_bytes="kernel",
-                      partitions=1, **kw)  # fmt: skip
+        flash2 = iosim.Schedule("flash2", Br=4, Bc=5, **kw)
+        a = hierarchy(flash2, problem=p, M=100_000, device=Machine(P=3, C=160, L=8))
+        b = hierarchy(
+            flash2, problem=p, M=100_000, element_bytes="kernel", device=Machine(P=3, C=160, L=8, partitions=1)
+        )
         assert got(a) == got(b) and a.dram_bytes == b.dram_bytes == 4 * a.dram
         assert {n: c.word_bytes for n, c in b.per_array.items()} == dict.fromkeys(b.per_array, 4)
 
@@ -242,7 +251,14 @@ def test_the_gqa_partials_are_at_qs_dtype():
     p = _prob(1, 4, 2, 8, 8, 8, q="bf16", kv="fp8", o="fp32")
     assert [kernel_dtype(p, n) for n in ("dKpart", "dVpart", "dK", "dV", "dQ", "D", "L", "dq_accum", "dQ_out")] == [
         "bf16", "bf16", "fp8", "fp8", "fp32", "fp32", "fp32", "fp32", "fp32"]  # fmt: skip
-    h = hierarchy("flash2", problem=p, M=100_000, Br=4, Bc=4, backward=True, P=2, C=256, L=8, element_bytes="kernel")
+    h = hierarchy(
+        iosim.Schedule("flash2", Br=4, Bc=4),
+        problem=p,
+        M=100_000,
+        backward=True,
+        element_bytes="kernel",
+        device=Machine(P=2, C=256, L=8),
+    )
     assert (h.per_array["dKpart"].word_bytes, h.per_array["dK"].word_bytes) == (2, 1)
     assert h.per_array["dKpart"].bytes("l2_update") == 2 * h.per_array["dKpart"].l2_update > 0
 
@@ -251,9 +267,9 @@ def test_dq_accumulation_is_one_four_byte_reduction_per_element():
     """flash2's backward adds dQ_i into its fp32 accumulator atomically: in kernel bytes the main kernel's loads of
     dQ are gone and its stores are reductions (their own column, 4 bytes each); the memset still writes it."""
     p = _prob(1, 2, 2, 12, 12, 8)
-    kw = dict(problem=p, M=100_000, Br=4, Bc=4, backward=True, P=2, C=0, L=8)
-    u = hierarchy("flash2", **kw)
-    k = hierarchy("flash2", element_bytes="kernel", **kw)
+    kw = dict(problem=p, M=100_000, backward=True, device=Machine(P=2, C=0, L=8))
+    u = hierarchy(iosim.Schedule("flash2", Br=4, Bc=4), **kw)
+    k = hierarchy(iosim.Schedule("flash2", Br=4, Bc=4), element_bytes="kernel", **kw)
     memset = 2 * 12 * 8  # the dQ accumulator of both heads, zeroed
     Tc = 3  # column blocks: each adds its contribution to every row block's dQ_i  # noqa: N806
     assert u.per_array["dQ"].l2_read == u.per_array["dQ"].l2_update - memset == Tc * memset
@@ -325,7 +341,13 @@ def test_static_slots_on_one_slot_run_the_blocks_one_after_another():
             return blocks, None, None, np.zeros(len(blocks), np.int64)
 
     h = _run(case, False, record=True, scheduler=OneSlot())
-    one = hierarchy("flash2", problem=case[2], M=100_000, Br=4, Bc=4, P=1, C=96, L=8, blocks_per_sm=1, record=True)
+    one = hierarchy(
+        iosim.Schedule("flash2", Br=4, Bc=4),
+        problem=case[2],
+        M=100_000,
+        record=True,
+        device=Machine(P=1, C=96, L=8, blocks_per_sm=1),
+    )
     assert np.array_equal(h.record, one.record) and got(h) == got(one)
 
 
@@ -343,7 +365,15 @@ def test_static_slots_on_one_slot_run_the_blocks_one_after_another():
 def test_a_bad_plan_is_one_line_naming_the_scheduler(plan, says):
     sched = type("S", (), {"plan": staticmethod(plan)})()
     with pytest.raises(InputError) as e:
-        hierarchy("flash2", N=12, d=8, M=100_000, Br=4, Bc=4, H_q=2, P=2, C=64, L=4, scheduler=sched)
+        hierarchy(
+            iosim.Schedule("flash2", Br=4, Bc=4),
+            N=12,
+            d=8,
+            M=100_000,
+            H_q=2,
+            scheduler=sched,
+            device=Machine(P=2, C=64, L=4),
+        )
     assert e.value.parameter == "scheduler" and says in str(e.value)
 
 
@@ -366,12 +396,16 @@ class TwoPartitions(Device):
     ],
 )
 def test_bad_levels_name_the_parameter(kw, parameter):
-    args = dict(problem=_prob(1, 2, 2, 8, 8, 8), M=100_000, P=4, C=64, L=4, Br=4, Bc=4)
+    args = dict(problem=_prob(1, 2, 2, 8, 8, 8), M=100_000)
+    machine = dict(P=4, C=64, L=4)
+    for k in ("P", "C", "L", "partitions", "home_lines"):
+        if k in kw:
+            machine[k] = kw.pop(k)
     args.update(kw)
     if args.get("problem") is None:
         args.update(problem=None, N=8, d=8)
     with pytest.raises(InputError) as e:
-        hierarchy("flash2", **args)
+        hierarchy(iosim.Schedule("flash2", Br=4, Bc=4), **args, device=Machine(**machine))
     assert e.value.parameter == parameter
 
 
@@ -381,11 +415,12 @@ def test_a_device_with_two_partitions_uses_them_when_asked():
     base = device("H100")
     two = TwoPartitions(*(getattr(base, f) for f in ("name", "sms", "smem_per_sm_bytes", "smem_per_block_bytes",
                                                      "l2_bytes", "l2_line_bytes")))  # fmt: skip
-    kw = dict(problem=_prob(1, 2, 2, 64, 64, 16), Br=16, Bc=16, M=4096, P=4, C=1024)
-    h = hierarchy("flash2", device=two, partitions="device", **kw)
+    kw = dict(problem=_prob(1, 2, 2, 64, 64, 16), M=4096)
+    flash2 = iosim.Schedule("flash2", Br=16, Bc=16)
+    h = hierarchy(flash2, **kw, device=Machine(two, P=4, C=1024, partitions="device"))
     assert h.l2_partitions == 2 and h.as_dict()["fabric"] > 0
-    one = hierarchy("flash2", device=two, **kw)
-    plain = hierarchy("flash2", L=64, blocks_per_sm=one.blocks_per_sm, **kw)
+    one = hierarchy(flash2, **kw, device=Machine(two, P=4, C=1024))
+    plain = hierarchy(flash2, **kw, device=Machine(P=4, C=1024, L=64, blocks_per_sm=one.blocks_per_sm))
     assert one.l2_partitions == 1 and got(one) == got(plain) and one.as_dict()["fabric"] == 0
 
 

@@ -11,13 +11,14 @@ import heapq
 import json
 import pathlib
 import sys
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
 import iosim
 from iosim import InputError
-from iosim.hierarchy import hierarchy
+from iosim.hierarchy import Machine, hierarchy
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 KIB = 1024
@@ -62,7 +63,7 @@ def test_blocks_per_sm_come_from_the_kernels_resources(dev):
         kernel = dict(threads=threads, smem_bytes=smem, name="k")
         if registers is not None:
             kernel["registers"] = registers
-        r = hierarchy("flash2", device=dev, kernel=kernel, **TINY)
+        r = hierarchy("flash2", **TINY, device=Machine(dev, kernel=kernel))
         assert r.blocks_per_sm == want, (dev, threads, registers, smem)
         limiter = r.resident.split(": ", 1)[1]
         assert set(limiter.split(";")[0].split(",")) == binds, r.resident
@@ -74,8 +75,8 @@ def test_blocks_per_sm_come_from_the_kernels_resources(dev):
 def test_the_counts_are_those_of_the_same_blocks_per_sm_given():
     """The kernel's figure runs the clock with that many slots: the same counts as giving the number."""
     kernel = dict(threads=128, registers=173, smem_bytes=64480)
-    a = hierarchy("flash2", N=256, d=16, M=512, B=2, H_q=3, device="H100", C=2048, kernel=kernel)
-    b = hierarchy("flash2", N=256, d=16, M=512, B=2, H_q=3, device="H100", C=2048, blocks_per_sm=2)
+    a = hierarchy("flash2", N=256, d=16, M=512, B=2, H_q=3, device=Machine("H100", C=2048, kernel=kernel))
+    b = hierarchy("flash2", N=256, d=16, M=512, B=2, H_q=3, device=Machine("H100", C=2048, blocks_per_sm=2))
     assert a.blocks_per_sm == b.blocks_per_sm == 2
     assert (a.dram_read, a.dram_update, a.clock) == (b.dram_read, b.dram_update, b.clock)
     assert b.resident == "given"
@@ -102,7 +103,7 @@ def fa2_bwd_smem(d, bm, bn, eb):
 )  # fmt: skip
 def test_flashattention2_kernels_by_name_give_an_upper_bound(name, threads, smem):
     want, binds = occupancy("H100", threads, None, smem)
-    r = hierarchy("flash2", device="H100", kernel=name, **TINY)
+    r = hierarchy("flash2", **TINY, device=Machine("H100", kernel=name))
     assert r.blocks_per_sm == want and r.resident.endswith("registers unknown (upper bound)")
     assert set(r.resident.split(": ", 1)[1].split(";")[0].split(",")) == binds
 
@@ -115,9 +116,9 @@ def test_the_h100_experiments_blocks_per_sm_are_hierarchys_own():
 
     stored = json.loads(h.STORED.read_text())["runs"]
     for name in ("forward", "forward causal", "backward", "backward causal"):
-        r = hierarchy("flash2", device="H100", kernel=h.main_kernel(name), **TINY)
+        r = hierarchy("flash2", **TINY, device=Machine("H100", kernel=h.main_kernel(name)))
         assert r.blocks_per_sm == stored[f"{name} | + resident CTAs"]["blocks_per_sm"], name
-    r = hierarchy("flash2", device="H100", kernel=h.IOSIM_FLASH2_FORWARD, **TINY)
+    r = hierarchy("flash2", **TINY, device=Machine("H100", kernel=h.IOSIM_FLASH2_FORWARD))
     pred = {e["id"]: e for e in json.loads(h.PREDICTIONS.read_text())["entries"]}
     assert r.blocks_per_sm == pred["iosim-fwd-causal-ascending"]["blocks_per_sm"] == 2
     assert r.resident.endswith(": registers")
@@ -125,17 +126,17 @@ def test_the_h100_experiments_blocks_per_sm_are_hierarchys_own():
 
 def test_a_passed_value_wins_up_to_what_the_resources_allow():
     kernel = dict(threads=128, registers=173, smem_bytes=64480)  # 2 per SM, registers bind
-    r = hierarchy("flash2", device="H100", kernel=kernel, blocks_per_sm=1, **TINY)
+    r = hierarchy("flash2", **TINY, device=Machine("H100", kernel=kernel, blocks_per_sm=1))
     assert r.blocks_per_sm == 1 and r.resident.startswith("given (at most 2 ")
     with pytest.raises(InputError) as e:
-        hierarchy("flash2", device="H100", kernel=kernel, blocks_per_sm=3, **TINY)
+        hierarchy("flash2", **TINY, device=Machine("H100", kernel=kernel, blocks_per_sm=3))
     assert e.value.parameter == "blocks_per_sm" and "at most 2" in str(e.value)
 
 
 def test_without_a_kernel_the_shared_memory_of_m_words_decides_as_before():
     r = hierarchy("flash2", N=256, d=64, device="H100", M=16384)  # 32 KiB blocks: 228 KiB / 33 KiB = 6
     assert r.blocks_per_sm == 6 and r.resident.startswith("shared memory of M words")
-    r = hierarchy("flash2", N=32, d=16, M=512, C=64)
+    r = hierarchy("flash2", N=32, d=16, M=512, device=Machine(C=64))
     assert r.blocks_per_sm == 1 and r.resident == "one per SM (no device)"
 
 
@@ -154,8 +155,8 @@ def test_without_a_kernel_the_shared_memory_of_m_words_decides_as_before():
     ],
 )
 def test_bad_kernels_name_the_parameter(kw, parameter):
-    with pytest.raises(InputError) as e:
-        hierarchy("flash2", **TINY, **kw)
+    with pytest.raises(InputError) as e:  # where the Machine is made, or (its occupancy) where the launch runs
+        hierarchy("flash2", **TINY, device=Machine(**kw))
     assert e.value.parameter == parameter
 
 
@@ -330,9 +331,15 @@ SECTOR_CASES = [  # (algorithm, backward, problem, Br, Bc, gqa, P, C, L, sector 
 def _sector_run(case, sector, record=False, kernel=None):
     alg, backward, p, Br, Bc, gqa, P, C, L, _, parts, G, kb = case  # noqa: N806
     kb = kb if kernel is None else kernel
-    return hierarchy(alg, problem=p, M=100_000, Br=Br, Bc=Bc, backward=backward, gqa=gqa, P=P, C=C, L=L,
-                     blocks_per_sm=1, partitions=parts, home_lines=G, record=record, sector_bytes=sector,
-                     element_bytes="kernel" if kb else "uniform")  # fmt: skip
+    return hierarchy(
+        iosim.Schedule(alg, Br=Br, Bc=Bc, gqa=gqa),
+        problem=p,
+        M=100_000,
+        backward=backward,
+        record=record,
+        element_bytes="kernel" if kb else "uniform",
+        device=Machine(P=P, C=C, L=L, blocks_per_sm=1, partitions=parts, home_lines=G, sector_bytes=sector),
+    )
 
 
 @pytest.mark.parametrize("case", SECTOR_CASES, ids=lambda c: f"{c[0]}-{'bwd' if c[1] else 'fwd'}-d{c[2].d_qk}-p{c[10]}")
@@ -353,31 +360,31 @@ def test_sectors_change_nothing_where_every_request_covers_whole_lines():
     """Rows of 8 words in lines of 8 words, tiles of 8 rows (the statistics' tiles 8 words): every request covers
     whole lines, so sectors fill what lines fill."""
     p = _prob(2, 4, 2, 32, 32, 8)
-    kw = dict(problem=p, M=100_000, Br=8, Bc=8, P=3, C=64, L=8, partitions=2, element_bytes="uniform")
-    line = hierarchy("flash2", **kw)
-    for sector in (2, 4, 8):
-        assert counts(hierarchy("flash2", sector_bytes=sector, **kw)) == counts(line)
-    assert counts(hierarchy("flash2", sector_bytes=16, **kw)) == counts(line)  # one sector a line: lines
+    kw = dict(problem=p, M=100_000, element_bytes="uniform")
+    flash2, machine = iosim.Schedule("flash2", Br=8, Bc=8), Machine(P=3, C=64, L=8, partitions=2)
+    line = hierarchy(flash2, **kw, device=machine)
+    for sector in (2, 4, 8, 16):  # 16: one sector a line, lines
+        assert counts(hierarchy(flash2, **kw, device=replace(machine, sector_bytes=sector))) == counts(line)
 
 
 def test_the_device_sector_and_bad_sectors():
-    r = hierarchy("flash2", device="H100", sector_bytes="device", **TINY)
+    r = hierarchy("flash2", **TINY, device=Machine("H100", sector_bytes="device"))
     assert r.sector_bytes == 32 and r.as_dict()["sector_bytes"] == 32
     assert hierarchy("flash2", device="H100", **TINY).sector_bytes is None  # the default: whole lines
-    for kw, parameter in (
-        (dict(C=64, L=8, sector_bytes="device"), "sector_bytes"),  # no device
-        (dict(C=64, L=8, sector_bytes=3), "sector_bytes"),  # does not divide the 16-byte line
-        (dict(C=64, L=8, sector_bytes=32), "sector_bytes"),  # larger than the line
-        (dict(C=64, L=8, sector_bytes=True), "sector_bytes"),
-        (dict(C=64, L=64, sector_bytes=2, bytes_per_word=4), "sector_bytes"),  # 128 sectors a line
-        (dict(C=64, L=8, sector_bytes=4, policy="opt"), "policy opt"),
+    for machine, kw, parameter in (
+        (dict(C=64, L=8, sector_bytes="device"), {}, "sector_bytes"),  # no device
+        (dict(C=64, L=8, sector_bytes=3), {}, "sector_bytes"),  # does not divide the 16-byte line
+        (dict(C=64, L=8, sector_bytes=32), {}, "sector_bytes"),  # larger than the line
+        (dict(C=64, L=8, sector_bytes=True), {}, "sector_bytes"),
+        (dict(C=64, L=64, sector_bytes=2), dict(bytes_per_word=4), "sector_bytes"),  # 128 sectors a line
+        (dict(C=64, L=8, sector_bytes=4), dict(policy="opt"), "policy opt"),
     ):
         with pytest.raises(InputError) as e:
-            hierarchy("flash2", N=32, d=16, M=512, **kw)
-        assert e.value.parameter == parameter, kw
+            hierarchy("flash2", N=32, d=16, M=512, **kw, device=Machine(**machine))
+        assert e.value.parameter == parameter, (machine, kw)
     p = _prob(1, 1, 1, 8, 8, 8, q="fp32", kv="bf16")
     with pytest.raises(InputError) as e:  # a 2-byte sector cannot hold a 4-byte word of Q
-        hierarchy("flash2", problem=p, M=100_000, C=64, L=8, sector_bytes=2, element_bytes="kernel")
+        hierarchy("flash2", problem=p, M=100_000, element_bytes="kernel", device=Machine(C=64, L=8, sector_bytes=2))
     assert e.value.parameter == "sector_bytes"
 
 
@@ -388,7 +395,7 @@ def test_cli_sector_bytes(capsys):
     assert main([*args, "--sector-bytes", "4", "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["sector_bytes"] == 4
-    want = hierarchy("flash2", N=12, d=6, M=4096, P=2, C=32, L=8, sector_bytes=4)
+    want = hierarchy("flash2", N=12, d=6, M=4096, device=Machine(P=2, C=32, L=8, sector_bytes=4))
     assert d["dram"] == want.dram
     assert main([*args, "--sector-bytes", "4"]) == 0
     assert "by sectors of 4 bytes" in capsys.readouterr().out
@@ -401,17 +408,22 @@ def _h100_with_sectors(monkeypatch, names, models, N, decode):  # noqa: N803
     """The H100 experiment's models with sector fills (the preset's 32 bytes): cuDNN's decode at its full size gives
     the registered figures; the FA2 launches, scaled down to 2 heads of N (the same tiles, dtypes and machine), give
     every level as with whole lines."""
-    import functools
-
     from iosim.hierarchy import simulate as sim
+    from iosim.hierarchy.machine import machine_of
 
     sys.path.insert(0, str(ROOT / "experiments" / "bench"))
     import hierarchy_h100 as h
 
     lines = sim.hierarchy
+
+    def sectors(*args, device=None, **kw):  # the experiment's launch, its machine filling by the preset's sectors
+        if len(args) == 3 and not isinstance(args[2], int):
+            args, device = args[:2], args[2]
+        return lines(*args, device=replace(machine_of(device), sector_bytes="device"), **kw)
+
     if decode:
         pred = {e["id"]: e for e in json.loads(h.PREDICTIONS.read_text())["entries"]}["cudnn-decode-gqa-packed"]
-        monkeypatch.setattr(sim, "hierarchy", functools.partial(lines, sector_bytes="device"))
+        monkeypatch.setattr(sim, "hierarchy", sectors)
         got = h.levels(h.run("decode GQA", h.MODELS[2]))
         assert {k: got[k] for k in pred["predicted"]} == pred["predicted"]
     small = {n: iosim.Problem(B=1, H_q=2, N=N, d=128, dtype_q="fp16", causal=h.LAUNCHES[n]["causal"]) for n in names}
@@ -420,7 +432,7 @@ def _h100_with_sectors(monkeypatch, names, models, N, decode):  # noqa: N803
         for model in models or (*h.MODELS, *h.EXTRA):
             if model in h.EXTRA and name not in h.EXTRA[model]:
                 continue
-            monkeypatch.setattr(sim, "hierarchy", functools.partial(lines, sector_bytes="device"))
+            monkeypatch.setattr(sim, "hierarchy", sectors)
             s = h.run(name, model)
             if s is None:
                 continue

@@ -14,6 +14,7 @@ import iosim
 from iosim import Problem, Schedule
 from iosim.base.errors import InputError
 from iosim.cli import main
+from iosim.hierarchy import Machine
 from iosim.theory import io_model
 
 
@@ -79,7 +80,7 @@ def test_command_line(capsys):
 
 def test_hierarchy_without_l2_equals_the_run():
     p = _paged(3)
-    h = iosim.hierarchy(p, Schedule("flash1", gqa="packed", Br=4, Bc=8, pages="gather"), 4096, C=0, P=2)
+    h = iosim.hierarchy(p, Schedule("flash1", gqa="packed", Br=4, Bc=8, pages="gather"), 4096, device=Machine(C=0, P=2))
     r = iosim.run(p, Schedule("flash1", gqa="packed", Br=4, Bc=8, pages="gather"), 4096, count_only=True)
     assert h.dram == r.stats.total
     assert not np.isnan(h.dram)

@@ -542,17 +542,30 @@ def test_is_default_says_when_a_plan_keeps_todays_launch():
 # the hierarchy's own hook: hierarchy(scheduler=...) runs a plan through iosim's clock and L2
 
 
-def _hier(**kw):
-    from iosim.hierarchy import hierarchy
+def _hier(order=None, C=16, **kw):  # noqa: N803
+    from iosim.hierarchy import Machine, hierarchy
 
-    args = dict(N=16, d=2, M=40, H_q=2, P=2, C=16, L=2, causal=True, record=True)
-    return hierarchy("flash2", **{**args, **kw})
+    args = dict(N=16, d=2, M=40, H_q=2, causal=True, record=True)
+    if order is not None:
+        kw["scheduler"] = Scheduler(order=order)
+    return hierarchy("flash2", **{**args, **kw}, device=Machine(P=2, C=C, L=2))
+
+
+class _Hook:
+    """A scheduler that is not iosim's Scheduler, so hierarchy() always runs its plan through the hook (a Scheduler
+    that only orders is that order, with no plan)."""
+
+    def __init__(self, scheduler):
+        self.scheduler = scheduler
+
+    def plan(self, k, blocks, cut, declared, slots=None):
+        return self.scheduler.plan(k, blocks, cut, declared, slots=slots)
 
 
 @pytest.mark.parametrize("kw", [dict(), dict(backward=True), dict(order="grid", C=0), dict(H_kv=1, H_q=2)])
 def test_the_plain_plan_through_the_hook_is_the_launch(kw):
     res = _hier(**kw)
-    got = _hier(scheduler=Scheduler(order=res.order), **{k: v for k, v in kw.items() if k != "order"})
+    got = _hier(scheduler=_Hook(Scheduler(order=res.order)), **{k: v for k, v in kw.items() if k != "order"})
     assert {n: c.dram_read for n, c in got.per_array.items()} == {n: c.dram_read for n, c in res.per_array.items()}
     assert {n: c.dram_update for n, c in got.per_array.items()} == {n: c.dram_update for n, c in res.per_array.items()}
     assert got.clock == res.clock

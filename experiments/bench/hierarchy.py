@@ -19,7 +19,7 @@ import time
 from tabulate import tabulate
 
 import iosim
-from iosim.hierarchy import ORDERS, device, hierarchy
+from iosim.hierarchy import ORDERS, Scheduler, device, hierarchy
 
 
 def main(argv=None) -> int:
@@ -42,9 +42,8 @@ def main(argv=None) -> int:
     for _ in range(a.repeat):
         for order in ORDERS:
             t = time.perf_counter()
-            h = hierarchy(
-                "flash2", N=a.N, d=a.d, H_q=a.heads, device=a.device, order=order, backward=a.backward, allow_long=True
-            )
+            h = hierarchy("flash2", N=a.N, d=a.d, H_q=a.heads, device=a.device, scheduler=Scheduler(order=order),
+                          backward=a.backward, allow_long=True)  # fmt: skip
             wall = time.perf_counter() - t
             rows.append(
                 [order, f"{wall:.2f}", f"{h.requests:,}", f"{h.requests / max(wall - schedule, 1e-9):,.0f}",

@@ -16,8 +16,8 @@ Each launch is predicted under models that add one mechanism at a time:
   4-byte atomics);
 * ``+ partitions`` - the L2 as two partitions of 25 MiB, each caching for its half of the SMs (devices.csv);
 * ``+ resident CTAs`` - blocks per SM from the kernel's threads and shared memory, computed by
-  ``hierarchy(kernel=<its name>, device="H100")`` (its registers are not known: the bound the other limits allow,
-  iosim.hierarchy.resident) and M = the two-level working set of its tiles;
+  ``hierarchy(..., device=Machine("H100", kernel=<its name>))`` (its registers are not known: the bound the other
+  limits allow, iosim.hierarchy.resident) and M = the two-level working set of its tiles;
 * ``+ FA2's walk`` - the forward's column blocks walked from the last down (flash_fwd_kernel.h), the order of the
   grid as FlashAttention-2 launches it (row blocks fastest, then batch, then head: head-grouped).
 
@@ -75,7 +75,7 @@ def _problem(name: str):
 
 
 def main_kernel(name: str) -> str:
-    """The name of the launch's main kernel as Nsight Compute stored it (FA2's carry their traits: hierarchy(kernel=)
+    """The name of the launch's main kernel as Nsight Compute stored it (FA2's carry their traits: Machine(kernel=)
     computes their blocks per SM from them, registers unknown: an upper bound)."""
     main = ("dq_dk_dv", "flash_fwd", "cudnn_generated")
     label = LAUNCHES[name]["label"]
@@ -85,36 +85,37 @@ def main_kernel(name: str) -> str:
 
 def run(name: str, model: str):
     """The hierarchy's result for one launch under one model (module docstring)."""
+    from iosim import Schedule
+    from iosim.hierarchy import Machine
     from iosim.hierarchy.scheduler import Scheduler
     from iosim.hierarchy.simulate import hierarchy
 
     spec = LAUNCHES[name]
     p = _problem(name)
     step = MODELS.index(model) if model in MODELS else None
-    kw = dict(
-        problem=p, backward=spec["backward"], allow_long=True, gqa="packed" if name == "decode GQA" else "per-head"
-    )
-    if spec["Br"]:
-        kw.update(Br=spec["Br"], Bc=spec["Bc"])
+    tiles = dict(Br=spec["Br"], Bc=spec["Bc"]) if spec["Br"] else {}
+    flash2 = Schedule("flash2", gqa="packed" if name == "decode GQA" else "per-head", **tiles)
+    kw = dict(problem=p, backward=spec["backward"], allow_long=True)
+    one = Machine("H100", partitions=1)
     if model == WALK_ALONE:
         kw.update(element_bytes="kernel", scheduler=Scheduler(order="head-grouped", walk="descending"))
-        return hierarchy("flash2", device="H100", partitions=1, **kw)
+        return hierarchy(flash2, device=one, **kw)
     if step == 0:
-        return hierarchy("flash2", device="H100", partitions=1, **kw)
+        return hierarchy(flash2, device=one, **kw)
     kw.update(element_bytes="kernel")
     if step == 1:
-        return hierarchy("flash2", device="H100", partitions=1, **kw)
+        return hierarchy(flash2, device=one, **kw)
     if step == 2:
-        return hierarchy("flash2", device="H100", partitions=2, home_lines=HOME_LINES, **kw)
+        return hierarchy(flash2, device=Machine("H100", partitions=2, home_lines=HOME_LINES), **kw)
     if name == "decode GQA" or (step == 4 and spec["backward"]):  # cuDNN's resources are not in its name; the
         return None  # backward's walk is not modelled: the steps above are the model there
     step = 4 if model == TWO_CTAS else step
     # the H100 preset's machine in fp16 words; its blocks per SM from the kernel's resources, inside hierarchy()
-    machine = dict(device="H100", partitions=2, home_lines=HOME_LINES, kernel=main_kernel(name),
-                   blocks_per_sm=2 if model == TWO_CTAS else None)  # fmt: skip
+    machine = Machine("H100", partitions=2, home_lines=HOME_LINES, kernel=main_kernel(name),
+                      blocks_per_sm=2 if model == TWO_CTAS else None)  # fmt: skip
     if step == 4 and not spec["backward"]:
         kw.update(scheduler=Scheduler(order="head-grouped", walk="descending"))
-    return hierarchy("flash2", M=_working_set(name), **machine, **kw)
+    return hierarchy(flash2, M=_working_set(name), device=machine, **kw)
 
 
 def _working_set(name: str) -> int:
@@ -269,11 +270,12 @@ def copy_trace(nbytes: int):
 
 def copy_probe(nbytes: int, partitions: int):
     """The hierarchy's DRAM read of the probe on the H100 preset (fp32 words: lines of 32), one or two partitions."""
+    from iosim.hierarchy import Machine
     from iosim.hierarchy.simulate import hierarchy
 
     t = copy_trace(nbytes)
-    r = hierarchy("read twice", N=1, d=1, M=t.M, P=132, C=52428800 // 4, L=32, blocks_per_sm=8, bytes_per_word=4,
-                  partitions=partitions, home_lines=HOME_LINES, _trace=t, allow_long=True)  # fmt: skip
+    machine = Machine(P=132, C=52428800 // 4, L=32, blocks_per_sm=8, partitions=partitions, home_lines=HOME_LINES)
+    r = hierarchy("read twice", N=1, d=1, M=t.M, device=machine, bytes_per_word=4, _trace=t, allow_long=True)
     return levels(r)
 
 
@@ -286,12 +288,13 @@ def _iosim_causal():
     its walk ascends (algorithms/cuda/flash.py), its grid is (row block, head) with the row block fastest, 128
     threads, 173 registers per thread (the driver's figure for flash2_forward_kernel, gpu_h100/occupancy.json)."""
     from iosim import Problem
+    from iosim.hierarchy import Machine
     from iosim.hierarchy.simulate import hierarchy
 
     M = 16384
     p = Problem(B=1, H_q=32, N=8192, d=64, dtype_q="fp32", causal=True)
-    r = hierarchy("flash2", problem=p, M=M, device="H100", partitions=2, home_lines=HOME_LINES,
-                  kernel=IOSIM_FLASH2_FORWARD, element_bytes="kernel", allow_long=True)  # fmt: skip
+    machine = Machine("H100", partitions=2, home_lines=HOME_LINES, kernel=IOSIM_FLASH2_FORWARD)
+    r = hierarchy("flash2", problem=p, M=M, device=machine, element_bytes="kernel", allow_long=True)
     return levels(r), r.blocks_per_sm
 
 

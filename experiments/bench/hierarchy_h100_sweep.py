@@ -74,10 +74,10 @@ def predict(problem, schedule, device: str, M: int | None = None, kernel=None, e
     dtype), ``M`` words of shared memory per CTA (None: the device's largest
     per block) and the blocks per SM from ``kernel``'s resources (a dict of threads, registers, smem_bytes, or an
     FA2 kernel name; None: from M). The device keywords live here only."""
-    from iosim.hierarchy import hierarchy
+    from iosim.hierarchy import Machine, hierarchy
 
-    return hierarchy(problem, schedule, device, M=M, partitions="device", home_lines=HOME_LINES,
-                     sector_bytes="device", kernel=kernel, element_bytes=element_bytes, allow_long=True)  # fmt: skip
+    machine = Machine(device, partitions="device", home_lines=HOME_LINES, sector_bytes="device", kernel=kernel)
+    return hierarchy(problem, schedule, machine, M=M, element_bytes=element_bytes, allow_long=True)
 
 
 def _json(path: pathlib.Path) -> dict:

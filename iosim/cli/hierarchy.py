@@ -163,47 +163,24 @@ def add_arguments(p) -> None:
 
 
 def command(args) -> int:
-    from iosim.hierarchy import hierarchy
+    from iosim.hierarchy import Machine, Scheduler, hierarchy
 
     shape = _shape(args)
     s = schedule_of(args, args.algorithm)  # the Schedule, checked once before any work, as every command's
     scheduler = None
     if args.scheduler is not None:
         from iosim.base.errors import InputError
-        from iosim.hierarchy.scheduler import Scheduler
 
         if args.order != "head-grouped":
             raise InputError("--order", "goes inside --scheduler when a scheduler is given (order=...)", args.order)
         scheduler = Scheduler.parse(args.scheduler)
-    r = hierarchy(
-        args.algorithm,
-        **shape,
-        M=args.M,
-        device=args.device,
-        P=args.P,
-        C=args.C,
-        L=args.L,
-        blocks_per_sm=args.blocks_per_sm,
-        kernel=args.kernel,
-        sector_bytes=args.sector_bytes,
-        partitions=args.l2_partitions,
-        home_lines=args.home_lines,
-        order=args.order,
-        scheduler=scheduler,
-        policy=args.policy,
-        backward=s.backward,
-        mask=args.mask,
-        kv_policy=s.kv_policy,
-        tiling=s.tiling,
-        Br=s.Br,
-        Bc=s.Bc,
-        block=s.B,
-        gqa=s.gqa,
-        mla=s.mla,
-        splits=s.splits,
-        pages=s.pages,
-        allow_long=args.yes,
-    )
+    machine = Machine(args.device, P=args.P, C=args.C, L=args.L, blocks_per_sm=args.blocks_per_sm,
+                      partitions=args.l2_partitions, home_lines=args.home_lines, sector_bytes=args.sector_bytes,
+                      kernel=args.kernel)  # fmt: skip
+    if scheduler is None:
+        scheduler = Scheduler(order=args.order)
+    r = hierarchy(s, **shape, M=args.M, device=machine, scheduler=scheduler, policy=args.policy, mask=args.mask,
+                  allow_long=args.yes)  # fmt: skip
     if args.json:
         print(json.dumps(r.as_dict(), indent=2))
         return 0

@@ -1,6 +1,8 @@
 """Beyond two levels: thread blocks on P SMs, a shared L2, DRAM (:func:`hierarchy`; see :mod:`.simulate`)."""
 
 from iosim.hierarchy.devices import Device, device, presets
+from iosim.hierarchy.machine import Machine
+from iosim.hierarchy.scheduler import Scheduler
 from iosim.hierarchy.simulate import (
     ELEMENT_BYTES,
     ORDERS,
@@ -19,6 +21,8 @@ __all__ = [
     "Device",
     "HierarchyResult",
     "LevelCounts",
+    "Machine",
+    "Scheduler",
     "block_order",
     "device",
     "hierarchy",

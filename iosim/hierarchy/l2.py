@@ -145,6 +145,60 @@ def _push_head(p, s, h, prv, nxt):
         h[p, _TAIL] = s
 
 
+@njit(cache=True, inline="always")
+def popcount(m):
+    n = 0
+    while m:
+        m &= m - 1
+        n += 1
+    return n
+
+
+@njit(cache=True, inline="always")
+def _dirty_words(p, t, dm, seg_aid, Lw, spl):  # noqa: N803
+    """Words an evicted line of segment t writes back, the one difference between line and sector fills: ``dm`` its
+    dirty sectors' mask with ``spl`` sectors a line (each ``Lw // spl`` words); a line cache passes its dirty bit
+    and spl = 1 (the whole line, or nothing)."""
+    return popcount(dm[p, t]) * (Lw[seg_aid[t]] // spl)
+
+
+@njit(cache=True, inline="always")
+def _evict_all(p, h, res, dm, prv, nxt, seg_aid, Lw, spl, wb):  # noqa: N803
+    """Empty partition p (a segment larger than the cache streams through): every resident line is evicted, its
+    dirty words (:func:`_dirty_words`) written back."""
+    t = h[p, _TAIL]
+    while t >= 0:
+        wb[seg_aid[t]] += res[p, t] * _dirty_words(p, t, dm, seg_aid, Lw, spl)
+        res[p, t] = 0
+        u = prv[p, t]
+        prv[p, t] = -1
+        nxt[p, t] = -1
+        t = u
+    h[p, _HEAD] = -1
+    h[p, _TAIL] = -1
+
+
+@njit(cache=True, inline="always")
+def _make_room(p, need, h, res, dm, prv, nxt, seg_aid, Lw, spl, wb):  # noqa: N803
+    """Evict ``need`` lines from partition p's LRU end, whole segments first, the last one keeping its newest lines;
+    each evicted line writes back its dirty words (:func:`_dirty_words`)."""
+    while need > 0:
+        t = h[p, _TAIL]
+        rt = res[p, t]
+        per = _dirty_words(p, t, dm, seg_aid, Lw, spl)
+        if rt <= need:
+            wb[seg_aid[t]] += rt * per
+            _unlink(p, t, h, prv, nxt)
+            res[p, t] = 0
+            h[p, _USED] -= rt
+            need -= rt
+        else:  # the tail segment keeps its newest lines
+            res[p, t] = rt - need
+            wb[seg_aid[t]] += need * per
+            h[p, _USED] -= need
+            need = 0
+
+
 @njit(cache=True)
 def touch(s, k, d, a, cap, lw, Lw, p, h, res, dirty, prv, nxt, seg_aid, wb):  # noqa: N803
     """Segment s (k lines of ``lw`` words, requested as array a) touched whole in LRU partition p (row p of the
@@ -167,17 +221,7 @@ def touch(s, k, d, a, cap, lw, Lw, p, h, res, dirty, prv, nxt, seg_aid, wb):  # 
         h[p, _USED] -= r
         res[p, s] = 0
     if k > cap:  # larger than the cache: it streams through, leaving its last cap lines
-        t = h[p, _TAIL]
-        while t >= 0:
-            if dirty[p, t]:
-                wb[seg_aid[t]] += res[p, t] * Lw[seg_aid[t]]
-            res[p, t] = 0
-            u = prv[p, t]
-            prv[p, t] = -1
-            nxt[p, t] = -1
-            t = u
-        h[p, _HEAD] = -1
-        h[p, _TAIL] = -1
+        _evict_all(p, h, res, dirty, prv, nxt, seg_aid, Lw, 1, wb)
         if d:
             wb[a] += (k - cap) * lw
         res[p, s] = cap
@@ -185,23 +229,7 @@ def touch(s, k, d, a, cap, lw, Lw, p, h, res, dirty, prv, nxt, seg_aid, wb):  # 
         dirty[p, s] = d
         _push_head(p, s, h, prv, nxt)
         return 1
-    need = h[p, _USED] + k - cap
-    while need > 0:
-        t = h[p, _TAIL]
-        rt = res[p, t]
-        if rt <= need:
-            if dirty[p, t]:
-                wb[seg_aid[t]] += rt * Lw[seg_aid[t]]
-            _unlink(p, t, h, prv, nxt)
-            res[p, t] = 0
-            h[p, _USED] -= rt
-            need -= rt
-        else:  # the tail segment keeps its newest lines
-            res[p, t] = rt - need
-            if dirty[p, t]:
-                wb[seg_aid[t]] += need * Lw[seg_aid[t]]
-            h[p, _USED] -= need
-            need = 0
+    _make_room(p, h[p, _USED] + k - cap, h, res, dirty, prv, nxt, seg_aid, Lw, 1, wb)
     res[p, s] = k
     h[p, _USED] += k
     dirty[p, s] = d
@@ -217,15 +245,6 @@ def drop(s, p, h, res, prv, nxt):
         _unlink(p, s, h, prv, nxt)
         h[p, _USED] -= r
         res[p, s] = 0
-
-
-@njit(cache=True, inline="always")
-def popcount(m):
-    n = 0
-    while m:
-        m &= m - 1
-        n += 1
-    return n
 
 
 @njit(cache=True)
@@ -251,38 +270,13 @@ def touch_sectors(s, k, m, d, a, cap, sw, Lw, spl, p, h, res, dmask, vmask, prv,
         h[p, _USED] -= r
         res[p, s] = 0
     if k > cap:  # larger than the cache: it streams through, leaving its last cap lines
-        t = h[p, _TAIL]
-        while t >= 0:
-            if dmask[p, t]:
-                wb[seg_aid[t]] += res[p, t] * popcount(dmask[p, t]) * (Lw[seg_aid[t]] // spl)
-            res[p, t] = 0
-            u = prv[p, t]
-            prv[p, t] = -1
-            nxt[p, t] = -1
-            t = u
-        h[p, _HEAD] = -1
-        h[p, _TAIL] = -1
+        _evict_all(p, h, res, dmask, prv, nxt, seg_aid, Lw, spl, wb)
         if d:
             wb[a] += (k - cap) * popcount(m) * sw
         res[p, s] = cap
         h[p, _USED] = cap
     else:
-        need = h[p, _USED] + k - cap
-        while need > 0:
-            t = h[p, _TAIL]
-            rt = res[p, t]
-            per = popcount(dmask[p, t]) * (Lw[seg_aid[t]] // spl)
-            if rt <= need:
-                wb[seg_aid[t]] += rt * per
-                _unlink(p, t, h, prv, nxt)
-                res[p, t] = 0
-                h[p, _USED] -= rt
-                need -= rt
-            else:  # the tail segment keeps its newest lines
-                res[p, t] = rt - need
-                wb[seg_aid[t]] += need * per
-                h[p, _USED] -= need
-                need = 0
+        _make_room(p, h[p, _USED] + k - cap, h, res, dmask, prv, nxt, seg_aid, Lw, spl, wb)
         res[p, s] = k
         h[p, _USED] += k
     vmask[p, s] = m

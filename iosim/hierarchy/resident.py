@@ -164,7 +164,7 @@ GIVEN_KEYS = ("threads", "smem_bytes", "registers", "name")
 
 
 def kernel_of(kernel) -> KernelResources:
-    """The kernel a hierarchy launch names (``hierarchy(kernel=...)``), as :class:`KernelResources`: one already made
+    """The kernel a hierarchy launch names (``Machine(kernel=...)``), as :class:`KernelResources`: one already made
     (:data:`FA2_KERNELS`, :func:`parse_kernel_name`), a FlashAttention-2 kernel name as Nsight Compute prints it, or a
     dict ``threads`` (per block), ``smem_bytes`` (static + dynamic shared memory per block), ``registers`` (per
     thread; None or absent: unknown) and an optional ``name`` (iosim's own kernels: the driver's figures, as

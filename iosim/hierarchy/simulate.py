@@ -22,7 +22,8 @@ per array) + the conversion (:attr:`HierarchyResult.convert_dq_dram`).
 Each CTA has M words of shared memory; an SM holds ``floor(smem_per_sm / (M x bytes_per_word + 1 KB))`` of them (at
 most 32; the 1 KB is the CUDA driver's reservation per block), so ``P x blocks_per_sm`` CTAs are resident at once.
 
-**Resident CTAs from the kernel's resources** (``kernel``, with a device): the kernel the launch models, its threads
+**Resident CTAs from the kernel's resources** (the :class:`~iosim.hierarchy.machine.Machine`'s ``kernel``, with a
+device preset): the kernel the launch models, its threads
 per block, registers per thread and shared memory per block (:func:`iosim.hierarchy.resident.kernel_of`: a
 FlashAttention-2 kernel name, whose traits give its threads and shared memory by FA2's source, or the figures as a
 dict), gives the blocks per SM by the CUDA occupancy calculation on the device's per-SM limits
@@ -32,7 +33,7 @@ bound the other limits allow and says so ("upper bound"). M is then the two-leve
 kernel may hold part of it in registers: FA2 keeps O and S there), not what decides residency. A ``blocks_per_sm``
 passed wins (at most what the kernel's resources allow).
 
-**Block orders** (within each launch; p = the CTA's piece, the row block of flash2's forward):
+**Block orders** (``Scheduler(order=...)``, within each launch; p = the CTA's piece, the row block of flash2's forward):
 
 * ``grid``: heads fastest, for p, for b, for h (a grid with batch x heads as blockIdx.x);
 * ``head-grouped``: all CTAs of one head together, for b, for h, for p (FlashAttention-2's and Triton's launch
@@ -65,8 +66,8 @@ Under ``kernel`` the launches that add an array atomically (flash2's backward, d
 element (``l2_reduce``, at dQ's accumulator's 4 bytes: Nsight Compute's ``op_red``) where the schedule loads and
 stores dQ_i. With every array at one element size, ``kernel`` moves exactly ``uniform``'s words (a forward pass).
 
-The L2 in partitions (``partitions``, ``home_lines``)
------------------------------------------------------
+The L2 in partitions (the Machine's ``partitions``, ``home_lines``)
+-------------------------------------------------------------------
 An L2 of ``partitions`` parts of C / partitions each (:mod:`iosim.hierarchy.l2`: the NVIDIA A100 whitepaper's "L2
 cache" section, each partition caching for the SMs of the GPCs directly connected to it, coherent across them).
 Slot n runs on SM n mod P; SM s is in partition s x partitions // P (the SMs split evenly, in halves for two). A
@@ -102,7 +103,6 @@ the launch (the next free slot takes the next block). Anything else is one line 
 
 from __future__ import annotations
 
-import numbers
 import time
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -114,13 +114,14 @@ from iosim.hierarchy import ctas as ctas_mod
 from iosim.hierarchy import l2
 from iosim.hierarchy import launches as launches_mod
 from iosim.hierarchy.devices import MAX_BLOCKS_PER_SM, RESERVED_SMEM_PER_BLOCK, Device
-from iosim.hierarchy.devices import device as _device
+from iosim.hierarchy.machine import Machine, check_int, machine_of
+from iosim.hierarchy.scheduler import Scheduler
 from iosim.runner import estimate
+from iosim.runner.api import short_keywords
 
 ORDERS = ("grid", "head-grouped", "swizzled")
 POLICIES = ("lru", "opt")
 ELEMENT_BYTES = ("uniform", "kernel")  # every array at bytes_per_word, or each at its kernel dtype (kernel_dtype)
-MAX_PARTITIONS = 64
 # More than one L2 partition cuts segments where the home changes (every home_lines lines): an LRU step per segment,
 # about HIERARCHY_LINE seconds a line at home_lines = 1. Measured on the 2-core machine under load (load average 8):
 # flash2 forward, B = 4, H_q = 16, N = 8192, d = 64, bf16 on the H100 preset, 16.8 million line requests, 7.3-10.2 s
@@ -131,8 +132,6 @@ COPY_KINDS = {
     "kv head": 1,
     "batch item": 2,
 }  # iosim.spec.problem.Problem.storage's copies: inst_copy's column
-MAX_P = 1 << 20
-MAX_C = 1 << 40
 MAX_HEADS = 1 << 16
 # OPT under the hierarchy holds, per line access: the int64 line stream and its flag byte, the int32 copy the cache
 # simulator takes, its int32 next use, and the simulator's own per-access arrays. Measured from outside: 1.71 GB held
@@ -379,10 +378,7 @@ class HierarchyResult:
         return out
 
 
-def _int(name: str, value, lo: int, hi: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not lo <= value <= hi:
-        raise InputError(name, f"must be an integer from {lo:,} to {hi:,}", value)
-    return int(value)
+_int = check_int
 
 
 def block_order(order: str, pieces: np.ndarray, B: int, H_q: int, H_kv: int) -> np.ndarray:  # noqa: N803
@@ -553,6 +549,23 @@ def _from_problem(problem, N, d, gqa: str, splits: int = 1, backward: bool = Fal
     return p.N_q, p.d_qk, p.B, p.H_q, p.H_kv, p.causal, word, unit
 
 
+SCHEDULE_KEYWORDS = ("kv_policy", "tiling", "Br", "Bc", "block", "gqa", "mla", "splits", "pages")
+MACHINE_KEYWORDS = ("P", "C", "L", "blocks_per_sm", "partitions", "home_lines", "sector_bytes", "kernel")
+# The keywords hierarchy() no longer takes, each refused in one line naming the object that takes it now
+# (iosim.runner.api.short_keywords, run's mechanism).
+MOVED = {
+    **{k: f"is a schedule option now: pass iosim.Schedule(algorithm, {k}=...) in place of the algorithm's name (or "
+          "hierarchy(problem, schedule, device))" for k in SCHEDULE_KEYWORDS if k != "block"},
+    "block": "is a schedule option now: pass iosim.Schedule(algorithm, B=...) (the square tile; B here is the batch) "
+             "in place of the algorithm's name (or hierarchy(problem, schedule, device))",
+    **{k: f"is the machine's now: pass device=Machine(preset or None, {k}=...) (from iosim.hierarchy import "
+          "Machine)" for k in MACHINE_KEYWORDS},
+    "order": "is the scheduler's now: pass scheduler=Scheduler(order=...) (from iosim.hierarchy import Scheduler)",
+}  # fmt: skip
+
+
+@short_keywords("hierarchy", MOVED, "(algorithm or schedule, *, N, d or problem, M, device, ...) or (problem, "
+                "schedule, device or M)")  # fmt: skip
 def hierarchy(
     algorithm,
     schedule=None,
@@ -565,82 +578,102 @@ def hierarchy(
     B: int = 1,
     H_q: int = 1,
     H_kv: int | None = None,
-    device: str | Device | None = None,
-    P: int | None = None,
-    C: int | None = None,
-    L: int | None = None,
-    blocks_per_sm: int | None = None,
-    bytes_per_word: int = 2,
-    order: str = "head-grouped",
-    policy: str = "lru",
-    backward: bool = False,
     causal: bool = False,
     mask=None,
-    kv_policy: str | None = None,
-    tiling: str = "fit",
-    Br: int | None = None,
-    Bc: int | None = None,
-    block: int | None = None,
-    gqa: str = "per-head",
-    mla: str = "shared",
-    splits: int = 1,
-    pages: str = "pieces",
+    backward: bool = False,
+    device: str | Device | Machine | None = None,
+    scheduler=None,
+    policy: str = "lru",
+    bytes_per_word: int = 2,
+    element_bytes: str = "uniform",
     allow_long: bool = False,
     record: bool = False,
     opt_limit_bytes: int | None = None,
     _trace=None,
-    element_bytes: str = "uniform",
-    partitions: int | None = None,
-    home_lines: int = 1,
-    scheduler=None,
-    kernel=None,
-    sector_bytes=None,
 ):
     """Run ``algorithm``'s launch (forward, or the backward pass) over ``B`` x ``H_q`` heads through P SMs, an L2
     of C words with lines of L words, and DRAM (module docstring); a :class:`HierarchyResult`.
 
-    ``device`` (a preset of the devices table: ``"H100"``, ``"A100"``, ...) gives P, C, L (bytes over
-    ``bytes_per_word``) and the default M (the largest shared memory a block may have); explicit P, C, L, M,
-    ``blocks_per_sm`` override it. Without a device: P defaults to 1, blocks_per_sm to 1, L to 1 word; C is
-    required (0: no L2). ``policy`` is ``lru`` or ``opt`` (Belady's, the floor: it needs the whole line stream in
-    memory). ``record=True`` keeps the order in which the L2 saw the requests (``result.record``: block, request
-    row), the launch's blocks (``result.blocks``), cut (``result.cut``), declared launches (``result.declared``) and
-    address layout (``result.layout``). ``Br``, ``Bc`` (flash1, flash2) and
-    ``block`` (the square tile of standard attention and square tiling: :func:`iosim.run`'s ``B``; here ``B`` is
-    the batch) fix the tiles in place of the ``tiling`` rule, checked against M as :func:`iosim.run` checks them.
-    ``kv_policy`` None is :func:`iosim.run`'s default (paper for one head of N x d, skip over a problem).
-    ``splits`` > 1 (flash2's forward over a problem) launches split-KV's split kernel, then its combine kernel.
-    ``pages`` ("pieces" or "gather") is how flash1 reads a paged cache, as :func:`iosim.run` takes it.
+    Two forms, the same launch, as :func:`iosim.run` has them: the keyword form ``hierarchy("flash2", N=1024, d=64,
+    M=16384, device="H100")`` (the first argument an algorithm's name or an :class:`iosim.Schedule`) and the objects
+    form ``hierarchy(problem, schedule, device)`` (an :class:`iosim.Problem`, a Schedule or an algorithm's name, and
+    the device or M). The keywords are the problem's, the memory's and the run's; everything else is a field of the
+    object it describes, and passing it as a keyword is one line naming that object (:data:`MOVED`):
 
-    ``problem`` (an :class:`iosim.Problem`) gives N, d, B, H_q, H_kv, causal and the bytes per word (of its K/V cache's
-    dtype) in place of those arguments: any N_q against N_k keys (decoding, chunked prefill), d_qk and d_v, an MLA
-    latent cache (``mla`` ``shared``: V read from the resident K tile, or ``naive``: the latent's first d_v columns read
-    again, from K's lines) and a paged cache (its page table one per batch item). ``gqa`` ``per-head`` launches each
-    query head's own schedule (K and V requested once per query head: the L2 may catch the g - 1 repeats), ``packed``
-    (flash1, flash2) one schedule per KV head with its g query heads' rows packed together (as decoding kernels launch
-    it). A ``mask`` that differs per (b, h) (a mask_mod reading b or h, a BlockMask per head) cuts each head unit's
-    CTAs from its own mask's trace (packed: the group's rows under their own,
-    :func:`iosim.masking.head_masks.unit_masks`).
-    A launch estimated at over a minute (its tile requests, :data:`iosim.runner.estimate.HIERARCHY_REQUEST` each) needs
-    ``allow_long=True``; over an hour it is refused, before the L2 runs.
+    * the **schedule** (:class:`iosim.Schedule`): the tiling rule, explicit tiles ``Br``, ``Bc`` (flash1, flash2) or
+      ``B`` (the square tile of standard attention and square tiling; the keyword ``B`` here is the batch), the GQA
+      launch ``gqa`` (``per-head``: each query head its own schedule, the L2 may catch the g - 1 repeated K and V
+      requests; ``packed``: one schedule per KV head, its g heads' rows together, as decoding kernels launch it),
+      MLA's read of V ``mla``, split-KV's ``splits`` (flash2's forward over a problem: the split kernel, then the
+      combine kernel), ``kv_policy`` (None: run's default, paper for one head of N x d, skip over a problem),
+      flash1's paged reads ``pages``, all checked against M as :func:`iosim.run` checks them;
+    * the **device** (``device``: a :class:`iosim.hierarchy.machine.Machine`, or a preset's name such as ``"H100"``
+      or a :class:`iosim.hierarchy.devices.Device`, which is ``Machine(that)``): a preset gives P, C, L (bytes over
+      ``bytes_per_word``) and the default M (the largest shared memory a block may have); the Machine's ``P``,
+      ``C``, ``L``, ``blocks_per_sm`` override them, and it carries the L2's ``partitions`` and ``home_lines``, its
+      ``sector_bytes`` and the ``kernel`` whose resources give the blocks per SM (``result.resident`` says how).
+      Without a preset: P 1, one block per SM, lines of 1 word, and C must be given (0: no L2);
+    * the **scheduler** (``scheduler``): the block order is a :class:`iosim.hierarchy.scheduler.Scheduler`'s
+      ``order`` (default ``head-grouped``); a Scheduler that walks, stalls or persists, or any object with a
+      ``plan`` method, plans each launch's blocks and requests (module docstring).
 
-    ``element_bytes`` ``uniform`` (every array at ``bytes_per_word``) or ``kernel`` (over a problem: each array at
-    :func:`kernel_dtype`, dQ's atomic accumulation as reductions); ``partitions`` L2 partitions (default: the
-    device's ``l2_partitions``, or 1) with homes by ``home_lines``; ``scheduler`` an object whose ``plan`` orders
-    each launch's blocks and requests, delays them or pins them to slots (module docstring); ``kernel`` (with a
-    device) the kernel whose resources give the blocks per SM (module docstring, ``result.resident`` says how);
-    ``sector_bytes`` (None: whole-line fills, the default; ``"device"``: the preset's, 32 on the H100; or a number of
-    bytes) fills and writes back the L2's lines by sectors (:mod:`iosim.hierarchy.l2`, "Sectors").
-
-    ``hierarchy(problem, schedule, device)`` is the same launch from the three objects: an :class:`iosim.Problem`,
-    an :class:`iosim.Schedule` (or an algorithm's name) and a device preset (or M, with P, C, L as keywords)."""
+    The keywords: N and d (one head each) or ``problem`` (an :class:`iosim.Problem`: N_q against N_k keys, d_qk and
+    d_v, an MLA latent, a paged cache, the dtypes; its B, H_q, H_kv, causal and K/V dtype replace those keywords),
+    B, H_q, H_kv, ``causal``, ``mask`` (one for every head, or one that differs per (b, h): each head unit's CTAs
+    cut from its own mask's trace, :func:`iosim.masking.head_masks.unit_masks`), ``backward``, M (the shared memory
+    of a block in words), ``bytes_per_word`` (2; a problem's is its K/V dtype's), ``element_bytes`` (``uniform``:
+    every array at bytes_per_word; ``kernel``, over a problem: each array at :func:`kernel_dtype`, dQ's atomic
+    accumulation as reductions), ``policy`` (``lru``, or ``opt``: Belady's, the floor, which needs the whole line
+    stream in memory, at most ``opt_limit_bytes``), ``allow_long`` (a launch estimated at over a minute,
+    :data:`iosim.runner.estimate.HIERARCHY_REQUEST` a tile request, needs it; over an hour is refused before the L2
+    runs) and ``record`` (keeps the order in which the L2 saw the requests, ``result.record``: block, request row,
+    and the launch's blocks, cut, declared launches and address layout)."""
     from iosim.spec.problem import Problem
 
     if isinstance(algorithm, Problem):  # hierarchy(problem, schedule, device or M): the three objects
         return _three_objects(dict(locals()))
     if schedule is not None or device_or_memory is not None:
         raise InputError("schedule", "goes with a problem as the first argument: hierarchy(problem, schedule, device)")
-    return _simulate(dict(locals()))
+    return _simulate(_objects(dict(locals())))
+
+
+def _objects(kw: dict) -> dict:
+    """The launch's keywords read off its objects: the schedule's options (``block`` its square tile B), the
+    machine (``machine``) and the block order with the scheduler that plans each launch (:func:`_order_of`)."""
+    from dataclasses import fields, replace
+
+    from iosim.spec.schedule import Schedule
+
+    algorithm, backward = kw["algorithm"], kw["backward"]
+    if isinstance(algorithm, Schedule):
+        spec = algorithm
+    elif kw["_trace"] is not None:  # a given trace: the name only picks its launches; the schedule's defaults
+        spec = None
+    else:
+        spec = Schedule(algorithm)
+    if spec is None:
+        options = {f.name: f.default for f in fields(Schedule) if f.name != "algorithm"}
+    else:
+        spec = spec if backward is False else replace(spec, backward=backward)
+        algorithm, options = spec.algorithm, spec.run_options()
+    options["backward"] = options["backward"] or backward
+    options["block"] = options.pop("B")
+    return {**kw, **options, "algorithm": algorithm, "machine": machine_of(kw["device"]), **_order_of(kw["scheduler"])}
+
+
+def _order_of(scheduler) -> dict:
+    """The block order (:func:`block_order`) and the scheduler that plans over it: none by default (head-grouped);
+    a :class:`Scheduler` that only orders, in one of :data:`ORDERS`, is that order with no plan (the same blocks);
+    any other scheduler plans each launch, over its own order where that is one of ORDERS, else head-grouped."""
+    from dataclasses import replace
+
+    if scheduler is None:
+        return dict(order="head-grouped", scheduler=None)
+    if not isinstance(scheduler, Scheduler):
+        return dict(order="head-grouped", scheduler=scheduler)
+    order = scheduler.order if scheduler.order in ORDERS else "head-grouped"
+    plain = replace(scheduler, order="head-grouped", slots=None) == Scheduler()
+    return dict(order=order, scheduler=None if plain and scheduler.order in ORDERS else scheduler)
 
 
 def _simulate(kw: dict) -> HierarchyResult:
@@ -649,10 +682,6 @@ def _simulate(kw: dict) -> HierarchyResult:
     algorithm, problem, backward, policy, order, record, _trace = (
         kw[k] for k in ("algorithm", "problem", "backward", "policy", "order", "record", "_trace")
     )
-    device, P, C, L, M, blocks_per_sm, partitions, home_lines, kernel, sector_bytes = (
-        kw[k] for k in ("device", "P", "C", "L", "M", "blocks_per_sm", "partitions", "home_lines", "kernel",
-                        "sector_bytes")
-    )  # fmt: skip
     tiling, Br, Bc, block, allow_long, gqa, mla, splits, pages = (
         kw[k] for k in ("tiling", "Br", "Bc", "block", "allow_long", "gqa", "mla", "splits", "pages")
     )
@@ -660,8 +689,7 @@ def _simulate(kw: dict) -> HierarchyResult:
     w = _launch(kw)
     N, d, B, H_q, H_kv, causal, bytes_per_word = w.N, w.d, w.B, w.H_q, w.H_kv, w.causal, w.bytes_per_word
     unit, units, mask, kv_policy = w.unit, w.units, w.mask, w.kv_policy
-    mc = _machine(device, P, C, L, M, blocks_per_sm, bytes_per_word, policy, partitions, home_lines, kernel,
-                  sector_bytes)  # fmt: skip
+    mc = _machine(kw["machine"], kw["M"], bytes_per_word, policy)
 
     t0 = time.perf_counter()
     Hu = H_kv if unit is not None and unit.H_q > 1 else H_q  # CTA families per batch item: packed, one per KV head
@@ -708,33 +736,26 @@ def _simulate(kw: dict) -> HierarchyResult:
 
 
 def _three_objects(kw: dict):
-    """hierarchy(problem, schedule, device or M): the launch from the three objects, the rest as keywords."""
+    """hierarchy(problem, schedule, device or M): the launch from the three objects; the problem's and the schedule's
+    fields are not keywords here (one line naming the keyword), the device or M the one not given third."""
     from iosim.spec.schedule import from_objects
 
     if kw["_trace"] is not None:
         raise InputError("problem", "is not used with a given trace")
-    k = kw
-    given = dict(N=k["N"], d=k["d"], causal=k["causal"], problem=k["problem"], B=None if k["B"] == 1 else k["B"],
-                 H_q=None if k["H_q"] == 1 else k["H_q"], H_kv=k["H_kv"], backward=k["backward"] or None,
-                 tiling=None if k["tiling"] == "fit" else k["tiling"], Br=k["Br"], Bc=k["Bc"], block=k["block"],
-                 gqa=None if k["gqa"] == "per-head" else k["gqa"], mla=None if k["mla"] == "shared" else k["mla"],
-                 kv_policy=k["kv_policy"], splits=None if k["splits"] == 1 else k["splits"],
-                 pages=None if k["pages"] == "pieces" else k["pages"])  # fmt: skip
-    clash = [n for n, v in given.items() if v is not None and n not in ("N", "d", "causal", "problem")]
+    given = dict(B=None if kw["B"] == 1 else kw["B"], H_q=None if kw["H_q"] == 1 else kw["H_q"], H_kv=kw["H_kv"],
+                 backward=kw["backward"] or None)  # fmt: skip
+    clash = [n for n, v in given.items() if v is not None]
     if clash:
         raise InputError(clash[0], "belongs to the Schedule or the Problem when they are given as objects")
-    spec, options = from_objects(k["algorithm"], k["schedule"], {n: given[n] for n in ("N", "d", "causal", "problem")})
-    device, M = k["device"], k["M"]  # noqa: N806
-    if isinstance(k["device_or_memory"], (str, Device)):
-        device = k["device_or_memory"]
-    elif k["device_or_memory"] is not None:
-        M = k["device_or_memory"]  # noqa: N806
-    opts = {n: options[n] for n in ("backward", "tiling", "Br", "Bc", "gqa", "mla", "kv_policy", "splits", "pages")}
-    keep = ("P", "C", "L", "blocks_per_sm", "bytes_per_word", "order", "policy", "mask", "allow_long", "record",
-            "opt_limit_bytes", "element_bytes", "partitions", "home_lines", "scheduler", "kernel",
-            "sector_bytes")  # fmt: skip
-    return hierarchy(spec.algorithm, problem=k["algorithm"], M=M, device=device, block=options["B"],
-                     **{n: k[n] for n in keep}, **opts)  # fmt: skip
+    spec, _ = from_objects(kw["algorithm"], kw["schedule"], {n: kw[n] for n in ("N", "d", "causal", "problem")})
+    third = kw["device_or_memory"]
+    key = "device" if isinstance(third, (str, Device, Machine)) else "M"
+    if third is not None and kw[key] is not None:
+        raise InputError(key, "is given twice: third as hierarchy(problem, schedule, device or M) and as a keyword")
+    if third is not None:
+        kw[key] = third
+    kw.update(algorithm=spec, problem=kw["algorithm"], schedule=None, device_or_memory=None)
+    return _simulate(_objects(kw))
 
 
 def _launch(kw: dict) -> SimpleNamespace:
@@ -776,62 +797,44 @@ def _launch(kw: dict) -> SimpleNamespace:
                            units=units, mask=mask, kv_policy=kv_policy)  # fmt: skip
 
 
-def _machine(
-    device,
-    P,
-    C,
-    L,
-    M,
-    blocks_per_sm,
-    bytes_per_word,
-    policy,
-    partitions,
-    home_lines,
-    kernel=None,  # noqa: N803
-    sector_bytes=None,
-):
-    """Check the machine: P SMs, an L2 of C words (in ``partitions`` partitions, homes by ``home_lines``) with lines
-    of L words, M words of shared memory per block and the blocks per SM (from ``kernel``'s resources where given);
-    a device preset gives the defaults."""
+def _machine(machine: Machine, M, bytes_per_word, policy):  # noqa: N803
+    """The machine checked against the launch: P SMs, an L2 of C words (in partitions, homes by ``home_lines``) with
+    lines of L words, M words of shared memory per block and the blocks per SM (from the kernel's resources where
+    given); the preset gives the defaults (:class:`iosim.hierarchy.machine.Machine`, whose fields are checked)."""
     from iosim.runner import api
 
-    dev = None
-    if device is not None:
-        dev = device if isinstance(device, Device) else _device(device)
+    dev = machine.device
+    P, C, L, partitions = machine.P, machine.C, machine.L, machine.partitions  # noqa: N806
     bytes_per_word = _int("bytes_per_word", bytes_per_word, 1, 64)
     if dev is not None:
-        P = dev.sms if P is None else P
-        C = dev.l2_bytes // bytes_per_word if C is None else C
-        L = max(dev.l2_line_bytes // bytes_per_word, 1) if L is None else L
-        M = dev.smem_per_block_bytes // bytes_per_word if M is None else M
-        partitions = getattr(dev, "l2_partitions", 1) if partitions == "device" else partitions
-    if partitions == "device":
-        raise InputError("l2_partitions", "'device' needs a device preset (or give a number)", partitions)
-    P = _int("P (SMs)", 1 if P is None else P, 1, MAX_P)
+        P = dev.sms if P is None else P  # noqa: N806
+        C = dev.l2_bytes // bytes_per_word if C is None else C  # noqa: N806
+        L = max(dev.l2_line_bytes // bytes_per_word, 1) if L is None else L  # noqa: N806
+        M = dev.smem_per_block_bytes // bytes_per_word if M is None else M  # noqa: N806
+        partitions = dev.l2_partitions if partitions == "device" else partitions
+    P = 1 if P is None else P  # noqa: N806
     if C is None:
-        raise InputError("C (L2 words)", "must be given (or a device): 0 for no L2", C)
-    C = _int("C (L2 words)", C, 0, MAX_C)
-    L = _int("L (line words)", 1 if L is None else L, 1, 1 << 20)
+        raise InputError("C (L2 words)", "must be given (device=Machine(C=...), or a device preset): 0 for no L2", C)
+    L = 1 if L is None else L  # noqa: N806
     if L & (L - 1):
         raise InputError("L (line words)", "must be a power of two", L)
     if C and C < L:
         raise InputError("C (L2 words)", f"must be 0 (no L2) or at least one line of L = {L} words", C)
-    parts = _int("l2_partitions", 1 if partitions is None else partitions, 1, MAX_PARTITIONS)
+    parts = 1 if partitions is None else partitions
     if parts > P:
         raise InputError("l2_partitions", f"must be at most P = {P} (each partition serves its own SMs)", parts)
     if C and C // L < parts:
         raise InputError("C (L2 words)", f"must hold a line of L = {L} words in each of {parts} partitions", C)
     if parts > 1 and policy == "opt":
         raise InputError("policy opt", "is one cache (Belady's): use lru with more than one L2 partition", policy)
-    home_lines = _int("home_lines", home_lines, 1, 1 << 20)
     if M is None:
         raise InputError("M", "must be given (or a device)", M)
-    M = _int("M", M, 1, api.MAX_M)
-    blocks_per_sm, resident = _blocks_per_sm(dev, M, bytes_per_word, blocks_per_sm, kernel)
-    sector_bytes, spl = _sector_size(dev, sector_bytes, L * bytes_per_word, policy)
+    M = _int("M", M, 1, api.MAX_M)  # noqa: N806
+    blocks_per_sm, resident = _blocks_per_sm(dev, M, bytes_per_word, machine.blocks_per_sm, machine.kernel)
+    sector_bytes, spl = _sector_size(dev, machine.sector_bytes, L * bytes_per_word, policy)
     slot_part = (np.arange(P * blocks_per_sm, dtype=np.int64) % P) * parts // P  # slot on SM slot mod P
-    return SimpleNamespace(name=None if dev is None else dev.name, P=P, C=C, L=L, M=M, blocks_per_sm=blocks_per_sm,
-                           bytes_per_word=bytes_per_word, parts=parts, home_lines=home_lines,
+    return SimpleNamespace(name=machine.name, P=P, C=C, L=L, M=M, blocks_per_sm=blocks_per_sm,
+                           bytes_per_word=bytes_per_word, parts=parts, home_lines=machine.home_lines,
                            slots=P * blocks_per_sm, slot_part=slot_part, cap=C // L // parts,
                            resident=resident, sector_bytes=sector_bytes, spl=spl)  # fmt: skip
 

@@ -66,32 +66,36 @@ def _trace_memory_is_input(fn):
 SCHEDULE_OPTIONS = ("tiling", "Br", "Bc", "B", "gqa", "splits", "mla", "kv_policy", "pages")
 
 
-def _short_keywords(fn):
-    """``run``'s keywords checked before any work: a schedule option (:data:`SCHEDULE_OPTIONS`) is refused in one
-    line naming :class:`iosim.Schedule`, which takes it now; a missing or unknown keyword in one line too."""
-    signature = inspect.signature(fn)
+def short_keywords(name: str, moved: dict[str, str], forms: str):
+    """A front door's keywords checked before any work (``run``'s and ``hierarchy``'s): a keyword that moved onto an
+    object (``moved``: the keyword, and the rest of its one line: which object takes it now) is refused in one line
+    naming that object; a missing or unknown keyword in one line too, with the door's ``forms``."""
 
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        for k in kwargs:
-            if k in SCHEDULE_OPTIONS:
-                raise InputError(
-                    f"run(): {k}",
-                    f"is a schedule option now: pass iosim.Schedule(algorithm, {k}=...) in place of the algorithm's "
-                    "name (or run(problem, schedule, M))",
-                )
-        try:
-            signature.bind(*args, **kwargs)
-        except TypeError as e:
-            raise InputError(
-                "run", f"takes (algorithm or schedule, *, M, ...) or (problem, schedule, M): {e}"
-            ) from None
-        return fn(*args, **kwargs)
+    def decorate(fn):
+        signature = inspect.signature(fn)
 
-    return wrapper
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            for k in kwargs:
+                if k in moved:
+                    raise InputError(f"{name}(): {k}", moved[k])
+            try:
+                signature.bind(*args, **kwargs)
+            except TypeError as e:
+                raise InputError(name, f"takes {forms}: {e}") from None
+            return fn(*args, **kwargs)
+
+        return wrapper
+
+    return decorate
 
 
-@_short_keywords
+# run's schedule options, each refused in one line naming iosim.Schedule (short_keywords)
+_MOVED = {k: f"is a schedule option now: pass iosim.Schedule(algorithm, {k}=...) in place of the algorithm's name "
+          "(or run(problem, schedule, M))" for k in SCHEDULE_OPTIONS}  # fmt: skip
+
+
+@short_keywords("run", _MOVED, "(algorithm or schedule, *, M, ...) or (problem, schedule, M)")
 def run(
     algorithm: str | Schedule | Problem,
     schedule: Schedule | str | None = None,
