@@ -1,15 +1,20 @@
 """CPU benchmarks of the simulator, each a ratio against a baseline measured in the same process.
 
 Run: ``python experiments/bench/cpu.py`` (about two minutes on a 2-core machine, most of it the first-run
-measurement; ``--skip-first-run`` leaves it out). Times are the minimum of several runs after a warm-up run that
-also compiles (Numba) the code under test. BLAS runs on one thread for the simulator and the reference alike
-(set before NumPy loads). Tests never assert timings.
+measurement; ``--skip-first-run`` leaves it out; ``--only NAME ...`` runs those benchmarks alone; ``--clock cpu``
+times by this process's CPU time instead of the wall clock, steadier while other jobs share the machine). Times are
+the minimum of several runs after a warm-up run that also compiles (Numba) the code under test. BLAS runs on one
+thread for the simulator and the reference alike (set before NumPy loads). Tests never assert timings.
 
 * flash2 forward, numeric, float64, N=4096, d=64, M=32768, under the memory model, ÷ the plain NumPy float64
   reference (iosim.algorithms.reference.attention_forward) on the same inputs. Target <= 1.
 * flash2 backward, numeric, float64, N=4096, d=64, M=32768 (backward tiling ``fit``), under the memory model,
   ÷ the NumPy float64 reference backward (iosim.algorithms.reference.attention_backward) on the same inputs. The
   forward that produces O and L runs once, outside the timed region.
+* flash1 backward, numeric, the same sizes and reference (FlashAttention's Algorithm 4: O_i, l_i, m_i loaded and
+  D_i recomputed on every inner step).
+* backward count-only, flash1 and flash2, N=2^16, d=64, M=16384, without and with the causal mask, counters-only
+  memory ÷ the same algorithm's count-only forward at the same sizes: the backward nest against the forward's.
 * flash1 forward, count-only, N=2^20, d=128, M=65536, on the counters-only memory that ``iosim run --count-only``
   uses for built-in algorithms ÷ the same loop on the counters model of PR 1 (before tiles had handles: anonymous
   frees of hand-computed word counts), rebuilt in this file so that both run in one process; the checked memory's
