@@ -1,15 +1,20 @@
 """CPU benchmarks of the simulator, each a ratio against a baseline measured in the same process.
 
 Run: ``python experiments/bench/cpu.py`` (about two minutes on a 2-core machine, most of it the first-run
-measurement; ``--skip-first-run`` leaves it out). Times are the minimum of several runs after a warm-up run that
-also compiles (Numba) the code under test. BLAS runs on one thread for the simulator and the reference alike
-(set before NumPy loads). Tests never assert timings.
+measurement; ``--skip-first-run`` leaves it out; ``--only NAME ...`` runs those benchmarks alone; ``--clock cpu``
+times by this process's CPU time instead of the wall clock, steadier while other jobs share the machine). Times are
+the minimum of several runs after a warm-up run that also compiles (Numba) the code under test. BLAS runs on one
+thread for the simulator and the reference alike (set before NumPy loads). Tests never assert timings.
 
 * flash2 forward, numeric, float64, N=4096, d=64, M=32768, under the memory model, ÷ the plain NumPy float64
   reference (iosim.algorithms.reference.attention_forward) on the same inputs. Target <= 1.
 * flash2 backward, numeric, float64, N=4096, d=64, M=32768 (backward tiling ``fit``), under the memory model,
   ÷ the NumPy float64 reference backward (iosim.algorithms.reference.attention_backward) on the same inputs. The
   forward that produces O and L runs once, outside the timed region.
+* flash1 backward, numeric, the same sizes and reference (FlashAttention's Algorithm 4: O_i, l_i, m_i loaded and
+  D_i recomputed on every inner step).
+* backward count-only, flash1 and flash2, N=2^16, d=64, M=16384, without and with the causal mask, counters-only
+  memory ÷ the same algorithm's count-only forward at the same sizes: the backward nest against the forward's.
 * flash1 forward, count-only, N=2^20, d=128, M=65536, on the counters-only memory that ``iosim run --count-only``
   uses for built-in algorithms ÷ the same loop on the counters model of PR 1 (before tiles had handles: anonymous
   frees of hand-computed word counts), rebuilt in this file so that both run in one process; the checked memory's
@@ -43,14 +48,17 @@ from tabulate import tabulate  # noqa: E402
 
 from iosim.runner import registry  # noqa: E402
 
+CLOCK = [time.perf_counter]  # --clock cpu: time.process_time (this process's CPU time; steadier on a loaded machine)
+
 
 def best_of(fn, repeat: int) -> float:
     fn()  # warm-up (and Numba compilation)
+    clock = CLOCK[0]
     times = []
     for _ in range(repeat):
-        t0 = time.perf_counter()
+        t0 = clock()
         fn()
-        times.append(time.perf_counter() - t0)
+        times.append(clock() - t0)
     return min(times)
 
 
@@ -80,12 +88,12 @@ def bench_flash2_forward(repeat: int) -> list:
     ]
 
 
-def bench_flash2_backward(repeat: int) -> list:
+def bench_backward(name: str, repeat: int) -> list:
     N, d, M = 4096, 64, 32768
     Q, K, V = inputs(N, d)
     dO = np.random.default_rng(1).standard_normal((N, d))
     t_ref = best_of(lambda: attention_backward(Q, K, V, dO), repeat)
-    algo = registry.get("flash2")
+    algo = registry.get(name)
     scale = default_scale(d)
     fwd = algo.forward(TwoLevelMemory(M), Q, K, V, N, d, algo.choose_tiling(N, d, M, "fit"), scale, False, np.float64)
     t = algo.backward_tiling(N, d, M, "fit")
@@ -95,13 +103,60 @@ def bench_flash2_backward(repeat: int) -> list:
 
     t_sim = best_of(simulate, repeat)
     return [
-        "flash2 backward numeric ÷ NumPy float64 reference",
+        f"{name} backward numeric ÷ NumPy float64 reference",
         f"N={N}, d={d}, M={M} ({t})",
         f"{t_sim * 1e3:.1f} ms",
         f"{t_ref * 1e3:.1f} ms",
         f"{t_sim / t_ref:.2f}",
         "-",
     ]
+
+
+def bench_flash2_backward(repeat: int) -> list:
+    return bench_backward("flash2", repeat)
+
+
+def bench_flash1_backward(repeat: int) -> list:
+    return bench_backward("flash1", repeat)
+
+
+def _count_only_seconds(name: str, backward: bool, N: int, d: int, M: int, causal: bool, repeat: int) -> float:
+    """One pass of a built-in algorithm, count-only on the counters-only memory: the best of ``repeat`` runs."""
+    algo = registry.get(name)
+    none = {"O": None, "l": None, "m": None, "L": None, "P": None}  # the forward's outputs in count-only mode
+
+    def count():
+        mem = TwoLevelMemory(M, fast=True)
+        if backward:
+            t = algo.backward_tiling(N, d, M, "fit")
+            algo.backward(mem, None, None, None, None, none, N, d, t, 1.0, causal, np.float64)
+        else:
+            algo.forward(mem, None, None, None, N, d, algo.choose_tiling(N, d, M, "fit"), 1.0, causal, np.float64)
+        return mem.stats()
+
+    return best_of(count, repeat)
+
+
+def bench_backward_count_only(repeat: int) -> list[list]:
+    """Count-only backward ÷ count-only forward of the same algorithm and sizes, counters-only memory, without and
+    with the causal mask: the backward's loop nest against the forward's, whose time is the memory model's ops."""
+    N, d, M = 2**16, 64, 16384
+    rows = []
+    for name in ("flash1", "flash2"):
+        for causal in (False, True):
+            t_fwd = _count_only_seconds(name, False, N, d, M, causal, repeat)
+            t_bwd = _count_only_seconds(name, True, N, d, M, causal, repeat)
+            rows.append(
+                [
+                    f"{name} backward count-only{', causal' if causal else ''} ÷ its forward count-only",
+                    f"N=2^16, d={d}, M={M} (backward {registry.get(name).backward_tiling(N, d, M, 'fit')})",
+                    f"{t_bwd * 1e3:.1f} ms",
+                    f"{t_fwd * 1e3:.1f} ms",
+                    f"{t_bwd / t_fwd:.2f}",
+                    "-",
+                ]
+            )
+    return rows
 
 
 # The baseline for the counters-only memory: the model as it was before tiles had handles (PR 1, commit a5f7f75),
@@ -313,15 +368,28 @@ def bench_first_run(repeat: int) -> list:
     ]
 
 
-BENCHES = [bench_flash2_forward, bench_flash2_backward, bench_count_only, bench_masks, bench_trace, bench_first_run]
+BENCHES = [
+    bench_flash2_forward,
+    bench_flash2_backward,
+    bench_flash1_backward,
+    bench_backward_count_only,
+    bench_count_only,
+    bench_masks,
+    bench_trace,
+    bench_first_run,
+]
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5, help="timed runs per measurement (default 5)")
     parser.add_argument("--skip-first-run", action="store_true", help="leave out the empty-cache measurement")
+    parser.add_argument("--clock", choices=["wall", "cpu"], default="wall", help="wall time (default) or CPU time")
+    parser.add_argument("--only", nargs="+", choices=[b.__name__[6:] for b in BENCHES], help="these benchmarks only")
     args = parser.parse_args(argv)
+    CLOCK[0] = time.process_time if args.clock == "cpu" else time.perf_counter
     benches = [b for b in BENCHES if not (args.skip_first_run and b is bench_first_run)]
+    benches = [b for b in benches if not args.only or b.__name__[6:] in args.only]
     rows = []
     for bench in benches:
         row = bench(args.repeat)

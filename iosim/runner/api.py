@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import inspect
 import warnings
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
@@ -156,9 +156,8 @@ def run(
     bottom-right, MLA latent, page size, dtypes) replaces N and d. A one-head problem with N_q = N_k and the default
     schedule runs the algorithms above unchanged.
     """
-    numerics = dict(N=N, d=d, problem=problem, Q=Q, K=K, V=V, dO=dO, causal=causal, mask=mask, count_only=count_only,
-                    dtype=dtype, seed=seed, scale=scale, strict=strict, trace=trace, reference=reference,
-                    allow_long=allow_long)  # fmt: skip
+    given = locals()
+    numerics = {k: given[k] for k in _RUN_KEYWORDS if k != "backward"}  # the Schedule holds the pass
     if isinstance(algorithm, Problem):  # the objects form: a keyword of the Problem or the Schedule is refused
         spec, options = from_objects(algorithm, schedule, {**numerics, **({"backward": backward} if backward else {})})
     else:
@@ -183,55 +182,37 @@ def run_keywords(algorithm: str, **options) -> Result:
     return run(schedule, **options)
 
 
+# The body's options, each with its default, from one list each: run's keywords (its signature, the public form)
+# and the Schedule's fields (its dataclass). :func:`_run` takes both as keywords (the problem run calls it per head).
+_RUN_KEYWORDS = {k: p.default for k, p in inspect.signature(run).parameters.items() if p.kind is p.KEYWORD_ONLY}
+_OPTIONS = {**_RUN_KEYWORDS, **{f.name: f.default for f in fields(Schedule) if f.name in SCHEDULE_OPTIONS}}
+# What the problem run takes of them as keywords (the schedule's gqa, splits, mla and tiles go positionally).
+_PROBLEM_RUN_OPTIONS = ("backward", "count_only", "tiling", "dtype", "seed", "scale", "strict", "trace", "reference",
+                        "allow_long", "mask", "kv_policy", "pages")  # fmt: skip
+
+
 @_trace_memory_is_input
-def _run(
-    algorithm: str,
-    M: int | None = None,
-    *,
-    N: int | None = None,
-    d: int | None = None,
-    Q=None,
-    K=None,
-    V=None,
-    dO=None,
-    backward: bool = False,
-    causal: bool = False,
-    count_only: bool = False,
-    tiling: str = "fit",
-    dtype: str = "float64",
-    seed: int = 0,
-    scale: float | None = None,
-    strict: bool = True,
-    trace: bool = False,
-    reference: bool = True,
-    allow_long: bool = False,
-    mask=None,
-    kv_policy: str | None = None,
-    problem: Problem | None = None,
-    gqa: str = "per-head",
-    splits: int = 1,
-    mla: str = "shared",
-    Br: int | None = None,
-    Bc: int | None = None,
-    B: int | None = None,
-    pages: str = "pieces",
-) -> Result:
-    """:func:`run`'s body: every option a keyword (the Schedule's fields among them), checked here or by the
-    problem run (:func:`iosim.runner.problem_runs.run_problem`, which calls it back for each head of a head-by-head
-    run)."""
+def _run(algorithm: str, M: int | None = None, **options) -> Result:
+    """:func:`run`'s body: ``options`` are run's keywords and the Schedule's fields (:data:`_OPTIONS`; the ones not
+    given take their defaults), checked here or by the problem run (:func:`iosim.runner.problem_runs.run_problem`,
+    which calls it back for each head of a head-by-head run)."""
+    unknown = sorted(options.keys() - _OPTIONS.keys())
+    if unknown:  # a caller's slip inside iosim (run's own keywords are checked by _short_keywords)
+        raise TypeError(f"_run() got unexpected keyword arguments: {', '.join(unknown)}")
+    a = {**_OPTIONS, **options}
     algo = registry.get(algorithm)
     M = positive_int("M", M, MAX_M)
+    problem, gqa, splits, mla, pages = a["problem"], a["gqa"], a["splits"], a["mla"], a["pages"]
     if problem is not None or gqa != "per-head" or splits != 1 or mla != "shared" or pages != "pieces":
-        problem = problem_arg(problem, N, d, causal, Q, dtype)
+        problem = problem_arg(problem, a["N"], a["d"], a["causal"], a["Q"], a["dtype"])
         if not is_plain(problem, gqa, splits, mla, pages):
-            opts = dict(backward=backward, count_only=count_only, tiling=tiling, dtype=dtype, seed=seed, scale=scale)
-            opts.update(strict=strict, trace=trace, reference=reference, allow_long=allow_long, mask=mask)
-            opts.update(kv_policy=kv_policy, arrays=(Q, K, V, dO), pages=pages)
-            return run_problem(algo, problem, M, gqa, splits, mla, Br, Bc, B, _run, **opts)
-        N, d, causal = problem.N_q, problem.d_qk, problem.causal
-        if Q is not None or K is not None or V is not None:  # one head's arrays, given as (B, H, N, d) or (N, d)
-            Q, K, V, dO = problem_arrays(problem, Q, K, V, dO)
-    h = _OneHead.check(algo, M, locals())  # every argument of this call, checked there
+            opts = {k: a[k] for k in _PROBLEM_RUN_OPTIONS}
+            opts["arrays"] = (a["Q"], a["K"], a["V"], a["dO"])
+            return run_problem(algo, problem, M, gqa, splits, mla, a["Br"], a["Bc"], a["B"], _run, **opts)
+        a.update(N=problem.N_q, d=problem.d_qk, causal=problem.causal)
+        if a["Q"] is not None or a["K"] is not None or a["V"] is not None:  # one head's arrays: (B, H, N, d) or (N, d)
+            a["Q"], a["K"], a["V"], a["dO"] = problem_arrays(problem, a["Q"], a["K"], a["V"], a["dO"])
+    h = _OneHead.check(algo, M, a)  # every option, checked there
     fwd, outputs, pass_trace = h.forward()
     passes = {"forward": fwd}
     if h.backward:
