@@ -20,9 +20,12 @@ def _compile_once_across_workers() -> None:
     per (function, signature, cache folder), taken around Numba's own load-or-compile-and-save
     (``Dispatcher.compile``); call graphs have no cycles, so the locks cannot deadlock. Only caching dispatchers
     are locked (what the other worker cannot load it must compile anyway)."""
+    try:
+        import fcntl
+    except ImportError:  # no POSIX file locks (Windows): each worker compiles what it needs
+        return
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         return
-    import fcntl
     import hashlib
     import tempfile
 
