@@ -13,7 +13,44 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 
+def _compile_once_across_workers() -> None:
+    """Under pytest-xdist, a Numba specialization is compiled by one worker only: the others wait for it and load
+    it from the on-disk cache. A fresh cache spends most of the suite's time compiling (a driver takes 10-60 s of
+    CPU), and two workers that reach the same driver at once would otherwise both compile it. The lock is one file
+    per (function, signature, cache folder), taken around Numba's own load-or-compile-and-save
+    (``Dispatcher.compile``); call graphs have no cycles, so the locks cannot deadlock. Only caching dispatchers
+    are locked (what the other worker cannot load it must compile anyway)."""
+    try:
+        import fcntl
+    except ImportError:  # no POSIX file locks (Windows): each worker compiles what it needs
+        return
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    import hashlib
+    import tempfile
+
+    from numba.core import config, dispatcher, sigutils
+    from numba.core.caching import NullCache
+
+    locks = __import__("pathlib").Path(tempfile.gettempdir()) / f"iosim-numba-compile-locks-{os.getuid()}"
+    locks.mkdir(exist_ok=True)
+    original = dispatcher.Dispatcher.compile
+
+    def compile_once(self, sig):
+        args, _ = sigutils.normalize_signature(sig)
+        if isinstance(self._cache, NullCache) or tuple(args) in self.overloads:
+            return original(self, sig)
+        py = self.py_func
+        key = f"{config.CACHE_DIR}:{py.__module__}:{py.__qualname__}:{py.__code__.co_filename}:{args}"
+        with open(locks / hashlib.sha1(key.encode()).hexdigest(), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            return original(self, sig)
+
+    dispatcher.Dispatcher.compile = compile_once
+
+
 def pytest_configure(config):
+    _compile_once_across_workers()
     # A Numba warning is a compiler-level problem (an inlining that broke an IR assumption, an operand layout that
     # falls off the fast path): fail on it rather than print it to users. Added here, not in pyproject.toml: pytest
     # imports a filter's warning class when it reads the ini file, and importing numba then would fix
