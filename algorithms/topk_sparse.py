@@ -27,6 +27,14 @@ one position. ``gather`` (FlashMLA's packed path) first copies every program's s
 workspace (:func:`topk_gather`: load, store into Kws/Vws), then attends densely over the workspace in tiles of Bc
 rows (:func:`workspace_attend`), so the workspace is written once and read once.
 
+**The indexer's own scan** (DSA's lightning indexer, optional; :func:`indexer_scan`), run before the attention on
+the same memory: per query token (b, r) and per block of B_n keys (one scoring program each, as
+``iosim/kernels/examples/dsa_indexer.py``'s ``index_scores``): load q_I (its H_I d_I words), w (H_I), the block's
+indexer keys K_I (c x d_I, c = min(B_n, N_k - j B_n)) and their scales k_scale (c); score s = sum_h w_h
+relu(q_I[h] . K_I[s]) k_scale[s] (keys after the token's position: -inf, a score mask); store the c logits. Then
+per query token (``top_k``): load its N_k logits, store the k highest as its row of ``indices`` (the array the
+attention then reads).
+
 Count-only mode: every data argument None; the same nests run. Exact counts: :func:`iosim.theory.io_model.
 topk_sparse`; the compulsory floor: :func:`iosim.theory.bounds.topk_compulsory`.
 """
@@ -37,7 +45,7 @@ import numpy as np
 from iosim.algorithms._tiles import buffer, score_tile, tile
 from iosim.algorithms.flash import _finish_rows, _online_update
 from iosim.algorithms.paged import tile_at
-from iosim.memory_model import alloc, alloc_vec, free, load, store, store_to, store_vec
+from iosim.memory_model import alloc, alloc_vec, free, load, load_vec, store, store_to, store_vec
 from numba import njit, types
 from numba.extending import overload
 
@@ -276,3 +284,72 @@ def workspace_attend(W, ids, Q, Kws, Vws, O, L, plan, wptr, wkey, dims, Bc, scal
         if Q is not None:
             _finish_rows(Oi, lb, mb, R)
         _close_program(W, O, L, plan, p, (dqk, dv), Ob, lb, hq, ho, hl, hi, nq, no, nl, ni, hm)
+
+
+@njit(cache=True)
+def _score_block(q, wv, Kj, ks, out, H, d, c, c0, pos):  # noqa: N803
+    """out[0, s] = sum_h w_h relu(q_h . K_s) ks_s for the c keys c0 .. of a block; -inf after position ``pos``."""
+    for s in range(c):
+        acc = 0.0
+        for h in range(H):
+            dot = 0.0
+            for e in range(d):
+                dot += q[h * d + e] * Kj[s, e]
+            if dot > 0.0:
+                acc += wv[h] * dot
+        out[0, s] = acc * ks[s] if c0 + s <= pos else -np.inf
+
+
+@njit(cache=True)
+def _index_scores(W, ids, Qd, Wd, KI, KS, Lg, dims, pos):  # noqa: N803
+    """Scoring: one program per (query token, block of B_n keys): load q_I, w, K_I's block and its scales, store the
+    block's logits (the module docstring)."""
+    iq, iw, ik, isc, il = ids[0], ids[1], ids[2], ids[3], ids[4]
+    B, Nq, Nk, H, d, Bn = dims[0], dims[1], dims[2], dims[3], dims[4], dims[5]
+    Qb, Wb, Kb, Sb, Lb = buffer(H * d, Qd), buffer(H, Qd), buffer(Bn * d, Qd), buffer(Bn, Qd), buffer(Bn, Qd)
+    for b in range(B):
+        for r in range(Nq):
+            row = b * Nq + r
+            for c0 in range(0, Nk, Bn):
+                c = min(Bn, Nk - c0)
+                hq = load(W, iq, Qd, row, 1, 0, H * d, tile(Qb, 1, H * d))
+                hw = load(W, iw, Wd, row, 1, 0, H, tile(Wb, 1, H))
+                hk = load(W, ik, KI, b * Nk + c0, c, 0, d, tile(Kb, c, d))
+                hs = load_vec(W, isc, KS, b * Nk + c0, c, vec_at(Sb, 0, c))
+                hl = alloc(W, il, row, 1, c0, c)
+                if Qd is not None:
+                    _score_block(Qb, Wb, tile(Kb, c, d), Sb, tile(Lb, 1, c), H, d, c, c0, pos[r])
+                store(W, hl, tile(Lb, 1, c), Lg)
+                free(W, hl)
+                free(W, hs)
+                free(W, hk)
+                free(W, hw)
+                free(W, hq)
+
+
+@njit(cache=True)
+def _top_k(W, ids, Lg, Sel, dims):  # noqa: N803
+    """Selection: one program per query token: load its N_k logits, store the k highest (ties: the lower key first)
+    as its row of ``indices``."""
+    il, ii = ids[4], ids[5]
+    B, Nq, Nk, kk = dims[0], dims[1], dims[2], dims[6]
+    Lb, Ib = buffer(Nk, Lg), buffer(kk, Sel)
+    for row in range(B * Nq):
+        hl = load(W, il, Lg, row, 1, 0, Nk, tile(Lb, 1, Nk))
+        hi = alloc(W, ii, row, 1, 0, kk)
+        if Lg is not None:
+            order = np.argsort(-Lb, kind="mergesort")
+            for t in range(kk):
+                Ib[t] = order[t]
+        store(W, hi, tile(Ib, 1, kk), Sel)
+        free(W, hi)
+        free(W, hl)
+
+
+@njit(cache=True)
+def indexer_scan(W, ids, Qd, Wd, KI, KS, Lg, Sel, dims, pos):  # noqa: N803
+    """DSA's lightning indexer (the module docstring): scoring, then top-k. ids = (q_I, w, K_I, k_scale, logits,
+    indices); data q_I (B N_q, H_I d_I), w (B N_q, H_I), K_I (B N_k, d_I), k_scale (B N_k), logits (B N_q, N_k), the
+    selection written (B N_q, k); dims = (B, N_q, N_k, H_I, d_I, B_n, k); pos: each query row's position."""
+    _index_scores(W, ids, Qd, Wd, KI, KS, Lg, dims, pos)
+    _top_k(W, ids, Lg, Sel, dims)

@@ -41,6 +41,12 @@ Load policies (what one program, a thread block, holds and loads; :mod:`iosim.al
   (read the cache, write the workspace), then attention reads the workspace densely in tiles of Bc rows. Needs one
   selection per program (H' at most H_kv).
 
+The indexer's own scan (``indexer=(H_I, d_I)`` or ``(H_I, d_I, B_n)``, default off): DeepSeek-V3.2's lightning
+indexer, which writes the selection, counted first on the same memory (:func:`iosim.algorithms.topk_sparse.
+indexer_scan`, closed form :func:`indexer_closed_form`): arrays q_I, w, K_I, k_scale, logits and the writes of
+``indices``. It selects tokens for all heads at once, so it needs block 1, q_block 1, no -1 entries and indices of
+shape (B, 1, N_q, k) (or (N_q, k) when B = 1). Bytes at DeepSeek-V3.2-Exp's dtypes (:data:`INDEXER_BYTES`).
+
 >>> from iosim import Problem
 >>> import numpy as np
 >>> idx = np.array([[0, 2], [2, 3], [1, 3], [0, 1]])  # 4 query rows, 2 blocks of 16 keys each
@@ -58,14 +64,27 @@ import numpy as np
 
 from iosim.base.errors import InputError
 from iosim.masking.counted_run import CountedRun
-from iosim.memory_model.core import Stats, TwoLevelMemory
+from iosim.memory_model.core import ArrayCounts, Stats, TwoLevelMemory
 from iosim.spec.problem import Problem
 from iosim.theory import bounds, io_model
 
-__all__ = ["POLICIES", "TopkResult", "load_indices", "parse_policy", "topk_sparse"]
+__all__ = [
+    "POLICIES",
+    "TopkResult",
+    "indexer_closed_form",
+    "load_indices",
+    "parse_indexer",
+    "parse_policy",
+    "topk_sparse",
+]
 
 POLICIES = ("per-query", "group:G", "gqa", "gather")
 INDEX_BYTES = 4  # int32, as FlashMLA's and vLLM's index tensors
+# The indexer's arrays at DeepSeek-V3.2-Exp's dtypes (inference/model.py, Indexer): q_I and the key cache in fp8
+# (float8_e4m3fn, 1 byte), one float32 scale per 128-value key (d_I = 128: one per token), float32 head weights
+# and scores (fp8_index's output).
+INDEXER_BYTES = {"q_I": 1, "w": 4, "K_I": 1, "k_scale": 4, "logits": 4}
+INDEXER_ARRAYS = ("q_I", "w", "K_I", "k_scale", "logits")
 MAX_BLOCK = 1 << 20
 
 
@@ -78,6 +97,71 @@ def parse_policy(policy) -> tuple[str, int]:
             return "group", int(policy[6:])
     raise InputError("policy", "must be per-query, group:G (G from 1 to 67,108,864 consecutive query rows), gqa or "
                      "gather", policy)  # fmt: skip
+
+
+def parse_indexer(indexer) -> tuple[int, int, int] | None:
+    """None (no indexer) or (H_I, d_I, B_n) from (H_I, d_I), (H_I, d_I, B_n) or "H_I:d_I[:B_n]" (B_n, keys per
+    scoring program, default 64); one line naming ``indexer`` otherwise."""
+    if indexer is None:
+        return None
+    parts = indexer.split(":") if isinstance(indexer, str) else indexer
+    if isinstance(parts, (list, tuple)) and all(isinstance(x, str) for x in parts):
+        parts = [int(x) if x.isdigit() else x for x in parts]
+    ok = isinstance(parts, (list, tuple)) and len(parts) in (2, 3)
+    ok = ok and all(isinstance(x, numbers.Integral) and not isinstance(x, bool) for x in parts)
+    hi = (1 << 12, 1 << 16, 1 << 20)
+    if not ok or not all(1 <= x <= h for x, h in zip(parts, hi[: len(parts)], strict=True)):
+        raise InputError("indexer", "must be H_I:d_I or H_I:d_I:B_n (indexer heads 1 to 4,096, their width 1 to "
+                         "65,536, keys per scoring program 1 to 1,048,576, default 64)", indexer)  # fmt: skip
+    return int(parts[0]), int(parts[1]), int(parts[2]) if len(parts) == 3 else 64
+
+
+def _indexer_fits(p: Problem, idx: np.ndarray, block: int, q_block: int, invalid) -> None:
+    """One line naming ``indexer`` if the selection is not what DSA's indexer writes: k tokens per query token for
+    every head (block 1, q_block 1, shape (B, 1, N_q, k), no -1 entries)."""
+    if block != 1 or q_block != 1 or invalid is not None:
+        raise InputError("indexer", "selects tokens for each query token: needs block 1, q_block 1 and no -1 "
+                         "entries (invalid None)", f"block {block}, q_block {q_block}, invalid {invalid}")  # fmt: skip
+    if idx.shape[:2] != (p.B, 1):
+        raise InputError("indexer", f"writes one selection per query token for all heads: indices of shape ({p.B}, "
+                         f"1, {p.N_q}, k) (or ({p.N_q}, k) when B = 1)", f"shape {idx.shape}")  # fmt: skip
+
+
+def indexer_closed_form(dims: tuple, indexer: tuple, k: int) -> tuple[dict, int]:
+    """The exact words of the indexer's scan, (reads, writes) per array, and its peak. dims = (B, N_q, N_k),
+    indexer = (H_I, d_I, B_n), T = ceil(N_k / B_n) scoring programs per query token:
+
+    * q_I: B N_q T H_I d_I reads (every scoring program loads its token's q_I); w: B N_q T H_I reads;
+    * K_I: B N_q N_k d_I reads; k_scale: B N_q N_k reads (each token scans every key, causal or not);
+    * logits: B N_q N_k written, and read once by top-k; indices: B N_q k written;
+    * peak: max(H_I (d_I + 1) + c (d_I + 2), N_k + k), c = min(B_n, N_k) (a scoring program; a top-k program)."""
+    B, N_q, N_k = dims
+    H, d, Bn = indexer
+    T, rows = -(-N_k // Bn), B * N_q
+    words = {"q_I": (rows * T * H * d, 0), "w": (rows * T * H, 0), "K_I": (rows * N_k * d, 0),
+             "k_scale": (rows * N_k, 0), "logits": (rows * N_k, rows * N_k), "indices": (0, rows * k)}  # fmt: skip
+    return words, max(H * (d + 1) + min(Bn, N_k) * (d + 2), N_k + k)
+
+
+def _with_indexer(predicted, dims: tuple, indexer: tuple, k: int):
+    """The attention's closed form plus the indexer's: arrays added (indices: the writes), peak the larger."""
+    words, peak = indexer_closed_form(dims, indexer, k)
+    per = dict(predicted.per_array)
+    for name, (r, w) in words.items():
+        old = per.get(name, ArrayCounts())
+        per[name] = ArrayCounts(old.reads + r, old.writes + w, old.init_writes)
+    return io_model.Prediction(per, max(predicted.peak, peak))
+
+
+def indexer_reference(q, w, K, ks, p: Problem, H: int, d: int):
+    """float64 logits (B N_q, N_k): sum_h w[h] relu(q_I[h] . K_I[s]) k_scale[s], -inf after a row's position."""
+    q3 = q.reshape(p.B, p.N_q, H, d)
+    K3 = K.reshape(p.B, p.N_k, d)
+    s = np.einsum("brh,brsh->brs", w.reshape(p.B, p.N_q, H), np.maximum(np.einsum("brhe,bse->brsh", q3, K3), 0))
+    s = s * ks.reshape(p.B, 1, p.N_k)
+    pos = np.array([position(p, r) for r in range(p.N_q)])
+    s[:, np.arange(p.N_k)[None, :] > pos[:, None]] = -np.inf
+    return s.reshape(p.B * p.N_q, p.N_k)
 
 
 def _positive(name: str, value, hi: int) -> int:
@@ -256,10 +340,13 @@ class TopkResult(CountedRun):
     errors: dict = field(default_factory=dict)
     outputs: dict = field(default_factory=dict, repr=False)  # a numeric run's O (B H_q N_q, d_v) and L
     invalid: int | None = None  # -1: -1 entries selected no block
+    indexer: tuple | None = None  # (H_I, d_I, B_n): the indexer's scan counted first
 
     def bytes_of(self, array: str, words: int) -> int:
         if array == "indices":
             return words * INDEX_BYTES
+        if array in INDEXER_BYTES:
+            return words * INDEXER_BYTES[array]
         return self.problem.bytes_of({"Kws": "K", "Vws": "V"}.get(array, array), words)
 
     @property
@@ -312,14 +399,17 @@ def _max_error(x: np.ndarray, ref: np.ndarray) -> float:
 
 def topk_sparse(problem: Problem, indices, *, policy: str = "per-query", block: int = 1, q_block: int = 1,
                 Bc: int = 64, M: int | None = None, count_only: bool = True, seed: int = 0,
-                scale: float | None = None, invalid: int | None = None) -> TopkResult:  # noqa: N803  # fmt: skip
+                scale: float | None = None, invalid: int | None = None, indexer=None) -> TopkResult:  # noqa: N803  # fmt: skip
     """Count the top-k sparse schedule of ``policy`` over ``problem`` for the selection ``indices`` (module
     docstring) on a fast memory of M words (default: the schedule's peak, so it fits exactly); ``Bc``: the
     workspace tile of ``gather``; ``invalid=-1``: -1 entries select no block; ``problem.causal``: blocks after every
     row of a program are not loaded, keys after a row's position are masked (module docstring).
     ``count_only=False`` also computes O and L from standard-normal inputs drawn from ``seed`` (Q, then K, then V
     unless MLA's latent, as (B H_q N_q, d_qk), (B H_kv N_k, d_qk), (B H_kv N_k, d_v) rows in (b, h, row) order) and
-    compares them with the float64 reference restricted to the selected keys (and, causal, the visible ones)."""
+    compares them with the float64 reference restricted to the selected keys (and, causal, the visible ones).
+    ``indexer=(H_I, d_I[, B_n])``: DSA's indexer scan counted first (module docstring); numeric, its logits from
+    inputs drawn from ``[seed, 1]`` (q_I, w, K_I, k_scale) against :func:`indexer_reference` (``errors["logits"]``)
+    and its own top-k in ``outputs["selection"]`` (the attention reads the ``indices`` given)."""
     p = problem
     if not isinstance(p, Problem):
         raise InputError("problem", "must be an iosim.Problem", type(p).__name__)
@@ -328,6 +418,9 @@ def topk_sparse(problem: Problem, indices, *, policy: str = "per-query", block: 
     kind, g = parse_policy(policy)
     Bc = _positive("Bc", Bc, 1 << 20)
     idx = load_indices(indices, p, block, q_block, invalid)
+    indexer = parse_indexer(indexer)
+    if indexer is not None:
+        _indexer_fits(p, idx, block, q_block, invalid)
     if kind == "gather" and idx.shape[1] > p.H_kv:
         raise InputError("indices", f"must hold one selection per key/value head (H' <= H_kv = {p.H_kv}) for the "
                          "gather policy: its workspace serves every query head of the group", idx.shape)  # fmt: skip
@@ -336,27 +429,55 @@ def topk_sparse(problem: Problem, indices, *, policy: str = "per-query", block: 
     dims = (p.B, p.H_q, p.H_kv, p.N_q, p.N_k, p.d_qk, p.d_v)
     shared = p.latent
     predicted = io_model.topk_sparse(kind, g, idx, dims, block, q_block, shared, Bc, causal=p.causal)
+    if indexer is not None:
+        predicted = _with_indexer(predicted, (p.B, p.N_q, p.N_k), indexer, idx.shape[3])
     if M is not None and (isinstance(M, bool) or not isinstance(M, numbers.Integral) or not predicted.peak <= M):
         raise InputError("M", f"must be an integer of at least the schedule's working set, {predicted.peak:,} words", M)
     pl = plan(p, idx, kind, g, q_block, block)
     mem = TwoLevelMemory(predicted.peak if M is None else int(M), strict=True)
     numeric = not count_only
     scale = 1 / np.sqrt(p.d_qk) if scale is None else float(scale)
-    out = _run(mem, p, idx, pl, kind, block, Bc, shared, scale, numeric, seed)
+    out = _run(mem, p, idx, pl, kind, block, Bc, shared, scale, numeric, seed, indexer)
     stats = mem.stats()
     floor = bounds.topk_compulsory(idx, dims, block, q_block, p.latent, causal=p.causal)
     errors, outputs = {}, {}
     if numeric:
-        (Q, K, V), (O, L) = out
+        (Q, K, V), (O, L), scan = out
         O_ref, L_ref = reference(Q, K, V, p, idx, block, q_block, scale)
         errors = {"O": _max_error(O, O_ref), "L": _max_error(L, L_ref)}
         outputs = {"O": O, "L": L}
-    return TopkResult(p, policy, block, q_block, stats, predicted, floor, pl.programs, errors, outputs, invalid)
+        if indexer is not None:
+            q, w, KI, ks, logits, sel = scan
+            errors["logits"] = _max_error(logits, indexer_reference(q, w, KI, ks, p, *indexer[:2]))
+            outputs.update(logits=logits, selection=sel)
+    return TopkResult(p, policy, block, q_block, stats, predicted, floor, pl.programs, errors, outputs, invalid,
+                      indexer)  # fmt: skip
+
+
+def _run_indexer(mem, p: Problem, indexer: tuple, k: int, numeric: bool, seed: int, got: dict):
+    """The indexer's scan on ``mem`` (:func:`iosim.algorithms.topk_sparse.indexer_scan`), before the attention;
+    numeric: its (q_I, w, K_I, k_scale, logits, selection), else None."""
+    from iosim.algorithms import topk_sparse as alg
+
+    H, d, Bn = indexer
+    rows, keys = p.B * p.N_q, p.B * p.N_k
+    shapes = dict(q_I=(rows, H * d), w=(rows, H), K_I=(keys, d), k_scale=(keys,), logits=(rows, p.N_k))
+    ids = np.array([*mem.ids(**shapes), got["indices"]], dtype=np.int64)
+    data = (None,) * 6
+    if numeric:
+        rng = np.random.default_rng([seed, 1])
+        q, w, KI = rng.standard_normal((rows, H * d)), rng.random((rows, H)), rng.standard_normal((keys, d))
+        data = (q, w, KI, rng.random(keys) + 0.5, np.full((rows, p.N_k), np.nan), np.full((rows, k), -1))
+    pos = np.array([position(p, r) for r in range(p.N_q)], dtype=np.int64)
+    dims = np.array([p.B, p.N_q, p.N_k, H, d, Bn, k], dtype=np.int64)
+    mem.call(alg.indexer_scan, ids, *data, dims, pos)
+    return data if numeric else None
 
 
 def _run(mem, p: Problem, idx, pl: Plan, kind: str, block: int, Bc: int, shared: bool, scale: float, numeric: bool,
-         seed: int):  # fmt: skip
-    """The kernels on ``mem``; numeric: ((Q, K, V), (O, L)) else None."""
+         seed: int, indexer: tuple | None = None):  # fmt: skip
+    """The kernels on ``mem`` (the indexer's scan first, if any); numeric: ((Q, K, V), (O, L), the indexer's
+    arrays or None) else None."""
     from iosim.algorithms import topk_sparse as alg
 
     rows_q, rows_kv = p.B * p.H_q * p.N_q, p.B * p.H_kv * p.N_k
@@ -385,6 +506,7 @@ def _run(mem, p: Problem, idx, pl: Plan, kind: str, block: int, Bc: int, shared:
     ids = np.array([got.get(n, -1) for n in ("Q", "K", "V", "O", "L", "indices", "m", "S")], dtype=np.int64)
     dims = np.array([p.d_qk, p.d_v, k, block, p.N_k, Rmax], dtype=np.int64)
     hs = [np.full(Rmax, -1, dtype=np.int64) for _ in range(4)]
+    scan = None if indexer is None else _run_indexer(mem, p, indexer, k, numeric, seed, got)
     if kind == "gather":
         gids = np.array([got[n] for n in ("K", "V", "Kws", "Vws", "indices")], dtype=np.int64)
         mem.call(alg.topk_gather, gids, K, V, Kws, Vws, Idx, pl.arrays(), wptr, dims, shared, hs[3])
@@ -392,4 +514,4 @@ def _run(mem, p: Problem, idx, pl: Plan, kind: str, block: int, Bc: int, shared:
         mem.call(alg.workspace_attend, ids, Q, Kws, Vws, O, L, pl.arrays(), wptr, wkey, dims, Bc, scale, shared, *hs)
     else:
         mem.call(alg.topk_forward, ids, Q, K, V, O, L, Idx, pl.arrays(), dims, scale, shared, *hs)
-    return ((Q, K, V), (O, L)) if numeric else None
+    return ((Q, K, V), (O, L), scan) if numeric else None
