@@ -372,7 +372,8 @@ TOPK_HELP = (
     "(ceil(N_q / q_block), k)), --index-block b keys per selected block (1: token level, DSA), --q-block (one "
     "selection per block of query rows, MoBA), --policy per-query | group:G | gqa | gather, --workspace-tile (gather), "
     "--invalid-index -1 (-1 entries select no block), --causal (bottom-right: blocks after a program's rows are not "
-    "loaded, keys after a row are masked)."
+    "loaded, keys after a row are masked), --indexer H_I:d_I[:B_n] (DSA's lightning indexer scan counted first: "
+    "H_I heads of width d_I, B_n keys per scoring program, default 64)."
 )
 
 
@@ -389,6 +390,9 @@ def add_topk_options(p: argparse.ArgumentParser) -> None:
                    help="gather: workspace rows per attention tile (default 64, FlashMLA's)")  # fmt: skip
     g.add_argument("--invalid-index", type=int, choices=(-1,), default=None,
                    help="-1: entries -1 select no block (fla's NSA top-k pads with -1); default refused")  # fmt: skip
+    g.add_argument("--indexer", default=None,
+                   help="H_I:d_I[:B_n]: count DSA's lightning indexer scan (q_I, w, K_I, k_scale, logits) that writes "
+                   "the indices, before the attention (default off)")  # fmt: skip
 
 
 def add_kv_format_option(p: argparse.ArgumentParser) -> None:

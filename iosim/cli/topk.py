@@ -17,7 +17,8 @@ UNUSED = {"backward": False, "mask": None, "kv_policy": None, "splits": 1, "page
 
 
 # The options only topk-sparse reads, with their defaults: given to another algorithm, they are refused.
-OWN = {"policy": "per-query", "index_block": 1, "q_block": 1, "workspace_tile": 64, "invalid_index": None}
+OWN = {"policy": "per-query", "index_block": 1, "q_block": 1, "workspace_tile": 64, "invalid_index": None,
+       "indexer": None}  # fmt: skip
 
 
 def refuse_own_options(args) -> None:
@@ -58,7 +59,7 @@ def command(args) -> int:
         kv_format(args.kv_format)
     r = topk_sparse(p, args.indices, policy=args.policy, block=args.index_block, q_block=args.q_block,
                     Bc=args.workspace_tile, M=args.M, count_only=count_only, seed=args.seed,
-                    scale=args.scale, invalid=args.invalid_index)  # fmt: skip
+                    scale=args.scale, invalid=args.invalid_index, indexer=args.indexer)  # fmt: skip
     s = r.stats
     kv = kv_format_rows(p, {n: c.reads for n, c in s.per_array.items()}, args.kv_format) if args.kv_format else []
     floor_kv = r.floor["K"] + r.floor.get("V", 0)
@@ -67,7 +68,7 @@ def command(args) -> int:
                "q_block": r.q_block, "programs": r.programs, "exact": r.exact, "peak": s.peak, "M": s.M,
                "words": r.words, "bytes": r.bytes, "predicted": {k: v.reads + v.writes for k, v in
                                                                    r.predicted.per_array.items()},
-               "floor": r.floor, "errors": r.errors, "invalid_index": r.invalid,
+               "floor": r.floor, "errors": r.errors, "invalid_index": r.invalid, "indexer": r.indexer,
                "kv_format": {row[0]: row[1] for row in kv}}  # fmt: skip
         print(json.dumps(out, indent=2))
         return 0
@@ -77,6 +78,7 @@ def command(args) -> int:
         ["policy", r.policy],
         ["index block, query block", f"{r.block}, {r.q_block}"],
         *([["invalid index (selects no block)", str(r.invalid)]] if r.invalid is not None else []),
+        *([["indexer H_I, d_I, keys per scoring program", ", ".join(map(str, r.indexer))]] if r.indexer else []),
         ["programs (thread blocks)", fmt_int(r.programs)],
         ["total", fmt_int(s.total)],
         ["predicted total (io_model)", fmt_int(r.predicted.total)],
