@@ -15,8 +15,9 @@ and the selection is the k highest. As vLLM's DSA path runs it, the scores are w
   (``tl.topk``-free: k rounds of argmax).
 
 Words per decode step: q_I B T H_I d_I, w B T H_I (T = ceil(N / BLOCK_N)), K_I B N d_I, k_scale B N, logits B N
-written and B N read, indices B k written (tests/test_kernels_dsa_indexer.py: a hand count and a float64
-reference; docs/sparse-indices.md, "The indexer's own scan").
+written and B N read, indices B k written (tests/test_kernels_dsa_indexer.py: a hand count, a float64 reference,
+and iosim's own scan, ``iosim run topk-sparse --indexer H:d:BLOCK_N`` at N_q = 1, equal array by array;
+docs/sparse-indices.md, "The indexer's own scan").
 """
 
 from __future__ import annotations
