@@ -81,7 +81,7 @@ def command(args) -> int:
         *([["indexer H_I, d_I, keys per scoring program", ", ".join(map(str, r.indexer))]] if r.indexer else []),
         ["programs (thread blocks)", fmt_int(r.programs)],
         ["total", fmt_int(s.total)],
-        ["predicted total (io_model)", fmt_int(r.predicted.total)],
+        [f"predicted total (io_model{' + indexer_closed_form' if r.indexer else ''})", fmt_int(r.predicted.total)],
         ["exact (per array and peak)", "yes" if r.exact else "NO"],
         ["peak / M", f"{s.peak} / {s.M}"],
         ["compulsory floor (selected keys once per KV head, Q, O)", fmt_int(r.floor_words)],
