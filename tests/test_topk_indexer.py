@@ -165,3 +165,20 @@ def test_indexer_given_to_another_algorithm_exits_2(capsys):
 
     assert main(["run", "flash2", "--N", "64", "--d", "8", "--M", "1000", "--indexer", "4:4"]) == 2
     assert "--indexer is read by topk-sparse" in capsys.readouterr().err
+
+
+def test_the_command_line_counts_the_scan_in_its_json(capsys, monkeypatch):
+    import json
+
+    from iosim.cli import main
+
+    monkeypatch.chdir(ROOT)
+    argv = ["run", "topk-sparse", "--Nq", "2", "--Nk", "100", "--d", "8", "--M", "10000", "--count-only", "--json",
+            "--indices", "mod:experiments/data/topk_selections.py:dsa", "--indexer", "2:4:32"]  # fmt: skip
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["indexer"] == [2, 4, 32] and out["exact"]
+    T = 4  # ceil(100 / 32) scoring programs per token, 2 tokens, 6 indices each (the dsa selection)
+    assert out["words"]["q_I"] == 2 * T * 2 * 4 and out["words"]["K_I"] == 2 * 100 * 4
+    assert out["words"]["logits"] == 2 * 2 * 100 and out["bytes"]["K_I"] == 2 * 100 * 4  # fp8: a byte a word
+    assert out["words"]["indices"] == 2 * 6 + 2 * 6  # written by the indexer, read by the attention

@@ -326,7 +326,8 @@ def plan(p: Problem, idx: np.ndarray, kind: str, g: int, q_block: int, block: in
 @dataclass
 class TopkResult(CountedRun):
     """A counted run beside its closed form (``stats``, ``predicted``: per array and peak), the compulsory floor
-    (``floor``, words per array), bytes per array at the problem's dtypes (indices int32), the programs and, for a
+    (``floor``, words per array), bytes per array at the problem's dtypes (indices int32; the indexer's arrays at
+    :data:`INDEXER_BYTES`), the indexer (H_I, d_I, B_n) if its scan was counted, the programs and, for a
     numeric run, the max abs error of O and L against the float64 reference restricted to the selected keys."""
 
     problem: Problem
