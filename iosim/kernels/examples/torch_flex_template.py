@@ -96,6 +96,110 @@ def block_mask(kind: str, t, N: int, H: int, block: int):  # noqa: N803
     return create_block_mask(mask_mod(kind, t), None, heads, N, N, device="cpu", BLOCK_SIZE=block)
 
 
+# A user's own mask_mod (``mask="mod:FILE.py:NAME"``): traced as FlexAttention traces it for inductor (make_fx on
+# 0-d int32 index tensors under TransformGetItemToIndex, so ``t[q]`` is aten.index), and each aten op of that graph
+# written as the Triton expression inductor's pointwise codegen gives it; a captured tensor's read is a ``tl.load`` at
+# its index times its strides, as :func:`render`'s ``load`` writes them.
+BINARY = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">=", "add": "+", "sub": "-", "mul": "*",
+          "bitwise_and": "&", "bitwise_or": "|", "bitwise_xor": "^", "logical_and": "&", "logical_or": "|"}  # fmt: skip
+UNARY = {"bitwise_not": "~", "logical_not": "~", "neg": "-"}
+
+
+def user_mask(spec: str):
+    """The mask_mod a ``mod:FILE.py:NAME`` names, loaded as ``iosim run --mask`` loads it (iosim.masking.masks)."""
+    from iosim.masking import masks
+
+    return masks.parse(spec).fn
+
+
+def trace_mask(fn):
+    """FlexAttention's graph of ``fn`` (make_fx over 0-d int32 b, h, q_idx, kv_idx) and its captured tensors by
+    name: the name of the global or closure variable of ``fn`` holding it, else the graph's constant's name."""
+    import torch
+    from torch._dynamo._trace_wrapped_higher_order_op import TransformGetItemToIndex
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    with TransformGetItemToIndex():
+        g = make_fx(fn)(*(torch.zeros((), dtype=torch.int32) for _ in range(4)))
+    scope = {**getattr(fn, "__globals__", {})}
+    for var, cell in zip(fn.__code__.co_freevars, fn.__closure__ or (), strict=True):
+        scope[var] = cell.cell_contents
+    held = {}
+    for node in g.graph.nodes:
+        if node.op == "get_attr":
+            t = getattr(g, node.target)
+            name = next((k for k, v in scope.items() if v is t), node.target.lstrip("_"))
+            held.setdefault(name, t.contiguous())
+            node.meta["iosim_name"] = name
+    return g, held
+
+
+KINDS = {("m",): "q", ("n",): "kv", ("m", "n"): "qkv", ("b", "h", "m", "n"): "bhqkv", ("h",): "h"}
+
+
+def declared(g) -> dict:
+    """The index (iosim.masking.block_sparse.Buffer's) each captured tensor of graph ``g`` is read at, when every
+    read of it indexes by the bare index variables: q, kv, both (q+kv), (q, kv), (b, h, q, kv) or h; a tensor read
+    at any other index is left undeclared (not in the model)."""
+    names = {n: v for n, v in zip([x for x in g.graph.nodes if x.op == "placeholder"], "bhmn", strict=False)}
+    reads: dict = {}
+    for node in g.graph.nodes:
+        if node.op == "call_function" and node.target._schema.name == "aten::index":
+            at = tuple(names.get(i, "?") for i in node.args[1])
+            reads.setdefault(node.args[0].meta["iosim_name"], set()).add(KINDS.get(at, "?"))
+    out = {}
+    for name, kinds in reads.items():
+        kind = "q+kv" if kinds == {"q", "kv"} else next(iter(kinds)) if len(kinds) == 1 else "?"
+        if kind != "?":
+            out[name] = kind
+    return out
+
+
+def mod_lines(g, held: dict, output_name: str, at: dict) -> str:
+    """The Triton lines of graph ``g``'s mask (:func:`trace_mask`), index variables ``at`` (b, h, m, n)."""
+    from iosim.base.errors import InputError
+
+    env, lines = {}, []
+    places = iter(("b", "h", "m", "n"))
+    for node in g.graph.nodes:
+        val = lambda a: env[a] if a in env else repr(a)  # noqa: E731
+        if node.op == "placeholder":
+            env[node] = f"({at[next(places)]})"
+        elif node.op == "get_attr":
+            env[node] = node.meta["iosim_name"]
+        elif node.op == "output":
+            lines.append(f"{output_name} = {val(node.args[0])}")
+        else:
+            op = node.target._schema.name.split("::")[1]
+            if op == "index":
+                t = held[env[node.args[0]]]
+                terms = [f"{val(i)}*{s}" for i, s in zip(node.args[1], t.stride(), strict=False)]
+                env[node] = f"tmp_{len(lines)}"
+                lines.append(f"tmp_{len(lines)} = tl.load(in_ptr_{env[node.args[0]]} + ({' + '.join(terms)}))")
+            elif op in BINARY:
+                env[node] = f"({val(node.args[0])} {BINARY[op]} {val(node.args[1])})"
+            elif op in UNARY:
+                env[node] = f"({UNARY[op]}{val(node.args[0])})"
+            elif op == "where":
+                env[node] = f"tl.where({', '.join(val(a) for a in node.args)})"
+            else:
+                raise InputError("mask", "must be a mask_mod of comparisons, + - *, & | ^ ~, torch.where and "
+                                 "captured tensors indexed by b, h, q_idx, kv_idx (what the launcher renders)",
+                                 f"{node.target}")  # fmt: skip
+    return "\n".join(lines)
+
+
+def own_block_mask(fn, N: int, B: int, H: int, block: int):  # noqa: N803
+    """The BlockMask of a user's mask_mod: one per (b, h) if it reads b or h, else one for all (as iosim's
+    ``--mask mod:`` classifies it, iosim.masking.mask_mod.reads_b_or_h)."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    from iosim.masking.mask_mod import reads_b_or_h
+
+    per = reads_b_or_h(fn, N)
+    return create_block_mask(fn, B if per else None, H if per else None, N, N, device="cpu", BLOCK_SIZE=block)
+
+
 def captured(kind: str, N: int, B: int, H: int, seed: int):  # noqa: N803
     """score_mod's (``kind`` a key of :data:`SCORES`) or mask_mod's (``mask:`` and a key of :data:`MASKS`) captured
     tensor at N keys, B batch items, H heads: standard-normal biases, ALiBi's slopes 2^(-8 (h + 1) / H), the
@@ -122,9 +226,13 @@ def render(tensors: dict, out, options: dict, score: str | None = None, mask: st
     kernel options."""
     import jinja2
 
-    mask_name, score_kind = MASKS[mask][0], score
+    user = mask if not isinstance(mask, str) else None  # (graph, captured tensors) of a user's mask_mod
+    mask_names = list(user[1]) if user else [MASKS[mask][0]]
+    mask_name, score_kind = mask_names[0] if mask_names else None, score
     score_name = SCORES[score] if score else None
-    names = [f"arg_{a}" for a in ARGS] + [f"in_ptr_{mask_name}"] + ([f"in_ptr_{score_name}"] if score else [])
+    names = (
+        [f"arg_{a}" for a in ARGS] + [f"in_ptr_{n}" for n in mask_names] + ([f"in_ptr_{score_name}"] if score else [])
+    )
     names += ["out_ptr0"]
 
     def def_kernel(*args):
@@ -149,6 +257,8 @@ def render(tensors: dict, out, options: dict, score: str | None = None, mask: st
 
     def modification(subgraph_number, output_name, score, b, h, m, n, **kw):
         at = dict(b=b, h=h, m=m, n=n)
+        if subgraph_number == 1 and user:  # a user's mask_mod, as traced
+            return mod_lines(*user, output_name, at)
         if subgraph_number == 1:  # mask_mod
             if mask == "q+kv":  # two loads of the document ids, at q and at kv
                 return (f"tmp_dq = {load(mask_name, 'q', **at)}\ntmp_dk = {load(mask_name, 'kv', **at)}\n"
@@ -209,22 +319,28 @@ def launch(
     if score is not None and score not in SCORES:
         raise InputError("score", f"must be None or one of {', '.join(SCORES)} (the index score_mod's captured "
                          "tensor is read at)", score)  # fmt: skip
-    if mask not in MASKS:
+    own = isinstance(mask, str) and mask.startswith("mod:")
+    if mask not in MASKS and not own:
         raise InputError("mask", f"must be one of {', '.join(MASKS)} (the index mask_mod's captured tensor is read "
-                         "at)", mask)  # fmt: skip
+                         "at) or mod:FILE.py:NAME (your own mask_mod)", mask)  # fmt: skip
     H_kv = H if kv_heads is None else kv_heads
     if isinstance(H_kv, bool) or not isinstance(H_kv, int) or H_kv < 1 or H % H_kv:
         raise InputError("kv_heads", f"must be None or a divisor of H = {H} (GQA: H / kv_heads query heads share "
                          "one key/value head)", kv_heads)  # fmt: skip
-    mask_name, mask_dtype = MASKS[mask]
-    held = captured("mask:" + mask, N, B, H, seed)
-    bm = block_mask(mask, held, N, H, block)
+    if own:
+        fn = user_mask(mask)
+        graph, mine = trace_mask(fn)
+        bm = own_block_mask(fn, N, B, H, block)
+    else:
+        mask_name, mask_dtype = MASKS[mask]
+        mine = {mask_name: captured("mask:" + mask, N, B, H, seed)}
+        bm = block_mask(mask, mine[mask_name], N, H, block)
     Q, K, V = (x.reshape(B, H, N, d) for x in inputs("QKV", (B * H, N, d), dtype, seed))
     K, V = K[:, :H_kv].contiguous(), V[:, :H_kv].contiguous()  # (B, H_kv, N, d), as inductor takes them
     tensors = {"Q": Q, "K": K, "V": V, "LSE": torch.empty((B, H, N), dtype=torch.float32),
                "MAX": torch.empty((B, H, N), dtype=torch.float32), "KV_NUM_BLKS": bm.kv_num_blocks.contiguous(),
                "KV_IDX": bm.kv_indices.contiguous(), "FULL_KV_NUM_BLKS": bm.full_kv_num_blocks.contiguous(),
-               "FULL_KV_IDX": bm.full_kv_indices.contiguous(), mask_name: held}  # fmt: skip
+               "FULL_KV_IDX": bm.full_kv_indices.contiguous(), **mine}  # fmt: skip
     extra = {}
     if score:
         extra[SCORES[score]] = captured(score, N, B, H, seed)
@@ -235,16 +351,20 @@ def launch(
                    GQA_SHARED_HEADS=H // H_kv, HAS_FULL_BLOCKS=True, QK_HEAD_DIM=d, QK_HEAD_DIM_ROUNDED=d, V_HEAD_DIM=d,
                    V_HEAD_DIM_ROUNDED=d, SAFE_HEAD_DIM=True, USE_TMA=False, BLOCK_M=block, BLOCK_N=block,
                    SPARSE_Q_BLOCK_SIZE=block, SPARSE_KV_BLOCK_SIZE=block, WRITE_DQ=True)  # fmt: skip
-    src = render(tensors, O, options, score, mask)
+    src = render(tensors, O, options, score, (graph, mine) if own else mask)
     with tempfile.NamedTemporaryFile("w", suffix="_flex_template.py", delete=False) as f:
         f.write(src)
     spec = importlib.util.spec_from_file_location("iosim_flex_template", f.name)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    mod.flex_fwd[(triton.cdiv(N, block), B, H)](*(tensors[a] for a in ARGS), held, *extra.values(), O)
+    mod.flex_fwd[(triton.cdiv(N, block), B, H)](*(tensors[a] for a in ARGS), *mine.values(), *extra.values(), O)
     os.unlink(f.name)
-    buffers = {mask_name: (mask, "mask", mask_dtype), **{name: (score, "score") for name in extra}}
-    return {**extra, mask_name: held,
+    if own:  # a user's tensors, at the index each is read at (iosim.masking.block_sparse.Buffer)
+        buffers = {n: (k, "mask", str(mine[n].dtype).removeprefix("torch.")) for n, k in declared(graph).items()}
+    else:
+        buffers = {mask_name: (mask, "mask", mask_dtype)}
+    buffers.update({name: (score, "score") for name in extra})
+    return {**extra, **mine,
             "Q": Q, "K": K, "V": V, "O": O, "L": tensors["LSE"], "kv_num_blocks": tensors["KV_NUM_BLKS"],
             "kv_indices": tensors["KV_IDX"], "full_kv_num_blocks": tensors["FULL_KV_NUM_BLKS"],
             "full_kv_indices": tensors["FULL_KV_IDX"], "scale": default_scale(d), "B": B, "H": H,
