@@ -10,7 +10,13 @@ sizes and strides as literals, the kernel options as module constants (``gen_def
 tensor (``tl.load(in_ptr + (index))``, the index each dimension's variable times its stride, a literal). mask_mod
 reads a captured tensor of the index ``mask`` names (:data:`MASKS`): ``q+kv``, document ids read at q and at kv
 (``doc[q] == doc[kv] and q >= kv``), ``kv`` or ``q``, a per-key or per-query validity vector (``valid[kv] and q >=
-kv``, a padding mask), or ``h``, a window per head (``q - kv < window[h] and q >= kv``, a BlockMask per head);
+kv``, a padding mask), or ``h``, a window per head (``q - kv < window[h] and q >= kv``, a BlockMask per head), or
+a user's own, ``mod:FILE.py:NAME`` (loaded as ``iosim run --mask mod:`` loads it): traced as FlexAttention traces a
+mask_mod for inductor (``make_fx`` over 0-d int32 indices under ``TransformGetItemToIndex``) and each aten op of the
+graph written as a Triton expression, a captured tensor's read as a ``tl.load`` at its index times its strides
+(:func:`mod_lines`: comparisons, + - *, & | ^ ~ and ``torch.where``; any other op refused in one line), its
+BlockMask per (b, h) if it reads b or h, and each captured tensor declared to the model at the index it is read at
+when that is q, kv, both, (q, kv), (b, h, q, kv) or h (:func:`declared`; tests/test_flex_template_user_mask.py);
 score_mod is the identity or, with ``score`` naming the index it reads at (:data:`SCORES`), adds a (q, kv)
 bias (``qkv``), a per-query or per-key vector (``q``, ``kv``), a full (b, h, q, kv) bias (``bhqkv``) or ALiBi's
 per-head slope times kv - q (``h``). With ``kv_heads`` < H (GQA, as ``flex_attention(..., enable_gqa=True)``) K
