@@ -72,6 +72,7 @@ def test_a_users_mask_mod_equals_block_sparse_in_every_array(tmp_path, capsys, m
     assert rows["doc"] == [f"{words:,}", "0", f"{words:,}", "0"]
 
 
+@pytest.mark.slow  # about 10 s on 2 cores; the fast case above holds the counts
 def test_a_users_per_head_mask_mod_runs_as_eager_flex_attention(tmp_path):
     """A mask_mod reading h (a window per head, one BlockMask per head) counted in place: its captured tensor read
     once per partial block, its O equal to eager flex_attention's with the same mask_mod."""
