@@ -114,6 +114,10 @@ def test_bytes_per_array_at_deepseek_v32_dtypes():
     per = {n: 1 if n in ("q_I", "K_I") else 4 for n in ("q_I", "w", "K_I", "k_scale", "logits", "indices")}
     for name, size in per.items():
         assert r.bytes[name] == r.words[name] * size, name
+    from iosim.spec.kv_format import kv_format
+
+    per_key = (r.bytes["K_I"] + r.bytes["k_scale"]) / (2 * 40)  # 2 tokens each scan 40 keys and their scales
+    assert per_key == kv_format("fp8:token:separate").row_bytes(16) == 16 + 4  # the KV format of that cache
 
 
 BAD = [
