@@ -161,6 +161,16 @@ def declared(g) -> dict:
     return out
 
 
+def _storage(t) -> str | None:
+    """The dtype name iosim.masking.block_sparse.Buffer takes for tensor ``t`` (None: one it does not size)."""
+    from iosim.masking.block_sparse import INT_BYTES
+    from iosim.spec.problem import ALIASES, BYTES
+
+    name = str(t.dtype).removeprefix("torch.")
+    name = ALIASES.get(name, name)
+    return name if name in BYTES or name in INT_BYTES else None
+
+
 def mod_lines(g, held: dict, output_name: str, at: dict) -> str:
     """The Triton lines of graph ``g``'s mask (:func:`trace_mask`), index variables ``at`` (b, h, m, n)."""
     from iosim.base.errors import InputError
@@ -366,7 +376,7 @@ def launch(
     mod.flex_fwd[(triton.cdiv(N, block), B, H)](*(tensors[a] for a in ARGS), *mine.values(), *extra.values(), O)
     os.unlink(f.name)
     if own:  # a user's tensors, at the index each is read at (iosim.masking.block_sparse.Buffer)
-        buffers = {n: (k, "mask", str(mine[n].dtype).removeprefix("torch.")) for n, k in declared(graph).items()}
+        buffers = {n: (k, "mask", _storage(mine[n])) for n, k in declared(graph).items() if _storage(mine[n])}
     else:
         buffers = {mask_name: (mask, "mask", mask_dtype)}
     buffers.update({name: (score, "score") for name in extra})
