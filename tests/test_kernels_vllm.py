@@ -88,6 +88,23 @@ def test_vllm_decode_equals_the_hand_count_array_by_array(runs, name):
     assert counts.kernels[0] == ("_fwd_kernel_stage1" if name == "mha" else "_fwd_grouped_kernel_stage1")
 
 
+@pytest.mark.parametrize("name", ["gqa", "mha"])
+def test_one_cache_tensor_counts_as_separate_buffers(runs, name):
+    """vLLM's one cache tensor, split into K and V interleaved within each (token, head) row, counts exactly as K
+    and V in buffers of their own: every array's reads, writes and distinct words, attributed by the pointer."""
+    from iosim.kernels import count_batch
+
+    launcher, params = CASES[name]
+    ((apart, _, _),) = count_batch([(FILE, launcher, {**params, "one_cache": False})], "triton")
+    one = runs[name][0]
+
+    def table(counts):
+        return {k: (a.reads, a.writes, a.distinct_reads, a.distinct_writes) for k, a in counts.per_array.items()}
+
+    assert table(one) == table(apart)
+    assert one.per_array["K"].reads == hand(**_params(name))[0]["K"][0]
+
+
 def _reference(arrays, numbers):
     """float64 decoding from the paged cache: token t of sequence b is row t % P of page table[b, t // P]."""
     q, cache_k, cache_v, table = (np.asarray(arrays[k], dtype=np.float64) for k in ("Q", "K", "V", "page_table"))

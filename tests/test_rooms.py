@@ -15,7 +15,7 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 ROOMS = {
     "spec": {"problem", "schedule", "kv_format"},
-    "masking": {"masks", "mask_mod", "head_masks", "block_sparse", "topk_sparse"},
+    "masking": {"masks", "mask_mod", "head_masks", "block_sparse", "topk_sparse", "counted_run"},
     "runner": {
         "api",
         "problem_runs",

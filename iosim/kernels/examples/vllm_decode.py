@@ -78,9 +78,10 @@ def _common(N: int, B: int, page: int, seed: int):
 
 
 def launch(N: int, d: int, dv: int | None = None, splits: int = 4, B: int = 2, H: int = 4, kv_heads: int = 1,
-           page_size: int = 16, dtype: str = "float32", seed: int = 0) -> dict:  # fmt: skip
-    """Paged decoding: q (B, H_q, d), K and V the two halves of each (token, head) row of one cache tensor (d_v = d;
-    separate buffers otherwise); H = kv_heads runs ``_fwd_kernel_stage1``, otherwise the grouped kernel."""
+           page_size: int = 16, dtype: str = "float32", seed: int = 0, one_cache: bool = True) -> dict:  # fmt: skip
+    """Paged decoding: q (B, H_q, d), K and V the two halves of each (token, head) row of one cache tensor (d_v = d
+    and ``one_cache``; separate buffers otherwise); H = kv_heads runs ``_fwd_kernel_stage1``, otherwise the grouped
+    kernel."""
     import torch
 
     m = import_kernels()
@@ -90,7 +91,7 @@ def launch(N: int, d: int, dv: int | None = None, splits: int = 4, B: int = 2, H
     q = torch.randn(B, H, d, generator=g).to(dt)
     k_cache = torch.randn(pages, page_size, kv_heads, d, generator=g).to(dt)
     v_cache = torch.randn(pages, page_size, kv_heads, dv, generator=g).to(dt)
-    if dv == d:  # vLLM's one cache tensor, (pages, H_kv, P, 2d) seen as (pages, P, H_kv, 2d) and split into K and V
+    if dv == d and one_cache:  # one cache tensor, (pages, H_kv, P, 2d) seen as (pages, P, H_kv, 2d), split into K, V
         kv = torch.cat([k_cache, v_cache], -1).transpose(1, 2).contiguous().transpose(1, 2)
         k_cache, v_cache = kv.split(d, -1)  # triton_attn.py:655-657: K and V interleaved within each (token, head) row
     o = torch.full((B, H, dv), float("nan"), dtype=dt)
