@@ -131,6 +131,8 @@ def test_gpu_hooks_leave_jax_as_they_found_it():
     from iosim.kernels.counting import Recorder
     from iosim.kernels.pallas_backend import gpu_hooks
 
+    with gpu_hooks(Recorder()):  # the first entry imports Pallas's GPU primitives, which register their rules
+        pass
     before = (hi.pallas_call_hlo_interpret, hi.kernel_to_hlo_jaxpr, hi._dynamic_slice, sd.discharge_state,
               dict(sd._discharge_rules))  # fmt: skip
     with gpu_hooks(Recorder()):
