@@ -212,8 +212,20 @@ def test_a_tutorial_file_that_does_not_import_is_one_line(tmp_path, monkeypatch)
 
 
 # --- the CPU stand-in for a GPU probed at import -------------------------------------------------------------------
-PROBING = textwrap.dedent(
+COPY = textwrap.dedent(
     """
+
+    @triton.jit
+    def copy(X, Y, n, B: tl.constexpr):
+        i = tl.program_id(0) * B + tl.arange(0, B)
+        tl.store(Y + i, tl.load(X + i, mask=i < n), mask=i < n)
+
+
+    """
+)
+PROBING = (
+    textwrap.dedent(
+        """
     import torch
     import triton
     import triton.language as tl
@@ -224,20 +236,18 @@ PROBING = textwrap.dedent(
     CAPABILITY = torch.cuda.get_device_capability()
     NAME = torch.cuda.get_device_name(0)
     BLOCK = 64 if SMEM >= 200_000 else 16  # block sizes picked from the GPU
-
-
-    @triton.jit
-    def copy(X, Y, n, B: tl.constexpr):
-        i = tl.program_id(0) * B + tl.arange(0, B)
-        tl.store(Y + i, tl.load(X + i, mask=i < n), mask=i < n)
-
-
+    """
+    )
+    + COPY
+    + textwrap.dedent(
+        """
     def launch(N, d):
         x, y = torch.arange(N, dtype=torch.float32), torch.empty(N)
         copy[(triton.cdiv(N, BLOCK),)](x, y, N, B=BLOCK, num_warps=4)
         return {"X": x, "Y": y, "arch": TARGET.arch, "capability": CAPABILITY[0] * 10 + CAPABILITY[1],
                 "name": NAME, "cuda": torch.cuda.is_available()}
     """
+    )
 )
 
 
@@ -258,8 +268,9 @@ def test_a_library_that_probes_the_gpu_at_import_counts_with_the_standin(tmp_pat
     assert len(err) == 1 and err[0].startswith("iosim: error: launcher file must import cleanly")
 
 
-COUNTS_DRIVERS = textwrap.dedent(
-    """
+COUNTS_DRIVERS = (
+    textwrap.dedent(
+        """
     import torch
     import triton
     import triton.language as tl
@@ -269,19 +280,17 @@ COUNTS_DRIVERS = textwrap.dedent(
     ACTIVE = [name for name, b in backends.items() if name != "cpu" and b.driver and b.driver.is_active()]
     if len(ACTIVE) != 1:
         raise RuntimeError(f"{len(ACTIVE)} active driver(s) found (expected 1)")
-
-
-    @triton.jit
-    def copy(X, Y, n, B: tl.constexpr):
-        i = tl.program_id(0) * B + tl.arange(0, B)
-        tl.store(Y + i, tl.load(X + i, mask=i < n), mask=i < n)
-
-
+    """
+    )
+    + COPY
+    + textwrap.dedent(
+        """
     def launch(N, d):
         x, y = torch.arange(N, dtype=torch.float32), torch.empty(N)
         copy[(triton.cdiv(N, 64),)](x, y, N, B=64)
         return {"X": x, "Y": y, "active": len(ACTIVE), "nvidia": int(ACTIVE == ["nvidia"])}
     """
+    )
 )
 
 

@@ -209,12 +209,17 @@ def table(stored: dict | None = None) -> str:
     return tabulate(rows, headers=head, tablefmt="github", disable_numparse=True)
 
 
+def write_block(text: str, block: tuple[str, str] = BLOCK) -> None:
+    """Put ``text`` between ``block``'s two markers in docs/hierarchy-hardware.md (every generated table there)."""
+    doc = DOC.read_text()
+    head, rest = doc.split(block[0], 1)
+    _, tail = rest.split(block[1], 1)
+    DOC.write_text(f"{head}{block[0]}\n{text}\n{block[1]}{tail}")
+
+
 def write_docs() -> None:
     """Put :func:`table` between the doc's markers."""
-    text = DOC.read_text()
-    head, rest = text.split(BLOCK[0], 1)
-    _, tail = rest.split(BLOCK[1], 1)
-    DOC.write_text(f"{head}{BLOCK[0]}\n{table()}\n{BLOCK[1]}{tail}")
+    write_block(table())
 
 
 def main(argv=None) -> int:

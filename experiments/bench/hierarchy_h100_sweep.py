@@ -309,10 +309,7 @@ def _phase2_without_leftovers(r: dict) -> float | None:
 
 def write_docs() -> None:
     """Put :func:`table` between the doc's sweep markers."""
-    text = DOC.read_text()
-    head, rest = text.split(BLOCK[0], 1)
-    _, tail = rest.split(BLOCK[1], 1)
-    DOC.write_text(f"{head}{BLOCK[0]}\n{table()}\n{BLOCK[1]}{tail}")
+    hierarchy_h100.write_block(table(), BLOCK)
 
 
 def main(argv=None) -> int:
