@@ -121,6 +121,9 @@ lts__t_sectors_srcunit_tex_op_read          # of LTS sectors from unit TEX for r
     wanted += ["lts__t_sectors_srcunit_ltcfabric_op_read.sum"]
     assert ncu_raw.split_offered(wanted, query) == (wanted[:2], wanted[2:])
     assert ncu_raw.split_offered(wanted, "") == (wanted, [])  # no list: ask for all, ncu's own output says
+    # launch statistics are not in the counters' list (the H200 lease dropped FA2's registers that way): kept
+    launch = ["launch__registers_per_thread", "launch__occupancy_limit_registers"]
+    assert ncu_raw.split_offered(wanted + launch, query) == (wanted[:2] + launch, wanted[2:])
 
 
 def test_part_ncu_stores_the_raw_output_and_the_report_reads_its_file(evidence, report, tmp_path, monkeypatch):
@@ -434,3 +437,48 @@ def test_bad_command_lines_are_one_line_and_exit_2(evidence, report, capsys, tmp
     with pytest.raises(SystemExit) as e:
         report.main(["--data", str(tmp_path)])
     assert e.value.code == 2 and "--data must be a folder" in capsys.readouterr().err
+
+
+def test_the_forward_sweep_runs_largest_m_first_with_both_kernels_of_a_point_together(evidence):
+    configs = evidence.sweep_configs(58112 - 256)
+    ratios = [c["M"] / c["d"] ** 2 for c in configs]
+    assert ratios == sorted(ratios, reverse=True)
+    for a, b in zip(configs[::2], configs[1::2], strict=True):  # flash2 and square tiling of one (d, M) adjacent
+        assert (a["d"], a["M"]) == (b["d"], b["M"]) and {a["kernel"], b["kernel"]} == set(evidence.SWEEP_KERNELS)
+
+
+def test_a_part_may_carry_its_own_limit(evidence):
+    steps = evidence.plan(["env", "tests=150", "m-top=40"], 300)
+    assert steps == [("env", 20, 0), ("tests", 150, 20), ("m-top", 40, 170)]
+    for bad in ("tests=5", "tests=601", "tests=x"):
+        with pytest.raises(evidence.InputError, match="name=SECONDS"):
+            evidence.plan([bad], 300)
+    with pytest.raises(evidence.InputError, match="must name parts"):
+        evidence.plan(["nope=30"], 300)
+
+
+def test_a_profiling_child_stops_launching_at_its_budget(evidence, tmp_path, monkeypatch):
+    """Marked profiles nothing past its budget (so ncu, whose CSV comes when the child ends, prints what it has)."""
+
+    class FakeCuda:  # what Marked uses of numba.cuda: no profiler (as the CUDA simulator)
+        def synchronize(self):
+            pass
+
+        def to_device(self, a):
+            return a
+
+    calls = []
+
+    class Grid:  # the marker kernel: kernel[grid, block](buf)
+        def __getitem__(self, key):
+            return lambda buf: calls.append(("marker", key[0]))
+
+    monkeypatch.setattr(evidence, "_cuda", FakeCuda)
+    monkeypatch.setattr(evidence, "_marker_kernel", lambda cuda: Grid())
+    mk = evidence.Marked(tmp_path / "labels.json", budget=1e9)
+    mk.run({"id": 1}, lambda: calls.append("launch"))
+    assert not mk.expired() and calls[-2:] == [("marker", 1), "launch"]
+    mk.deadline = evidence.time.monotonic() - 1  # the budget spent
+    mk.run({"id": 2}, lambda: calls.append("launch"))
+    assert mk.expired() and calls.count("launch") == 1
+    assert [x["id"] for x in __import__("json").loads((tmp_path / "labels.json").read_text())] == [1]

@@ -48,6 +48,8 @@ import ncu_raw  # noqa: E402  (the neighbour module: the path above)
 
 from iosim.base.errors import InputError  # noqa: E402
 
+T0 = time.monotonic()  # this process's start, near enough (after its imports of the standard library and iosim)
+
 SWEEP_N = 2048
 SWEEP_BH = 8
 SWEEP_D = (128, 64, 256)
@@ -163,7 +165,8 @@ def part_env(args) -> dict:
 
 # ----------------------------------------------------------------------------------------------------- sweep
 def sweep_configs(max_words: int) -> list[dict]:
-    """(kernel, d, M) of the reviewers' experiment: M = d^2/16, d^2/8, ... up to the largest a block may use."""
+    """(kernel, d, M) of the reviewers' experiment: M = d^2/16, d^2/8, ... up to the largest a block may use; the
+    largest M/d^2 first (:func:`fast_first`)."""
     out = []
     for d in SWEEP_D:
         Ms, f = [], 1 / 16
@@ -174,7 +177,14 @@ def sweep_configs(max_words: int) -> list[dict]:
         for M in Ms:
             for k in SWEEP_KERNELS:
                 out.append({"kernel": k, "N": SWEEP_N, "d": d, "M": M, "BH": SWEEP_BH})
-    return out
+    return fast_first(out)
+
+
+def fast_first(configs: list[dict]) -> list[dict]:
+    """The largest M/d^2 first, the kernels of one (d, M) together: small M means tiny tiles and launches of
+    seconds, so a budget spent early cuts those, not the range where the kernels are fast (the H200 lease's
+    sweep, smallest M first, spent its 40 s on 7 of 42 launches)."""
+    return sorted(configs, key=lambda c: (-c["M"] / c["d"] ** 2, c["d"]))
 
 
 def largest_M(cuda, bench) -> int:
@@ -265,7 +275,7 @@ def part_sweep(args) -> dict:
 
 
 def part_sweep_backward(args) -> dict:
-    """The flash2 backward over the same (d, M) grid (square tiling has no backward kernel)."""
+    """The flash2 backward over the same (d, M) grid (square tiling has no backward kernel), fast first."""
     cuda = _cuda()
     import gpu as bench
 
@@ -273,10 +283,8 @@ def part_sweep_backward(args) -> dict:
 
 
 def backward_configs(max_words: int) -> list[dict]:
-    """The sweep's (d, M) for the flash2 backward, the largest M/d^2 first: small M means tiny tiles and launches
-    of seconds, so a budget spent early cuts those, not the range where the kernels are fast."""
-    configs = [{**c, "kernel": "flash2-backward"} for c in sweep_configs(max_words) if c["kernel"] == "flash2"]
-    return sorted(configs, key=lambda c: (-c["M"] / c["d"] ** 2, c["d"]))
+    """The sweep's (d, M) for the flash2 backward, in the sweep's order (:func:`fast_first`)."""
+    return [{**c, "kernel": "flash2-backward"} for c in sweep_configs(max_words) if c["kernel"] == "flash2"]
 
 
 def part_m_top(args) -> dict:
@@ -302,12 +310,16 @@ def _marker_kernel(cuda):
 
 
 class Marked:
-    """Profiled launches, each preceded by a marker kernel whose grid.x is its index + 1 (ncu's Grid Size)."""
+    """Profiled launches, each preceded by a marker kernel whose grid.x is its index + 1 (ncu's Grid Size). Past
+    ``budget`` seconds :meth:`expired` is true and :meth:`run` profiles nothing more, so that the child ends by
+    itself and ncu prints what it profiled (ncu writes its CSV when the profiled process ends; killed, it writes
+    none: the H200 lease's ncu-sweep)."""
 
-    def __init__(self, path: pathlib.Path):
+    def __init__(self, path: pathlib.Path, budget: float = float("inf")):
         import numpy as np
 
         self.path = path
+        self.deadline = T0 + budget  # from the process's start: its imports count
 
         self.cuda = _cuda()
         self.kernel = _marker_kernel(self.cuda)
@@ -316,7 +328,13 @@ class Marked:
         self.cuda.synchronize()
         self.labels: list[dict] = []
 
+    def expired(self) -> bool:
+        return time.monotonic() > self.deadline
+
     def run(self, label: dict, fn) -> None:
+        if self.expired():
+            print(f"profiling budget spent: {label} not profiled", file=sys.stderr, flush=True)
+            return
         cuda = self.cuda
         cuda.synchronize()
         getattr(cuda, "profile_start", lambda: None)()  # the CUDA simulator has no profiler
@@ -404,6 +422,9 @@ def _kill_tree(pid: int) -> None:
             pass
 
 
+NCU_MARGIN = 15  # seconds the child leaves ncu to print its CSV after the last profiled launch
+
+
 def run_ncu(part: str, args, metrics=METRICS, timeout: float | None = None) -> tuple[str, str, str, int]:
     """ncu over ``child-CHILD`` of ``part``: (its CSV log, raw/<part>.csv, as ncu wrote it; its stdout; its stderr;
     its return code), the log read back even when the budget ran out (-9: ncu and the profiled process killed)."""
@@ -412,7 +433,8 @@ def run_ncu(part: str, args, metrics=METRICS, timeout: float | None = None) -> t
     log.parent.mkdir(parents=True, exist_ok=True)
     log.unlink(missing_ok=True)
     cmd = [_ncu(), *NCU_FLAGS, "--log-file", str(log), "--metrics", ",".join(metrics), sys.executable, __file__,
-           f"child-{NCU_PARTS[part][0]}", "--out", str(args.out), "--predictions", str(args.predictions)]  # fmt: skip
+           f"child-{NCU_PARTS[part][0]}", "--out", str(args.out), "--predictions", str(args.predictions),
+           "--budget", str(max(timeout - NCU_MARGIN, 1))]  # fmt: skip
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
     try:
         out, err = p.communicate(timeout=timeout)
@@ -453,8 +475,10 @@ def child_sweep(args) -> None:
 
     from iosim.gpu import launch as gpu
 
-    mk = Marked(args.out / "labels-sweep.json")
+    mk = Marked(args.out / "labels-sweep.json", args.budget)
     for c, arrays in sweep_inputs(cuda, bench):
+        if mk.expired():
+            break
         try:
             run = bench.runner(cuda, gpu, c["kernel"], arrays, c["M"], False, args.threads)
             run()  # compile outside the profiled range
@@ -488,7 +512,7 @@ def _fa2_launches(mk: Marked):
 
 def child_fa2(args) -> None:
     """FlashAttention-2 alone, under FA2_METRICS (L2 traffic by source, registers, the register occupancy limit)."""
-    _fa2_launches(Marked(args.out / "labels-fa2.json"))
+    _fa2_launches(Marked(args.out / "labels-fa2.json", args.budget))
 
 
 def child_predictions(args) -> None:
@@ -498,8 +522,10 @@ def child_predictions(args) -> None:
     entries = gpu_predictions.load(args.predictions)
     (args.out / "raw").mkdir(parents=True, exist_ok=True)
     (args.out / "raw" / "predictions.entries.json").write_text(json.dumps(entries, indent=1))
-    mk = Marked(args.out / "labels-predictions.json")
+    mk = Marked(args.out / "labels-predictions.json", args.budget)
     for e in entries:
+        if mk.expired():
+            break
         try:
             fn = gpu_predictions.launcher(e)
             fn()  # inputs made and kernels compiled outside the profiled range
@@ -514,7 +540,7 @@ def child_torch(args) -> None:
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.functional import scaled_dot_product_attention as sdpa
 
-    mk = Marked(args.out / "labels-torch.json")
+    mk = Marked(args.out / "labels-torch.json", args.budget)
     g = _fa2_launches(mk)
     B, Hq, Hkv, Nk, d = TORCH_DECODE
     q = torch.randn(B, Hq, 1, d, device="cuda", dtype=torch.bfloat16, generator=g)
@@ -560,7 +586,7 @@ def _triton_flash2(B, H, N, d, dtype, Br, Bc, causal):
 def child_triton(args) -> None:
     import torch
 
-    mk = Marked(args.out / "labels-triton.json")
+    mk = Marked(args.out / "labels-triton.json", args.budget)
     B, H, N, d = TRITON_CASE
     for dtype in ("float16", "float32"):
         dt = getattr(torch, dtype)
@@ -805,13 +831,18 @@ def part_argv(part: str, seconds: int, args) -> list[str]:
 
 
 def plan(parts, limit: int) -> list[tuple[str, int, int]]:
-    """(part, its limit, the second of the run it starts at if every earlier part takes its whole limit)."""
+    """(part, its limit, the second of the run it starts at if every earlier part takes its whole limit); a part
+    written ``name=SECONDS`` runs under that limit in place of the catalogue's."""
     out, t = [], 0
     for p in parts:
+        p, _, secs = p.partition("=")
         if p not in CATALOG:
             raise InputError("--parts", f"must name parts among {', '.join(CATALOG)}", p)
-        out.append((p, CATALOG[p][0], t))
-        t += CATALOG[p][0]
+        if secs and not (secs.isdigit() and 15 <= int(secs) <= 600):
+            raise InputError("--parts", "a part's own limit (name=SECONDS) must be 15..600 seconds", secs)
+        seconds = int(secs) if secs else CATALOG[p][0]
+        out.append((p, seconds, t))
+        t += seconds
     return out
 
 

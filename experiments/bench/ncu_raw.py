@@ -131,9 +131,11 @@ def offered(query_text: str) -> set[str]:
 
 
 def split_offered(metrics, query_text: str) -> tuple[list[str], list[str]]:
-    """(metrics this ncu offers, metrics it does not) by base name; all offered when the query gave no list."""
+    """(metrics this ncu offers, metrics it does not) by base name; all offered when the query gave no list. The
+    launch statistics (``launch__*``: registers per thread, occupancy limits) are not hardware counters and
+    ``--query-metrics`` does not list them (the H200 lease's list has none), so they are always asked for."""
     names = offered(query_text)
     if not names:
         return list(metrics), []
-    ok = [m for m in metrics if base_metric(m) in names]
-    return ok, [m for m in metrics if base_metric(m) not in names]
+    ok = [m for m in metrics if base_metric(m) in names or m.startswith("launch__")]
+    return ok, [m for m in metrics if m not in ok]
