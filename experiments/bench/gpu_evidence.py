@@ -8,6 +8,7 @@ stdout and stderr, its exit status; a profiled part also ncu's CSV, return code,
 ncu_raw.py). One part alone:
 
     python experiments/bench/gpu_evidence.py env        --out DIR   # device, driver, CUDA, library versions
+    python experiments/bench/gpu_evidence.py variants   --out DIR   # register-tiled flash2 variants vs SDPA float32
     python experiments/bench/gpu_evidence.py ncu-query  --out DIR   # ncu --query-metrics, stored
     python experiments/bench/gpu_evidence.py predictions --out DIR  # the predictions file's launches under ncu
     python experiments/bench/gpu_evidence.py ncu-fa2    --out DIR   # FlashAttention-2: L2 by source, registers
@@ -818,8 +819,9 @@ CATALOG = {
     "occupancy": (25, "the driver's registers and blocks/SM against iosim gpu-resources"),
     "ncu-triton": (45, "Triton kernels (iosim's example, fla) under ncu"),
     "ab": (50, "flash2 forward against an earlier build (--before)"),
+    "variants": (60, "the register-tiled flash2 forward variants against SDPA float32 (gpu_variants.py)"),
 }
-DEFAULT_PLAN = ("env", "ncu-query", "predictions", "ncu-fa2", "tests", "m-top", "sweep-backward", "sweep",
+DEFAULT_PLAN = ("env", "variants", "ncu-query", "predictions", "ncu-fa2", "tests", "m-top", "sweep-backward", "sweep",
                 "ncu-sweep", "sdpa", "ncu-torch", "occupancy", "ncu-triton")  # fmt: skip
 DEFAULT_LIMIT = 540  # seconds for the whole run: parts that would start with under 15 s left are skipped
 
@@ -897,12 +899,22 @@ def run_all(args) -> int:
     return 0
 
 
+def part_variants(args) -> dict:
+    """The register-tiled flash2 forward variants against SDPA float32 at SDPA_CASES (gpu_variants.py: time,
+    relative error, counters against the simulator, registers and blocks per SM)."""
+    cuda = _cuda()
+    import gpu as bench
+    import gpu_variants
+
+    return {"rows": gpu_variants.rows(cuda, bench.Timer(cuda, args.reps, args.seconds))}
+
+
 def part_ncu_query(args) -> dict:
     text = query_metrics("ncu-query", args)
     return {"metrics offered": len(ncu_raw.offered(text))}
 
 
-PARTS = {"env": part_env, "sweep": part_sweep, "sweep-backward": part_sweep_backward, "m-top": part_m_top,
+PARTS = {"env": part_env, "variants": part_variants, "sweep": part_sweep, "sweep-backward": part_sweep_backward, "m-top": part_m_top,
          "sdpa": part_sdpa, "ab": part_ab, "occupancy": part_occupancy, "ncu-query": part_ncu_query}  # fmt: skip
 CHILDREN = {"child-sweep": child_sweep, "child-torch": child_torch, "child-triton": child_triton,
             "child-fa2": child_fa2, "child-predictions": child_predictions}  # fmt: skip
