@@ -914,8 +914,9 @@ def part_ncu_query(args) -> dict:
     return {"metrics offered": len(ncu_raw.offered(text))}
 
 
-PARTS = {"env": part_env, "variants": part_variants, "sweep": part_sweep, "sweep-backward": part_sweep_backward, "m-top": part_m_top,
-         "sdpa": part_sdpa, "ab": part_ab, "occupancy": part_occupancy, "ncu-query": part_ncu_query}  # fmt: skip
+PARTS = {"env": part_env, "variants": part_variants, "sweep": part_sweep, "sweep-backward": part_sweep_backward,
+         "m-top": part_m_top, "sdpa": part_sdpa, "ab": part_ab, "occupancy": part_occupancy,
+         "ncu-query": part_ncu_query}  # fmt: skip
 CHILDREN = {"child-sweep": child_sweep, "child-torch": child_torch, "child-triton": child_triton,
             "child-fa2": child_fa2, "child-predictions": child_predictions}  # fmt: skip
 
