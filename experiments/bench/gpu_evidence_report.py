@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import pathlib
 import subprocess
 import sys
@@ -783,7 +784,25 @@ def readme_section() -> str:
         "on an H100](docs/gpu.md#measured-on-an-h100), printed by `python "
         "experiments/bench/gpu_evidence_report.py` from `experiments/bench/gpu_h100/`."
     )
-    return "\n".join([wrap(intro), "", sweep_table(128), "", wrap(words + " " + rest)])
+    return "\n".join([wrap(intro), "", sweep_table(128), "", wrap(words + " " + rest), *h200_readme()])
+
+
+def h200_readme() -> list[str]:
+    """The README's line on the H200 lease (where its files are stored)."""
+    if not (H200 / "env.json").exists():
+        return []
+    with stored(H200):
+        px = prediction_facts()
+    return [
+        "",
+        wrap(
+            f"On an H200 (same SMs, a {px['l2'] / 2**20:.0f} MiB L2 by the driver), the predictions registered for the "
+            f"H100 before that lease, measured unchanged: {px['hits']} of {px['n']} levels within {HIT * 100:.0f} %, "
+            f"{px['exact']} of them to the byte; the largest misses: "
+            + ", ".join(f"{c['id']} {c['level']} ({c['ratio']:.2f})" for c in px["worst"])
+            + ": [Measured on an H200](docs/gpu.md#measured-on-an-h200-2026-11-28)."
+        ),
+    ]
 
 
 # ------------------------------------------------------------------------- the next lease's parts (where stored)
@@ -943,7 +962,9 @@ def prediction_facts() -> dict:
     for c in cmp:
         by_level.setdefault(c["level"], []).append(c)
     return {"n": len(cmp), "hits": len(hit), "by level": by_level, "registered for": _registered_for(),
-            "l2": load("env")["L2_CACHE_SIZE"], "misses": [c for c in cmp if abs(c["ratio"] - 1) > HIT]}  # fmt: skip
+            "l2": load("env")["L2_CACHE_SIZE"], "misses": [c for c in cmp if abs(c["ratio"] - 1) > HIT],
+            "exact": sum(c["measured"] == c["predicted"] for c in cmp),
+            "worst": sorted(cmp, key=lambda c: -abs(math.log(c["ratio"])))[:3]}  # fmt: skip
 
 
 def _registered_for() -> str:
