@@ -1,0 +1,354 @@
+"""Faster FlashAttention-2 forward kernels in numba.cuda: the same I/O schedule, register-blocked on chip.
+
+Schedule (unchanged, word for word): one thread block per row block Q_i (grid (Tr, B * H)); Q_i loaded once;
+K_j, V_j loaded for j = 0, 1, ... (causal: up to the last block with c0 <= r0 + br - 1, the simulator's skip);
+O_i and L_i stored once. Every global <-> shared copy goes through a counting helper of
+:mod:`iosim.algorithms.cuda._common` (``load_tile``, ``store_tile``, ``store_vec``, and :func:`load_rows`, a copy
+of ``load_tile`` with a leading dimension), so the counters equal the simulator's flash2 forward per array
+(Q: N d, K and V: the sum over row blocks of the columns loaded, O: N d, L: N; times B * H) for the same
+(N, d, Br, Bc, causal). tests/test_cuda_fast.py checks that against a closed form written in the test.
+
+What differs from :func:`iosim.algorithms.cuda.flash.flash2_forward_kernel` is only where the fast memory's words
+live and how the arithmetic is spread over threads:
+
+* Kernels are specialised per (BR, BC, d, thread layout) (:func:`build`): every tile extent is a compile-time
+  constant, so the micro-tile loops unroll and the per-thread arrays (``cuda.local.array``) live in registers.
+* Thread layout: ``TY`` row groups of ``TX`` lanes (``TX`` a power of two dividing 32, so a row group lies in
+  one warp). Thread (ty, tx) owns rows r = ty + TY u (u < TM = BR / TY) of the tile, columns c = tx + TX v
+  (v < TN = BC / TX) of S_ij and columns k = tx + TX w (w < TD = d / TX) of O_i.
+* S_ij = Q_i K_j^T is a TM x TN register tile per thread: per step x of the d-long dot products a thread reads
+  TM words of Q_i and TN words of K_j from shared memory into registers and does TM TN FMAs (loads per FMA
+  (TM + TN) / (TM TN)). The TM words of Q_i are two distinct addresses per warp (broadcast); K_j is stored with
+  leading dimension d + 1 (one padding word per row), so the TX lanes' words K[c, x] fall in TX distinct banks.
+* Softmax row statistics: m_i, l_i and O_i (TM x TD per thread) stay in registers for the whole row block (the
+  model's O_i, l_i, m_i words, held by the threads that own the rows); row max and row sum of a tile are reduced
+  over the TX lanes of a row group with ``cuda.shfl_xor_sync`` (log2 TX steps), no shared memory and no barrier.
+* P_ij (exponentiated in registers) is written to shared memory once (the model's S_ij words), then
+  O_i += P_ij V_j is again a register tile: per step c a thread reads TM words of P (broadcast) and TD
+  consecutive words of V_j (conflict-free), TM TD FMAs.
+* At the end O_i / l_i is staged into Q_i's words and L_i = m_i + log l_i into P's, then stored with the
+  coalesced counting helpers (consecutive threads, consecutive global words).
+
+Shared memory per block (float32 words): Q_i BR d + K_j BC (d + 1) + V_j BC d + P_ij BR BC. Against the model's
+working set BR (2d + 2) + 2 BC d + BR BC (``io_model.flash_working_set``) this is BR d + 2 BR - BC words less
+(O_i, l_i, m_i sit in registers), so the launch never asks for more than M; the fast memory the kernel uses,
+shared memory plus the registers holding O_i, l_i, m_i, is the model's working set plus BC padding words.
+
+Variants (:data:`VARIANTS`; the lease measures them, the figures below are design aims):
+
+* ``rt16x16``: 256 threads, 16 x 16 lanes. Br = 128, Bc = 64, d = 64: S 8 x 4 and O 8 x 4 per thread
+  (12 shared loads per 32 FMAs in both products), ~24.1k words (96 KiB) of shared memory: 2 blocks / SM
+  (16 warps) if registers stay <= 128 (``launch_bounds`` (256, 2) asks the compiler for that).
+  d = 128, Br = Bc = 64: S 4 x 4, O 4 x 8 (16 loads per 32 / 12 per 32 FMAs), 28.7k words: 2 blocks / SM.
+* ``rt32x8``: 256 threads, 32 rows x 8 lanes: at Br = 128, Bc = 64 a 4 x 8 S tile and a 4 x TD O tile (O 4 x 8 at
+  d = 64, 4 x 16 at d = 128): fewer row statistics per thread, 3 shuffle steps instead of 4.
+* ``rt16x8``: 128 threads, 16 x 8 lanes: 8 x 8 S tiles (16 loads per 64 FMAs, half of ``rt16x16``'s
+  share of issue slots spent on shared loads), at the price of 4 warps per block (more blocks per SM needed
+  to hide latency; ``launch_bounds`` (128, 3)).
+
+Under the CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``) ``cuda.shfl_xor_sync`` does not exist in numba-cuda 0.30;
+:func:`simulator_shuffles` adds one to the simulator's fake ``cuda`` module (every thread posts its value, a block
+barrier, each reads its partner lane's, a barrier), valid because every thread of these kernels reaches each
+shuffle together.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+from iosim.algorithms.cuda._common import NEG_INF, READS, _tally, fill_shared, load_tile, span, store_tile, store_vec
+from iosim.algorithms.cuda._host import SIMULATOR, Launcher, cdiv, check_capacity, f32_scale
+from iosim.algorithms.cuda.flash import FWD2_ARRAYS
+from numba import cuda, float32
+
+from iosim.base.errors import InputError
+
+_Q, _K, _V, _O, _L = range(5)  # counter rows, in FWD2_ARRAYS's order
+FULL_MASK = 0xFFFFFFFF
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A thread layout: ``TY`` row groups of ``TX`` lanes; ``min_blocks`` is launch_bounds' blocks per SM."""
+
+    name: str
+    TY: int
+    TX: int
+    min_blocks: int
+    aim: str
+
+    @property
+    def threads(self) -> int:
+        return self.TY * self.TX
+
+
+VARIANTS = {
+    v.name: v
+    for v in (
+        Variant("rt16x16", 16, 16, 2, "256 threads, 8x4 S tiles at Br=128 Bc=64, O in registers, 2 blocks/SM"),
+        Variant("rt32x8", 32, 8, 2, "256 threads, 4x8 S tiles at Br=128 Bc=64, 3 shuffle steps per row"),
+        Variant("rt16x8", 16, 8, 3, "128 threads, 8x8 S tiles at Br=128 Bc=64: 1 shared load per 4 FMAs"),
+    )
+}
+# Thread layouts for the CUDA simulator (every thread a Python thread): same code, fewer lanes.
+SIM_VARIANTS = {v.name: v for v in (Variant("sim2x4", 2, 4, 1, "8 threads"), Variant("sim4x2", 4, 2, 1, "8 threads"))}
+
+
+def variant(name: str) -> Variant:
+    """The variant called ``name`` (real-GPU or simulator layouts); InputError naming the accepted ones."""
+    known = {**VARIANTS, **SIM_VARIANTS}
+    if name not in known:
+        raise InputError("variant", f"must be one of {', '.join(known)}", name)
+    return known[name]
+
+
+def layout(BR: int, BC: int, D: int) -> dict:
+    """Shared-memory offsets (float32 words) of Q_i (BR x D), K_j (BC x (D + 1)), V_j (BC x D), P_ij (BR x BC)."""
+    q = 0
+    k = q + BR * D
+    v = k + BC * (D + 1)
+    p = v + BC * D
+    return {"Q": q, "K": k, "V": v, "P": p, "words": p + BR * BC}
+
+
+@cuda.jit(device=True)
+def load_rows(src, bh, r0, nr, nc, sm, off, ld, cnt, aid):
+    """sm[off + r * ld + c] = src[bh, r0 + r, c] for r < nr, c < nc: ``load_tile`` with a leading dimension ld."""
+    moved = 0
+    for e in range(cuda.threadIdx.x, nr * nc, cuda.blockDim.x):
+        r = e // nc
+        c = e - r * nc
+        sm[off + r * ld + c] = src[bh, r0 + r, c]
+        moved += 1
+    _tally(cnt, aid, READS, moved)
+
+
+def _device(fn):
+    """A device helper inlined into the kernel at the NVVM level (so its local arrays become registers)."""
+    if SIMULATOR:  # the simulator's jit takes no inlining options
+        return cuda.jit(device=True)(fn)
+    return cuda.jit(device=True, forceinline=True)(fn)
+
+
+def _products(BR, BC, D, TY, TX):
+    """The two register-tiled products of one K_j, V_j step, specialised to constant extents."""
+    TM, TN, TD = cdiv(BR, TY), cdiv(BC, TX), cdiv(D, TX)
+    L = layout(BR, BC, D)
+    Q0, K0, V0, P0, LDK = L["Q"], L["K"], L["V"], L["P"], D + 1
+
+    @_device
+    def scores(sm, s, ty, tx):
+        """s[u, v] = sum_x Q_i[ty + TY u, x] K_j[tx + TX v, x] (rows and columns past the tile clamp to the last)."""
+        a = cuda.local.array(TM, float32)
+        b = cuda.local.array(TN, float32)
+        for u in range(TM):
+            for v in range(TN):
+                s[u, v] = float32(0.0)
+        for x in range(D):
+            for u in range(TM):
+                a[u] = sm[Q0 + min(ty + TY * u, BR - 1) * D + x]
+            for v in range(TN):
+                b[v] = sm[K0 + min(tx + TX * v, BC - 1) * LDK + x]
+            for u in range(TM):
+                for v in range(TN):
+                    s[u, v] += a[u] * b[v]
+
+    @_device
+    def accumulate_pv(sm, o, ty, tx, bc):
+        """o[u, w] += sum_{c < bc} P_ij[ty + TY u, c] V_j[c, tx + TX w]."""
+        a = cuda.local.array(TM, float32)
+        b = cuda.local.array(TD, float32)
+        for c in range(bc):
+            for u in range(TM):
+                a[u] = sm[P0 + min(ty + TY * u, BR - 1) * BC + c]
+            for w in range(TD):
+                b[w] = sm[V0 + c * D + min(tx + TX * w, D - 1)]
+            for u in range(TM):
+                for w in range(TD):
+                    o[u, w] += a[u] * b[w]
+
+    return scores, accumulate_pv
+
+
+def _softmax(BR, BC, D, TY, TX):
+    """Online softmax of one tile in registers: row max and sum over a row group's TX lanes by shuffles."""
+    TM, TN, TD = cdiv(BR, TY), cdiv(BC, TX), cdiv(D, TX)
+    P0 = layout(BR, BC, D)["P"]
+
+    @_device
+    def lanes_max(x):
+        off = TX // 2
+        while off > 0:
+            x = max(x, cuda.shfl_xor_sync(FULL_MASK, x, off))
+            off //= 2
+        return x
+
+    @_device
+    def lanes_sum(x):
+        off = TX // 2
+        while off > 0:
+            x += cuda.shfl_xor_sync(FULL_MASK, x, off)
+            off //= 2
+        return x
+
+    @_device
+    def update(sm, s, o, m, l, ty, tx, r0, c0, bc, scale, causal):  # noqa: E741
+        """S -> P~ = exp(scale S - m_new) (masked: 0), l = alpha l + rowsum P~, O *= alpha; P~ written to P_ij."""
+        edge = bc < TX * TN or (causal and c0 + BC - 1 > r0 + ty)
+        for u in range(TM):
+            r = r0 + ty + TY * u
+            mx = NEG_INF
+            for v in range(TN):
+                c = tx + TX * v
+                x = s[u, v] * scale
+                if edge and (c >= bc or (causal and c0 + c > r)):
+                    x = NEG_INF
+                s[u, v] = x
+                mx = max(mx, x)
+            m_new = max(m[u], lanes_max(mx))
+            m_use = m_new if m_new != NEG_INF else float32(0.0)  # a row with nothing allowed yet: P~ = 0
+            alpha = math.exp(m[u] - m_use)
+            rs = float32(0.0)
+            for v in range(TN):
+                p = math.exp(s[u, v] - m_use)
+                rs += p
+                if ty + TY * u < BR and tx + TX * v < BC:
+                    sm[P0 + (ty + TY * u) * BC + tx + TX * v] = p
+            l[u] = alpha * l[u] + lanes_sum(rs)
+            m[u] = m_new
+            for w in range(TD):
+                o[u, w] *= alpha
+
+    return update
+
+
+def _finish(BR, BC, D, TY, TX):
+    TM, TD = cdiv(BR, TY), cdiv(D, TX)
+    L = layout(BR, BC, D)
+    Q0, P0 = L["Q"], L["P"]
+
+    @_device
+    def finish(sm, o, m, l, ty, tx, br):  # noqa: E741
+        """O_i = O_i / l_i into Q_i's words (BR x D, row-major), L_i = m_i + log l_i into P's (l = 0: O 0, L -inf)."""
+        for u in range(TM):
+            r = ty + TY * u
+            if r < br:
+                inv = float32(1.0) / l[u] if l[u] > 0 else float32(0.0)
+                for w in range(TD):
+                    k = tx + TX * w
+                    if k < D:
+                        sm[Q0 + r * D + k] = o[u, w] * inv
+                if tx == 0:
+                    sm[P0 + r] = m[u] + math.log(l[u]) if l[u] > 0 else NEG_INF
+
+    return finish
+
+
+@functools.cache
+def build(BR: int, BC: int, D: int, TY: int, TX: int, min_blocks: int = 1):
+    """(kernel, shared words) of the forward specialised to row block BR, column block BC, head dim D, TY x TX."""
+    TM, TN, TD = cdiv(BR, TY), cdiv(BC, TX), cdiv(D, TX)
+    lay = layout(BR, BC, D)
+    Q0, K0, V0, P0, LDK = lay["Q"], lay["K"], lay["V"], lay["P"], D + 1
+    scores, accumulate_pv = _products(BR, BC, D, TY, TX)
+    update = _softmax(BR, BC, D, TY, TX)
+    finish = _finish(BR, BC, D, TY, TX)
+
+    def kernel(Q, K, V, O, L, scale, causal, cnt):  # noqa: E741
+        """FlashAttention-2 forward for row block blockIdx.x of (b, h) = blockIdx.y (module docstring)."""
+        sm = cuda.shared.array(0, dtype=float32)
+        tid = cuda.threadIdx.x
+        ty = tid // TX
+        tx = tid - ty * TX
+        bh = cuda.blockIdx.y
+        N = Q.shape[1]
+        r0, br = span(cuda.blockIdx.x, BR, N)
+        load_tile(Q, bh, r0, br, 0, D, sm, Q0, cnt, _Q)
+        if br < BR:  # rows past a ragged last block: zeros (on chip, no I/O), never stored
+            fill_shared(sm, Q0 + br * D, (BR - br) * D, float32(0.0))
+        s = cuda.local.array((TM, TN), float32)
+        o = cuda.local.array((TM, TD), float32)
+        m = cuda.local.array(TM, float32)
+        l = cuda.local.array(TM, float32)  # noqa: E741
+        for u in range(TM):
+            m[u] = NEG_INF
+            l[u] = float32(0.0)
+            for w in range(TD):
+                o[u, w] = float32(0.0)
+        for j in range((N + BC - 1) // BC):
+            c0, bc = span(j, BC, N)
+            if causal and c0 > r0 + br - 1:  # this and every later block lie above the diagonal: never loaded
+                break
+            cuda.syncthreads()  # the previous step is done with K_j, V_j, P_ij
+            load_rows(K, bh, c0, bc, D, sm, K0, LDK, cnt, _K)
+            load_rows(V, bh, c0, bc, D, sm, V0, D, cnt, _V)
+            if bc < BC:  # K rows past a ragged last block: zeros (their scores are masked anyway)
+                fill_shared(sm, K0 + bc * LDK, (BC - bc) * LDK, float32(0.0))
+            cuda.syncthreads()
+            scores(sm, s, ty, tx)
+            update(sm, s, o, m, l, ty, tx, r0, c0, bc, scale, causal)
+            cuda.syncthreads()
+            accumulate_pv(sm, o, ty, tx, bc)
+        cuda.syncthreads()
+        finish(sm, o, m, l, ty, tx, br)
+        cuda.syncthreads()
+        store_tile(sm, Q0, O, bh, r0, br, 0, D, cnt, _O)
+        store_vec(sm, P0, L, bh, r0, br, cnt, _L)
+
+    if SIMULATOR:
+        return cuda.jit(kernel), lay["words"]
+    return cuda.jit(launch_bounds=(TY * TX, min_blocks))(kernel), lay["words"]
+
+
+def simulator_shuffles() -> None:
+    """Give the CUDA simulator's fake ``cuda`` module a ``shfl_xor_sync`` (idempotent; simulator only).
+
+    Each thread posts its value on a board kept by its block's manager, waits at a block barrier, reads the value
+    of lane ``lane ^ lane_mask`` of its own warp, and waits again (so no thread overwrites a value still unread).
+    Correct only when every thread of the block calls it together, as the kernels here do."""
+    from numba.cuda.simulator import kernelapi
+
+    if hasattr(kernelapi.FakeCUDAModule, "shfl_xor_sync"):
+        return
+
+    def shfl_xor_sync(self, mask, value, lane_mask):
+        t = threading.current_thread()
+        board = t._manager.__dict__.setdefault("_iosim_shfl", {})
+        board[t.thread_id] = value
+        t.syncthreads()
+        got = board[(t.thread_id & ~31) | ((t.thread_id & 31) ^ lane_mask)]
+        t.syncthreads()
+        return got
+
+    kernelapi.FakeCUDAModule.shfl_xor_sync = shfl_xor_sync
+
+
+def flash2_forward_fast(
+    Q, K, V, *, variant_name: str, Br: int, Bc: int, scale=None, causal=False, M=None, count=False, poison=True,
+    out=None,
+):  # fmt: skip
+    """FlashAttention-2 forward with a register-tiled variant. Returns a KernelRun with outputs O and L.
+
+    ``Br``, ``Bc``: the schedule's tiles (the simulator's, for the same M); ``M`` (optional): the launch is refused
+    (CapacityError) if the kernel's shared words exceed it."""
+    v = variant(variant_name)
+    if SIMULATOR:
+        from iosim.gpu import simulator
+
+        simulator.install()
+        simulator_shuffles()
+    job = Launcher(FWD2_ARRAYS, count, v.threads, poison, out, Q=Q, K=K, V=V)
+    N, d, BH, a = job.batch.N, job.batch.d, job.batch.BH, job.arrays
+    for name, x in (("Br", Br), ("Bc", Bc)):
+        if not isinstance(x, (int, np.integer)) or x < 1:
+            raise InputError(name, "must be a positive integer", x)
+    kernel, words = build(min(Br, N), min(Bc, N), d, v.TY, v.TX, v.min_blocks)
+    check_capacity(words, M, f"{v.name} shared memory (Q_i, K_j padded, V_j, P_ij)")
+    O, L = job.output("O", (N, d)), job.output("L", (N,))
+    args = (a["Q"], a["K"], a["V"], O, L, f32_scale(scale, d), bool(causal), job.cnt)
+    job.launch(kernel, (cdiv(N, Br), BH), words, *args)
+    return job.run({"Br": Br, "Bc": Bc, "variant": v.name})
