@@ -60,15 +60,21 @@ import threading
 from dataclasses import dataclass
 
 import numpy as np
-from iosim.algorithms.cuda._common import NEG_INF, READS, _tally, fill_shared, load_tile, span, store_tile, store_vec
+from iosim.algorithms.cuda._common import NEG_INF, READS, _tally, load_tile, span, store_tile, store_vec
 from iosim.algorithms.cuda._host import SIMULATOR, Launcher, cdiv, check_capacity, f32_scale
 from iosim.algorithms.cuda.flash import FWD2_ARRAYS
-from numba import cuda, float32
+from numba import cuda, float32, uint64
 
 from iosim.base.errors import InputError
 
 _Q, _K, _V, _O, _L = range(5)  # counter rows, in FWD2_ARRAYS's order
 FULL_MASK = 0xFFFFFFFF
+if SIMULATOR:  # libdevice's functions are stubs on the simulator
+    _exp = math.exp
+else:  # __nv_fast_expf: ex2.approx of x log2(e), about 2 ulp (CUDA Math API, "Intrinsic functions")
+    from numba.cuda import libdevice
+
+    _exp = libdevice.fast_expf
 
 
 @dataclass(frozen=True)
@@ -107,22 +113,26 @@ def variant(name: str) -> Variant:
 
 
 def layout(BR: int, BC: int, D: int) -> dict:
-    """Shared-memory offsets (float32 words) of Q_i (BR x D), K_j (BC x (D + 1)), V_j (BC x D), P_ij (BR x BC)."""
+    """Shared-memory offsets (float32 words): Q_i^T (D x BR), K_j^T (D x (BC + 1)), V_j (BC x D), P_ij^T
+    (BC x (BR + 1)), and the total. Q_i and K_j are stored transposed so that one thread's TM rows (TN columns) at
+    step x are one address plus compile-time offsets; K_j^T and P_ij^T carry one padding word per row so that
+    the transposing stores fall in distinct banks (Q_i^T, written once per row block, has none)."""
     q = 0
-    k = q + BR * D
-    v = k + BC * (D + 1)
+    k = q + D * BR
+    v = k + D * (BC + 1)
     p = v + BC * D
-    return {"Q": q, "K": k, "V": v, "P": p, "words": p + BR * BC}
+    return {"Q": q, "K": k, "V": v, "P": p, "LDK": BC + 1, "LDP": BR + 1, "words": p + BC * (BR + 1)}
 
 
 @cuda.jit(device=True)
-def load_rows(src, bh, r0, nr, nc, sm, off, ld, cnt, aid):
-    """sm[off + r * ld + c] = src[bh, r0 + r, c] for r < nr, c < nc: ``load_tile`` with a leading dimension ld."""
+def load_rows_t(src, bh, r0, nr, nc, sm, off, ld, cnt, aid):
+    """sm[off + c * ld + r] = src[bh, r0 + r, c] for r < nr, c < nc: a tile stored transposed with leading
+    dimension ld. The global reads are ``load_tile``'s (row-major, consecutive threads on consecutive words)."""
     moved = 0
     for e in range(cuda.threadIdx.x, nr * nc, cuda.blockDim.x):
         r = e // nc
         c = e - r * nc
-        sm[off + r * ld + c] = src[bh, r0 + r, c]
+        sm[off + c * ld + r] = src[bh, r0 + r, c]
         moved += 1
     _tally(cnt, aid, READS, moved)
 
@@ -134,42 +144,71 @@ def _device(fn):
     return cuda.jit(device=True, forceinline=True)(fn)
 
 
+def _unroll(n: int) -> int:
+    """The steps of a reduction loop written out per iteration: 4, 2 or 1, whichever divides n."""
+    return 4 if n % 4 == 0 else 2 if n % 2 == 0 else 1
+
+
 def _products(BR, BC, D, TY, TX):
-    """The two register-tiled products of one K_j, V_j step, specialised to constant extents."""
+    """The two register-tiled products of one K_j, V_j step, specialised to constant extents.
+
+    Thread (ty, tx)'s operands at step x are sm[base + x * ld + TY u] (rows) and sm[base' + x * ld' + TX v]
+    (columns): after unrolling, one address per step plus immediate offsets. Indices are unsigned (uint64): numba
+    wraps a negative signed index around, which costs integer instructions per load and hides the offsets.
+    Rows (columns) past the tile, when TY (TX) does not divide it, read another row's words; their sums are
+    dropped (never written to P or O)."""
     TM, TN, TD = cdiv(BR, TY), cdiv(BC, TX), cdiv(D, TX)
-    L = layout(BR, BC, D)
-    Q0, K0, V0, P0, LDK = L["Q"], L["K"], L["V"], L["P"], D + 1
+    lay = layout(BR, BC, D)
+    Q0, K0, V0, P0, LDK, LDP = lay["Q"], lay["K"], lay["V"], lay["P"], lay["LDK"], lay["LDP"]
+    UX = _unroll(D)
+    UC = 4
 
     @_device
     def scores(sm, s, ty, tx):
-        """s[u, v] = sum_x Q_i[ty + TY u, x] K_j[tx + TX v, x] (rows and columns past the tile clamp to the last)."""
+        """s[u, v] = sum_x Q_i[ty + TY u, x] K_j[tx + TX v, x]."""
         a = cuda.local.array(TM, float32)
         b = cuda.local.array(TN, float32)
         for u in range(TM):
             for v in range(TN):
                 s[u, v] = float32(0.0)
-        for x in range(D):
-            for u in range(TM):
-                a[u] = sm[Q0 + min(ty + TY * u, BR - 1) * D + x]
-            for v in range(TN):
-                b[v] = sm[K0 + min(tx + TX * v, BC - 1) * LDK + x]
-            for u in range(TM):
+        qb = uint64(Q0 + ty)
+        kb = uint64(K0 + tx)
+        for x0 in range(D // UX):
+            qx = qb + uint64(x0 * (UX * BR))
+            kx = kb + uint64(x0 * (UX * LDK))
+            for k in range(UX):
+                for u in range(TM):
+                    a[u] = sm[qx + uint64(k * BR + TY * u)]
                 for v in range(TN):
-                    s[u, v] += a[u] * b[v]
+                    b[v] = sm[kx + uint64(k * LDK + TX * v)]
+                for u in range(TM):
+                    for v in range(TN):
+                        s[u, v] += a[u] * b[v]
+
+    @_device
+    def pv_steps(sm, o, a, b, pc, vc, steps):
+        """``steps`` (a constant) steps c of O += P V from P^T address pc and V address vc."""
+        for k in range(steps):
+            for u in range(TM):
+                a[u] = sm[pc + uint64(k * LDP + TY * u)]
+            for w in range(TD):
+                b[w] = sm[vc + uint64(k * D + TX * w)]
+            for u in range(TM):
+                for w in range(TD):
+                    o[u, w] += a[u] * b[w]
 
     @_device
     def accumulate_pv(sm, o, ty, tx, bc):
         """o[u, w] += sum_{c < bc} P_ij[ty + TY u, c] V_j[c, tx + TX w]."""
         a = cuda.local.array(TM, float32)
         b = cuda.local.array(TD, float32)
-        for c in range(bc):
-            for u in range(TM):
-                a[u] = sm[P0 + min(ty + TY * u, BR - 1) * BC + c]
-            for w in range(TD):
-                b[w] = sm[V0 + c * D + min(tx + TX * w, D - 1)]
-            for u in range(TM):
-                for w in range(TD):
-                    o[u, w] += a[u] * b[w]
+        pb = uint64(P0 + ty)
+        vb = uint64(V0 + tx)
+        full = bc // UC
+        for c0 in range(full):
+            pv_steps(sm, o, a, b, pb + uint64(c0 * (UC * LDP)), vb + uint64(c0 * (UC * D)), UC)
+        for c in range(full * UC, bc):
+            pv_steps(sm, o, a, b, pb + uint64(c * LDP), vb + uint64(c * D), 1)
 
     return scores, accumulate_pv
 
@@ -177,7 +216,7 @@ def _products(BR, BC, D, TY, TX):
 def _softmax(BR, BC, D, TY, TX):
     """Online softmax of one tile in registers: row max and sum over a row group's TX lanes by shuffles."""
     TM, TN, TD = cdiv(BR, TY), cdiv(BC, TX), cdiv(D, TX)
-    P0 = layout(BR, BC, D)["P"]
+    P0, LDP = layout(BR, BC, D)["P"], BR + 1
 
     @_device
     def lanes_max(x):
@@ -211,13 +250,13 @@ def _softmax(BR, BC, D, TY, TX):
                 mx = max(mx, x)
             m_new = max(m[u], lanes_max(mx))
             m_use = m_new if m_new != NEG_INF else float32(0.0)  # a row with nothing allowed yet: P~ = 0
-            alpha = math.exp(m[u] - m_use)
+            alpha = _exp(m[u] - m_use)
             rs = float32(0.0)
             for v in range(TN):
-                p = math.exp(s[u, v] - m_use)
+                p = _exp(s[u, v] - m_use)
                 rs += p
                 if ty + TY * u < BR and tx + TX * v < BC:
-                    sm[P0 + (ty + TY * u) * BC + tx + TX * v] = p
+                    sm[uint64(P0 + (tx + TX * v) * LDP + ty + TY * u)] = p
             l[u] = alpha * l[u] + lanes_sum(rs)
             m[u] = m_new
             for w in range(TD):
@@ -253,7 +292,7 @@ def build(BR: int, BC: int, D: int, TY: int, TX: int, min_blocks: int = 1):
     """(kernel, shared words) of the forward specialised to row block BR, column block BC, head dim D, TY x TX."""
     TM, TN, TD = cdiv(BR, TY), cdiv(BC, TX), cdiv(D, TX)
     lay = layout(BR, BC, D)
-    Q0, K0, V0, P0, LDK = lay["Q"], lay["K"], lay["V"], lay["P"], D + 1
+    Q0, K0, V0, P0, LDK = lay["Q"], lay["K"], lay["V"], lay["P"], lay["LDK"]
     scores, accumulate_pv = _products(BR, BC, D, TY, TX)
     update = _softmax(BR, BC, D, TY, TX)
     finish = _finish(BR, BC, D, TY, TX)
@@ -267,9 +306,10 @@ def build(BR: int, BC: int, D: int, TY: int, TX: int, min_blocks: int = 1):
         bh = cuda.blockIdx.y
         N = Q.shape[1]
         r0, br = span(cuda.blockIdx.x, BR, N)
-        load_tile(Q, bh, r0, br, 0, D, sm, Q0, cnt, _Q)
-        if br < BR:  # rows past a ragged last block: zeros (on chip, no I/O), never stored
-            fill_shared(sm, Q0 + br * D, (BR - br) * D, float32(0.0))
+        load_rows_t(Q, bh, r0, br, D, sm, Q0, BR, cnt, _Q)
+        for e in range(tid, (BR - br) * D, TY * TX):  # rows past a ragged last block: zeros (no I/O), never stored
+            x = e // (BR - br)
+            sm[Q0 + x * BR + br + e - x * (BR - br)] = float32(0.0)
         s = cuda.local.array((TM, TN), float32)
         o = cuda.local.array((TM, TD), float32)
         m = cuda.local.array(TM, float32)
@@ -284,10 +324,8 @@ def build(BR: int, BC: int, D: int, TY: int, TX: int, min_blocks: int = 1):
             if causal and c0 > r0 + br - 1:  # this and every later block lie above the diagonal: never loaded
                 break
             cuda.syncthreads()  # the previous step is done with K_j, V_j, P_ij
-            load_rows(K, bh, c0, bc, D, sm, K0, LDK, cnt, _K)
-            load_rows(V, bh, c0, bc, D, sm, V0, D, cnt, _V)
-            if bc < BC:  # K rows past a ragged last block: zeros (their scores are masked anyway)
-                fill_shared(sm, K0 + bc * LDK, (BC - bc) * LDK, float32(0.0))
+            load_rows_t(K, bh, c0, bc, D, sm, K0, LDK, cnt, _K)  # columns past bc: scores masked below
+            load_tile(V, bh, c0, bc, 0, D, sm, V0, cnt, _V)
             cuda.syncthreads()
             scores(sm, s, ty, tx)
             update(sm, s, o, m, l, ty, tx, r0, c0, bc, scale, causal)
