@@ -60,7 +60,7 @@ import threading
 from dataclasses import dataclass
 
 import numpy as np
-from iosim.algorithms.cuda._common import NEG_INF, READS, _tally, load_tile, span, store_tile, store_vec
+from iosim.algorithms.cuda._common import NEG_INF, READS, _tally, span, store_tile, store_vec
 from iosim.algorithms.cuda._host import SIMULATOR, Launcher, cdiv, check_capacity, f32_scale
 from iosim.algorithms.cuda.flash import FWD2_ARRAYS
 from numba import cuda, float32, uint64
@@ -124,24 +124,38 @@ def layout(BR: int, BC: int, D: int) -> dict:
     return {"Q": q, "K": k, "V": v, "P": p, "LDK": BC + 1, "LDP": BR + 1, "words": p + BC * (BR + 1)}
 
 
-@cuda.jit(device=True)
-def load_rows_t(src, bh, r0, nr, nc, sm, off, ld, cnt, aid):
-    """sm[off + c * ld + r] = src[bh, r0 + r, c] for r < nr, c < nc: a tile stored transposed with leading
-    dimension ld. The global reads are ``load_tile``'s (row-major, consecutive threads on consecutive words)."""
-    moved = 0
-    for e in range(cuda.threadIdx.x, nr * nc, cuda.blockDim.x):
-        r = e // nc
-        c = e - r * nc
-        sm[off + c * ld + r] = src[bh, r0 + r, c]
-        moved += 1
-    _tally(cnt, aid, READS, moved)
-
-
 def _device(fn):
     """A device helper inlined into the kernel at the NVVM level (so its local arrays become registers)."""
     if SIMULATOR:  # the simulator's jit takes no inlining options
         return cuda.jit(device=True)(fn)
     return cuda.jit(device=True, forceinline=True)(fn)
+
+
+def _loader(ROWS, D, NT, off, ld, transposed):
+    """A counted copy of rows r0 .. r0 + nr - 1 (nr <= ROWS) of a (.., N, D) array into shared memory at ``off``
+    (the rows of one (b, h) are contiguous: the kernel takes Q, K, V flat, so a tile is one run of nr D words):
+    row-major with leading dimension D, or transposed (sm[off + c * ld + r]). ``load_tile`` of
+    :mod:`iosim.algorithms.cuda._common` with every extent a constant: each thread copies the elements
+    e = tid + NT k (k < ceil(ROWS D / NT), unrolled, so its global loads are all in flight together), consecutive
+    threads on consecutive global words; the tally is the elements copied (``_tally``), nr D in all."""
+    PER = cdiv(ROWS * D, NT)
+
+    @_device
+    def load(src, base, nr, sm, cnt, aid):
+        """src is the flat (B H N D) array; the tile starts at word ``base`` = (bh N + r0) D (unsigned)."""
+        tid = uint64(cuda.threadIdx.x)
+        lim = uint64(nr * D)
+        moved = 0
+        for k in range(PER):
+            e = tid + uint64(NT * k)
+            if e < lim:
+                r = e // uint64(D)
+                at = uint64(off) + (e - r * uint64(D)) * uint64(ld) + r if transposed else uint64(off) + e
+                sm[at] = src[base + e]
+                moved += 1
+        _tally(cnt, aid, READS, moved)
+
+    return load
 
 
 def _unroll(n: int) -> int:
@@ -161,11 +175,22 @@ def _products(BR, BC, D, TY, TX):
     lay = layout(BR, BC, D)
     Q0, K0, V0, P0, LDK, LDP = lay["Q"], lay["K"], lay["V"], lay["P"], lay["LDK"], lay["LDP"]
     UX = _unroll(D)
-    UC = 4
+
+    @_device
+    def s_step(sm, s, a, b, qx, kx):
+        """One step x of S: a[u] = Q_i^T[x, ty + TY u], b[v] = K_j^T[x, tx + TX v], s += a b^T."""
+        for u in range(TM):
+            a[u] = sm[qx + uint64(TY * u)]
+        for v in range(TN):
+            b[v] = sm[kx + uint64(TX * v)]
+        for u in range(TM):
+            for v in range(TN):
+                s[u, v] += a[u] * b[v]
 
     @_device
     def scores(sm, s, ty, tx):
-        """s[u, v] = sum_x Q_i[ty + TY u, x] K_j[tx + TX v, x]."""
+        """s[u, v] = sum_x Q_i[ty + TY u, x] K_j[tx + TX v, x], UX steps written out per iteration (LLVM does not
+        unroll a body this large by itself, and an unrolled body needs no address arithmetic but immediates)."""
         a = cuda.local.array(TM, float32)
         b = cuda.local.array(TN, float32)
         for u in range(TM):
@@ -176,39 +201,41 @@ def _products(BR, BC, D, TY, TX):
         for x0 in range(D // UX):
             qx = qb + uint64(x0 * (UX * BR))
             kx = kb + uint64(x0 * (UX * LDK))
-            for k in range(UX):
-                for u in range(TM):
-                    a[u] = sm[qx + uint64(k * BR + TY * u)]
-                for v in range(TN):
-                    b[v] = sm[kx + uint64(k * LDK + TX * v)]
-                for u in range(TM):
-                    for v in range(TN):
-                        s[u, v] += a[u] * b[v]
+            s_step(sm, s, a, b, qx, kx)
+            if UX > 1:
+                s_step(sm, s, a, b, qx + uint64(BR), kx + uint64(LDK))
+            if UX > 2:
+                s_step(sm, s, a, b, qx + uint64(2 * BR), kx + uint64(2 * LDK))
+                s_step(sm, s, a, b, qx + uint64(3 * BR), kx + uint64(3 * LDK))
 
     @_device
-    def pv_steps(sm, o, a, b, pc, vc, steps):
-        """``steps`` (a constant) steps c of O += P V from P^T address pc and V address vc."""
-        for k in range(steps):
-            for u in range(TM):
-                a[u] = sm[pc + uint64(k * LDP + TY * u)]
+    def pv_step(sm, o, a, b, pc, vc):
+        """One step c of O += P V: a[u] = P_ij^T[c, ty + TY u], b[w] = V_j[c, tx + TX w], o += a b^T."""
+        for u in range(TM):
+            a[u] = sm[pc + uint64(TY * u)]
+        for w in range(TD):
+            b[w] = sm[vc + uint64(TX * w)]
+        for u in range(TM):
             for w in range(TD):
-                b[w] = sm[vc + uint64(k * D + TX * w)]
-            for u in range(TM):
-                for w in range(TD):
-                    o[u, w] += a[u] * b[w]
+                o[u, w] += a[u] * b[w]
 
     @_device
     def accumulate_pv(sm, o, ty, tx, bc):
-        """o[u, w] += sum_{c < bc} P_ij[ty + TY u, c] V_j[c, tx + TX w]."""
+        """o[u, w] += sum_{c < bc} P_ij[ty + TY u, c] V_j[c, tx + TX w], four steps written out per iteration."""
         a = cuda.local.array(TM, float32)
         b = cuda.local.array(TD, float32)
         pb = uint64(P0 + ty)
         vb = uint64(V0 + tx)
-        full = bc // UC
+        full = bc // 4
         for c0 in range(full):
-            pv_steps(sm, o, a, b, pb + uint64(c0 * (UC * LDP)), vb + uint64(c0 * (UC * D)), UC)
-        for c in range(full * UC, bc):
-            pv_steps(sm, o, a, b, pb + uint64(c * LDP), vb + uint64(c * D), 1)
+            pc = pb + uint64(c0 * (4 * LDP))
+            vc = vb + uint64(c0 * (4 * D))
+            pv_step(sm, o, a, b, pc, vc)
+            pv_step(sm, o, a, b, pc + uint64(LDP), vc + uint64(D))
+            pv_step(sm, o, a, b, pc + uint64(2 * LDP), vc + uint64(2 * D))
+            pv_step(sm, o, a, b, pc + uint64(3 * LDP), vc + uint64(3 * D))
+        for c in range(full * 4, bc):
+            pv_step(sm, o, a, b, pb + uint64(c * LDP), vb + uint64(c * D))
 
     return scores, accumulate_pv
 
@@ -296,6 +323,9 @@ def build(BR: int, BC: int, D: int, TY: int, TX: int, min_blocks: int = 1):
     scores, accumulate_pv = _products(BR, BC, D, TY, TX)
     update = _softmax(BR, BC, D, TY, TX)
     finish = _finish(BR, BC, D, TY, TX)
+    load_q = _loader(BR, D, TY * TX, Q0, BR, True)
+    load_k = _loader(BC, D, TY * TX, K0, LDK, True)
+    load_v = _loader(BC, D, TY * TX, V0, D, False)
 
     def kernel(Q, K, V, O, L, scale, causal, cnt):  # noqa: E741
         """FlashAttention-2 forward for row block blockIdx.x of (b, h) = blockIdx.y (module docstring)."""
@@ -304,9 +334,9 @@ def build(BR: int, BC: int, D: int, TY: int, TX: int, min_blocks: int = 1):
         ty = tid // TX
         tx = tid - ty * TX
         bh = cuda.blockIdx.y
-        N = Q.shape[1]
+        N = O.shape[1]
         r0, br = span(cuda.blockIdx.x, BR, N)
-        load_rows_t(Q, bh, r0, br, D, sm, Q0, BR, cnt, _Q)
+        load_q(Q, uint64((bh * N + r0) * D), br, sm, cnt, _Q)
         for e in range(tid, (BR - br) * D, TY * TX):  # rows past a ragged last block: zeros (no I/O), never stored
             x = e // (BR - br)
             sm[Q0 + x * BR + br + e - x * (BR - br)] = float32(0.0)
@@ -324,8 +354,8 @@ def build(BR: int, BC: int, D: int, TY: int, TX: int, min_blocks: int = 1):
             if causal and c0 > r0 + br - 1:  # this and every later block lie above the diagonal: never loaded
                 break
             cuda.syncthreads()  # the previous step is done with K_j, V_j, P_ij
-            load_rows_t(K, bh, c0, bc, D, sm, K0, LDK, cnt, _K)  # columns past bc: scores masked below
-            load_tile(V, bh, c0, bc, 0, D, sm, V0, cnt, _V)
+            load_k(K, uint64((bh * N + c0) * D), bc, sm, cnt, _K)  # K_j^T; columns past bc: scores masked
+            load_v(V, uint64((bh * N + c0) * D), bc, sm, cnt, _V)
             cuda.syncthreads()
             scores(sm, s, ty, tx)
             update(sm, s, o, m, l, ty, tx, r0, c0, bc, scale, causal)
@@ -387,6 +417,7 @@ def flash2_forward_fast(
     kernel, words = build(min(Br, N), min(Bc, N), d, v.TY, v.TX, v.min_blocks)
     check_capacity(words, M, f"{v.name} shared memory (Q_i, K_j padded, V_j, P_ij)")
     O, L = job.output("O", (N, d)), job.output("L", (N,))
-    args = (a["Q"], a["K"], a["V"], O, L, f32_scale(scale, d), bool(causal), job.cnt)
+    flat = [a[n].reshape(BH * N * d) for n in ("Q", "K", "V")]  # the kernel reads Q, K, V flat (C-contiguous)
+    args = (*flat, O, L, f32_scale(scale, d), bool(causal), job.cnt)
     job.launch(kernel, (cdiv(N, Br), BH), words, *args)
     return job.run({"Br": Br, "Bc": Bc, "variant": v.name})

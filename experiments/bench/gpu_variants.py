@@ -45,8 +45,10 @@ def working_set(d: int, Br: int, Bc: int) -> int:
 
 def _signature():
     from iosim.algorithms.cuda import ptx
+    from numba import types
 
-    return (ptx.F3, ptx.F3, ptx.F3, ptx.F3, ptx.F2, ptx.F, ptx.B, ptx.I2)
+    F1 = types.Array(types.float32, 1, "C")
+    return (F1, F1, F1, ptx.F3, ptx.F2, ptx.F, ptx.B, ptx.I2)
 
 
 def resource_rows(plan=PLAN, cc=CC) -> list[dict]:
