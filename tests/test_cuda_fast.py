@@ -63,7 +63,7 @@ def _check_outputs(r, Q, K, V, causal):
         assert np.max(np.abs(r.outputs["L"][0, h] - L_ref)) < TOL
 
 
-CASES = [("sim2x4", 37, 8, 8, 8), ("sim4x2", 37, 16, 16, 8), ("sim2x4", 5, 7, 8, 4)]
+CASES = [("sim2x4", 37, 8, 8, 8), ("sim4x2", 37, 16, 16, 8), ("sim2x4v", 37, 16, 16, 8), ("sim2x4", 5, 7, 8, 4)]
 
 
 @pytest.mark.skipif(not SIMULATED, reason="simulator thread layouts")
@@ -98,12 +98,16 @@ def test_fast_forward_counts_equal_the_simulator_at_its_tiling(causal):
 
 
 def test_layout_is_within_the_model_working_set():
-    """Shared words: Q^T d Br, K^T d (Bc + 1), V Bc d, P^T Bc (Br + 1); never above 2d(Br + Bc) + 2Br + Br Bc."""
+    """Shared words: Q^T d Br, K^T d (Bc + pad), V Bc d, P^T Bc (Br + pad) (pad 1 strided, 4 contiguous), plus
+    TY ceil(Br / TY) - Br slack words; never above the model's working set 2d(Br + Bc) + 2Br + Br Bc."""
     ff = _ff()
-    for Br, Bc, d in ((128, 64, 64), (64, 64, 128), (128, 64, 128), (8, 8, 8), (16, 8, 16)):
-        words = ff.layout(Br, Bc, d)["words"]
-        assert words == d * Br + d * (Bc + 1) + Bc * d + Bc * (Br + 1)
-        assert words <= 2 * d * (Br + Bc) + 2 * Br + Br * Bc
+    for Br, Bc, d in ((128, 64, 64), (64, 64, 128), (128, 64, 128), (8, 8, 8), (16, 8, 16), (37, 37, 16)):
+        for v in (*ff.VARIANTS.values(), *ff.SIM_VARIANTS.values()):
+            pad = 4 if v.contiguous else 1
+            slack = v.TY * -(-Br // v.TY) - Br
+            words = ff.kernel_words(v, Br, Bc, d)
+            assert words == d * Br + d * (Bc + pad) + Bc * d + Bc * (Br + pad) + slack
+            assert words <= 2 * d * (Br + Bc) + 2 * Br + Br * Bc
 
 
 def test_bad_variant_and_tiles_are_input_errors():

@@ -69,6 +69,7 @@ from iosim.base.errors import InputError
 
 _Q, _K, _V, _O, _L = range(5)  # counter rows, in FWD2_ARRAYS's order
 FULL_MASK = 0xFFFFFFFF
+SMEM_ALIGN = None if SIMULATOR else 16  # bytes; the simulator takes no alignment (vector loads need 16)
 if SIMULATOR:  # libdevice's functions are stubs on the simulator
     _exp = math.exp
 else:  # __nv_fast_expf: ex2.approx of x log2(e), about 2 ulp (CUDA Math API, "Intrinsic functions")
@@ -86,6 +87,7 @@ class Variant:
     TX: int
     min_blocks: int
     aim: str
+    contiguous: bool = False  # ownership(): consecutive rows / columns per thread (vector loads) or strided
 
     @property
     def threads(self) -> int:
@@ -97,11 +99,18 @@ VARIANTS = {
     for v in (
         Variant("rt16x16", 16, 16, 2, "256 threads, 8x4 S tiles at Br=128 Bc=64, O in registers, 2 blocks/SM"),
         Variant("rt32x8", 32, 8, 2, "256 threads, 4x8 S tiles at Br=128 Bc=64, 3 shuffle steps per row"),
-        Variant("rt16x8", 16, 8, 3, "128 threads, 8x8 S tiles at Br=128 Bc=64: 1 shared load per 4 FMAs"),
+        Variant("rt16x16v", 16, 16, 2, "rt16x16 with contiguous rows/columns per thread: 128-bit shared loads", True),
     )
 }
 # Thread layouts for the CUDA simulator (every thread a Python thread): same code, fewer lanes.
-SIM_VARIANTS = {v.name: v for v in (Variant("sim2x4", 2, 4, 1, "8 threads"), Variant("sim4x2", 4, 2, 1, "8 threads"))}
+SIM_VARIANTS = {
+    v.name: v
+    for v in (
+        Variant("sim2x4", 2, 4, 1, "8 threads"),
+        Variant("sim4x2", 4, 2, 1, "8 threads"),
+        Variant("sim2x4v", 2, 4, 1, "8 threads, contiguous", True),
+    )
+}
 
 
 def variant(name: str) -> Variant:
@@ -112,16 +121,36 @@ def variant(name: str) -> Variant:
     return known[name]
 
 
-def layout(BR: int, BC: int, D: int) -> dict:
-    """Shared-memory offsets (float32 words): Q_i^T (D x BR), K_j^T (D x (BC + 1)), V_j (BC x D), P_ij^T
-    (BC x (BR + 1)), and the total. Q_i and K_j are stored transposed so that one thread's TM rows (TN columns) at
-    step x are one address plus compile-time offsets; K_j^T and P_ij^T carry one padding word per row so that
-    the transposing stores fall in distinct banks (Q_i^T, written once per row block, has none)."""
+def layout(BR: int, BC: int, D: int, pad: int = 1, slack: int = 0) -> dict:
+    """Shared-memory offsets (float32 words): Q_i^T (D x BR), K_j^T (D x (BC + pad)), V_j (BC x D), P_ij^T
+    (BC x (BR + pad)), ``slack`` words after it, and the total. Q_i and K_j are stored transposed so that one
+    thread's TM rows (TN columns) at step x are one address plus compile-time offsets. ``pad`` words per row of
+    K_j^T and P_ij^T: 1 spreads the transposing stores over the banks (strided ownership); 4 keeps every row
+    16-byte aligned for vector loads (contiguous ownership). Q_i^T, written once per row block, has none.
+    ``slack``: the words a thread's clamped-free row reads may run past P_ij^T when TY does not divide BR."""
     q = 0
     k = q + D * BR
-    v = k + D * (BC + 1)
+    v = k + D * (BC + pad)
     p = v + BC * D
-    return {"Q": q, "K": k, "V": v, "P": p, "LDK": BC + 1, "LDP": BR + 1, "words": p + BC * (BR + 1)}
+    words = p + BC * (BR + pad) + slack
+    return {"Q": q, "K": k, "V": v, "P": p, "LDK": BC + pad, "LDP": BR + pad, "words": words}
+
+
+def ownership(BR: int, BC: int, D: int, TY: int, TX: int, contiguous: bool) -> dict:
+    """Which rows and columns thread (ty, tx) owns: row u = ty RB + RS u (u < TM), S column v = tx CB + CS v
+    (v < TN), O column w = tx OB + OS w (w < TD). Strided: RB = 1, RS = TY (and CB = 1, CS = TX; OB = 1, OS = TX);
+    contiguous: RB = TM, RS = 1 (CB = TN, CS = 1; OB = TD, OS = 1), so a thread's operands at a step are
+    consecutive words (vector loads when the compiler can prove 16-byte alignment)."""
+    TM, TN, TD = cdiv(BR, TY), cdiv(BC, TX), cdiv(D, TX)
+    if contiguous:
+        return {"TM": TM, "TN": TN, "TD": TD, "RB": TM, "RS": 1, "CB": TN, "CS": 1, "OB": TD, "OS": 1, "pad": 4}
+    return {"TM": TM, "TN": TN, "TD": TD, "RB": 1, "RS": TY, "CB": 1, "CS": TX, "OB": 1, "OS": TX, "pad": 1}
+
+
+def shared_layout(BR: int, BC: int, D: int, TY: int, TX: int, contiguous: bool) -> dict:
+    """The layout a kernel specialised to these extents and this ownership uses."""
+    w = ownership(BR, BC, D, TY, TX, contiguous)
+    return layout(BR, BC, D, w["pad"], TY * w["TM"] - BR)
 
 
 def _device(fn):
@@ -163,16 +192,18 @@ def _unroll(n: int) -> int:
     return 4 if n % 4 == 0 else 2 if n % 2 == 0 else 1
 
 
-def _products(BR, BC, D, TY, TX):
+def _products(BR, BC, D, TY, TX, contiguous):
     """The two register-tiled products of one K_j, V_j step, specialised to constant extents.
 
-    Thread (ty, tx)'s operands at step x are sm[base + x * ld + TY u] (rows) and sm[base' + x * ld' + TX v]
-    (columns): after unrolling, one address per step plus immediate offsets. Indices are unsigned (uint64): numba
-    wraps a negative signed index around, which costs integer instructions per load and hides the offsets.
+    Thread (ty, tx)'s operands at step x are sm[base + x * ld + RS u] (rows) and sm[base' + x * ld' + CS v]
+    (columns; :func:`ownership`): after unrolling, one address per step plus immediate offsets. Indices are
+    unsigned (uint64): numba wraps a negative signed index around, which costs integer instructions per load and
+    hides the offsets.
     Rows (columns) past the tile, when TY (TX) does not divide it, read another row's words; their sums are
     dropped (never written to P or O)."""
-    TM, TN, TD = cdiv(BR, TY), cdiv(BC, TX), cdiv(D, TX)
-    lay = layout(BR, BC, D)
+    w = ownership(BR, BC, D, TY, TX, contiguous)
+    TM, TN, TD, RB, RS, CB, CS, OB, OS = (w[k] for k in ("TM", "TN", "TD", "RB", "RS", "CB", "CS", "OB", "OS"))
+    lay = shared_layout(BR, BC, D, TY, TX, contiguous)
     Q0, K0, V0, P0, LDK, LDP = lay["Q"], lay["K"], lay["V"], lay["P"], lay["LDK"], lay["LDP"]
     UX = _unroll(D)
 
@@ -180,9 +211,9 @@ def _products(BR, BC, D, TY, TX):
     def s_step(sm, s, a, b, qx, kx):
         """One step x of S: a[u] = Q_i^T[x, ty + TY u], b[v] = K_j^T[x, tx + TX v], s += a b^T."""
         for u in range(TM):
-            a[u] = sm[qx + uint64(TY * u)]
+            a[u] = sm[qx + uint64(RS * u)]
         for v in range(TN):
-            b[v] = sm[kx + uint64(TX * v)]
+            b[v] = sm[kx + uint64(CS * v)]
         for u in range(TM):
             for v in range(TN):
                 s[u, v] += a[u] * b[v]
@@ -196,8 +227,8 @@ def _products(BR, BC, D, TY, TX):
         for u in range(TM):
             for v in range(TN):
                 s[u, v] = float32(0.0)
-        qb = uint64(Q0 + ty)
-        kb = uint64(K0 + tx)
+        qb = uint64(Q0 + ty * RB)
+        kb = uint64(K0 + tx * CB)
         for x0 in range(D // UX):
             qx = qb + uint64(x0 * (UX * BR))
             kx = kb + uint64(x0 * (UX * LDK))
@@ -212,9 +243,9 @@ def _products(BR, BC, D, TY, TX):
     def pv_step(sm, o, a, b, pc, vc):
         """One step c of O += P V: a[u] = P_ij^T[c, ty + TY u], b[w] = V_j[c, tx + TX w], o += a b^T."""
         for u in range(TM):
-            a[u] = sm[pc + uint64(TY * u)]
+            a[u] = sm[pc + uint64(RS * u)]
         for w in range(TD):
-            b[w] = sm[vc + uint64(TX * w)]
+            b[w] = sm[vc + uint64(OS * w)]
         for u in range(TM):
             for w in range(TD):
                 o[u, w] += a[u] * b[w]
@@ -224,8 +255,8 @@ def _products(BR, BC, D, TY, TX):
         """o[u, w] += sum_{c < bc} P_ij[ty + TY u, c] V_j[c, tx + TX w], four steps written out per iteration."""
         a = cuda.local.array(TM, float32)
         b = cuda.local.array(TD, float32)
-        pb = uint64(P0 + ty)
-        vb = uint64(V0 + tx)
+        pb = uint64(P0 + ty * RB)
+        vb = uint64(V0 + tx * OB)
         full = bc // 4
         for c0 in range(full):
             pc = pb + uint64(c0 * (4 * LDP))
@@ -240,10 +271,12 @@ def _products(BR, BC, D, TY, TX):
     return scores, accumulate_pv
 
 
-def _softmax(BR, BC, D, TY, TX):
+def _softmax(BR, BC, D, TY, TX, contiguous):
     """Online softmax of one tile in registers: row max and sum over a row group's TX lanes by shuffles."""
-    TM, TN, TD = cdiv(BR, TY), cdiv(BC, TX), cdiv(D, TX)
-    P0, LDP = layout(BR, BC, D)["P"], BR + 1
+    w = ownership(BR, BC, D, TY, TX, contiguous)
+    TM, TN, TD, RB, RS, CB, CS = (w[k] for k in ("TM", "TN", "TD", "RB", "RS", "CB", "CS"))
+    lay = shared_layout(BR, BC, D, TY, TX, contiguous)
+    P0, LDP = lay["P"], lay["LDP"]
 
     @_device
     def lanes_max(x):
@@ -264,12 +297,12 @@ def _softmax(BR, BC, D, TY, TX):
     @_device
     def update(sm, s, o, m, l, ty, tx, r0, c0, bc, scale, causal):  # noqa: E741
         """S -> P~ = exp(scale S - m_new) (masked: 0), l = alpha l + rowsum P~, O *= alpha; P~ written to P_ij."""
-        edge = bc < TX * TN or (causal and c0 + BC - 1 > r0 + ty)
+        edge = bc < TX * TN or (causal and c0 + BC - 1 > r0 + ty * RB)
         for u in range(TM):
-            r = r0 + ty + TY * u
+            r = r0 + ty * RB + RS * u
             mx = NEG_INF
             for v in range(TN):
-                c = tx + TX * v
+                c = tx * CB + CS * v
                 x = s[u, v] * scale
                 if edge and (c >= bc or (causal and c0 + c > r)):
                     x = NEG_INF
@@ -282,8 +315,9 @@ def _softmax(BR, BC, D, TY, TX):
             for v in range(TN):
                 p = _exp(s[u, v] - m_use)
                 rs += p
-                if ty + TY * u < BR and tx + TX * v < BC:
-                    sm[uint64(P0 + (tx + TX * v) * LDP + ty + TY * u)] = p
+                c = tx * CB + CS * v
+                if (TY * TM == BR or r - r0 < BR) and (TX * TN == BC or c < BC):  # (constant when they divide)
+                    sm[uint64(P0 + c * LDP + r - r0)] = p
             l[u] = alpha * l[u] + lanes_sum(rs)
             m[u] = m_new
             for w in range(TD):
@@ -292,20 +326,21 @@ def _softmax(BR, BC, D, TY, TX):
     return update
 
 
-def _finish(BR, BC, D, TY, TX):
-    TM, TD = cdiv(BR, TY), cdiv(D, TX)
-    L = layout(BR, BC, D)
-    Q0, P0 = L["Q"], L["P"]
+def _finish(BR, BC, D, TY, TX, contiguous):
+    w = ownership(BR, BC, D, TY, TX, contiguous)
+    TM, TD, RB, RS, OB, OS = (w[k] for k in ("TM", "TD", "RB", "RS", "OB", "OS"))
+    lay = shared_layout(BR, BC, D, TY, TX, contiguous)
+    Q0, P0 = lay["Q"], lay["P"]
 
     @_device
     def finish(sm, o, m, l, ty, tx, br):  # noqa: E741
         """O_i = O_i / l_i into Q_i's words (BR x D, row-major), L_i = m_i + log l_i into P's (l = 0: O 0, L -inf)."""
         for u in range(TM):
-            r = ty + TY * u
+            r = ty * RB + RS * u
             if r < br:
                 inv = float32(1.0) / l[u] if l[u] > 0 else float32(0.0)
                 for w in range(TD):
-                    k = tx + TX * w
+                    k = tx * OB + OS * w
                     if k < D:
                         sm[Q0 + r * D + k] = o[u, w] * inv
                 if tx == 0:
@@ -315,21 +350,22 @@ def _finish(BR, BC, D, TY, TX):
 
 
 @functools.cache
-def build(BR: int, BC: int, D: int, TY: int, TX: int, min_blocks: int = 1):
-    """(kernel, shared words) of the forward specialised to row block BR, column block BC, head dim D, TY x TX."""
+def build(BR: int, BC: int, D: int, TY: int, TX: int, min_blocks: int = 1, contiguous: bool = False):
+    """(kernel, shared words) of the forward specialised to row block BR, column block BC, head dim D, TY x TX
+    threads and the ownership :func:`ownership` names."""
     TM, TN, TD = cdiv(BR, TY), cdiv(BC, TX), cdiv(D, TX)
-    lay = layout(BR, BC, D)
+    lay = shared_layout(BR, BC, D, TY, TX, contiguous)
     Q0, K0, V0, P0, LDK = lay["Q"], lay["K"], lay["V"], lay["P"], lay["LDK"]
-    scores, accumulate_pv = _products(BR, BC, D, TY, TX)
-    update = _softmax(BR, BC, D, TY, TX)
-    finish = _finish(BR, BC, D, TY, TX)
+    scores, accumulate_pv = _products(BR, BC, D, TY, TX, contiguous)
+    update = _softmax(BR, BC, D, TY, TX, contiguous)
+    finish = _finish(BR, BC, D, TY, TX, contiguous)
     load_q = _loader(BR, D, TY * TX, Q0, BR, True)
     load_k = _loader(BC, D, TY * TX, K0, LDK, True)
     load_v = _loader(BC, D, TY * TX, V0, D, False)
 
     def kernel(Q, K, V, O, L, scale, causal, cnt):  # noqa: E741
         """FlashAttention-2 forward for row block blockIdx.x of (b, h) = blockIdx.y (module docstring)."""
-        sm = cuda.shared.array(0, dtype=float32)
+        sm = cuda.shared.array(0, dtype=float32, alignment=SMEM_ALIGN)
         tid = cuda.threadIdx.x
         ty = tid // TX
         tx = tid - ty * TX
@@ -370,6 +406,16 @@ def build(BR: int, BC: int, D: int, TY: int, TX: int, min_blocks: int = 1):
     if SIMULATOR:
         return cuda.jit(kernel), lay["words"]
     return cuda.jit(launch_bounds=(TY * TX, min_blocks))(kernel), lay["words"]
+
+
+def kernel_for(v: Variant, BR: int, BC: int, D: int):
+    """(kernel, shared words) of variant ``v`` at these extents (compiled on first launch, cached by :func:`build`)."""
+    return build(BR, BC, D, v.TY, v.TX, v.min_blocks, v.contiguous)
+
+
+def kernel_words(v: Variant, BR: int, BC: int, D: int) -> int:
+    """The shared words variant ``v`` asks for at these extents (no compilation)."""
+    return shared_layout(BR, BC, D, v.TY, v.TX, v.contiguous)["words"]
 
 
 def simulator_shuffles() -> None:
@@ -414,7 +460,7 @@ def flash2_forward_fast(
     for name, x in (("Br", Br), ("Bc", Bc)):
         if not isinstance(x, (int, np.integer)) or x < 1:
             raise InputError(name, "must be a positive integer", x)
-    kernel, words = build(min(Br, N), min(Bc, N), d, v.TY, v.TX, v.min_blocks)
+    kernel, words = kernel_for(v, min(Br, N), min(Bc, N), d)
     check_capacity(words, M, f"{v.name} shared memory (Q_i, K_j padded, V_j, P_ij)")
     O, L = job.output("O", (N, d)), job.output("L", (N,))
     flat = [a[n].reshape(BH * N * d) for n in ("Q", "K", "V")]  # the kernel reads Q, K, V flat (C-contiguous)

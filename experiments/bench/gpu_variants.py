@@ -28,8 +28,8 @@ CASES = ((4, 16, 4096, 64), (1, 8, 8192, 128))
 PLAN = (
     ("rt16x16", 128, 64, 64),
     ("rt16x16", 64, 64, 128),
-    ("rt32x8", 128, 64, 64),
-    ("rt32x8", 64, 64, 128),
+    ("rt16x16v", 128, 64, 64),
+    ("rt16x16v", 64, 64, 128),
 )
 CC = (9, 0)
 
@@ -67,7 +67,7 @@ def resource_rows(plan=PLAN, cc=CC) -> list[dict]:
     out = []
     for name, Br, Bc, d in plan:
         v = ff.VARIANTS[name]
-        kernel, words = ff.build(Br, Bc, d, v.TY, v.TX, v.min_blocks)
+        kernel, words = ff.kernel_for(v, Br, Bc, d)
         with ptx._target_cc_for_device_functions(cc):
             text, _ = cuda.compile_ptx(kernel.py_func, _signature(), cc=cc, launch_bounds=(v.threads, v.min_blocks))
         log, _cubin = res._link(text, cc)
@@ -119,7 +119,7 @@ def _row(cuda, timer, bench, ff, case, plan_row, arrays, ref, sdpa_ms, sim_cache
         ff.flash2_forward_fast(Q, K, V, variant_name=name, Br=Br, Bc=Bc, M=M, poison=False, out=out)
 
     row["ms"] = timer.median_ms(launch)
-    kernel, words = ff.build(Br, Bc, d, v.TY, v.TX, v.min_blocks)
+    kernel, words = ff.kernel_for(v, Br, Bc, d)
     row["shared_words"] = words
     row["registers"] = _registers(kernel)
     row["blocks/SM"] = _blocks_per_sm(cuda, row["registers"], words, v.threads)
