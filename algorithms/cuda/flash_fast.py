@@ -2,54 +2,55 @@
 
 Schedule (unchanged, word for word): one thread block per row block Q_i (grid (Tr, B * H)); Q_i loaded once;
 K_j, V_j loaded for j = 0, 1, ... (causal: up to the last block with c0 <= r0 + br - 1, the simulator's skip);
-O_i and L_i stored once. Every global <-> shared copy goes through a counting helper of
-:mod:`iosim.algorithms.cuda._common` (``load_tile``, ``store_tile``, ``store_vec``, and :func:`load_rows`, a copy
-of ``load_tile`` with a leading dimension), so the counters equal the simulator's flash2 forward per array
-(Q: N d, K and V: the sum over row blocks of the columns loaded, O: N d, L: N; times B * H) for the same
-(N, d, Br, Bc, causal). tests/test_cuda_fast.py checks that against a closed form written in the test.
+O_i and L_i stored once. Loads are :func:`_loader`'s (``load_tile`` of :mod:`iosim.algorithms.cuda._common`
+with constant extents, tallied with its ``_tally``), stores are ``store_tile`` and ``store_vec``, so the counters
+equal the simulator's flash2 forward per array (Q: N d, K and V: d times the columns each row block loads, O:
+N d, L: N; times B * H) for the same (N, d, Br, Bc, causal). tests/test_cuda_fast.py checks that against a
+closed form written in the test and against the simulator.
 
-What differs from :func:`iosim.algorithms.cuda.flash.flash2_forward_kernel` is only where the fast memory's words
-live and how the arithmetic is spread over threads:
+What differs from :func:`iosim.algorithms.cuda.flash.flash2_forward_kernel` is where the fast memory's words live
+and how the arithmetic is spread over threads:
 
-* Kernels are specialised per (BR, BC, d, thread layout) (:func:`build`): every tile extent is a compile-time
-  constant, so the micro-tile loops unroll and the per-thread arrays (``cuda.local.array``) live in registers.
-* Thread layout: ``TY`` row groups of ``TX`` lanes (``TX`` a power of two dividing 32, so a row group lies in
-  one warp). Thread (ty, tx) owns rows r = ty + TY u (u < TM = BR / TY) of the tile, columns c = tx + TX v
-  (v < TN = BC / TX) of S_ij and columns k = tx + TX w (w < TD = d / TX) of O_i.
-* S_ij = Q_i K_j^T is a TM x TN register tile per thread: per step x of the d-long dot products a thread reads
-  TM words of Q_i and TN words of K_j from shared memory into registers and does TM TN FMAs (loads per FMA
-  (TM + TN) / (TM TN)). The TM words of Q_i are two distinct addresses per warp (broadcast); K_j is stored with
-  leading dimension d + 1 (one padding word per row), so the TX lanes' words K[c, x] fall in TX distinct banks.
-* Softmax row statistics: m_i, l_i and O_i (TM x TD per thread) stay in registers for the whole row block (the
-  model's O_i, l_i, m_i words, held by the threads that own the rows); row max and row sum of a tile are reduced
-  over the TX lanes of a row group with ``cuda.shfl_xor_sync`` (log2 TX steps), no shared memory and no barrier.
-* P_ij (exponentiated in registers) is written to shared memory once (the model's S_ij words), then
-  O_i += P_ij V_j is again a register tile: per step c a thread reads TM words of P (broadcast) and TD
-  consecutive words of V_j (conflict-free), TM TD FMAs.
-* At the end O_i / l_i is staged into Q_i's words and L_i = m_i + log l_i into P's, then stored with the
-  coalesced counting helpers (consecutive threads, consecutive global words).
+* Kernels are specialised per (BR, BC, d, thread layout, ownership) (:func:`build`): every extent is a
+  compile-time constant, so micro-tile loops unroll and the per-thread arrays (``cuda.local.array``) are
+  registers. Shared-memory indices are unsigned: numba wraps a negative signed index around, which costs integer
+  instructions per load and hides the constant offsets from the compiler.
+* Thread layout: ``TY`` row groups of ``TX`` lanes (``TX`` a power of two dividing 32: a row group lies in one
+  warp). Thread (ty, tx) owns TM = BR / TY rows, TN = BC / TX columns of S_ij and TD = d / TX columns of O_i
+  (:func:`ownership`: strided, r = ty + TY u, or contiguous, r = ty TM + u).
+* On chip Q_i and K_j are stored transposed (Q_i^T, K_j^T) and P_ij as P_ij^T, so a thread's operands at one
+  step of a product are one address plus compile-time offsets (contiguous ownership: consecutive, 16-byte aligned
+  words, which the compiler loads with ld.shared.v4). S_ij = Q_i K_j^T and O_i += P_ij V_j are TM x TN and
+  TM x TD register tiles, four steps written out per loop iteration.
+* m_i, l_i and O_i stay in registers for the whole row block (the model's O_i, l_i, m_i words, held by the
+  threads that own the rows); the row max and row sum of a tile are reduced over the TX lanes of a row group with
+  ``cuda.shfl_xor_sync`` (log2 TX steps). P~ = exp(S - m) uses ``__nv_fast_expf``.
+* At the end O_i / l_i is staged into Q_i's words and L_i = m_i + log l_i into P's, then stored coalesced.
 
-Shared memory per block (float32 words): Q_i BR d + K_j BC (d + 1) + V_j BC d + P_ij BR BC. Against the model's
-working set BR (2d + 2) + 2 BC d + BR BC (``io_model.flash_working_set``) this is BR d + 2 BR - BC words less
-(O_i, l_i, m_i sit in registers), so the launch never asks for more than M; the fast memory the kernel uses,
-shared memory plus the registers holding O_i, l_i, m_i, is the model's working set plus BC padding words.
+Shared memory per block (float32 words, :func:`layout`): Q_i^T d BR + K_j^T d (BC + pad) + V_j BC d + P_ij^T
+BC (BR + pad) (pad 1 word per row for strided ownership, spreading the transposing stores over the banks; 4 for
+contiguous, keeping rows 16-byte aligned), plus TY TM - BR slack words when TY does not divide BR. Against the
+model's working set BR (2d + 2) + 2 BC d + BR BC this is BR d + 2 BR - pad (d + BC) - slack words less (O_i,
+l_i, m_i sit in registers): the launch never asks for more than M (``check_capacity``); the fast memory used,
+shared plus the registers holding O_i, l_i, m_i, is the working set plus the padding and slack words.
 
-Variants (:data:`VARIANTS`; the lease measures them, the figures below are design aims):
+Variants (:data:`VARIANTS`; ptxas figures for sm_90 from ``python experiments/bench/gpu_variants.py --dry-run``;
+the lease measures the times):
 
-* ``rt16x16``: 256 threads, 16 x 16 lanes. Br = 128, Bc = 64, d = 64: S 8 x 4 and O 8 x 4 per thread
-  (12 shared loads per 32 FMAs in both products), ~24.1k words (96 KiB) of shared memory: 2 blocks / SM
-  (16 warps) if registers stay <= 128 (``launch_bounds`` (256, 2) asks the compiler for that).
-  d = 128, Br = Bc = 64: S 4 x 4, O 4 x 8 (16 loads per 32 / 12 per 32 FMAs), 28.7k words: 2 blocks / SM.
-* ``rt32x8``: 256 threads, 32 rows x 8 lanes: at Br = 128, Bc = 64 a 4 x 8 S tile and a 4 x TD O tile (O 4 x 8 at
-  d = 64, 4 x 16 at d = 128): fewer row statistics per thread, 3 shuffle steps instead of 4.
-* ``rt16x8``: 128 threads, 16 x 8 lanes: 8 x 8 S tiles (16 loads per 64 FMAs, half of ``rt16x16``'s
-  share of issue slots spent on shared loads), at the price of 4 warps per block (more blocks per SM needed
-  to hide latency; ``launch_bounds`` (128, 3)).
+* ``rt16x16``: 256 threads, 16 x 16 lanes, strided. Br = 128, Bc = 64, d = 64: S 8 x 4, O 8 x 4 per thread; 12
+  scalar shared loads per 32 FMAs in each product (shared-memory-bound at about 2/3 of the FMA rate: one load
+  instruction per clock per SM against four FMA instructions); 24,704 words; 127 registers
+  (``launch_bounds`` (256, 2)), no spills: 2 blocks / SM (16 warps). d = 128, Br = Bc = 64: S 4 x 4, O 4 x 8,
+  28,864 words, 128 registers, 2 blocks / SM.
+* ``rt16x16v``: the same with contiguous ownership: 3 vector loads per 32 FMAs (SASS: 157 instructions per 128
+  FFMA in S, 153 in P V, against 192 and 189 strided). 25,088 words at d = 64 (2 blocks / SM); 29,440 at
+  d = 128, above half the SM's 228 KiB: 1 block / SM there.
+* ``rt32x8``: 256 threads, 32 rows x 8 lanes, strided: 4 x 8 S tiles, 3 shuffle steps per row.
 
 Under the CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``) ``cuda.shfl_xor_sync`` does not exist in numba-cuda 0.30;
 :func:`simulator_shuffles` adds one to the simulator's fake ``cuda`` module (every thread posts its value, a block
 barrier, each reads its partner lane's, a barrier), valid because every thread of these kernels reaches each
-shuffle together.
+shuffle together. The simulator variants (:data:`SIM_VARIANTS`, 8 threads) run the same code.
 """
 
 from __future__ import annotations

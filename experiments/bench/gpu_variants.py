@@ -24,7 +24,7 @@ import time
 
 HERE = pathlib.Path(__file__).resolve().parent
 CASES = ((4, 16, 4096, 64), (1, 8, 8192, 128))
-# (variant, Br, Bc) per head dimension: 4 compiled kernels in all.
+# (variant, Br, Bc, d): 4 compiled kernels in all; the tiles are the fit rule's at M = working_set(d, Br, Bc).
 PLAN = (
     ("rt16x16", 128, 64, 64),
     ("rt16x16", 64, 64, 128),
@@ -107,11 +107,15 @@ def _sdpa_ms(bench, arrays, reps: int, seconds: float):
 def _row(cuda, timer, bench, ff, case, plan_row, arrays, ref, sdpa_ms, sim_cache) -> dict:
     import torch
 
+    from iosim.gpu.launch import tiling_for
+
     B, H, N, d = case
     name, Br, Bc, _ = plan_row
     v = ff.VARIANTS[name]
     M = working_set(d, Br, Bc)
     row = {"variant": name, "case": list(case), "M": M, "Br": Br, "Bc": Bc, "threads": v.threads}
+    t = tiling_for("flash2", N, d, M)
+    row["tiling"] = "fit" if (t.Br, t.Bc) == (Br, Bc) else "explicit"
     out = {"O": cuda.device_array((B * H, N, d), dtype="float32"), "L": cuda.device_array((B * H, N), dtype="float32")}
     Q, K, V = arrays["Q"], arrays["K"], arrays["V"]
 
