@@ -409,9 +409,21 @@ def build(BR: int, BC: int, D: int, TY: int, TX: int, min_blocks: int = 1, conti
     return cuda.jit(launch_bounds=(TY * TX, min_blocks))(kernel), lay["words"]
 
 
+SMEM_PER_SM = 228 * 1024  # bytes, compute capability 9.0 (iosim.gpu.resources.ARCHS, CUDA Programming Guide)
+RESERVED_PER_BLOCK = 1024  # bytes of system-reserved shared memory per block (same sources)
+
+
+def min_blocks_for(v: Variant, words: int) -> int:
+    """launch_bounds' blocks per SM: the variant's, or 1 when that many blocks' shared memory cannot fit in an SM
+    (then a register cap would buy no occupancy and only cost spills)."""
+    fit = SMEM_PER_SM // (words * 4 + RESERVED_PER_BLOCK)
+    return max(1, min(v.min_blocks, fit))
+
+
 def kernel_for(v: Variant, BR: int, BC: int, D: int):
     """(kernel, shared words) of variant ``v`` at these extents (compiled on first launch, cached by :func:`build`)."""
-    return build(BR, BC, D, v.TY, v.TX, v.min_blocks, v.contiguous)
+    mb = min_blocks_for(v, kernel_words(v, BR, BC, D))
+    return build(BR, BC, D, v.TY, v.TX, mb, v.contiguous)
 
 
 def kernel_words(v: Variant, BR: int, BC: int, D: int) -> int:

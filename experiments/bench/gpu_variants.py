@@ -68,8 +68,9 @@ def resource_rows(plan=PLAN, cc=CC) -> list[dict]:
     for name, Br, Bc, d in plan:
         v = ff.VARIANTS[name]
         kernel, words = ff.kernel_for(v, Br, Bc, d)
+        bounds = (v.threads, ff.min_blocks_for(v, words))
         with ptx._target_cc_for_device_functions(cc):
-            text, _ = cuda.compile_ptx(kernel.py_func, _signature(), cc=cc, launch_bounds=(v.threads, v.min_blocks))
+            text, _ = cuda.compile_ptx(kernel.py_func, _signature(), cc=cc, launch_bounds=bounds)
         log, _cubin = res._link(text, cc)
         r = res.parse_info_log(log)
         occ = res.occupancy(res.ARCHS[cc], r["registers"], 0, words * 4, v.threads)
@@ -77,7 +78,7 @@ def resource_rows(plan=PLAN, cc=CC) -> list[dict]:
             {
                 "variant": name, "Br": Br, "Bc": Bc, "d": d, "threads": v.threads, "cc": f"{cc[0]}.{cc[1]}",
                 "registers": r["registers"], "spill_stores": r["spill_stores"], "spill_loads": r["spill_loads"],
-                "stack": r["stack"], "shared_words": words, "M": working_set(d, Br, Bc),
+                "stack": r["stack"], "shared_words": words, "M": working_set(d, Br, Bc), "launch_bounds": list(bounds),
                 "blocks_per_sm": occ["blocks_per_sm"], "limiter": occ["limiter"], "aim": v.aim,
             }
         )  # fmt: skip
