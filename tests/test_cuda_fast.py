@@ -163,3 +163,27 @@ def test_gpu_fast_variants_at_moderate_size(name):
         r = _ff().flash2_forward_fast(Q, K, V, variant_name=name, Br=128, Bc=64, causal=causal, count=True)
         _check_outputs(r, Q, K, V, causal)
         assert _counts(r.counts) == closed_form(N, d, 128, 64, causal, 3)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not SIMULATED, reason="simulator thread layouts")
+def test_gpu_variants_rows_pipeline_on_the_simulator(monkeypatch):
+    """experiments/bench/gpu_variants.rows end to end on the simulator (the lease runs it on a GPU): SDPA's timing
+    and the device transfer of torch are stood in for; rel err, counters and the simulator comparison are real."""
+    torch = pytest.importorskip("torch")
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "experiments", "bench"))
+    import gpu as bench
+    import gpu_variants as gv
+
+    as_tensor = torch.as_tensor
+
+    def host_tensor(a, device=None):
+        return as_tensor(np.array(a.copy_to_host() if hasattr(a, "copy_to_host") else a))
+
+    monkeypatch.setattr(torch, "as_tensor", host_tensor)
+    monkeypatch.setattr(bench, "torch_median_ms", lambda fn, reps, seconds: (fn(), 1.0)[1])
+    rows = gv.rows(cuda, bench.Timer(cuda, 2, 0.1), cases=((1, 2, 37, 8),), plan=(("sim2x4v", 16, 8, 8),))
+    assert len(rows) == 1 and "error" not in rows[0], rows
+    row = rows[0]
+    assert row["tiling"] == "fit" and row["counters equal"] and row["rel err vs SDPA"] < 1e-5
+    assert row["counters"] == {k: list(v) for k, v in closed_form(37, 8, 16, 8, False, 2).items()}

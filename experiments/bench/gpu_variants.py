@@ -112,7 +112,7 @@ def _row(cuda, timer, bench, ff, case, plan_row, arrays, ref, sdpa_ms, sim_cache
 
     B, H, N, d = case
     name, Br, Bc, _ = plan_row
-    v = ff.VARIANTS[name]
+    v = ff.variant(name)
     M = working_set(d, Br, Bc)
     row = {"variant": name, "case": list(case), "M": M, "Br": Br, "Bc": Bc, "threads": v.threads}
     t = tiling_for("flash2", N, d, M)
