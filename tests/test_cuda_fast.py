@@ -63,7 +63,14 @@ def _check_outputs(r, Q, K, V, causal):
         assert np.max(np.abs(r.outputs["L"][0, h] - L_ref)) < TOL
 
 
-CASES = [("sim2x4", 37, 8, 8, 8), ("sim4x2", 37, 16, 16, 8), ("sim2x4v", 37, 16, 16, 8), ("sim2x4", 5, 7, 8, 4)]
+CASES = [
+    ("sim2x4", 37, 8, 8, 8),
+    ("sim4x2", 37, 16, 16, 8),
+    ("sim2x4v", 37, 16, 16, 8),  # contiguous, K_j^T padded
+    ("sim4x2v", 37, 16, 16, 8),  # contiguous, K_j^T swizzled (2 groups of 4 words per row)
+    ("sim4x2v", 37, 16, 16, 16),  # swizzled, 2 groups per thread
+    ("sim2x4", 5, 7, 8, 4),
+]
 
 
 @pytest.mark.skipif(not SIMULATED, reason="simulator thread layouts")
@@ -71,10 +78,10 @@ CASES = [("sim2x4", 37, 8, 8, 8), ("sim4x2", 37, 16, 16, 8), ("sim2x4v", 37, 16,
 @pytest.mark.parametrize("name,N,d,Br,Bc", CASES)
 def test_fast_forward_matches_reference_and_closed_form(name, N, d, Br, Bc, causal):
     """Ragged last blocks (37 = 4 x 8 + 5), Br > Bc (rows with no allowed column in a causal tile), Br > N."""
-    Q, K, V = _inputs(2, N, d)
+    Q, K, V = _inputs(1, N, d)  # one head (the simulator's time); two heads in the tests below
     r = _ff().flash2_forward_fast(Q, K, V, variant_name=name, Br=Br, Bc=Bc, causal=causal, count=True)
     _check_outputs(r, Q, K, V, causal)
-    assert _counts(r.counts) == closed_form(N, d, Br, Bc, causal, 2)
+    assert _counts(r.counts) == closed_form(N, d, Br, Bc, causal, 1)
 
 
 @pytest.mark.skipif(not SIMULATED, reason="simulator thread layouts")
@@ -98,15 +105,20 @@ def test_fast_forward_counts_equal_the_simulator_at_its_tiling(causal):
 
 
 def test_layout_is_within_the_model_working_set():
-    """Shared words: Q^T d Br, K^T d (Bc + pad), V Bc d, P^T Bc (Br + pad) (pad 1 strided, 4 contiguous), plus
-    TY ceil(Br / TY) - Br slack words; never above the model's working set 2d(Br + Bc) + 2Br + Br Bc."""
+    """Shared words: Q^T d Br, K^T d (Bc + pad_k), V Bc d, P^T Bc (Br + pad), plus TY ceil(Br / TY) - Br slack
+    words; pad = pad_k = 1 strided; contiguous: pad 4, pad_k 0 where K^T's 4-word groups are swizzled (each thread
+    owns whole groups: 4 | TN, TX TN = Bc, Bc / 4 a power of two, 4 | d), else 4. Never above the model's working
+    set 2d(Br + Bc) + 2Br + Br Bc."""
     ff = _ff()
     for Br, Bc, d in ((128, 64, 64), (64, 64, 128), (128, 64, 128), (8, 8, 8), (16, 8, 16), (37, 37, 16)):
         for v in (*ff.VARIANTS.values(), *ff.SIM_VARIANTS.values()):
-            pad = 4 if v.contiguous else 1
+            TN = -(-Bc // v.TX)
+            groups = Bc // 4
+            swizzled = Bc % 4 == 0 and groups & (groups - 1) == 0 and TN % 4 == 0 and v.TX * TN == Bc and d % 4 == 0
+            pad, pad_k = (4, 0 if swizzled else 4) if v.contiguous else (1, 1)
             slack = v.TY * -(-Br // v.TY) - Br
             words = ff.kernel_words(v, Br, Bc, d)
-            assert words == d * Br + d * (Bc + pad) + Bc * d + Bc * (Br + pad) + slack
+            assert words == d * Br + d * (Bc + pad_k) + Bc * d + Bc * (Br + pad) + slack
             assert words <= 2 * d * (Br + Bc) + 2 * Br + Br * Bc
 
 

@@ -27,25 +27,30 @@ and how the arithmetic is spread over threads:
   ``cuda.shfl_xor_sync`` (log2 TX steps). P~ = exp(S - m) uses ``__nv_fast_expf``.
 * At the end O_i / l_i is staged into Q_i's words and L_i = m_i + log l_i into P's, then stored coalesced.
 
-Shared memory per block (float32 words, :func:`layout`): Q_i^T d BR + K_j^T d (BC + pad) + V_j BC d + P_ij^T
-BC (BR + pad) (pad 1 word per row for strided ownership, spreading the transposing stores over the banks; 4 for
-contiguous, keeping rows 16-byte aligned), plus TY TM - BR slack words when TY does not divide BR. Against the
-model's working set BR (2d + 2) + 2 BC d + BR BC this is BR d + 2 BR - pad (d + BC) - slack words less (O_i,
-l_i, m_i sit in registers): the launch never asks for more than M (``check_capacity``); the fast memory used,
-shared plus the registers holding O_i, l_i, m_i, is the working set plus the padding and slack words.
+Shared memory per block (float32 words, :func:`layout`): Q_i^T d BR + K_j^T d (BC + pad_k) + V_j BC d + P_ij^T
+BC (BR + pad), plus TY TM - BR slack words when TY does not divide BR. Strided ownership: pad = pad_k = 1 (the
+transposing stores spread over the banks). Contiguous: pad 4 (rows 16-byte aligned); K_j^T unpadded with its
+4-word groups XOR-swizzled by (x / 4) mod (BC / 4) where each thread owns whole groups (:func:`_loader`), else
+pad_k 4. Against the model's working set BR (2d + 2) + 2 BC d + BR BC this is BR d + 2 BR - pad BC - pad_k d -
+slack words less (O_i, l_i, m_i sit in registers): the launch never asks for more than M (``check_capacity``);
+the fast memory used, shared memory plus the registers holding O_i, l_i, m_i, is the working set plus the
+padding and slack words.
 
-Variants (:data:`VARIANTS`; ptxas figures for sm_90 from ``python experiments/bench/gpu_variants.py --dry-run``;
-the lease measures the times):
+Variants (:data:`VARIANTS`; ptxas (nvJitLink 13) figures for sm_90 from ``python
+experiments/bench/gpu_variants.py --dry-run``; the lease measures the times):
 
 * ``rt16x16``: 256 threads, 16 x 16 lanes, strided. Br = 128, Bc = 64, d = 64: S 8 x 4, O 8 x 4 per thread; 12
-  scalar shared loads per 32 FMAs in each product (shared-memory-bound at about 2/3 of the FMA rate: one load
-  instruction per clock per SM against four FMA instructions); 24,704 words; 127 registers
+  scalar shared loads per 32 FMAs in each product (at one shared load instruction per clock per SM against four
+  FMA instructions, shared-memory-bound at about 2/3 of the FMA rate); 24,704 words, 127 registers
   (``launch_bounds`` (256, 2)), no spills: 2 blocks / SM (16 warps). d = 128, Br = Bc = 64: S 4 x 4, O 4 x 8,
-  28,864 words, 128 registers, 2 blocks / SM.
-* ``rt16x16v``: the same with contiguous ownership: 3 vector loads per 32 FMAs (SASS: 157 instructions per 128
-  FFMA in S, 153 in P V, against 192 and 189 strided). 25,088 words at d = 64 (2 blocks / SM); 29,440 at
-  d = 128, above half the SM's 228 KiB: 1 block / SM there.
-* ``rt32x8``: 256 threads, 32 rows x 8 lanes, strided: 4 x 8 S tiles, 3 shuffle steps per row.
+  28,864 words, 128 registers, no spills, 2 blocks / SM.
+* ``rt16x16v``: the same threads with contiguous ownership: 3 128-bit loads per 32 FMAs (SASS: 158 instructions
+  per 128 FFMA in S and 153 in P V, against 192 and 189 for ``rt16x16``). d = 64: 24,832 words, 128 registers,
+  no spills, 2 blocks / SM. d = 128: 28,928 words (2 blocks fill the SM's 228 KiB exactly), 128 registers with
+  56 bytes of spills (outside the product loops), 2 blocks / SM.
+* ``rt16x16v1``: ``rt16x16v`` without the register cap: d = 128: 177 registers, no spills, 1 block / SM.
+* ``rt32x8``: 256 threads, 32 rows x 8 lanes, strided: 4 x 8 S tiles, 3 shuffle steps per row (not in the plan).
+  :func:`min_blocks_for` lowers launch_bounds' blocks per SM to what shared memory allows.
 
 Under the CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``) ``cuda.shfl_xor_sync`` does not exist in numba-cuda 0.30;
 :func:`simulator_shuffles` adds one to the simulator's fake ``cuda`` module (every thread posts its value, a block
@@ -101,6 +106,7 @@ VARIANTS = {
         Variant("rt16x16", 16, 16, 2, "256 threads, 8x4 S tiles at Br=128 Bc=64, O in registers, 2 blocks/SM"),
         Variant("rt32x8", 32, 8, 2, "256 threads, 4x8 S tiles at Br=128 Bc=64, 3 shuffle steps per row"),
         Variant("rt16x16v", 16, 16, 2, "rt16x16 with contiguous rows/columns per thread: 128-bit shared loads", True),
+        Variant("rt16x16v1", 16, 16, 1, "rt16x16v with no register cap: 1 block/SM, no spills at d = 128", True),
     )
 }
 # Thread layouts for the CUDA simulator (every thread a Python thread): same code, fewer lanes.
@@ -110,6 +116,7 @@ SIM_VARIANTS = {
         Variant("sim2x4", 2, 4, 1, "8 threads"),
         Variant("sim4x2", 4, 2, 1, "8 threads"),
         Variant("sim2x4v", 2, 4, 1, "8 threads, contiguous", True),
+        Variant("sim4x2v", 4, 2, 1, "8 threads, contiguous, K_j^T swizzled when 2 TN = Bc and 4 | TN", True),
     )
 }
 
@@ -122,7 +129,7 @@ def variant(name: str) -> Variant:
     return known[name]
 
 
-def layout(BR: int, BC: int, D: int, pad: int = 1, slack: int = 0) -> dict:
+def layout(BR: int, BC: int, D: int, pad: int = 1, slack: int = 0, pad_k: int | None = None) -> dict:
     """Shared-memory offsets (float32 words): Q_i^T (D x BR), K_j^T (D x (BC + pad)), V_j (BC x D), P_ij^T
     (BC x (BR + pad)), ``slack`` words after it, and the total. Q_i and K_j are stored transposed so that one
     thread's TM rows (TN columns) at step x are one address plus compile-time offsets. ``pad`` words per row of
@@ -131,10 +138,11 @@ def layout(BR: int, BC: int, D: int, pad: int = 1, slack: int = 0) -> dict:
     ``slack``: the words a thread's clamped-free row reads may run past P_ij^T when TY does not divide BR."""
     q = 0
     k = q + D * BR
-    v = k + D * (BC + pad)
+    pad_k = pad if pad_k is None else pad_k
+    v = k + D * (BC + pad_k)
     p = v + BC * D
     words = p + BC * (BR + pad) + slack
-    return {"Q": q, "K": k, "V": v, "P": p, "LDK": BC + pad, "LDP": BR + pad, "words": words}
+    return {"Q": q, "K": k, "V": v, "P": p, "LDK": BC + pad_k, "LDP": BR + pad, "words": words}
 
 
 def ownership(BR: int, BC: int, D: int, TY: int, TX: int, contiguous: bool) -> dict:
@@ -144,14 +152,18 @@ def ownership(BR: int, BC: int, D: int, TY: int, TX: int, contiguous: bool) -> d
     consecutive words (vector loads when the compiler can prove 16-byte alignment)."""
     TM, TN, TD = cdiv(BR, TY), cdiv(BC, TX), cdiv(D, TX)
     if contiguous:
-        return {"TM": TM, "TN": TN, "TD": TD, "RB": TM, "RS": 1, "CB": TN, "CS": 1, "OB": TD, "OS": 1, "pad": 4}
-    return {"TM": TM, "TN": TN, "TD": TD, "RB": 1, "RS": TY, "CB": 1, "CS": TX, "OB": 1, "OS": TX, "pad": 1}
+        G = BC // 4  # 4-word groups per K_j^T row: swizzled instead of padded when they allow it
+        swz = G if BC % 4 == 0 and G & (G - 1) == 0 and TN % 4 == 0 and D % 4 == 0 and TX * TN == BC else 0
+        own = {"RB": TM, "RS": 1, "CB": TN, "CS": 1, "OB": TD, "OS": 1, "pad": 4, "pad_k": 0 if swz else 4}
+        return {"TM": TM, "TN": TN, "TD": TD, "G": swz, **own}
+    own = {"RB": 1, "RS": TY, "CB": 1, "CS": TX, "OB": 1, "OS": TX, "pad": 1, "pad_k": 1}
+    return {"TM": TM, "TN": TN, "TD": TD, "G": 0, **own}
 
 
 def shared_layout(BR: int, BC: int, D: int, TY: int, TX: int, contiguous: bool) -> dict:
     """The layout a kernel specialised to these extents and this ownership uses."""
     w = ownership(BR, BC, D, TY, TX, contiguous)
-    return layout(BR, BC, D, w["pad"], TY * w["TM"] - BR)
+    return layout(BR, BC, D, w["pad"], TY * w["TM"] - BR, w["pad_k"])
 
 
 def _device(fn):
@@ -161,13 +173,15 @@ def _device(fn):
     return cuda.jit(device=True, forceinline=True)(fn)
 
 
-def _loader(ROWS, D, NT, off, ld, transposed):
+def _loader(ROWS, D, NT, off, ld, transposed, G=0):
     """A counted copy of rows r0 .. r0 + nr - 1 (nr <= ROWS) of a (.., N, D) array into shared memory at ``off``
     (the rows of one (b, h) are contiguous: the kernel takes Q, K, V flat, so a tile is one run of nr D words):
     row-major with leading dimension D, or transposed (sm[off + c * ld + r]). ``load_tile`` of
     :mod:`iosim.algorithms.cuda._common` with every extent a constant: each thread copies the elements
     e = tid + NT k (k < ceil(ROWS D / NT), unrolled, so its global loads are all in flight together), consecutive
-    threads on consecutive global words; the tally is the elements copied (``_tally``), nr D in all."""
+    threads on consecutive global words; the tally is the elements copied (``_tally``), nr D in all. ``G`` > 0:
+    transposed with the 4-word groups of row c XOR-swizzled, sm[off + c ld + 4 ((r / 4) ^ ((c / 4) mod G)) + r mod 4]
+    (rows stay 16-byte aligned without padding, and a warp's transposing stores spread over 8 banks)."""
     PER = cdiv(ROWS * D, NT)
 
     @_device
@@ -180,7 +194,10 @@ def _loader(ROWS, D, NT, off, ld, transposed):
             e = tid + uint64(NT * k)
             if e < lim:
                 r = e // uint64(D)
-                at = uint64(off) + (e - r * uint64(D)) * uint64(ld) + r if transposed else uint64(off) + e
+                c = e - r * uint64(D)
+                if G:
+                    r = ((r >> uint64(2)) ^ ((c >> uint64(2)) & uint64(G - 1))) * uint64(4) + (r & uint64(3))
+                at = uint64(off) + c * uint64(ld) + r if transposed else uint64(off) + e
                 sm[at] = src[base + e]
                 moved += 1
         _tally(cnt, aid, READS, moved)
@@ -204,9 +221,22 @@ def _products(BR, BC, D, TY, TX, contiguous):
     dropped (never written to P or O)."""
     w = ownership(BR, BC, D, TY, TX, contiguous)
     TM, TN, TD, RB, RS, CB, CS, OB, OS = (w[k] for k in ("TM", "TN", "TD", "RB", "RS", "CB", "CS", "OB", "OS"))
+    G = w["G"]  # > 0: K_j^T's 4-word groups swizzled (_loader); a thread's TN columns are TN / 4 whole groups
+    NG = max(1, TN // 4)
     lay = shared_layout(BR, BC, D, TY, TX, contiguous)
     Q0, K0, V0, P0, LDK, LDP = lay["Q"], lay["K"], lay["V"], lay["P"], lay["LDK"], lay["LDP"]
     UX = _unroll(D)
+
+    @_device
+    def s_step_swizzled(sm, s, a, b, qx, kx, kg):
+        """One step x of S with K_j^T swizzled: column group g of this thread at kx + kg[g] (4 words)."""
+        for u in range(TM):
+            a[u] = sm[qx + uint64(RS * u)]
+        for v in range(TN):
+            b[v] = sm[kx + kg[v // 4] + uint64(v % 4)]
+        for u in range(TM):
+            for v in range(TN):
+                s[u, v] += a[u] * b[v]
 
     @_device
     def s_step(sm, s, a, b, qx, kx):
@@ -229,6 +259,18 @@ def _products(BR, BC, D, TY, TX, contiguous):
             for v in range(TN):
                 s[u, v] = float32(0.0)
         qb = uint64(Q0 + ty * RB)
+        if G:  # UX = 4 (ownership() asks D % 4 == 0): the swizzle (x / 4) mod G is one value per iteration
+            kg = cuda.local.array(NG, uint64)
+            for x0 in range(D // 4):
+                for g in range(NG):
+                    kg[g] = uint64(4 * ((tx * NG + g) ^ (x0 & (G - 1))))
+                qx = qb + uint64(x0 * (4 * BR))
+                kx = uint64(K0 + x0 * (4 * LDK))
+                s_step_swizzled(sm, s, a, b, qx, kx, kg)
+                s_step_swizzled(sm, s, a, b, qx + uint64(BR), kx + uint64(LDK), kg)
+                s_step_swizzled(sm, s, a, b, qx + uint64(2 * BR), kx + uint64(2 * LDK), kg)
+                s_step_swizzled(sm, s, a, b, qx + uint64(3 * BR), kx + uint64(3 * LDK), kg)
+            return
         kb = uint64(K0 + tx * CB)
         for x0 in range(D // UX):
             qx = qb + uint64(x0 * (UX * BR))
@@ -361,7 +403,7 @@ def build(BR: int, BC: int, D: int, TY: int, TX: int, min_blocks: int = 1, conti
     update = _softmax(BR, BC, D, TY, TX, contiguous)
     finish = _finish(BR, BC, D, TY, TX, contiguous)
     load_q = _loader(BR, D, TY * TX, Q0, BR, True)
-    load_k = _loader(BC, D, TY * TX, K0, LDK, True)
+    load_k = _loader(BC, D, TY * TX, K0, LDK, True, ownership(BR, BC, D, TY, TX, contiguous)["G"])
     load_v = _loader(BC, D, TY * TX, V0, D, False)
 
     def kernel(Q, K, V, O, L, scale, causal, cnt):  # noqa: E741

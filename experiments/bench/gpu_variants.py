@@ -24,12 +24,13 @@ import time
 
 HERE = pathlib.Path(__file__).resolve().parent
 CASES = ((4, 16, 4096, 64), (1, 8, 8192, 128))
-# (variant, Br, Bc, d): 4 compiled kernels in all; the tiles are the fit rule's at M = working_set(d, Br, Bc).
+# (variant, Br, Bc, d): 5 compiled kernels in all; the tiles are the fit rule's at M = working_set(d, Br, Bc).
 PLAN = (
     ("rt16x16", 128, 64, 64),
     ("rt16x16", 64, 64, 128),
     ("rt16x16v", 128, 64, 64),
     ("rt16x16v", 64, 64, 128),
+    ("rt16x16v1", 64, 64, 128),
 )
 CC = (9, 0)
 
