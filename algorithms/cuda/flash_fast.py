@@ -210,8 +210,8 @@ def _unroll(n: int) -> int:
     return 4 if n % 4 == 0 else 2 if n % 2 == 0 else 1
 
 
-def _products(BR, BC, D, TY, TX, contiguous):
-    """The two register-tiled products of one K_j, V_j step, specialised to constant extents.
+def _s_product(BR, BC, D, TY, TX, contiguous):
+    """S_ij = Q_i K_j^T of one step as a register tile, specialised to constant extents.
 
     Thread (ty, tx)'s operands at step x are sm[base + x * ld + RS u] (rows) and sm[base' + x * ld' + CS v]
     (columns; :func:`ownership`): after unrolling, one address per step plus immediate offsets. Indices are
@@ -220,11 +220,11 @@ def _products(BR, BC, D, TY, TX, contiguous):
     Rows (columns) past the tile, when TY (TX) does not divide it, read another row's words; their sums are
     dropped (never written to P or O)."""
     w = ownership(BR, BC, D, TY, TX, contiguous)
-    TM, TN, TD, RB, RS, CB, CS, OB, OS = (w[k] for k in ("TM", "TN", "TD", "RB", "RS", "CB", "CS", "OB", "OS"))
+    TM, TN, RB, RS, CB, CS = (w[k] for k in ("TM", "TN", "RB", "RS", "CB", "CS"))
     G = w["G"]  # > 0: K_j^T's 4-word groups swizzled (_loader); a thread's TN columns are TN / 4 whole groups
     NG = max(1, TN // 4)
     lay = shared_layout(BR, BC, D, TY, TX, contiguous)
-    Q0, K0, V0, P0, LDK, LDP = lay["Q"], lay["K"], lay["V"], lay["P"], lay["LDK"], lay["LDP"]
+    Q0, K0, LDK = lay["Q"], lay["K"], lay["LDK"]
     UX = _unroll(D)
 
     @_device
@@ -282,6 +282,16 @@ def _products(BR, BC, D, TY, TX, contiguous):
                 s_step(sm, s, a, b, qx + uint64(2 * BR), kx + uint64(2 * LDK))
                 s_step(sm, s, a, b, qx + uint64(3 * BR), kx + uint64(3 * LDK))
 
+    return scores
+
+
+def _pv_product(BR, BC, D, TY, TX, contiguous):
+    """O_i += P_ij V_j of one step as a register tile (:func:`_s_product`'s conventions)."""
+    w = ownership(BR, BC, D, TY, TX, contiguous)
+    TM, TD, RB, RS, OB, OS = (w[k] for k in ("TM", "TD", "RB", "RS", "OB", "OS"))
+    lay = shared_layout(BR, BC, D, TY, TX, contiguous)
+    V0, P0, LDP = lay["V"], lay["P"], lay["LDP"]
+
     @_device
     def pv_step(sm, o, a, b, pc, vc):
         """One step c of O += P V: a[u] = P_ij^T[c, ty + TY u], b[w] = V_j[c, tx + TX w], o += a b^T."""
@@ -311,7 +321,7 @@ def _products(BR, BC, D, TY, TX, contiguous):
         for c in range(full * 4, bc):
             pv_step(sm, o, a, b, pb + uint64(c * LDP), vb + uint64(c * D))
 
-    return scores, accumulate_pv
+    return accumulate_pv
 
 
 def _softmax(BR, BC, D, TY, TX, contiguous):
@@ -399,7 +409,8 @@ def build(BR: int, BC: int, D: int, TY: int, TX: int, min_blocks: int = 1, conti
     TM, TN, TD = cdiv(BR, TY), cdiv(BC, TX), cdiv(D, TX)
     lay = shared_layout(BR, BC, D, TY, TX, contiguous)
     Q0, K0, V0, P0, LDK = lay["Q"], lay["K"], lay["V"], lay["P"], lay["LDK"]
-    scores, accumulate_pv = _products(BR, BC, D, TY, TX, contiguous)
+    scores = _s_product(BR, BC, D, TY, TX, contiguous)
+    accumulate_pv = _pv_product(BR, BC, D, TY, TX, contiguous)
     update = _softmax(BR, BC, D, TY, TX, contiguous)
     finish = _finish(BR, BC, D, TY, TX, contiguous)
     load_q = _loader(BR, D, TY * TX, Q0, BR, True)
