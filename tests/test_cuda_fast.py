@@ -166,15 +166,16 @@ needs_gpu = pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU (run with IO
 
 @pytest.mark.gpu
 @needs_gpu
-@pytest.mark.parametrize("name", ["rt16x16", "rt32x8"])
-def test_gpu_fast_variants_at_moderate_size(name):
-    """(BH, N, d) = (3, 203, 64), Br = 128, Bc = 64: numerics and counters on the device, causal and not."""
-    N, d = 203, 64
+@pytest.mark.parametrize("name", ["rt16x16", "rt16x16v", "rt16x16v1", "rt32x8"])
+@pytest.mark.parametrize("d,Br,Bc", [(64, 128, 64), (128, 64, 64)])
+def test_gpu_fast_variants_at_moderate_size(name, d, Br, Bc):
+    """(BH, N) = (3, 203): ragged last blocks; numerics and counters on the device, causal and not."""
+    N = 203
     Q, K, V = _inputs(3, N, d)
     for causal in (False, True):
-        r = _ff().flash2_forward_fast(Q, K, V, variant_name=name, Br=128, Bc=64, causal=causal, count=True)
+        r = _ff().flash2_forward_fast(Q, K, V, variant_name=name, Br=Br, Bc=Bc, causal=causal, count=True)
         _check_outputs(r, Q, K, V, causal)
-        assert _counts(r.counts) == closed_form(N, d, 128, 64, causal, 3)
+        assert _counts(r.counts) == closed_form(N, d, Br, Bc, causal, 3)
 
 
 @pytest.mark.slow
