@@ -180,7 +180,7 @@ def test_the_lease_plan_dry_run_needs_no_gpu(evidence, capsys):
     # the parts that answer this issue start within the first nine minutes even if every earlier one runs to its limit
     for part in ("ncu-query", "predictions", "ncu-fa2", "tests", "m-top", "sweep-backward"):
         assert start[part] + evidence.CATALOG[part][0] <= evidence.DEFAULT_LIMIT, part
-    assert evidence.part_argv("tests", 70, None)[-1] == "tests/test_cuda.py"
+    assert evidence.part_argv("tests", 70, None)[-2:] == ["tests/test_cuda.py", "tests/test_cuda_fast.py"]
 
 
 def test_the_lease_script_dry_run(tmp_path):

@@ -802,14 +802,17 @@ def part_occupancy(args) -> dict:
 # 8 workers: each compiles its own kernels (numba's), which is most of the time on a fresh machine (the H200 lease's
 # one process passed 16 of 36 tests in 90 s); the device has 16 cores
 TESTS = ["env", "IOSIM_GPU=1", sys.executable, "-P", "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rfE",
-         "-n", "8", "-m", "gpu or not slow", "tests/test_cuda.py"]  # fmt: skip
+         "-n", "8", "-m", "gpu or not slow", "tests/test_cuda.py", "tests/test_cuda_fast.py"]  # fmt: skip
 # part -> (its time limit in seconds, what it answers); the order of DEFAULT_PLAN is the order of the lease
 CATALOG = {
     "env": (20, "device, driver, CUDA, library versions"),
     "ncu-query": (15, "ncu --query-metrics: the metrics this profiler offers (raw/ncu-query-metrics.txt)"),
     "predictions": (90, "every launch of experiments/bench/predictions/h100.json under ncu"),
     "ncu-fa2": (45, "FlashAttention-2 forward/backward: L2 sectors by source, registers, occupancy limit"),
-    "tests": (90, "IOSIM_GPU=1 pytest tests/test_cuda.py on the device (output: raw/tests.txt)"),
+    "tests": (
+        90,
+        "IOSIM_GPU=1 pytest tests/test_cuda*.py on the device (output: raw/tests.txt)",
+    ),
     "m-top": (20, "whether M = 58,112 words launches (and 57,856), every kernel"),
     "sweep-backward": (45, "flash2 backward over the sweep's (d, M): time, counters against the simulator"),
     "sweep": (50, "flash2 against square tiling over M: time, counters against the simulator"),
