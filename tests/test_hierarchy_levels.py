@@ -81,6 +81,14 @@ def model(rec, p, kernel, P, bps, C, L, bpw, parts=1, G=1, delay=None, static=No
                     add(a, "fill", lw[o])
             elif key in caches[q]:
                 put(q, key, False)
+            elif far == "shared":  # any partition's copy serves it, else DRAM behind the home
+                put(q, key, False)
+                peer = any(key in caches[x] for x in range(parts) if x != q)
+                if home != q or peer:
+                    add(a, "fabric", lw[o])
+                    add(a, "fabric_read", lw[o])
+                if not peer:
+                    add(a, "fill", lw[o])
             elif home == q:
                 put(q, key, False)
                 add(a, "fill", lw[o])
@@ -246,12 +254,13 @@ def test_partitions_and_bytes_per_array_agree_with_a_naive_model(case, kernel):
         assert h.as_dict()["fabric"] > 0  # lines homed in the other partition crossed
 
 
-@pytest.mark.parametrize("far", ["near", "home"])
+@pytest.mark.parametrize("far", ["near", "home", "shared"])
 @pytest.mark.parametrize("kernel", [False, True], ids=["uniform", "kernel-bytes"])
 @pytest.mark.parametrize("case", [c for c in CASES if c[9] > 1], ids=lambda c: f"{c[0]}-{'bwd' if c[1] else 'fwd'}")
 def test_where_a_far_read_line_is_kept_agrees_with_a_naive_model(case, kernel, far):
-    """far_copy near (the reader's partition keeps the line, the home only serves what it holds) and home (no near
-    copy: every far access crosses): every level per array, the reads' fabric apart, against the line model."""
+    """far_copy near (the reader's partition keeps the line, the home only serves what it holds), home (no near
+    copy: every far access crosses) and shared (as near, a miss served by any partition's copy before DRAM): every
+    level per array, the reads' fabric apart, against the line model."""
     rec = _run(case, False, record=True)
     rec.launch_ptr = np.concatenate(([0], np.cumsum([k["ctas"] for k in rec.launches])))
     h = _run(case, kernel, far=far)

@@ -35,8 +35,8 @@ MIB = 1 << 20
 HIT = 0.10  # a level is a hit when measured / predicted is within 10 % of 1
 # The far-copy variants (iosim.hierarchy.l2, "Where a far-homed line is kept"); "near" is the one the L2 probe and
 # the fabric reads measured on the H200 support (docs/hierarchy-hardware.md), "both" the model as built.
-VARIANTS = ("near", "both", "home")
-PRIMARY = "near"
+VARIANTS = ("both", "near", "home", "shared")
+PRIMARY = "both"
 PROBE_MB = (8, 16, 32, 40, 48, 56, 64, 72, 96)
 FA2 = ("forward", "forward causal", "backward", "backward causal", "decode GQA")
 FIG2 = (False, True)  # forward, backward

@@ -72,8 +72,12 @@ exact: a partly resident segment holds its last lines, which are the hits. A lin
 fetched from DRAM again when an SM of its home partition reads it (the home does not look into the other
 partition's copy). 2, **home**: the near partition keeps no copy of a line homed elsewhere (not on a read, not on a
 write): every far access crosses the fabric and is served by the home, which allocates it; a line holds one line,
-at its home. ``fabric`` counts the words of every crossing in row 0 and those of reads alone in row 1 (Nsight
-Compute's ``lts__t_sectors_srcunit_ltcfabric_op_read`` counts reads only).
+at its home. 3, **shared**: as near, the reader's partition keeps the only copy a read makes, and a miss there is
+served by any other partition that holds the line (across the fabric; its state untouched) before DRAM: a line
+read by SMs of both partitions is fetched from DRAM once while a copy lives. A read crosses the fabric when the line
+is homed elsewhere (DRAM sits behind its home) or when another partition's copy serves it. ``fabric`` counts the
+words of every crossing in row 0 and those of reads alone in row 1 (Nsight Compute's
+``lts__t_sectors_srcunit_ltcfabric_op_read`` counts reads only).
 
 **The clock.** ``slots`` thread blocks are resident at once (P SMs x blocks per SM). A launch starts its first
 ``slots`` blocks (in launch order) at the launch's start time; each block's clock starts there and advances by the
@@ -319,6 +323,14 @@ def segment_sectors(s, k, m, w, a, q, hm, cap, sw, Lw, spl, st, vmask, dmask, fi
                     r = res[hm, s]
                     fill[a] += ((k - r) * popcount(miss) + r * popcount(miss & ~vmask[hm, s])) * sw
                     return
+            if far == 3:  # shared: any partition's copy serves it (across the fabric), else DRAM; no state changed
+                r, held = _peers(s, q, res, vmask)
+                if hm == q:
+                    fabric[0, a] += r * popcount(miss & held) * sw
+                    fabric[1, a] += r * popcount(miss & held) * sw
+                fill[a] += ((k - r) * popcount(miss) + r * popcount(miss & ~held)) * sw
+                return
+            if hm != q:
                 miss = touch_sectors(s, k, miss, 0, a, cap, sw, Lw, spl, hm, h, res, dmask, vmask, prv, nxt, seg_aid,
                                      wb)  # fmt: skip
             fill[a] += k * popcount(miss) * sw
@@ -333,6 +345,20 @@ def segment_sectors(s, k, m, w, a, q, hm, cap, sw, Lw, spl, st, vmask, dmask, fi
     for p in range(h.shape[0]):
         if p != hm and (w == REDUCE or p != q):
             drop(s, p, h, res, prv, nxt)
+
+
+@njit(cache=True, inline="always")
+def _peers(s, q, res, vmask):
+    """(lines, sectors) of segment s the partitions other than q hold: the most lines any holds (a partly resident
+    segment holds its last lines, so the union of theirs is the longest) and the union of their valid sectors (a
+    line cache passes ``res`` as ``vmask``: any nonzero)."""
+    r = 0
+    held = 0
+    for p in range(res.shape[0]):
+        if p != q and res[p, s] > 0:
+            r = max(r, res[p, s])
+            held |= vmask[p, s]
+    return r, held
 
 
 @njit(cache=True)
@@ -354,8 +380,15 @@ def segment(s, k, w, a, q, hm, cap, lw, Lw, st, fill, wb, fabric, far=0):  # noq
                 fabric[1, a] += k * lw
                 if far == 1:  # near: the home serves the lines it holds, its state untouched
                     fill[a] += (k - res[hm, s]) * lw
+                elif far == 3:  # shared: a partition holding the line serves it, else DRAM; no state changed
+                    fill[a] += (k - _peers(s, q, res, res)[0]) * lw
                 elif touch(s, k, 0, a, cap, lw, Lw, hm, h, res, dirty, prv, nxt, seg_aid, wb):
                     fill[a] += k * lw
+            elif far == 3:
+                r = _peers(s, q, res, res)[0]
+                fabric[0, a] += r * lw
+                fabric[1, a] += r * lw
+                fill[a] += (k - r) * lw
             else:
                 fill[a] += k * lw
         return

@@ -24,7 +24,7 @@ MAX_C = 1 << 40
 MAX_L = 1 << 20
 MAX_PARTITIONS = 64
 MAX_HOME_LINES = 1 << 20
-FAR_COPY = ("both", "near", "home")  # where a far-homed line read by an SM is kept (iosim.hierarchy.l2's ``far``)
+FAR_COPY = ("both", "near", "home", "shared")  # where a far-homed line read is kept (iosim.hierarchy.l2, far)
 MAX_BLOCKS_PER_SM = 32  # resident blocks per SM, cc 8.0 - 9.0 (iosim.hierarchy.devices)
 
 
@@ -47,7 +47,8 @@ class Machine:
       ``l2_partitions``), a line's home partition by ``home_lines`` (its index in its array copy // home_lines);
     * ``far_copy``: where a line an SM reads from the far partition is kept, one of FAR_COPY: ``"both"`` (the
       default: the near partition's copy and the home's), ``"near"`` (only the reader's partition) or ``"home"``
-      (only the home: every far access crosses); NVIDIA does not publish it (:mod:`iosim.hierarchy.l2`);
+      (only the home: every far access crosses) or ``"shared"`` (only the reader's partition, and a miss is served
+      by any partition that holds the line before DRAM); NVIDIA does not publish it (:mod:`iosim.hierarchy.l2`);
     * ``sector_bytes``: None (whole-line fills), ``"device"`` (the preset's) or a number of bytes;
     * ``kernel`` (with a preset): the kernel whose threads, registers and shared memory give the blocks per SM
       (:func:`iosim.hierarchy.resident.kernel_of`)."""
