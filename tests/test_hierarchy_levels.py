@@ -53,7 +53,8 @@ def model(rec, p, kernel, P, bps, C, L, bpw, parts=1, G=1, delay=None, static=No
     lw = {n: LB // eb[owner[n]] for n in names}
     cap = C // L // parts
     caches = [OrderedDict() for _ in range(parts)]
-    cnt = {n: dict.fromkeys(("read", "update", "reduce", "fill", "wb", "fabric", "fabric_read"), 0) for n in names}
+    cnt = {n: dict.fromkeys(("read", "update", "reduce", "fill", "wb", "fabric", "fabric_read", "fabric_reduce"), 0)
+           for n in names}  # fmt: skip
 
     def add(n, k, words):
         cnt[n][k] += words
@@ -106,6 +107,8 @@ def model(rec, p, kernel, P, bps, C, L, bpw, parts=1, G=1, delay=None, static=No
             return
         if home != q:
             add(a, "fabric", lw[o])
+            if w == 2:
+                add(a, "fabric_reduce", lw[o])
             if w == 1 and far != "home":
                 if key in caches[q]:
                     caches[q].move_to_end(key)
@@ -192,7 +195,8 @@ def model(rec, p, kernel, P, bps, C, L, bpw, parts=1, G=1, delay=None, static=No
 
 def got(h):
     return {n: {"read": c.l2_read, "update": c.l2_update, "reduce": c.l2_reduce, "fill": c.l2_fill,
-                "wb": c.l2_writeback, "fabric": c.fabric, "fabric_read": c.fabric_read}
+                "wb": c.l2_writeback, "fabric": c.fabric, "fabric_read": c.fabric_read,
+                "fabric_reduce": c.fabric_reduce}
             for n, c in h.per_array.items()
             if any((c.l2_read, c.l2_update, c.l2_reduce, c.l2_fill, c.l2_writeback, c.fabric))}  # fmt: skip
 

@@ -148,6 +148,7 @@ def levels(r) -> dict:
         "l2_reduction": sum(c.bytes("l2_reduce") for c in pa),
         "l2_read_from_fabric": sum(c.bytes("fabric") for c in pa),
         "fabric_reads_only": sum(c.bytes("fabric_read") for c in pa),
+        "fabric_reductions": sum(c.bytes("fabric_reduce") for c in pa),
     }
 
 

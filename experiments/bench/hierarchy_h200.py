@@ -37,6 +37,7 @@ HIT = 0.10  # a level is a hit when measured / predicted is within 10 % of 1
 # the fabric reads measured on the H200 support (docs/hierarchy-hardware.md), "both" the model as built.
 VARIANTS = ("both", "near", "home", "shared")
 PRIMARY = "both"
+TWO_CTAS = f"{PRIMARY}, 2 CTAs/SM"  # the forward if its registers (unknown: no __launch_bounds__) allow only 2
 PROBE_MB = (8, 16, 32, 40, 48, 56, 64, 72, 96)
 FA2 = ("forward", "forward causal", "backward", "backward causal", "decode GQA")
 FIG2 = (False, True)  # forward, backward
@@ -83,10 +84,11 @@ def table(rows: list[dict] | None = None) -> str:
 
 
 # ------------------------------------------------------------------------------------ the model on the H200 preset
-def run_fa2(name: str, far_copy: str):
+def run_fa2(name: str, far_copy: str, blocks_per_sm: int | None = None):
     """One of the first lease's SDPA launches with every mechanism the H100 predictions modelled for it (hierarchy_h100:
     kernel dtypes, partitions, resident CTAs, FA2's descending walk for the forward; the decode up to partitions) on
-    the H200 preset, a far-homed line kept as ``far_copy`` says."""
+    the H200 preset, a far-homed line kept as ``far_copy`` says; ``blocks_per_sm`` (None: from the kernel's resources)
+    the forward's resident CTAs if its registers allow fewer (hierarchy_h100.TWO_CTAS)."""
     from iosim import Schedule
     from iosim.hierarchy import Machine
     from iosim.hierarchy.scheduler import Scheduler
@@ -100,7 +102,7 @@ def run_fa2(name: str, far_copy: str):
         machine = Machine(DEVICE, partitions=2, home_lines=h100.HOME_LINES, far_copy=far_copy)
         return hierarchy(flash2, device=machine, **kw)
     machine = Machine(DEVICE, partitions=2, home_lines=h100.HOME_LINES, kernel=h100.main_kernel(name),
-                      far_copy=far_copy)  # fmt: skip
+                      far_copy=far_copy, blocks_per_sm=blocks_per_sm)  # fmt: skip
     if not spec["backward"]:
         kw.update(scheduler=Scheduler(order="head-grouped", walk="descending"))
     return hierarchy(flash2, M=h100._working_set(name), device=machine, **kw)
@@ -122,15 +124,21 @@ def run_fig2(backward: bool, far_copy: str):
 
 
 def levels(r) -> dict:
-    """hierarchy_h100.levels, the fabric as Nsight Compute's op_read metric counts it (reads only), and the L1's
-    reduction sectors (4-byte atomics, a warp's 32 on one row: whole sectors, so the reduction bytes)."""
+    """hierarchy_h100.levels as Nsight Compute counts them (:func:`_ncu_levels`)."""
     return _ncu_levels(h100.levels(r))
 
 
 def _ncu_levels(got: dict) -> dict:
-    out = {k: v for k, v in got.items() if k != "fabric_reads_only"}
+    """The model's levels as Nsight Compute's metrics count them: the fabric of reads only (its
+    ``srcunit_ltcfabric_op_read``); the L1's reduction sectors, the reductions' bytes (4-byte atomics, a warp's 32
+    on one row of 128 bytes: whole sectors, FA2's GmemTiledCopydQaccumAtomicAdd); and the L2's reduction sectors
+    counted at every slice a reduction visits, the near one and, for a line homed across the fabric, the home's
+    (the stored H200 rows show the same for reads and writes: PyTorch's copies' op_read and op_write are their
+    bytes and half again, srcunit tex plus srcunit ltcfabric)."""
+    out = {k: v for k, v in got.items() if k not in ("fabric_reads_only", "fabric_reductions")}
     out["l2_read_from_fabric"] = got["fabric_reads_only"]
     out["l1_reduction"] = got["l2_reduction"]
+    out["l2_reduction"] = got["l2_reduction"] + got["fabric_reductions"]
     return out
 
 
@@ -144,6 +152,7 @@ def jobs(variants=VARIANTS) -> list:
             for v in variants]  # fmt: skip
     out += [(f"iosim causal | {v}", lambda v=v: run_iosim(v)) for v in variants]
     out += [(f"{n} | {v}", lambda n=n, v=v: levels(run_fa2(n, v))) for n in FA2 for v in variants]
+    out += [(f"{n} | {TWO_CTAS}", lambda n=n: levels(run_fa2(n, PRIMARY, 2))) for n in ("forward", "forward causal")]
     return out
 
 
@@ -194,6 +203,8 @@ def _entry(base: dict, runs: dict, key: str, variants=VARIANTS) -> dict:
     """``base`` (the launch's fields) with the primary variant's levels as ``predicted`` and the others' as named
     alternatives."""
     alts = {f"far_copy={v}": _predicted(runs[f"{key} | {v}"]) for v in variants if v != PRIMARY}
+    if f"{key} | {TWO_CTAS}" in runs:
+        alts[f"far_copy={TWO_CTAS}"] = _predicted(runs[f"{key} | {TWO_CTAS}"])
     if f"{key} | one L2" in runs:
         alts["one L2 of 60 MiB"] = _predicted(runs[f"{key} | one L2"])
     return {**base, "model": f"far_copy={PRIMARY}", "predicted": _predicted(runs[f"{key} | {PRIMARY}"]),

@@ -76,8 +76,10 @@ at its home. 3, **shared**: as near, the reader's partition keeps the only copy 
 served by any other partition that holds the line (across the fabric; its state untouched) before DRAM: a line
 read by SMs of both partitions is fetched from DRAM once while a copy lives. A read crosses the fabric when the line
 is homed elsewhere (DRAM sits behind its home) or when another partition's copy serves it. ``fabric`` counts the
-words of every crossing in row 0 and those of reads alone in row 1 (Nsight Compute's
-``lts__t_sectors_srcunit_ltcfabric_op_read`` counts reads only).
+words of every crossing in row 0, those of reads alone in row 1 (Nsight Compute's
+``lts__t_sectors_srcunit_ltcfabric_op_read`` counts reads only) and those of reductions in row 2 (the L2's
+``lts__t_sectors_op_red`` counts a reduction at each slice it visits: the near one and, across the fabric, the
+home's).
 
 **The clock.** ``slots`` thread blocks are resident at once (P SMs x blocks per SM). A launch starts its first
 ``slots`` blocks (in launch order) at the launch's start time; each block's clock starts there and advances by the
@@ -337,6 +339,7 @@ def segment_sectors(s, k, m, w, a, q, hm, cap, sw, Lw, spl, st, vmask, dmask, fi
         return
     if hm != q:
         fabric[0, a] += k * popcount(m) * sw
+        fabric[2, a] += k * popcount(m) * sw * (w == REDUCE)
         if w == WRITE and far != 2:  # the writer keeps a clean copy of what it wrote
             touch_sectors(s, k, m, 0, a, cap, sw, Lw, spl, q, h, res, dmask, vmask, prv, nxt, seg_aid, wb)
     miss = touch_sectors(s, k, m, 1, a, cap, sw, Lw, spl, hm, h, res, dmask, vmask, prv, nxt, seg_aid, wb)
@@ -365,7 +368,8 @@ def _peers(s, q, res, vmask):
 def segment(s, k, w, a, q, hm, cap, lw, Lw, st, fill, wb, fabric, far=0):  # noqa: N803
     """Segment s (k lines homed in partition hm) requested by an SM of partition q: read, write or reduction through
     the partitions, a far-homed line kept as ``far`` says (module docstring). ``fill``, ``wb``: words of array a
-    (wb: of the evicted lines'); ``fabric[0, a]`` every crossing's words, ``fabric[1, a]`` the reads'."""
+    (wb: of the evicted lines'); ``fabric[0, a]`` every crossing's words, ``fabric[1, a]`` the reads', ``fabric[2,
+    a]`` the reductions'."""
     h, res, dirty, prv, nxt, seg_aid = st
     if w == READ:
         if hm != q and far == 2:  # kept at home only: straight across
@@ -394,6 +398,7 @@ def segment(s, k, w, a, q, hm, cap, lw, Lw, st, fill, wb, fabric, far=0):  # noq
         return
     if hm != q:
         fabric[0, a] += k * lw
+        fabric[2, a] += k * lw * (w == REDUCE)
         if w == WRITE and far != 2:  # the writer keeps a clean copy of what it wrote
             touch(s, k, 0, a, cap, lw, Lw, q, h, res, dirty, prv, nxt, seg_aid, wb)
     missed = touch(s, k, 1, a, cap, lw, Lw, hm, h, res, dirty, prv, nxt, seg_aid, wb)

@@ -156,6 +156,7 @@ class LevelCounts:
     fabric: int = 0  # words that crossed between L2 partitions (lts__t_sectors_srcunit_ltcfabric's traffic)
     word_bytes: int = 2  # bytes per word of this array: bytes_per_word, or its kernel dtype's
     fabric_read: int = 0  # the reads' part of fabric (what lts__t_sectors_srcunit_ltcfabric_op_read counts)
+    fabric_reduce: int = 0  # the reductions' part of fabric (reductions homed across the fabric)
 
     LEVELS = ("two_level_reads", "two_level_writes", "l2_read", "l2_update", "l2_reduce", "l2_fill", "l2_writeback",
               "fabric", "compulsory")  # fmt: skip
@@ -1128,7 +1129,7 @@ def _run_l2(inst, launch_ptr, declared, cut, lay, Lw, mc, policy, record, n_req,
     and replayed); the counters per array."""
     n_aids = len(lay.nl)
     z = SimpleNamespace(**{k: np.zeros(n_aids, np.int64) for k in ("fill", "wb", "read", "update", "reduce")})
-    z.fabric = np.zeros((2, n_aids), np.int64)  # every crossing's words; the reads' (l2.segment)
+    z.fabric = np.zeros((3, n_aids), np.int64)  # every crossing's words; the reads'; the reductions' (l2.segment)
     need_record = record or policy == "opt"
     cap = mc.cap
     if policy == "opt" and cap > 0:
@@ -1193,7 +1194,7 @@ def _collect(parts, trace, arrays, cut, declared, lay, run, eb, launch_ptr, mc, 
             int(run.fill[a]), int(run.wb[a]),
             int(lay.nl[a] * lay.line_words[a] * array_copies[a]) * ((not first_write.get(a, True)) + (a in written)),
             "schedule" if a < len(trace.names) else launches_mod.CONVERT_DQ.name,
-            int(run.reduce[a]), int(run.fabric[0, a]), int(eb[a]), int(run.fabric[1, a]),
+            int(run.reduce[a]), int(run.fabric[0, a]), int(eb[a]), int(run.fabric[1, a]), int(run.fabric[2, a]),
         )  # fmt: skip
     return per, kinds
 
