@@ -257,7 +257,7 @@ def run_keys() -> dict:
     return keys
 
 
-VARIANT_LEVELS = ("dram_read", "dram_write", "global_load", "global_store", "l2_read_from_fabric")
+VARIANT_LEVELS = ("dram_read", "dram_write", "global_load", "global_store", "l2_reduction", "l2_read_from_fabric")
 
 
 def variants_table(stored: dict | None = None, measured: dict | None = None) -> str:
