@@ -38,6 +38,10 @@ HIT = 0.10  # a level is a hit when measured / predicted is within 10 % of 1
 VARIANTS = ("both", "near", "home", "shared")
 PRIMARY = "both"
 TWO_CTAS = f"{PRIMARY}, 2 CTAs/SM"  # the forward if its registers (unknown: no __launch_bounds__) allow only 2
+# cuDNN's decode as the H200 ran it (gpu_h200/predictions.json): its main kernel's grid is (8, 8, 4), 8 blocks per
+# (KV head, batch item), then cudnn::lean_reduction_kernel combines them: split-KV with 8 splits, read off the grid
+CUDNN_SPLITS = 8
+SPLIT = f"{PRIMARY}, cuDNN's {CUDNN_SPLITS} KV splits"
 PROBE_MB = (8, 16, 32, 40, 48, 56, 64, 72, 96)
 FA2 = ("forward", "forward causal", "backward", "backward causal", "decode GQA")
 FIG2 = (False, True)  # forward, backward
@@ -84,11 +88,12 @@ def table(rows: list[dict] | None = None) -> str:
 
 
 # ------------------------------------------------------------------------------------ the model on the H200 preset
-def run_fa2(name: str, far_copy: str, blocks_per_sm: int | None = None):
+def run_fa2(name: str, far_copy: str, blocks_per_sm: int | None = None, splits: int = 1):
     """One of the first lease's SDPA launches with every mechanism the H100 predictions modelled for it (hierarchy_h100:
     kernel dtypes, partitions, resident CTAs, FA2's descending walk for the forward; the decode up to partitions) on
     the H200 preset, a far-homed line kept as ``far_copy`` says; ``blocks_per_sm`` (None: from the kernel's resources)
-    the forward's resident CTAs if its registers allow fewer (hierarchy_h100.TWO_CTAS)."""
+    the forward's resident CTAs if its registers allow fewer (hierarchy_h100.TWO_CTAS); ``splits`` the decode's KV
+    splits (CUDNN_SPLITS)."""
     from iosim import Schedule
     from iosim.hierarchy import Machine
     from iosim.hierarchy.scheduler import Scheduler
@@ -96,7 +101,7 @@ def run_fa2(name: str, far_copy: str, blocks_per_sm: int | None = None):
 
     spec = h100.LAUNCHES[name]
     tiles = dict(Br=spec["Br"], Bc=spec["Bc"]) if spec["Br"] else {}
-    flash2 = Schedule("flash2", gqa="packed" if name == "decode GQA" else "per-head", **tiles)
+    flash2 = Schedule("flash2", gqa="packed" if name == "decode GQA" else "per-head", splits=splits, **tiles)
     kw = dict(problem=h100._problem(name), backward=spec["backward"], allow_long=True, element_bytes="kernel")
     if name == "decode GQA":
         machine = Machine(DEVICE, partitions=2, home_lines=h100.HOME_LINES, far_copy=far_copy)
@@ -153,6 +158,7 @@ def jobs(variants=VARIANTS) -> list:
     out += [(f"iosim causal | {v}", lambda v=v: run_iosim(v)) for v in variants]
     out += [(f"{n} | {v}", lambda n=n, v=v: levels(run_fa2(n, v))) for n in FA2 for v in variants]
     out += [(f"{n} | {TWO_CTAS}", lambda n=n: levels(run_fa2(n, PRIMARY, 2))) for n in ("forward", "forward causal")]
+    out += [(f"decode GQA | {SPLIT}", lambda: levels(run_fa2("decode GQA", PRIMARY, splits=CUDNN_SPLITS)))]
     return out
 
 
@@ -203,8 +209,9 @@ def _entry(base: dict, runs: dict, key: str, variants=VARIANTS) -> dict:
     """``base`` (the launch's fields) with the primary variant's levels as ``predicted`` and the others' as named
     alternatives."""
     alts = {f"far_copy={v}": _predicted(runs[f"{key} | {v}"]) for v in variants if v != PRIMARY}
-    if f"{key} | {TWO_CTAS}" in runs:
-        alts[f"far_copy={TWO_CTAS}"] = _predicted(runs[f"{key} | {TWO_CTAS}"])
+    for extra in (TWO_CTAS, SPLIT):
+        if f"{key} | {extra}" in runs:
+            alts[f"far_copy={extra}"] = _predicted(runs[f"{key} | {extra}"])
     if f"{key} | one L2" in runs:
         alts["one L2 of 60 MiB"] = _predicted(runs[f"{key} | one L2"])
     return {**base, "model": f"far_copy={PRIMARY}", "predicted": _predicted(runs[f"{key} | {PRIMARY}"]),
