@@ -221,7 +221,7 @@ def _entry(base: dict, runs: dict, key: str, variants=VARIANTS) -> dict:
 def _fa2_base(name: str, old: dict) -> dict:
     """The first lease's entry (predictions/h100.json) of the same launch, its fields but not its figures."""
     base = {k: v for k, v in old.items() if k not in ("predicted", "alternatives", "model", "blocks_per_sm")}
-    return {**base, "what": f"{base['what'].split(' (')[0]} on the H200 preset (60 MiB L2), every mechanism"}
+    return {**base, "what": f"{base['what'].split(' (')[0]}; on the H200 preset (60 MiB L2), every mechanism"}
 
 
 def predictions(stored: dict | None = None) -> dict:
@@ -246,11 +246,13 @@ def predictions(stored: dict | None = None) -> dict:
                               runs, f"fig2 {'bwd' if b else 'fwd'}"))  # fmt: skip
     return {"device": "H200 (132 SMs, 60 MiB L2: the driver's, experiments/bench/gpu_h200/env.json)",
             "iosim_version": __version__, "registered": time.strftime("%Y-%m-%d"),
-            "note": "registered before the lease that measures it; not to be refitted. The primary prediction keeps "
-                    "a line read from the far L2 partition in the reader's partition only (far_copy=near, the "
-                    "mechanism the H200's probe and fabric reads supported, docs/hierarchy-hardware.md); the "
-                    "alternatives are the other placements and one L2. The model's L2 is LRU: the probe past the "
-                    "capacity predicts 2x the buffer, where the H200 measured 1.62x at 64 MiB (not LRU).",
+            "note": "registered before the lease that measures it; not to be refitted. The primary prediction is the "
+                    "model as built (far_copy=both: a line read from the far L2 partition kept by the reader's "
+                    "partition and by its home); the alternatives keep it once (near, home, shared: the H200's probe "
+                    "supported a single copy, its FlashAttention launches refuted near's second DRAM fetch; "
+                    "docs/hierarchy-hardware.md), and the forward's 2 CTAs/SM and cuDNN's 8 KV splits. The model's "
+                    "L2 is LRU: past the capacity the probe predicts 2x the buffer, where the H200 measured 1.62x "
+                    "at 64 MiB (not LRU).",
             "entries": entries}  # fmt: skip
 
 
