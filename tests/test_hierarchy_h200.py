@@ -61,6 +61,11 @@ def test_the_predictions_file_is_well_formed_and_carries_the_stored_runs():
     assert "l1_reduction" in next(e for e in entries if e["id"] == "fig2-gpt2-fa2-bwd-causal")["predicted"]
 
 
+def test_the_predictions_file_is_the_scripts_output_from_the_stored_runs():
+    """Registered is what ``hierarchy_h200.py predictions`` makes of the stored runs (its date aside)."""
+    assert h.predictions()["entries"] == json.loads(h.PREDICTIONS.read_text())["entries"]
+
+
 def _far_lines(nbytes: int) -> int:
     """Lines of the probe's buffer that its reader's SM reads from the other partition: line x is read by CTA
     (x // 8) mod 1056 (8 warps a CTA, one line a warp, grid-stride), every CTA resident at once on slot = CTA, SM slot
