@@ -2,6 +2,9 @@
 per-SM limits are the CUDA Programming Guide's, and a Device with an out-of-range field names that field."""
 
 import csv
+import json
+import pathlib
+import re
 from dataclasses import fields
 
 import pytest
@@ -13,6 +16,9 @@ from iosim.hierarchy.devices import SOURCES, Device, _table_path, device, preset
 # (32-bit registers per SM, resident threads per SM, resident blocks per SM).
 GUIDE = {"7.0": (65536, 2048, 32), "8.0": (65536, 2048, 32), "8.6": (65536, 1536, 16), "8.9": (65536, 1536, 24),
          "9.0": (65536, 2048, 32)}  # fmt: skip
+
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def rows():
@@ -30,6 +36,8 @@ def test_every_parameter_of_every_preset_has_a_source():
             src = r[SOURCES[p]].strip()
             assert src, (r["device"], p)
             assert "http" in src or "iosim.gpu.resources.ARCHS" in src, (r["device"], p, src)
+            for cited in re.findall(r"experiments/bench/gpu_\w+/[\w.-]+", src):  # a measurement it cites is stored
+                assert (ROOT / cited).is_file(), (r["device"], p, cited)
     assert {"V100", "A100", "RTX 3090", "RTX 4090", "H100", "H200"} <= seen
 
 
@@ -221,3 +229,15 @@ def test_resident_ctas_equals_the_h100_driver_on_iosims_kernels():
         smem = r["driver"]["SHARED_SIZE_BYTES"] + r["dynamic smem"]
         got, _ = resident_ctas("H100", 128, r["driver"]["NUM_REGS"], smem)
         assert got == r["driver blocks/SM"], (r["kernel"], r["d"], r["M"])
+
+
+def test_the_h200_l2_is_what_its_driver_reported():
+    """The H200 row's L2 is the driver's CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE stored by the lease of 2026-11-28 (60 MiB),
+    not the H100 SXM5's 51,200 KB it was copied from; SMs and shared memory are the driver's too."""
+    env = json.loads((ROOT / "experiments/bench/gpu_h200/env.json").read_text())
+    h200 = device("H200")
+    assert h200.l2_bytes == env["L2_CACHE_SIZE"] == 60 * 1024 * 1024
+    assert h200.sms == env["MULTIPROCESSOR_COUNT"]
+    assert h200.smem_per_sm_bytes == env["MAX_SHARED_MEMORY_PER_MULTIPROCESSOR"]
+    assert h200.smem_per_block_bytes == env["MAX_SHARED_MEMORY_PER_BLOCK_OPTIN"]
+    assert device("H100").l2_bytes == 50 * 1024 * 1024

@@ -36,9 +36,11 @@ def model_bytes(p, name):
     return 4  # L, l, m, D, Opart, Lpart: fp32
 
 
-def model(rec, p, kernel, P, bps, C, L, bpw, parts=1, G=1, delay=None, static=None):  # noqa: N803
+def model(rec, p, kernel, P, bps, C, L, bpw, parts=1, G=1, delay=None, static=None, far="both"):  # noqa: N803
     """(per-array counts, per-launch write-backs during the kernel) of the launch ``rec`` (a recorded uniform run:
-    its cut, blocks, launches, trace) under the rules of iosim.hierarchy.l2's docstring, line by line."""
+    its cut, blocks, launches, trace) under the rules of iosim.hierarchy.l2's docstring, line by line; ``far``:
+    where a line read from the far partition is kept (both, near: the reader's partition only, home: the home's
+    only)."""
     names = list(rec.trace.names) + [n for n in ("dq_accum", "dQ_out") if n in rec.per_array]
     shapes = dict(rec.trace.shapes)
     shapes.update({n: shapes["dQ"] for n in ("dq_accum", "dQ_out") if n in rec.per_array})
@@ -51,7 +53,8 @@ def model(rec, p, kernel, P, bps, C, L, bpw, parts=1, G=1, delay=None, static=No
     lw = {n: LB // eb[owner[n]] for n in names}
     cap = C // L // parts
     caches = [OrderedDict() for _ in range(parts)]
-    cnt = {n: dict.fromkeys(("read", "update", "reduce", "fill", "wb", "fabric"), 0) for n in names}
+    cnt = {n: dict.fromkeys(("read", "update", "reduce", "fill", "wb", "fabric", "fabric_read", "fabric_reduce"), 0)
+           for n in names}  # fmt: skip
 
     def add(n, k, words):
         cnt[n][k] += words
@@ -72,20 +75,41 @@ def model(rec, p, kernel, P, bps, C, L, bpw, parts=1, G=1, delay=None, static=No
     def line(w, a, q, key, home):
         o = owner[a]
         if w == 0:
-            if key in caches[q]:
+            if home != q and far == "home":  # no near copy: across to the home every time
+                add(a, "fabric", lw[o])
+                add(a, "fabric_read", lw[o])
+                if put(home, key, False):
+                    add(a, "fill", lw[o])
+            elif key in caches[q]:
                 put(q, key, False)
+            elif far == "shared":  # any partition's copy serves it, else DRAM behind the home
+                put(q, key, False)
+                peer = any(key in caches[x] for x in range(parts) if x != q)
+                if home != q or peer:
+                    add(a, "fabric", lw[o])
+                    add(a, "fabric_read", lw[o])
+                if not peer:
+                    add(a, "fill", lw[o])
             elif home == q:
                 put(q, key, False)
                 add(a, "fill", lw[o])
             else:
                 put(q, key, False)
                 add(a, "fabric", lw[o])
-                if put(home, key, False):
+                add(a, "fabric_read", lw[o])
+                if far == "both":
+                    if put(home, key, False):
+                        add(a, "fill", lw[o])
+                elif key in caches[home]:  # near: the home serves what it holds, its LRU untouched
+                    pass
+                else:
                     add(a, "fill", lw[o])
             return
         if home != q:
             add(a, "fabric", lw[o])
-            if w == 1:
+            if w == 2:
+                add(a, "fabric_reduce", lw[o])
+            if w == 1 and far != "home":
                 if key in caches[q]:
                     caches[q].move_to_end(key)
                 else:
@@ -171,7 +195,9 @@ def model(rec, p, kernel, P, bps, C, L, bpw, parts=1, G=1, delay=None, static=No
 
 def got(h):
     return {n: {"read": c.l2_read, "update": c.l2_update, "reduce": c.l2_reduce, "fill": c.l2_fill,
-                "wb": c.l2_writeback, "fabric": c.fabric} for n, c in h.per_array.items()
+                "wb": c.l2_writeback, "fabric": c.fabric, "fabric_read": c.fabric_read,
+                "fabric_reduce": c.fabric_reduce}
+            for n, c in h.per_array.items()
             if any((c.l2_read, c.l2_update, c.l2_reduce, c.l2_fill, c.l2_writeback, c.fabric))}  # fmt: skip
 
 
@@ -197,7 +223,7 @@ CASES = [  # (algorithm, backward, problem, Br, Bc, gqa, P, C, L, parts, G)
 # fmt: on
 
 
-def _run(case, kernel, record=False, **kw):
+def _run(case, kernel, record=False, far="both", **kw):
     alg, backward, p, Br, Bc, gqa, P, C, L, parts, G = case  # noqa: N806
     return hierarchy(
         iosim.Schedule(alg, Br=Br, Bc=Bc, gqa=gqa),
@@ -207,7 +233,7 @@ def _run(case, kernel, record=False, **kw):
         record=record,
         element_bytes="kernel" if kernel else "uniform",
         **kw,
-        device=Machine(P=P, C=C, L=L, blocks_per_sm=1, partitions=parts, home_lines=G),
+        device=Machine(P=P, C=C, L=L, blocks_per_sm=1, partitions=parts, home_lines=G, far_copy=far),
     )
 
 
@@ -230,6 +256,28 @@ def test_partitions_and_bytes_per_array_agree_with_a_naive_model(case, kernel):
     assert h.dram_bytes == sum((c["fill"] + c["wb"]) * eb[n] for n, c in want.items())
     if parts > 1:
         assert h.as_dict()["fabric"] > 0  # lines homed in the other partition crossed
+
+
+@pytest.mark.parametrize("far", ["near", "home", "shared"])
+@pytest.mark.parametrize("kernel", [False, True], ids=["uniform", "kernel-bytes"])
+@pytest.mark.parametrize("case", [c for c in CASES if c[9] > 1], ids=lambda c: f"{c[0]}-{'bwd' if c[1] else 'fwd'}")
+def test_where_a_far_read_line_is_kept_agrees_with_a_naive_model(case, kernel, far):
+    """far_copy near (the reader's partition keeps the line, the home only serves what it holds), home (no near
+    copy: every far access crosses) and shared (as near, a miss served by any partition's copy before DRAM): every
+    level per array, the reads' fabric apart, against the line model."""
+    rec = _run(case, False, record=True)
+    rec.launch_ptr = np.concatenate(([0], np.cumsum([k["ctas"] for k in rec.launches])))
+    h = _run(case, kernel, far=far)
+    _, _, p, _, _, _, P, C, L, parts, G = case  # noqa: N806
+    want, during, _ = model(rec, p, kernel, P, 1, C, L, h.bytes_per_word, parts, G, far=far)
+    assert got(h) == want and h.far_copy == far
+    assert [w["during_bytes"] for w in h.dram_writes] == during
+
+
+def test_far_copy_is_checked():
+    with pytest.raises(InputError, match="far_copy"):
+        Machine(far_copy="nowhere")
+    assert Machine().far_copy == "both"  # the model as built stays the default
 
 
 def test_one_dtype_and_one_line_size_is_todays_count():

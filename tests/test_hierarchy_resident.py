@@ -191,12 +191,15 @@ def kernel_bytes(p, name):
     return 4  # dQ's accumulator, L, l, m, D, the split partials, the page table
 
 
-def sector_model(rec, p, kernel, P, C, L, bpw, sector, parts=1, G=1):  # noqa: N803, C901
+def sector_model(rec, p, kernel, P, C, L, bpw, sector, parts=1, G=1, far="both"):  # noqa: N803, C901
     """Per-array counts of the launch ``rec`` (a recorded line-fill run: its cut, blocks, launches) through a line LRU
     per partition whose lines hold valid and dirty sector sets, written from the rules (iosim.hierarchy.l2's
     docstring, "Sectors" and "Partitions"): a read fills its sectors not yet valid; a write validates and dirties
     its sectors without a fetch; a reduction fills its missing sectors and dirties them; a line evicted or left at
-    the end writes back its dirty sectors."""
+    the end writes back its dirty sectors. ``far``: where a line read from the far partition is kept (both; near:
+    the reader's only, the home serving the sectors it holds; home: the home's only; shared: the reader's only, a
+    miss served by any other partition's valid sectors before DRAM), a read's state changes only where it allocates.
+    """
     names = list(rec.trace.names) + [n for n in ("dq_accum", "dQ_out") if n in rec.per_array]
     shapes = dict(rec.trace.shapes)
     shapes.update({n: shapes["dQ"] for n in ("dq_accum", "dQ_out") if n in rec.per_array})
@@ -228,15 +231,27 @@ def sector_model(rec, p, kernel, P, C, L, bpw, sector, parts=1, G=1):  # noqa: N
     def line(w, a, q, key, home, sectors):
         words = sw[owner[a]]
         if w == 0:
+            if home != q and far == "home":
+                cnt[a]["fabric"] += len(sectors) * words
+                cnt[a]["fill"] += len(touch(home, key, sectors, False)) * words
+                return
             miss = touch(q, key, sectors, False)
+            if far == "shared" and miss:
+                peers = set().union(*(caches[x][key][0] for x in range(parts) if x != q and key in caches[x]))
+                cnt[a]["fabric"] += len(miss if home != q else miss & peers) * words
+                cnt[a]["fill"] += len(miss - peers) * words
+                return
             if miss and home != q:
                 cnt[a]["fabric"] += len(miss) * words
-                miss = touch(home, key, miss, False)
+                if far == "near":
+                    miss = miss - caches[home][key][0] if key in caches[home] else miss
+                else:
+                    miss = touch(home, key, miss, False)
             cnt[a]["fill"] += len(miss) * words
             return
         if home != q:
             cnt[a]["fabric"] += len(sectors) * words
-            if w == 1:
+            if w == 1 and far != "home":
                 touch(q, key, sectors, False)
         miss = touch(home, key, sectors, True)
         if w == 2:
@@ -328,7 +343,7 @@ SECTOR_CASES = [  # (algorithm, backward, problem, Br, Bc, gqa, P, C, L, sector 
 # fmt: on
 
 
-def _sector_run(case, sector, record=False, kernel=None):
+def _sector_run(case, sector, record=False, kernel=None, far="both"):
     alg, backward, p, Br, Bc, gqa, P, C, L, _, parts, G, kb = case  # noqa: N806
     kb = kb if kernel is None else kernel
     return hierarchy(
@@ -338,7 +353,9 @@ def _sector_run(case, sector, record=False, kernel=None):
         backward=backward,
         record=record,
         element_bytes="kernel" if kb else "uniform",
-        device=Machine(P=P, C=C, L=L, blocks_per_sm=1, partitions=parts, home_lines=G, sector_bytes=sector),
+        device=Machine(
+            P=P, C=C, L=L, blocks_per_sm=1, partitions=parts, home_lines=G, sector_bytes=sector, far_copy=far
+        ),
     )
 
 
@@ -354,6 +371,16 @@ def test_sector_fills_agree_with_an_independent_sector_model(case):
     assert sum(w["with_flush_bytes"] for w in h.dram_writes) == h.level_bytes("dram_update")
     if C < 1 << 12:  # ragged rows in a small L2: sectors move other words than lines do
         assert counts(h) != counts(line)
+
+
+@pytest.mark.parametrize("far", ["near", "home", "shared"])
+@pytest.mark.parametrize("case", [c for c in SECTOR_CASES if c[10] > 1], ids=lambda c: f"{c[0]}-d{c[2].d_qk}-{c[1]}")
+def test_sectors_where_a_far_read_line_is_kept_agree_with_the_sector_model(case, far):
+    """The far-copy variants (iosim.hierarchy.l2) with sectors, against the independent sector model."""
+    rec = _sector_run(case, None, record=True, kernel=False)
+    h = _sector_run(case, case[9], far=far)
+    alg, backward, p, Br, Bc, gqa, P, C, L, sector, parts, G, kernel = case  # noqa: N806
+    assert counts(h) == sector_model(rec, p, kernel, P, C, L, h.bytes_per_word, sector, parts, G, far=far)
 
 
 def test_sectors_change_nothing_where_every_request_covers_whole_lines():

@@ -44,6 +44,8 @@ LEVELS = {
     "l2_read": (("lts__t_sectors_op_read.sum", SECTOR),),
     "l2_write": (("lts__t_sectors_op_write.sum", SECTOR),),
     "l2_reduction": (("lts__t_sectors_op_red.sum", SECTOR), ("lts__t_sectors_op_atom.sum", SECTOR)),
+    # the reductions' sectors as the L1 sends them (to tell whether the L2's count of them is the L1's)
+    "l1_reduction": (("l1tex__t_sectors_pipe_lsu_mem_global_op_red.sum", SECTOR),),
     "l2_read_from_sm": (("lts__t_sectors_srcunit_tex_op_read.sum", SECTOR),),
     "l2_write_from_sm": (("lts__t_sectors_srcunit_tex_op_write.sum", SECTOR),),
     "l2_read_from_fabric": (("lts__t_sectors_srcunit_ltcfabric_op_read.sum", SECTOR),),

@@ -147,6 +147,8 @@ def levels(r) -> dict:
         "global_store": sum(c.bytes("l2_update") for c in pa),
         "l2_reduction": sum(c.bytes("l2_reduce") for c in pa),
         "l2_read_from_fabric": sum(c.bytes("fabric") for c in pa),
+        "fabric_reads_only": sum(c.bytes("fabric_read") for c in pa),
+        "fabric_reductions": sum(c.bytes("fabric_reduce") for c in pa),
     }
 
 
@@ -273,13 +275,17 @@ def copy_trace(nbytes: int):
     return mem.trace()
 
 
-def copy_probe(nbytes: int, partitions: int):
-    """The hierarchy's DRAM read of the probe on the H100 preset (fp32 words: lines of 32), one or two partitions."""
+def copy_probe(nbytes: int, partitions: int, device: str = "H100", far_copy: str = "both"):
+    """The hierarchy's levels of the probe on a device preset's SMs and L2 (fp32 words: lines of 32), one or two
+    partitions, a far-homed line kept as ``far_copy`` says (iosim.hierarchy.l2)."""
     from iosim.hierarchy import Machine
+    from iosim.hierarchy import device as preset
     from iosim.hierarchy.simulate import hierarchy
 
     t = copy_trace(nbytes)
-    machine = Machine(P=132, C=52428800 // 4, L=32, blocks_per_sm=8, partitions=partitions, home_lines=HOME_LINES)
+    dev = preset(device)
+    machine = Machine(P=dev.sms, C=dev.l2_bytes // 4, L=dev.l2_line_bytes // 4, blocks_per_sm=8,
+                      partitions=partitions, home_lines=HOME_LINES, far_copy=far_copy)  # fmt: skip
     r = hierarchy("read twice", N=1, d=1, M=t.M, device=machine, bytes_per_word=4, _trace=t, allow_long=True)
     return levels(r)
 

@@ -61,6 +61,26 @@ CUDA programming model across them. Modelled, with ``parts`` partitions of ``cap
 
 With ``parts = 1`` every line's home is the near partition: no fabric, no invalidation, the single shared LRU.
 
+**Where a far-homed line is kept** (``far``; NVIDIA does not publish it: three named alternatives, the first the
+default). 0, **both**: as above, the near partition keeps a copy and the home allocates it on its own miss, so a
+line read from the far side holds a line in each partition. 1, **near**: the near partition keeps its copy; the home
+serves the read from its own copy where it holds the line (the lines and sectors it holds; a read it forwards
+changes nothing there, not even its recency) and otherwise fills it from DRAM without allocating it (the home
+caches what its own SMs read and what is written or reduced there, not what it forwards), so a line read only from
+the far side holds one line, in the reader's partition. Leaving the home's state as it is keeps the segment LRU
+exact: a partly resident segment holds its last lines, which are the hits. A line the far side read first is
+fetched from DRAM again when an SM of its home partition reads it (the home does not look into the other
+partition's copy). 2, **home**: the near partition keeps no copy of a line homed elsewhere (not on a read, not on a
+write): every far access crosses the fabric and is served by the home, which allocates it; a line holds one line,
+at its home. 3, **shared**: as near, the reader's partition keeps the only copy a read makes, and a miss there is
+served by any other partition that holds the line (across the fabric; its state untouched) before DRAM: a line
+read by SMs of both partitions is fetched from DRAM once while a copy lives. A read crosses the fabric when the line
+is homed elsewhere (DRAM sits behind its home) or when another partition's copy serves it. ``fabric`` counts the
+words of every crossing in row 0, those of reads alone in row 1 (Nsight Compute's
+``lts__t_sectors_srcunit_ltcfabric_op_read`` counts reads only) and those of reductions in row 2 (the L2's
+``lts__t_sectors_op_red`` counts a reduction at each slice it visits: the near one and, across the fabric, the
+home's).
+
 **The clock.** ``slots`` thread blocks are resident at once (P SMs x blocks per SM). A launch starts its first
 ``slots`` blocks (in launch order) at the launch's start time; each block's clock starts there and advances by the
 words of each request it issues; when a block finishes, the next block of the launch takes its slot at the
@@ -286,21 +306,41 @@ def touch_sectors(s, k, m, d, a, cap, sw, Lw, spl, p, h, res, dmask, vmask, prv,
 
 
 @njit(cache=True)
-def segment_sectors(s, k, m, w, a, q, hm, cap, sw, Lw, spl, st, vmask, dmask, fill, wb, fabric):  # noqa: N803
+def segment_sectors(s, k, m, w, a, q, hm, cap, sw, Lw, spl, st, vmask, dmask, fill, wb, fabric, far=0):  # noqa: N803
     """:func:`segment` with sectors: the sectors ``m`` of segment s's k lines (module docstring)."""
     h, res, _, prv, nxt, seg_aid = st
     if w == READ:
+        if hm != q and far == 2:  # kept at home only: straight across
+            fabric[0, a] += k * popcount(m) * sw
+            fabric[1, a] += k * popcount(m) * sw
+            miss = touch_sectors(s, k, m, 0, a, cap, sw, Lw, spl, hm, h, res, dmask, vmask, prv, nxt, seg_aid, wb)
+            fill[a] += k * popcount(miss) * sw
+            return
         miss = touch_sectors(s, k, m, 0, a, cap, sw, Lw, spl, q, h, res, dmask, vmask, prv, nxt, seg_aid, wb)
         if miss:
             if hm != q:
-                fabric[a] += k * popcount(miss) * sw
+                fabric[0, a] += k * popcount(miss) * sw
+                fabric[1, a] += k * popcount(miss) * sw
+                if far == 1:  # near: the home serves the sectors it holds, its state untouched
+                    r = res[hm, s]
+                    fill[a] += ((k - r) * popcount(miss) + r * popcount(miss & ~vmask[hm, s])) * sw
+                    return
+            if far == 3:  # shared: any partition's copy serves it (across the fabric), else DRAM; no state changed
+                r, held = _peers(s, q, res, vmask)
+                if hm == q:
+                    fabric[0, a] += r * popcount(miss & held) * sw
+                    fabric[1, a] += r * popcount(miss & held) * sw
+                fill[a] += ((k - r) * popcount(miss) + r * popcount(miss & ~held)) * sw
+                return
+            if hm != q:
                 miss = touch_sectors(s, k, miss, 0, a, cap, sw, Lw, spl, hm, h, res, dmask, vmask, prv, nxt, seg_aid,
                                      wb)  # fmt: skip
             fill[a] += k * popcount(miss) * sw
         return
     if hm != q:
-        fabric[a] += k * popcount(m) * sw
-        if w == WRITE:  # the writer keeps a clean copy of what it wrote
+        fabric[0, a] += k * popcount(m) * sw
+        fabric[2, a] += k * popcount(m) * sw * (w == REDUCE)
+        if w == WRITE and far != 2:  # the writer keeps a clean copy of what it wrote
             touch_sectors(s, k, m, 0, a, cap, sw, Lw, spl, q, h, res, dmask, vmask, prv, nxt, seg_aid, wb)
     miss = touch_sectors(s, k, m, 1, a, cap, sw, Lw, spl, hm, h, res, dmask, vmask, prv, nxt, seg_aid, wb)
     if w == REDUCE:
@@ -310,23 +350,56 @@ def segment_sectors(s, k, m, w, a, q, hm, cap, sw, Lw, spl, st, vmask, dmask, fi
             drop(s, p, h, res, prv, nxt)
 
 
+@njit(cache=True, inline="always")
+def _peers(s, q, res, vmask):
+    """(lines, sectors) of segment s the partitions other than q hold: the most lines any holds (a partly resident
+    segment holds its last lines, so the union of theirs is the longest) and the union of their valid sectors (a
+    line cache passes ``res`` as ``vmask``: any nonzero)."""
+    r = 0
+    held = 0
+    for p in range(res.shape[0]):
+        if p != q and res[p, s] > 0:
+            r = max(r, res[p, s])
+            held |= vmask[p, s]
+    return r, held
+
+
 @njit(cache=True)
-def segment(s, k, w, a, q, hm, cap, lw, Lw, st, fill, wb, fabric):  # noqa: N803
+def segment(s, k, w, a, q, hm, cap, lw, Lw, st, fill, wb, fabric, far=0):  # noqa: N803
     """Segment s (k lines homed in partition hm) requested by an SM of partition q: read, write or reduction through
-    the partitions (module docstring). ``fill``, ``wb``, ``fabric``: words of array a (wb: of the evicted lines')."""
+    the partitions, a far-homed line kept as ``far`` says (module docstring). ``fill``, ``wb``: words of array a
+    (wb: of the evicted lines'); ``fabric[0, a]`` every crossing's words, ``fabric[1, a]`` the reads', ``fabric[2,
+    a]`` the reductions'."""
     h, res, dirty, prv, nxt, seg_aid = st
     if w == READ:
+        if hm != q and far == 2:  # kept at home only: straight across
+            fabric[0, a] += k * lw
+            fabric[1, a] += k * lw
+            if touch(s, k, 0, a, cap, lw, Lw, hm, h, res, dirty, prv, nxt, seg_aid, wb):
+                fill[a] += k * lw
+            return
         if touch(s, k, 0, a, cap, lw, Lw, q, h, res, dirty, prv, nxt, seg_aid, wb):
             if hm != q:
-                fabric[a] += k * lw
-                if touch(s, k, 0, a, cap, lw, Lw, hm, h, res, dirty, prv, nxt, seg_aid, wb):
+                fabric[0, a] += k * lw
+                fabric[1, a] += k * lw
+                if far == 1:  # near: the home serves the lines it holds, its state untouched
+                    fill[a] += (k - res[hm, s]) * lw
+                elif far == 3:  # shared: a partition holding the line serves it, else DRAM; no state changed
+                    fill[a] += (k - _peers(s, q, res, res)[0]) * lw
+                elif touch(s, k, 0, a, cap, lw, Lw, hm, h, res, dirty, prv, nxt, seg_aid, wb):
                     fill[a] += k * lw
+            elif far == 3:
+                r = _peers(s, q, res, res)[0]
+                fabric[0, a] += r * lw
+                fabric[1, a] += r * lw
+                fill[a] += (k - r) * lw
             else:
                 fill[a] += k * lw
         return
     if hm != q:
-        fabric[a] += k * lw
-        if w == WRITE:  # the writer keeps a clean copy of what it wrote
+        fabric[0, a] += k * lw
+        fabric[2, a] += k * lw * (w == REDUCE)
+        if w == WRITE and far != 2:  # the writer keeps a clean copy of what it wrote
             touch(s, k, 0, a, cap, lw, Lw, q, h, res, dirty, prv, nxt, seg_aid, wb)
     missed = touch(s, k, 1, a, cap, lw, Lw, hm, h, res, dirty, prv, nxt, seg_aid, wb)
     if w == REDUCE and missed:
@@ -338,9 +411,10 @@ def segment(s, k, w, a, q, hm, cap, lw, Lw, st, fill, wb, fabric):  # noqa: N803
 
 @njit(cache=True)
 def issue(k, copy, q, req, base, stride, nseg, gbase, loff, soff, seg_of_line, seg_start, seg_home, Lw, cap, st,
-          fill, wb, fabric, spl, vmask, dmask):  # fmt: skip  # noqa: N803
+          fill, wb, fabric, spl, vmask, dmask, far=0):  # fmt: skip  # noqa: N803
     """Request k of a block on a slot of partition q, working on copy ``copy`` of its array: every segment it
-    touches, in order (``spl`` > 1: the sectors it covers on each, with the masks ``vmask``, ``dmask``)."""
+    touches, in order (``spl`` > 1: the sectors it covers on each, with the masks ``vmask``, ``dmask``; ``far``: where
+    a far-homed line is kept, module docstring)."""
     w, a, r0, nr, c0, nc = req[k, 0], req[k, 1], req[k, 2], req[k, 3], req[k, 4], req[k, 5]
     if nr <= 0 or nc <= 0 or w < 0:
         return
@@ -368,11 +442,11 @@ def issue(k, copy, q, req, base, stride, nseg, gbase, loff, soff, seg_of_line, s
             j = soff[b] + s
             le = seg_start[j + 1]
             if spl == 1:
-                segment(g0 + s, le - seg_start[j], w, a, q, seg_home[j], cap, lw, Lw, st, fill, wb, fabric)
+                segment(g0 + s, le - seg_start[j], w, a, q, seg_home[j], cap, lw, Lw, st, fill, wb, fabric, far)
             else:
                 m = _sector_mask(w0, w1, seg_start[j], le, lw, spl)
                 segment_sectors(g0 + s, le - seg_start[j], m, w, a, q, seg_home[j], cap, lw // spl, Lw, spl, st,
-                                vmask, dmask, fill, wb, fabric)  # fmt: skip
+                                vmask, dmask, fill, wb, fabric, far)  # fmt: skip
             if le >= l1:
                 break
             s += 1
@@ -466,7 +540,7 @@ def _first_wave(lo, hi_, t_start, slots, static, ht, hi, hs, cur, end, inst_piec
 def run_launches(
     inst_piece, inst_copy, launch_ptr, slots, slot_part, piece_ptr, req, kind, base, stride, nseg, gbase, loff, soff,
     seg_of_line, seg_start, seg_home, Lw, cap, st, fill, wb, fabric, l2_read, l2_update, l2_reduce, delay,
-    static_slot, wb_launch, record, rec_inst, rec_req, clock, spl, vmask, dmask,
+    static_slot, wb_launch, record, rec_inst, rec_req, clock, spl, vmask, dmask, far=0,
 ):  # fmt: skip
     """Run the launches' blocks through the clock model into the L2 (module docstring). Block i works on copy
     ``inst_copy[i, kind[a]]`` of array a (kind 0: its head unit's, 1: its K/V head's, 2: its batch item's); its requests
@@ -475,7 +549,8 @@ def run_launches(
     requests go to partition ``slot_part[slot]``. With ``record``, the order in which the L2 sees the requests: block
     ``rec_inst[n]``, request ``rec_req[n]``. ``clock[k]`` is the end time of launch k, ``wb_launch[k]`` the words
     written back per array by the end of launch k (before the final flush). ``spl`` sectors per line (1: whole
-    lines), with the sector masks ``vmask``, ``dmask`` (module docstring). Returns the number of requests issued."""
+    lines), with the sector masks ``vmask``, ``dmask`` (module docstring); ``far`` where a far-homed line is kept and
+    ``fabric`` of shape (2, arrays) (module docstring). Returns the number of requests issued."""
     ht = np.empty(slots, np.int64)
     hi = np.empty(slots, np.int64)
     hs = np.empty(slots, np.int64)
@@ -496,7 +571,8 @@ def run_launches(
             w, a = req[k, 0], req[k, 1]
             if w >= 0:
                 issue(k, inst_copy[i, kind[a]], slot_part[slot], req, base, stride, nseg, gbase, loff, soff,
-                      seg_of_line, seg_start, seg_home, Lw, cap, st, fill, wb, fabric, spl, vmask, dmask)  # fmt: skip
+                      seg_of_line, seg_start, seg_home, Lw, cap, st, fill, wb, fabric, spl, vmask, dmask,
+                      far)  # fmt: skip
                 if w == WRITE:
                     l2_update[a] += req[k, 6]
                 elif w == REDUCE:

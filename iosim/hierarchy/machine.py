@@ -24,6 +24,7 @@ MAX_C = 1 << 40
 MAX_L = 1 << 20
 MAX_PARTITIONS = 64
 MAX_HOME_LINES = 1 << 20
+FAR_COPY = ("both", "near", "home", "shared")  # where a far-homed line read is kept (iosim.hierarchy.l2, far)
 MAX_BLOCKS_PER_SM = 32  # resident blocks per SM, cc 8.0 - 9.0 (iosim.hierarchy.devices)
 
 
@@ -44,6 +45,10 @@ class Machine:
     * ``P`` SMs, ``C`` L2 words, ``L`` words per line (a power of two), ``blocks_per_sm`` resident blocks per SM;
     * ``partitions``: the L2 in that many partitions (default 1, the single shared L2; ``"device"``: the preset's
       ``l2_partitions``), a line's home partition by ``home_lines`` (its index in its array copy // home_lines);
+    * ``far_copy``: where a line an SM reads from the far partition is kept, one of FAR_COPY: ``"both"`` (the
+      default: the near partition's copy and the home's), ``"near"`` (only the reader's partition) or ``"home"``
+      (only the home: every far access crosses) or ``"shared"`` (only the reader's partition, and a miss is served
+      by any partition that holds the line before DRAM); NVIDIA does not publish it (:mod:`iosim.hierarchy.l2`);
     * ``sector_bytes``: None (whole-line fills), ``"device"`` (the preset's) or a number of bytes;
     * ``kernel`` (with a preset): the kernel whose threads, registers and shared memory give the blocks per SM
       (:func:`iosim.hierarchy.resident.kernel_of`)."""
@@ -57,6 +62,7 @@ class Machine:
     home_lines: int = 1
     sector_bytes: int | str | None = None
     kernel: object = None
+    far_copy: str = "both"
 
     def __post_init__(self) -> None:
         if isinstance(self.device, str):
@@ -72,6 +78,8 @@ class Machine:
         if self.L is not None and self.L & (self.L - 1):
             raise InputError("L (line words)", "must be a power of two", self.L)
         check_int("home_lines", self.home_lines, 1, MAX_HOME_LINES)
+        if self.far_copy not in FAR_COPY:
+            raise InputError("far_copy", f"must be one of {', '.join(FAR_COPY)}", self.far_copy)
         for name, value, what in (("l2_partitions", self.partitions, "a number"),
                                   ("sector_bytes", self.sector_bytes, "a number of bytes")):  # fmt: skip
             if value == "device" and self.device is None:

@@ -114,7 +114,7 @@ from iosim.hierarchy import ctas as ctas_mod
 from iosim.hierarchy import l2
 from iosim.hierarchy import launches as launches_mod
 from iosim.hierarchy.devices import MAX_BLOCKS_PER_SM, RESERVED_SMEM_PER_BLOCK, Device
-from iosim.hierarchy.machine import Machine, check_int, machine_of
+from iosim.hierarchy.machine import FAR_COPY, Machine, check_int, machine_of
 from iosim.hierarchy.scheduler import Scheduler
 from iosim.runner import estimate
 from iosim.runner.api import short_keywords
@@ -155,6 +155,8 @@ class LevelCounts:
     l2_reduce: int = 0  # words added by atomic reductions at the L2 (flash2's backward's dQ, element_bytes="kernel")
     fabric: int = 0  # words that crossed between L2 partitions (lts__t_sectors_srcunit_ltcfabric's traffic)
     word_bytes: int = 2  # bytes per word of this array: bytes_per_word, or its kernel dtype's
+    fabric_read: int = 0  # the reads' part of fabric (what lts__t_sectors_srcunit_ltcfabric_op_read counts)
+    fabric_reduce: int = 0  # the reductions' part of fabric (reductions homed across the fabric)
 
     LEVELS = ("two_level_reads", "two_level_writes", "l2_read", "l2_update", "l2_reduce", "l2_fill", "l2_writeback",
               "fabric", "compulsory")  # fmt: skip
@@ -222,6 +224,7 @@ class HierarchyResult:
     final_flush_bytes: int | None = None  # dirty bytes written back after the last launch (None under OPT)
     resident: str = "given"  # how blocks_per_sm was decided: given, the kernel's limiter, or M's shared memory
     sector_bytes: int | None = None  # the L2 fills and writes back sectors of this many bytes (None: whole lines)
+    far_copy: str = "both"  # where a line read from the far partition is kept (FAR_COPY, iosim.hierarchy.l2)
 
     def _sum(self, attr: str) -> int:
         return sum(getattr(c, attr) for c in self.per_array.values())
@@ -365,6 +368,7 @@ class HierarchyResult:
             element_bytes=self.element_bytes,
             l2_partitions=self.l2_partitions,
             home_lines=self.home_lines,
+            far_copy=self.far_copy,
             fabric=self._sum("fabric"),
             fabric_bytes=self.level_bytes("fabric"),
             l2_reduce=self._sum("l2_reduce"),
@@ -723,6 +727,7 @@ def _simulate(kw: dict) -> HierarchyResult:
         int(run.n_rec), time.perf_counter() - t0, [int(x) for x in run.clock[: len(kinds)]],
         problem if unit is not None else None, gqa, int(splits), element_bytes, mc.parts, mc.home_lines,
         None if run.final_flush is None else int(np.sum(run.final_flush * eb)), mc.resident, mc.sector_bytes,
+        mc.far_copy,
     )  # fmt: skip
     if record:
         res.record = np.stack([run.rec_inst[: run.n_rec], run.rec_req[: run.n_rec]], axis=1)
@@ -836,7 +841,8 @@ def _machine(machine: Machine, M, bytes_per_word, policy):  # noqa: N803
     return SimpleNamespace(name=machine.name, P=P, C=C, L=L, M=M, blocks_per_sm=blocks_per_sm,
                            bytes_per_word=bytes_per_word, parts=parts, home_lines=machine.home_lines,
                            slots=P * blocks_per_sm, slot_part=slot_part, cap=C // L // parts,
-                           resident=resident, sector_bytes=sector_bytes, spl=spl)  # fmt: skip
+                           resident=resident, sector_bytes=sector_bytes, spl=spl,
+                           far_copy=machine.far_copy)  # fmt: skip
 
 
 MAX_SECTORS_PER_LINE = 32  # a line's sector masks are int64 bit sets
@@ -1122,8 +1128,8 @@ def _run_l2(inst, launch_ptr, declared, cut, lay, Lw, mc, policy, record, n_req,
     """Run the L2: the blocks through the clock into the LRU partitions (or, for OPT, the clock's order recorded
     and replayed); the counters per array."""
     n_aids = len(lay.nl)
-    z = SimpleNamespace(**{k: np.zeros(n_aids, np.int64) for k in ("fill", "wb", "fabric", "read", "update",
-                                                                    "reduce")})  # fmt: skip
+    z = SimpleNamespace(**{k: np.zeros(n_aids, np.int64) for k in ("fill", "wb", "read", "update", "reduce")})
+    z.fabric = np.zeros((3, n_aids), np.int64)  # every crossing's words; the reads'; the reductions' (l2.segment)
     need_record = record or policy == "opt"
     cap = mc.cap
     if policy == "opt" and cap > 0:
@@ -1150,7 +1156,7 @@ def _run_l2(inst, launch_ptr, declared, cut, lay, Lw, mc, policy, record, n_req,
         inst[:, 0].copy(), inst[:, 1:].copy(), launch_ptr, mc.slots, mc.slot_part, declared.cta_ptr, cut.requests,
         lay.kv, lay.base, lay.stride, lay.nseg, lay.gbase, lay.loff, lay.soff, lay.seg_of_line, lay.seg_start,
         lay.seg_home, Lw, lru_cap, st, f_lru, w_lru, z.fabric, z.read, z.update, z.reduce, delay, static, wb_launch,
-        need_record, z.rec_inst, z.rec_req, z.clock, mc.spl, vmask, dmask,
+        need_record, z.rec_inst, z.rec_req, z.clock, mc.spl, vmask, dmask, FAR_COPY.index(mc.far_copy),
     )  # fmt: skip
     z.wb_launch = wb_launch if lru else None  # OPT's write-backs are not in launch time
     if policy == "lru" and cap > 0:
@@ -1180,7 +1186,7 @@ def _collect(parts, trace, arrays, cut, declared, lay, run, eb, launch_ptr, mc, 
     per = {}
     for a, name in enumerate(arrays.names):
         c = two_level.get(name) if a < len(trace.names) else None
-        moved = (run.fill[a], run.wb[a], run.read[a], run.update[a], run.reduce[a], run.fabric[a])
+        moved = (run.fill[a], run.wb[a], run.read[a], run.update[a], run.reduce[a], run.fabric[0, a])
         if c is None and not any(moved):
             continue
         per[name] = LevelCounts(
@@ -1188,7 +1194,7 @@ def _collect(parts, trace, arrays, cut, declared, lay, run, eb, launch_ptr, mc, 
             int(run.fill[a]), int(run.wb[a]),
             int(lay.nl[a] * lay.line_words[a] * array_copies[a]) * ((not first_write.get(a, True)) + (a in written)),
             "schedule" if a < len(trace.names) else launches_mod.CONVERT_DQ.name,
-            int(run.reduce[a]), int(run.fabric[a]), int(eb[a]),
+            int(run.reduce[a]), int(run.fabric[0, a]), int(eb[a]), int(run.fabric[1, a]), int(run.fabric[2, a]),
         )  # fmt: skip
     return per, kinds
 
