@@ -5,11 +5,12 @@
 # raw/tests.txt); results in $W (default /tmp/ev), tarred to $OUT/ev.tgz when OUT is set. Wheels in .whl/
 # (numba-cuda, numpy, fla-core, iosim) are installed first if present.
 #   bash experiments/bench/gpu_evidence.sh --dry-run          # the plan and each part's limit; no GPU needed
-#   PARTS="env tests sweep" LIMIT=300 bash experiments/bench/gpu_evidence.sh
+#   PARTS="env tests=120 sweep" LIMIT=300 bash experiments/bench/gpu_evidence.sh   # a part's own limit: name=SECONDS
+#   PREDICTIONS=experiments/bench/predictions/h200.json bash experiments/bench/gpu_evidence.sh   # another registered file
 set -u
 W=${W:-/tmp/ev}
 LIMIT=${LIMIT:-540}
-E="python3 experiments/bench/gpu_evidence.py run-all --out $W --limit $LIMIT ${PARTS:+--parts $PARTS}"
+E="python3 experiments/bench/gpu_evidence.py run-all --out $W --limit $LIMIT ${PARTS:+--parts $PARTS} ${PREDICTIONS:+--predictions $PREDICTIONS}"
 if [ "${1:-}" = "--dry-run" ]; then exec $E --dry-run; fi
 mkdir -p "$W"
 export PYTHONUNBUFFERED=1 NUMBA_CACHE_DIR=/tmp/numba-ev
