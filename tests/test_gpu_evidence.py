@@ -482,3 +482,19 @@ def test_a_profiling_child_stops_launching_at_its_budget(evidence, tmp_path, mon
     mk.run({"id": 2}, lambda: calls.append("launch"))
     assert mk.expired() and calls.count("launch") == 1
     assert [x["id"] for x in __import__("json").loads((tmp_path / "labels.json").read_text())] == [1]
+
+
+def test_a_profiled_child_keeps_most_of_a_short_budget(evidence):
+    assert evidence.child_budget(100) == 85  # the margin
+    assert evidence.child_budget(17) == 17 * 0.75  # a short part: a quarter at most (the margin would leave 2 s)
+    assert evidence.child_budget(1) == 1.0
+
+
+def test_the_predictions_part_asks_for_the_metrics_of_the_file_it_measures(evidence, tmp_path):
+    import json
+    import types
+
+    h200 = BENCH / "predictions" / "h200.json"
+    wanted = evidence.NCU_PARTS["predictions"][1](types.SimpleNamespace(predictions=h200))
+    levels = {lv for e in json.loads(h200.read_text())["entries"] for lv in e["predicted"]}
+    assert "l1_reduction" in levels and "l1tex__t_sectors_pipe_lsu_mem_global_op_red.sum" in wanted

@@ -90,10 +90,12 @@ FA2_METRICS = METRICS + (
 M_TOP_CASES = ((64, 58112), (128, 58112), (64, 57856), (128, 57856))  # (d, M): the opt-in ceiling and 256 below
 
 
-def _prediction_metrics() -> list[str]:
+def _prediction_metrics(args) -> list[str]:
+    """The metrics of the predictions file the part measures (``--predictions``; the second H200 lease asked for
+    the default file's, so h200.json's level l1_reduction went unmeasured)."""
     import gpu_predictions
 
-    return gpu_predictions.metrics_for(gpu_predictions.load())
+    return gpu_predictions.metrics_for(gpu_predictions.load(args.predictions))
 
 
 # a profiled part: (its child, the metrics it asks for); its raw output is raw/<part>.*
@@ -423,7 +425,14 @@ def _kill_tree(pid: int) -> None:
             pass
 
 
-NCU_MARGIN = 15  # seconds the child leaves ncu to print its CSV after the last profiled launch
+NCU_MARGIN = 15  # seconds the child leaves ncu to print its CSV after the last profiled launch (at most)
+
+
+def child_budget(timeout: float) -> float:
+    """The profiled child's own budget under ncu's ``timeout``: the margin, but never more than a quarter of it (the
+    second H200 lease's ncu-fa2 had 17 s, left its child 2 s, and the child, still importing torch, profiled
+    nothing)."""
+    return max(timeout - min(NCU_MARGIN, timeout / 4), 1.0)
 
 
 def run_ncu(part: str, args, metrics=METRICS, timeout: float | None = None) -> tuple[str, str, str, int]:
@@ -435,7 +444,7 @@ def run_ncu(part: str, args, metrics=METRICS, timeout: float | None = None) -> t
     log.unlink(missing_ok=True)
     cmd = [_ncu(), *NCU_FLAGS, "--log-file", str(log), "--metrics", ",".join(metrics), sys.executable, __file__,
            f"child-{NCU_PARTS[part][0]}", "--out", str(args.out), "--predictions", str(args.predictions),
-           "--budget", str(max(timeout - NCU_MARGIN, 1))]  # fmt: skip
+           "--budget", str(child_budget(timeout))]  # fmt: skip
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
     try:
         out, err = p.communicate(timeout=timeout)
@@ -455,7 +464,7 @@ def part_ncu(part: str, args) -> dict:
     child, wanted = NCU_PARTS[part]
     if child == "predictions" and not args.predictions.exists():
         return {"note": f"no predictions file at {args.predictions}: nothing measured"}
-    wanted = wanted() if callable(wanted) else wanted
+    wanted = wanted(args) if callable(wanted) else wanted
     metrics, not_offered = ncu_raw.split_offered(wanted, query_metrics(part, args))
     labels_path = args.out / f"labels-{child}.json"
     labels_path.unlink(missing_ok=True)  # the child writes it after each launch: none from an earlier run
