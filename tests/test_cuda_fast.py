@@ -32,6 +32,10 @@ TOL = 2e-5
 def _ff():
     from iosim.algorithms.cuda import flash_fast
 
+    from iosim.gpu import simulator
+
+    if flash_fast.SIMULATOR:
+        simulator.install()  # the simulator's cuda swap made thread-safe, as iosim.gpu.launch does before a launch
     return flash_fast
 
 

@@ -69,9 +69,8 @@ import numpy as np
 from iosim.algorithms.cuda._common import NEG_INF, READS, _tally, span, store_tile, store_vec
 from iosim.algorithms.cuda._host import SIMULATOR, Launcher, cdiv, check_capacity, f32_scale
 from iosim.algorithms.cuda.flash import FWD2_ARRAYS
+from iosim.memory_model.core import InputError
 from numba import cuda, float32, uint64
-
-from iosim.base.errors import InputError
 
 _Q, _K, _V, _O, _L = range(5)  # counter rows, in FWD2_ARRAYS's order
 FULL_MASK = 0xFFFFFFFF
@@ -516,10 +515,7 @@ def flash2_forward_fast(
     ``Br``, ``Bc``: the schedule's tiles (the simulator's, for the same M); ``M`` (optional): the launch is refused
     (CapacityError) if the kernel's shared words exceed it."""
     v = variant(variant_name)
-    if SIMULATOR:
-        from iosim.gpu import simulator
-
-        simulator.install()
+    if SIMULATOR:  # the caller installs iosim.gpu.simulator's thread-safe swap (algorithms import no iosim.gpu)
         simulator_shuffles()
     job = Launcher(FWD2_ARRAYS, count, v.threads, poison, out, Q=Q, K=K, V=V)
     N, d, BH, a = job.batch.N, job.batch.d, job.batch.BH, job.arrays
