@@ -126,13 +126,13 @@ def _run_all(args) -> tuple[list, list[str]]:
     """Every registered algorithm (with a backward pass, under --backward) run once: (the results, a line per
     algorithm not run). An algorithm that does not fit M is a line, a bad argument is raised; when none fits, M is
     refused naming the smallest M that serves one. On a cold Numba cache, a second process compiles standard
-    attention and square tiling (about half the first run's compile time) while this one runs the others:
-    :mod:`iosim.runner.warmup`."""
+    attention (about half the first run's compile time: 15 of 30 s of compiling on the development machine) while
+    this one runs the others: :mod:`iosim.runner.warmup`."""
     kwargs = run_kwargs(args)
     names = [n for n in registry.algorithms() if not args.backward or registry.get(n).has_backward]
     failures = [f"{n}: no backward pass" for n in registry.algorithms() if n not in names]
     key = f"compare-{args.dtype}-{'b' if args.backward else 'f'}-{'c' if args.count_only else 'n'}"
-    later = [n for n in names if n in ("standard", "square-tiling")]
+    later = [n for n in names if n in ("standard",)]
     worker = warmup.start(later, kwargs, key) if len(names) > 1 else None
     order = [n for n in names if n not in later] + later if worker else names
     results = []

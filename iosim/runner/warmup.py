@@ -3,8 +3,8 @@
 Numba compiles each algorithm's driver the first time it runs and caches the machine code on disk; later runs load
 it (about a second for ``iosim compare``). A first run on this 2-core machine spends most of its time compiling.
 When the cache is cold, :func:`start` launches one worker process that compiles the algorithms given to it (by
-running them once at a tiny size with the same argument types; ``iosim compare`` gives it standard attention and
-FlashAttention-1, about half of the compile time) while this process runs the others; both write the shared
+running them once at a tiny size with the same argument types; ``iosim compare`` gives it standard attention,
+about half of the compile time) while this process runs the others; both write the shared
 cache, and this process then loads what the worker compiled. A marker keyed by a fingerprint of iosim's source
 files records that the cache is warm, so later runs start no worker.
 """
