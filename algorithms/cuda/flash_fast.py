@@ -209,6 +209,23 @@ def _unroll(n: int) -> int:
     return 4 if n % 4 == 0 else 2 if n % 2 == 0 else 1
 
 
+def _rank1_step(TM, TN, RS, CS):
+    """One step of a register-tiled product, acc += a b^T: a[u] = sm[ax + RS u] (u < TM), b[v] = sm[bx + CS v]
+    (v < TN); S_ij's step x and O_i's step c are both this, with their own strides."""
+
+    @_device
+    def step(sm, acc, a, b, ax, bx):
+        for u in range(TM):
+            a[u] = sm[ax + uint64(RS * u)]
+        for v in range(TN):
+            b[v] = sm[bx + uint64(CS * v)]
+        for u in range(TM):
+            for v in range(TN):
+                acc[u, v] += a[u] * b[v]
+
+    return step
+
+
 def _s_product(BR, BC, D, TY, TX, contiguous):
     """S_ij = Q_i K_j^T of one step as a register tile, specialised to constant extents.
 
@@ -237,16 +254,7 @@ def _s_product(BR, BC, D, TY, TX, contiguous):
             for v in range(TN):
                 s[u, v] += a[u] * b[v]
 
-    @_device
-    def s_step(sm, s, a, b, qx, kx):
-        """One step x of S: a[u] = Q_i^T[x, ty + TY u], b[v] = K_j^T[x, tx + TX v], s += a b^T."""
-        for u in range(TM):
-            a[u] = sm[qx + uint64(RS * u)]
-        for v in range(TN):
-            b[v] = sm[kx + uint64(CS * v)]
-        for u in range(TM):
-            for v in range(TN):
-                s[u, v] += a[u] * b[v]
+    s_step = _rank1_step(TM, TN, RS, CS)  # a[u] = Q_i^T[x, ty + TY u], b[v] = K_j^T[x, tx + TX v]
 
     @_device
     def scores(sm, s, ty, tx):
@@ -291,16 +299,7 @@ def _pv_product(BR, BC, D, TY, TX, contiguous):
     lay = shared_layout(BR, BC, D, TY, TX, contiguous)
     V0, P0, LDP = lay["V"], lay["P"], lay["LDP"]
 
-    @_device
-    def pv_step(sm, o, a, b, pc, vc):
-        """One step c of O += P V: a[u] = P_ij^T[c, ty + TY u], b[w] = V_j[c, tx + TX w], o += a b^T."""
-        for u in range(TM):
-            a[u] = sm[pc + uint64(RS * u)]
-        for w in range(TD):
-            b[w] = sm[vc + uint64(OS * w)]
-        for u in range(TM):
-            for w in range(TD):
-                o[u, w] += a[u] * b[w]
+    pv_step = _rank1_step(TM, TD, RS, OS)  # a[u] = P_ij^T[c, ty + TY u], b[w] = V_j[c, tx + TX w]
 
     @_device
     def accumulate_pv(sm, o, ty, tx, bc):
