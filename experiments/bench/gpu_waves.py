@@ -177,6 +177,8 @@ def verdict(rows, ceilings: dict, fraction: float = IO_FRACTION) -> dict:
             f"not tested: no launch reaches {fraction:.0%} of L2 bandwidth (highest "
             f"{top['words GB/s'] / l2:.1%}, {label(top)})"
         )
+    elif len(bound) == 1:
+        out["why"] = f"not tested: only one launch ({out['I/O-bound'][0]}) reaches {fraction:.0%} of L2 bandwidth"
     elif len({r["words"] for r in bound}) < 2:
         out["why"] = f"not tested: the I/O-bound launches ({', '.join(out['I/O-bound'])}) move the same words"
     else:
@@ -199,6 +201,7 @@ def read_kernel(threads: int, unroll: int):
     cannot hoist a load out of the repetitions). ``unroll`` independent ``ld.global.cg`` loads (cached in L2, not
     L1) per thread per chunk, consecutive threads on consecutive words; one store only if the sum is a value no
     float32 sum of these reaches (so the loads are not dead code)."""
+    global cuda, float32, uint64  # module globals: the CUDA simulator swaps a kernel's global ``cuda``, not a local
     from numba import cuda, float32, uint64
     from numba.core import config
 
