@@ -51,7 +51,7 @@ def test_every_planned_launch_fills_at_least_four_waves(gw):
     from iosim.algorithms.cuda import flash_fast as ff
 
     B, H, N, d = gw.CASE
-    for name, Br, Bc in gw.PLAN:
+    for name, Br, Bc in gw.planned():
         v = ff.VARIANTS[name]
         most = min(2048 // v.threads, 228 * 1024 // (ff.kernel_words(v, Br, Bc, d) * 4 + 1024))
         assert gw.plan_row(gw.CASE, name, Br, Bc, most)["waves"] >= 4, (Br, most)
@@ -150,8 +150,18 @@ def test_bad_options_exit_2_with_one_line(gw, capsys):
 
 
 def test_plan_lines_hold_words_waves_and_residency(gw):
-    lines = gw.plan_lines(blocks={(name, Br, Bc): 2 for name, Br, Bc in gw.PLAN})
-    assert [x["Br"] for x in lines] == [Br for _, Br, _ in gw.PLAN]
+    lines = gw.plan_lines(blocks={entry: 2 for entry in gw.planned()})
+    assert [x["Br"] for x in lines] == [Br for _, Br, _ in gw.planned()]
     for x in lines:
         assert x["words per array"] == closed_form(*gw.CASE, x["Br"]) and x["bytes"] == 4 * x["words"]
         assert x["waves"] == pytest.approx(x["CTAs"] / (132 * 2)) and x["K,V re-reads from"] == "L2"
+
+
+def test_extra_entries_are_planned_only_where_their_variant_exists(gw, monkeypatch):
+    from iosim.algorithms.cuda import flash_fast as ff
+
+    assert gw.planned()[: len(gw.PLAN)] == gw.PLAN
+    monkeypatch.delitem(ff.VARIANTS, "rt16x16v4", raising=False)
+    assert gw.planned() == gw.PLAN
+    monkeypatch.setitem(ff.VARIANTS, "rt16x16v4", ff.Variant("rt16x16v4", 16, 16, 4, "64 registers", True))
+    assert gw.planned() == gw.PLAN + gw.EXTRA

@@ -47,6 +47,10 @@ HERE = pathlib.Path(__file__).resolve().parent
 CASE = (4, 16, 4096, 64)  # B, H, N, d: the gpu_variants d = 64 case (Br = 128 there: 9.4 ms on an H200)
 VARIANT = "rt16x16v"
 PLAN = tuple((VARIANT, Br, 64) for Br in (128, 64, 32, 16, 8))  # (variant, Br, Bc): 5 compiled kernels
+# rt16x16v at 64 registers (launch_bounds (256, 4)): 4 blocks / SM at Br <= 32 (ptxas, nvJitLink 13, sm_90: 64
+# registers, no spills at Br = 8, 16, 32), twice the loads in flight of PLAN's 2 blocks; planned only where
+# flash_fast.VARIANTS has it (planned())
+EXTRA = tuple(("rt16x16v4", Br, 64) for Br in (32, 16, 8))
 SMS = 132  # H200 MULTIPROCESSOR_COUNT (experiments/bench/gpu_h200_2/env.json); the device's own on a GPU
 L2_BYTES = 62_914_560  # H200 L2_CACHE_SIZE, same file
 THREADS_PER_SM = 2048  # compute capability 9.0 (CUDA Programming Guide, "Compute Capabilities")
@@ -63,6 +67,13 @@ def _gv():
     import gpu_variants
 
     return gpu_variants
+
+
+def planned() -> tuple:
+    """PLAN, then the EXTRA entries whose variant flash_fast defines."""
+    from iosim.algorithms.cuda import flash_fast as ff
+
+    return PLAN + tuple(e for e in EXTRA if e[0] in ff.VARIANTS)
 
 
 def plan_row(case, variant: str, Br: int, Bc: int, blocks_per_sm: int | None, sms: int = SMS) -> dict:
@@ -326,9 +337,9 @@ def _sms(cuda) -> int:
         return SMS
 
 
-def rows(cuda, timer, case=CASE, plan=PLAN, ceilings=CEILINGS, threads: int = READ_THREADS) -> list[dict]:
-    """On a GPU: the two ceiling rows, one row per planned (variant, Br, Bc) at ``case``, then a verdict row;
-    JSON-able dicts, each printed as it is made."""
+def rows(cuda, timer, case=CASE, plan=None, ceilings=CEILINGS, threads: int = READ_THREADS) -> list[dict]:
+    """On a GPU: the two ceiling rows, one row per planned (variant, Br, Bc) at ``case`` (default :func:`planned`),
+    then a verdict row; JSON-able dicts, each printed as it is made."""
     sys.path.insert(0, str(HERE))
     import gpu as bench
     from iosim.algorithms.cuda import flash_fast as ff
@@ -338,7 +349,7 @@ def rows(cuda, timer, case=CASE, plan=PLAN, ceilings=CEILINGS, threads: int = RE
     ceil = ceilings_of(out)
     B, H, N, d = case
     arrays = bench.device_arrays(cuda, B, H, N, d)
-    for entry in plan:
+    for entry in plan or planned():
         t0 = time.perf_counter()
         try:
             row = flash_row(cuda, timer, ff, case, entry, arrays, ceil, sms)
@@ -377,11 +388,11 @@ def read_kernel_resources(cc=(9, 0)) -> dict:
             "ld.global.cg in PTX": "ld.global.cg" in text}  # fmt: skip
 
 
-def plan_lines(case=CASE, plan=PLAN, blocks: dict | None = None) -> list[dict]:
+def plan_lines(case=CASE, plan=None, blocks: dict | None = None) -> list[dict]:
     """The plan as JSON-able dicts: launch arithmetic, simulated words, bytes, residency (blocks per SM from
     ``blocks`` {(variant, Br, Bc): n} where known)."""
     out = []
-    for name, Br, Bc in plan:
+    for name, Br, Bc in plan or planned():
         bps = (blocks or {}).get((name, Br, Bc))
         row = {"case": list(case), **plan_row(case, name, Br, Bc, bps)}
         per = simulated(case, Br, Bc)
@@ -398,15 +409,24 @@ def dry_run() -> int:
     print(f"case (B, H, N, d) = {CASE}; compulsory bytes {compulsory_bytes(CASE):,}; ceilings {CEILINGS}")
     blocks, status = {}, 0
     try:
-        for r in gv.resource_rows(tuple((n, Br, Bc, d) for n, Br, Bc in PLAN)):
+        missing = [e for e in EXTRA if e not in planned()]
+        if missing:
+            print(f"not planned (variant not in flash_fast.VARIANTS): {missing}")
+        for r in gv.resource_rows(tuple((n, Br, Bc, d) for n, Br, Bc in planned())):
             blocks[(r["variant"], r["Br"], r["Bc"])] = r["blocks_per_sm"]
             print("resources:", json.dumps(r))
         print("resources:", json.dumps(read_kernel_resources()))
     except gv.ToolchainMissingError as e:
         print(f"gpu_waves: no resource report (waves unknown): {e}", file=sys.stderr)
         status = 2
+    print("plan: variant Br Bc | M | Tr CTAs blocks/SM waves | words bytes FLOP/word | heads, K+V MiB in flight: from")
     for row in plan_lines(blocks=blocks):
-        print("plan:", json.dumps(row))
+        print(f"plan: {label(row)} | {row['M']} | {row['Tr']} {row['CTAs']} {row['blocks/SM']} "
+              f"{row['waves'] and round(row['waves'], 1)} | {row['words']:,} {row['bytes']:,} "
+              f"{4 * B * H * N * N * d / row['words']:.0f} | {row.get('heads in flight')}, "
+              f"{row.get('K+V bytes in flight', 0) / 2**20:.0f}: {row.get('K,V re-reads from')}")  # fmt: skip
+    for row in plan_lines(blocks=blocks):
+        print("plan json:", json.dumps(row))
     return status
 
 
