@@ -4,12 +4,14 @@ ceilings.
     python experiments/bench/gpu_waves.py --dry-run        # plan, simulated words, waves, residency, ptxas resources
     python experiments/bench/gpu_waves.py --out DIR        # on a GPU: measure, write DIR/gpu_waves.json
 
-One problem, (B, H, N, d) = :data:`CASE`, and one variant of iosim.algorithms.cuda.flash_fast (``rt16x16v``: 16 x 16
-threads, contiguous ownership, so Br must be a multiple of nothing but runs TM = ceil(Br / 16) rows per thread; Br
-< 16 leaves threads on slack rows) at Bc = 64 and Br in :data:`PLAN`. In flash2 forward only Br changes the words:
-K and V are read once per row block, Tr = ceil(N / Br) times per head, while the FLOPs (4 N^2 d per head) stay
-put, so the FLOPs per word of K and V are 2 Br and halving Br doubles the dominant traffic. The grid is
-(Tr, B H) thread blocks: at this case at least 4 waves of (SMs x resident blocks) for every planned Br.
+One problem, (B, H, N, d) = :data:`CASE`, and the variant ``rt16x16v`` of iosim.algorithms.cuda.flash_fast (16 x 16
+threads, contiguous ownership: any Br, TM = ceil(Br / 16) rows per thread, so Br = 8 leaves half the row groups on
+slack rows whose sums are dropped) at Bc = 64 and Br = 128, 64, 32, 16, 8 (:data:`PLAN`); then :data:`EXTRA`, the
+same code capped at 64 registers for 4 blocks per SM at Br <= 32, where flash_fast defines that variant
+(:func:`planned`). In flash2 forward only Br changes the words: K and V are read once per row block, Tr =
+ceil(N / Br) times per head, while the FLOPs (4 N^2 d per head) stay put, so the FLOPs per word of K and V are
+2 Br and halving Br doubles the dominant traffic. The grid is (Tr, B H) thread blocks: at this case at least 4
+waves of (SMs x resident blocks) for every planned Br (7.8 at Br = 128 and 2 blocks per SM, 124 at Br = 8).
 
 Each flash row: the median time (experiments/bench/gpu.py's Timer: CUDA events, one warm-up launch), the
 simulator's words for ``Schedule("flash2", Br=, Bc=)`` at the model's working set M of those tiles times B H (per
@@ -20,7 +22,7 @@ fraction of the two ceilings below, TFLOP/s, the relative error of O against a f
 iosim.gpu.resources.occupancy, as gpu_variants does) and waves = CTAs / (SMs x blocks per SM).
 
 Ceilings, measured in the same process with the same Timer: a read kernel (``ld.global.cg``: cached in L2, not
-L1; 256 threads, 8 independent loads per thread per chunk) over a 16 MiB buffer read 512 times in one launch (it
+L1; 256 threads, 8 independent loads per thread per chunk, one wave of 6 blocks per SM) over a 16 MiB buffer read 512 times in one launch (it
 stays in the 60 MiB L2: the L2 read ceiling) and over a 2 GiB buffer read once (the HBM read ceiling).
 :func:`verdict` then says where the kernel is I/O-bound (simulated bytes per second at least
 :data:`IO_FRACTION` of the L2 ceiling) and, among those launches only, whether ordering by words agrees with
@@ -53,13 +55,14 @@ PLAN = tuple((VARIANT, Br, 64) for Br in (128, 64, 32, 16, 8))  # (variant, Br, 
 EXTRA = tuple(("rt16x16v4", Br, 64) for Br in (32, 16, 8))
 SMS = 132  # H200 MULTIPROCESSOR_COUNT (experiments/bench/gpu_h200_2/env.json); the device's own on a GPU
 L2_BYTES = 62_914_560  # H200 L2_CACHE_SIZE, same file
-THREADS_PER_SM = 2048  # compute capability 9.0 (CUDA Programming Guide, "Compute Capabilities")
 IO_FRACTION = 0.5  # a launch is I/O-bound when its simulated bytes/s reach this fraction of the L2 ceiling
 REF_ROWS = 256
 WORD = 4  # bytes per float32 word
 # (name, buffer words, reads of the buffer in one launch)
 CEILINGS = (("L2", 16 * 2**20 // WORD, 512), ("HBM", 2 * 2**30 // WORD, 1))
-READ_THREADS, READ_UNROLL = 256, 8
+# ceiling kernel: 256 threads, 8 loads per thread per chunk, launch_bounds (256, 6): 40 registers, no spills (ptxas,
+# sm_90; at (256, 8) 32 registers spill 4 bytes), 6 resident blocks = 1536 threads x 32 bytes in flight per SM
+READ_THREADS, READ_UNROLL, READ_BLOCKS = 256, 8, 6
 
 
 def _gv():
@@ -245,7 +248,7 @@ def read_kernel(threads: int, unroll: int):
 
     if config.ENABLE_CUDASIM:
         return cuda.jit(read)
-    return cuda.jit(launch_bounds=(threads, THREADS_PER_SM // threads))(read)  # all threads of an SM resident
+    return cuda.jit(launch_bounds=(threads, READ_BLOCKS))(read)
 
 
 def _time_read(timer, launch, buf, chunks: int, reps: int, out) -> float:
@@ -253,7 +256,7 @@ def _time_read(timer, launch, buf, chunks: int, reps: int, out) -> float:
 
 
 def ceiling_rows(cuda, timer, ceilings=CEILINGS, threads: int = READ_THREADS, unroll: int = READ_UNROLL, sms=SMS):
-    """One row per ceiling: bytes read, ms, GB/s; grid = min(chunks, sms x 2048 / threads) blocks."""
+    """One row per ceiling: bytes read, ms, GB/s; grid = min(chunks, sms x READ_BLOCKS) blocks (one wave)."""
     kernel = read_kernel(threads, unroll)
     out_buf = cuda.device_array(1, dtype="float32")
     rows = []
@@ -263,7 +266,7 @@ def ceiling_rows(cuda, timer, ceilings=CEILINGS, threads: int = READ_THREADS, un
         try:
             chunks = words // (threads * unroll)
             buf = cuda.device_array(chunks * threads * unroll, dtype="float32")
-            grid = max(1, min(chunks, sms * (THREADS_PER_SM // threads)))
+            grid = max(1, min(chunks, sms * READ_BLOCKS))
             row["ms"] = _time_read(timer, kernel[grid, threads], buf, chunks, reps, out_buf)
             row["bytes"] = chunks * threads * unroll * WORD * reps
             row["GB/s"] = row["bytes"] / row["ms"] / 1e6
@@ -379,7 +382,7 @@ def read_kernel_resources(cc=(9, 0)) -> dict:
     kernel = read_kernel(READ_THREADS, READ_UNROLL)
     sig = (types.Array(types.float32, 1, "C"), types.int64, types.int64, types.Array(types.float32, 1, "C"))
     with ptx._target_cc_for_device_functions(cc):
-        bounds = (READ_THREADS, THREADS_PER_SM // READ_THREADS)
+        bounds = (READ_THREADS, READ_BLOCKS)
         text, _ = cuda.compile_ptx(kernel.py_func, sig, cc=cc, launch_bounds=bounds)
     r = res.parse_info_log(res._link(text, cc)[0])
     occ = res.occupancy(res.ARCHS[cc], r["registers"], 0, 0, READ_THREADS)
