@@ -22,8 +22,9 @@ fraction of the two ceilings below, TFLOP/s, the relative error of O against a f
 iosim.gpu.resources.occupancy, as gpu_variants does) and waves = CTAs / (SMs x blocks per SM).
 
 Ceilings, measured in the same process with the same Timer: a read kernel (``ld.global.cg``: cached in L2, not
-L1; 256 threads, 8 independent loads per thread per chunk, one wave of 6 blocks per SM) over a 16 MiB buffer read 512 times in one launch (it
-stays in the 60 MiB L2: the L2 read ceiling) and over a 2 GiB buffer read once (the HBM read ceiling).
+L1; 256 threads, 8 independent loads per thread per chunk, one wave of 6 blocks per SM) over a 16 MiB buffer read
+512 times in one launch (it stays in the 60 MiB L2: the L2 read ceiling) and over a 2 GiB buffer read once (the
+HBM read ceiling).
 :func:`verdict` then says where the kernel is I/O-bound (simulated bytes per second at least
 :data:`IO_FRACTION` of the L2 ceiling) and, among those launches only, whether ordering by words agrees with
 ordering by time. Nothing is fitted to the measurements.
