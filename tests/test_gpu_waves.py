@@ -165,3 +165,40 @@ def test_extra_entries_are_planned_only_where_their_variant_exists(gw, monkeypat
     assert gw.planned() == gw.PLAN
     monkeypatch.setitem(ff.VARIANTS, "rt16x16v4", ff.Variant("rt16x16v4", 16, 16, 4, "64 registers", True))
     assert gw.planned() == gw.PLAN + gw.EXTRA
+
+
+@pytest.mark.skipif(not SIMULATED, reason="simulator thread layouts")
+def test_a_row_block_smaller_than_the_row_groups_is_exact():
+    """The plan's Br = 8 on 16 row groups, in small: Br = 2 on sim4x2v's 4 row groups (half the groups on slack
+    rows, their sums dropped): O and L equal a float64 reference, the counters the closed form (Tr = 19)."""
+    import numpy as np
+    from iosim.algorithms.cuda import flash_fast as ff
+    from iosim.algorithms.reference import attention_forward
+
+    rng = np.random.default_rng(0)
+    Q, K, V = (rng.standard_normal((1, 1, 37, 8)).astype(np.float32) for _ in range(3))
+    r = ff.flash2_forward_fast(Q, K, V, variant_name="sim4x2v", Br=2, Bc=16, count=True)
+    O, L = attention_forward(Q[0, 0], K[0, 0], V[0, 0])
+    assert np.max(np.abs(r.outputs["O"][0, 0] - O)) < 2e-5 and np.max(np.abs(r.outputs["L"][0, 0] - L)) < 2e-5
+    assert {k: [c.reads, c.writes, c.init_writes] for k, c in r.counts.items()} == closed_form(1, 1, 37, 8, 2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(SIMULATED, reason="needs a CUDA GPU (run with IOSIM_GPU=1 on a GPU machine)")
+def test_gpu_rows_at_a_small_case(gw):
+    """On a device: the ceilings and two row-block sizes at (1, 8, 1024, 64); counters, numerics, nothing timed."""
+    from numba import cuda
+
+    if not cuda.is_available():
+        pytest.skip("no CUDA GPU")
+    import gpu as bench
+
+    plan = (("rt16x16v", 64, 64), ("rt16x16v", 8, 64))
+    ceilings = (("L2", 2**20, 4), ("HBM", 2**24, 1))
+    rows = gw.rows(cuda, bench.Timer(cuda, 3, 0.2), case=(1, 8, 1024, 64), plan=plan, ceilings=ceilings)
+    assert [r["kind"] for r in rows] == ["ceiling", "ceiling", "flash2", "flash2", "verdict"], rows
+    assert all(r["GB/s"] > 0 for r in rows[:2]), rows[:2]
+    for row, (_, Br, _) in zip(rows[2:4], plan, strict=True):
+        assert "error" not in row, row
+        assert row["counters equal simulator"] and row["words per array"] == closed_form(1, 8, 1024, 64, Br)
+        assert row["rel err vs NumPy (slice)"] < 1e-5 and row["blocks/SM"] >= 1
