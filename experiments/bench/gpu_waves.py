@@ -115,7 +115,7 @@ def simulated(case, Br: int, Bc: int) -> dict:
 
 
 def total_words(per_array: dict) -> int:
-    """Reads plus writes over the arrays (init writes are a subset of writes' convention: not added)."""
+    """Reads plus writes over the arrays, as experiments/bench/gpu.py's simulated_words sums them."""
     return sum(r + w for r, w, _ in per_array.values())
 
 
