@@ -106,6 +106,7 @@ VARIANTS = {
         Variant("rt32x8", 32, 8, 2, "256 threads, 4x8 S tiles at Br=128 Bc=64, 3 shuffle steps per row"),
         Variant("rt16x16v", 16, 16, 2, "rt16x16 with contiguous rows/columns per thread: 128-bit shared loads", True),
         Variant("rt16x16v1", 16, 16, 1, "rt16x16v with no register cap: 1 block/SM, no spills at d = 128", True),
+        Variant("rt16x16v4", 16, 16, 4, "rt16x16v at 64 registers: 4 blocks/SM at d = 64, Br <= 32, no spills", True),
     )
 }
 # Thread layouts for the CUDA simulator (every thread a Python thread): same code, fewer lanes.

@@ -9,6 +9,7 @@ ncu_raw.py). One part alone:
 
     python experiments/bench/gpu_evidence.py env        --out DIR   # device, driver, CUDA, library versions
     python experiments/bench/gpu_evidence.py variants   --out DIR   # register-tiled flash2 variants vs SDPA float32
+    python experiments/bench/gpu_evidence.py waves      --out DIR   # flash2 over Br at many waves vs L2/HBM ceilings
     python experiments/bench/gpu_evidence.py ncu-query  --out DIR   # ncu --query-metrics, stored
     python experiments/bench/gpu_evidence.py predictions --out DIR  # the predictions file's launches under ncu
     python experiments/bench/gpu_evidence.py ncu-fa2    --out DIR   # FlashAttention-2: L2 by source, registers
@@ -832,9 +833,10 @@ CATALOG = {
     "ncu-triton": (45, "Triton kernels (iosim's example, fla) under ncu"),
     "ab": (50, "flash2 forward against an earlier build (--before)"),
     "variants": (60, "the register-tiled flash2 forward variants against SDPA float32 (gpu_variants.py)"),
+    "waves": (60, "fewer words, less time? flash2 over Br at many waves against L2/HBM ceilings (gpu_waves.py)"),
 }
-DEFAULT_PLAN = ("env", "variants", "ncu-query", "predictions", "ncu-fa2", "tests", "m-top", "sweep-backward", "sweep",
-                "ncu-sweep", "sdpa", "ncu-torch", "occupancy", "ncu-triton")  # fmt: skip
+DEFAULT_PLAN = ("env", "variants", "waves", "ncu-query", "predictions", "ncu-fa2", "tests", "m-top", "sweep-backward",
+                "sweep", "ncu-sweep", "sdpa", "ncu-torch", "occupancy", "ncu-triton")  # fmt: skip
 DEFAULT_LIMIT = 540  # seconds for the whole run: parts that would start with under 15 s left are skipped
 
 
@@ -921,14 +923,24 @@ def part_variants(args) -> dict:
     return {"rows": gpu_variants.rows(cuda, bench.Timer(cuda, args.reps, args.seconds))}
 
 
+def part_waves(args) -> dict:
+    """The register-tiled flash2 forward over Br at many waves, beside the L2 and HBM read ceilings measured in the
+    same process, with the verdict on whether words decide time where the kernel is I/O-bound (gpu_waves.py)."""
+    cuda = _cuda()
+    import gpu as bench
+    import gpu_waves
+
+    return {"rows": gpu_waves.rows(cuda, bench.Timer(cuda, args.reps, args.seconds))}
+
+
 def part_ncu_query(args) -> dict:
     text = query_metrics("ncu-query", args)
     return {"metrics offered": len(ncu_raw.offered(text))}
 
 
-PARTS = {"env": part_env, "variants": part_variants, "sweep": part_sweep, "sweep-backward": part_sweep_backward,
-         "m-top": part_m_top, "sdpa": part_sdpa, "ab": part_ab, "occupancy": part_occupancy,
-         "ncu-query": part_ncu_query}  # fmt: skip
+PARTS = {"env": part_env, "variants": part_variants, "waves": part_waves, "sweep": part_sweep,
+         "sweep-backward": part_sweep_backward, "m-top": part_m_top, "sdpa": part_sdpa, "ab": part_ab,
+         "occupancy": part_occupancy, "ncu-query": part_ncu_query}  # fmt: skip
 CHILDREN = {"child-sweep": child_sweep, "child-torch": child_torch, "child-triton": child_triton,
             "child-fa2": child_fa2, "child-predictions": child_predictions}  # fmt: skip
 
