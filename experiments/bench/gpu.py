@@ -140,6 +140,37 @@ class Timer:
         return statistics.median(times)
 
 
+def lease_args(description: str, dry_run_help: str, out_name: str, argv=None) -> argparse.Namespace:
+    """The options of a lease script (gpu_variants.py, gpu_waves.py): --dry-run, --out, --reps, --seconds."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--dry-run", action="store_true", help=dry_run_help)
+    p.add_argument("--out", type=pathlib.Path, help=f"folder for {out_name}")
+    p.add_argument("--reps", type=int, default=10)
+    p.add_argument("--seconds", type=float, default=1.0, help="time budget per timing (default 1 s)")
+    args = p.parse_args(argv)
+    if args.reps < 1 or args.seconds <= 0:
+        p.error("--reps must be >= 1 and --seconds > 0")
+    return args
+
+
+def gpu_main(tool: str, rows, args, out_name: str) -> int:
+    """A lease script's run on the GPU (gpu_variants.py, gpu_waves.py): one line and exit 2 where numba.cuda sees no
+    GPU; else ``rows(cuda, Timer)`` as {"device", "rows"}, written to ``args.out``/``out_name`` when given."""
+    os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "0")
+    from numba import cuda
+
+    if not cuda.is_available():
+        print(f"{tool}: no CUDA GPU (use --dry-run without one)", file=sys.stderr)
+        return 2
+    name = cuda.get_current_device().name
+    device = name.decode() if isinstance(name, bytes) else str(name)
+    result = {"device": device, "rows": rows(cuda, Timer(cuda, args.reps, args.seconds))}
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / out_name).write_text(json.dumps(result, indent=1))
+    return 0
+
+
 def simulated_words(gpu, name: str, N: int, d: int, M: int, causal: bool, BH: int) -> int | None:
     backward = name.endswith("backward")
     base = name.removesuffix("-backward")

@@ -15,9 +15,7 @@ simulator counts that schedule. Imports only numpy, numba-cuda, torch and iosim.
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import pathlib
 import sys
 import time
@@ -186,14 +184,12 @@ def rows(cuda, timer, cases=CASES, plan=PLAN) -> list[dict]:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--dry-run", action="store_true", help="print the plan and each kernel's resources (no GPU)")
-    p.add_argument("--out", type=pathlib.Path, help="folder for gpu_variants.json")
-    p.add_argument("--reps", type=int, default=10)
-    p.add_argument("--seconds", type=float, default=1.0, help="time budget per timing (default 1 s)")
-    args = p.parse_args(argv)
-    if args.reps < 1 or args.seconds <= 0:
-        p.error("--reps must be >= 1 and --seconds > 0")
+    sys.path.insert(0, str(HERE))
+    import gpu as bench
+
+    args = bench.lease_args(
+        __doc__.splitlines()[0], "print the plan and each kernel's resources (no GPU)", "gpu_variants.json", argv
+    )
     if args.dry_run:
         for case in CASES:
             for name, Br, Bc, d in PLAN:
@@ -206,22 +202,7 @@ def main(argv=None) -> int:
             print(f"gpu_variants: no resource report: {e}", file=sys.stderr)
             return 2
         return 0
-    os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "0")
-    from numba import cuda
-
-    if not cuda.is_available():
-        print("gpu_variants: no CUDA GPU (use --dry-run without one)", file=sys.stderr)
-        return 2
-    sys.path.insert(0, str(HERE))
-    import gpu as bench
-
-    name = cuda.get_current_device().name
-    device = name.decode() if isinstance(name, bytes) else str(name)
-    result = {"device": device, "rows": rows(cuda, bench.Timer(cuda, args.reps, args.seconds))}
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "gpu_variants.json").write_text(json.dumps(result, indent=1))
-    return 0
+    return bench.gpu_main("gpu_variants", rows, args, "gpu_variants.json")
 
 
 if __name__ == "__main__":

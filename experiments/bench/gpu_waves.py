@@ -37,7 +37,6 @@ are L2 (or L1) hits and DRAM sees Q, K, V, O, L about once (the compulsory bytes
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import math
@@ -435,32 +434,15 @@ def dry_run() -> int:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--dry-run", action="store_true", help="print the plan, words and resources (no GPU)")
-    p.add_argument("--out", type=pathlib.Path, help="folder for gpu_waves.json")
-    p.add_argument("--reps", type=int, default=10)
-    p.add_argument("--seconds", type=float, default=1.0, help="time budget per timing (default 1 s)")
-    args = p.parse_args(argv)
-    if args.reps < 1 or args.seconds <= 0:
-        p.error("--reps must be >= 1 and --seconds > 0")
-    if args.dry_run:
-        return dry_run()
-    os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "0")
-    from numba import cuda
-
-    if not cuda.is_available():
-        print("gpu_waves: no CUDA GPU (use --dry-run without one)", file=sys.stderr)
-        return 2
     sys.path.insert(0, str(HERE))
     import gpu as bench
 
-    name = cuda.get_current_device().name
-    device = name.decode() if isinstance(name, bytes) else str(name)
-    result = {"device": device, "rows": rows(cuda, bench.Timer(cuda, args.reps, args.seconds))}
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "gpu_waves.json").write_text(json.dumps(result, indent=1))
-    return 0
+    args = bench.lease_args(
+        __doc__.splitlines()[0], "print the plan, words and resources (no GPU)", "gpu_waves.json", argv
+    )
+    if args.dry_run:
+        return dry_run()
+    return bench.gpu_main("gpu_waves", rows, args, "gpu_waves.json")
 
 
 if __name__ == "__main__":
