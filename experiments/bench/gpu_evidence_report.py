@@ -828,13 +828,21 @@ def stored(folder: pathlib.Path):
         DATA = old
 
 
+def measured_predictions() -> tuple[list[dict], dict]:
+    """(the entries a lease measured: its copy in raw/predictions.entries.json, {id: ncu's metrics summed over the
+    launch's kernels, PyTorch's own copies left out})."""
+    import gpu_predictions
+
+    entries = json.loads((DATA / "raw" / "predictions.entries.json").read_text())
+    return entries, {r["id"]: r for r in per_label(load("predictions"), keep=gpu_predictions.measured_kernel)}
+
+
 def predictions_table() -> str:
     """Each registered prediction against its measurement, as measured: the entries the lease ran (its copy in
     raw/predictions.entries.json), ncu's bytes per level summed over the launch's kernels, nothing refitted."""
     import gpu_predictions
 
-    entries = json.loads((DATA / "raw" / "predictions.entries.json").read_text())
-    rows = {r["id"]: r for r in per_label(load("predictions"), keep=gpu_predictions.measured_kernel)}
+    entries, rows = measured_predictions()
     out = []
     for c in gpu_predictions.compare(entries, rows):
         m = c["measured"]
@@ -955,8 +963,7 @@ def prediction_facts() -> dict:
     """The registered predictions as they fell: hits and misses per level, the L2 size the driver reported."""
     import gpu_predictions
 
-    entries = json.loads((DATA / "raw" / "predictions.entries.json").read_text())
-    rows = {r["id"]: r for r in per_label(load("predictions"), keep=gpu_predictions.measured_kernel)}
+    entries, rows = measured_predictions()
     cmp = [c for c in gpu_predictions.compare(entries, rows) if c["ratio"] is not None]
     hit = [c for c in cmp if abs(c["ratio"] - 1) <= HIT]
     by_level = {}
@@ -1029,8 +1036,7 @@ def alternatives_table() -> str:
     """Each registered alternative of the predictions file, measured / predicted per level (the primary first)."""
     import gpu_predictions
 
-    entries = json.loads((DATA / "raw" / "predictions.entries.json").read_text())
-    rows = {r["id"]: r for r in per_label(load("predictions"), keep=gpu_predictions.measured_kernel)}
+    entries, rows = measured_predictions()
     levels = ("dram_read", "dram_write", "l2_read_from_fabric")
     out = []
     for e in entries:
@@ -1045,9 +1051,8 @@ def tests_line() -> str:
     """pytest's summary line on the device and its failures (raw/tests.txt as it came)."""
     text = (DATA / "raw" / "tests.txt").read_text(errors="replace").splitlines()
     summary = next((x.strip("= ") for x in reversed(text) if " passed" in x), "no summary (stopped)")
-    fails = [x.split("  ")[-1].strip() for x in text if x.startswith("E ") and " FAIL " in x]
     rows = [" ".join(x.split()[1:10]) for x in text if x.startswith("E ") and " FAIL " in x]
-    return summary + ("; failing outputs: " + "; ".join(rows) if rows else "") + ("" if fails else "")
+    return summary + ("; failing outputs: " + "; ".join(rows) if rows else "")
 
 
 def h200_2_prose() -> str:
