@@ -232,3 +232,25 @@ def test_main_needs_the_binary(capsys):
     assert len(err) == 1 and "--lib" in err[0]
     assert fr.main(["--lib", "/nonexistent/libtorch_cuda.so", "--cuobjdump", "/nonexistent/cuobjdump"]) == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+SASS = """
+        Function : _ZN13pytorch_flash1aEv
+        /*0000*/                   LDC R1, c[0x0][0x28] ;
+        /*0010*/                   STL.64 [R1+0x8], R4 ;
+        /*0020*/                   STL [R1], R2 ;
+        /*0030*/                   LDL.LU R5, [R1] ;
+        /*0040*/                   LDG.E R6, desc[UR4][R2.64] ;
+        /*0050*/                   STG.E desc[UR4][R2.64], R6 ;
+"""
+
+
+def test_count_local_access():
+    assert fr.count_local_access(SASS) == {"STL": 2, "LDL": 1}
+
+
+def test_local_instructions_go_with_the_stack_frame():
+    """A kernel with no stack frame has no local-memory instruction, and one with a frame writes and reads it."""
+    for k in REC["kernels"]:
+        lm = k["local_memory_instructions"]
+        assert (lm["STL"] > 0) == (lm["LDL"] > 0) == (k["stack_bytes"] > 0), k["name"]

@@ -231,6 +231,33 @@ def kernel_entry(launch: dict, ran: dict, cands: list[dict], sm80: dict | None, 
     }
 
 
+def count_local_access(sass: str) -> dict:
+    """Local-memory instructions in one function's SASS: STL (stores) and LDL (loads), what a stack frame is
+    written and read with (register spills, or arrays the compiler keeps in local memory)."""
+    return {"STL": len(re.findall(r"\bSTL(?:\.\w+)*\b", sass)), "LDL": len(re.findall(r"\bLDL(?:\.\w+)*\b", sass))}
+
+
+def local_access(lib: str, cuobjdump: str, nvdisasm: str, mangled: list[str]) -> dict[str, dict]:
+    """{mangled name: its STL and LDL count} from the SASS of the sm_90 ELF that holds it (extracted to a temporary
+    folder; cuobjdump disassembles with nvdisasm, pip's nvidia-cuda-nvdisasm)."""
+    import os
+    import tempfile
+
+    env = dict(os.environ, PATH=str(pathlib.Path(nvdisasm).resolve().parent) + os.pathsep + os.environ["PATH"])
+    out = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run([cuobjdump, "-arch", "sm_90", "-xelf", "all", str(pathlib.Path(lib).resolve())], cwd=tmp,
+                       capture_output=True, check=True)  # fmt: skip
+        cubins = [(f, f.read_bytes()) for f in sorted(pathlib.Path(tmp).glob("*.sm_90.cubin"))]
+        for m in mangled:
+            f = next(f for f, data in cubins if m.encode() + b"\0" in data)
+            p = subprocess.run([cuobjdump, "-sass", "-fun", m, str(f)], capture_output=True, text=True, env=env)
+            if p.returncode != 0 or "Function :" not in p.stdout:
+                raise MismatchError(f"no SASS for {m[:80]}...: {p.stderr.strip()[:200]}")
+            out[m] = {"elf": f.name, **count_local_access(p.stdout)}
+    return out
+
+
 # -------------------------------------------------------------------------------------------------- provenance
 def sha256(path: str) -> str:
     h = hashlib.sha256()
@@ -263,8 +290,10 @@ def tool_version(cmd: list[str], pattern: str) -> str:
 
 
 # ---------------------------------------------------------------------------------------------------- the record
-def collect(lib: str, cuobjdump: str, wheel: str | None, cxxfilt: str, command: str) -> dict:
-    """The whole record (the JSON this script stores)."""
+def collect(
+    lib: str, cuobjdump: str, wheel: str | None, cxxfilt: str, command: str, nvdisasm: str | None = None
+) -> dict:
+    """The whole record (the JSON this script stores); with ``nvdisasm``, each kernel's local-memory instructions."""
     ncu = json.loads(NCU.read_text())
     full = full_names(FULL_NAMES.read_text())
     sm90 = binary_kernels(lib, cuobjdump, "sm_90", cxxfilt)
@@ -273,6 +302,10 @@ def collect(lib: str, cuobjdump: str, wheel: str | None, cxxfilt: str, command: 
     for launch in stored_launches(ncu):
         ran, cands = match(launch["ncu_name"], sm90, full)
         kernels.append(kernel_entry(launch, ran, cands, sm80.get(ran["name"]), ncu["labels"]))
+    if nvdisasm:
+        sass = local_access(lib, cuobjdump, nvdisasm, [k["mangled"] for k in kernels])
+        for k in kernels:
+            k["local_memory_instructions"] = sass[k["mangled"]]
     return {
         "what": "FlashAttention-2's registers and shared memory read from PyTorch's binary (cuobjdump), matched to "
         "the kernels Nsight Compute recorded on the H100 lease; blocks per SM by iosim.gpu.resources.occupancy",
@@ -285,6 +318,7 @@ def collect(lib: str, cuobjdump: str, wheel: str | None, cxxfilt: str, command: 
         },  # fmt: skip
         "cuobjdump": tool_version([cuobjdump, "--version"], "release"),
         "c++filt": tool_version([cxxfilt, "--version"], "filt"),
+        "nvdisasm": tool_version([nvdisasm, "--version"], "release") if nvdisasm else None,
         "arch": "sm_90 (ELF arch exactly sm_90; sm_80 read for the static shared memory's check)",
         "ncu": str(NCU.relative_to(ROOT)),
         "full_names": str(FULL_NAMES.relative_to(ROOT)),
@@ -308,17 +342,20 @@ def launch_text(launches: list[dict]) -> str:
 
 def table(stored: dict) -> str:
     """The docs' table from a stored record: one row per kernel the lease ran."""
-    head = ("| kernel | launches | registers | stack B | static smem B | dynamic smem B | threads "
+    head = ("| kernel | launches | registers | stack B | STL / LDL | static smem B | dynamic smem B | threads "
             "| CTAs/SM H100 (limiter) | CTAs/SM H200 | one more CTA at registers <= |")  # fmt: skip
-    lines = [head, "|---|---|---:|---:|---:|---:|---:|---|---:|---:|"]
+    lines = [head, "|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|"]
     for k in stored["kernels"]:
         fn = re.search(r"pytorch_flash::(\w+)<", k["name"]).group(1)
         traits = k["traits"].split("<", 1)[1].split(", cutlass")[0]
+        lm = k.get("local_memory_instructions")
+        local = f"{lm['STL']} / {lm['LDL']}" if lm else "-"
         h100, h200 = k["resident"]["H100"], k["resident"]["H200"]
         more = h100["max_registers_for_one_more_block"]
         lines.append(
             f"| {fn} <{traits}> | {launch_text(k['launches'])} "
-            f"| {k['registers']} | {k['stack_bytes']} | {k['static_smem']:,} | {k['dynamic_smem']:,} | {k['threads']} "
+            f"| {k['registers']} | {k['stack_bytes']} | {local} | {k['static_smem']:,} | {k['dynamic_smem']:,} "
+            f"| {k['threads']} "
             f"| {h100['blocks_per_sm']} ({h100['limiter']}) | {h200['blocks_per_sm']} "
             f"| {'-' if more is None else more} |"
         )
@@ -338,6 +375,7 @@ def main(argv=None) -> int:
     ap.add_argument("--cuobjdump", help="path to cuobjdump (pip: nvidia-cuda-cuobjdump)")
     ap.add_argument("--wheel", help="the torch wheel the library came from (its name, sha256, torch/version.py)")
     ap.add_argument("--cxxfilt", default="c++filt", help="the demangler (default c++filt, binutils)")
+    ap.add_argument("--nvdisasm", help="optional: nvdisasm, to count each kernel's local-memory instructions")
     ap.add_argument("--out", help="write the record here (JSON) instead of printing it")
     ap.add_argument("--table", action="store_true", help="print the docs' table from the stored record (no binary)")
     ap.add_argument("--write", action="store_true", help="--table: also write it into docs/gpu-resources.md")
@@ -353,7 +391,7 @@ def main(argv=None) -> int:
             raise MismatchError("--lib and --cuobjdump are both needed (or --table)")
         argv_text = " ".join(sys.argv[1:] if argv is None else argv)
         rec = collect(args.lib, args.cuobjdump, args.wheel, args.cxxfilt,
-                      f"python experiments/bench/fa2_resources.py {argv_text}")  # fmt: skip
+                      f"python experiments/bench/fa2_resources.py {argv_text}", args.nvdisasm)  # fmt: skip
     except (MismatchError, OSError, subprocess.CalledProcessError, ValueError, KeyError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
