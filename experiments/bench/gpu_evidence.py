@@ -79,7 +79,11 @@ METRICS = (
 )
 BASIC_METRICS = ("gpu__time_duration.sum", "dram__bytes_read.sum", "dram__bytes_write.sum", "lts__t_bytes.sum")
 # FlashAttention-2's L2 traffic split by source: requests from the SMs (srcunit tex) apart from the traffic between
-# the two L2 partitions (srcunit ltcfabric); the registers and the occupancy limit they set, per launch
+# the two L2 partitions (srcunit ltcfabric); the registers and the occupancy limit they set, per launch; and its local
+# memory (the forward's 136-144 byte stack frame at 255 registers, gpu_h100/fa2-resources.json): the local bytes the
+# LSU moves and the bytes L1 writes to / reads from the L2 for local and global accesses together (less the global
+# bytes: the local traffic that reaches the L2), which decides the hypothesis that spills make the forward's DRAM
+# writes exceed its stores (docs/hierarchy-hardware.md)
 FA2_METRICS = METRICS + (
     "lts__t_sectors_srcunit_tex_op_read.sum",
     "lts__t_sectors_srcunit_tex_op_write.sum",
@@ -87,6 +91,10 @@ FA2_METRICS = METRICS + (
     "lts__t_sectors_srcunit_ltcfabric_op_write.sum",
     "launch__registers_per_thread",
     "launch__occupancy_limit_registers",
+    "l1tex__t_bytes_pipe_lsu_mem_local_op_ld.sum",
+    "l1tex__t_bytes_pipe_lsu_mem_local_op_st.sum",
+    "l1tex__m_l1tex2xbar_write_bytes_mem_lg_op_st.sum",
+    "l1tex__m_xbar2l1tex_read_bytes_mem_lg_op_ld.sum",
 )
 M_TOP_CASES = ((64, 58112), (128, 58112), (64, 57856), (128, 57856))  # (d, M): the opt-in ceiling and 256 below
 

@@ -976,8 +976,14 @@ def prediction_facts() -> dict:
 
 
 def _registered_for() -> str:
-    path = HERE / "predictions" / "h100.json"
-    return json.loads(path.read_text())["device"] if path.exists() else "?"
+    """The device of the predictions file whose entries this lease ran (its copy in raw/predictions.entries.json,
+    matched by ids: the lease's command names the file, the copy does not)."""
+    ran = {e["id"] for e in json.loads((DATA / "raw" / "predictions.entries.json").read_text())}
+    for path in sorted((HERE / "predictions").glob("*.json")):
+        doc = json.loads(path.read_text())
+        if isinstance(doc, dict) and {e["id"] for e in doc.get("entries", [])} == ran:
+            return doc["device"]
+    return "?"
 
 
 def _h100_l2() -> int:

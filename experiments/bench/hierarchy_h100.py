@@ -15,9 +15,10 @@ Each launch is predicted under models that add one mechanism at a time:
 * ``+ bytes`` - each array at its kernel dtype (fp16 operands, fp32 statistics, dQ's fp32 accumulator reduced by
   4-byte atomics);
 * ``+ partitions`` - the L2 as two partitions of 25 MiB, each caching for its half of the SMs (devices.csv);
-* ``+ resident CTAs`` - blocks per SM from the kernel's threads and shared memory, computed by
-  ``hierarchy(..., device=Machine("H100", kernel=<its name>))`` (its registers are not known: the bound the other
-  limits allow, iosim.hierarchy.resident) and M = the two-level working set of its tiles;
+* ``+ resident CTAs`` - blocks per SM from the kernel's threads, shared memory and registers, computed by
+  ``hierarchy(..., device=Machine("H100", kernel=<its resources>))`` (iosim.hierarchy.resident; the registers per
+  thread as PyTorch 2.11.0+cu130's sm_90 binary has them, read by fa2_resources.py into gpu_h100/fa2-resources.json:
+  255 for the forward and the backward's main kernel) and M = the two-level working set of its tiles;
 * ``+ FA2's walk`` - the forward's column blocks walked from the last down (flash_fwd_kernel.h), the order of the
   grid as FlashAttention-2 launches it (row blocks fastest, then batch, then head: head-grouped).
 
@@ -60,10 +61,12 @@ MODELS = ("one L2, 2 B", "+ bytes", "+ partitions", "+ resident CTAs", "+ FA2's 
 # Beside the steps, for the causal forward: FA2's walk with none of the other mechanisms (kernel bytes, one L2, one
 # CTA per SM), to tell what the walk does by itself.
 WALK_ALONE = "FA2's walk alone"
-# And for the forward: every mechanism with 2 CTAs per SM, what its resources give if it uses more than 168 registers
-# per thread (unknown: no __launch_bounds__ fixes it; the next lease measures launch__registers_per_thread).
-TWO_CTAS = "every mechanism, 2 CTAs/SM (if > 168 registers)"
-EXTRA = {WALK_ALONE: ("forward causal",), TWO_CTAS: ("forward", "forward causal")}
+# And for the forward: every mechanism with the registers left unknown, the bound the threads and shared memory
+# allow (3 CTAs per SM: what the predictions registered before the binary was read took; the binary's 255 registers
+# per thread allow 2).
+THREE_CTAS = "every mechanism, registers unknown (3 CTAs/SM)"
+EXTRA = {WALK_ALONE: ("forward causal",), THREE_CTAS: ("forward", "forward causal")}
+RESOURCES = HERE / "gpu_h100" / "fa2-resources.json"
 
 
 def _problem(name: str):
@@ -76,11 +79,22 @@ def _problem(name: str):
 
 def main_kernel(name: str) -> str:
     """The name of the launch's main kernel as Nsight Compute stored it (FA2's carry their traits: Machine(kernel=)
-    computes their blocks per SM from them, registers unknown: an upper bound)."""
+    computes their blocks per SM from them)."""
     main = ("dq_dk_dv", "flash_fwd", "cudnn_generated")
     label = LAUNCHES[name]["label"]
     rows = _ncu()["launches"]
     return next(x["kernel"] for x in rows if x["label"] == label and any(m in x["kernel"] for m in main))
+
+
+def main_kernel_resources(name: str):
+    """The launch's main kernel's resources (:func:`iosim.hierarchy.resident.parse_kernel_name` of its Nsight name)
+    with its registers per thread as the binary the lease ran has them (gpu_h100/fa2-resources.json, matched by the
+    name Nsight stored); a kernel the record does not hold (cuDNN's) keeps its name, registers unknown."""
+    from iosim.hierarchy.resident import parse_kernel_name
+
+    ncu = main_kernel(name)
+    regs = {k["ncu_name"]: k["registers"] for k in json.loads(RESOURCES.read_text())["kernels"]}
+    return parse_kernel_name(ncu, registers=regs[ncu]) if ncu in regs else ncu
 
 
 def run(name: str, model: str):
@@ -109,10 +123,10 @@ def run(name: str, model: str):
         return hierarchy(flash2, device=Machine("H100", partitions=2, home_lines=HOME_LINES), **kw)
     if name == "decode GQA" or (step == 4 and spec["backward"]):  # cuDNN's resources are not in its name; the
         return None  # backward's walk is not modelled: the steps above are the model there
-    step = 4 if model == TWO_CTAS else step
+    step = 4 if model == THREE_CTAS else step
     # the H100 preset's machine in fp16 words; its blocks per SM from the kernel's resources, inside hierarchy()
-    machine = Machine("H100", partitions=2, home_lines=HOME_LINES, kernel=main_kernel(name),
-                      blocks_per_sm=2 if model == TWO_CTAS else None)  # fmt: skip
+    kernel = main_kernel(name) if model == THREE_CTAS else main_kernel_resources(name)
+    machine = Machine("H100", partitions=2, home_lines=HOME_LINES, kernel=kernel)
     if step == 4 and not spec["backward"]:
         kw.update(scheduler=Scheduler(order="head-grouped", walk="descending"))
     return hierarchy(flash2, M=_working_set(name), device=machine, **kw)
@@ -229,6 +243,7 @@ def main(argv=None) -> int:
     ap.add_argument("what", choices=("compute", "table", "predictions"))
     ap.add_argument("--launch", nargs="+", choices=list(LAUNCHES), help="compute only these launches")
     ap.add_argument("--write", action="store_true", help="table: also write it into docs/hierarchy-hardware.md")
+    ap.add_argument("--force", action="store_true", help="predictions: write over the registered file")
     args = ap.parse_args(argv)
     if args.what == "compute":
         data = compute(args.launch)
@@ -244,6 +259,9 @@ def main(argv=None) -> int:
             write_docs()
             print(f"wrote the table into {DOC}")
     else:
+        if PREDICTIONS.exists() and not args.force:  # registered, then measured: never rewritten in place
+            print(f"{PREDICTIONS} is registered (measured by a lease since); --force writes over it", file=sys.stderr)
+            return 2
         PREDICTIONS.parent.mkdir(parents=True, exist_ok=True)
         PREDICTIONS.write_text(json.dumps(predictions(), indent=1) + "\n")
         print(f"wrote {PREDICTIONS}")
