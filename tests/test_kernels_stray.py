@@ -190,6 +190,30 @@ def test_an_argument_handed_to_a_later_launch_again_is_still_one_array():
     assert counts.stray_lanes == 0 and counts.out_of_bounds_lanes == 0
 
 
+def test_a_per_launch_copy_is_the_array_it_copies_never_the_range_a_freed_copy_left_at_its_bytes():
+    # numba.cuda's simulator: launch 1 copies host X to 1000 and Out to 2000; launch 2 copies host Z to 1000 (X's
+    # freed bytes) and Out to 3000; launch 3 copies X to 3000 (launch 2's Out's bytes). X is one array, Z another
+    rec = Recorder()
+    host = {}
+
+    def launch(kernel, *args):
+        rec.begin_launch(kernel)
+        for k, (param, array, start) in enumerate(args):
+            rid = rec.register_copy(param, start, 64, 4, host.get(array))
+            host.setdefault(array, rid)
+            rec.begin_program((k,))
+            rec.access(start + 4 * np.arange(16), "w" if param == "Out" else "r", 4, site=(("k.py", k, 0),))
+
+    launch("copy", ("X", "x", 1000), ("Out", "out", 2000))
+    launch("copy", ("X", "z", 1000), ("Out", "out", 3000))
+    launch("copy", ("X", "x", 3000), ("Out", "out", 1000))
+    rec.register("d_out", 2000, 64, 4)  # a device array where launch 1's copy of Out was: an array of its own
+    counts = rec.result("numba-cuda", 0.0, names={"d_out": (2000, 64)})
+    assert {n: (a.reads, a.writes) for n, a in counts.per_array.items()} == {"X": (32, 0), "Out": (0, 48),
+                                                                              "X#2": (16, 0)}  # fmt: skip
+    assert counts.stray_lanes == 0 and counts.out_of_bounds_lanes == 0
+
+
 def test_a_blocks_element_accesses_reach_the_recorder_in_thread_order_whatever_order_the_threads_ran():
     # numba-cuda's simulator runs a block's CUDA threads as Python threads; here threads 7, 6, ..., 0 read their
     # element of B one after another (the order a busy scheduler can pick): flushed, the lanes are 0..7 again
@@ -295,14 +319,20 @@ def test_every_triton_example_counts_with_nothing_flagged():
 
 NUMBA_FILE = str(Path(__file__).with_name("_kernel_numba_stray.py"))
 NUMBA_LANES = str(Path(__file__).with_name("_kernel_numba_lane_order.py"))
+NUMBA_COPIES = str(Path(__file__).with_name("_kernel_numba_copies.py"))
 
 
-def test_numba_cuda_sites_flag_a_kernel_picking_its_array_at_run_time():
+@pytest.fixture(scope="module")
+def numba_runs():
     pytest.importorskip("numba")
     names = ["launch_pick", "launch_pick_declared", "launch_copy", "launch_two_calls"]
     jobs = [(NUMBA_FILE, n, {}) for n in names] + [(NUMBA_LANES, "launch_pick_reversed", {})]
-    runs = count_batch(jobs, "numba-cuda", arrays=False, strict=False)
-    picked, declared, copied, helper, reversed_ = (c for c, _, _ in runs)
+    jobs += [(NUMBA_COPIES, n, {}) for n in ("launch_two_arrays", "launch_one_array_twice")]
+    return [c for c, _, _ in count_batch(jobs, "numba-cuda", arrays=False, strict=False)]
+
+
+def test_numba_cuda_sites_flag_a_kernel_picking_its_array_at_run_time(numba_runs):
+    picked, declared, copied, helper, reversed_ = numba_runs[:5]
     # B's lanes 0..7 (threads 0..7 of block 1), A's offsets of them depend on where the simulator's copies of A and
     # B lie (B's address minus A's, in elements, then consecutive). Before the block's accesses were flushed in
     # thread order, a busy scheduler listed B's lanes out of order (one CI run of 2026-11-28; _kernel_numba_lane_order
@@ -325,3 +355,13 @@ def test_numba_cuda_sites_flag_a_kernel_picking_its_array_at_run_time():
     assert declared.stray_lanes == 0 and declared.per_array["B"].reads == 8
     assert copied.stray_lanes == 0 and copied.out_of_bounds_lanes == 0
     assert helper.stray_lanes == 0 and helper.per_array["B"].reads == 8  # a device function's call sites differ
+
+
+def test_numba_cuda_arrays_are_the_host_arrays_copied_whatever_bytes_their_copies_reuse(numba_runs):
+    # copy_rows reads 16 elements of its X and writes 16 of Out per launch, two launches each; the simulator's copy of
+    # Z (then of X again) lay at the bytes of the first launch's copy of X (then of Out), which named them X (Out)
+    two, twice = numba_runs[5:]
+    assert {n: (a.reads, a.writes) for n, a in two.per_array.items()} == {"X": (16, 0), "X#2": (16, 0),
+                                                                           "Out": (0, 32)}  # fmt: skip
+    assert {n: (a.reads, a.writes) for n, a in twice.per_array.items()} == {"X": (32, 0), "Out": (0, 32)}
+    assert two.stray_lanes == twice.stray_lanes == 0 and two.out_of_bounds_lanes == twice.out_of_bounds_lanes == 0

@@ -252,6 +252,7 @@ class Recorder:
         self.paused = False  # inside ``paused()``: launches run uncounted
         self._claimed: dict[int, str] = {}  # this launch: range id -> the argument name it was registered for
         self._retired: set[int] = set()  # arguments of finished launches not claimed again: out of the index
+        self._copies: set[int] = set()  # ranges of per-launch copies (register_copy): never matched by address
         self._overlapping: dict[int, set[int]] = {}  # range id -> the ranges sharing some of its bytes
         self._through: dict[tuple[int, int], list[np.ndarray]] = defaultdict(list)  # this launch, (rid, r/w): bytes
         self.overlaps: dict[tuple, int] = {}  # (kernel, rid a, rid b, kind) -> words moved through both
@@ -259,12 +260,13 @@ class Recorder:
     # --- arrays ---------------------------------------------------------------------------------------------
     def register(self, name: str, start: int, nbytes: int, itemsize: int) -> int | None:
         """Name the bytes [start, start + nbytes) after a kernel parameter; a range already known keeps its name (the
-        same tensor handed to two launches is one array). Returns the range id (None for an empty range)."""
+        same tensor handed to two launches is one array; a per-launch copy's range is no array's but its own:
+        :meth:`register_copy`). Returns the range id (None for an empty range)."""
         if nbytes <= 0:
             return None
         start, end = int(start), int(start) + int(nbytes)
         for rid, r in enumerate(self.ranges):
-            if r.start == start and r.end == end:
+            if r.start == start and r.end == end and rid not in self._copies:
                 if rid in self._retired:  # an argument of an earlier launch handed to this one
                     self._retired.discard(rid)
                     self._index()
@@ -282,13 +284,34 @@ class Recorder:
             return None
         if rid in self._claimed and self._claimed[rid] != name:
             same = [i for i, r in enumerate(self.ranges) if (r.start, r.end) == (self.ranges[rid].start,
-                                                                                   self.ranges[rid].end)]  # fmt: skip
+                    self.ranges[rid].end) and i not in self._copies]  # fmt: skip
             rid = next((i for i in same if self.ranges[i].name == name), None)
             if rid is None:
                 self.ranges.append(_Range(name, int(start), int(start) + int(nbytes), int(itemsize)))
                 self._index()
                 rid = len(self.ranges) - 1
         self._claimed[rid] = name
+        return rid
+
+    def register_copy(self, name: str, start: int, nbytes: int, itemsize: int, rid: int | None) -> int | None:
+        """:meth:`register_argument` for an argument the backend hands the kernel as a copy made for this launch
+        (numba.cuda's simulator copies every host array): its identity is the array copied, never the address,
+        which a finished launch's freed copy of another array may have held. ``rid``: the range of an earlier copy
+        of the same array, moved to this copy's bytes (its counts go on under its name); None, or a range this
+        launch already claimed for another parameter (one array passed as two arguments): a new range."""
+        if nbytes <= 0:
+            return None
+        start, end = int(start), int(start) + int(nbytes)
+        if rid is None or self._claimed.get(rid, name) != name:
+            self.ranges.append(_Range(name, start, end, int(itemsize)))
+            rid = len(self.ranges) - 1
+        else:
+            r = self.ranges[rid]
+            self.ranges[rid] = _Range(r.name, start, end, r.itemsize)
+        self._copies.add(rid)
+        self._retired.discard(rid)
+        self._claimed[rid] = name
+        self._index()
         return rid
 
     def _live(self) -> list[int]:
@@ -576,15 +599,17 @@ class Recorder:
     def result(
         self, backend: str, seconds: float, names: dict[str, tuple[int, int]] | None = None, selects_pointers=()
     ) -> KernelCounts:
-        """The counts; ``names`` (name -> (start, nbytes)) renames the ranges of the arrays the launcher named;
-        ``selects_pointers`` (kernel names or sites ``FILE.py:LINE``) are let touch several arguments."""
+        """The counts; ``names`` (name -> (start, nbytes)) renames the ranges of the arrays the launcher named (not a
+        per-launch copy's, whose bytes a later array may occupy); ``selects_pointers`` (kernel names or sites
+        ``FILE.py:LINE``) are let touch several arguments."""
         self.end_program()
         self._close_launch()
         label = {-1: UNKNOWN}
         for rid, r in enumerate(self.ranges):
             label[rid] = r.name
         for name, (start, nbytes) in (names or {}).items():
-            same = [rid for rid, r in enumerate(self.ranges) if r.start == start and r.end == start + nbytes]
+            same = [rid for rid, r in enumerate(self.ranges)
+                    if r.start == start and r.end == start + nbytes and rid not in self._copies]  # fmt: skip
             own = [rid for rid in same if self.ranges[rid].name == name]  # one tensor passed as two arguments
             for rid in own or same:
                 label[rid] = name

@@ -151,6 +151,9 @@ class _Session:
     rank: dict = field(default_factory=lambda: defaultdict(list))
     quiet: threading.local = field(default_factory=threading.local)
     params: list | None = None
+    hosts: list = field(default_factory=list)  # this launch: per argument, the host array the simulator copies
+    copies: dict = field(default_factory=dict)  # a host array's (first byte, bytes, itemsize) -> its copies' range
+    registered: bool = False  # this launch's arguments are registered (its first block did)
 
     def targets(self, BM, A) -> dict:
         """What the hooks replace while counting: label -> (owner, attribute, hook)."""
@@ -267,6 +270,8 @@ class _Session:
             return self.saved["call"](kern, *args)
         self.recorder.begin_launch(getattr(kern.fn, "__name__", "kernel"))
         self.params = list(inspect.signature(kern.fn).parameters)
+        self.hosts = [(*_span(a), a.itemsize) if isinstance(a, np.ndarray) and a.ndim > 0 else None for a in args]
+        self.registered = False
         try:
             return self.saved["call"](kern, *args)
         finally:
@@ -275,8 +280,9 @@ class _Session:
     def run(self, manager, grid_point, *args):
         """One thread block (``BlockManager.run``): name the arguments, begin a program, run the block, then flush
         its accesses to the recorder."""
-        if self.params is not None:
+        if self.params is not None and not self.registered:  # one launch's blocks share its arguments' wrappers
             self.register_arguments(args)
+            self.registered = True
         self.recorder.begin_program(tuple(int(x) for x in grid_point) if isinstance(grid_point, (tuple, list)) else ())
         try:
             return self.saved["run"](manager, grid_point, *args)
@@ -285,12 +291,24 @@ class _Session:
 
     def register_arguments(self, args) -> None:
         """Register each array argument's memory as a range named after its parameter and mark its in-kernel
-        wrapper with the range id; refuse an argument that is neither an array nor a number."""
-        for name, arg in zip(self.params, args, strict=False):
+        wrapper with the range id; refuse an argument that is neither an array nor a number.
+
+        A host array reaches the kernel as a copy the simulator makes for this launch (and frees after it): its
+        range is the one of the host array's earlier copies (:meth:`Recorder.register_copy`), never whatever
+        range a finished launch's copy of another array left at the same address. A device array is its own
+        memory, the same in every launch: registered by address."""
+        rec = self.recorder
+        for k, (name, arg) in enumerate(zip(self.params, args, strict=False)):
             a = _ndarray(arg)
             if a is not None and a.ndim > 0:
                 span = _span(a)
-                rid = self.recorder.register_argument(name, span[0], span[1], a.itemsize)
+                host = self.hosts[k] if k < len(self.hosts) and isinstance(arg, self.W) else None
+                if host is None:
+                    rid = rec.register_argument(name, span[0], span[1], a.itemsize)
+                else:
+                    rid = rec.register_copy(name, span[0], span[1], a.itemsize, self.copies.get(host))
+                    if rid is not None:
+                        self.copies.setdefault(host, rid)
                 if isinstance(arg, self.W) and rid is not None:
                     arg.__dict__[ORIGIN] = rid
             elif not isinstance(arg, (int, float, bool, complex, np.number, np.bool_)) and a is None:
