@@ -251,6 +251,8 @@ class Recorder:
         self._in_program = False
         self.paused = False  # inside ``paused()``: launches run uncounted
         self._claimed: dict[int, str] = {}  # this launch: range id -> the argument name it was registered for
+        self._retired: set[int] = set()  # arguments of finished launches not claimed again: out of the index
+        self._copies: set[int] = set()  # ranges of per-launch copies (register_copy): never matched by address
         self._overlapping: dict[int, set[int]] = {}  # range id -> the ranges sharing some of its bytes
         self._through: dict[tuple[int, int], list[np.ndarray]] = defaultdict(list)  # this launch, (rid, r/w): bytes
         self.overlaps: dict[tuple, int] = {}  # (kernel, rid a, rid b, kind) -> words moved through both
@@ -258,12 +260,16 @@ class Recorder:
     # --- arrays ---------------------------------------------------------------------------------------------
     def register(self, name: str, start: int, nbytes: int, itemsize: int) -> int | None:
         """Name the bytes [start, start + nbytes) after a kernel parameter; a range already known keeps its name (the
-        same tensor handed to two launches is one array). Returns the range id (None for an empty range)."""
+        same tensor handed to two launches is one array; a per-launch copy's range is no array's but its own:
+        :meth:`register_copy`). Returns the range id (None for an empty range)."""
         if nbytes <= 0:
             return None
         start, end = int(start), int(start) + int(nbytes)
         for rid, r in enumerate(self.ranges):
-            if r.start == start and r.end == end:
+            if r.start == start and r.end == end and rid not in self._copies:
+                if rid in self._retired:  # an argument of an earlier launch handed to this one
+                    self._retired.discard(rid)
+                    self._index()
                 return rid
         self.ranges.append(_Range(name, start, end, int(itemsize)))
         self._index()
@@ -278,7 +284,7 @@ class Recorder:
             return None
         if rid in self._claimed and self._claimed[rid] != name:
             same = [i for i, r in enumerate(self.ranges) if (r.start, r.end) == (self.ranges[rid].start,
-                                                                                   self.ranges[rid].end)]  # fmt: skip
+                    self.ranges[rid].end) and i not in self._copies]  # fmt: skip
             rid = next((i for i in same if self.ranges[i].name == name), None)
             if rid is None:
                 self.ranges.append(_Range(name, int(start), int(start) + int(nbytes), int(itemsize)))
@@ -287,28 +293,72 @@ class Recorder:
         self._claimed[rid] = name
         return rid
 
+    def register_copy(self, name: str, start: int, nbytes: int, itemsize: int, rid: int | None) -> int | None:
+        """:meth:`register_argument` for an argument the backend hands the kernel as a copy made for this launch
+        (numba.cuda's simulator copies every host array): its identity is the array copied, never the address,
+        which a finished launch's freed copy of another array may have held. ``rid``: the range of an earlier copy
+        of the same array, moved to this copy's bytes (its counts go on under its name); None, or a range this
+        launch already claimed for another parameter (one array passed as two arguments): a new range."""
+        if nbytes <= 0:
+            return None
+        start, end = int(start), int(start) + int(nbytes)
+        if rid is None or self._claimed.get(rid, name) != name:
+            self.ranges.append(_Range(name, start, end, int(itemsize)))
+            rid = len(self.ranges) - 1
+        else:
+            r = self.ranges[rid]
+            self.ranges[rid] = _Range(r.name, start, end, r.itemsize)
+        self._copies.add(rid)
+        self._retired.discard(rid)
+        self._claimed[rid] = name
+        self._index()
+        return rid
+
+    def _live(self) -> list[int]:
+        """The range ids an address may be attributed to now: every range but the retired arguments."""
+        return [i for i in range(len(self.ranges)) if i not in self._retired]
+
     def _index(self) -> None:
-        """The segment table: between consecutive end points, the tightest range holding them (or none)."""
-        pts = sorted({p for r in self.ranges for p in (r.start, r.end)})
+        """The segment table over the live ranges: between consecutive end points, the tightest range holding them
+        (or none); each live range's outermost live range and the live ranges sharing its bytes.
+
+        A finished launch's arguments are retired from it (:meth:`begin_launch`) until a launch hands them in again:
+        their memory may since have been freed and reused (numba.cuda's simulator copies every host array per
+        launch), and a stale range holding a later argument's bytes would attribute its lanes, name its base and
+        set its bounds."""
+        live = self._live()
+        pts = sorted({p for i in live for p in (self.ranges[i].start, self.ranges[i].end)})
         seg = [-1]
         for a in pts:
-            holding = [i for i, r in enumerate(self.ranges) if r.start <= a < r.end]
+            holding = [i for i in live if self.ranges[i].start <= a < self.ranges[i].end]
             seg.append(min(holding, key=lambda i: self.ranges[i].end - self.ranges[i].start) if holding else -1)
         self._bounds = np.asarray(pts, dtype=np.uint64)
         self._seg = np.asarray(seg, dtype=np.int64)
-        self._outer = np.asarray([self.ranges.index(self._outermost(i)) for i in range(len(self.ranges))], np.int64)
-        self._overlapping = {i: {j for j, o in enumerate(self.ranges) if j != i and o.start < r.end and r.start < o.end}
-                             for i, r in enumerate(self.ranges)}  # fmt: skip
+        self._outer = np.arange(len(self.ranges), dtype=np.int64)
+        for i in live:
+            self._outer[i] = self._outermost_id(i)
+        self._overlapping = {i: {j for j in live if j != i and self.ranges[j].start < self.ranges[i].end
+                                 and self.ranges[i].start < self.ranges[j].end} for i in live}  # fmt: skip
+
+    def _outermost_id(self, rid: int) -> int:
+        """The largest live range holding range ``rid`` (itself when none does; the first of equal ones)."""
+        r = self.ranges[rid]
+        holding = [i for i in self._live() if self.ranges[i].start <= r.start and r.end <= self.ranges[i].end]
+        return max(holding or [rid], key=lambda i: (self.ranges[i].end - self.ranges[i].start, -i))
 
     def _outermost(self, rid: int) -> _Range:
-        r = self.ranges[rid]
-        return max((o for o in self.ranges if o.start <= r.start and r.end <= o.end), key=lambda o: o.end - o.start)
+        return self.ranges[self._outermost_id(rid)]
 
     # --- programs -------------------------------------------------------------------------------------------
     def begin_launch(self, kernel: str, info: dict | None = None) -> None:
+        """A new launch: the last one's overlaps closed, its sites forgotten and its arguments retired from the
+        address index (:meth:`_index`) until this launch registers them again."""
         self.end_program()
         self._close_launch()
         self._sites = {}
+        if self._claimed:
+            self._retired |= set(self._claimed)
+            self._index()
         self._claimed = {}
         if self.paused:
             return
@@ -404,11 +454,11 @@ class Recorder:
         overrun: inside another argument it is *stray* (counted there, where a GPU would move it), outside every
         argument out of bounds (counted under ``<unattributed>``); both are described (:func:`access_problem`)."""
         r = self.ranges[origin]
-        if site is not None:
-            self._check_site_origin(site, origin, addr, kind)
+        inside = (addr >= np.uint64(r.start)) & (addr < np.uint64(r.end))
+        if site is not None:  # the lanes inside the argument: an overrun's are stray (or out of bounds) below
+            self._check_site_origin(site, origin, addr[inside], kind)
         if shape is not None and self.launch_info:
             self.launch_info[-1]["shapes"].setdefault((origin, kind), set()).add(tuple(int(s) for s in shape))
-        inside = (addr >= np.uint64(r.start)) & (addr < np.uint64(r.end))
         if inside.all():
             self._add(origin, kind, nbytes, addr)
             self._note_through(origin, kind, addr)
@@ -445,29 +495,32 @@ class Recorder:
 
     def _check_site_origin(self, site: tuple, origin: int, addr: np.ndarray, kind: str) -> None:
         """One site, one argument per launch, by the pointer it used: a site that moved argument A and later moves
-        B (a pointer chosen at run time, unless declared) is stray."""
+        B (a pointer chosen at run time, unless declared) is stray. ``addr``: the access's lanes inside ``origin``
+        (those outside it are an overrun, recorded by :meth:`_access_through`; never twice)."""
         self.sites_seen.add(site_label(site[-1:]))
         known = self._sites.get(site)
         if known is None:
             self._sites[site] = (origin, self.program)
-        elif known[0] != origin:
+        elif known[0] != origin and addr.size:
             self._stray(site, known[0], origin, addr, kind, known[1])
 
     def _stray(self, site: tuple, own: int, other: int, lanes: np.ndarray, kind: str, seen_in: tuple) -> None:
-        """Record stray lanes of ``site``: it moved argument ``own`` (first in program ``seen_in``), now ``other``."""
+        """Record stray lanes of ``site``: it moved argument ``own`` (first in program ``seen_in``), now ``other``
+        (the range the first of ``lanes`` lies in); every lane counts, the record describes those inside ``other``
+        (their offsets in ``other`` and in ``own``), never a lane of a third array measured from ``other``'s base."""
         kernel = self.launch_info[-1]["kernel"] if self.launch_info else "kernel"
         key = (kernel, site)
         if key in self.strays:
             self.strays[key]["total"] += lanes.size
             return
         o, r = self.ranges[own], self.ranges[other]
-        lanes = lanes.astype(np.int64)
+        mine = lanes[(lanes >= np.uint64(r.start)) & (lanes < np.uint64(r.end))].astype(np.int64)
         self.strays[key] = {
             "kernel": kernel, "site": site_label(site), "program": list(self.program), "kind": kind,
-            "lanes": int(lanes.size), "own_rid": own, "own_program": list(seen_in),
+            "lanes": int(mine.size), "own_rid": own, "own_program": list(seen_in),
             "own_elements": (o.end - o.start) // o.itemsize, "rid": other,
-            "offsets": [int(x) for x in (lanes[:6] - r.start) // r.itemsize],
-            "own_offsets": [int(x) for x in (lanes[:6] - o.start) // o.itemsize], "total": int(lanes.size),
+            "offsets": [int(x) for x in (mine[:6] - r.start) // r.itemsize],
+            "own_offsets": [int(x) for x in (mine[:6] - o.start) // o.itemsize], "total": int(lanes.size),
         }  # fmt: skip
 
     def _note_through(self, rid: int, kind: str, addr: np.ndarray) -> None:
@@ -499,36 +552,22 @@ class Recorder:
                         self.overlaps[key] = self.overlaps.get(key, 0) + n
 
     def _check_site(self, site: tuple, first: int, rids: np.ndarray, addr: np.ndarray, kind: str) -> None:
-        """One site, one argument per launch: the first argument a site touches is its own; lanes of a later access
-        by that site inside another argument are stray (recorded; the first per site described)."""
+        """One site, one argument per launch: the first argument a site touches is its own; a later access by that
+        site that starts inside another argument is stray (recorded; the first per site described): its lanes
+        inside that argument (the outermost range holding its first lane), measured from that argument's base.
+        Its lanes beyond that argument are out of bounds (:meth:`access` counts and describes them), not stray."""
         self.sites_seen.add(site_label(site[-1:]))
         home = int(self._outer[first])
         known = self._sites.get(site)
         if known is None:
             self._sites[site] = (home, self.program)
             return
-        if known[0] == home and (rids.size == 1 or (rids[1:] == first).all()):
-            return
         own, seen_in = known
-        outer = self._outer[np.maximum(rids, 0)]
-        stray = (rids >= 0) & (outer != own)
-        n = int(stray.sum())
-        if not n:
+        if own == home:
             return
-        kernel = self.launch_info[-1]["kernel"] if self.launch_info else "kernel"
-        key = (kernel, site)
-        if key in self.strays:
-            self.strays[key]["total"] += n
-            return
-        other = int(outer[stray][0])
-        o, r = self.ranges[own], self.ranges[other]
-        lanes = addr[stray].astype(np.int64)
-        self.strays[key] = {
-            "kernel": kernel, "site": site_label(site), "program": list(self.program), "kind": kind, "lanes": n,
-            "own_rid": own, "own_program": list(seen_in), "own_elements": (o.end - o.start) // o.itemsize,
-            "rid": other, "offsets": [int(x) for x in (lanes[:6] - r.start) // r.itemsize],
-            "own_offsets": [int(x) for x in (lanes[:6] - o.start) // o.itemsize], "total": n,
-        }  # fmt: skip
+        h = self.ranges[home]
+        mine = (rids >= 0) & (addr >= np.uint64(h.start)) & (addr < np.uint64(h.end))
+        self._stray(site, own, home, addr[mine], kind, seen_in)
 
     def _add(self, rid: int, kind: str, nbytes: int, addr: np.ndarray) -> None:
         """Count the lanes at byte addresses ``addr`` (``nbytes`` each) for range ``rid`` (-1: out of bounds): words,
@@ -560,15 +599,17 @@ class Recorder:
     def result(
         self, backend: str, seconds: float, names: dict[str, tuple[int, int]] | None = None, selects_pointers=()
     ) -> KernelCounts:
-        """The counts; ``names`` (name -> (start, nbytes)) renames the ranges of the arrays the launcher named;
-        ``selects_pointers`` (kernel names or sites ``FILE.py:LINE``) are let touch several arguments."""
+        """The counts; ``names`` (name -> (start, nbytes)) renames the ranges of the arrays the launcher named (not a
+        per-launch copy's, whose bytes a later array may occupy); ``selects_pointers`` (kernel names or sites
+        ``FILE.py:LINE``) are let touch several arguments."""
         self.end_program()
         self._close_launch()
         label = {-1: UNKNOWN}
         for rid, r in enumerate(self.ranges):
             label[rid] = r.name
         for name, (start, nbytes) in (names or {}).items():
-            same = [rid for rid, r in enumerate(self.ranges) if r.start == start and r.end == start + nbytes]
+            same = [rid for rid, r in enumerate(self.ranges)
+                    if r.start == start and r.end == start + nbytes and rid not in self._copies]  # fmt: skip
             own = [rid for rid in same if self.ranges[rid].name == name]  # one tensor passed as two arguments
             for rid in own or same:
                 label[rid] = name

@@ -132,8 +132,14 @@ def _method(hook):
 class _Session:
     """The state the hooks share while installed: the recorder, the simulator's functions they wrap (``saved``,
     ``saved_atomics``), the element accesses of the running block (``buf``: (kind, itemsize, site, origin) -> byte
-    addresses, flushed to the recorder after every block), the launch's parameter names (``params``, None outside
-    a launch) and a per-thread flag that silences element accesses inside an atomic (``quiet``)."""
+    addresses, and ``rank``: the lane order of each, flushed to the recorder after every block), the launch's
+    parameter names (``params``, None outside a launch) and per-thread state (``quiet``: a flag that silences
+    element accesses inside an atomic; the thread's count of element accesses so far).
+
+    Lane order: the simulator runs a block's threads as Python threads, which reach their accesses in whatever
+    order the scheduler picks; a block's accesses are flushed in thread order instead (the linear thread index,
+    x fastest, as CUDA numbers a block's threads; a thread's own accesses in the order it made them), so which
+    lanes an access's description lists first, and which argument a site met first, never depend on it."""
 
     recorder: object
     kernel: object  # numba.cuda.simulator.kernel
@@ -142,8 +148,12 @@ class _Session:
     saved: dict = field(default_factory=dict)
     saved_atomics: dict = field(default_factory=dict)
     buf: dict = field(default_factory=lambda: defaultdict(list))
+    rank: dict = field(default_factory=lambda: defaultdict(list))
     quiet: threading.local = field(default_factory=threading.local)
     params: list | None = None
+    hosts: list = field(default_factory=list)  # this launch: per argument, the host array the simulator copies
+    copies: dict = field(default_factory=dict)  # a host array's (first byte, bytes, itemsize) -> its copies' range
+    registered: bool = False  # this launch's arguments are registered (its first block did)
 
     def targets(self, BM, A) -> dict:
         """What the hooks replace while counting: label -> (owner, attribute, hook)."""
@@ -191,23 +201,39 @@ class _Session:
         if addr is None:
             return
         key = (kind, a.itemsize, self.site(), origin)
+        rank = self.lane_rank()
         if isinstance(addr, np.ndarray):
             self.buf[key].extend(addr.tolist())
+            self.rank[key].extend([rank] * addr.size)
         else:
             self.buf[key].append(addr)
+            self.rank[key].append(rank)
+
+    def lane_rank(self) -> int:
+        """The running thread's place in the block's lane order: its linear thread index (the simulator's
+        ``BlockThread.thread_id``; 0 outside one), then its own count of element accesses."""
+        n = getattr(self.quiet, "n", 0)
+        self.quiet.n = n + 1
+        return (getattr(threading.current_thread(), "thread_id", 0) << 32) + n
 
     def flush(self):
-        """Hand the block's buffered accesses to the recorder: one access per (kind, site) and argument."""
+        """Hand the block's buffered accesses to the recorder in lane order (each access's lanes, and the accesses
+        by their first lane): one access per (kind, site) and argument."""
         rec = self.recorder
-        for (kind, size, where, origin), addrs in list(self.buf.items()):
-            if addrs and origin is not None:  # through an argument's wrapper: that argument's
-                rec.access(np.asarray(addrs, dtype=np.uint64), kind, size, site=where, origin=origin)
-            elif addrs:  # a block's element accesses mix arguments: one access per argument they fall in
-                addr = np.asarray(addrs, dtype=np.uint64)
+        ranks = {key: np.asarray(r, dtype=np.int64) for key, r in self.rank.items()}
+        for key in sorted(self.buf, key=lambda k: int(ranks[k].min()) if ranks[k].size else 0):
+            (kind, size, where, origin), addrs = key, self.buf[key]
+            if not addrs:
+                continue
+            addr = np.asarray(addrs, dtype=np.uint64)[np.argsort(ranks[key], kind="stable")]
+            if origin is not None:  # through an argument's wrapper: that argument's
+                rec.access(addr, kind, size, site=where, origin=origin)
+            else:  # a block's element accesses mix arguments: one access per argument they fall in
                 rids = rec.range_ids(addr)
                 for rid in np.unique(rids):
                     rec.access(addr[rids == rid], kind, size, site=where)
         self.buf.clear()
+        self.rank.clear()
 
     def get(self, wrapper, idx):
         """``arg[idx]`` in a kernel: a read of the elements selected, for the argument the wrapper stands for (a
@@ -244,6 +270,8 @@ class _Session:
             return self.saved["call"](kern, *args)
         self.recorder.begin_launch(getattr(kern.fn, "__name__", "kernel"))
         self.params = list(inspect.signature(kern.fn).parameters)
+        self.hosts = [(*_span(a), a.itemsize) if isinstance(a, np.ndarray) and a.ndim > 0 else None for a in args]
+        self.registered = False
         try:
             return self.saved["call"](kern, *args)
         finally:
@@ -252,8 +280,9 @@ class _Session:
     def run(self, manager, grid_point, *args):
         """One thread block (``BlockManager.run``): name the arguments, begin a program, run the block, then flush
         its accesses to the recorder."""
-        if self.params is not None:
+        if self.params is not None and not self.registered:  # one launch's blocks share its arguments' wrappers
             self.register_arguments(args)
+            self.registered = True
         self.recorder.begin_program(tuple(int(x) for x in grid_point) if isinstance(grid_point, (tuple, list)) else ())
         try:
             return self.saved["run"](manager, grid_point, *args)
@@ -262,12 +291,24 @@ class _Session:
 
     def register_arguments(self, args) -> None:
         """Register each array argument's memory as a range named after its parameter and mark its in-kernel
-        wrapper with the range id; refuse an argument that is neither an array nor a number."""
-        for name, arg in zip(self.params, args, strict=False):
+        wrapper with the range id; refuse an argument that is neither an array nor a number.
+
+        A host array reaches the kernel as a copy the simulator makes for this launch (and frees after it): its
+        range is the one of the host array's earlier copies (:meth:`Recorder.register_copy`), never whatever
+        range a finished launch's copy of another array left at the same address. A device array is its own
+        memory, the same in every launch: registered by address."""
+        rec = self.recorder
+        for k, (name, arg) in enumerate(zip(self.params, args, strict=False)):
             a = _ndarray(arg)
             if a is not None and a.ndim > 0:
                 span = _span(a)
-                rid = self.recorder.register_argument(name, span[0], span[1], a.itemsize)
+                host = self.hosts[k] if k < len(self.hosts) and isinstance(arg, self.W) else None
+                if host is None:
+                    rid = rec.register_argument(name, span[0], span[1], a.itemsize)
+                else:
+                    rid = rec.register_copy(name, span[0], span[1], a.itemsize, self.copies.get(host))
+                    if rid is not None:
+                        self.copies.setdefault(host, rid)
                 if isinstance(arg, self.W) and rid is not None:
                     arg.__dict__[ORIGIN] = rid
             elif not isinstance(arg, (int, float, bool, complex, np.number, np.bool_)) and a is None:
