@@ -15,9 +15,10 @@ A, C, M64 = 6364136223846793005, 1442695040888963407, (1 << 64) - 1
 
 
 def stream(r):
-    """(lines, writes, each launch's end) of a recorded run on lines of one word: every request's words in order
-    (row by row, columns left to right), at line lbase + copy x lines per copy + row x row stride + column."""
-    lay, req, blocks = r.layout, r.cut.requests, r.blocks
+    """(lines, writes, each launch's end) of a recorded run: every request's words in order (row by row, columns
+    left to right; a tile of whole rows as one range), word (row, col) of array a's copy at line lbase + copy x
+    lines per copy + (row x row stride + column) // words per line, each line once per range."""
+    lay, req, blocks, lw = r.layout, r.cut.requests, r.blocks, r.line_words
     ctas = np.cumsum([k["ctas"] for k in r.launches])
     lines, writes, ends = [], [], []
     for i, k in r.record:
@@ -29,10 +30,18 @@ def stream(r):
             ends.append(len(lines))
         b = int(lay.base[a])
         first = int(lay.lbase[b]) + int(blocks[i, 1 + lay.kv[a]]) * int(lay.nl[b])
-        for row in range(r0, r0 + nr):
-            for col in range(c0, c0 + nc):
-                lines.append(first + row * int(lay.stride[a]) + col)
-                writes.append(w == 1)
+        assert w in (0, 1)
+        ca, per = int(lay.stride[a]), int(lw[b])
+        ranges = (
+            [(r0 * ca, (r0 + nr) * ca)] if nc == ca else [(x * ca + c0, x * ca + c0 + nc) for x in range(r0, r0 + nr)]
+        )
+        for w0, w1 in ranges:
+            got = []
+            for word in range(w0, w1):
+                if not got or got[-1] != first + word // per:
+                    got.append(first + word // per)
+            lines += got
+            writes += [w == 1] * len(got)
     while len(ends) < len(r.launches):
         ends.append(len(lines))
     return lines, writes, ends
@@ -44,7 +53,7 @@ def cache(lines, writes, ends, sets, ways, victim, seed=0, xor=False, flush=Fals
     per launch (fetched, written during, written by the flush after it), the final flush last."""
     content = [[] for _ in range(sets)]
     dirty, x = set(), seed
-    fetched = written = flushed = 0
+    fetched = written = 0
     per = []
     for n, (ln, wr) in enumerate(zip(lines, writes, strict=True)):
         q = ((ln ^ (ln // sets)) if xor else ln) % sets
@@ -90,14 +99,14 @@ def run(policy, backward=False, C=96, flush=None, algorithm="flash2"):  # noqa: 
 
 def check(r, per, total):
     """The hierarchy's DRAM against the cache's: reads and writes per launch, the final flush, the totals."""
-    rows = r.dram_writes
+    rows, lb = r.dram_writes, r.L * r.bytes_per_word  # every array at bytes_per_word: a line of L words
     got = [(w["read_bytes"], w["during_bytes"], w["flush_after_bytes"]) for w in rows]
     want, f0, w0 = [], 0, 0
     for f, w, fl in per:
-        want.append((2 * (f - f0), 2 * (w - w0), 2 * fl))
+        want.append((lb * (f - f0), lb * (w - w0), lb * fl))
         f0, w0 = f, w + fl
     assert got == want
-    assert r.dram_read == per[-1][0] and r.dram_update == total
+    assert r.dram_read == per[-1][0] * r.L and r.dram_update == total * r.L
     assert sum(w["with_flush_bytes"] for w in rows) == 2 * r.dram_update
 
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
-import statistics
 import sys
 import time
 
@@ -41,7 +40,9 @@ PROBE_MB = (8, 16, 32, 40, 48, 56, 64, 72, 96)  # the sizes the H200 measured (h
 WAYS = (8, 16, 32, 64)  # a band: NVIDIA publishes no associativity
 POLICIES = ("lru", "random", *(f"sets:{w}" for w in WAYS), *(f"sets:{w}:xor" for w in WAYS))
 SEEDS = ("random", "random:1", "random:2")  # random replacement, three seeds: the spread of one draw
-LABELS = (13, 30, 40, 9, 26, 36)  # square-tiling launches spanning d = 64-256 and B = 36-138 (the faster ones)
+SQUARE = (13, 30, 40, 9, 26, 36)  # square-tiling launches spanning d = 64-256 and B = 36-138 (the faster ones)
+FLASH2 = (8, 12, 29, 39)  # flash2's forward at d = 64-256 (the faster ones)
+LABELS = SQUARE + FLASH2
 FAR_COPY = ("both", "near", "home", "shared")
 
 
@@ -73,8 +74,8 @@ def probe(mb: int, policy: str) -> dict:
     return dict(dram_read=r.level_bytes("dram_read"), buffer=mb * MIB)
 
 
-def square(label: int, policy: str, machine_kw: dict) -> dict:
-    """Sweep configuration ``label`` (the square tiling's two launches) under ``policy`` on the H100 preset with
+def sweep_run(label: int, policy: str, machine_kw: dict) -> dict:
+    """Sweep configuration ``label`` (the square tiling's two launches, or flash2's forward) under ``policy`` on the H100 preset with
     ``machine_kw``: each launch's DRAM read, its writes during the kernel and the flush after it (bytes)."""
     import iosim
     from iosim.hierarchy import Machine, hierarchy
@@ -116,13 +117,13 @@ def compute(what: str, labels=None) -> None:
                     t0 = time.perf_counter()
                     _store(H200_RUNS, key, {**probe(mb, pol), "seconds": round(time.perf_counter() - t0, 1)})
     elif what in ("sweep", "flush"):
-        for label in labels or LABELS:
+        for label in labels or (LABELS if what == "sweep" else SQUARE):
             pols = (*POLICIES, *SEEDS[1:]) if what == "sweep" else ("lru",)
             kw = {} if what == "sweep" else {**SWEEP_MACHINE, "flush": "per-kernel"}
             for pol in pols:
                 key = f"{what} {label} | {pol}"
                 if key not in _load(H100_RUNS)["runs"]:
-                    _store(H100_RUNS, key, square(label, pol, kw))
+                    _store(H100_RUNS, key, sweep_run(label, pol, kw))
     elif what == "forward":
         for fc in FAR_COPY:
             key = f"forward | {fc}"
