@@ -75,8 +75,9 @@ def probe(mb: int, policy: str) -> dict:
 
 
 def sweep_run(label: int, policy: str, machine_kw: dict) -> dict:
-    """Sweep configuration ``label`` (the square tiling's two launches, or flash2's forward) under ``policy`` on the H100 preset with
-    ``machine_kw``: each launch's DRAM read, its writes during the kernel and the flush after it (bytes)."""
+    """Sweep configuration ``label`` (the square tiling's two launches, or flash2's forward) under ``policy`` on the
+    H100 preset with ``machine_kw``: each launch's DRAM read, its writes during the kernel and the flush after it
+    (bytes)."""
     import iosim
     from iosim.hierarchy import Machine, hierarchy
 
@@ -129,6 +130,144 @@ def compute(what: str, labels=None) -> None:
             key = f"forward | {fc}"
             if key not in _load(H200_RUNS)["runs"]:
                 _store(H200_RUNS, key, forward(fc))
+
+
+# ------------------------------------------------------------------------------------------------------ the tables
+def _r(meas, pred) -> str:
+    return "-" if not pred else f"{meas / pred:.2f}"
+
+
+def _band(xs) -> str:
+    """A band of ratios (min-max; one value where they agree to two places)."""
+    lo, hi = f"{min(xs):.2f}", f"{max(xs):.2f}"
+    return lo if lo == hi else f"{lo}-{hi}"
+
+
+def _groups(get) -> dict:
+    """measured / predicted per policy group: lru, random (three seeds), sets:W and sets:W:xor (W in WAYS)."""
+    return {"lru": [get("lru")], "random": [get(p) for p in SEEDS],
+            "sets:W": [get(f"sets:{w}") for w in WAYS], "sets:W:xor": [get(f"sets:{w}:xor") for w in WAYS]}  # fmt: skip
+
+
+def probe_table() -> str:
+    """The H200's probe: measured DRAM read beside each policy's (one 60 MiB L2, whole lines); ratio = measured /
+    predicted, a band over the seeds (random) and over W (sets)."""
+    import hierarchy_h200
+    from tabulate import tabulate
+
+    meas = hierarchy_h200.measured_by_id(H200_MEASURED)
+    runs = _load(H200_RUNS)["runs"]
+    body = []
+    for mb in PROBE_MB:
+        m = meas[f"l2-probe-{mb}MiB"]["dram__bytes_read.sum"]
+        if f"probe {mb} MiB | sets:64:xor" not in runs:
+            continue
+        g = _groups(lambda p, mb=mb, m=m: m / runs[f"probe {mb} MiB | {p}"]["dram_read"])
+        pred = {k: [runs[f"probe {mb} MiB | {p}"]["dram_read"] / MB for p in ps] for k, ps in
+                {"lru": ["lru"], "random": SEEDS}.items()}  # fmt: skip
+        body.append([mb, f"{mb * MIB / MB:.1f}", f"{m / MB:.1f}", f"{m / (mb * MIB):.2f}", f"{pred['lru'][0]:.1f}",
+                     _band(g["lru"]), f"{statistics_mean(pred['random']):.1f}", _band(g["random"]),
+                     _band(g["sets:W"]), _band(g["sets:W:xor"])])  # fmt: skip
+    head = ["MiB", "buffer MB", "measured DRAM read MB", "measured / buffer", "lru MB", "measured / lru",
+            "random MB (mean of 3 seeds)", "measured / random", "measured / sets:W (W 8-64)",
+            "measured / sets:W:xor (W 8-64)"]  # fmt: skip
+    return tabulate(body, headers=head, tablefmt="github", disable_numparse=True)
+
+
+def statistics_mean(xs) -> float:
+    return sum(xs) / len(xs)
+
+
+def _sweep_meas() -> dict:
+    return sweep.measured()
+
+
+def sweep_table() -> str:
+    """The sweep's launches: measured DRAM read / predicted under each policy (one 50 MiB L2, whole lines), beside
+    the stored prediction of hierarchy_h100_sweep (two partitions, sectors); then the count within 15 %."""
+    from tabulate import tabulate
+
+    meas, runs = _sweep_meas(), _load(H100_RUNS)["runs"]
+    stored = json.loads(sweep.STORED.read_text())["runs"]
+    body, within = [], {}
+    for cfg in sweep.configurations():
+        lab = cfg["label"]
+        if f"sweep {lab} | sets:64:xor" not in runs:
+            continue
+        for k in cfg["kernels"]:
+            m = meas[(lab, k)]["dram_read"]
+            g = _groups(lambda p, lab=lab, k=k, m=m: m / runs[f"sweep {lab} | {p}"]["launches"][k]["dram_read"])
+            for name, xs in g.items():
+                within.setdefault((k, name), []).append(all(abs(x - 1) <= 0.15 for x in xs))
+            tiles = ", ".join(f"{a}={b}" for a, b in cfg["tiles"].items())
+            was = stored[str(lab)]["launches"][k]["dram_read"]
+            body.append([lab, k.removesuffix("_kernel"), cfg["d"], tiles, f"{m / MB:.1f}", _r(m, was),
+                         *(_band(xs) for xs in g.values())])  # fmt: skip
+    head = ["label", "kernel", "d", "tiles", "measured DRAM read MB", "measured / stored (2 partitions, sectors)",
+            "measured / lru", "measured / random (3 seeds)", "measured / sets:W (W 8-64)",
+            "measured / sets:W:xor (W 8-64)"]  # fmt: skip
+    lines = [f"- {k.removesuffix('_kernel')}, {name}: {sum(v)} of {len(v)} launches within 15 % (every seed or W)"
+             for (k, name), v in within.items()]  # fmt: skip
+    return tabulate(body, headers=head, tablefmt="github", disable_numparse=True) + "\n\n" + "\n".join(lines)
+
+
+def flush_table() -> str:
+    """The square tiling on the sweep's machine with flush="per-kernel": each launch's DRAM writes during the kernel
+    (and reads) against the measured, beside the stored prediction without the flush."""
+    from tabulate import tabulate
+
+    meas, runs = _sweep_meas(), _load(H100_RUNS)["runs"]
+    stored = json.loads(sweep.STORED.read_text())["runs"]
+    body = []
+    for lab in SQUARE:
+        got = runs.get(f"flush {lab} | lru")
+        if got is None:
+            continue
+        for k in ("square_phase1_kernel", "square_phase2_kernel"):
+            m, p, s0 = meas[(lab, k)], got["launches"][k], stored[str(lab)]["launches"][k]
+            body.append([lab, k.removesuffix("_kernel"), f"{m['dram_write'] / MB:.1f}", f"{s0['dram_write'] / MB:.1f}",
+                         _r(m["dram_write"], s0["dram_write"]), f"{p['dram_write'] / MB:.1f}",
+                         _r(m["dram_write"], p["dram_write"]), f"{p['flush_after'] / MB:.1f}",
+                         _r(m["dram_read"], s0["dram_read"]), _r(m["dram_read"], p["dram_read"])])  # fmt: skip
+    head = ["label", "kernel", "measured DRAM write MB", "stored (no flush) MB", "measured / stored",
+            "flush per-kernel MB", "measured / flush", "flush after it MB", "DRAM read: measured / stored",
+            "measured / flush"]  # fmt: skip
+    return tabulate(body, headers=head, tablefmt="github", disable_numparse=True)
+
+
+def forward_table() -> str:
+    """FlashAttention-2's forward on the H200 preset under each far_copy placement: DRAM writes against the
+    H200's measured."""
+    import hierarchy_h200
+    from tabulate import tabulate
+
+    m = hierarchy_h200.measured_by_id(H200_MEASURED)["fa2-fwd"]
+    mw, ms = m["dram__bytes_write.sum"], m["l1tex__t_bytes_pipe_lsu_mem_global_op_st.sum"]
+    runs = _load(H200_RUNS)["runs"]
+    body = [[fc, f"{r['stores'] / MB:.1f}", f"{r['during'] / MB:.1f}", f"{r['with_flush'] / MB:.1f}",
+             f"{mw / MB:.1f}", _r(mw, r["during"]), _r(mw, r["with_flush"])]
+            for fc in FAR_COPY if (r := runs.get(f"forward | {fc}"))]  # fmt: skip
+    head = ["far_copy", "L2 stores MB (model)", "DRAM write during MB", "with the final flush MB",
+            "measured MB", "measured / during", "measured / with flush"]  # fmt: skip
+    note = f"Measured LSU stores: {ms / MB:.1f} MB; measured DRAM write / LSU stores {mw / ms:.2f}."
+    return tabulate(body, headers=head, tablefmt="github", disable_numparse=True) + "\n\n" + note
+
+
+TABLES = {"probe": probe_table, "sweep": sweep_table, "flush": flush_table, "forward": forward_table}
+
+
+def tables() -> str:
+    return "\n\n".join(f"{k}:\n{f()}" for k, f in TABLES.items())
+
+
+def write_docs() -> None:
+    """Each table between its markers in docs/hierarchy-hypotheses.md."""
+    doc = DOC.read_text()
+    for k, f in TABLES.items():
+        head, rest = doc.split(BLOCKS[k][0], 1)
+        _, tail = rest.split(BLOCKS[k][1], 1)
+        doc = f"{head}{BLOCKS[k][0]}\n{f()}\n{BLOCKS[k][1]}{tail}"
+    DOC.write_text(doc)
 
 
 def main(argv=None) -> int:
