@@ -89,7 +89,9 @@ finishing block's clock. A block may wait ``delay[i]`` words of idle time before
 each slot runs its blocks in their launch order (a persistent kernel with a static tile schedule); ``-1`` for every
 block of a launch is the dynamic rule above. The L2 sees the requests of all resident blocks in the order of the
 clock value at which each is issued, ties by launch order (block id). A launch starts when the previous one has
-finished.
+finished. With the **flush between launches** (``flush_between``, the Machine's ``flush="per-kernel"``: Nsight
+Compute's cache control before each kernel it profiles), every dirty line is written back after each launch but the
+last (counted apart, per launch) and every partition emptied, so each launch starts from a clean L2.
 """
 
 from __future__ import annotations

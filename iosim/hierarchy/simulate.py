@@ -79,12 +79,23 @@ takes the device preset's ``l2_partitions`` (2 on the A100 and H100, with their 
 partition, the single shared L2, exactly, which every figure published before the partitions were modelled used
 (docs/hierarchy-hardware.md holds the launches measured on an H100 under both).
 
+Replacement (``policy``)
+------------------------
+``lru`` (the default): the segment LRU of :mod:`iosim.hierarchy.l2`, a fully associative line LRU, exactly. ``opt``:
+Belady's, the floor, over the line stream the clock recorded. ``random`` (``random:SEED``) and ``sets:W``
+(``sets:W:xor``): random replacement and W-way set-associative LRU (:mod:`iosim.hierarchy.replacement`), replayed
+over the same recorded stream, one L2 of whole lines (partitions and sectors refused, as under OPT); NVIDIA publishes
+neither the H100's replacement policy nor its associativity, so these are alternatives to test, not a preset's.
+
 DRAM writes, both ways
 ----------------------
 Each launch's DRAM writes *during* the kernel (dirty lines evicted while it runs: Nsight Compute's per-kernel
 ``dram__bytes_write``) and the final flush after the last launch (dirty lines left):
 :attr:`HierarchyResult.dram_writes`; their sum is the DRAM update (the hierarchy's total, which flushes every dirty
-line at the end).
+line at the end). Each launch's DRAM reads are there too (``read_bytes``). Under the Machine's ``flush="per-kernel"``
+(Nsight Compute's cache control: each kernel it profiles starts from a clean L2) the L2 is written back and emptied
+after each launch but the last: that write-back is the launch's ``flush_after_bytes``, apart from its writes during
+the kernel and from the next launch's.
 
 A tile scheduler (``scheduler``)
 --------------------------------
