@@ -184,3 +184,18 @@ def test_cli_policy_and_a_bad_one(capsys):
     assert main(["hierarchy", "flash2", "--N", "40", "--d", "6", "--M", "160", "--C", "96", "--policy", "lfu"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "policy" in err[0] and "sets:W" in err[0]
+
+
+def test_the_hypotheses_page_tables_are_the_stored_runs():
+    """docs/hierarchy-hypotheses.md's tables are experiments/bench/hierarchy_hypotheses.py's output from the stored
+    runs (gpu_h100/ and gpu_h200_2/hierarchy-hypotheses.json), each between its markers."""
+    import pathlib
+    import sys
+
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "experiments" / "bench"))
+    import hierarchy_hypotheses as hh
+
+    doc = hh.DOC.read_text()
+    for key, table in hh.TABLES.items():
+        start, end = hh.BLOCKS[key]
+        assert doc.split(start, 1)[1].split(end, 1)[0].strip() == table().strip(), key
