@@ -611,13 +611,7 @@ def run_launches(
         wb_launch[lk, :] = wb
         fill_launch[lk, :] = fill
         if flush_between and cap > 0 and lk + 2 < launch_ptr.shape[0]:
-            wb_flush[lk, :] = wb
-            if spl > 1:
-                flush_sectors(st, dmask, Lw, spl, wb)
-            else:
-                flush(st, Lw, wb)
-            wb_flush[lk, :] = wb - wb_flush[lk, :]
-            invalidate(st, vmask, dmask)
+            flush_between_launches(st, vmask, dmask, Lw, spl, wb, wb_flush[lk])
         t_start = t_end
     return n_rec
 
@@ -632,6 +626,19 @@ def flush(st, Lw, wb):  # noqa: N803
             if dirty[p, t] and res[p, t] > 0:
                 wb[seg_aid[t]] += res[p, t] * Lw[seg_aid[t]]
             t = prv[p, t]
+
+
+@njit(cache=True)
+def flush_between_launches(st, vmask, dmask, Lw, spl, wb, flushed):  # noqa: N803
+    """Nsight Compute's cache control between two launches: every dirty line (or sector) written back, counted in
+    ``wb`` and apart in ``flushed`` (per array), then the L2 emptied."""
+    before = wb.copy()
+    if spl > 1:
+        flush_sectors(st, dmask, Lw, spl, wb)
+    else:
+        flush(st, Lw, wb)
+    flushed[:] = wb - before
+    invalidate(st, vmask, dmask)
 
 
 @njit(cache=True)
