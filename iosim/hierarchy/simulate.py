@@ -644,10 +644,11 @@ def hierarchy(
     of a block in words), ``bytes_per_word`` (2; a problem's is its K/V dtype's), ``element_bytes`` (``uniform``:
     every array at bytes_per_word; ``kernel``, over a problem: each array at :func:`kernel_dtype`, dQ's atomic
     accumulation as reductions), ``policy`` (``lru``, or ``opt``: Belady's, the floor, which needs the whole line
-    stream in memory, at most ``opt_limit_bytes``), ``allow_long`` (a launch estimated at over a minute,
-    :data:`iosim.runner.estimate.HIERARCHY_REQUEST` a tile request, needs it; over an hour is refused before the L2
-    runs) and ``record`` (keeps the order in which the L2 saw the requests, ``result.record``: block, request row,
-    and the launch's blocks, cut, declared launches and address layout)."""
+    stream in memory, at most ``opt_limit_bytes``; or ``random[:SEED]``, ``sets:W[:xor]``, replayed over that stream
+    in one cache of whole lines: :mod:`iosim.hierarchy.replacement`), ``allow_long`` (a launch estimated at over a
+    minute, :data:`iosim.runner.estimate.HIERARCHY_REQUEST` a tile request, needs it; over an hour is refused before
+    the L2 runs) and ``record`` (keeps the order in which the L2 saw the requests, ``result.record``: block, request
+    row, and the launch's blocks, cut, declared launches and address layout)."""
     from iosim.spec.problem import Problem
 
     if isinstance(algorithm, Problem):  # hierarchy(problem, schedule, device or M): the three objects
