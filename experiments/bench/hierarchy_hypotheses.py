@@ -40,7 +40,7 @@ PROBE_MB = (8, 16, 32, 40, 48, 56, 64, 72, 96)  # the sizes the H200 measured (h
 WAYS = (8, 16, 32, 64)  # a band: NVIDIA publishes no associativity
 POLICIES = ("lru", "random", *(f"sets:{w}" for w in WAYS), *(f"sets:{w}:xor" for w in WAYS))
 SEEDS = ("random", "random:1", "random:2")  # random replacement, three seeds: the spread of one draw
-SQUARE = (13, 30, 40, 9, 26, 36)  # square-tiling launches spanning d = 64-256 and B = 36-138 (the faster ones)
+SQUARE = (9, 11, 13, 26, 28, 30, 36, 38, 40)  # square-tiling launches, d = 64-256, B = 73-184 (the faster ones)
 FLASH2 = (8, 12, 29, 39)  # flash2's forward at d = 64-256 (the faster ones)
 LABELS = SQUARE + FLASH2
 FAR_COPY = ("both", "near", "home", "shared")
@@ -219,7 +219,7 @@ def flush_table() -> str:
     meas, runs = _sweep_meas(), _load(H100_RUNS)["runs"]
     stored = json.loads(sweep.STORED.read_text())["runs"]
     body = []
-    for lab in SQUARE:
+    for lab in sorted(int(k.split()[1]) for k in runs if k.startswith("flush ")):
         got = runs.get(f"flush {lab} | lru")
         if got is None:
             continue
