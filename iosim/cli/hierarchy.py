@@ -150,7 +150,12 @@ def add_arguments(p) -> None:
                    help="a tile scheduler (iosim.hierarchy.scheduler): order=grid|head-grouped|swizzled|sections:K|"
                    "lpt|lpt-sections:K, walk=ascending|descending|sawtooth[:W], persistent=static|dynamic, stall=W, "
                    "seed=S (docs/scheduler.md); its order replaces --order")  # fmt: skip
-    p.add_argument("--policy", choices=POLICIES, default="lru", help="L2 replacement (default lru; opt = the floor)")
+    p.add_argument("--policy", default="lru", metavar="|".join(POLICIES),
+                   help="L2 replacement (default lru; opt = the floor; random[:SEED]; sets:W[:xor], W-way "
+                   "set-associative LRU: iosim.hierarchy.replacement)")  # fmt: skip
+    p.add_argument("--flush", choices=("per-kernel",), default=None,
+                   help="write back and empty the L2 between launches (Nsight Compute's cache control); default: "
+                   "the L2 kept across launches")  # fmt: skip
     p.add_argument("--backward", action="store_true", help="the backward pass's launch")
     add_mask_options(p)
     p.add_argument("--tiling", choices=("fit", "paper"), default="fit", help="block-size rule (default fit)")
@@ -176,7 +181,7 @@ def command(args) -> int:
         scheduler = Scheduler.parse(args.scheduler)
     machine = Machine(args.device, P=args.P, C=args.C, L=args.L, blocks_per_sm=args.blocks_per_sm,
                       partitions=args.l2_partitions, home_lines=args.home_lines, sector_bytes=args.sector_bytes,
-                      kernel=args.kernel)  # fmt: skip
+                      kernel=args.kernel, flush=args.flush)  # fmt: skip
     if scheduler is None:
         scheduler = Scheduler(order=args.order)
     r = hierarchy(s, **shape, M=args.M, device=machine, scheduler=scheduler, policy=args.policy, mask=args.mask,

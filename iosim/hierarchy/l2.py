@@ -89,7 +89,9 @@ finishing block's clock. A block may wait ``delay[i]`` words of idle time before
 each slot runs its blocks in their launch order (a persistent kernel with a static tile schedule); ``-1`` for every
 block of a launch is the dynamic rule above. The L2 sees the requests of all resident blocks in the order of the
 clock value at which each is issued, ties by launch order (block id). A launch starts when the previous one has
-finished.
+finished. With the **flush between launches** (``flush_between``, the Machine's ``flush="per-kernel"``: Nsight
+Compute's cache control before each kernel it profiles), every dirty line is written back after each launch but the
+last (counted apart, per launch) and every partition emptied, so each launch starts from a clean L2.
 """
 
 from __future__ import annotations
@@ -540,7 +542,8 @@ def _first_wave(lo, hi_, t_start, slots, static, ht, hi, hs, cur, end, inst_piec
 def run_launches(
     inst_piece, inst_copy, launch_ptr, slots, slot_part, piece_ptr, req, kind, base, stride, nseg, gbase, loff, soff,
     seg_of_line, seg_start, seg_home, Lw, cap, st, fill, wb, fabric, l2_read, l2_update, l2_reduce, delay,
-    static_slot, wb_launch, record, rec_inst, rec_req, clock, spl, vmask, dmask, far=0,
+    static_slot, wb_launch, record, rec_inst, rec_req, clock, spl, vmask, dmask, far, fill_launch, flush_between,
+    wb_flush,
 ):  # fmt: skip
     """Run the launches' blocks through the clock model into the L2 (module docstring). Block i works on copy
     ``inst_copy[i, kind[a]]`` of array a (kind 0: its head unit's, 1: its K/V head's, 2: its batch item's); its requests
@@ -550,7 +553,10 @@ def run_launches(
     ``rec_inst[n]``, request ``rec_req[n]``. ``clock[k]`` is the end time of launch k, ``wb_launch[k]`` the words
     written back per array by the end of launch k (before the final flush). ``spl`` sectors per line (1: whole
     lines), with the sector masks ``vmask``, ``dmask`` (module docstring); ``far`` where a far-homed line is kept and
-    ``fabric`` of shape (2, arrays) (module docstring). Returns the number of requests issued."""
+    ``fabric`` of shape (2, arrays) (module docstring). ``fill_launch[k]`` is the words filled per array by the end of
+    launch k. ``flush_between`` = 1 (Nsight Compute's cache control): after every launch but the last, every dirty
+    line is written back (``wb``, and launch k's flush in ``wb_flush[k]``) and the L2 emptied, so each launch starts
+    from a clean L2. Returns the number of requests issued."""
     ht = np.empty(slots, np.int64)
     hi = np.empty(slots, np.int64)
     hs = np.empty(slots, np.int64)
@@ -603,6 +609,9 @@ def run_launches(
                 _sift_down(ht, hi, hs, n)
         clock[lk] = t_end
         wb_launch[lk, :] = wb
+        fill_launch[lk, :] = fill
+        if flush_between and cap > 0 and lk + 2 < launch_ptr.shape[0]:
+            flush_between_launches(st, vmask, dmask, Lw, spl, wb, wb_flush[lk])
         t_start = t_end
     return n_rec
 
@@ -617,6 +626,35 @@ def flush(st, Lw, wb):  # noqa: N803
             if dirty[p, t] and res[p, t] > 0:
                 wb[seg_aid[t]] += res[p, t] * Lw[seg_aid[t]]
             t = prv[p, t]
+
+
+@njit(cache=True)
+def flush_between_launches(st, vmask, dmask, Lw, spl, wb, flushed):  # noqa: N803
+    """Nsight Compute's cache control between two launches: every dirty line (or sector) written back, counted in
+    ``wb`` and apart in ``flushed`` (per array), then the L2 emptied."""
+    before = wb.copy()
+    if spl > 1:
+        flush_sectors(st, dmask, Lw, spl, wb)
+    else:
+        flush(st, Lw, wb)
+    flushed[:] = wb - before
+    invalidate(st, vmask, dmask)
+
+
+@njit(cache=True)
+def invalidate(st, vmask, dmask):
+    """Empty every partition (after :func:`flush` has written its dirty lines back): no segment resident."""
+    h, res, dirty, prv, nxt, _ = st
+    for p in range(h.shape[0]):
+        h[p, _HEAD] = -1
+        h[p, _TAIL] = -1
+        h[p, _USED] = 0
+    res[:] = 0
+    dirty[:] = 0
+    prv[:] = -1
+    nxt[:] = -1
+    vmask[:] = 0
+    dmask[:] = 0
 
 
 @njit(cache=True)

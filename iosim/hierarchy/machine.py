@@ -25,6 +25,7 @@ MAX_L = 1 << 20
 MAX_PARTITIONS = 64
 MAX_HOME_LINES = 1 << 20
 FAR_COPY = ("both", "near", "home", "shared")  # where a far-homed line read is kept (iosim.hierarchy.l2, far)
+FLUSHES = (None, "per-kernel")  # the L2 kept across a problem's launches, or written back and emptied between them
 MAX_BLOCKS_PER_SM = 32  # resident blocks per SM, cc 8.0 - 9.0 (iosim.hierarchy.devices)
 
 
@@ -51,7 +52,11 @@ class Machine:
       by any partition that holds the line before DRAM); NVIDIA does not publish it (:mod:`iosim.hierarchy.l2`);
     * ``sector_bytes``: None (whole-line fills), ``"device"`` (the preset's) or a number of bytes;
     * ``kernel`` (with a preset): the kernel whose threads, registers and shared memory give the blocks per SM
-      (:func:`iosim.hierarchy.resident.kernel_of`)."""
+      (:func:`iosim.hierarchy.resident.kernel_of`);
+    * ``flush``: None (the default: the L2 keeps its contents across a problem's launches and writes its dirty lines
+      back at the end) or ``"per-kernel"`` (as Nsight Compute's ``--cache-control all`` does before every kernel it
+      profiles: after each launch but the last every dirty line is written back, counted apart from the launches'
+      DRAM writes, and the L2 emptied, so each launch starts from a clean L2)."""
 
     device: str | Device | None = None
     P: int | None = None
@@ -63,6 +68,7 @@ class Machine:
     sector_bytes: int | str | None = None
     kernel: object = None
     far_copy: str = "both"
+    flush: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.device, str):
@@ -80,6 +86,8 @@ class Machine:
         check_int("home_lines", self.home_lines, 1, MAX_HOME_LINES)
         if self.far_copy not in FAR_COPY:
             raise InputError("far_copy", f"must be one of {', '.join(FAR_COPY)}", self.far_copy)
+        if self.flush not in FLUSHES:
+            raise InputError("flush", "must be None (the L2 kept across launches) or 'per-kernel'", self.flush)
         for name, value, what in (("l2_partitions", self.partitions, "a number"),
                                   ("sector_bytes", self.sector_bytes, "a number of bytes")):  # fmt: skip
             if value == "device" and self.device is None:

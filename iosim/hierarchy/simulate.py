@@ -79,12 +79,23 @@ takes the device preset's ``l2_partitions`` (2 on the A100 and H100, with their 
 partition, the single shared L2, exactly, which every figure published before the partitions were modelled used
 (docs/hierarchy-hardware.md holds the launches measured on an H100 under both).
 
+Replacement (``policy``)
+------------------------
+``lru`` (the default): the segment LRU of :mod:`iosim.hierarchy.l2`, a fully associative line LRU, exactly. ``opt``:
+Belady's, the floor, over the line stream the clock recorded. ``random`` (``random:SEED``) and ``sets:W``
+(``sets:W:xor``): random replacement and W-way set-associative LRU (:mod:`iosim.hierarchy.replacement`), replayed
+over the same recorded stream, one L2 of whole lines (partitions and sectors refused, as under OPT); NVIDIA publishes
+neither the H100's replacement policy nor its associativity, so these are alternatives to test, not a preset's.
+
 DRAM writes, both ways
 ----------------------
 Each launch's DRAM writes *during* the kernel (dirty lines evicted while it runs: Nsight Compute's per-kernel
 ``dram__bytes_write``) and the final flush after the last launch (dirty lines left):
 :attr:`HierarchyResult.dram_writes`; their sum is the DRAM update (the hierarchy's total, which flushes every dirty
-line at the end).
+line at the end). Each launch's DRAM reads are there too (``read_bytes``). Under the Machine's ``flush="per-kernel"``
+(Nsight Compute's cache control: each kernel it profiles starts from a clean L2) the L2 is written back and emptied
+after each launch but the last: that write-back is the launch's ``flush_after_bytes``, apart from its writes during
+the kernel and from the next launch's.
 
 A tile scheduler (``scheduler``)
 --------------------------------
@@ -111,7 +122,7 @@ import numpy as np
 
 from iosim.base.errors import InputError
 from iosim.hierarchy import ctas as ctas_mod
-from iosim.hierarchy import l2
+from iosim.hierarchy import l2, replacement
 from iosim.hierarchy import launches as launches_mod
 from iosim.hierarchy.devices import MAX_BLOCKS_PER_SM, RESERVED_SMEM_PER_BLOCK, Device
 from iosim.hierarchy.machine import FAR_COPY, Machine, check_int, machine_of
@@ -120,7 +131,7 @@ from iosim.runner import estimate
 from iosim.runner.api import short_keywords
 
 ORDERS = ("grid", "head-grouped", "swizzled")
-POLICIES = ("lru", "opt")
+POLICIES = ("lru", "opt", "random", "sets:W")  # and random:SEED, sets:W:xor (iosim.hierarchy.replacement)
 ELEMENT_BYTES = ("uniform", "kernel")  # every array at bytes_per_word, or each at its kernel dtype (kernel_dtype)
 # More than one L2 partition cuts segments where the home changes (every home_lines lines): an LRU step per segment,
 # about HIERARCHY_LINE seconds a line at home_lines = 1. Measured on the 2-core machine under load (load average 8):
@@ -225,6 +236,7 @@ class HierarchyResult:
     resident: str = "given"  # how blocks_per_sm was decided: given, the kernel's limiter, or M's shared memory
     sector_bytes: int | None = None  # the L2 fills and writes back sectors of this many bytes (None: whole lines)
     far_copy: str = "both"  # where a line read from the far partition is kept (FAR_COPY, iosim.hierarchy.l2)
+    flush: str | None = None  # None: the L2 kept across launches; "per-kernel": written back and emptied between them
 
     def _sum(self, attr: str) -> int:
         return sum(getattr(c, attr) for c in self.per_array.values())
@@ -260,12 +272,15 @@ class HierarchyResult:
     def dram_writes(self) -> list[dict]:
         """DRAM writes per launch, both ways (None under OPT): ``during`` the kernel (write-backs of evicted dirty
         lines while it runs: Nsight Compute's per-kernel ``dram__bytes_write``) and ``with_flush`` (the last launch
-        also writes back every dirty line left at the end, so their sum is :attr:`dram_update`'s bytes)."""
+        also writes back every dirty line left at the end, and under ``flush="per-kernel"`` each launch the flush
+        after it, ``flush_after_bytes``; so their sum is :attr:`dram_update`'s bytes); ``read_bytes``: the launch's
+        DRAM reads (fills)."""
         if self.final_flush_bytes is None:
             return []
         out = [{"kernel": k["kernel"], "during_words": k["dram_write_during"], "during_bytes":
-                k["dram_write_during_bytes"], "with_flush_bytes": k["dram_write_during_bytes"]}
-               for k in self.launches]  # fmt: skip
+                k["dram_write_during_bytes"], "flush_after_bytes": k["flush_after_bytes"],
+                "with_flush_bytes": k["dram_write_during_bytes"] + k["flush_after_bytes"],
+                "read_bytes": k["dram_read_bytes"]} for k in self.launches]  # fmt: skip
         if out:
             out[-1]["with_flush_bytes"] += self.final_flush_bytes
         return out
@@ -378,6 +393,7 @@ class HierarchyResult:
             final_flush_bytes=self.final_flush_bytes,
             resident=self.resident,
             sector_bytes=self.sector_bytes,
+            flush=self.flush,
         )  # fmt: skip
         return out
 
@@ -628,10 +644,11 @@ def hierarchy(
     of a block in words), ``bytes_per_word`` (2; a problem's is its K/V dtype's), ``element_bytes`` (``uniform``:
     every array at bytes_per_word; ``kernel``, over a problem: each array at :func:`kernel_dtype`, dQ's atomic
     accumulation as reductions), ``policy`` (``lru``, or ``opt``: Belady's, the floor, which needs the whole line
-    stream in memory, at most ``opt_limit_bytes``), ``allow_long`` (a launch estimated at over a minute,
-    :data:`iosim.runner.estimate.HIERARCHY_REQUEST` a tile request, needs it; over an hour is refused before the L2
-    runs) and ``record`` (keeps the order in which the L2 saw the requests, ``result.record``: block, request row,
-    and the launch's blocks, cut, declared launches and address layout)."""
+    stream in memory, at most ``opt_limit_bytes``; or ``random[:SEED]``, ``sets:W[:xor]``, replayed over that stream
+    in one cache of whole lines: :mod:`iosim.hierarchy.replacement`), ``allow_long`` (a launch estimated at over a
+    minute, :data:`iosim.runner.estimate.HIERARCHY_REQUEST` a tile request, needs it; over an hour is refused before
+    the L2 runs) and ``record`` (keeps the order in which the L2 saw the requests, ``result.record``: block, request
+    row, and the launch's blocks, cut, declared launches and address layout)."""
     from iosim.spec.problem import Problem
 
     if isinstance(algorithm, Problem):  # hierarchy(problem, schedule, device or M): the three objects
@@ -727,7 +744,7 @@ def _simulate(kw: dict) -> HierarchyResult:
         int(run.n_rec), time.perf_counter() - t0, [int(x) for x in run.clock[: len(kinds)]],
         problem if unit is not None else None, gqa, int(splits), element_bytes, mc.parts, mc.home_lines,
         None if run.final_flush is None else int(np.sum(run.final_flush * eb)), mc.resident, mc.sector_bytes,
-        mc.far_copy,
+        mc.far_copy, mc.flush,
     )  # fmt: skip
     if record:
         res.record = np.stack([run.rec_inst[: run.n_rec], run.rec_req[: run.n_rec]], axis=1)
@@ -790,9 +807,9 @@ def _launch(kw: dict) -> SimpleNamespace:
         raise InputError("element_bytes", f"must be one of {', '.join(ELEMENT_BYTES)}", eb)
     if eb == "kernel" and problem is None:
         raise InputError("element_bytes", "kernel prices each array at its dtype: give a problem (its dtypes)")
-    for name, value, accepted in (("order", kw["order"], ORDERS), ("policy", kw["policy"], POLICIES)):
-        if not isinstance(value, str) or value not in accepted:
-            raise InputError(name, f"must be one of {', '.join(accepted)}", value)
+    if not isinstance(kw["order"], str) or kw["order"] not in ORDERS:
+        raise InputError("order", f"must be one of {', '.join(ORDERS)}", kw["order"])
+    replacement.parse(kw["policy"])  # one line naming the accepted policies
     B = _int("B (batch)", B, 1, MAX_HEADS)  # noqa: N806
     H_q = _int("H_q (query heads)", H_q, 1, MAX_HEADS)  # noqa: N806
     H_kv = H_q if H_kv is None else _int("H_kv (key/value heads)", H_kv, 1, H_q)  # noqa: N806
@@ -832,6 +849,11 @@ def _machine(machine: Machine, M, bytes_per_word, policy):  # noqa: N803
         raise InputError("C (L2 words)", f"must hold a line of L = {L} words in each of {parts} partitions", C)
     if parts > 1 and policy == "opt":
         raise InputError("policy opt", "is one cache (Belady's): use lru with more than one L2 partition", policy)
+    if parts > 1 and replacement.parse(policy).replayed:
+        raise InputError(f"policy {policy}", "is one cache (replayed over the line stream): use lru with more than "
+                         "one L2 partition", policy)  # fmt: skip
+    if machine.flush is not None and policy == "opt":
+        raise InputError("policy opt", "keeps no per-launch counts: use lru, random or sets:W with flush", policy)
     if M is None:
         raise InputError("M", "must be given (or a device)", M)
     M = _int("M", M, 1, api.MAX_M)  # noqa: N806
@@ -842,7 +864,7 @@ def _machine(machine: Machine, M, bytes_per_word, policy):  # noqa: N803
                            bytes_per_word=bytes_per_word, parts=parts, home_lines=machine.home_lines,
                            slots=P * blocks_per_sm, slot_part=slot_part, cap=C // L // parts,
                            resident=resident, sector_bytes=sector_bytes, spl=spl,
-                           far_copy=machine.far_copy)  # fmt: skip
+                           far_copy=machine.far_copy, flush=machine.flush)  # fmt: skip
 
 
 MAX_SECTORS_PER_LINE = 32  # a line's sector masks are int64 bit sets
@@ -863,6 +885,9 @@ def _sector_size(dev, sector_bytes, line_bytes: int, policy: str) -> tuple[int |
                          f"{MAX_SECTORS_PER_LINE} equal sectors", sector_bytes)  # fmt: skip
     if policy == "opt":
         raise InputError("policy opt", "is a line cache (Belady's): use lru with sectors", policy)
+    if replacement.parse(policy).replayed:
+        raise InputError(f"policy {policy}", "is a line cache (replayed over the line stream): use lru with sectors",
+                         policy)  # fmt: skip
     return sector_bytes, line_bytes // sector_bytes
 
 
@@ -1046,7 +1071,7 @@ def _estimate(parts, cut, policy, mc, Lw, widths, n_units, problem, N, allow_lon
     LRU runs line by line (:data:`HIERARCHY_LINE` a line). Returns the requests."""
     n_launched = int(parts[0].declared.launch_ptr[-1])
     n_req_total = sum(x.units * int(np.sum(np.diff(x.declared.cta_ptr)[:n_launched])) for x in parts)
-    seconds = n_req_total * estimate.HIERARCHY_REQUEST * (2 if policy == "opt" else 1)
+    seconds = n_req_total * estimate.HIERARCHY_REQUEST * (2 if policy != "lru" else 1)
     if mc.parts > 1 and len(cut.requests):  # the lines touched, at most: each contiguous range's, and its two ends
         r = cut.requests
         lw = Lw[r[:, 1]]
@@ -1130,19 +1155,21 @@ def _run_l2(inst, launch_ptr, declared, cut, lay, Lw, mc, policy, record, n_req,
     n_aids = len(lay.nl)
     z = SimpleNamespace(**{k: np.zeros(n_aids, np.int64) for k in ("fill", "wb", "read", "update", "reduce")})
     z.fabric = np.zeros((3, n_aids), np.int64)  # every crossing's words; the reads'; the reductions' (l2.segment)
-    need_record = record or policy == "opt"
+    need_record = record or policy != "lru"
     cap = mc.cap
-    if policy == "opt" and cap > 0:
+    if policy != "lru" and cap > 0:
         limit = opt_limit if opt_limit is not None else estimate.available_bytes() // 2
         if lay.n_lines >= 1 << 31:
-            raise InputError("policy opt", "needs line numbers below 2^31: use a smaller launch or lru", policy)
+            raise InputError(f"policy {policy}", "needs line numbers below 2^31: use a smaller launch or lru", policy)
         if n_req * 16 > limit:
-            raise InputError("policy opt", f"needs about {n_req * 16 / 2**30:.1f} GiB for its request record; use lru")
+            raise InputError(f"policy {policy}", f"needs about {n_req * 16 / 2**30:.1f} GiB for its request record; "
+                             "use lru")  # fmt: skip
     z.rec_inst = np.zeros(n_req if need_record else 0, np.int64)
     z.rec_req = np.zeros(n_req if need_record else 0, np.int64)
     n_launch = max(len(launch_ptr) - 1, 1)
     z.clock = np.zeros(n_launch, np.int64)
     wb_launch = np.zeros((n_launch, n_aids), np.int64)
+    z.fill_launch, z.wb_flush = np.zeros((n_launch, n_aids), np.int64), np.zeros((n_launch, n_aids), np.int64)
     lru_cap = cap if policy == "lru" else 0  # OPT: the clock run only records the order
     ns, pn = (lay.n_segments if lru_cap else 1), mc.parts
     st = (np.tile(np.array([-1, -1, 0], np.int64), (pn, 1)), np.zeros((pn, ns), np.int32), np.zeros((pn, ns), np.int8),
@@ -1157,6 +1184,7 @@ def _run_l2(inst, launch_ptr, declared, cut, lay, Lw, mc, policy, record, n_req,
         lay.kv, lay.base, lay.stride, lay.nseg, lay.gbase, lay.loff, lay.soff, lay.seg_of_line, lay.seg_start,
         lay.seg_home, Lw, lru_cap, st, f_lru, w_lru, z.fabric, z.read, z.update, z.reduce, delay, static, wb_launch,
         need_record, z.rec_inst, z.rec_req, z.clock, mc.spl, vmask, dmask, FAR_COPY.index(mc.far_copy),
+        z.fill_launch, int(mc.flush == "per-kernel"), z.wb_flush,
     )  # fmt: skip
     z.wb_launch = wb_launch if lru else None  # OPT's write-backs are not in launch time
     if policy == "lru" and cap > 0:
@@ -1166,8 +1194,42 @@ def _run_l2(inst, launch_ptr, declared, cut, lay, Lw, mc, policy, record, n_req,
             l2.flush(st, Lw, z.wb)
     if policy == "opt" and cap > 0:
         _opt(z.rec_inst, z.rec_req, z.n_rec, inst, cut, lay, Lw, cap, z.fill, z.wb, opt_limit)
-    z.final_flush = z.wb - wb_launch[len(launch_ptr) - 2] if lru and len(launch_ptr) > 1 else None
+    if policy not in ("lru", "opt") and cap > 0:
+        z.wb_launch = _replayed(z, inst, launch_ptr, cut, lay, Lw, cap, replacement.parse(policy), mc.flush,
+                                opt_limit)  # fmt: skip
+        wb_launch = z.wb_launch
+    z.final_flush = z.wb - wb_launch[len(launch_ptr) - 2] if z.wb_launch is not None and len(launch_ptr) > 1 else None
     return z
+
+
+def _replayed(z, inst, launch_ptr, cut, lay, Lw, cap, pol, flush, limit_bytes) -> np.ndarray:  # noqa: N803
+    """A replayed policy (random, sets:W; :mod:`iosim.hierarchy.replacement`) over the recorded line stream: fills
+    and write-backs per array into ``z`` (words, each array's ``Lw`` per line), per launch (``z.fill_launch``,
+    ``z.wb_flush``); returns the write-backs by the end of each launch (before its flush)."""
+    args = (inst[:, 1:].copy(), cut.requests, lay.kv, lay.base, lay.stride, lay.lbase, lay.nl, Lw)
+    n = l2.line_stream(z.rec_inst, z.rec_req, z.n_rec, *args, np.zeros(0, np.int64), np.zeros(0, np.int8))
+    limit = limit_bytes if limit_bytes is not None else estimate.available_bytes() // 2
+    if n * replacement.REPLAY_BYTES_PER_LINE > limit:
+        raise InputError(f"policy {pol.kind}", f"needs the whole line stream in memory: {n:,} line accesses, about "
+                         f"{n * replacement.REPLAY_BYTES_PER_LINE / 2**30:.1f} GiB, over the limit of "
+                         f"{limit / 2**30:.1f} GiB; use lru", pol.kind)  # fmt: skip
+    lines, flags = np.empty(n, np.int64), np.empty(n, np.int8)
+    l2.line_stream(z.rec_inst, z.rec_req, z.n_rec, *args, lines, flags)
+    ends = replacement.launch_ends(z.rec_inst, z.rec_req, z.n_rec, launch_ptr, args)
+    aid_of = np.repeat(np.arange(len(lay.nl), dtype=np.int64), np.diff(np.append(lay.lbase, lay.n_lines)))
+    n_sets, ways, victim = pol.geometry(cap)
+    k, n_aids = len(ends), len(lay.nl)
+    f, w = np.zeros(n_aids, np.int64), np.zeros(n_aids, np.int64)
+    f_at, w_at, fl_at = (np.zeros((k, n_aids), np.int64) for _ in range(3))
+    tag, dirty = replacement.replay(lines, flags, ends, n_sets, ways, victim, int(pol.xor), pol.seed, aid_of,
+                                    lay.n_lines, int(flush == "per-kernel"), f, w, f_at, w_at, fl_at)  # fmt: skip
+    left = tag[(tag >= 0) & (dirty > 0)]
+    w_end = w + np.bincount(aid_of[left], minlength=n_aids)  # the final flush
+    z.fill += f * Lw
+    z.wb += w_end * Lw
+    z.fill_launch[:k] = f_at * Lw
+    z.wb_flush[:k] = fl_at * Lw
+    return w_at * Lw
 
 
 def _collect(parts, trace, arrays, cut, declared, lay, run, eb, launch_ptr, mc, B, Hu, H_kv, problem) -> tuple:  # noqa: N803
@@ -1208,9 +1270,12 @@ def _launch_rows(declared, launch_ptr, slots, run, eb, arrays, problem) -> list[
         n = int(launch_ptr[i + 1] - launch_ptr[i])
         row = {"kernel": k.name, "models": k.models, "grid": k.grid, "atomic": list(k.atomic), "splits": k.splits,
                "ctas": n, "waves": int(-(-n // slots))}  # fmt: skip
-        if run.wb_launch is not None:
-            during = run.wb_launch[i] - (run.wb_launch[i - 1] if i else 0)
-            row.update(dram_write_during=int(during.sum()), dram_write_during_bytes=int(np.sum(during * eb)))
+        if run.wb_launch is not None:  # less the flush after the previous launch (flush="per-kernel")
+            during = run.wb_launch[i] - (run.wb_launch[i - 1] + run.wb_flush[i - 1] if i else 0)
+            fills = run.fill_launch[i] - (run.fill_launch[i - 1] if i else 0)
+            row.update(dram_write_during=int(during.sum()), dram_write_during_bytes=int(np.sum(during * eb)),
+                       dram_read_bytes=int(np.sum(fills * eb)),
+                       flush_after_bytes=int(np.sum(run.wb_flush[i] * eb)))  # fmt: skip
         kinds.append(row)
     if kinds and declared.kernels[-1] is launches_mod.CONVERT_DQ:  # its words each way, priced at their dtypes
         a_in, a_out = len(arrays.names) - 2, len(arrays.names) - 1
