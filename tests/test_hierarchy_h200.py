@@ -102,3 +102,9 @@ def test_past_the_capacity_lru_refetches_the_whole_buffer():
     figure the H200's 1.62x at 64 MiB is not (its replacement is not LRU)."""
     for variant in h.VARIANTS:
         assert h.h100.copy_probe(72 * MIB, 2, "H200", variant)["dram_read"] == 2 * 72 * MIB, variant
+
+
+def test_the_registered_h200_predictions_are_never_rewritten_in_place(capsys):
+    before = h.PREDICTIONS.read_bytes()
+    assert h.main(["predictions"]) == 2
+    assert "is registered" in capsys.readouterr().err and h.PREDICTIONS.read_bytes() == before

@@ -305,6 +305,7 @@ def main(argv=None) -> int:
     ap.add_argument("what", choices=("compute", "table", "predictions"))
     ap.add_argument("--only", help="compute: only the runs whose key starts with this")
     ap.add_argument("--write", action="store_true", help="table: also write it into docs/hierarchy-hardware.md")
+    ap.add_argument("--force", action="store_true", help="predictions: write over the registered file")
     args = ap.parse_args(argv)
     if args.what == "compute":
         compute(only=args.only)
@@ -315,6 +316,9 @@ def main(argv=None) -> int:
             h100.write_block(block(), BLOCK)
             print(f"wrote the tables into {h100.DOC}")
     else:
+        if PREDICTIONS.exists() and not args.force:  # registered, then measured (gpu_h200_2): never rewritten in place
+            print(f"{PREDICTIONS} is registered (measured by a lease since); --force writes over it", file=sys.stderr)
+            return 2
         data = predictions()
         for e in data["entries"]:
             gpu_predictions.check(e)
