@@ -8,7 +8,7 @@ import pytest
 
 from iosim import InputError
 from iosim.hierarchy import Machine, hierarchy
-from tests.test_hierarchy_policies import cache, check, stream
+from test_hierarchy_policies import cache, check, stream  # tests/ is on the path (rootless test modules)
 
 LAUNCHES = [("square-tiling", False), ("square-tiling", True), ("flash2", True)]
 
