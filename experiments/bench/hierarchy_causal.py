@@ -1,0 +1,356 @@
+"""The causal forward's gap, hypothesis by hypothesis (issue 43): FlashAttention-2's causal forward (PyTorch SDPA,
+fp16, B = 1, H = 32, N = 32,768, d = 128, Br = 128, Bc = 64) read 5,742 MB of DRAM on an H100 and 2,630 MB on an
+H200; the hierarchy with every mechanism (kernel bytes, two L2 partitions, 2 CTAs per SM from the binary's 255
+registers, FA2's descending walk in FA2's grid order) predicts 2,309 MB and 815 MB. Each hypothesis below changes
+one thing of that model, with the value a source gives it or, where no source gives one, over a band with nothing
+chosen; nothing is fitted to the measurements.
+
+The source (FlashAttention-2 as PyTorch 2.11 vendors it: ``pytorch_flash::flash_fwd_kernel``, whose template
+arguments Nsight Compute stored, ``..., 0, 1, 0, 0, 1, 1, 0, 0>``: Is_dropout, Is_causal, Is_local, Has_alibi,
+Is_even_MN, Is_even_K, Is_softcap, Return_softmax, the layout of github.com/Dao-AILab/flash-attention@0251105a,
+csrc/flash_attn/src/):
+
+* flash_fwd_launch_template.h, run_flash_fwd, lines 63-64: ``num_m_block = ceil(seqlen_q / kBlockM)``, ``dim3
+  grid(num_m_block, params.b, params.h)``; Nsight stored the grid as (256, 1, 32), 8,192 CTAs on 264 resident slots:
+  not persistent;
+* flash_fwd_kernel.h, compute_attn, lines 1084-1088: ``m_block = blockIdx.x``, ``bidb = blockIdx.y``, ``bidh =
+  blockIdx.z``: the row block ascends fastest, then the batch, then the head (the model's ``head-grouped`` order);
+* compute_attn_1rowblock, lines 91-94: causal ``n_block_max = min(ceil(N / kBlockN), ceil((m_block + 1) kBlockM /
+  kBlockN))``: row block i reads column blocks 0..2i+1 and skips the rest (the model's causal schedule: its global
+  loads equal the measured 69,256 MB to the byte);
+* lines 274, 309, 341-344, 385: ``n_block = n_block_max - 1``, the masking steps and the main loop count it down, V_j
+  then K_(j-1) prefetched inside each iteration: the request stream Q_i, K_max, V_max, K_max-1, ... , V_0 (the
+  model's ``descending`` walk).
+
+Run: ``python experiments/bench/hierarchy_causal.py compute`` (every variant not stored yet, stored after each run:
+about 13 s a full-size run on this machine, minutes in all; ``--only KEY ...`` reruns those), ``... table
+[--write]`` (the docs block from the stored runs, written between the markers in docs/hierarchy-hardware.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import pathlib
+import sys
+import time
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import hierarchy_h100 as h100  # noqa: E402
+
+STORED = HERE / "gpu_h100" / "hierarchy-causal.json"
+BLOCK = ("<!-- hierarchy-causal -->", "<!-- /hierarchy-causal -->")
+LAUNCH = "forward causal"
+MB = 1e6
+MIB = 1 << 20
+WORD_BYTES = 2  # fp16: the L2's C is given in words of 2 bytes
+ITER = 2 * 64 * 128  # words one iteration of the column loop moves (K_j and V_j, Bc x d each): the stalls' unit
+BAND = "a band, nothing chosen"
+CLOSE = 0.15  # a variant closes the gap when measured / predicted is within 15 % of 1 (the issue's goal)
+NARROW = 0.9  # it narrows the gap when |log(measured / predicted)| falls below 0.9 of the source model's
+# FA2's causal forward's stack frame (gpu_h100/fa2-resources.json, from PyTorch's binary) and its resident CTAs
+STACK_BYTES, THREADS, CTAS_PER_SM = 136, 128, 2
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One run of the model: the source model (every mechanism at 2 CTAs per SM) with one thing changed."""
+
+    key: str
+    hyp: str
+    what: str
+    source: str
+    device: str = "H100"
+    heads: int = 32
+    home_lines: int = h100.HOME_LINES
+    far_copy: str = "both"
+    l2_bytes: int | None = None  # None: the preset's
+    l2_less_per_partition: int = 0  # bytes of each partition held by something else
+    sectors: bool = False
+    stall: int = 0  # iterations (ITER words): each CTA waits a random 0..stall before its first request
+    seed: int = 0
+    start: int = 0  # iterations: every CTA waits exactly this long before its first request
+
+    @property
+    def baseline(self) -> str:
+        """The key of the source model this variant is compared with (same device, same problem size)."""
+        return "scaled-source" if self.heads != 32 else f"source-{self.device}"
+
+
+SRC = "flash_fwd_launch_template.h 63-64, flash_fwd_kernel.h 91-94, 274, 385, 1084-1088; grid (256, 1, 32)"
+FRAME = (f"{STACK_BYTES} B stack frame x {THREADS} threads x {CTAS_PER_SM} CTAs x 66 SMs (gpu_h100/fa2-resources."
+         "json); whether it reaches the L2 is not measured")  # fmt: skip
+
+
+def _frame_bytes(sms: int) -> int:
+    return STACK_BYTES * THREADS * CTAS_PER_SM * sms
+
+
+HYPOTHESES = {
+    "1": "FA2's grid order and m_block, its column walk (the source)",
+    "2a": "CTAs not in lock-step: a random stall before each CTA",
+    "2b": "a fixed start-up time per CTA (launch, prologue)",
+    "3": "the partitions' address hash: runs of home_lines lines",
+    "4": "where a line read from the far partition is kept",
+    "5a": "the L2 shared with the spilled stack frames",
+    "5b": "32-byte sector fills",
+    "5c": "the L2 capacity the model would need",
+}
+
+
+def variants() -> list[Variant]:
+    """Every run, grouped by hypothesis."""
+    v = [
+        Variant("source-H100", "1", "as FA2 launches it: head-grouped, descending, 2 CTAs/SM", SRC),
+        Variant("source-H200", "1", "as FA2 launches it: head-grouped, descending, 2 CTAs/SM", SRC, device="H200"),
+    ]
+    for w in (1, 4, 16, 64, 256, 512):
+        v.append(Variant(f"stall-{w}", "2a", f"stall 0..{w} iterations, seed 0", BAND, stall=w))
+    for w in (16, 64, 256):
+        v.append(Variant(f"stall-{w}-seed1", "2a", f"stall 0..{w} iterations, seed 1", BAND, stall=w, seed=1))
+        v.append(Variant(f"stall-{w}-H200", "2a", f"stall 0..{w} iterations, seed 0", BAND, device="H200", stall=w))
+    for s in (1, 4, 16, 64):
+        v.append(Variant(f"start-{s}", "2b", f"every CTA starts {s} iterations late", BAND, start=s))
+    v.append(Variant("start-4-H200", "2b", "every CTA starts 4 iterations late", BAND, device="H200", start=4))
+    for hl in (4, 64):
+        v.append(Variant(f"home-{hl}", "3", f"home_lines {hl}", BAND, home_lines=hl))
+    for hl in (1, 4, 16, 64):
+        key = "scaled-source" if hl == 16 else f"scaled-home-{hl}"
+        v.append(Variant(key, "3", f"H = 8: home_lines {hl}", BAND, heads=8, home_lines=hl))
+    for fc in ("near", "home", "shared"):
+        for dev in ("H100", "H200"):
+            v.append(Variant(f"far-{fc}-{dev}", "4", f"far_copy={fc}", "NVIDIA does not publish it: each named "
+                             "placement", device=dev, far_copy=fc))  # fmt: skip
+    for dev in ("H100", "H200"):
+        for part, what in ((66, "its own SMs' frames"), (132, "every SM's frames")):
+            v.append(Variant(f"frames-{part}-{dev}", "5a", f"each partition less {what} ({_frame_bytes(part) / MB:.1f}"
+                             " MB)", FRAME, device=dev, l2_less_per_partition=_frame_bytes(part)))  # fmt: skip
+    v.append(Variant("sectors", "5b", "sector_bytes = 32", "the H100 preset (Nsight's memory tables)", sectors=True))
+    for mib in (30, 35, 40, 45):
+        v.append(Variant(f"l2-{mib}MiB", "5c", f"L2 of {mib} MiB (two of {mib / 2:g})", BAND, l2_bytes=mib * MIB))
+    return v
+
+
+class FixedStart:
+    """A scheduler that plans each launch as ``base`` does (its order and walk), then holds every CTA ``words`` of
+    idle time before its first request: a start-up time per CTA that the word clock does not see (the launch, the
+    prologue's latency). The first wave starts together, so only the dispatches after a CTA finishes shift."""
+
+    def __init__(self, base, words: int):
+        self.base, self.words = base, int(words)
+
+    def plan(self, launch_index, blocks, cut, declared, slots=None):
+        ordered, request_order, _, static = self.base.plan(launch_index, blocks, cut, declared, slots=slots)
+        return ordered, request_order, np.full(len(ordered), self.words, np.int64), static
+
+
+def problem(heads: int = 32):
+    """The launch's problem: the measured one (32 heads), or a scaled one with fewer heads (each head as measured)."""
+    from iosim import Problem
+
+    return Problem(B=1, H_q=heads, N=32768, d=128, dtype_q="fp16", causal=True)
+
+
+def machine(v: Variant):
+    """The variant's machine: the preset's SMs and L2 in two partitions, the kernel's resident CTAs from its
+    registers (hierarchy_h100.main_kernel_resources), and what the variant changes."""
+    from iosim.hierarchy import Machine
+    from iosim.hierarchy import device as preset
+
+    total = v.l2_bytes if v.l2_bytes is not None else preset(v.device).l2_bytes
+    total -= 2 * v.l2_less_per_partition
+    return Machine(v.device, C=total // WORD_BYTES, partitions=2, home_lines=v.home_lines, far_copy=v.far_copy,
+                   sector_bytes="device" if v.sectors else None, kernel=h100.main_kernel_resources(LAUNCH))  # fmt: skip
+
+
+def scheduler(v: Variant):
+    """FA2's order and walk (head-grouped, descending), with the variant's stalls or start-up time."""
+    from iosim.hierarchy.scheduler import Scheduler
+
+    base = Scheduler(order="head-grouped", walk="descending", stall=v.stall * ITER, seed=v.seed)
+    return FixedStart(base, v.start * ITER) if v.start else base
+
+
+def run(v: Variant):
+    """The hierarchy's result for one variant (fp16 words: the L2's C in words is its bytes over 2)."""
+    from iosim import Schedule
+    from iosim.hierarchy.simulate import hierarchy
+
+    spec = h100.LAUNCHES[LAUNCH]
+    return hierarchy(Schedule("flash2", Br=spec["Br"], Bc=spec["Bc"]), problem=problem(v.heads),
+                     M=h100._working_set(LAUNCH), device=machine(v), scheduler=scheduler(v), element_bytes="kernel",
+                     allow_long=True)  # fmt: skip
+
+
+def cta_words(heads: int, causal: bool) -> np.ndarray:
+    """The words each CTA moves, in FA2's grid order (row block fastest, then head): Q_i (Br x d), each column
+    block's K_j and V_j (ITER words; 2i + 2 of them for row block i under the causal mask, N / Bc without), O_i
+    (Br x d) and L_i (Br fp32 words): the length of its run on the model's clock, which advances by words."""
+    br, d, n_blocks = 128, 128, 32768 // 64
+    loops = 2 * np.arange(256) + 2 if causal else np.full(256, n_blocks)
+    return np.tile(2 * br * d + br + ITER * loops, heads).astype(np.int64)
+
+
+def dispatch_end(lengths: np.ndarray, delays: np.ndarray, slots: int) -> int:
+    """When the launch ends on the model's clock (iosim.hierarchy.l2, "The clock"): the first ``slots`` CTAs start
+    at 0, each runs its delay and then its length, and a finished CTA's slot takes the next CTA in order."""
+    import heapq
+
+    n = len(lengths)
+    busy = [(int(delays[i] + lengths[i]), i) for i in range(min(slots, n))]
+    heapq.heapify(busy)
+    nxt, end = len(busy), 0
+    while busy:
+        t, _ = heapq.heappop(busy)
+        end = max(end, t)
+        if nxt < n:
+            heapq.heappush(busy, (t + int(delays[nxt] + lengths[nxt]), nxt))
+            nxt += 1
+    return end
+
+
+def noncausal_end(v: Variant, slots: int) -> int:
+    """The non-causal forward's end on the model's clock under the variant's stalls or start-up time (its CTAs all
+    of one length, so their order does not matter): the same delays the scheduler draws for launch 0."""
+    lengths = cta_words(v.heads, causal=False)
+    n = len(lengths)
+    if v.stall:
+        delays = np.random.default_rng([v.seed, 0]).integers(0, v.stall * ITER + 1, n).astype(np.int64)
+    else:
+        delays = np.full(n, v.start * ITER, np.int64)
+    return dispatch_end(lengths, delays, slots)
+
+
+def measured_durations() -> dict:
+    """The causal forward's duration over the non-causal forward's (gpu__time_duration.sum), H100 and H200 (the
+    first H200 lease)."""
+    import hierarchy_h200 as h200
+
+    ncu = {x["label"]: x for x in h100._ncu()["launches"] if "flash_fwd_kernel" in x["kernel"]}
+    ids = h200.measured_by_id()
+    t = "gpu__time_duration.sum"
+    return {"H100": ncu[2][t] / ncu[0][t], "H200": ids["fa2-fwd-causal"][t] / ids["fa2-fwd"][t]}
+
+
+def measured() -> dict:
+    """DRAM read bytes measured: the H100's (gpu_h100/ncu-torch.json) and the H200's (gpu_h200/predictions.json, the
+    first H200 lease, entry fa2-fwd-causal), each summed over the launch's kernels without PyTorch's copies."""
+    import hierarchy_h200 as h200
+
+    return {"H100": h100.measured(LAUNCH)["dram_read"],
+            "H200": h200.measured_by_id()["fa2-fwd-causal"]["dram__bytes_read.sum"]}  # fmt: skip
+
+
+def compute(only=None, path: pathlib.Path = STORED) -> dict:
+    """Every variant not stored yet (or those in ``only``), each stored as soon as it has run."""
+    from iosim.base.version import __version__
+
+    data = json.loads(path.read_text()) if path.exists() else {"runs": {}}
+    for v in variants():
+        if (only and v.key not in only) or (not only and v.key in data["runs"]):
+            continue
+        t0 = time.perf_counter()
+        r = run(v)
+        got = h100.levels(r)
+        data["runs"][v.key] = {"variant": asdict(v), "dram_read": got["dram_read"], "dram_write": got["dram_write"],
+                               "l2_read_from_fabric": got["fabric_reads_only"], "blocks_per_sm": r.blocks_per_sm,
+                               "clock_words": int(r.clock[0]),
+                               "seconds": round(time.perf_counter() - t0, 1)}  # fmt: skip
+        data["iosim_version"] = __version__
+        path.write_text(json.dumps(data, indent=1) + "\n")
+        print(f"{v.key}: DRAM read {got['dram_read'] / MB:,.1f} MB ({time.perf_counter() - t0:.0f} s)", file=sys.stderr,
+              flush=True)  # fmt: skip
+    return data
+
+
+def verdict(ratios: list[tuple[float, bool]], base: float) -> str:
+    """A hypothesis's verdict from its variants' measured / predicted on the H100 (each with whether a source gives
+    its parameter), against the source model's ``base``: **explains** where a sourced variant is within CLOSE of 1;
+    **closes only at an unsourced value** where only a band's is; **narrows** where some variant's |log ratio| is
+    below NARROW times the source model's; else **ruled out**."""
+    if any(abs(r - 1) <= CLOSE for r, sourced in ratios if sourced):
+        return "explains"
+    if any(abs(r - 1) <= CLOSE for r, _ in ratios):
+        return "closes only at an unsourced value"
+    if any(abs(math.log(r)) < NARROW * abs(math.log(base)) for r, _ in ratios):
+        return "narrows"
+    return "ruled out"
+
+
+def _rows(stored: dict, meas: dict, dur: dict) -> tuple[list, dict]:
+    """The table's rows and, per hypothesis, its H100 ratios (a scaled run's: the source model's measured / predicted
+    divided by the run's factor over its own baseline) and its duration ratios."""
+    runs = stored["runs"]
+    rows, per = [], {}
+    for v in variants():
+        got = runs.get(v.key)
+        if got is None:
+            continue
+        factor = got["dram_read"] / runs[v.baseline]["dram_read"]
+        full = v.heads == 32
+        ratio = meas[v.device] / got["dram_read"] if full else None
+        h100_ratio = ratio if v.device == "H100" else None
+        if not full:
+            h100_ratio = meas["H100"] / runs["source-H100"]["dram_read"] / factor
+        time_ratio = got["clock_words"] / noncausal_end(v, 132 * got["blocks_per_sm"])
+        if h100_ratio is not None:
+            per.setdefault(v.hyp, []).append((h100_ratio, v.source != BAND, time_ratio))
+        rows.append([v.hyp, v.what, v.source, v.device if full else f"{v.device}, H = {v.heads}", got["blocks_per_sm"],
+                     f"{got['dram_read'] / MB:,.0f}", f"{meas[v.device] / MB:,.0f}" if full else "-",
+                     f"{ratio:.2f}" if ratio else "-", f"{factor:.2f}", f"{time_ratio:.3f}",
+                     f"{dur[v.device]:.3f}" if full else "-"])  # fmt: skip
+    return rows, per
+
+
+def _span(values, digits: int = 2) -> str:
+    lo, hi = f"{min(values):.{digits}f}", f"{max(values):.{digits}f}"
+    return lo if lo == hi else f"{lo} - {hi}"
+
+
+def table(stored: dict | None = None, meas: dict | None = None, dur: dict | None = None) -> str:
+    """The docs block: every variant's DRAM read and duration ratio beside the measurements, then each hypothesis's
+    verdict."""
+    from tabulate import tabulate
+
+    stored = stored or json.loads(STORED.read_text())
+    meas, dur = meas or measured(), dur or measured_durations()
+    rows, per = _rows(stored, meas, dur)
+    head = ["#", "variant", "parameter's source", "device", "CTAs/SM", "DRAM read MB: iosim", "measured",
+            "measured / iosim", "iosim / its source model", "time causal / non-causal: iosim", "measured"]  # fmt: skip
+    base = meas["H100"] / stored["runs"]["source-H100"]["dram_read"]
+    verdicts = []
+    for hyp, name in HYPOTHESES.items():
+        got = per.get(hyp)
+        if got:
+            verdicts.append([hyp, name, _span([r for r, _, _ in got]), _span([t for _, _, t in got], 3),
+                             verdict([(r, s) for r, s, _ in got], base)])  # fmt: skip
+    vhead = ["#", "hypothesis", "H100 measured / iosim over its variants", "time causal / non-causal: iosim",
+             "verdict"]  # fmt: skip
+    return (tabulate(rows, headers=head, tablefmt="github", disable_numparse=True) + "\n\n"
+            + tabulate(verdicts, headers=vhead, tablefmt="github", disable_numparse=True))  # fmt: skip
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("what", choices=("compute", "table"))
+    ap.add_argument("--only", nargs="+", choices=[v.key for v in variants()], help="compute: (re)run only these")
+    ap.add_argument("--write", action="store_true", help="table: also write it into docs/hierarchy-hardware.md")
+    args = ap.parse_args(argv)
+    if args.what == "compute":
+        compute(args.only)
+        print(f"wrote {STORED}")
+        return 0
+    print(table())
+    if args.write:
+        h100.write_block(table(), BLOCK)
+        print(f"wrote the table into {h100.DOC}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
