@@ -122,3 +122,26 @@ def test_a_scaled_down_run_is_rederived():
     got = h.run(v)
     assert h.h100.levels(got)["dram_read"] == _stored()["scaled-source"]["dram_read"]
     assert got.clock[0] == _end(_words(8, causal=True), [0] * 2048, 264)
+
+
+def test_the_probe_curve_is_the_stored_probe():
+    """x = the buffer over the H200's 60 MiB, the miss fraction = DRAM read / buffer - 1, from the stored rows."""
+    data = json.loads(h.PROBE.read_text())
+    ids = [x["id"] for x in data["labels"]]
+    (row,) = [x for x in data["launches"] if ids[x["label"]] == "l2-probe-64MiB"]
+    xs, miss = h.probe_curve()
+    k = list(xs).index(64 / 60)
+    assert miss[k] == row["dram__bytes_read.sum"] / (64 << 20) - 1 and list(xs) == sorted(xs) and len(xs) == 9
+
+
+def test_the_probe_estimate_under_an_lru_curve_is_the_model_at_that_size(monkeypatch):
+    """With the miss curve of an LRU L2 (none below its size, all above) the estimate is the model's own run at that
+    size: the reuse profile's bins above it sum to its misses beyond the compulsory."""
+    import pytest
+
+    monkeypatch.setattr(h, "probe_curve", lambda path=h.PROBE: (np.array([0, 0.999, 1.001, 3]), np.array([0, 0, 1, 1])))
+    stored = json.loads(h.STORED.read_text())
+    runs = stored["runs"]
+    assert h.probe_estimate(stored, "H100") == pytest.approx(runs["source-H100"]["dram_read"], rel=1e-12)
+    assert h.probe_estimate(stored, "H200") == pytest.approx(runs["l2-60MiB"]["dram_read"], rel=1e-12)
+    assert runs["l2-60MiB"]["dram_read"] == runs["source-H200"]["dram_read"]  # the H200 is the H100 with 60 MiB
