@@ -22,9 +22,15 @@ csrc/flash_attn/src/):
   then K_(j-1) prefetched inside each iteration: the request stream Q_i, K_max, V_max, K_max-1, ... , V_0 (the
   model's ``descending`` walk).
 
+Beside the DRAM read, each run's launch time on the model's clock, causal over non-causal under the same stalls
+(:func:`noncausal_end`), is held against the measured durations' ratio (:func:`measured_durations`); and one row is
+an estimate outside the model (:func:`probe_estimate`: the H200 probe's measured miss curve on the model's LRU reuse
+profile from the capacity scan).
+
 Run: ``python experiments/bench/hierarchy_causal.py compute`` (every variant not stored yet, stored after each run:
-about 13 s a full-size run on this machine, minutes in all; ``--only KEY ...`` reruns those), ``... table
-[--write]`` (the docs block from the stored runs, written between the markers in docs/hierarchy-hardware.md).
+10-12 s a full-size run on this machine, ``home_lines = 1`` 2 minutes, 52 runs in 11 minutes; ``--only KEY ...``
+reruns those), ``... table [--write]`` (the docs block from the stored runs, written between the markers in
+docs/hierarchy-hardware.md).
 """
 
 from __future__ import annotations
