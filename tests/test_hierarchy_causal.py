@@ -45,6 +45,10 @@ def test_the_measured_side_is_the_stored_ncu_rows():
     assert h.measured() == {"H100": fwd["dram__bytes_read.sum"], "H200": fwd200["dram__bytes_read.sum"]}
     (nc,) = [x for x in ncu if x["label"] == 0 and "flash_fwd_kernel" in x["kernel"]]
     assert h.measured_durations()["H100"] == fwd["gpu__time_duration.sum"] / nc["gpu__time_duration.sum"]
+    assert h.measured(causal=False)["H100"] == nc["dram__bytes_read.sum"]
+    # the reuse profile's start, every load of the launch, is what the SMs loaded (both launches, to the byte)
+    assert h.load_bytes() == fwd["l1tex__t_bytes_pipe_lsu_mem_global_op_ld.sum"]
+    assert h.load_bytes(causal=False) == nc["l1tex__t_bytes_pipe_lsu_mem_global_op_ld.sum"]
 
 
 def _words(heads: int, causal: bool) -> list[int]:

@@ -28,7 +28,7 @@ an estimate outside the model (:func:`probe_estimate`: the H200 probe's measured
 profile from the capacity scan).
 
 Run: ``python experiments/bench/hierarchy_causal.py compute`` (every variant not stored yet, stored after each run:
-10-12 s a full-size run on this machine, ``home_lines = 1`` 2 minutes, 52 runs in 11 minutes; ``--only KEY ...``
+10-12 s a full-size causal run on this machine, ``home_lines = 1`` 2 minutes, 60 runs in 14 minutes; ``--only KEY ...``
 reruns those), ``... table [--write]`` (the docs block from the stored runs, written between the markers in
 docs/hierarchy-hardware.md).
 """
@@ -83,10 +83,13 @@ class Variant:
     stall: int = 0  # iterations (ITER words): each CTA waits a random 0..stall before its first request
     seed: int = 0
     start: int = 0  # iterations: every CTA waits exactly this long before its first request
+    causal: bool = True  # False: the non-causal forward (5e's check of 5d's estimate)
 
     @property
     def baseline(self) -> str:
         """The key of the source model this variant is compared with (same device, same problem size)."""
+        if not self.causal:
+            return "nc-l2-50MiB"
         return "scaled-source" if self.heads != 32 else f"source-{self.device}"
 
 
@@ -109,7 +112,9 @@ HYPOTHESES = {
     "5b": "32-byte sector fills",
     "5c": "the L2 capacity the model would need",
     "5d": "the L2 is not LRU: the H200 probe's miss curve on the model's reuse profile (an estimate, not a run)",
+    "5e": "5d's estimate on the non-causal forward, which the model matches (a check of the estimate)",
 }
+NC_SCAN_MIB = (20, 30, 40, 45, 50, 55, 60, 70)  # the non-causal forward's L2 sizes (50 MiB: its source model)
 SCAN_MIB = (25, 30, 35, 40, 42, 45, 48, 52, 55, 57, 60, 65, 70)  # the L2 sizes of 5c (50 MiB: the source model)
 PROBE = HERE / "gpu_h200_2" / "predictions.json"  # the second H200 lease: the probe at 8 to 96 MiB
 PROBE_SOURCE = "the H200's probe, read twice at 8-96 MiB (gpu_h200_2/predictions.json): not this launch"
@@ -147,6 +152,9 @@ def variants() -> list[Variant]:
     v.append(Variant("sectors", "5b", "sector_bytes = 32", "the H100 preset (Nsight's memory tables)", sectors=True))
     for mib in SCAN_MIB:
         v.append(Variant(f"l2-{mib}MiB", "5c", f"L2 of {mib} MiB (two of {mib / 2:g})", BAND, l2_bytes=mib * MIB))
+    for mib in NC_SCAN_MIB:
+        v.append(Variant(f"nc-l2-{mib}MiB", "5e", f"non-causal, L2 of {mib} MiB", BAND, l2_bytes=mib * MIB,
+                         causal=False))  # fmt: skip
     return v
 
 
@@ -163,11 +171,15 @@ class FixedStart:
         return ordered, request_order, np.full(len(ordered), self.words, np.int64), static
 
 
-def problem(heads: int = 32):
+def problem(heads: int = 32, causal: bool = True):
     """The launch's problem: the measured one (32 heads), or a scaled one with fewer heads (each head as measured)."""
     from iosim import Problem
 
-    return Problem(B=1, H_q=heads, N=32768, d=128, dtype_q="fp16", causal=True)
+    return Problem(B=1, H_q=heads, N=32768, d=128, dtype_q="fp16", causal=causal)
+
+
+def _launch(v: Variant) -> str:
+    return LAUNCH if v.causal else "forward"
 
 
 def machine(v: Variant):
@@ -178,8 +190,9 @@ def machine(v: Variant):
 
     total = v.l2_bytes if v.l2_bytes is not None else preset(v.device).l2_bytes
     total -= 2 * v.l2_less_per_partition
+    kernel = h100.main_kernel_resources(_launch(v))
     return Machine(v.device, C=total // WORD_BYTES, partitions=2, home_lines=v.home_lines, far_copy=v.far_copy,
-                   sector_bytes="device" if v.sectors else None, kernel=h100.main_kernel_resources(LAUNCH))  # fmt: skip
+                   sector_bytes="device" if v.sectors else None, kernel=kernel)  # fmt: skip
 
 
 def scheduler(v: Variant):
@@ -195,9 +208,9 @@ def run(v: Variant):
     from iosim import Schedule
     from iosim.hierarchy.simulate import hierarchy
 
-    spec = h100.LAUNCHES[LAUNCH]
-    return hierarchy(Schedule("flash2", Br=spec["Br"], Bc=spec["Bc"]), problem=problem(v.heads),
-                     M=h100._working_set(LAUNCH), device=machine(v), scheduler=scheduler(v), element_bytes="kernel",
+    spec = h100.LAUNCHES[_launch(v)]
+    return hierarchy(Schedule("flash2", Br=spec["Br"], Bc=spec["Bc"]), problem=problem(v.heads, v.causal),
+                     M=h100._working_set(_launch(v)), device=machine(v), scheduler=scheduler(v), element_bytes="kernel",
                      allow_long=True)  # fmt: skip
 
 
@@ -215,9 +228,9 @@ def compulsory_bytes(heads: int = 32) -> int:
     return 3 * heads * 32768 * 128 * WORD_BYTES
 
 
-def load_bytes(heads: int = 32) -> int:
+def load_bytes(heads: int = 32, causal: bool = True) -> int:
     """Every load of the launch (Q_i once per CTA, K_j and V_j once per iteration): the bytes the L2 serves."""
-    return int(np.sum(cta_words(heads, causal=True) - 128 * 128 - 128)) * WORD_BYTES
+    return int(np.sum(cta_words(heads, causal) - 128 * 128 - 128)) * WORD_BYTES
 
 
 def probe_curve(path: pathlib.Path = PROBE) -> tuple[np.ndarray, np.ndarray]:
@@ -234,16 +247,21 @@ def probe_curve(path: pathlib.Path = PROBE) -> tuple[np.ndarray, np.ndarray]:
     return np.array([b / cap for b, _ in pts]), np.array([max(r / b - 1, 0.0) for b, r in pts])
 
 
-def reuse_profile(stored: dict) -> list[tuple[int, float]]:
+def reuse_profile(stored: dict, causal: bool = True) -> list[tuple[int, float]]:
     """The model's LRU reuse profile: (L2 bytes, DRAM read beyond the compulsory) at 0 (every load past the first of
-    each line misses), at each size of 5c's scan and at the H100's 50 MiB (the source model), ascending."""
+    each line misses), at each size of 5c's scan and at the H100's 50 MiB (the source model), ascending; the
+    non-causal forward's from its own scan (5e)."""
     runs, comp = stored["runs"], compulsory_bytes()
-    pts = [(0, load_bytes() - comp), (50 * MIB, runs["source-H100"]["dram_read"] - comp)]
-    pts += [(mib * MIB, runs[f"l2-{mib}MiB"]["dram_read"] - comp) for mib in SCAN_MIB]
+    pts = [(0, load_bytes(causal=causal) - comp)]
+    if causal:
+        pts += [(50 * MIB, runs["source-H100"]["dram_read"] - comp)]
+        pts += [(mib * MIB, runs[f"l2-{mib}MiB"]["dram_read"] - comp) for mib in SCAN_MIB]
+    else:
+        pts += [(mib * MIB, runs[f"nc-l2-{mib}MiB"]["dram_read"] - comp) for mib in NC_SCAN_MIB]
     return sorted(pts)
 
 
-def probe_estimate(stored: dict, device: str) -> float:
+def probe_estimate(stored: dict, device: str, causal: bool = True) -> float:
     """An estimate outside the model: the compulsory bytes, plus for each bin of the reuse profile (sizes a < b) the
     reuses whose LRU distance falls in it (misses at a less misses at b) times the probe's miss fraction at the bin's
     middle over the device's L2 (linear between the probe's points, its end values beyond them), plus the reuses
@@ -252,7 +270,7 @@ def probe_estimate(stored: dict, device: str) -> float:
 
     xs, miss = probe_curve()
     cap = preset(device).l2_bytes
-    prof = reuse_profile(stored)
+    prof = reuse_profile(stored, causal)
     est = float(compulsory_bytes())
     for (a, ma), (b, mb) in zip(prof, prof[1:], strict=False):
         est += (ma - mb) * float(np.interp((a + b) / 2 / cap, xs, miss))
@@ -300,13 +318,15 @@ def measured_durations() -> dict:
     return {"H100": ncu[2][t] / ncu[0][t], "H200": ids["fa2-fwd-causal"][t] / ids["fa2-fwd"][t]}
 
 
-def measured() -> dict:
+def measured(causal: bool = True) -> dict:
     """DRAM read bytes measured: the H100's (gpu_h100/ncu-torch.json) and the H200's (gpu_h200/predictions.json, the
-    first H200 lease, entry fa2-fwd-causal), each summed over the launch's kernels without PyTorch's copies."""
+    first H200 lease, entry fa2-fwd-causal or fa2-fwd), each summed over the launch's kernels without PyTorch's
+    copies."""
     import hierarchy_h200 as h200
 
-    return {"H100": h100.measured(LAUNCH)["dram_read"],
-            "H200": h200.measured_by_id()["fa2-fwd-causal"]["dram__bytes_read.sum"]}  # fmt: skip
+    entry = "fa2-fwd-causal" if causal else "fa2-fwd"
+    return {"H100": h100.measured(LAUNCH if causal else "forward")["dram_read"],
+            "H200": h200.measured_by_id()[entry]["dram__bytes_read.sum"]}  # fmt: skip
 
 
 def compute(only=None, path: pathlib.Path = STORED) -> dict:
@@ -348,32 +368,46 @@ def verdict(ratios: list[tuple[float, bool]], base: float) -> str:
 def _rows(stored: dict, meas: dict, dur: dict) -> tuple[list, dict]:
     """The table's rows and, per (hypothesis, device), its variants' (measured / predicted, sourced, duration ratio):
     a scaled run counts for the H100 as the source model's measured / predicted divided by its factor over its own
-    baseline."""
-    runs = stored["runs"]
+    baseline; the non-causal scan (5e) counts for no verdict."""
+    runs, meas_nc = stored["runs"], measured(causal=False)
     rows, per = [], {}
     for v in variants():
         got = runs.get(v.key)
         if got is None:
             continue
         factor = got["dram_read"] / runs[v.baseline]["dram_read"]
-        full = v.heads == 32
-        ratio = meas[v.device] / got["dram_read"] if full else None
+        full, m = v.heads == 32, meas if v.causal else meas_nc
+        ratio = m[v.device] / got["dram_read"] if full else None
         counted = ratio if full else meas["H100"] / runs["source-H100"]["dram_read"] / factor
-        time_ratio = got["clock_words"] / noncausal_end(v, 132 * got["blocks_per_sm"])  # a scaled run's: its own
-        per.setdefault((v.hyp, v.device), []).append((counted, v.source != BAND, time_ratio if full else None))
+        time_ratio = got["clock_words"] / noncausal_end(v, 132 * got["blocks_per_sm"]) if v.causal else None
+        if v.causal:
+            per.setdefault((v.hyp, v.device), []).append((counted, v.source != BAND, time_ratio if full else None))
         rows.append([v.hyp, v.what, v.source, v.device if full else f"{v.device}, H = {v.heads}", got["blocks_per_sm"],
-                     f"{got['dram_read'] / MB:,.0f}", f"{meas[v.device] / MB:,.0f}" if full else "-",
-                     f"{ratio:.2f}" if ratio else "-", f"{factor:.2f}", f"{time_ratio:.3f}",
-                     f"{dur[v.device]:.3f}" if full else "-"])  # fmt: skip
-    if all(f"l2-{mib}MiB" in runs for mib in SCAN_MIB):
+                     f"{got['dram_read'] / MB:,.0f}", f"{m[v.device] / MB:,.0f}" if full else "-",
+                     f"{ratio:.2f}" if ratio else "-", f"{factor:.2f}", "-" if time_ratio is None else
+                     f"{time_ratio:.3f}", f"{dur[v.device]:.3f}" if full and v.causal else "-"])  # fmt: skip
+    return rows + _estimate_rows(stored, meas, meas_nc, dur, per), per
+
+
+def _estimate_rows(stored: dict, meas: dict, meas_nc: dict, dur: dict, per: dict) -> list:
+    """The rows of :func:`probe_estimate`, the causal forward's (5d, counted for its verdict) and the non-causal
+    forward's (5e, beside its measurement and its own source model's run: 50 MiB on the H100, 60 on the H200)."""
+    runs, rows = stored["runs"], []
+    for hyp, causal, keys in (("5d", True, [f"l2-{m}MiB" for m in SCAN_MIB]),
+                              ("5e", False, [f"nc-l2-{m}MiB" for m in NC_SCAN_MIB])):  # fmt: skip
+        if not all(k in runs for k in keys):
+            continue
+        m = meas if causal else meas_nc
         for dev in ("H100", "H200"):
-            est = probe_estimate(stored, dev)
-            ratio = meas[dev] / est
-            per.setdefault(("5d", dev), []).append((ratio, True, None))
-            rows.append(["5d", "the probe's miss fraction at (LRU reuse footprint / L2)", PROBE_SOURCE, dev, 2,
-                         f"{est / MB:,.0f}", f"{meas[dev] / MB:,.0f}", f"{ratio:.2f}",
-                         f"{est / runs[f'source-{dev}']['dram_read']:.2f}", "-", f"{dur[dev]:.3f}"])  # fmt: skip
-    return rows, per
+            est = probe_estimate(stored, dev, causal)
+            ratio = m[dev] / est
+            if causal:
+                per.setdefault((hyp, dev), []).append((ratio, True, None))
+            base = runs[f"source-{dev}" if causal else f"nc-l2-{50 if dev == 'H100' else 60}MiB"]["dram_read"]
+            what = "the probe's miss fraction at (LRU reuse footprint / L2)" + ("" if causal else ", non-causal")
+            rows.append([hyp, what, PROBE_SOURCE, dev, 2, f"{est / MB:,.0f}", f"{m[dev] / MB:,.0f}", f"{ratio:.2f}",
+                         f"{est / base:.2f}", "-", f"{dur[dev]:.3f}" if causal else "-"])  # fmt: skip
+    return rows
 
 
 def _span(values, digits: int = 2) -> str:
@@ -393,6 +427,8 @@ def verdicts(stored: dict, meas: dict, dur: dict, per: dict) -> list[list]:
     source model; none in time: excluded by the durations), and the weaker of the two devices' verdicts."""
     out = []
     for hyp, name in HYPOTHESES.items():
+        if not any((hyp, dev) in per for dev in ("H100", "H200")):
+            continue
         row, got_verdicts = [hyp, name], []
         for dev in ("H100", "H200"):
             got = per.get((hyp, dev))
