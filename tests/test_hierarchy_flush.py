@@ -5,10 +5,10 @@ line cache with the same flush (tests/test_hierarchy_policies.py's, over the lin
 from __future__ import annotations
 
 import pytest
+from test_hierarchy_policies import cache, check, stream  # tests/ is on the path (rootless test modules)
 
 from iosim import InputError
 from iosim.hierarchy import Machine, hierarchy
-from test_hierarchy_policies import cache, check, stream  # tests/ is on the path (rootless test modules)
 
 LAUNCHES = [("square-tiling", False), ("square-tiling", True), ("flash2", True)]
 
