@@ -971,7 +971,12 @@ def _main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=128)
     p.add_argument("--budget", type=float, default=240.0, help="seconds a part may take (sweep, ncu)")
     p.add_argument("--before", type=pathlib.Path, default=ROOT / ".ab" / "flash_before.py", help="part ab's baseline")
-    p.add_argument("--predictions", type=pathlib.Path, default=HERE / "predictions" / "h100.json")
+    p.add_argument(
+        "--predictions",
+        type=pathlib.Path,
+        default=HERE / "predictions" / "h200-next.json",
+        help="the registered predictions file the part measures (default: the one no lease has measured)",
+    )
     p.add_argument("--parts", nargs="+", help="run-all: these parts, in this order (default: the plan)")
     p.add_argument("--limit", type=int, default=DEFAULT_LIMIT, help="run-all: seconds for the whole run")
     p.add_argument("--dry-run", action="store_true", help="run-all: print the plan and the limits, run nothing")

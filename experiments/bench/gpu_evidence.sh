@@ -7,6 +7,7 @@
 #   bash experiments/bench/gpu_evidence.sh --dry-run          # the plan and each part's limit; no GPU needed
 #   PARTS="env tests=120 sweep" LIMIT=300 bash experiments/bench/gpu_evidence.sh   # a part's own limit: name=SECONDS
 #   PREDICTIONS=experiments/bench/predictions/h200.json bash experiments/bench/gpu_evidence.sh   # another registered file
+#   (default: predictions/h200-next.json, the file registered for the next lease, experiments/bench/hierarchy_next.py)
 set -u
 W=${W:-/tmp/ev}
 LIMIT=${LIMIT:-540}
