@@ -1,9 +1,9 @@
-"""The causal forward's gap, hypothesis by hypothesis (issue 43): FlashAttention-2's causal forward (PyTorch SDPA,
-fp16, B = 1, H = 32, N = 32,768, d = 128, Br = 128, Bc = 64) read 5,742 MB of DRAM on an H100 and 2,630 MB on an
-H200; the hierarchy with every mechanism (kernel bytes, two L2 partitions, 2 CTAs per SM from the binary's 255
-registers, FA2's descending walk in FA2's grid order) predicts 2,309 MB and 815 MB. Each hypothesis below changes
-one thing of that model, with the value a source gives it or, where no source gives one, over a band with nothing
-chosen; nothing is fitted to the measurements.
+"""The causal forward's gap, hypothesis by hypothesis (a modelled mechanism, or open with the hypotheses ruled out):
+FlashAttention-2's causal forward (PyTorch SDPA, fp16, B = 1, H = 32, N = 32,768, d = 128, Br = 128, Bc = 64) read
+5,742 MB of DRAM on an H100 and 2,630 MB on an H200; the hierarchy with every mechanism (kernel bytes, two L2
+partitions, 2 CTAs per SM from the binary's 255 registers, FA2's descending walk in FA2's grid order) predicts 2,309
+MB and 815 MB. Each hypothesis below changes one thing of that model, with the value a source gives it or, where no
+source gives one, over a band with nothing chosen; nothing is fitted to the measurements.
 
 The source (FlashAttention-2 as PyTorch 2.11 vendors it: ``pytorch_flash::flash_fwd_kernel``, whose template
 arguments Nsight Compute stored, ``..., 0, 1, 0, 0, 1, 1, 0, 0>``: Is_dropout, Is_causal, Is_local, Has_alibi,
