@@ -1206,17 +1206,11 @@ def _replayed(z, inst, launch_ptr, cut, lay, Lw, cap, pol, flush, limit_bytes) -
     """A replayed policy (random, sets:W; :mod:`iosim.hierarchy.replacement`) over the recorded line stream: fills
     and write-backs per array into ``z`` (words, each array's ``Lw`` per line), per launch (``z.fill_launch``,
     ``z.wb_flush``); returns the write-backs by the end of each launch (before its flush)."""
-    args = (inst[:, 1:].copy(), cut.requests, lay.kv, lay.base, lay.stride, lay.lbase, lay.nl, Lw)
-    n = l2.line_stream(z.rec_inst, z.rec_req, z.n_rec, *args, np.zeros(0, np.int64), np.zeros(0, np.int8))
-    limit = limit_bytes if limit_bytes is not None else estimate.available_bytes() // 2
-    if n * replacement.REPLAY_BYTES_PER_LINE > limit:
-        raise InputError(f"policy {pol.kind}", f"needs the whole line stream in memory: {n:,} line accesses, about "
-                         f"{n * replacement.REPLAY_BYTES_PER_LINE / 2**30:.1f} GiB, over the limit of "
-                         f"{limit / 2**30:.1f} GiB; use lru", pol.kind)  # fmt: skip
-    lines, flags = np.empty(n, np.int64), np.empty(n, np.int8)
-    l2.line_stream(z.rec_inst, z.rec_req, z.n_rec, *args, lines, flags)
+    args = _stream_args(inst, cut, lay, Lw)
+    lines, flags = _recorded_lines(z.rec_inst, z.rec_req, z.n_rec, args, limit_bytes, pol.kind,
+                                   replacement.REPLAY_BYTES_PER_LINE)  # fmt: skip
     ends = replacement.launch_ends(z.rec_inst, z.rec_req, z.n_rec, launch_ptr, args)
-    aid_of = np.repeat(np.arange(len(lay.nl), dtype=np.int64), np.diff(np.append(lay.lbase, lay.n_lines)))
+    aid_of = _owner_of_lines(lay)
     n_sets, ways, victim = pol.geometry(cap)
     k, n_aids = len(ends), len(lay.nl)
     f, w = np.zeros(n_aids, np.int64), np.zeros(n_aids, np.int64)
@@ -1230,6 +1224,33 @@ def _replayed(z, inst, launch_ptr, cut, lay, Lw, cap, pol, flush, limit_bytes) -
     z.fill_launch[:k] = f_at * Lw
     z.wb_flush[:k] = fl_at * Lw
     return w_at * Lw
+
+
+def _stream_args(inst, cut, lay, Lw) -> tuple:  # noqa: N803
+    """:func:`iosim.hierarchy.l2.line_stream`'s arguments after the records: the blocks' copies, the requests and the
+    address layout."""
+    return inst[:, 1:].copy(), cut.requests, lay.kv, lay.base, lay.stride, lay.lbase, lay.nl, Lw
+
+
+def _recorded_lines(rec_inst, rec_req, n_rec, stream_args, limit_bytes, policy, bytes_per_line, max_lines=None):
+    """The recorded requests as a line stream (:func:`iosim.hierarchy.l2.line_stream`: lines and their flags), for a
+    policy replayed over it (OPT, random, sets:W); refused in one line naming ``policy`` when it would take more than
+    ``limit_bytes`` (default: half the memory available) at ``bytes_per_line``, or more than ``max_lines`` lines."""
+    empty_l, empty_f = np.zeros(0, np.int64), np.zeros(0, np.int8)
+    n = l2.line_stream(rec_inst, rec_req, n_rec, *stream_args, empty_l, empty_f)
+    limit = limit_bytes if limit_bytes is not None else estimate.available_bytes() // 2
+    if n * bytes_per_line > limit or (max_lines is not None and n > max_lines):
+        raise InputError(f"policy {policy}", f"needs the whole line stream in memory: {n:,} line accesses, about "
+                         f"{n * bytes_per_line / 2**30:.1f} GiB, over the limit of {limit / 2**30:.1f} GiB; use lru",
+                         policy)  # fmt: skip
+    lines, flags = np.empty(n, np.int64), np.empty(n, np.int8)
+    l2.line_stream(rec_inst, rec_req, n_rec, *stream_args, lines, flags)
+    return lines, flags
+
+
+def _owner_of_lines(lay) -> np.ndarray:
+    """The array (aid) each line of the layout belongs to: its lines run from ``lay.lbase[a]`` to the next's."""
+    return np.repeat(np.arange(len(lay.nl), dtype=np.int64), np.diff(np.append(lay.lbase, lay.n_lines)))
 
 
 def _collect(parts, trace, arrays, cut, declared, lay, run, eb, launch_ptr, mc, B, Hu, H_kv, problem) -> tuple:  # noqa: N803
@@ -1293,25 +1314,11 @@ def _opt(rec_inst, rec_req, n_rec, inst, cut, lay, Lw, cap, fill, wb, opt_limit_
     lines and priced at each owner array's words per line ``Lw``."""
     from iosim.views import cache_sim as cs
 
-    empty_l, empty_f = np.zeros(0, np.int64), np.zeros(0, np.int8)
-    args = (rec_inst, rec_req, n_rec, inst[:, 1:].copy(), cut.requests, lay.kv, lay.base, lay.stride, lay.lbase,
-            lay.nl, Lw)  # fmt: skip
-    n = l2.line_stream(*args, empty_l, empty_f)
-    limit = opt_limit_bytes if opt_limit_bytes is not None else estimate.available_bytes() // 2
-    if n * OPT_BYTES_PER_LINE > limit or n >= 1 << 31:
-        raise InputError(
-            "policy opt",
-            f"needs the whole line stream in memory: {n:,} line accesses, about {n * OPT_BYTES_PER_LINE / 2**30:.1f} "
-            f"GiB, over the limit of {limit / 2**30:.1f} GiB; use lru",
-            "opt",
-        )
-    lines, flags = np.empty(n, np.int64), np.empty(n, np.int8)
-    l2.line_stream(*args, lines, flags)
+    args = _stream_args(inst, cut, lay, Lw)
+    lines, flags = _recorded_lines(rec_inst, rec_req, n_rec, args, opt_limit_bytes, "opt", OPT_BYTES_PER_LINE,
+                                   max_lines=(1 << 31) - 1)  # fmt: skip
     lines32 = lines.astype(np.int32)
-    aid_of = np.zeros(lay.n_lines, np.int32)
-    ends = np.append(lay.lbase[1:], lay.n_lines)
-    for a in range(len(lay.nl)):
-        aid_of[lay.lbase[a] : ends[a]] = a
+    aid_of = _owner_of_lines(lay).astype(np.int32)
     nxt = cs.next_use(lines32, lay.n_lines)
     f_lines, w_lines = np.zeros_like(fill), np.zeros_like(wb)
     left = cs.opt(lines32, flags, nxt, cap, 2, 1, aid_of, lay.n_lines, f_lines, w_lines)
