@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import sys
 
 from iosim.base.errors import InputError
 
@@ -82,6 +83,15 @@ def check(entry: dict) -> dict:
     if e["backend"] == "copy":
         _need(isinstance(e["bytes"], int) and e["bytes"] >= 4, e, "bytes", "an integer >= 4 (the buffer's size)")
     return e
+
+
+def registered(path: pathlib.Path, force: bool) -> bool:
+    """True (and one line on stderr saying so) when ``path`` is a registered predictions file that ``force`` does not
+    allow a script to write over: a registered file is measured unchanged, never rewritten in place."""
+    if pathlib.Path(path).exists() and not force:
+        print(f"{path} is registered (a lease measures it unchanged); --force writes over it", file=sys.stderr)
+        return True
+    return False
 
 
 def load(path: pathlib.Path = DEFAULT_FILE) -> list[dict]:

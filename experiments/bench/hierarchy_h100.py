@@ -259,8 +259,9 @@ def main(argv=None) -> int:
             write_docs()
             print(f"wrote the table into {DOC}")
     else:
-        if PREDICTIONS.exists() and not args.force:  # registered, then measured: never rewritten in place
-            print(f"{PREDICTIONS} is registered (measured by a lease since); --force writes over it", file=sys.stderr)
+        import gpu_predictions
+
+        if gpu_predictions.registered(PREDICTIONS, args.force):
             return 2
         PREDICTIONS.parent.mkdir(parents=True, exist_ok=True)
         PREDICTIONS.write_text(json.dumps(predictions(), indent=1) + "\n")

@@ -316,8 +316,7 @@ def main(argv=None) -> int:
             h100.write_block(block(), BLOCK)
             print(f"wrote the tables into {h100.DOC}")
     else:
-        if PREDICTIONS.exists() and not args.force:  # registered, then measured (gpu_h200_2): never rewritten in place
-            print(f"{PREDICTIONS} is registered (measured by a lease since); --force writes over it", file=sys.stderr)
+        if gpu_predictions.registered(PREDICTIONS, args.force):
             return 2
         data = predictions()
         for e in data["entries"]:

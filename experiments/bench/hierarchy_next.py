@@ -120,8 +120,7 @@ def main(argv=None) -> int:
     if args.what == "show":
         print(show())
         return 0
-    if PREDICTIONS.exists() and not args.force:
-        print(f"{PREDICTIONS} is registered; --force writes over it", file=sys.stderr)
+    if gpu_predictions.registered(PREDICTIONS, args.force):
         return 2
     data = predictions()
     PREDICTIONS.write_text(json.dumps(data, indent=1) + "\n")
