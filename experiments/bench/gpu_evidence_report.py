@@ -969,16 +969,16 @@ def prediction_facts() -> dict:
     by_level = {}
     for c in cmp:
         by_level.setdefault(c["level"], []).append(c)
-    return {"n": len(cmp), "hits": len(hit), "by level": by_level, "registered for": _registered_for(),
+    return {"n": len(cmp), "hits": len(hit), "by level": by_level, "registered for": _registered_for(entries),
             "l2": load("env")["L2_CACHE_SIZE"], "misses": [c for c in cmp if abs(c["ratio"] - 1) > HIT],
             "exact": sum(c["measured"] == c["predicted"] for c in cmp),
             "worst": sorted(cmp, key=lambda c: -abs(math.log(c["ratio"])))[:3]}  # fmt: skip
 
 
-def _registered_for() -> str:
-    """The device of the predictions file whose entries this lease ran (its copy in raw/predictions.entries.json,
-    matched by ids: the lease's command names the file, the copy does not)."""
-    ran = {e["id"] for e in json.loads((DATA / "raw" / "predictions.entries.json").read_text())}
+def _registered_for(entries: list[dict]) -> str:
+    """The device of the predictions file whose entries this lease ran (``entries``, its copy of them, matched by
+    ids: the lease's command names the file, the copy does not)."""
+    ran = {e["id"] for e in entries}
     for path in sorted((HERE / "predictions").glob("*.json")):
         doc = json.loads(path.read_text())
         if isinstance(doc, dict) and {e["id"] for e in doc.get("entries", [])} == ran:
