@@ -84,6 +84,7 @@ class Variant:
     seed: int = 0
     start: int = 0  # iterations: every CTA waits exactly this long before its first request
     causal: bool = True  # False: the non-causal forward (5e's check of 5d's estimate)
+    N: int = 32768  # the measured launch's; other sizes for the predictions of the next lease (hierarchy_next.py)
 
     @property
     def baseline(self) -> str:
@@ -171,11 +172,12 @@ class FixedStart:
         return ordered, request_order, np.full(len(ordered), self.words, np.int64), static
 
 
-def problem(heads: int = 32, causal: bool = True):
-    """The launch's problem: the measured one (32 heads), or a scaled one with fewer heads (each head as measured)."""
+def problem(heads: int = 32, causal: bool = True, N: int = 32768):  # noqa: N803
+    """The launch's problem: the measured one (32 heads, N = 32,768), or a scaled one with fewer heads (each head as
+    measured) or another N."""
     from iosim import Problem
 
-    return Problem(B=1, H_q=heads, N=32768, d=128, dtype_q="fp16", causal=causal)
+    return Problem(B=1, H_q=heads, N=N, d=128, dtype_q="fp16", causal=causal)
 
 
 def _launch(v: Variant) -> str:
@@ -209,7 +211,7 @@ def run(v: Variant):
     from iosim.hierarchy.simulate import hierarchy
 
     spec = h100.LAUNCHES[_launch(v)]
-    return hierarchy(Schedule("flash2", Br=spec["Br"], Bc=spec["Bc"]), problem=problem(v.heads, v.causal),
+    return hierarchy(Schedule("flash2", Br=spec["Br"], Bc=spec["Bc"]), problem=problem(v.heads, v.causal, v.N),
                      M=h100._working_set(_launch(v)), device=machine(v), scheduler=scheduler(v), element_bytes="kernel",
                      allow_long=True)  # fmt: skip
 

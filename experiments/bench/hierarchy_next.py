@@ -34,6 +34,7 @@ import time
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import gpu_predictions  # noqa: E402
+import hierarchy_causal as hc  # noqa: E402
 import hierarchy_h100 as h100  # noqa: E402
 
 PREDICTIONS = HERE / "predictions" / "h200-next.json"
@@ -44,24 +45,10 @@ KEEP = ("dram_read", "dram_write", "global_load", "global_store", "l2_read_from_
 
 
 def run(N: int, causal: bool, far_copy: str):  # noqa: N803
-    """The hierarchy's prediction of one launch (module docstring)."""
-    from iosim import Problem, Schedule
-    from iosim.hierarchy import Machine
-    from iosim.hierarchy.scheduler import Scheduler
-    from iosim.hierarchy.simulate import hierarchy
-
-    name = "forward causal" if causal else "forward"
-    machine = Machine(DEVICE, partitions=2, home_lines=h100.HOME_LINES, kernel=h100.main_kernel_resources(name),
-                      far_copy=far_copy)  # fmt: skip
-    return hierarchy(
-        Schedule("flash2", Br=128, Bc=64),
-        M=h100._working_set(name),
-        device=machine,
-        problem=Problem(B=1, H_q=32, N=N, d=128, dtype_q="fp16", causal=causal),
-        element_bytes="kernel",
-        scheduler=Scheduler(order="head-grouped", walk="descending"),
-        allow_long=True,
-    )
+    """The hierarchy's prediction of one launch (module docstring): the causal-gap experiment's source model on the
+    H200 preset (hierarchy_causal.run) at this N and far-copy placement."""
+    return hc.run(hc.Variant(f"next-N{N}", "-", "the next lease's prediction", "-", device=DEVICE, causal=causal,
+                             far_copy=far_copy, N=N))  # fmt: skip
 
 
 def entry(N: int, causal: bool) -> dict:  # noqa: N803
